@@ -1,0 +1,772 @@
+//! The pin-down cache.
+//!
+//! # Protocol
+//!
+//! A *hit* runs without locks or system calls and writes only its own
+//! thread's cache lines: it enters an RCU read-side section, finds the region
+//! in the radix index, adds one to its slot's reference count, issues the
+//! reader half of an asymmetric fence, and checks that the region is still
+//! `LIVE`. A writer that wants to evict or invalidate a region first marks it
+//! `DYING`, issues the heavy half of the fence (`membarrier`), and only then
+//! sums the reference counts. Either the writer sees the reader's reference or
+//! the reader sees `DYING` and backs off; never neither.
+//!
+//! A release subtracts one in its slot and checks the state the same way: a
+//! release that finds the region `RETIRED` (out of the index, waiting for its
+//! holders) takes the writer lock and unpins the region if it was the last.
+//!
+//! Misses, evictions, merges and invalidations run under one writer lock.
+//! Region ids and index nodes that readers may still see are reused only after
+//! an RCU grace period, batched so that its cost is shared by many misses.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::config::{CacheConfig, CacheError, Limit};
+use crate::index::{RadixIndex, PAGE_LIMIT};
+use crate::mlock::memlock_limit;
+use crate::monitor::{self, InvalidationTarget, Subscription};
+use crate::pinner::{PageRange, Pinner};
+use crate::policy::{EvictionOrder, Policy, Rank};
+use crate::rcu::{self, ReadGuard, MAX_READERS, SHARED_SLOT};
+use crate::stats::CacheStats;
+use crate::table::{state, RegionTable, CHUNK, MAX_CHUNKS};
+
+/// Retired ids collected before one grace period recycles them all.
+const LIMBO_BATCH: usize = 64;
+
+/// A thread-safe pin-down cache over a [`Pinner`].
+///
+/// `pin` returns a [`Registration`] for a region that contains the request:
+/// a cached one (a hit) or a newly pinned one (a miss). Dropping the
+/// registration releases the region, which stays pinned and cached, idle,
+/// until the policy evicts it to make room or [`invalidate`](Self::invalidate)
+/// removes it.
+pub struct PinCache<P: Pinner + 'static> {
+    shared: Arc<Shared<P>>,
+}
+
+struct Limits {
+    max_bytes: usize,
+    max_entries: usize,
+    merge: bool,
+    max_merged_bytes: usize,
+}
+
+struct Shared<P: Pinner> {
+    index: RadixIndex,
+    table: RegionTable<P::Token>,
+    policy: AtomicU8,
+    /// Advanced by every miss; the high bits of LRU use stamps.
+    tick: AtomicU64,
+    /// Hits per reader slot.
+    hits: Box<[CachePadded<AtomicU64>]>,
+    page_shift: u32,
+    limits: Limits,
+    writer: Mutex<Writer>,
+    pinner: P,
+    subscription: Mutex<Option<Subscription>>,
+    /// Whether pinned ranges are watched by the userfaultfd monitor.
+    monitored: AtomicBool,
+}
+
+/// State only the writer (holder of the lock) touches.
+#[derive(Default)]
+struct Writer {
+    /// Regions in the index by start address; they never overlap.
+    by_start: BTreeMap<usize, u32>,
+    order: EvictionOrder,
+    free_ids: Vec<u32>,
+    /// Unpinned ids waiting for a grace period.
+    limbo: Vec<u32>,
+    next_id: u32,
+    pinned_bytes: usize,
+    pinned_entries: usize,
+    retired: usize,
+    age: u64,
+    misses: u64,
+    locked_hits: u64,
+    evictions: u64,
+    invalidations: u64,
+    merges: u64,
+}
+
+/// A pinned region held for use; dropping it releases the region.
+pub struct Registration<'a, P: Pinner + 'static> {
+    cache: &'a PinCache<P>,
+    id: u32,
+    region: PageRange,
+    /// Registrations are `Send` but may be released on any thread; keep
+    /// `!Sync` off so a shared reference cannot race with the drop.
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl<P: Pinner + 'static> Registration<'_, P> {
+    /// The pinned region that contains the request (page aligned, possibly
+    /// larger than the request).
+    pub fn region(&self) -> PageRange {
+        self.region
+    }
+
+    /// The pinner's token for the region.
+    pub fn token(&self) -> &P::Token {
+        // SAFETY: this registration holds a reference to the region until it
+        // is dropped, which outlives the returned borrow.
+        unsafe { self.cache.shared.table.token(self.id) }
+    }
+}
+
+impl<P: Pinner + 'static> Drop for Registration<'_, P> {
+    fn drop(&mut self) {
+        self.cache.shared.release(self.id);
+    }
+}
+
+impl<P: Pinner + 'static> std::fmt::Debug for Registration<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("region", &self.region)
+            .finish()
+    }
+}
+
+impl<P: Pinner + 'static> PinCache<P> {
+    /// A cache that pins through `pinner` within the limits of `config`.
+    pub fn new(pinner: P, config: CacheConfig) -> Result<Self, CacheError> {
+        rcu::init();
+        let page_size = page_size();
+        let max_bytes = match config.max_pinned_bytes {
+            Some(bytes) => bytes,
+            None => memlock_limit()
+                .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX))
+                .map_err(|e| CacheError::InvalidConfig(format!("cannot read RLIMIT_MEMLOCK: {e}")))?,
+        };
+        if max_bytes < page_size {
+            return Err(CacheError::InvalidConfig(format!(
+                "max_pinned_bytes ({max_bytes}) is below one page ({page_size})"
+            )));
+        }
+        let id_capacity = CHUNK * MAX_CHUNKS - LIMBO_BATCH;
+        if config.max_entries == 0 || config.max_entries > id_capacity {
+            return Err(CacheError::InvalidConfig(format!(
+                "max_entries must be between 1 and {id_capacity}, not {}",
+                config.max_entries
+            )));
+        }
+        let max_merged_bytes = config
+            .max_merged_bytes
+            .unwrap_or(max_bytes / 4)
+            .max(page_size)
+            .min(max_bytes);
+        let shared = Arc::new(Shared {
+            index: RadixIndex::new(),
+            table: RegionTable::new(),
+            policy: AtomicU8::new(config.policy.to_u8()),
+            tick: AtomicU64::new(1),
+            hits: (0..MAX_READERS)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            page_shift: page_size.trailing_zeros(),
+            limits: Limits {
+                max_bytes,
+                max_entries: config.max_entries,
+                merge: config.merge,
+                max_merged_bytes,
+            },
+            writer: Mutex::new(Writer::default()),
+            pinner,
+            subscription: Mutex::new(None),
+            monitored: AtomicBool::new(false),
+        });
+        if config.monitor {
+            monitor::MemoryMonitor::global().map_err(|e| {
+                CacheError::InvalidConfig(format!("the userfaultfd monitor is unavailable: {e}"))
+            })?;
+            shared.monitored.store(true, Ordering::Release);
+        }
+        let weak: Weak<dyn InvalidationTarget> = Arc::downgrade(&shared) as _;
+        *shared.subscription.lock() = Some(monitor::subscribe(weak));
+        Ok(PinCache { shared })
+    }
+
+    /// Pins `[addr, addr + len)` or finds it pinned, and holds it until the
+    /// returned registration is dropped.
+    #[inline]
+    pub fn pin(&self, addr: usize, len: usize) -> Result<Registration<'_, P>, CacheError> {
+        let id = match self.shared.try_hit(addr, len) {
+            Some(id) => id,
+            None => self.shared.pin_slow(addr, len)?,
+        };
+        let entry = self.shared.table.entry(id);
+        let start = entry.start.load(Ordering::Relaxed);
+        Ok(Registration {
+            cache: self,
+            id,
+            region: PageRange {
+                start,
+                len: entry.end.load(Ordering::Relaxed) - start,
+            },
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Drops every cached region overlapping `[addr, addr + len)`: idle ones
+    /// are unpinned now, ones in use when their last registration is
+    /// released. No later `pin` returns them. Returns how many regions were
+    /// invalidated. Call it before memory is unmapped or freed.
+    pub fn invalidate(&self, addr: usize, len: usize) -> usize {
+        self.shared.invalidate(addr, len)
+    }
+
+    /// Counters of the cache's activity and occupancy.
+    pub fn stats(&self) -> CacheStats {
+        self.shared.stats()
+    }
+
+    /// The replacement policy in force.
+    pub fn policy(&self) -> Policy {
+        Policy::from_u8(self.shared.policy.load(Ordering::Relaxed))
+    }
+
+    /// Switches the replacement policy. Use history restarts: every cached
+    /// region counts as used once, now.
+    pub fn set_policy(&self, policy: Policy) {
+        let shared = &*self.shared;
+        let mut writer = shared.writer.lock();
+        shared.policy.store(policy.to_u8(), Ordering::Relaxed);
+        let tick = shared.tick.fetch_add(1, Ordering::Relaxed) + 1;
+        writer.order.rekey(|rank| {
+            shared.table.reset_usage(rank.id);
+            let key = shared.initial_usage(policy, tick);
+            shared.table.counter(SHARED_SLOT, rank.id).usage.store(key, Ordering::Relaxed);
+            match policy {
+                Policy::Fifo => rank.age,
+                _ => key,
+            }
+        });
+    }
+
+    /// The pinner this cache drives.
+    pub fn pinner(&self) -> &P {
+        &self.shared.pinner
+    }
+
+    /// The limits in force: (max pinned bytes, max entries, max merged bytes).
+    pub fn limits(&self) -> (usize, usize, usize) {
+        let limits = &self.shared.limits;
+        (limits.max_bytes, limits.max_entries, limits.max_merged_bytes)
+    }
+}
+
+impl<P: Pinner + 'static> std::fmt::Debug for PinCache<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinCache")
+            .field("policy", &self.policy())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as usize
+    } else {
+        4096
+    }
+}
+
+impl<P: Pinner> Shared<P> {
+    fn page_size(&self) -> usize {
+        1 << self.page_shift
+    }
+
+    fn address_limit(&self) -> usize {
+        PAGE_LIMIT << self.page_shift
+    }
+
+    fn initial_usage(&self, policy: Policy, tick: u64) -> u64 {
+        match policy {
+            Policy::Lru => tick << 24,
+            Policy::Lfu => 1,
+            Policy::Fifo => 0,
+        }
+    }
+
+    /// The lock-free hit path. `None` means: take the slow path.
+    #[inline(always)]
+    fn try_hit(&self, addr: usize, len: usize) -> Option<u32> {
+        let slot = rcu::current_slot();
+        if slot == SHARED_SLOT || len == 0 || monitor::event_pending() {
+            return None;
+        }
+        let end = addr.checked_add(len)?;
+        if end > self.address_limit() {
+            return None;
+        }
+        let guard = ReadGuard::enter(slot);
+        let id = self.index.lookup(addr >> self.page_shift)?;
+        let entry = self.table.entry(id);
+        if entry.start.load(Ordering::Relaxed) > addr || entry.end.load(Ordering::Relaxed) < end {
+            return None;
+        }
+        let counter = self.table.counter(slot, id);
+        counter.add_ref(slot, 1);
+        rcu::light_barrier();
+        if entry.state.load(Ordering::Relaxed) != state::LIVE {
+            counter.add_ref(slot, -1);
+            rcu::light_barrier();
+            drop(guard);
+            self.release_slow(id);
+            return None;
+        }
+        match Policy::from_u8(self.policy.load(Ordering::Relaxed)) {
+            Policy::Lru => counter
+                .usage
+                .store(rcu::use_stamp(self.tick.load(Ordering::Relaxed)), Ordering::Relaxed),
+            Policy::Lfu => counter
+                .usage
+                .store(counter.usage.load(Ordering::Relaxed) + 1, Ordering::Relaxed),
+            Policy::Fifo => {}
+        }
+        let hits = &self.hits[slot];
+        hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        drop(guard);
+        Some(id)
+    }
+
+    /// Releases one reference to region `id` from the current thread.
+    #[inline(always)]
+    fn release(&self, id: u32) {
+        let slot = rcu::current_slot();
+        self.table.counter(slot, id).add_ref(slot, -1);
+        rcu::light_barrier();
+        if self.table.entry(id).state.load(Ordering::Relaxed) != state::LIVE {
+            self.release_slow(id);
+        }
+    }
+
+    /// Unpins region `id` if it is retired and nobody holds it. Safe to call
+    /// for any id at any time: it acts only on what it finds under the lock.
+    #[cold]
+    fn release_slow(&self, id: u32) {
+        let mut writer = self.writer.lock();
+        if self.table.entry(id).state.load(Ordering::Relaxed) == state::RETIRED
+            && self.table.refs(id) == 0
+        {
+            writer.retired -= 1;
+            self.unpin_region(&mut writer, id);
+        }
+    }
+
+    /// Takes one reference under the writer lock (the region is LIVE and
+    /// cannot change state while the lock is held).
+    fn take_locked(&self, id: u32) {
+        let slot = rcu::current_slot();
+        let counter = self.table.counter(slot, id);
+        counter.add_ref(slot, 1);
+        if Policy::from_u8(self.policy.load(Ordering::Relaxed)) == Policy::Lfu {
+            counter.usage.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let stamp = rcu::use_stamp(self.tick.load(Ordering::Relaxed));
+            counter.usage.fetch_max(stamp, Ordering::Relaxed);
+        }
+    }
+
+    fn range_of(&self, id: u32) -> PageRange {
+        let entry = self.table.entry(id);
+        let start = entry.start.load(Ordering::Relaxed);
+        PageRange {
+            start,
+            len: entry.end.load(Ordering::Relaxed) - start,
+        }
+    }
+
+    /// Indexed regions that overlap `[start, end)`, or also touch it when
+    /// `touching`, in address order.
+    fn neighbours(&self, writer: &Writer, start: usize, end: usize, touching: bool) -> Vec<u32> {
+        let mut found: Vec<u32> = Vec::new();
+        for (_, &id) in writer.by_start.range(..=end).rev() {
+            let range = self.range_of(id);
+            let reaches = if touching {
+                range.end() >= start && range.start <= end
+            } else {
+                range.end() > start && range.start < end
+            };
+            if reaches {
+                found.push(id);
+            } else if range.end() < start {
+                break;
+            }
+        }
+        found.reverse();
+        found
+    }
+
+    #[cold]
+    fn pin_slow(&self, addr: usize, len: usize) -> Result<u32, CacheError> {
+        if len == 0 {
+            return Err(CacheError::EmptyRange { addr });
+        }
+        let limit = self.address_limit();
+        let end = match addr.checked_add(len) {
+            Some(end) if end <= limit => end,
+            _ => return Err(CacheError::OutOfRange { addr, len, limit }),
+        };
+        let page = self.page_size();
+        let first = addr & !(page - 1);
+        let last = end.next_multiple_of(page);
+        if last - first > self.limits.max_bytes {
+            return Err(CacheError::TooLarge {
+                bytes: last - first,
+                max: self.limits.max_bytes,
+            });
+        }
+        monitor::wait_for_pending_events();
+        let mut writer = self.writer.lock();
+
+        // Another thread may have pinned it meanwhile.
+        if let Some(id) = self.index.lookup(addr >> self.page_shift) {
+            if self.range_of(id).contains(addr, len) {
+                self.take_locked(id);
+                writer.locked_hits += 1;
+                return Ok(id);
+            }
+        }
+
+        // What the new region covers, and which indexed regions it replaces.
+        let (target, replaced) = self.plan_region(&writer, first, last);
+        if target.len > self.limits.max_bytes {
+            return Err(CacheError::TooLarge {
+                bytes: target.len,
+                max: self.limits.max_bytes,
+            });
+        }
+        let mut replaced_ranks = Vec::with_capacity(replaced.len());
+        for &id in &replaced {
+            replaced_ranks.extend(writer.order.remove(id));
+            self.table.entry(id).state.store(state::DYING, Ordering::Relaxed);
+        }
+        if !replaced.is_empty() {
+            rcu::heavy_barrier();
+        }
+        let (idle, busy): (Vec<u32>, Vec<u32>) =
+            replaced.iter().partition(|&&id| self.table.refs(id) == 0);
+        let credit_bytes: usize = idle.iter().map(|&id| self.range_of(id).len).sum();
+
+        let pinned = self
+            .make_room(&mut writer, target.len, credit_bytes, idle.len())
+            .and_then(|()| self.pinner.pin(target).map_err(CacheError::from));
+        let token = match pinned {
+            Ok(token) => token,
+            Err(error) => {
+                for rank in replaced_ranks {
+                    self.table.entry(rank.id).state.store(state::LIVE, Ordering::Release);
+                    writer.order.insert(rank);
+                }
+                return Err(error);
+            }
+        };
+        if self.subscribed() {
+            monitor::MemoryMonitor::watch_global(target);
+        }
+
+        for &id in &replaced {
+            let range = self.range_of(id);
+            self.index
+                .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+            writer.by_start.remove(&range.start);
+        }
+        if replaced.len() > 1 || (replaced.len() == 1 && self.range_of(replaced[0]) != target) {
+            writer.merges += replaced.len() as u64;
+        }
+        for &id in &busy {
+            self.table.entry(id).state.store(state::RETIRED, Ordering::Release);
+            writer.retired += 1;
+        }
+        for &id in &idle {
+            self.unpin_region(&mut writer, id);
+        }
+
+        let id = self.alloc_id(&mut writer)?;
+        let entry = self.table.entry(id);
+        entry.start.store(target.start, Ordering::Relaxed);
+        entry.end.store(target.end(), Ordering::Relaxed);
+        self.table.set_token(id, token);
+        self.table.reset_usage(id);
+        let policy = Policy::from_u8(self.policy.load(Ordering::Relaxed));
+        let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
+        let key = self.initial_usage(policy, tick);
+        self.table.counter(SHARED_SLOT, id).usage.store(key, Ordering::Relaxed);
+        entry.state.store(state::LIVE, Ordering::Release);
+        self.index
+            .insert(target.start >> self.page_shift, target.end() >> self.page_shift, id);
+        writer.by_start.insert(target.start, id);
+        writer.age += 1;
+        let age = writer.age;
+        writer.order.insert(Rank {
+            key: if policy == Policy::Fifo { age } else { key },
+            age,
+            id,
+        });
+        writer.pinned_bytes += target.len;
+        writer.pinned_entries += 1;
+        writer.misses += 1;
+        self.table.counter(rcu::current_slot(), id).add_ref(rcu::current_slot(), 1);
+        Ok(id)
+    }
+
+    /// The region a miss on `[first, last)` pins, and the indexed regions it
+    /// replaces: merged with everything it overlaps or touches while the
+    /// result stays within `max_merged_bytes`, else the request alone,
+    /// replacing what it overlaps.
+    fn plan_region(&self, writer: &Writer, first: usize, last: usize) -> (PageRange, Vec<u32>) {
+        if self.limits.merge {
+            let near = self.neighbours(writer, first, last, true);
+            let start = near
+                .iter()
+                .map(|&id| self.range_of(id).start)
+                .fold(first, usize::min);
+            let end = near
+                .iter()
+                .map(|&id| self.range_of(id).end())
+                .fold(last, usize::max);
+            if end - start <= self.limits.max_merged_bytes.max(last - first) {
+                return (
+                    PageRange {
+                        start,
+                        len: end - start,
+                    },
+                    near,
+                );
+            }
+        }
+        (
+            PageRange {
+                start: first,
+                len: last - first,
+            },
+            self.neighbours(writer, first, last, false),
+        )
+    }
+
+    /// Evicts idle regions in policy order until `bytes` more bytes and one
+    /// more entry fit, counting `credit_*` as already freed.
+    fn make_room(
+        &self,
+        writer: &mut Writer,
+        bytes: usize,
+        credit_bytes: usize,
+        credit_entries: usize,
+    ) -> Result<(), CacheError> {
+        let limits = &self.limits;
+        let fits = |pinned: usize, entries: usize| {
+            pinned + bytes <= limits.max_bytes && entries < limits.max_entries
+        };
+        let policy = Policy::from_u8(self.policy.load(Ordering::Relaxed));
+        loop {
+            let mut pinned = writer.pinned_bytes - credit_bytes;
+            let mut entries = writer.pinned_entries - credit_entries;
+            if fits(pinned, entries) {
+                return Ok(());
+            }
+            let mut doomed: Vec<Rank> = Vec::new();
+            let mut kept: Vec<Rank> = Vec::new();
+            while !fits(pinned, entries) {
+                let table = &self.table;
+                let next = writer.order.pop_first(|id| match policy {
+                    Policy::Fifo => 0,
+                    Policy::Lru => table.usage(id, false),
+                    Policy::Lfu => table.usage(id, true),
+                });
+                let Some(rank) = next else { break };
+                if self.table.refs(rank.id) != 0 {
+                    kept.push(rank);
+                    continue;
+                }
+                self.table.entry(rank.id).state.store(state::DYING, Ordering::Relaxed);
+                pinned -= self.range_of(rank.id).len;
+                entries -= 1;
+                doomed.push(rank);
+            }
+            if !doomed.is_empty() {
+                rcu::heavy_barrier();
+            }
+            let mut evicted = 0;
+            for rank in doomed {
+                if self.table.refs(rank.id) == 0 {
+                    let range = self.range_of(rank.id);
+                    self.index
+                        .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+                    writer.by_start.remove(&range.start);
+                    self.unpin_region(writer, rank.id);
+                    writer.evictions += 1;
+                    evicted += 1;
+                } else {
+                    self.table.entry(rank.id).state.store(state::LIVE, Ordering::Release);
+                    kept.push(rank);
+                }
+            }
+            for rank in kept {
+                writer.order.insert(rank);
+            }
+            if evicted == 0 {
+                let pinned = writer.pinned_bytes - credit_bytes;
+                let entries = writer.pinned_entries - credit_entries;
+                if fits(pinned, entries) {
+                    return Ok(());
+                }
+                return Err(CacheError::LimitReached {
+                    limit: if pinned + bytes > limits.max_bytes {
+                        Limit::PinnedBytes
+                    } else {
+                        Limit::Entries
+                    },
+                    bytes,
+                    pinned_bytes: writer.pinned_bytes,
+                    entries: writer.pinned_entries,
+                    in_use: writer.pinned_entries - writer.order.len(),
+                    max_bytes: limits.max_bytes,
+                    max_entries: limits.max_entries,
+                });
+            }
+        }
+    }
+
+    /// Unpins a region nobody holds and that is out of the index.
+    fn unpin_region(&self, writer: &mut Writer, id: u32) {
+        let range = self.range_of(id);
+        if let Some(token) = self.table.take_token(id) {
+            self.pinner.unpin(range, token);
+        }
+        if self.subscribed() {
+            monitor::MemoryMonitor::unwatch_global(range);
+        }
+        self.table.entry(id).state.store(state::UNPINNED, Ordering::Release);
+        writer.pinned_bytes -= range.len;
+        writer.pinned_entries -= 1;
+        writer.limbo.push(id);
+    }
+
+    fn subscribed(&self) -> bool {
+        self.monitored.load(Ordering::Acquire)
+    }
+
+    /// A region id nobody can still see.
+    fn alloc_id(&self, writer: &mut Writer) -> Result<u32, CacheError> {
+        if let Some(id) = writer.free_ids.pop() {
+            return Ok(id);
+        }
+        let capacity = (CHUNK * MAX_CHUNKS) as u32;
+        if writer.limbo.len() >= LIMBO_BATCH || (writer.next_id == capacity && !writer.limbo.is_empty()) {
+            rcu::synchronize();
+            for &id in &writer.limbo {
+                self.table.entry(id).state.store(state::FREE, Ordering::Relaxed);
+            }
+            let limbo = std::mem::take(&mut writer.limbo);
+            writer.free_ids.extend(limbo);
+            if let Some(id) = writer.free_ids.pop() {
+                return Ok(id);
+            }
+        }
+        if writer.next_id == capacity {
+            return Err(CacheError::InvalidConfig(format!(
+                "more than {capacity} regions pinned or held at once"
+            )));
+        }
+        let id = writer.next_id;
+        self.table.ensure_chunk(id as usize / CHUNK);
+        writer.next_id += 1;
+        Ok(id)
+    }
+
+    fn invalidate(&self, addr: usize, len: usize) -> usize {
+        if len == 0 {
+            return 0;
+        }
+        let page = self.page_size();
+        let first = addr & !(page - 1);
+        let last = addr
+            .saturating_add(len)
+            .min(self.address_limit())
+            .next_multiple_of(page);
+        if first >= last {
+            return 0;
+        }
+        let mut writer = self.writer.lock();
+        let doomed = self.neighbours(&writer, first, last, false);
+        if doomed.is_empty() {
+            return 0;
+        }
+        for &id in &doomed {
+            writer.order.remove(id);
+            self.table.entry(id).state.store(state::DYING, Ordering::Relaxed);
+        }
+        rcu::heavy_barrier();
+        for &id in &doomed {
+            let range = self.range_of(id);
+            self.index
+                .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+            writer.by_start.remove(&range.start);
+            if self.table.refs(id) == 0 {
+                self.unpin_region(&mut writer, id);
+            } else {
+                self.table.entry(id).state.store(state::RETIRED, Ordering::Release);
+                writer.retired += 1;
+            }
+        }
+        writer.invalidations += doomed.len() as u64;
+        doomed.len()
+    }
+
+    fn stats(&self) -> CacheStats {
+        let writer = self.writer.lock();
+        let lock_free_hits: u64 = self.hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
+        CacheStats {
+            hits: lock_free_hits + writer.locked_hits,
+            misses: writer.misses,
+            evictions: writer.evictions,
+            invalidations: writer.invalidations,
+            merges: writer.merges,
+            pinned_bytes: writer.pinned_bytes,
+            pinned_entries: writer.pinned_entries,
+            retired_entries: writer.retired,
+            max_pinned_bytes: self.limits.max_bytes,
+            max_entries: self.limits.max_entries,
+            index_nodes: self.index.node_count(),
+        }
+    }
+}
+
+impl<P: Pinner> InvalidationTarget for Shared<P> {
+    fn invalidate_range(&self, start: usize, len: usize) -> usize {
+        self.invalidate(start, len)
+    }
+}
+
+impl<P: Pinner> Drop for Shared<P> {
+    fn drop(&mut self) {
+        let monitored = self.subscribed();
+        drop(self.subscription.lock().take());
+        let writer = self.writer.get_mut();
+        for id in 0..writer.next_id {
+            let current = self.table.entry(id).state.load(Ordering::Relaxed);
+            if matches!(current, state::LIVE | state::DYING | state::RETIRED) {
+                let range = self.range_of(id);
+                if let Some(token) = self.table.take_token(id) {
+                    self.pinner.unpin(range, token);
+                }
+                if monitored {
+                    monitor::MemoryMonitor::unwatch_global(range);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Invalidation when memory goes away: the in-process hook and the
+//! userfaultfd safety net.
+//!
+//! A cached registration of memory that is unmapped and mapped again at the
+//! same address would hand the device a stale translation: the classic
+//! registration-cache bug. Two mechanisms prevent it.
+//!
+//! * **The hook**, [`unmap`] (and [`madvise_dontneed`]): the program, or the
+//!   allocator it uses, unmaps through pincache. Every cache in the process
+//!   drops the overlapping regions *before* the pages go, and the range is
+//!   unregistered from userfaultfd first so the kernel has no event to wait
+//!   for. The cost is the invalidation plus the system calls, with no
+//!   cross-thread wake-up.
+//! * **The safety net**, [`MemoryMonitor`]: caches configured with
+//!   `monitor: true` register their pinned ranges with one process-wide
+//!   userfaultfd in write-protect mode (no page is ever write-protected, so
+//!   no fault is ever delivered; only the non-cooperative events are). An
+//!   `munmap`, `mremap` or `madvise(MADV_DONTNEED|MADV_REMOVE)` the hook did
+//!   not see blocks in the kernel until the monitor thread has read its event.
+//!   The monitor raises a pending flag before it reads, and hits fall back to
+//!   the slow path, which waits for the monitor, while the flag is up, so the
+//!   thread that unmapped can never hit the stale region afterwards.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::page_refs::RangeRefCounts;
+use crate::pinner::PageRange;
+use crate::uffd::{Gone, RawMessage, Userfaultfd};
+
+/// Something that holds translations of memory and must drop them when the
+/// memory goes away. Every [`PinCache`](crate::PinCache) is one.
+pub trait InvalidationTarget: Send + Sync {
+    /// Drops every translation overlapping `[start, start + len)`; returns
+    /// how many were dropped.
+    fn invalidate_range(&self, start: usize, len: usize) -> usize;
+}
+
+/// Every live cache of the process, for the hook and the monitor.
+static TARGETS: Mutex<Vec<(u64, Weak<dyn InvalidationTarget>)>> = Mutex::new(Vec::new());
+static NEXT_TARGET: AtomicU64 = AtomicU64::new(1);
+
+/// Raised by the monitor thread before it reads events, lowered after it has
+/// applied them.
+static EVENT_PENDING: AtomicBool = AtomicBool::new(false);
+
+static MONITOR: OnceLock<Result<MemoryMonitor, String>> = OnceLock::new();
+
+/// Keeps a target registered; dropping it unregisters.
+#[derive(Debug)]
+pub struct Subscription {
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        TARGETS.lock().retain(|(id, _)| *id != self.id);
+    }
+}
+
+/// Registers `target` to be told when memory goes away through [`unmap`],
+/// [`madvise_dontneed`], or the monitor.
+pub fn subscribe(target: Weak<dyn InvalidationTarget>) -> Subscription {
+    let id = NEXT_TARGET.fetch_add(1, Ordering::Relaxed);
+    TARGETS.lock().push((id, target));
+    Subscription { id }
+}
+
+/// Tells every registered target that `[start, start + len)` is going away.
+/// Returns how many translations were dropped in all.
+pub fn invalidate_everywhere(start: usize, len: usize) -> usize {
+    let targets: Vec<_> = TARGETS
+        .lock()
+        .iter()
+        .filter_map(|(_, weak)| weak.upgrade())
+        .collect();
+    targets
+        .iter()
+        .map(|target| target.invalidate_range(start, len))
+        .sum()
+}
+
+/// Whether the monitor is between reading events and applying them.
+#[inline(always)]
+pub(crate) fn event_pending() -> bool {
+    EVENT_PENDING.load(Ordering::Acquire)
+}
+
+/// Waits until the monitor has applied the events it has read.
+pub(crate) fn wait_for_pending_events() {
+    let mut spins = 0u32;
+    while event_pending() {
+        spins += 1;
+        if spins < 100 {
+            std::hint::spin_loop();
+        } else if spins < 200 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// Unmaps `[addr, addr + len)` after every cache in the process has dropped
+/// its regions there: the hook to route `munmap` through.
+///
+/// # Safety
+/// As for `munmap(2)`: nothing may use the memory afterwards.
+pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
+    forget_range(addr as usize, len);
+    // SAFETY: the caller vouches that the mapping may go.
+    if unsafe { libc::munmap(addr.cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Discards the contents of `[addr, addr + len)` with
+/// `madvise(MADV_DONTNEED)` after every cache has dropped its regions there.
+///
+/// # Safety
+/// As for `madvise(2)` with `MADV_DONTNEED`: the contents are lost.
+pub unsafe fn madvise_dontneed(addr: *mut u8, len: usize) -> io::Result<()> {
+    forget_range(addr as usize, len);
+    // SAFETY: the caller vouches that the contents may go.
+    if unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Invalidates `[start, start + len)` everywhere and stops watching it.
+fn forget_range(start: usize, len: usize) {
+    invalidate_everywhere(start, len);
+    if let Some(Ok(monitor)) = MONITOR.get() {
+        monitor.forget(start, len);
+    }
+}
+
+/// The process-wide userfaultfd monitor.
+pub struct MemoryMonitor {
+    uffd: Userfaultfd,
+    /// How many pinned regions need each address watched.
+    watched: Mutex<RangeRefCounts>,
+    events: AtomicU64,
+}
+
+impl MemoryMonitor {
+    /// The monitor, started on first use. Fails where userfaultfd or its
+    /// unmap/remove/remap events and write-protect mode are unavailable (no
+    /// CAP_SYS_PTRACE while `vm.unprivileged_userfaultfd` is 0, or a kernel
+    /// before 5.7), with the reason.
+    pub fn global() -> io::Result<&'static MemoryMonitor> {
+        let monitor = MONITOR.get_or_init(|| {
+            let uffd = Userfaultfd::open().map_err(|e| format!("userfaultfd: {e}"))?;
+            Ok(MemoryMonitor {
+                uffd,
+                watched: Mutex::new(RangeRefCounts::new()),
+                events: AtomicU64::new(0),
+            })
+        });
+        match monitor {
+            Ok(monitor) => {
+                monitor.start();
+                Ok(monitor)
+            }
+            Err(reason) => Err(io::Error::new(io::ErrorKind::Unsupported, reason.clone())),
+        }
+    }
+
+    fn start(&'static self) {
+        static STARTED: OnceLock<()> = OnceLock::new();
+        STARTED.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("pincache-monitor".into())
+                .spawn(move || self.run())
+                .expect("cannot start the pincache monitor thread");
+        });
+    }
+
+    /// Events read so far (unmaps, removes, remaps).
+    pub fn events_seen(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Watches `range` for the cache that just pinned it. Ranges the kernel
+    /// cannot watch (file-backed mappings other than shmem and hugetlbfs) are
+    /// left unwatched; returns whether the range is watched.
+    pub fn watch(&self, range: PageRange) -> bool {
+        let mut watched = self.watched.lock();
+        let fresh = watched.acquire(range.start..range.end());
+        let mut all = true;
+        for part in fresh {
+            if self.uffd.register(part.start, part.len()).is_err() {
+                all = false;
+            }
+        }
+        all
+    }
+
+    /// Stops watching `range` for a cache that unpinned it.
+    pub fn unwatch(&self, range: PageRange) {
+        let mut watched = self.watched.lock();
+        for part in watched.release_lenient(range.start..range.end()) {
+            // A range already unmapped is no longer registered.
+            let _ = self.uffd.unregister(part.start, part.len());
+        }
+    }
+
+    /// Watches `range` if the monitor is running.
+    pub(crate) fn watch_global(range: PageRange) {
+        if let Some(Ok(monitor)) = MONITOR.get() {
+            monitor.watch(range);
+        }
+    }
+
+    /// Unwatches `range` if the monitor is running.
+    pub(crate) fn unwatch_global(range: PageRange) {
+        if let Some(Ok(monitor)) = MONITOR.get() {
+            monitor.unwatch(range);
+        }
+    }
+
+    /// The memory of `[start, start + len)` is going away: unregister it now
+    /// and forget every watch on it.
+    fn forget(&self, start: usize, len: usize) {
+        let mut watched = self.watched.lock();
+        if watched.clear(start..start.saturating_add(len)) {
+            let _ = self.uffd.unregister(start, len);
+        }
+    }
+
+    fn run(&self) {
+        let mut buffer = [RawMessage::default(); 64];
+        loop {
+            if self.uffd.wait().is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            EVENT_PENDING.store(true, Ordering::SeqCst);
+            loop {
+                let count = match self.uffd.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(count) => count,
+                };
+                self.events.fetch_add(count as u64, Ordering::Relaxed);
+                for message in &buffer[..count] {
+                    if let Gone::Range { start, end } = message.gone() {
+                        let (start, end) = (start as usize, end as usize);
+                        if end > start {
+                            invalidate_everywhere(start, end - start);
+                            self.watched.lock().clear(start..end);
+                        }
+                    }
+                }
+            }
+            EVENT_PENDING.store(false, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The seam between the cache and whatever really pins memory.
+
+use std::fmt;
+use std::io;
+
+/// A page-aligned range of virtual memory, `[start, start + len)`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageRange {
+    /// First byte, a multiple of the page size.
+    pub start: usize,
+    /// Length in bytes, a non-zero multiple of the page size.
+    pub len: usize,
+}
+
+impl PageRange {
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
+        self.start + self.len
+    }
+
+    /// Whether `[addr, addr + len)` lies inside this range.
+    pub fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.start && addr.saturating_add(len) <= self.end()
+    }
+}
+
+impl fmt::Display for PageRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{:#x}, {:#x})", self.start, self.end())
+    }
+}
+
+/// Why a [`Pinner`] could not pin a range.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// The process's locked-memory limit does not allow the pin.
+    #[error(
+        "cannot pin {range} ({bytes} bytes): RLIMIT_MEMLOCK is {limit} bytes and {locked} bytes \
+         are already locked; raise it (`ulimit -l`, setrlimit, or CAP_IPC_LOCK) or lower the \
+         cache's max_pinned_bytes ({source})",
+        bytes = range.len
+    )]
+    MemlockLimit {
+        /// The range that was to be pinned.
+        range: PageRange,
+        /// The soft RLIMIT_MEMLOCK in bytes (`u64::MAX` when unlimited).
+        limit: u64,
+        /// Bytes this process had locked before the call (VmLck).
+        locked: u64,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
+    /// Part of the range is not mapped.
+    #[error("cannot pin {range}: part of it is not mapped ({source})")]
+    Unmapped {
+        /// The range that was to be pinned.
+        range: PageRange,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
+    /// Any other failure of the pinning mechanism.
+    #[error("cannot pin {range}: {operation} failed: {source}")]
+    Os {
+        /// The range that was to be pinned.
+        range: PageRange,
+        /// The system call or device operation that failed.
+        operation: &'static str,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
+    /// A device-specific failure (translation table full, device gone, ...).
+    #[error("cannot pin {range}: {reason}")]
+    Device {
+        /// The range that was to be pinned.
+        range: PageRange,
+        /// What the device reported.
+        reason: String,
+    },
+}
+
+/// Does the real work of pinning: makes a page-aligned range resident and
+/// visible to a device, and undoes it. The cache decides *when*.
+///
+/// Implementations must tolerate overlapping pins (the cache may pin a merged
+/// region before unpinning the regions it replaces) and must not call back
+/// into the cache that owns them: the cache calls them under its writer lock.
+pub trait Pinner: Send + Sync {
+    /// What the device needs to address the pinned range (an IOVA, a
+    /// translation-table index, a memory key); handed out with every hit.
+    type Token: Send + Sync;
+
+    /// Pins `range` and returns the device's token for it.
+    fn pin(&self, range: PageRange) -> Result<Self::Token, PinError>;
+
+    /// Undoes one earlier `pin` of exactly `range`. Must not fail: if the
+    /// memory is already gone (unmapped), the pin is gone with it.
+    fn unpin(&self, range: PageRange, token: Self::Token);
+}
+
+/// A pinner that does nothing: it measures the cache's own cost and serves
+/// memory that needs no pinning.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopPinner;
+
+impl Pinner for NoopPinner {
+    type Token = ();
+
+    fn pin(&self, _range: PageRange) -> Result<(), PinError> {
+        Ok(())
+    }
+
+    fn unpin(&self, _range: PageRange, _token: ()) {}
+}
