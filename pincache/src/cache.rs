@@ -62,8 +62,6 @@ struct Shared<P: Pinner> {
     index: RadixIndex,
     table: RegionTable<P::Token>,
     policy: AtomicU8,
-    /// Advanced by every miss; the high bits of LRU use stamps.
-    tick: AtomicU64,
     /// Hits per reader slot.
     hits: Box<[CachePadded<AtomicU64>]>,
     page_shift: u32,
@@ -94,6 +92,14 @@ struct Writer {
     evictions: u64,
     invalidations: u64,
     merges: u64,
+}
+
+/// A new region pinned and ready to enter the index, with the regions it
+/// replaces split into those nobody holds and those still held.
+struct Prepared<T> {
+    token: T,
+    idle: Vec<u32>,
+    busy: Vec<u32>,
 }
 
 /// A pinned region held for use; dropping it releases the region.
@@ -144,7 +150,9 @@ impl<P: Pinner + 'static> PinCache<P> {
             Some(bytes) => bytes,
             None => memlock_limit()
                 .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX))
-                .map_err(|e| CacheError::InvalidConfig(format!("cannot read RLIMIT_MEMLOCK: {e}")))?,
+                .map_err(|e| {
+                    CacheError::InvalidConfig(format!("cannot read RLIMIT_MEMLOCK: {e}"))
+                })?,
         };
         if max_bytes < page_size {
             return Err(CacheError::InvalidConfig(format!(
@@ -167,7 +175,6 @@ impl<P: Pinner + 'static> PinCache<P> {
             index: RadixIndex::new(),
             table: RegionTable::new(),
             policy: AtomicU8::new(config.policy.to_u8()),
-            tick: AtomicU64::new(1),
             hits: (0..MAX_READERS)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
@@ -239,11 +246,15 @@ impl<P: Pinner + 'static> PinCache<P> {
         let shared = &*self.shared;
         let mut writer = shared.writer.lock();
         shared.policy.store(policy.to_u8(), Ordering::Relaxed);
-        let tick = shared.tick.fetch_add(1, Ordering::Relaxed) + 1;
+        let tick = rcu::advance_tick();
         writer.order.rekey(|rank| {
             shared.table.reset_usage(rank.id);
             let key = shared.initial_usage(policy, tick);
-            shared.table.counter(SHARED_SLOT, rank.id).usage.store(key, Ordering::Relaxed);
+            shared
+                .table
+                .counter(SHARED_SLOT, rank.id)
+                .usage
+                .store(key, Ordering::Relaxed);
             match policy {
                 Policy::Fifo => rank.age,
                 _ => key,
@@ -259,7 +270,11 @@ impl<P: Pinner + 'static> PinCache<P> {
     /// The limits in force: (max pinned bytes, max entries, max merged bytes).
     pub fn limits(&self) -> (usize, usize, usize) {
         let limits = &self.shared.limits;
-        (limits.max_bytes, limits.max_entries, limits.max_merged_bytes)
+        (
+            limits.max_bytes,
+            limits.max_entries,
+            limits.max_merged_bytes,
+        )
     }
 }
 
@@ -330,7 +345,7 @@ impl<P: Pinner> Shared<P> {
         match Policy::from_u8(self.policy.load(Ordering::Relaxed)) {
             Policy::Lru => counter
                 .usage
-                .store(rcu::use_stamp(self.tick.load(Ordering::Relaxed)), Ordering::Relaxed),
+                .store(rcu::use_stamp(rcu::current_tick()), Ordering::Relaxed),
             Policy::Lfu => counter
                 .usage
                 .store(counter.usage.load(Ordering::Relaxed) + 1, Ordering::Relaxed),
@@ -375,7 +390,7 @@ impl<P: Pinner> Shared<P> {
         if Policy::from_u8(self.policy.load(Ordering::Relaxed)) == Policy::Lfu {
             counter.usage.fetch_add(1, Ordering::Relaxed);
         } else {
-            let stamp = rcu::use_stamp(self.tick.load(Ordering::Relaxed));
+            let stamp = rcu::use_stamp(rcu::current_tick());
             counter.usage.fetch_max(stamp, Ordering::Relaxed);
         }
     }
@@ -441,54 +456,42 @@ impl<P: Pinner> Shared<P> {
             }
         }
 
-        // What the new region covers, and which indexed regions it replaces.
-        let (target, replaced) = self.plan_region(&writer, first, last);
-        if target.len > self.limits.max_bytes {
-            return Err(CacheError::TooLarge {
-                bytes: target.len,
-                max: self.limits.max_bytes,
-            });
-        }
-        let mut replaced_ranks = Vec::with_capacity(replaced.len());
-        for &id in &replaced {
-            replaced_ranks.extend(writer.order.remove(id));
-            self.table.entry(id).state.store(state::DYING, Ordering::Relaxed);
-        }
-        if !replaced.is_empty() {
-            rcu::heavy_barrier();
-        }
-        let (idle, busy): (Vec<u32>, Vec<u32>) =
-            replaced.iter().partition(|&&id| self.table.refs(id) == 0);
-        let credit_bytes: usize = idle.iter().map(|&id| self.range_of(id).len).sum();
-
-        let pinned = self
-            .make_room(&mut writer, target.len, credit_bytes, idle.len())
-            .and_then(|()| self.pinner.pin(target).map_err(CacheError::from));
-        let token = match pinned {
-            Ok(token) => token,
-            Err(error) => {
-                for rank in replaced_ranks {
-                    self.table.entry(rank.id).state.store(state::LIVE, Ordering::Release);
-                    writer.order.insert(rank);
+        // What the new region covers, and which indexed regions it replaces:
+        // the merged plan first, and the request alone if the merge does not fit.
+        let plans = self.plan_region(&writer, first, last);
+        let plan_count = plans.len();
+        let mut chosen = None;
+        for (attempt, (target, replaced)) in plans.into_iter().enumerate() {
+            match self.prepare(&mut writer, target, &replaced) {
+                Ok(Prepared { token, idle, busy }) => {
+                    chosen = Some((target, replaced, token, idle, busy));
+                    break;
                 }
-                return Err(error);
+                Err(CacheError::LimitReached { .. }) if attempt + 1 < plan_count => continue,
+                Err(error) => return Err(error),
             }
-        };
+        }
+        let (target, replaced, token, idle, busy) = chosen.expect("the last plan returns");
         if self.subscribed() {
             monitor::MemoryMonitor::watch_global(target);
         }
 
         for &id in &replaced {
             let range = self.range_of(id);
-            self.index
-                .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+            self.index.remove(
+                range.start >> self.page_shift,
+                range.end() >> self.page_shift,
+            );
             writer.by_start.remove(&range.start);
         }
         if replaced.len() > 1 || (replaced.len() == 1 && self.range_of(replaced[0]) != target) {
             writer.merges += replaced.len() as u64;
         }
         for &id in &busy {
-            self.table.entry(id).state.store(state::RETIRED, Ordering::Release);
+            self.table
+                .entry(id)
+                .state
+                .store(state::RETIRED, Ordering::Release);
             writer.retired += 1;
         }
         for &id in &idle {
@@ -502,12 +505,18 @@ impl<P: Pinner> Shared<P> {
         self.table.set_token(id, token);
         self.table.reset_usage(id);
         let policy = Policy::from_u8(self.policy.load(Ordering::Relaxed));
-        let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
+        let tick = rcu::advance_tick();
         let key = self.initial_usage(policy, tick);
-        self.table.counter(SHARED_SLOT, id).usage.store(key, Ordering::Relaxed);
+        self.table
+            .counter(SHARED_SLOT, id)
+            .usage
+            .store(key, Ordering::Relaxed);
         entry.state.store(state::LIVE, Ordering::Release);
-        self.index
-            .insert(target.start >> self.page_shift, target.end() >> self.page_shift, id);
+        self.index.insert(
+            target.start >> self.page_shift,
+            target.end() >> self.page_shift,
+            id,
+        );
         writer.by_start.insert(target.start, id);
         writer.age += 1;
         let age = writer.age;
@@ -519,15 +528,77 @@ impl<P: Pinner> Shared<P> {
         writer.pinned_bytes += target.len;
         writer.pinned_entries += 1;
         writer.misses += 1;
-        self.table.counter(rcu::current_slot(), id).add_ref(rcu::current_slot(), 1);
+        self.table
+            .counter(rcu::current_slot(), id)
+            .add_ref(rcu::current_slot(), 1);
         Ok(id)
     }
 
-    /// The region a miss on `[first, last)` pins, and the indexed regions it
-    /// replaces: merged with everything it overlaps or touches while the
-    /// result stays within `max_merged_bytes`, else the request alone,
-    /// replacing what it overlaps.
-    fn plan_region(&self, writer: &Writer, first: usize, last: usize) -> (PageRange, Vec<u32>) {
+    /// Makes room for `target` and pins it, with the regions it replaces
+    /// held back from eviction and counted as freed if idle. Returns the
+    /// token and the replaced regions split into idle and busy; on failure,
+    /// everything is as it was (but for evictions).
+    fn prepare(
+        &self,
+        writer: &mut Writer,
+        target: PageRange,
+        replaced: &[u32],
+    ) -> Result<Prepared<P::Token>, CacheError> {
+        if target.len > self.limits.max_bytes {
+            return Err(CacheError::TooLarge {
+                bytes: target.len,
+                max: self.limits.max_bytes,
+            });
+        }
+        let mut replaced_ranks = Vec::with_capacity(replaced.len());
+        for &id in replaced {
+            replaced_ranks.extend(writer.order.remove(id));
+            self.table
+                .entry(id)
+                .state
+                .store(state::DYING, Ordering::Relaxed);
+        }
+        if !replaced.is_empty() {
+            rcu::heavy_barrier();
+        }
+        let (idle, busy): (Vec<u32>, Vec<u32>) =
+            replaced.iter().partition(|&&id| self.table.refs(id) == 0);
+        let credit_bytes: usize = idle.iter().map(|&id| self.range_of(id).len).sum();
+        let pinned = self
+            .make_room(writer, target.len, credit_bytes, idle.len())
+            .and_then(|()| self.pinner.pin(target).map_err(CacheError::from));
+        match pinned {
+            Ok(token) => Ok(Prepared { token, idle, busy }),
+            Err(error) => {
+                for rank in replaced_ranks {
+                    self.table
+                        .entry(rank.id)
+                        .state
+                        .store(state::LIVE, Ordering::Release);
+                    writer.order.insert(rank);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The regions a miss on `[first, last)` may pin, in order of preference,
+    /// each with the indexed regions it replaces: merged with everything it
+    /// overlaps or touches while the result stays within `max_merged_bytes`;
+    /// then the request alone, replacing what it overlaps.
+    fn plan_region(
+        &self,
+        writer: &Writer,
+        first: usize,
+        last: usize,
+    ) -> Vec<(PageRange, Vec<u32>)> {
+        let alone = (
+            PageRange {
+                start: first,
+                len: last - first,
+            },
+            self.neighbours(writer, first, last, false),
+        );
         if self.limits.merge {
             let near = self.neighbours(writer, first, last, true);
             let start = near
@@ -538,23 +609,15 @@ impl<P: Pinner> Shared<P> {
                 .iter()
                 .map(|&id| self.range_of(id).end())
                 .fold(last, usize::max);
-            if end - start <= self.limits.max_merged_bytes.max(last - first) {
-                return (
-                    PageRange {
-                        start,
-                        len: end - start,
-                    },
-                    near,
-                );
+            let merged = PageRange {
+                start,
+                len: end - start,
+            };
+            if merged != alone.0 && merged.len <= self.limits.max_merged_bytes.max(last - first) {
+                return vec![(merged, near), alone];
             }
         }
-        (
-            PageRange {
-                start: first,
-                len: last - first,
-            },
-            self.neighbours(writer, first, last, false),
-        )
+        vec![alone]
     }
 
     /// Evicts idle regions in policy order until `bytes` more bytes and one
@@ -591,7 +654,10 @@ impl<P: Pinner> Shared<P> {
                     kept.push(rank);
                     continue;
                 }
-                self.table.entry(rank.id).state.store(state::DYING, Ordering::Relaxed);
+                self.table
+                    .entry(rank.id)
+                    .state
+                    .store(state::DYING, Ordering::Relaxed);
                 pinned -= self.range_of(rank.id).len;
                 entries -= 1;
                 doomed.push(rank);
@@ -603,14 +669,19 @@ impl<P: Pinner> Shared<P> {
             for rank in doomed {
                 if self.table.refs(rank.id) == 0 {
                     let range = self.range_of(rank.id);
-                    self.index
-                        .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+                    self.index.remove(
+                        range.start >> self.page_shift,
+                        range.end() >> self.page_shift,
+                    );
                     writer.by_start.remove(&range.start);
                     self.unpin_region(writer, rank.id);
                     writer.evictions += 1;
                     evicted += 1;
                 } else {
-                    self.table.entry(rank.id).state.store(state::LIVE, Ordering::Release);
+                    self.table
+                        .entry(rank.id)
+                        .state
+                        .store(state::LIVE, Ordering::Release);
                     kept.push(rank);
                 }
             }
@@ -649,7 +720,10 @@ impl<P: Pinner> Shared<P> {
         if self.subscribed() {
             monitor::MemoryMonitor::unwatch_global(range);
         }
-        self.table.entry(id).state.store(state::UNPINNED, Ordering::Release);
+        self.table
+            .entry(id)
+            .state
+            .store(state::UNPINNED, Ordering::Release);
         writer.pinned_bytes -= range.len;
         writer.pinned_entries -= 1;
         writer.limbo.push(id);
@@ -665,10 +739,15 @@ impl<P: Pinner> Shared<P> {
             return Ok(id);
         }
         let capacity = (CHUNK * MAX_CHUNKS) as u32;
-        if writer.limbo.len() >= LIMBO_BATCH || (writer.next_id == capacity && !writer.limbo.is_empty()) {
+        if writer.limbo.len() >= LIMBO_BATCH
+            || (writer.next_id == capacity && !writer.limbo.is_empty())
+        {
             rcu::synchronize();
             for &id in &writer.limbo {
-                self.table.entry(id).state.store(state::FREE, Ordering::Relaxed);
+                self.table
+                    .entry(id)
+                    .state
+                    .store(state::FREE, Ordering::Relaxed);
             }
             let limbo = std::mem::take(&mut writer.limbo);
             writer.free_ids.extend(limbo);
@@ -707,18 +786,26 @@ impl<P: Pinner> Shared<P> {
         }
         for &id in &doomed {
             writer.order.remove(id);
-            self.table.entry(id).state.store(state::DYING, Ordering::Relaxed);
+            self.table
+                .entry(id)
+                .state
+                .store(state::DYING, Ordering::Relaxed);
         }
         rcu::heavy_barrier();
         for &id in &doomed {
             let range = self.range_of(id);
-            self.index
-                .remove(range.start >> self.page_shift, range.end() >> self.page_shift);
+            self.index.remove(
+                range.start >> self.page_shift,
+                range.end() >> self.page_shift,
+            );
             writer.by_start.remove(&range.start);
             if self.table.refs(id) == 0 {
                 self.unpin_region(&mut writer, id);
             } else {
-                self.table.entry(id).state.store(state::RETIRED, Ordering::Release);
+                self.table
+                    .entry(id)
+                    .state
+                    .store(state::RETIRED, Ordering::Release);
                 writer.retired += 1;
             }
         }

@@ -117,7 +117,10 @@ impl RadixIndex {
                     code,
                 );
             } else if whole || level == LEVELS - 1 {
-                debug_assert!(code == 0 || current == 0, "overlapping regions in the index");
+                debug_assert!(
+                    code == 0 || current == 0,
+                    "overlapping regions in the index"
+                );
                 node.slots[index].store(code, Ordering::Release);
             } else if code != 0 {
                 debug_assert_eq!(current, 0, "overlapping regions in the index");

@@ -58,7 +58,13 @@ pub fn locked_bytes() -> io::Result<u64> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmLck:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map(|kib| kib * 1024)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmLck in /proc/self/status"))
 }

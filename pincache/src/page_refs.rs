@@ -101,7 +101,10 @@ impl RangeRefCounts {
                 self.runs.insert(start, (end, count - 1));
             }
         }
-        debug_assert!(!strict || covered == range.len(), "release of unreferenced range");
+        debug_assert!(
+            !strict || covered == range.len(),
+            "release of unreferenced range"
+        );
         self.coalesce(range);
         freed
     }
@@ -142,7 +145,11 @@ impl RangeRefCounts {
             .next_back()
             .map(|(s, _)| *s)
             .unwrap_or(range.start);
-        let starts: Vec<usize> = self.runs.range(first..=range.end).map(|(s, _)| *s).collect();
+        let starts: Vec<usize> = self
+            .runs
+            .range(first..=range.end)
+            .map(|(s, _)| *s)
+            .collect();
         let mut current: Option<usize> = None;
         for start in starts {
             let (end, count) = self.runs[&start];

@@ -145,6 +145,21 @@ pub(crate) fn slots_in_use() -> usize {
     HIGH_WATER.load(Ordering::Acquire)
 }
 
+/// The use clock: advanced by every miss of any cache, so that the use
+/// stamps of one thread increase across all the caches it uses.
+static USE_TICK: AtomicU64 = AtomicU64::new(1);
+
+/// Advances the use clock; returns the new tick.
+pub(crate) fn advance_tick() -> u64 {
+    USE_TICK.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// The current tick of the use clock.
+#[inline(always)]
+pub(crate) fn current_tick() -> u64 {
+    USE_TICK.load(Ordering::Relaxed)
+}
+
 /// A strictly increasing use stamp within this thread for a given `tick`:
 /// `tick` in the high bits, a per-thread sequence in the low 24 bits.
 #[inline(always)]

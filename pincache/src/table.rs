@@ -104,7 +104,8 @@ impl<T> RegionTable<T> {
             .collect();
         // SAFETY: Counter is two atomics, for which all-zero bytes are valid;
         // zeroed allocation leaves untouched columns uncommitted.
-        let counters = unsafe { Box::<[Counter]>::new_zeroed_slice(MAX_READERS * CHUNK).assume_init() };
+        let counters =
+            unsafe { Box::<[Counter]>::new_zeroed_slice(MAX_READERS * CHUNK).assume_init() };
         let chunk_box = Box::new(Chunk { entries, counters });
         self.chunks[chunk].store(Box::into_raw(chunk_box), Ordering::Release);
     }
@@ -138,7 +139,11 @@ impl<T> RegionTable<T> {
             .refs
             .load(Ordering::Relaxed);
         for slot in 0..used {
-            total = total.wrapping_add(chunk.counters[slot * CHUNK + column].refs.load(Ordering::Relaxed));
+            total = total.wrapping_add(
+                chunk.counters[slot * CHUNK + column]
+                    .refs
+                    .load(Ordering::Relaxed),
+            );
         }
         total
     }
@@ -148,9 +153,11 @@ impl<T> RegionTable<T> {
         let chunk = self.chunk(id);
         let column = id as usize % CHUNK;
         let used = rcu::slots_in_use().min(SHARED_SLOT);
-        let marks = (0..used)
-            .chain(std::iter::once(SHARED_SLOT))
-            .map(|slot| chunk.counters[slot * CHUNK + column].usage.load(Ordering::Relaxed));
+        let marks = (0..used).chain(std::iter::once(SHARED_SLOT)).map(|slot| {
+            chunk.counters[slot * CHUNK + column]
+                .usage
+                .load(Ordering::Relaxed)
+        });
         if sum {
             marks.fold(0u64, u64::wrapping_add)
         } else {
@@ -165,7 +172,9 @@ impl<T> RegionTable<T> {
         let column = id as usize % CHUNK;
         let used = rcu::slots_in_use().min(SHARED_SLOT);
         for slot in (0..used).chain(std::iter::once(SHARED_SLOT)) {
-            chunk.counters[slot * CHUNK + column].usage.store(0, Ordering::Relaxed);
+            chunk.counters[slot * CHUNK + column]
+                .usage
+                .store(0, Ordering::Relaxed);
         }
     }
 
@@ -193,7 +202,11 @@ impl<T> RegionTable<T> {
     pub(crate) unsafe fn token(&self, id: u32) -> &T {
         // SAFETY: per the contract, the region is referenced, so the writer
         // will not take or replace the token while the borrow lives.
-        unsafe { (*self.entry(id).token.get()).as_ref().expect("pinned region has a token") }
+        unsafe {
+            (*self.entry(id).token.get())
+                .as_ref()
+                .expect("pinned region has a token")
+        }
     }
 }
 

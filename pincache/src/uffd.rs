@@ -94,12 +94,8 @@ impl Userfaultfd {
     /// Opens a non-blocking userfaultfd and negotiates the events.
     pub(crate) fn open() -> io::Result<Self> {
         // SAFETY: userfaultfd takes flags only and returns a new descriptor.
-        let raw = unsafe {
-            libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        };
+        let raw =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -1,0 +1,321 @@
+//! `pin-cost`: cost of a pin-down cache miss and hit with the `mlock`
+//! pinner, by region size, next to raw `mlock`/`munlock`, with a
+//! least-squares fit `miss_us = a + b * pages` (the form of table 2 of the PM
+//! pin-down cache paper). Prints one JSON document on stdout.
+//!
+//! Every figure is a median over many repetitions timed with
+//! `std::time::Instant`. Raw and cached repetitions are interleaved so that
+//! drift in the machine affects both alike.
+
+use std::error::Error;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use pincache::{CacheConfig, MlockPinner, PinCache};
+use serde::Serialize;
+
+use pindown_benches::replay::duration_ns;
+use pindown_benches::stats::{fit_line, median, LineFit};
+use pindown_benches::sys::{ensure_memlock, mlock, munlock, page_size, Machine, Mapping};
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "pin-cost",
+    version,
+    about = "Miss and hit cost of the pin-down cache with mlock (JSON on stdout)"
+)]
+struct Args {
+    /// Fewer repetitions (a few seconds in all).
+    #[arg(long)]
+    quick: bool,
+    /// Largest region, in pages: sizes 1, 2, 4, ... up to this are measured.
+    #[arg(long, default_value_t = 4096)]
+    max_pages: usize,
+    /// Also write the JSON document to FILE.
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+    /// No progress display on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Repetition limits for one region size.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct RepPolicy {
+    min_reps: usize,
+    max_reps: usize,
+    /// Stop adding repetitions once this much time went into one size.
+    budget_ms: u64,
+    /// Hits timed per batch (a single hit is below the clock's resolution).
+    hit_batch: usize,
+    hit_batches: usize,
+}
+
+/// Medians for one region size; times in microseconds unless named `_ns`.
+#[derive(Debug, Serialize)]
+struct SizeResult {
+    pages: usize,
+    bytes: usize,
+    reps: usize,
+    /// `cache.pin` of a region not in the cache plus the release.
+    miss_us: f64,
+    /// `cache.invalidate` of that region afterwards (unpins it).
+    invalidate_us: f64,
+    /// Miss, release and invalidate: comparable with raw mlock + munlock.
+    miss_plus_invalidate_us: f64,
+    raw_mlock_us: f64,
+    raw_munlock_us: f64,
+    raw_mlock_munlock_us: f64,
+    /// What the cache adds to a miss: `miss_us - raw_mlock_us`.
+    miss_overhead_us: f64,
+    /// A hit (pin of the cached region plus release), in nanoseconds.
+    hit_ns: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Skipped {
+    pages: usize,
+    reason: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Fits {
+    /// `miss_us = a + b * pages`.
+    miss_us: Option<LineFit>,
+    miss_plus_invalidate_us: Option<LineFit>,
+    raw_mlock_us: Option<LineFit>,
+    raw_mlock_munlock_us: Option<LineFit>,
+}
+
+#[derive(Debug, Serialize)]
+struct Ratios {
+    /// Hit cost over the miss cost of a one-page region.
+    hit_over_miss_1page: Option<f64>,
+    hit_over_miss_plus_invalidate_1page: Option<f64>,
+    hit_over_raw_mlock_munlock_1page: Option<f64>,
+}
+
+/// The figures this program's output is meant to be set against.
+#[derive(Debug, Serialize)]
+struct Reference {
+    source: &'static str,
+    miss_a_us: f64,
+    miss_b_us_per_page: f64,
+    hit_us: f64,
+    hit_over_miss_1page: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    program: &'static str,
+    version: &'static str,
+    machine: Machine,
+    repetitions: RepPolicy,
+    sizes: Vec<SizeResult>,
+    skipped: Vec<Skipped>,
+    /// Hit cost of a one-page region, in microseconds.
+    hit_us: Option<f64>,
+    fit: Fits,
+    ratios: Ratios,
+    reference_pm_table2: Reference,
+    elapsed_s: f64,
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Times raw mlock/munlock and cache miss/invalidate of `pages` pages at
+/// `addr`, interleaved.
+fn measure_size(
+    cache: &PinCache<MlockPinner>,
+    addr: usize,
+    pages: usize,
+    reps: &RepPolicy,
+) -> Result<SizeResult, Box<dyn Error>> {
+    let len = pages * page_size();
+    let (mut lock, mut unlock, mut raw) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut miss, mut inval, mut miss_inval) = (Vec::new(), Vec::new(), Vec::new());
+    let started = Instant::now();
+    let budget = Duration::from_millis(reps.budget_ms);
+    let mut n = 0;
+    while n < reps.min_reps || (n < reps.max_reps && started.elapsed() < budget) {
+        let t0 = Instant::now();
+        mlock(addr, len)?;
+        let t1 = Instant::now();
+        munlock(addr, len)?;
+        let t2 = Instant::now();
+        lock.push(us(t1 - t0));
+        unlock.push(us(t2 - t1));
+        raw.push(us(t2 - t0));
+
+        let t0 = Instant::now();
+        drop(cache.pin(addr, len)?);
+        let t1 = Instant::now();
+        cache.invalidate(addr, len);
+        let t2 = Instant::now();
+        miss.push(us(t1 - t0));
+        inval.push(us(t2 - t1));
+        miss_inval.push(us(t2 - t0));
+        n += 1;
+    }
+
+    // Hits: warm the region once, then time batches of hits.
+    drop(cache.pin(addr, len)?);
+    let mut hits: Vec<f64> = (0..reps.hit_batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps.hit_batch {
+                drop(std::hint::black_box(cache.pin(addr, len)));
+            }
+            duration_ns(t.elapsed()) as f64 / reps.hit_batch as f64
+        })
+        .collect();
+    cache.invalidate(addr, len);
+
+    let raw_mlock_us = median(&mut lock);
+    let miss_us = median(&mut miss);
+    Ok(SizeResult {
+        pages,
+        bytes: len,
+        reps: n,
+        miss_us,
+        invalidate_us: median(&mut inval),
+        miss_plus_invalidate_us: median(&mut miss_inval),
+        raw_mlock_us,
+        raw_munlock_us: median(&mut unlock),
+        raw_mlock_munlock_us: median(&mut raw),
+        miss_overhead_us: miss_us - raw_mlock_us,
+        hit_ns: median(&mut hits),
+    })
+}
+
+fn fit_of(sizes: &[SizeResult], y: impl Fn(&SizeResult) -> f64) -> Option<LineFit> {
+    let points: Vec<(f64, f64)> = sizes.iter().map(|s| (s.pages as f64, y(s))).collect();
+    fit_line(&points)
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args = Args::parse();
+    let started = Instant::now();
+    let page = page_size();
+    let max_pages = args.max_pages.max(1);
+    let memlock = ensure_memlock((max_pages * page) as u64 * 2);
+    let budget = memlock.budget();
+
+    let mut skipped = Vec::new();
+    let mut candidates = Vec::new();
+    let mut pages = 1;
+    while pages <= max_pages {
+        if (pages * page) as u64 <= budget {
+            candidates.push(pages);
+        } else {
+            skipped.push(Skipped {
+                pages,
+                reason: format!("exceeds RLIMIT_MEMLOCK ({budget} bytes available)"),
+            });
+        }
+        pages *= 2;
+    }
+    let largest = candidates.last().copied().unwrap_or(1);
+    let mapping = Mapping::new(largest * page)?;
+
+    let reps = if args.quick {
+        RepPolicy {
+            min_reps: 11,
+            max_reps: 201,
+            budget_ms: 40,
+            hit_batch: 1000,
+            hit_batches: 31,
+        }
+    } else {
+        RepPolicy {
+            min_reps: 21,
+            max_reps: 2001,
+            budget_ms: 250,
+            hit_batch: 1000,
+            hit_batches: 101,
+        }
+    };
+    let config = CacheConfig {
+        max_pinned_bytes: Some(usize::try_from(budget).unwrap_or(usize::MAX)),
+        max_entries: 16,
+        merge: false,
+        ..CacheConfig::default()
+    };
+    let cache = PinCache::new(MlockPinner::new(), config)?;
+
+    let bar = if args.quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(candidates.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b
+    };
+    let mut sizes = Vec::new();
+    for &pages in &candidates {
+        bar.set_message(format!("{pages} pages"));
+        match measure_size(&cache, mapping.addr(), pages, &reps) {
+            Ok(r) => sizes.push(r),
+            Err(e) => {
+                // Leave nothing locked behind before the next size.
+                cache.invalidate(mapping.addr(), pages * page);
+                let _ = munlock(mapping.addr(), pages * page);
+                skipped.push(Skipped {
+                    pages,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    drop(cache);
+    drop(mapping);
+
+    let one = sizes.iter().find(|s| s.pages == 1);
+    let hit_us = one.map(|s| s.hit_ns / 1e3);
+    let ratio = |f: fn(&SizeResult) -> f64| one.map(|s| s.hit_ns / 1e3 / f(s));
+    let report = Report {
+        program: "pin-cost",
+        version: env!("CARGO_PKG_VERSION"),
+        machine: Machine::collect(memlock),
+        repetitions: reps,
+        fit: Fits {
+            miss_us: fit_of(&sizes, |s| s.miss_us),
+            miss_plus_invalidate_us: fit_of(&sizes, |s| s.miss_plus_invalidate_us),
+            raw_mlock_us: fit_of(&sizes, |s| s.raw_mlock_us),
+            raw_mlock_munlock_us: fit_of(&sizes, |s| s.raw_mlock_munlock_us),
+        },
+        ratios: Ratios {
+            hit_over_miss_1page: ratio(|s| s.miss_us),
+            hit_over_miss_plus_invalidate_1page: ratio(|s| s.miss_plus_invalidate_us),
+            hit_over_raw_mlock_munlock_1page: ratio(|s| s.raw_mlock_munlock_us),
+        },
+        reference_pm_table2: Reference {
+            source: "PM pin-down cache paper, table 2",
+            miss_a_us: 90.8,
+            miss_b_us_per_page: 12.3,
+            hit_us: 0.6,
+            hit_over_miss_1page: 0.6 / (90.8 + 12.3),
+        },
+        sizes,
+        skipped,
+        hit_us,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{json}\n"))?;
+    }
+    println!("{json}");
+    Ok(())
+}

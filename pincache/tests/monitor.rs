@@ -1,0 +1,151 @@
+//! Automatic invalidation: memory unmapped behind the cache's back, then
+//! mapped again at the same address, must never hit the stale region.
+
+mod common;
+
+use pincache::{CacheConfig, MemoryMonitor, MlockPinner, PinCache};
+
+const PAGE: usize = 4096;
+
+/// The scenarios run one after another: invalidation is process-wide, and
+/// parallel tests would unmap and reuse each other's addresses.
+#[test]
+fn unmapped_memory_is_never_hit_again() {
+    plain_munmap_then_map_again_misses();
+    the_unmap_hook_invalidates_before_the_pages_go();
+    a_region_in_use_when_unmapped_is_retired_and_never_hit_again();
+    mremap_moving_a_mapping_invalidates_the_old_range();
+}
+
+fn monitored_cache() -> PinCache<MlockPinner> {
+    PinCache::new(
+        MlockPinner::new(),
+        CacheConfig {
+            max_pinned_bytes: Some(256 * PAGE),
+            monitor: true,
+            ..CacheConfig::default()
+        },
+    )
+    .expect("the userfaultfd monitor runs here (root)")
+}
+
+/// Reads what the pinned memory holds through the region, proving which
+/// mapping the cache's region belongs to.
+fn first_byte(addr: usize) -> u8 {
+    // SAFETY: the test maps the page before reading it.
+    unsafe { std::ptr::read_volatile(addr as *const u8) }
+}
+
+fn plain_munmap_then_map_again_misses() {
+    let cache = monitored_cache();
+    let len = 4 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    // SAFETY: the mapping is ours and writable.
+    unsafe { buffer.write(0xAA) };
+    drop(cache.pin(addr, len).unwrap());
+    assert_eq!(cache.pinner().locked_len(), len);
+    let events_before = MemoryMonitor::global().unwrap().events_seen();
+
+    common::unmap_plain(buffer, len);
+    let again = common::map_anonymous_at(buffer, len);
+    assert_eq!(first_byte(again as usize), 0, "a fresh mapping");
+
+    let registration = cache.pin(addr, len).unwrap();
+    let stats = cache.stats();
+    assert_eq!(stats.misses, 2, "the stale region was not hit");
+    assert_eq!(stats.hits, 0);
+    assert_eq!(stats.invalidations, 1);
+    assert!(MemoryMonitor::global().unwrap().events_seen() > events_before);
+    // The new mapping really is locked now (the stale bookkeeping is gone).
+    assert_eq!(cache.pinner().locked_len(), len);
+    assert!(pincache::locked_bytes().unwrap() >= len as u64);
+    drop(registration);
+    drop(cache);
+    common::unmap_plain(again, len);
+}
+
+fn the_unmap_hook_invalidates_before_the_pages_go() {
+    let cache = monitored_cache();
+    let unmonitored = PinCache::new(MlockPinner::new(), CacheConfig::default()).unwrap();
+    let len = 2 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    drop(cache.pin(addr, len).unwrap());
+    drop(unmonitored.pin(addr, PAGE).unwrap());
+
+    // SAFETY: nothing uses the mapping afterwards.
+    unsafe { pincache::unmap(buffer, len) }.unwrap();
+    assert_eq!(cache.stats().invalidations, 1);
+    assert_eq!(
+        unmonitored.stats().invalidations,
+        1,
+        "every cache hears of the hook"
+    );
+    assert_eq!(cache.pinner().locked_len(), 0);
+
+    let again = common::map_anonymous_at(buffer, len);
+    drop(cache.pin(addr, len).unwrap());
+    drop(unmonitored.pin(addr, PAGE).unwrap());
+    assert_eq!(cache.stats().misses, 2);
+    assert_eq!(unmonitored.stats().misses, 2);
+    drop(cache);
+    drop(unmonitored);
+    common::unmap_plain(again, len);
+}
+
+fn a_region_in_use_when_unmapped_is_retired_and_never_hit_again() {
+    let cache = monitored_cache();
+    let len = 3 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    let held = cache.pin(addr, len).unwrap();
+    common::unmap_plain(buffer, len);
+    let again = common::map_anonymous_at(buffer, len);
+    let fresh = cache.pin(addr + PAGE, PAGE).unwrap();
+    assert_ne!(
+        fresh.region(),
+        held.region(),
+        "a new region, not the retired one"
+    );
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.retired_entries), (2, 1));
+    drop(held);
+    assert_eq!(
+        cache.stats().retired_entries,
+        0,
+        "unpinned at its last release"
+    );
+    drop(fresh);
+    drop(cache);
+    common::unmap_plain(again, len);
+}
+
+fn mremap_moving_a_mapping_invalidates_the_old_range() {
+    let cache = monitored_cache();
+    let len = 2 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    drop(cache.pin(addr, len).unwrap());
+    // Make room to move to, then move the mapping there.
+    let target = common::map_anonymous(len);
+    // SAFETY: both mappings are ours; MREMAP_FIXED replaces `target`.
+    let moved = unsafe {
+        libc::mremap(
+            buffer.cast(),
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            target.cast::<libc::c_void>(),
+        )
+    };
+    assert_eq!(moved, target.cast());
+    let again = common::map_anonymous_at(buffer, len);
+    drop(cache.pin(addr, len).unwrap());
+    let stats = cache.stats();
+    assert_eq!(stats.misses, 2);
+    assert!(stats.invalidations >= 1);
+    drop(cache);
+    common::unmap_plain(again, len);
+    common::unmap_plain(target, len);
+}
