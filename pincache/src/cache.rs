@@ -19,7 +19,6 @@
 //! Region ids and index nodes that readers may still see are reused only after
 //! an RCU grace period, batched so that its cost is shared by many misses.
 
-use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -36,6 +35,9 @@ use crate::policy::{EvictionOrder, Policy, Rank};
 use crate::rcu::{self, ReadGuard, MAX_READERS, SHARED_SLOT};
 use crate::stats::CacheStats;
 use crate::table::{state, RegionTable, CHUNK, MAX_CHUNKS};
+
+/// Region ids found near a request; rarely more than a few.
+type Neighbours = smallvec::SmallVec<[u32; 4]>;
 
 /// Retired ids collected before one grace period recycles them all.
 const LIMBO_BATCH: usize = 64;
@@ -62,6 +64,8 @@ struct Shared<P: Pinner> {
     index: RadixIndex,
     table: RegionTable<P::Token>,
     policy: AtomicU8,
+    /// The writer's tick, for the LRU use stamps of hits.
+    tick: AtomicU64,
     /// Hits per reader slot.
     hits: Box<[CachePadded<AtomicU64>]>,
     page_shift: u32,
@@ -76,13 +80,13 @@ struct Shared<P: Pinner> {
 /// State only the writer (holder of the lock) touches.
 #[derive(Default)]
 struct Writer {
-    /// Regions in the index by start address; they never overlap.
-    by_start: BTreeMap<usize, u32>,
     order: EvictionOrder,
     free_ids: Vec<u32>,
     /// Unpinned ids waiting for a grace period.
     limbo: Vec<u32>,
     next_id: u32,
+    /// Advanced by every miss; LRU keys are `tick << 24`.
+    tick: u64,
     pinned_bytes: usize,
     pinned_entries: usize,
     retired: usize,
@@ -98,8 +102,8 @@ struct Writer {
 /// replaces split into those nobody holds and those still held.
 struct Prepared<T> {
     token: T,
-    idle: Vec<u32>,
-    busy: Vec<u32>,
+    idle: Neighbours,
+    busy: Neighbours,
 }
 
 /// A pinned region held for use; dropping it releases the region.
@@ -175,6 +179,7 @@ impl<P: Pinner + 'static> PinCache<P> {
             index: RadixIndex::new(),
             table: RegionTable::new(),
             policy: AtomicU8::new(config.policy.to_u8()),
+            tick: AtomicU64::new(0),
             hits: (0..MAX_READERS)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
@@ -241,20 +246,17 @@ impl<P: Pinner + 'static> PinCache<P> {
     }
 
     /// Switches the replacement policy. Use history restarts: every cached
-    /// region counts as used once, now.
+    /// region counts as used once, now, and ties go to the oldest.
     pub fn set_policy(&self, policy: Policy) {
         let shared = &*self.shared;
         let mut writer = shared.writer.lock();
         shared.policy.store(policy.to_u8(), Ordering::Relaxed);
-        let tick = rcu::advance_tick();
+        writer.tick += 1;
+        let tick = writer.tick;
+        shared.tick.store(tick, Ordering::Relaxed);
         writer.order.rekey(|rank| {
             shared.table.reset_usage(rank.id);
             let key = shared.initial_usage(policy, tick);
-            shared
-                .table
-                .counter(SHARED_SLOT, rank.id)
-                .usage
-                .store(key, Ordering::Relaxed);
             match policy {
                 Policy::Fifo => rank.age,
                 _ => key,
@@ -345,7 +347,7 @@ impl<P: Pinner> Shared<P> {
         match Policy::from_u8(self.policy.load(Ordering::Relaxed)) {
             Policy::Lru => counter
                 .usage
-                .store(rcu::use_stamp(rcu::current_tick()), Ordering::Relaxed),
+                .store(rcu::use_stamp(self.tick.load(Ordering::Relaxed)), Ordering::Relaxed),
             Policy::Lfu => counter
                 .usage
                 .store(counter.usage.load(Ordering::Relaxed) + 1, Ordering::Relaxed),
@@ -362,7 +364,7 @@ impl<P: Pinner> Shared<P> {
     fn release(&self, id: u32) {
         let slot = rcu::current_slot();
         self.table.counter(slot, id).add_ref(slot, -1);
-        rcu::light_barrier();
+        rcu::barrier_after_update(slot);
         if self.table.entry(id).state.load(Ordering::Relaxed) != state::LIVE {
             self.release_slow(id);
         }
@@ -390,7 +392,7 @@ impl<P: Pinner> Shared<P> {
         if Policy::from_u8(self.policy.load(Ordering::Relaxed)) == Policy::Lfu {
             counter.usage.fetch_add(1, Ordering::Relaxed);
         } else {
-            let stamp = rcu::use_stamp(rcu::current_tick());
+            let stamp = rcu::use_stamp(self.tick.load(Ordering::Relaxed));
             counter.usage.fetch_max(stamp, Ordering::Relaxed);
         }
     }
@@ -406,22 +408,29 @@ impl<P: Pinner> Shared<P> {
 
     /// Indexed regions that overlap `[start, end)`, or also touch it when
     /// `touching`, in address order.
-    fn neighbours(&self, writer: &Writer, start: usize, end: usize, touching: bool) -> Vec<u32> {
-        let mut found: Vec<u32> = Vec::new();
-        for (_, &id) in writer.by_start.range(..=end).rev() {
-            let range = self.range_of(id);
-            let reaches = if touching {
-                range.end() >= start && range.start <= end
-            } else {
-                range.end() > start && range.start < end
-            };
-            if reaches {
+    fn neighbours(&self, start: usize, end: usize, touching: bool) -> Neighbours {
+        let (first, last) = (start >> self.page_shift, end >> self.page_shift);
+        let mut found = Neighbours::new();
+        let mut push = |id: u32| {
+            if found.last() != Some(&id) {
                 found.push(id);
-            } else if range.end() < start {
-                break;
+            }
+        };
+        if touching && first > 0 {
+            if let Some(id) = self.index.lookup(first - 1) {
+                push(id);
             }
         }
-        found.reverse();
+        let mut page = first;
+        while let Some(id) = self.index.first_in(page, last) {
+            push(id);
+            page = self.range_of(id).end() >> self.page_shift;
+        }
+        if touching && last < PAGE_LIMIT {
+            if let Some(id) = self.index.lookup(last) {
+                push(id);
+            }
+        }
         found
     }
 
@@ -457,21 +466,37 @@ impl<P: Pinner> Shared<P> {
         }
 
         // What the new region covers, and which indexed regions it replaces:
-        // the merged plan first, and the request alone if the merge does not fit.
-        let plans = self.plan_region(&writer, first, last);
-        let plan_count = plans.len();
-        let mut chosen = None;
-        for (attempt, (target, replaced)) in plans.into_iter().enumerate() {
-            match self.prepare(&mut writer, target, &replaced) {
-                Ok(Prepared { token, idle, busy }) => {
-                    chosen = Some((target, replaced, token, idle, busy));
-                    break;
-                }
-                Err(CacheError::LimitReached { .. }) if attempt + 1 < plan_count => continue,
+        // merged with everything it overlaps or touches while that stays
+        // within `max_merged_bytes` and fits the limits; else the request
+        // alone, replacing what it overlaps.
+        let alone = PageRange {
+            start: first,
+            len: last - first,
+        };
+        let near = self.neighbours(first, last, self.limits.merge);
+        let merged = self.merged_region(alone, &near);
+        let first_try = match merged {
+            Some(merged) => match self.prepare(&mut writer, merged, &near) {
+                Ok(prepared) => Some((merged, near.clone(), prepared)),
+                Err(CacheError::LimitReached { .. }) => None,
                 Err(error) => return Err(error),
+            },
+            None => None,
+        };
+        let (target, replaced, Prepared { token, idle, busy }) = match first_try {
+            Some(done) => done,
+            None => {
+                let overlapping: Neighbours = near
+                    .into_iter()
+                    .filter(|&id| {
+                        let range = self.range_of(id);
+                        range.start < last && first < range.end()
+                    })
+                    .collect();
+                let prepared = self.prepare(&mut writer, alone, &overlapping)?;
+                (alone, overlapping, prepared)
             }
-        }
-        let (target, replaced, token, idle, busy) = chosen.expect("the last plan returns");
+        };
         if self.subscribed() {
             monitor::MemoryMonitor::watch_global(target);
         }
@@ -482,7 +507,6 @@ impl<P: Pinner> Shared<P> {
                 range.start >> self.page_shift,
                 range.end() >> self.page_shift,
             );
-            writer.by_start.remove(&range.start);
         }
         if replaced.len() > 1 || (replaced.len() == 1 && self.range_of(replaced[0]) != target) {
             writer.merges += replaced.len() as u64;
@@ -498,26 +522,27 @@ impl<P: Pinner> Shared<P> {
             self.unpin_region(&mut writer, id);
         }
 
-        let id = self.alloc_id(&mut writer)?;
+        let (id, never_used) = self.alloc_id(&mut writer)?;
         let entry = self.table.entry(id);
         entry.start.store(target.start, Ordering::Relaxed);
         entry.end.store(target.end(), Ordering::Relaxed);
         self.table.set_token(id, token);
-        self.table.reset_usage(id);
+        if !never_used {
+            self.table.reset_usage(id);
+        }
+        // The insertion is a use: its key lives in the rank until hits raise
+        // the marks above it.
         let policy = Policy::from_u8(self.policy.load(Ordering::Relaxed));
-        let tick = rcu::advance_tick();
+        writer.tick += 1;
+        let tick = writer.tick;
+        self.tick.store(tick, Ordering::Relaxed);
         let key = self.initial_usage(policy, tick);
-        self.table
-            .counter(SHARED_SLOT, id)
-            .usage
-            .store(key, Ordering::Relaxed);
         entry.state.store(state::LIVE, Ordering::Release);
         self.index.insert(
             target.start >> self.page_shift,
             target.end() >> self.page_shift,
             id,
         );
-        writer.by_start.insert(target.start, id);
         writer.age += 1;
         let age = writer.age;
         writer.order.insert(Rank {
@@ -550,7 +575,7 @@ impl<P: Pinner> Shared<P> {
                 max: self.limits.max_bytes,
             });
         }
-        let mut replaced_ranks = Vec::with_capacity(replaced.len());
+        let mut replaced_ranks: smallvec::SmallVec<[Rank; 4]> = smallvec::SmallVec::new();
         for &id in replaced {
             replaced_ranks.extend(writer.order.remove(id));
             self.table
@@ -561,8 +586,10 @@ impl<P: Pinner> Shared<P> {
         if !replaced.is_empty() {
             rcu::heavy_barrier();
         }
-        let (idle, busy): (Vec<u32>, Vec<u32>) =
-            replaced.iter().partition(|&&id| self.table.refs(id) == 0);
+        let (idle, busy): (Neighbours, Neighbours) = replaced
+            .iter()
+            .copied()
+            .partition(|&id| self.table.refs(id) == 0);
         let credit_bytes: usize = idle.iter().map(|&id| self.range_of(id).len).sum();
         let pinned = self
             .make_room(writer, target.len, credit_bytes, idle.len())
@@ -582,42 +609,27 @@ impl<P: Pinner> Shared<P> {
         }
     }
 
-    /// The regions a miss on `[first, last)` may pin, in order of preference,
-    /// each with the indexed regions it replaces: merged with everything it
-    /// overlaps or touches while the result stays within `max_merged_bytes`;
-    /// then the request alone, replacing what it overlaps.
-    fn plan_region(
-        &self,
-        writer: &Writer,
-        first: usize,
-        last: usize,
-    ) -> Vec<(PageRange, Vec<u32>)> {
-        let alone = (
-            PageRange {
-                start: first,
-                len: last - first,
-            },
-            self.neighbours(writer, first, last, false),
-        );
-        if self.limits.merge {
-            let near = self.neighbours(writer, first, last, true);
-            let start = near
-                .iter()
-                .map(|&id| self.range_of(id).start)
-                .fold(first, usize::min);
-            let end = near
-                .iter()
-                .map(|&id| self.range_of(id).end())
-                .fold(last, usize::max);
-            let merged = PageRange {
-                start,
-                len: end - start,
-            };
-            if merged != alone.0 && merged.len <= self.limits.max_merged_bytes.max(last - first) {
-                return vec![(merged, near), alone];
-            }
+    /// The region a miss on `alone` pins when merged with the regions
+    /// `near` it overlaps or touches, if merging applies and stays within
+    /// `max_merged_bytes`.
+    fn merged_region(&self, alone: PageRange, near: &Neighbours) -> Option<PageRange> {
+        if !self.limits.merge || near.is_empty() {
+            return None;
         }
-        vec![alone]
+        let start = near
+            .iter()
+            .map(|&id| self.range_of(id).start)
+            .fold(alone.start, usize::min);
+        let end = near
+            .iter()
+            .map(|&id| self.range_of(id).end())
+            .fold(alone.end(), usize::max);
+        let merged = PageRange {
+            start,
+            len: end - start,
+        };
+        (merged != alone && merged.len <= self.limits.max_merged_bytes.max(alone.len))
+            .then_some(merged)
     }
 
     /// Evicts idle regions in policy order until `bytes` more bytes and one
@@ -647,7 +659,7 @@ impl<P: Pinner> Shared<P> {
                 let next = writer.order.pop_first(|id| match policy {
                     Policy::Fifo => 0,
                     Policy::Lru => table.usage(id, false),
-                    Policy::Lfu => table.usage(id, true),
+                    Policy::Lfu => 1 + table.usage(id, true),
                 });
                 let Some(rank) = next else { break };
                 if self.table.refs(rank.id) != 0 {
@@ -673,7 +685,6 @@ impl<P: Pinner> Shared<P> {
                         range.start >> self.page_shift,
                         range.end() >> self.page_shift,
                     );
-                    writer.by_start.remove(&range.start);
                     self.unpin_region(writer, rank.id);
                     writer.evictions += 1;
                     evicted += 1;
@@ -733,10 +744,11 @@ impl<P: Pinner> Shared<P> {
         self.monitored.load(Ordering::Acquire)
     }
 
-    /// A region id nobody can still see.
-    fn alloc_id(&self, writer: &mut Writer) -> Result<u32, CacheError> {
+    /// A region id nobody can still see, and whether it was never used
+    /// (its counters are still zero).
+    fn alloc_id(&self, writer: &mut Writer) -> Result<(u32, bool), CacheError> {
         if let Some(id) = writer.free_ids.pop() {
-            return Ok(id);
+            return Ok((id, false));
         }
         let capacity = (CHUNK * MAX_CHUNKS) as u32;
         if writer.limbo.len() >= LIMBO_BATCH
@@ -752,7 +764,7 @@ impl<P: Pinner> Shared<P> {
             let limbo = std::mem::take(&mut writer.limbo);
             writer.free_ids.extend(limbo);
             if let Some(id) = writer.free_ids.pop() {
-                return Ok(id);
+                return Ok((id, false));
             }
         }
         if writer.next_id == capacity {
@@ -763,7 +775,7 @@ impl<P: Pinner> Shared<P> {
         let id = writer.next_id;
         self.table.ensure_chunk(id as usize / CHUNK);
         writer.next_id += 1;
-        Ok(id)
+        Ok((id, true))
     }
 
     fn invalidate(&self, addr: usize, len: usize) -> usize {
@@ -780,7 +792,7 @@ impl<P: Pinner> Shared<P> {
             return 0;
         }
         let mut writer = self.writer.lock();
-        let doomed = self.neighbours(&writer, first, last, false);
+        let doomed = self.neighbours(first, last, false);
         if doomed.is_empty() {
             return 0;
         }
@@ -798,7 +810,6 @@ impl<P: Pinner> Shared<P> {
                 range.start >> self.page_shift,
                 range.end() >> self.page_shift,
             );
-            writer.by_start.remove(&range.start);
             if self.table.refs(id) == 0 {
                 self.unpin_region(&mut writer, id);
             } else {

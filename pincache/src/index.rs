@@ -142,6 +142,44 @@ impl RadixIndex {
         }
     }
 
+    /// The first region found covering a page in `[from, end)`, scanning
+    /// upwards and skipping empty subtrees. Writer only.
+    pub(crate) fn first_in(&self, from: usize, end: usize) -> Option<u32> {
+        if from >= end {
+            return None;
+        }
+        Self::first_in_node(&self.root, 0, 0, from, end.min(PAGE_LIMIT))
+    }
+
+    fn first_in_node(node: &Node, level: u32, base: usize, from: usize, end: usize) -> Option<u32> {
+        let span = slot_span(level);
+        let lo = (from - base) / span;
+        let hi = (end - base).div_ceil(span).min(FANOUT);
+        for index in lo..hi {
+            let value = node.slots[index].load(Ordering::Relaxed);
+            if value == 0 {
+                continue;
+            }
+            if value & NODE_TAG == 0 {
+                return Some(((value >> 1) - 1) as u32);
+            }
+            let slot_start = base + index * span;
+            // SAFETY: see `lookup`.
+            let child = unsafe { &*((value & !NODE_TAG) as *const Node) };
+            let found = Self::first_in_node(
+                child,
+                level + 1,
+                slot_start,
+                from.max(slot_start),
+                end.min(slot_start + span),
+            );
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
     /// Number of nodes below the root (memory held by the index).
     pub(crate) fn node_count(&self) -> usize {
         self.children.lock().len()
@@ -168,6 +206,9 @@ mod tests {
         index.remove(20, 20 + (1 << 20));
         assert_eq!(index.lookup(5000), None);
         assert_eq!(index.lookup(10), Some(1));
+        assert_eq!(index.first_in(0, 10), None);
+        assert_eq!(index.first_in(0, 11), Some(1));
+        assert_eq!(index.first_in(20, PAGE_LIMIT), Some(3));
     }
 
     #[test]

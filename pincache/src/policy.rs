@@ -83,63 +83,95 @@ pub(crate) struct Rank {
 }
 
 /// The writer's view of the eviction order of the regions in the index.
+///
+/// Newly pinned regions are only appended to a list; they join the ordered
+/// set when an eviction needs the order, so a miss that evicts nothing pays
+/// no ordered insertion.
 #[derive(Default)]
 pub(crate) struct EvictionOrder {
     order: BTreeSet<Rank>,
-    /// Known rank by region id.
-    known: Vec<Option<Rank>>,
+    /// Ranks inserted since the last eviction, not yet in `order`.
+    fresh: Vec<Rank>,
+    /// Known rank by region id, and whether it is in `order` (else in `fresh`).
+    known: Vec<Option<(Rank, bool)>>,
+    len: usize,
 }
 
 impl EvictionOrder {
+    /// Adds a region (or moves it to a new rank).
     pub(crate) fn insert(&mut self, rank: Rank) {
+        self.remove(rank.id);
         let index = rank.id as usize;
         if self.known.len() <= index {
             self.known.resize(index + 1, None);
         }
-        if let Some(old) = self.known[index].replace(rank) {
-            self.order.remove(&old);
+        self.known[index] = Some((rank, false));
+        self.fresh.push(rank);
+        self.len += 1;
+        if self.fresh.len() > 2 * self.len + 64 {
+            // Mostly ranks of regions gone since: drop them.
+            self.settle();
         }
-        self.order.insert(rank);
     }
 
+    /// Takes a region out of the order; returns its rank.
     pub(crate) fn remove(&mut self, id: u32) -> Option<Rank> {
-        let rank = self.known.get_mut(id as usize)?.take()?;
-        self.order.remove(&rank);
+        let (rank, in_order) = self.known.get_mut(id as usize)?.take()?;
+        if in_order {
+            self.order.remove(&rank);
+        }
+        self.len -= 1;
         Some(rank)
+    }
+
+    /// Moves the fresh ranks that are still current into the ordered set.
+    fn settle(&mut self) {
+        for rank in std::mem::take(&mut self.fresh) {
+            if let Some((known, in_order @ false)) = &mut self.known[rank.id as usize] {
+                if *known == rank {
+                    *in_order = true;
+                    self.order.insert(rank);
+                }
+            }
+        }
     }
 
     /// Removes and returns the region with the smallest real key, given the
     /// real key of any region. Returns `None` when the order is empty.
     pub(crate) fn pop_first(&mut self, mut real_key: impl FnMut(u32) -> u64) -> Option<Rank> {
+        self.settle();
         loop {
             let first = self.order.pop_first()?;
             let real = real_key(first.id);
             if real > first.key {
                 let corrected = Rank { key: real, ..first };
-                self.known[first.id as usize] = Some(corrected);
+                self.known[first.id as usize] = Some((corrected, true));
                 self.order.insert(corrected);
                 continue;
             }
             self.known[first.id as usize] = None;
+            self.len -= 1;
             return Some(first);
         }
     }
 
     /// Re-keys every region, for a change of policy.
     pub(crate) fn rekey(&mut self, mut key: impl FnMut(Rank) -> u64) {
+        self.settle();
         let ranks: Vec<Rank> = std::mem::take(&mut self.order).into_iter().collect();
         for rank in ranks {
             let rekeyed = Rank {
                 key: key(rank),
                 ..rank
             };
-            self.known[rank.id as usize] = Some(rekeyed);
+            self.known[rank.id as usize] = Some((rekeyed, true));
             self.order.insert(rekeyed);
         }
     }
 
+    /// Regions in the order.
     pub(crate) fn len(&self) -> usize {
-        self.order.len()
+        self.len
     }
 }
 

@@ -85,7 +85,18 @@ pub(crate) fn light_barrier() {
 /// The writer half of the asymmetric fence: after it returns, every store a
 /// reader made before its light barrier is visible here, and every load a
 /// reader makes after its light barrier sees the stores made before this call.
+///
+/// When no thread but the caller holds a reader slot, there is no reader to
+/// order against: a full fence orders the caller's stores before its check of
+/// the slot count, and a thread taking a slot does so with a sequentially
+/// consistent increment before its first read-side section, so it either is
+/// counted here or sees every store made before this call.
 pub(crate) fn heavy_barrier() {
+    fence(Ordering::SeqCst);
+    let mine = usize::from(SLOT_ID.try_with(Cell::get).is_ok_and(|slot| slot < SHARED_SLOT));
+    if LIVE_READERS.load(Ordering::SeqCst) <= mine {
+        return;
+    }
     if EXPEDITED.load(Ordering::Relaxed) {
         if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 {
             return;
@@ -95,6 +106,12 @@ pub(crate) fn heavy_barrier() {
     }
     fence(Ordering::SeqCst);
 }
+
+/// Threads holding a reader slot other than the shared one.
+static LIVE_READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks a thread that has no slot yet.
+const NO_SLOT: usize = usize::MAX;
 
 struct SlotHolder(usize);
 
@@ -114,29 +131,57 @@ impl SlotHolder {
                 SHARED_SLOT
             }
         };
+        if slot != SHARED_SLOT {
+            LIVE_READERS.fetch_add(1, Ordering::SeqCst);
+            // Pairs with the fence in `heavy_barrier`: the count is published
+            // before any load of this thread's first read-side section.
+            fence(Ordering::SeqCst);
+        }
+        SLOT_ID.with(|id| id.set(slot));
         SlotHolder(slot)
     }
 }
 
 impl Drop for SlotHolder {
     fn drop(&mut self) {
+        // Anything this thread still does during its exit uses the shared slot.
+        let _ = SLOT_ID.try_with(|id| id.set(SHARED_SLOT));
         if self.0 != SHARED_SLOT {
             READERS[self.0].store(0, Ordering::Release);
+            LIVE_READERS.fetch_sub(1, Ordering::SeqCst);
             FREE_SLOTS.lock().push(self.0);
         }
     }
 }
 
 thread_local! {
+    /// This thread's slot once it has one; read on every hit.
+    static SLOT_ID: Cell<usize> = const { Cell::new(NO_SLOT) };
+    /// Owns the slot and returns it when the thread exits.
     static SLOT: SlotHolder = SlotHolder::acquire();
-    static STAMP: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    static STAMP: Cell<u64> = const { Cell::new(0) };
 }
 
 /// This thread's reader slot; [`SHARED_SLOT`] for overflow threads and for
 /// code running during thread-local destruction.
 #[inline(always)]
 pub(crate) fn current_slot() -> usize {
-    SLOT.try_with(|s| s.0).unwrap_or(SHARED_SLOT)
+    match SLOT_ID.try_with(Cell::get) {
+        Ok(NO_SLOT) => SLOT.try_with(|holder| holder.0).unwrap_or(SHARED_SLOT),
+        Ok(slot) => slot,
+        Err(_) => SHARED_SLOT,
+    }
+}
+
+/// Orders a reference-count update of the shared slot (an atomic
+/// read-modify-write) against a writer's check, whichever barrier it uses.
+#[inline(always)]
+pub(crate) fn barrier_after_update(slot: usize) {
+    if slot == SHARED_SLOT {
+        fence(Ordering::SeqCst);
+    } else {
+        light_barrier();
+    }
 }
 
 /// One past the highest reader slot in use: counters beyond it are zero.
@@ -145,37 +190,21 @@ pub(crate) fn slots_in_use() -> usize {
     HIGH_WATER.load(Ordering::Acquire)
 }
 
-/// The use clock: advanced by every miss of any cache, so that the use
-/// stamps of one thread increase across all the caches it uses.
-static USE_TICK: AtomicU64 = AtomicU64::new(1);
-
-/// Advances the use clock; returns the new tick.
-pub(crate) fn advance_tick() -> u64 {
-    USE_TICK.fetch_add(1, Ordering::Relaxed) + 1
-}
-
-/// The current tick of the use clock.
-#[inline(always)]
-pub(crate) fn current_tick() -> u64 {
-    USE_TICK.load(Ordering::Relaxed)
-}
-
-/// A strictly increasing use stamp within this thread for a given `tick`:
-/// `tick` in the high bits, a per-thread sequence in the low 24 bits.
+/// A use stamp for LRU: the cache's `tick` (advanced by each of its misses)
+/// in the high 40 bits, and this thread's use sequence in the low 24 bits.
+/// A thread's stamps increase within one tick of one cache whatever other
+/// caches it uses, except once every 2^24 uses of the thread, when the
+/// sequence wraps (one misordered pair among concurrent uses, harmless).
 #[inline(always)]
 pub(crate) fn use_stamp(tick: u64) -> u64 {
-    STAMP
+    let seq = STAMP
         .try_with(|cell| {
-            let (last_tick, seq) = cell.get();
-            let seq = if last_tick == tick {
-                (seq + 1).min((1 << 24) - 1)
-            } else {
-                1
-            };
-            cell.set((tick, seq));
-            (tick << 24) | seq
+            let next = cell.get().wrapping_add(1);
+            cell.set(next);
+            next
         })
-        .unwrap_or(tick << 24)
+        .unwrap_or(0);
+    (tick << 24) | (seq & ((1 << 24) - 1))
 }
 
 /// A read-side critical section: while it lives, nothing the writer retires
@@ -282,5 +311,6 @@ mod tests {
         let b = use_stamp(5);
         let c = use_stamp(6);
         assert!(a < b && b < c);
+        assert!(use_stamp(6) > c);
     }
 }

@@ -54,7 +54,7 @@ impl Counter {
     #[inline(always)]
     pub(crate) fn add_ref(&self, slot: usize, delta: i64) {
         if slot == SHARED_SLOT {
-            self.refs.fetch_add(delta, Ordering::Relaxed);
+            self.refs.fetch_add(delta, Ordering::SeqCst);
         } else {
             let now = self.refs.load(Ordering::Relaxed);
             self.refs.store(now.wrapping_add(delta), Ordering::Relaxed);
@@ -64,8 +64,26 @@ impl Counter {
 
 struct Chunk<T> {
     entries: Box<[Entry<T>]>,
-    /// `MAX_READERS` columns of `CHUNK` counters, column `slot` at `slot * CHUNK`.
-    counters: Box<[Counter]>,
+    /// `MAX_READERS` columns of `CHUNK` counters, column `slot` at
+    /// `slot * CHUNK`, in an anonymous mapping: zero until written, and a
+    /// column costs memory only once its thread touches it.
+    counters: memmap2::MmapMut,
+}
+
+impl<T> Chunk<T> {
+    #[inline(always)]
+    fn counters(&self) -> &[Counter] {
+        // SAFETY: the mapping is page aligned (so aligned for Counter), holds
+        // exactly MAX_READERS * CHUNK counters, starts zeroed (a valid
+        // Counter), and is only accessed through these atomics while the
+        // chunk lives.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.counters.as_ptr().cast::<Counter>(),
+                MAX_READERS * CHUNK,
+            )
+        }
+    }
 }
 
 pub(crate) struct RegionTable<T> {
@@ -102,10 +120,9 @@ impl<T> RegionTable<T> {
                 token: UnsafeCell::new(None),
             })
             .collect();
-        // SAFETY: Counter is two atomics, for which all-zero bytes are valid;
-        // zeroed allocation leaves untouched columns uncommitted.
         let counters =
-            unsafe { Box::<[Counter]>::new_zeroed_slice(MAX_READERS * CHUNK).assume_init() };
+            memmap2::MmapMut::map_anon(MAX_READERS * CHUNK * std::mem::size_of::<Counter>())
+                .expect("cannot map the region table's counters");
         let chunk_box = Box::new(Chunk { entries, counters });
         self.chunks[chunk].store(Box::into_raw(chunk_box), Ordering::Release);
     }
@@ -126,7 +143,7 @@ impl<T> RegionTable<T> {
 
     #[inline(always)]
     pub(crate) fn counter(&self, slot: usize, id: u32) -> &Counter {
-        &self.chunk(id).counters[slot * CHUNK + id as usize % CHUNK]
+        &self.chunk(id).counters()[slot * CHUNK + id as usize % CHUNK]
     }
 
     /// Sum of the reference counts over all reader slots. Exact only after a
@@ -135,12 +152,12 @@ impl<T> RegionTable<T> {
         let chunk = self.chunk(id);
         let column = id as usize % CHUNK;
         let used = rcu::slots_in_use().min(SHARED_SLOT);
-        let mut total = chunk.counters[SHARED_SLOT * CHUNK + column]
+        let mut total = chunk.counters()[SHARED_SLOT * CHUNK + column]
             .refs
             .load(Ordering::Relaxed);
         for slot in 0..used {
             total = total.wrapping_add(
-                chunk.counters[slot * CHUNK + column]
+                chunk.counters()[slot * CHUNK + column]
                     .refs
                     .load(Ordering::Relaxed),
             );
@@ -154,7 +171,7 @@ impl<T> RegionTable<T> {
         let column = id as usize % CHUNK;
         let used = rcu::slots_in_use().min(SHARED_SLOT);
         let marks = (0..used).chain(std::iter::once(SHARED_SLOT)).map(|slot| {
-            chunk.counters[slot * CHUNK + column]
+            chunk.counters()[slot * CHUNK + column]
                 .usage
                 .load(Ordering::Relaxed)
         });
@@ -172,7 +189,7 @@ impl<T> RegionTable<T> {
         let column = id as usize % CHUNK;
         let used = rcu::slots_in_use().min(SHARED_SLOT);
         for slot in (0..used).chain(std::iter::once(SHARED_SLOT)) {
-            chunk.counters[slot * CHUNK + column]
+            chunk.counters()[slot * CHUNK + column]
                 .usage
                 .store(0, Ordering::Relaxed);
         }
