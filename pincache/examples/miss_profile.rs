@@ -30,14 +30,25 @@ fn main() {
 #[allow(dead_code)]
 fn evict_steady() {
     let page = 4096;
-    let cache = PinCache::new(NoopPinner, CacheConfig { max_entries: 1024, max_pinned_bytes: Some(1 << 30), merge: false, ..CacheConfig::default() }).unwrap();
+    let cache = PinCache::new(
+        NoopPinner,
+        CacheConfig {
+            max_entries: 1024,
+            max_pinned_bytes: Some(1 << 30),
+            merge: false,
+            ..CacheConfig::default()
+        },
+    )
+    .unwrap();
     let mut best = f64::MAX;
     let mut i = 0usize;
     for _round in 0..50 {
         let start = Instant::now();
         for _ in 0..20000 {
             i += 1;
-            drop(std::hint::black_box(cache.pin(0x10_0000_0000 + 2 * (i % (1 << 20)) * page, page)));
+            drop(std::hint::black_box(
+                cache.pin(0x10_0000_0000 + 2 * (i % (1 << 20)) * page, page),
+            ));
         }
         best = best.min(start.elapsed().as_nanos() as f64 / 20000.0);
     }

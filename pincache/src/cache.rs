@@ -19,6 +19,7 @@
 //! Region ids and index nodes that readers may still see are reused only after
 //! an RCU grace period, batched so that its cost is shared by many misses.
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -90,6 +91,8 @@ struct Writer {
     pinned_bytes: usize,
     pinned_entries: usize,
     retired: usize,
+    /// Invalidated regions whose memory was (partly) unmapped: that part.
+    unmapped: HashMap<u32, PageRange>,
     age: u64,
     misses: u64,
     locked_hits: u64,
@@ -232,7 +235,7 @@ impl<P: Pinner + 'static> PinCache<P> {
     /// released. No later `pin` returns them. Returns how many regions were
     /// invalidated. Call it before memory is unmapped or freed.
     pub fn invalidate(&self, addr: usize, len: usize) -> usize {
-        self.shared.invalidate(addr, len)
+        self.shared.invalidate(addr, len, false)
     }
 
     /// Counters of the cache's activity and occupancy.
@@ -345,9 +348,10 @@ impl<P: Pinner> Shared<P> {
             return None;
         }
         match Policy::from_u8(self.policy.load(Ordering::Relaxed)) {
-            Policy::Lru => counter
-                .usage
-                .store(rcu::use_stamp(self.tick.load(Ordering::Relaxed)), Ordering::Relaxed),
+            Policy::Lru => counter.usage.store(
+                rcu::use_stamp(self.tick.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            ),
             Policy::Lfu => counter
                 .usage
                 .store(counter.usage.load(Ordering::Relaxed) + 1, Ordering::Relaxed),
@@ -725,11 +729,20 @@ impl<P: Pinner> Shared<P> {
     /// Unpins a region nobody holds and that is out of the index.
     fn unpin_region(&self, writer: &mut Writer, id: u32) {
         let range = self.range_of(id);
+        let unmapped = writer.unmapped.remove(&id);
         if let Some(token) = self.table.take_token(id) {
-            self.pinner.unpin(range, token);
+            match unmapped {
+                Some(gone) => self.pinner.unpin_unmapped(range, token, gone),
+                None => self.pinner.unpin(range, token),
+            }
         }
         if self.subscribed() {
-            monitor::MemoryMonitor::unwatch_global(range);
+            match unmapped {
+                Some(gone) => range
+                    .minus(gone)
+                    .for_each(monitor::MemoryMonitor::unwatch_global),
+                None => monitor::MemoryMonitor::unwatch_global(range),
+            }
         }
         self.table
             .entry(id)
@@ -778,7 +791,9 @@ impl<P: Pinner> Shared<P> {
         Ok((id, true))
     }
 
-    fn invalidate(&self, addr: usize, len: usize) -> usize {
+    /// Invalidates the regions overlapping `[addr, addr + len)`; `unmapped`:
+    /// the memory itself is gone, not only its contents.
+    fn invalidate(&self, addr: usize, len: usize, unmapped: bool) -> usize {
         if len == 0 {
             return 0;
         }
@@ -792,9 +807,21 @@ impl<P: Pinner> Shared<P> {
             return 0;
         }
         let mut writer = self.writer.lock();
+        let gone = PageRange {
+            start: first,
+            len: last - first,
+        };
+        if unmapped {
+            self.pinner.forget(gone);
+        }
         let doomed = self.neighbours(first, last, false);
         if doomed.is_empty() {
             return 0;
+        }
+        if unmapped {
+            for &id in &doomed {
+                writer.unmapped.insert(id, gone);
+            }
         }
         for &id in &doomed {
             writer.order.remove(id);
@@ -844,8 +871,8 @@ impl<P: Pinner> Shared<P> {
 }
 
 impl<P: Pinner> InvalidationTarget for Shared<P> {
-    fn invalidate_range(&self, start: usize, len: usize) -> usize {
-        self.invalidate(start, len)
+    fn invalidate_range(&self, start: usize, len: usize, unmapped: bool) -> usize {
+        self.invalidate(start, len, unmapped)
     }
 }
 

@@ -130,6 +130,20 @@ impl Pinner for MlockPinner {
             munlock_range(part.start, part.end);
         }
     }
+
+    fn forget(&self, unmapped: PageRange) {
+        // munmap drops the kernel's locks with the pages.
+        self.locked.lock().clear(unmapped.start..unmapped.end());
+    }
+
+    fn unpin_unmapped(&self, range: PageRange, _token: (), unmapped: PageRange) {
+        let mut locked = self.locked.lock();
+        for rest in range.minus(unmapped) {
+            for part in locked.release_lenient(rest.start..rest.end()) {
+                munlock_range(part.start, part.end);
+            }
+        }
+    }
 }
 
 /// Tells a memlock-limit failure from an unmapped range: `mlock` reports both

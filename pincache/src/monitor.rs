@@ -36,8 +36,9 @@ use crate::uffd::{Gone, RawMessage, Userfaultfd};
 /// memory goes away. Every [`PinCache`](crate::PinCache) is one.
 pub trait InvalidationTarget: Send + Sync {
     /// Drops every translation overlapping `[start, start + len)`; returns
-    /// how many were dropped.
-    fn invalidate_range(&self, start: usize, len: usize) -> usize;
+    /// how many were dropped. `unmapped`: the memory itself is gone (unmapped,
+    /// or about to be), not just its contents.
+    fn invalidate_range(&self, start: usize, len: usize, unmapped: bool) -> usize;
 }
 
 /// Every live cache of the process, for the hook and the monitor.
@@ -70,9 +71,10 @@ pub fn subscribe(target: Weak<dyn InvalidationTarget>) -> Subscription {
     Subscription { id }
 }
 
-/// Tells every registered target that `[start, start + len)` is going away.
-/// Returns how many translations were dropped in all.
-pub fn invalidate_everywhere(start: usize, len: usize) -> usize {
+/// Tells every registered target that `[start, start + len)` is going away
+/// (`unmapped`: the mapping itself, else only its contents). Returns how many
+/// translations were dropped in all.
+pub fn invalidate_everywhere(start: usize, len: usize, unmapped: bool) -> usize {
     let targets: Vec<_> = TARGETS
         .lock()
         .iter()
@@ -80,7 +82,7 @@ pub fn invalidate_everywhere(start: usize, len: usize) -> usize {
         .collect();
     targets
         .iter()
-        .map(|target| target.invalidate_range(start, len))
+        .map(|target| target.invalidate_range(start, len, unmapped))
         .sum()
 }
 
@@ -111,7 +113,7 @@ pub(crate) fn wait_for_pending_events() {
 /// # Safety
 /// As for `munmap(2)`: nothing may use the memory afterwards.
 pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
-    forget_range(addr as usize, len);
+    forget_range(addr as usize, len, true);
     // SAFETY: the caller vouches that the mapping may go.
     if unsafe { libc::munmap(addr.cast(), len) } != 0 {
         return Err(io::Error::last_os_error());
@@ -125,7 +127,7 @@ pub unsafe fn unmap(addr: *mut u8, len: usize) -> io::Result<()> {
 /// # Safety
 /// As for `madvise(2)` with `MADV_DONTNEED`: the contents are lost.
 pub unsafe fn madvise_dontneed(addr: *mut u8, len: usize) -> io::Result<()> {
-    forget_range(addr as usize, len);
+    forget_range(addr as usize, len, false);
     // SAFETY: the caller vouches that the contents may go.
     if unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) } != 0 {
         return Err(io::Error::last_os_error());
@@ -133,12 +135,14 @@ pub unsafe fn madvise_dontneed(addr: *mut u8, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Invalidates `[start, start + len)` everywhere and stops watching it.
-fn forget_range(start: usize, len: usize) {
-    invalidate_everywhere(start, len);
+/// Stops watching `[start, start + len)` (one unregistration for the whole
+/// range, so the kernel has no event to wait for) and invalidates it
+/// everywhere.
+fn forget_range(start: usize, len: usize, unmapped: bool) {
     if let Some(Ok(monitor)) = MONITOR.get() {
         monitor.forget(start, len);
     }
+    invalidate_everywhere(start, len, unmapped);
 }
 
 /// The process-wide userfaultfd monitor.
@@ -202,7 +206,8 @@ impl MemoryMonitor {
         all
     }
 
-    /// Stops watching `range` for a cache that unpinned it.
+    /// Stops watching `range` for a cache that unpinned it. Parts forgotten
+    /// since (unmapped) are skipped.
     pub fn unwatch(&self, range: PageRange) {
         let mut watched = self.watched.lock();
         for part in watched.release_lenient(range.start..range.end()) {
@@ -249,11 +254,16 @@ impl MemoryMonitor {
                 };
                 self.events.fetch_add(count as u64, Ordering::Relaxed);
                 for message in &buffer[..count] {
-                    if let Gone::Range { start, end } = message.gone() {
+                    if let Gone::Range {
+                        start,
+                        end,
+                        unmapped,
+                    } = message.gone()
+                    {
                         let (start, end) = (start as usize, end as usize);
                         if end > start {
-                            invalidate_everywhere(start, end - start);
                             self.watched.lock().clear(start..end);
+                            invalidate_everywhere(start, end - start, unmapped);
                         }
                     }
                 }

@@ -95,6 +95,37 @@ pub trait Pinner: Send + Sync {
     /// Undoes one earlier `pin` of exactly `range`. Must not fail: if the
     /// memory is already gone (unmapped), the pin is gone with it.
     fn unpin(&self, range: PageRange, token: Self::Token);
+
+    /// The memory of `unmapped` is gone (unmapped or about to be): every pin
+    /// there is void, and a later `pin` there is of new memory. Called once
+    /// per unmapping, before the `unpin_unmapped` calls of the regions there.
+    fn forget(&self, unmapped: PageRange) {
+        let _ = unmapped;
+    }
+
+    /// Undoes a `pin` of `range` after [`forget`](Self::forget) was told
+    /// that `unmapped`, which overlaps it, is gone: only the rest of `range`
+    /// still needs undoing.
+    fn unpin_unmapped(&self, range: PageRange, token: Self::Token, unmapped: PageRange) {
+        let _ = unmapped;
+        self.unpin(range, token);
+    }
+}
+
+impl PageRange {
+    /// The parts of `self` outside `other` (none, one or two ranges).
+    pub fn minus(&self, other: PageRange) -> impl Iterator<Item = PageRange> {
+        let left = PageRange {
+            start: self.start,
+            len: other.start.clamp(self.start, self.end()) - self.start,
+        };
+        let right_start = other.end().clamp(self.start, self.end());
+        let right = PageRange {
+            start: right_start,
+            len: self.end() - right_start,
+        };
+        [left, right].into_iter().filter(|part| part.len > 0)
+    }
 }
 
 /// A pinner that does nothing: it measures the cache's own cost and serves
@@ -110,4 +141,40 @@ impl Pinner for NoopPinner {
     }
 
     fn unpin(&self, _range: PageRange, _token: ()) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minus_keeps_the_parts_outside() {
+        let range = PageRange {
+            start: 0x1000,
+            len: 0x4000,
+        };
+        let cut = |start, len| range.minus(PageRange { start, len }).collect::<Vec<_>>();
+        assert_eq!(
+            cut(0x2000, 0x1000),
+            vec![
+                PageRange {
+                    start: 0x1000,
+                    len: 0x1000
+                },
+                PageRange {
+                    start: 0x3000,
+                    len: 0x2000
+                }
+            ]
+        );
+        assert_eq!(cut(0, 0x10000), vec![]);
+        assert_eq!(cut(0x8000, 0x1000), vec![range]);
+        assert_eq!(
+            cut(0, 0x2000),
+            vec![PageRange {
+                start: 0x2000,
+                len: 0x3000
+            }]
+        );
+    }
 }

@@ -93,7 +93,11 @@ pub(crate) fn light_barrier() {
 /// counted here or sees every store made before this call.
 pub(crate) fn heavy_barrier() {
     fence(Ordering::SeqCst);
-    let mine = usize::from(SLOT_ID.try_with(Cell::get).is_ok_and(|slot| slot < SHARED_SLOT));
+    let mine = usize::from(
+        SLOT_ID
+            .try_with(Cell::get)
+            .is_ok_and(|slot| slot < SHARED_SLOT),
+    );
     if LIVE_READERS.load(Ordering::SeqCst) <= mine {
         return;
     }

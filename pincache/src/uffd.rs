@@ -60,8 +60,13 @@ pub(crate) struct RawMessage {
 /// What an event says went away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gone {
-    /// `[start, end)` no longer maps what it did.
-    Range { start: u64, end: u64 },
+    /// `[start, end)` no longer maps what it did; `unmapped` when the mapping
+    /// itself went (munmap, mremap), not just its contents (madvise).
+    Range {
+        start: u64,
+        end: u64,
+        unmapped: bool,
+    },
     /// An event the monitor does not act on.
     Other(u8),
 }
@@ -74,11 +79,13 @@ impl RawMessage {
             EVENT_REMOVE | EVENT_UNMAP => Gone::Range {
                 start: self.args[0],
                 end: self.args[1],
+                unmapped: self.event == EVENT_UNMAP,
             },
             // uffd_msg.arg.remap: { from, to, len }: the old range is gone.
             EVENT_REMAP => Gone::Range {
                 start: self.args[0],
                 end: self.args[0].saturating_add(self.args[2]),
+                unmapped: true,
             },
             other => Gone::Other(other),
         }
@@ -212,7 +219,8 @@ mod tests {
             remap.gone(),
             Gone::Range {
                 start: 0x1000,
-                end: 0x3000
+                end: 0x3000,
+                unmapped: true,
             }
         );
     }
