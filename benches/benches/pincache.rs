@@ -1,13 +1,18 @@
 //! Criterion benchmarks of the pin-down cache.
 //!
 //! * `hit/{noop,mlock}`: `pin` of a cached region plus the release.
+//! * `hit_vs_entries/{entries}`: a hit with `NoopPinner` on a cache holding
+//!   1,000, 10,000 or 100,000 one-page regions, each hit on one of them
+//!   picked at random (a seeded sequence made before timing). Hit cost should
+//!   stay nearly flat as the entry count grows a hundredfold.
 //! * `hit_two_threads/*`: time per hit of each thread when one thread or two
 //!   threads hit at once (their own regions, or the same region). A thread
 //!   keeps at least half its single-thread throughput when its time per hit
 //!   is at most twice the single-thread time.
 //! * `miss_mlock/{pages}` against `raw_mlock_munlock/{pages}`: a miss with
 //!   `mlock` followed by `invalidate` (which unpins), versus the bare
-//!   system calls. Sizes beyond `RLIMIT_MEMLOCK` are skipped with a note.
+//!   system calls. Sizes beyond what this process can lock (found by a probe
+//!   at start, see [`LockBudget`]) are skipped with a note.
 //! * `miss_noop/1`, `miss_noop_evict/1`: the cache's own cost of a one-page
 //!   miss, without and with the eviction of an idle region.
 //! * `unmap/*`: one `munmap` of a one-page mapping, plain or mlocked, and of
@@ -21,33 +26,37 @@ use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pincache::{CacheConfig, MlockPinner, NoopPinner, PinCache, Pinner, Policy};
-use pindown_benches::sys::{self, ensure_memlock, page_size, Mapping};
+use pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Pinner, Policy};
+use pindown_benches::sys::{self, LockBudget, Mapping};
+use pindown_benches::traces::SplitMix64;
 
 /// Sizes, in pages, of the `miss_mlock` and `raw_mlock_munlock` benchmarks.
 const MISS_PAGES: [usize; 5] = [1, 16, 256, 1024, 4096];
 
-/// Bytes that may still be locked: `RLIMIT_MEMLOCK`, raised to 1 GiB first
-/// where that is allowed (root with `CAP_SYS_RESOURCE`).
-fn memlock_budget() -> u64 {
-    static BUDGET: OnceLock<u64> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let report = ensure_memlock(1 << 30);
-        if let Some(e) = &report.error {
+/// What this process can lock: probed once for the largest miss region plus
+/// 1 MiB for the other benchmarks' few pages.
+fn lock_budget() -> &'static LockBudget {
+    static BUDGET: OnceLock<LockBudget> = OnceLock::new();
+    BUDGET.get_or_init(|| {
+        let largest = MISS_PAGES.iter().max().copied().unwrap_or(1) * page_size();
+        let budget = LockBudget::probe(largest as u64 + (1 << 20));
+        if let Some(e) = &budget.probe_error {
             eprintln!(
-                "note: RLIMIT_MEMLOCK stays at {:?} bytes ({e})",
-                report.soft_after
+                "note: cannot lock {} bytes ({e}); using {} bytes (soft RLIMIT_MEMLOCK {:?} \
+                 less {} locked)",
+                budget.wanted, budget.lockable_bytes, budget.soft_limit, budget.locked_before
             );
         }
-        report.budget()
+        budget
     })
 }
 
-/// A cache with room to spare within the memlock budget.
+/// A cache whose byte limit is the lockable budget, set explicitly: the
+/// default (the soft RLIMIT_MEMLOCK) is too low for a process that may lock
+/// more with CAP_IPC_LOCK.
 fn mlock_cache(config: CacheConfig) -> PinCache<MlockPinner> {
-    let bytes = usize::try_from(memlock_budget()).unwrap_or(usize::MAX);
     let config = CacheConfig {
-        max_pinned_bytes: Some(bytes),
+        max_pinned_bytes: Some(lock_budget().max_pinned_bytes()),
         ..config
     };
     PinCache::new(MlockPinner::new(), config).expect("cache")
@@ -77,6 +86,66 @@ fn bench_hit(c: &mut Criterion) {
     });
     group.finish();
     drop(mlock);
+}
+
+/// Entry counts of the `hit_vs_entries` benchmarks.
+const HIT_ENTRIES: [usize; 3] = [1_000, 10_000, 100_000];
+/// Pre-generated lookups per `hit_vs_entries` benchmark, cycled through (a
+/// power of two; the same for every entry count, so that reading the next
+/// address costs the same in each).
+const HIT_LOOKUPS: usize = 1 << 16;
+
+/// Base of the made-up addresses of the NoopPinner benchmarks: nothing is
+/// mapped there, and NoopPinner never touches memory.
+const FAKE_BASE: usize = 0x1000_0000;
+
+/// Address of the `i`-th fake one-page region: one page in every two, so
+/// that regions never touch (and could not merge).
+#[inline]
+fn fake_region(i: usize, page: usize) -> usize {
+    FAKE_BASE + 2 * i * page
+}
+
+fn bench_hit_vs_entries(c: &mut Criterion) {
+    let page = page_size();
+    let mut group = c.benchmark_group("hit_vs_entries");
+    for entries in HIT_ENTRIES {
+        let cache = PinCache::new(
+            NoopPinner,
+            CacheConfig {
+                max_entries: entries,
+                max_pinned_bytes: Some(2 * entries * page),
+                merge: false,
+                ..CacheConfig::default()
+            },
+        )
+        .expect("cache");
+        for i in 0..entries {
+            warm(&cache, fake_region(i, page), page);
+        }
+        let mut rng = SplitMix64::new(entries as u64);
+        let lookups: Vec<usize> = (0..HIT_LOOKUPS)
+            .map(|_| fake_region(rng.below(entries), page))
+            .collect();
+        let before = cache.stats();
+        group.bench_function(BenchmarkId::from_parameter(entries), |b| {
+            let mut next = 0;
+            b.iter(|| {
+                let addr = lookups[next];
+                next = (next + 1) & (HIT_LOOKUPS - 1);
+                drop(black_box(cache.pin(black_box(addr), page)));
+            })
+        });
+        let after = cache.stats();
+        if after.misses != before.misses || after.pinned_entries != entries {
+            eprintln!(
+                "hit_vs_entries/{entries}: {} misses while timing, {} entries cached",
+                after.misses - before.misses,
+                after.pinned_entries
+            );
+        }
+    }
+    group.finish();
 }
 
 /// Runs `iters` hits on each of `addrs` (one thread per address) started
@@ -140,17 +209,19 @@ fn bench_hit_two_threads(c: &mut Criterion) {
 
 fn bench_miss_mlock(c: &mut Criterion) {
     let page = page_size();
-    let budget = memlock_budget();
+    let budget = lock_budget();
     let sizes: Vec<usize> = MISS_PAGES
         .iter()
         .copied()
         .filter(|&pages| {
-            let fits = (pages * page) as u64 <= budget;
+            let fits = budget.allows((pages * page) as u64);
             if !fits {
                 eprintln!(
                     "miss_mlock/{pages}, raw_mlock_munlock/{pages}: skipped, {} bytes exceed \
-                     RLIMIT_MEMLOCK ({budget} bytes available)",
-                    pages * page
+                     the lockable budget ({} bytes, from {})",
+                    pages * page,
+                    budget.lockable_bytes,
+                    budget.source
                 );
             }
             fits
@@ -166,40 +237,33 @@ fn bench_miss_mlock(c: &mut Criterion) {
         ..CacheConfig::default()
     });
 
-    let mut group = c.benchmark_group("miss_mlock");
-    for &pages in &sizes {
-        let len = pages * page;
-        if pages >= 256 {
-            group.sample_size(20);
-        }
-        group.bench_with_input(BenchmarkId::from_parameter(pages), &len, |b, &len| {
-            b.iter(|| {
-                drop(black_box(cache.pin(addr, len).expect("miss")));
-                cache.invalidate(addr, len);
-            })
-        });
-    }
-    group.finish();
+    bench_by_pages(c, "miss_mlock", &sizes, |len| {
+        drop(black_box(cache.pin(addr, len).expect("miss")));
+        cache.invalidate(addr, len);
+    });
+    bench_by_pages(c, "raw_mlock_munlock", &sizes, |len| {
+        sys::mlock(black_box(addr), len).expect("mlock");
+        sys::munlock(addr, len).expect("munlock");
+    });
+}
 
-    let mut group = c.benchmark_group("raw_mlock_munlock");
-    for &pages in &sizes {
-        let len = pages * page;
+/// A group `name` with one benchmark per size in `sizes` (pages), each timing
+/// `routine(bytes)`; large sizes take fewer samples.
+fn bench_by_pages(c: &mut Criterion, name: &str, sizes: &[usize], mut routine: impl FnMut(usize)) {
+    let page = page_size();
+    let mut group = c.benchmark_group(name);
+    for &pages in sizes {
         if pages >= 256 {
             group.sample_size(20);
         }
-        group.bench_with_input(BenchmarkId::from_parameter(pages), &len, |b, &len| {
-            b.iter(|| {
-                sys::mlock(black_box(addr), len).expect("mlock");
-                sys::munlock(addr, len).expect("munlock");
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::from_parameter(pages),
+            &(pages * page),
+            |b, &len| b.iter(|| routine(len)),
+        );
     }
     group.finish();
 }
-
-/// Base of the made-up addresses of the NoopPinner miss benchmarks: nothing
-/// is mapped there, and NoopPinner never touches memory.
-const FAKE_BASE: usize = 0x1000_0000;
 
 fn bench_miss_noop(c: &mut Criterion) {
     let page = page_size();
@@ -220,8 +284,7 @@ fn bench_miss_noop(c: &mut Criterion) {
                 let cache = PinCache::new(NoopPinner, config).expect("cache");
                 let start = Instant::now();
                 for i in 0..n {
-                    // One page in every two: regions never touch, never merge.
-                    let addr = FAKE_BASE + 2 * i * page;
+                    let addr = fake_region(i, page);
                     drop(black_box(cache.pin(black_box(addr), page)));
                 }
                 total += start.elapsed();
@@ -248,13 +311,13 @@ fn bench_miss_noop(c: &mut Criterion) {
     )
     .expect("cache");
     for i in 0..ENTRIES {
-        warm(&cache, FAKE_BASE + 2 * i * page, page);
+        warm(&cache, fake_region(i, page), page);
     }
     let mut next = ENTRIES;
     let mut group = c.benchmark_group("miss_noop_evict");
     group.bench_function(BenchmarkId::from_parameter(1), |b| {
         b.iter(|| {
-            let addr = FAKE_BASE + 2 * next * page;
+            let addr = fake_region(next, page);
             next = (next + 1) % DISTINCT;
             drop(black_box(cache.pin(black_box(addr), page)));
         })
@@ -322,7 +385,7 @@ fn bench_unmap(c: &mut Criterion) {
     let monitored = PinCache::new(
         MlockPinner::new(),
         CacheConfig {
-            max_pinned_bytes: Some(usize::try_from(memlock_budget()).unwrap_or(usize::MAX)),
+            max_pinned_bytes: Some(lock_budget().max_pinned_bytes()),
             monitor: true,
             ..CacheConfig::default()
         },
@@ -365,6 +428,7 @@ fn check_invalidated<P: Pinner + 'static>(name: &str, cache: &PinCache<P>) {
 criterion_group!(
     benches,
     bench_hit,
+    bench_hit_vs_entries,
     bench_hit_two_threads,
     bench_miss_mlock,
     bench_miss_noop,

@@ -3,8 +3,10 @@
 //! * [`traces`]: reproducible (seeded) access traces over numbered buffers.
 //! * [`replay`]: replays a trace against a [`pincache::PinCache`] and counts
 //!   hits, misses and evictions, optionally doing a transfer per access.
-//! * [`sys`]: anonymous memory, `RLIMIT_MEMLOCK` and machine facts.
+//! * [`sys`]: anonymous memory, the lockable-memory budget and machine
+//!   facts.
 //! * [`stats`]: medians and least-squares fits.
+//! * [`output`]: the progress display and the JSON document.
 //!
 //! The binaries `pin-hitrate` and `pin-cost`, the criterion benchmark and the
 //! integration tests all use these modules, so that what the tests check is
@@ -12,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+pub mod output;
 pub mod replay;
 pub mod stats;
 pub mod sys;

@@ -13,18 +13,16 @@
 //! terminal (and `--quiet` is not given).
 
 use std::error::Error;
-use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
-use pincache::{CacheConfig, MlockPinner, PinCache, Policy};
+use pincache::{page_size, CacheConfig, MlockPinner, PinCache, Policy};
 use serde::Serialize;
 
+use pindown_benches::output::OutputArgs;
 use pindown_benches::replay::{duration_ns, replay, transfers_only, Copier, Layout, Outcome};
 use pindown_benches::stats::median;
-use pindown_benches::sys::{ensure_memlock, max_map_count, page_size, Machine, Mapping};
+use pindown_benches::sys::{max_map_count, LockBudget, Machine, Mapping};
 use pindown_benches::traces::{self, derive_seed, Trace};
 
 /// Command line.
@@ -41,12 +39,8 @@ struct Args {
     /// Seed of the access traces; the same seed gives the same traces.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Also write the JSON document to FILE.
-    #[arg(long, value_name = "FILE")]
-    json_out: Option<PathBuf>,
-    /// No progress display on stderr.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 /// Transfer size: PM's experiment used 8 KiB transfers.
@@ -77,9 +71,8 @@ struct Params {
     pm_transfers_requested: usize,
     pm_hot_buffers: usize,
     pm_repetitions: usize,
-    /// Whether RLIMIT_MEMLOCK (which could not be raised) or
-    /// vm.max_map_count shrank a cache or the PM stream below the requested
-    /// size.
+    /// Whether the lockable-memory budget or vm.max_map_count shrank a
+    /// cache or the PM stream below the requested size.
     limited_by_system_limits: bool,
 }
 
@@ -157,31 +150,24 @@ fn mb_per_s(bytes: f64, ns: f64) -> f64 {
     }
 }
 
-fn cache_config(policy: Policy, capacity: usize, byte_budget: u64) -> CacheConfig {
-    let entry_bytes = TRANSFER_BYTES.div_ceil(page_size()) * page_size();
-    let wanted = capacity.saturating_mul(entry_bytes).saturating_mul(2);
-    let allowed = usize::try_from(byte_budget).unwrap_or(usize::MAX);
+/// Bytes one pinned transfer buffer takes (whole pages).
+fn entry_bytes() -> usize {
+    TRANSFER_BYTES.div_ceil(page_size()) * page_size()
+}
+
+/// A cache of `capacity` entries whose byte limit is set explicitly (the
+/// default would be the soft RLIMIT_MEMLOCK, which a process with
+/// CAP_IPC_LOCK is not held to): room for every entry, within the budget.
+fn cache_config(policy: Policy, capacity: usize, budget: &LockBudget) -> CacheConfig {
+    let wanted = capacity.saturating_mul(entry_bytes()).saturating_mul(2);
     CacheConfig {
-        max_pinned_bytes: Some(wanted.min(allowed)),
+        max_pinned_bytes: Some(wanted.min(budget.max_pinned_bytes())),
         max_entries: capacity,
         policy,
         merge: false,
         monitor: false,
         ..CacheConfig::default()
     }
-}
-
-fn progress(args: &Args, total: u64) -> ProgressBar {
-    if args.quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
 }
 
 /// Median time of one copy from a single buffer that stays cache-resident.
@@ -207,7 +193,7 @@ fn params(args: &Args, entry_budget: usize) -> Params {
         (2048, vec![64, 256, 1024], 50_000, 20_000, 5)
     };
     let pm_hot = 16;
-    // Without the right to raise RLIMIT_MEMLOCK, size everything to it; a
+    // With less lockable memory than wanted, size everything to it; a
     // shorter PM stream is repeated more often to keep the timed total.
     let pm_requested = pm_transfers;
     // Each pinned buffer between unpinned gaps splits the mapping into two
@@ -252,23 +238,24 @@ fn main() -> Result<(), Box<dyn Error>> {
     let args = Args::parse();
     let started = Instant::now();
     let page = page_size();
-    let entry_bytes = (TRANSFER_BYTES.div_ceil(page) * page) as u64;
+    let entry_bytes = entry_bytes() as u64;
 
     // The largest run pins the PM experiment's hot set plus all its fresh
-    // buffers at once; ask for that with room to spare.
-    let worst = params(&args, usize::MAX);
-    let wanted = (worst.pm_hot_buffers + worst.pm_transfers) as u64 * entry_bytes * 2;
-    let memlock = ensure_memlock(wanted.max(64 << 20));
-    let entry_budget = usize::try_from(memlock.budget() / entry_bytes).unwrap_or(usize::MAX);
-    let byte_budget = memlock.budget();
+    // buffers at once (the 100% miss stream); the largest cache of the trace
+    // runs holds fewer. Find out whether that much can be locked.
+    let full = params(&args, usize::MAX);
+    let most_entries = (full.pm_hot_buffers + full.pm_transfers)
+        .max(full.capacities_entries.iter().copied().max().unwrap_or(0));
+    let budget = LockBudget::probe(most_entries as u64 * entry_bytes);
+    let entry_budget = usize::try_from(budget.lockable_bytes / entry_bytes).unwrap_or(usize::MAX);
     let p = params(&args, entry_budget);
     if p.pm_transfers == 0 || entry_budget < 2 {
         return Err(format!(
-            "RLIMIT_MEMLOCK allows {entry_budget} transfer buffers: too few to measure"
+            "{} lockable bytes hold {entry_budget} transfer buffers: too few to measure",
+            budget.lockable_bytes
         )
         .into());
     }
-    let machine = Machine::collect(memlock);
 
     let buffers = p.working_set_buffers.max(p.pm_hot_buffers + p.pm_transfers);
     let layout0 = Layout::gapped(0, TRANSFER_BYTES, page);
@@ -298,7 +285,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let steps = trace_set.len() * Policy::ALL.len() * p.capacities_entries.len()
         + PM_MISS_FRACTIONS.len() * p.pm_repetitions;
-    let bar = progress(&args, steps as u64);
+    let bar = args.output.progress_bar(steps as u64);
 
     let mut results = Vec::new();
     for trace in &trace_set {
@@ -306,10 +293,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             for &capacity in &p.capacities_entries {
                 bar.set_message(format!("{} {policy} {capacity}", trace.name));
                 let copy_ns = transfers_only(trace, &layout, |a| copier.copy(a));
-                let cache = PinCache::new(
-                    MlockPinner::new(),
-                    cache_config(policy, capacity, byte_budget),
-                )?;
+                let cache =
+                    PinCache::new(MlockPinner::new(), cache_config(policy, capacity, &budget))?;
                 let out = replay(&cache, trace, &layout, |a| copier.copy(a))?;
                 let t = Instant::now();
                 drop(cache);
@@ -341,10 +326,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         for _ in 0..p.pm_repetitions {
             bar.set_message(format!("pm {:.0}% misses", fraction * 100.0));
             copy_ns.push(transfers_only(&trace, &layout, |a| copier.copy(a)) as f64);
-            let cache = PinCache::new(
-                MlockPinner::new(),
-                cache_config(policy, capacity, byte_budget),
-            )?;
+            let cache = PinCache::new(MlockPinner::new(), cache_config(policy, capacity, &budget))?;
             last = replay(&cache, &trace, &layout, |a| copier.copy(a))?;
             run_ns.push(last.elapsed_ns as f64);
             let t = Instant::now();
@@ -384,18 +366,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         program: "pin-hitrate",
         version: env!("CARGO_PKG_VERSION"),
         config: p,
-        machine,
+        machine: Machine::collect(budget),
         baseline,
         results,
         pm_experiment: pm,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{json}\n"))?;
-    }
-    println!("{json}");
-    Ok(())
+    args.output.emit_json(&report)
 }
 
 fn trace_result(

@@ -62,12 +62,12 @@ pub struct Outcome {
 impl Outcome {
     /// `hits / (hits + misses)`; 0 when nothing was looked up.
     pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
+        CacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            ..CacheStats::default()
         }
+        .hit_rate()
     }
 
     /// `misses / transfers`; 0 for an empty trace.

@@ -1,24 +1,32 @@
-//! Anonymous memory, `RLIMIT_MEMLOCK` and a few facts about the machine.
+//! Anonymous memory, the lockable-memory budget and a few facts about the
+//! machine.
+//!
+//! The page size and `RLIMIT_MEMLOCK` come from [`pincache`]; this module
+//! adds what the benchmarks need beyond that: mappings to pin, bare
+//! `mlock`/`munlock`/`munmap` for the baselines, and a probe of how much
+//! memory this process can really lock.
 
 use std::io;
 
+use pincache::{locked_bytes, memlock_limit, page_size, raise_memlock_limit};
 use serde::Serialize;
-
-/// The size of a page, from `sysconf(_SC_PAGESIZE)`.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 {
-        v as usize
-    } else {
-        4096
-    }
-}
 
 /// Whether the process runs with effective user id 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Bit of `CAP_IPC_LOCK` in the capability sets of `/proc/self/status`.
+const CAP_IPC_LOCK_BIT: u32 = 14;
+
+/// Whether the process holds `CAP_IPC_LOCK` in its effective set, which
+/// lets `mlock` go past `RLIMIT_MEMLOCK`; `None` if it cannot be read.
+pub fn has_cap_ipc_lock() -> Option<bool> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    let caps = u64::from_str_radix(hex.trim(), 16).ok()?;
+    Some(caps & (1 << CAP_IPC_LOCK_BIT) != 0)
 }
 
 /// `vm.max_map_count`, the most mappings (VMAs) a process may have; the
@@ -31,116 +39,95 @@ pub fn max_map_count() -> usize {
         .unwrap_or(65530)
 }
 
-/// A limit value: `None` stands for `RLIM_INFINITY`.
-pub type Limit = Option<u64>;
-
-fn from_rlim(v: libc::rlim_t) -> Limit {
-    if v == libc::RLIM_INFINITY {
-        None
-    } else {
-        Some(v)
-    }
+/// A soft `RLIMIT_MEMLOCK` as reported in JSON: `None` (`null`) stands for
+/// unlimited.
+fn finite(limit: u64) -> Option<u64> {
+    (limit != u64::MAX).then_some(limit)
 }
 
-/// The current `(soft, hard)` `RLIMIT_MEMLOCK`, in bytes.
-pub fn memlock_limit() -> io::Result<(Limit, Limit)> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((from_rlim(r.rlim_cur), from_rlim(r.rlim_max)))
-}
-
-/// Raises the soft (and if needed the hard) `RLIMIT_MEMLOCK` to at least
-/// `bytes`. Raising the hard limit needs `CAP_SYS_RESOURCE` (root). A limit
-/// already at or above `bytes` is left alone.
-pub fn raise_memlock_limit(bytes: u64) -> io::Result<()> {
-    let (soft, hard) = memlock_limit()?;
-    let enough = |l: Limit| l.map_or(true, |v| v >= bytes);
-    if enough(soft) {
-        return Ok(());
-    }
-    let r = libc::rlimit {
-        rlim_cur: bytes as libc::rlim_t,
-        rlim_max: if enough(hard) {
-            hard.map_or(libc::RLIM_INFINITY, |h| h as libc::rlim_t)
-        } else {
-            bytes as libc::rlim_t
-        },
-    };
-    // SAFETY: `r` is a valid rlimit for the duration of the call.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// What [`ensure_memlock`] found and did.
+/// How much memory this process may lock, and how that was found out.
+///
+/// `RLIMIT_MEMLOCK` alone does not say: a process with `CAP_IPC_LOCK` (root,
+/// usually) may lock past its soft limit, while one without it may also be
+/// stopped short of it by memory pressure. [`LockBudget::probe`] therefore
+/// locks the wanted amount once and reports what happened.
 #[derive(Clone, Debug, Serialize)]
-pub struct MemlockReport {
-    /// Soft limit before, in bytes (`null` = unlimited).
-    pub soft_before: Limit,
-    /// Hard limit before, in bytes (`null` = unlimited).
-    pub hard_before: Limit,
-    /// Soft limit in force afterwards, in bytes (`null` = unlimited).
-    pub soft_after: Limit,
-    /// Whether the limit was raised.
-    pub raised: bool,
-    /// Bytes this process had locked already (`VmLck`), which count
-    /// against the limit.
+pub struct LockBudget {
+    /// Bytes the program asked to be able to lock.
+    pub wanted: u64,
+    /// Bytes the program may lock: `wanted` if the probe locked that much,
+    /// otherwise the soft `RLIMIT_MEMLOCK` less what was already locked
+    /// (never more than `wanted`).
+    pub lockable_bytes: u64,
+    /// Where `lockable_bytes` comes from: `"probe"` or `"rlimit"`.
+    pub source: &'static str,
+    /// Whether `mlock` of `wanted` bytes succeeded.
+    pub probe_ok: bool,
+    /// Why the probe failed, if it did.
+    pub probe_error: Option<String>,
+    /// Soft `RLIMIT_MEMLOCK` at start, in bytes (`null` = unlimited).
+    pub soft_limit_before: Option<u64>,
+    /// Soft `RLIMIT_MEMLOCK` after the attempt to raise it to `wanted`.
+    pub soft_limit: Option<u64>,
+    /// Why raising the soft limit failed, if it was tried and did.
+    pub raise_error: Option<String>,
+    /// Bytes this process had locked already (`VmLck`) before the probe.
     pub locked_before: u64,
-    /// Why raising failed, if it did.
-    pub error: Option<String>,
 }
 
-impl MemlockReport {
-    /// Bytes the process may still lock (`u64::MAX` when unlimited).
-    pub fn budget(&self) -> u64 {
-        self.soft_after
-            .map_or(u64::MAX, |l| l.saturating_sub(self.locked_before))
-    }
-}
-
-/// Raises `RLIMIT_MEMLOCK` to `wanted` bytes if that is allowed (root, or a
-/// hard limit high enough); otherwise leaves it and reports what is in force,
-/// so that the caller can size its caches to it.
-pub fn ensure_memlock(wanted: u64) -> MemlockReport {
-    let (soft_before, hard_before) = memlock_limit().unwrap_or((Some(0), Some(0)));
-    let allowed = is_root() || hard_before.map_or(true, |h| h >= wanted);
-    let mut error = None;
-    if allowed {
-        if let Err(e) = raise_memlock_limit(wanted) {
-            error = Some(e.to_string());
+impl LockBudget {
+    /// Finds out whether `wanted` bytes can be locked: raises the soft
+    /// `RLIMIT_MEMLOCK` to `wanted` where that is allowed, then maps `wanted`
+    /// bytes, locks them (which faults them in), unlocks and unmaps them.
+    /// If that fails, the budget falls back to the soft limit less `VmLck`.
+    pub fn probe(wanted: u64) -> Self {
+        let page = page_size() as u64;
+        let wanted = wanted.max(1).div_ceil(page) * page;
+        let soft_before = memlock_limit().unwrap_or(0);
+        let raise_error = if soft_before < wanted {
+            raise_memlock_limit(wanted).err().map(|e| e.to_string())
+        } else {
+            None
+        };
+        let soft = memlock_limit().unwrap_or(soft_before);
+        let locked_before = locked_bytes().unwrap_or(0);
+        let probe = usize::try_from(wanted)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "wanted exceeds usize"))
+            .and_then(try_lock);
+        let rlimit_budget = soft.saturating_sub(locked_before).min(wanted);
+        let (lockable_bytes, source) = match probe {
+            Ok(()) => (wanted, "probe"),
+            Err(_) => (rlimit_budget, "rlimit"),
+        };
+        Self {
+            wanted,
+            lockable_bytes,
+            source,
+            probe_ok: probe.is_ok(),
+            probe_error: probe.err().map(|e| e.to_string()),
+            soft_limit_before: finite(soft_before),
+            soft_limit: finite(soft),
+            raise_error,
+            locked_before,
         }
-    } else {
-        error = Some("not root and the hard limit is lower".to_string());
     }
-    let soft_after = memlock_limit().map(|l| l.0).unwrap_or(soft_before);
-    MemlockReport {
-        soft_before,
-        hard_before,
-        soft_after,
-        raised: soft_after != soft_before,
-        locked_before: locked_bytes(),
-        error,
+
+    /// Whether the budget covers `bytes`.
+    pub fn allows(&self, bytes: u64) -> bool {
+        bytes <= self.lockable_bytes
+    }
+
+    /// The budget as a `CacheConfig::max_pinned_bytes` value.
+    pub fn max_pinned_bytes(&self) -> usize {
+        usize::try_from(self.lockable_bytes).unwrap_or(usize::MAX)
     }
 }
 
-/// Bytes of this process's memory that are locked (`VmLck` in
-/// `/proc/self/status`); 0 if it cannot be read.
-pub fn locked_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmLck:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+/// Maps `len` bytes, locks and unlocks them; the mapping goes on return.
+fn try_lock(len: usize) -> io::Result<()> {
+    let mapping = Mapping::new_untouched(len)?;
+    mlock(mapping.addr(), mapping.len())?;
+    munlock(mapping.addr(), mapping.len())
 }
 
 /// A private anonymous mapping, written once so that every page is present
@@ -272,20 +259,27 @@ pub struct Machine {
     pub cpu_model: Option<String>,
     /// Whether the process runs as root.
     pub root: bool,
-    /// `RLIMIT_MEMLOCK` before and after the program adjusted it.
-    pub rlimit_memlock: MemlockReport,
+    /// Whether the process holds `CAP_IPC_LOCK` (may lock past
+    /// `RLIMIT_MEMLOCK`); `null` if unknown.
+    pub cap_ipc_lock: Option<bool>,
+    /// `vm.max_map_count`.
+    pub max_map_count: usize,
+    /// How much memory the program may lock, and how that was found out.
+    pub memlock: LockBudget,
 }
 
 impl Machine {
-    /// Collects the facts; `memlock` is what [`ensure_memlock`] reported.
-    pub fn collect(memlock: MemlockReport) -> Self {
+    /// Collects the facts; `memlock` is what [`LockBudget::probe`] found.
+    pub fn collect(memlock: LockBudget) -> Self {
         Self {
             page_size: page_size(),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             kernel: kernel_release(),
             cpu_model: cpu_model(),
             root: is_root(),
-            rlimit_memlock: memlock,
+            cap_ipc_lock: has_cap_ipc_lock(),
+            max_map_count: max_map_count(),
+            memlock,
         }
     }
 }
@@ -302,4 +296,27 @@ fn cpu_model() -> Option<String> {
         .find(|l| l.starts_with("model name"))
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test, so that no other probe in this binary locks memory while
+    /// `VmLck` is compared.
+    #[test]
+    fn probe_rounds_to_pages_stays_within_wanted_and_leaves_nothing_locked() {
+        let page = page_size() as u64;
+        assert_eq!(LockBudget::probe(page + 1).wanted, 2 * page);
+        let before = locked_bytes().unwrap_or(0);
+        let budget = LockBudget::probe(64 * page);
+        assert_eq!(budget.wanted, 64 * page);
+        assert!(budget.lockable_bytes <= budget.wanted);
+        assert_eq!(budget.probe_ok, budget.probe_error.is_none());
+        if budget.probe_ok {
+            assert_eq!(budget.lockable_bytes, budget.wanted);
+            assert_eq!(budget.source, "probe");
+        }
+        assert_eq!(locked_bytes().unwrap_or(0), before);
+    }
 }

@@ -1,9 +1,9 @@
 //! Properties of the hit-rate experiments that must hold exactly, checked
 //! with the cache that `pin-hitrate` drives.
 
-use pincache::{CacheConfig, MlockPinner, NoopPinner, PinCache, Policy};
+use pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Policy};
 use pindown_benches::replay::{replay, Copier, Layout};
-use pindown_benches::sys::{page_size, Mapping};
+use pindown_benches::sys::Mapping;
 use pindown_benches::traces::{self, intended_misses};
 
 const TRANSFER: usize = 8 * 1024;

@@ -8,18 +8,16 @@
 //! drift in the machine affects both alike.
 
 use std::error::Error;
-use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
-use pincache::{CacheConfig, MlockPinner, PinCache};
+use pincache::{page_size, CacheConfig, MlockPinner, PinCache};
 use serde::Serialize;
 
+use pindown_benches::output::OutputArgs;
 use pindown_benches::replay::duration_ns;
 use pindown_benches::stats::{fit_line, median, LineFit};
-use pindown_benches::sys::{ensure_memlock, mlock, munlock, page_size, Machine, Mapping};
+use pindown_benches::sys::{mlock, munlock, LockBudget, Machine, Mapping};
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -35,12 +33,8 @@ struct Args {
     /// Largest region, in pages: sizes 1, 2, 4, ... up to this are measured.
     #[arg(long, default_value_t = 4096)]
     max_pages: usize,
-    /// Also write the JSON document to FILE.
-    #[arg(long, value_name = "FILE")]
-    json_out: Option<PathBuf>,
-    /// No progress display on stderr.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 /// Repetition limits for one region size.
@@ -204,19 +198,22 @@ fn main() -> Result<(), Box<dyn Error>> {
     let started = Instant::now();
     let page = page_size();
     let max_pages = args.max_pages.max(1);
-    let memlock = ensure_memlock((max_pages * page) as u64 * 2);
-    let budget = memlock.budget();
+    // One region is locked at a time: by the raw calls or by the cache.
+    let budget = LockBudget::probe((max_pages * page) as u64);
 
     let mut skipped = Vec::new();
     let mut candidates = Vec::new();
     let mut pages = 1;
     while pages <= max_pages {
-        if (pages * page) as u64 <= budget {
+        if budget.allows((pages * page) as u64) {
             candidates.push(pages);
         } else {
             skipped.push(Skipped {
                 pages,
-                reason: format!("exceeds RLIMIT_MEMLOCK ({budget} bytes available)"),
+                reason: format!(
+                    "exceeds the lockable budget ({} bytes, from {})",
+                    budget.lockable_bytes, budget.source
+                ),
             });
         }
         pages *= 2;
@@ -242,24 +239,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
     };
     let config = CacheConfig {
-        max_pinned_bytes: Some(usize::try_from(budget).unwrap_or(usize::MAX)),
+        max_pinned_bytes: Some(budget.max_pinned_bytes()),
         max_entries: 16,
         merge: false,
         ..CacheConfig::default()
     };
     let cache = PinCache::new(MlockPinner::new(), config)?;
 
-    let bar = if args.quiet || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new(candidates.len() as u64);
-        b.set_style(
-            ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b
-    };
+    let bar = args.output.progress_bar(candidates.len() as u64);
     let mut sizes = Vec::new();
     for &pages in &candidates {
         bar.set_message(format!("{pages} pages"));
@@ -287,7 +274,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let report = Report {
         program: "pin-cost",
         version: env!("CARGO_PKG_VERSION"),
-        machine: Machine::collect(memlock),
+        machine: Machine::collect(budget),
         repetitions: reps,
         fit: Fits {
             miss_us: fit_of(&sizes, |s| s.miss_us),
@@ -312,10 +299,5 @@ fn main() -> Result<(), Box<dyn Error>> {
         hit_us,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{json}\n"))?;
-    }
-    println!("{json}");
-    Ok(())
+    args.output.emit_json(&report)
 }
