@@ -40,6 +40,9 @@ use crate::table::{state, RegionTable, CHUNK, MAX_CHUNKS};
 /// Region ids found near a request; rarely more than a few.
 type Neighbours = smallvec::SmallVec<[u32; 4]>;
 
+/// Most region ids a new cache prepares up front.
+const RESERVED_IDS: usize = 1 << 17;
+
 /// Retired ids collected before one grace period recycles them all.
 const LIMBO_BATCH: usize = 64;
 
@@ -193,11 +196,18 @@ impl<P: Pinner + 'static> PinCache<P> {
                 merge: config.merge,
                 max_merged_bytes,
             },
-            writer: Mutex::new(Writer::default()),
+            writer: Mutex::new(Writer {
+                order: EvictionOrder::with_capacity(config.max_entries),
+                ..Writer::default()
+            }),
             pinner,
             subscription: Mutex::new(None),
             monitored: AtomicBool::new(false),
         });
+        // The table mirrors the device's: reserve it now, not miss by miss.
+        shared
+            .table
+            .reserve(config.max_entries.min(RESERVED_IDS), rcu::current_slot());
         if config.monitor {
             monitor::MemoryMonitor::global().map_err(|e| {
                 CacheError::InvalidConfig(format!("the userfaultfd monitor is unavailable: {e}"))
@@ -587,13 +597,17 @@ impl<P: Pinner> Shared<P> {
                 .state
                 .store(state::DYING, Ordering::Relaxed);
         }
+        let (mut idle, mut busy) = (Neighbours::new(), Neighbours::new());
         if !replaced.is_empty() {
             rcu::heavy_barrier();
+            for &id in replaced {
+                if self.table.refs(id) == 0 {
+                    idle.push(id);
+                } else {
+                    busy.push(id);
+                }
+            }
         }
-        let (idle, busy): (Neighbours, Neighbours) = replaced
-            .iter()
-            .copied()
-            .partition(|&id| self.table.refs(id) == 0);
         let credit_bytes: usize = idle.iter().map(|&id| self.range_of(id).len).sum();
         let pinned = self
             .make_room(writer, target.len, credit_bytes, idle.len())

@@ -37,9 +37,19 @@ impl Node {
     }
 }
 
-/// Pages covered by one slot of a node at `level` (0 is the root).
-fn slot_span(level: u32) -> usize {
-    1 << (BITS * (LEVELS - 1 - level))
+/// Log2 of the pages covered by one slot of a node at `level` (0 is the root).
+fn slot_shift(level: u32) -> u32 {
+    BITS * (LEVELS - 1 - level)
+}
+
+/// The slots of a node at `level` based at page `base` that `[first, end)`
+/// touches (shifts, not divisions: this is on every miss).
+fn slot_bounds(level: u32, base: usize, first: usize, end: usize) -> (usize, usize, usize) {
+    let shift = slot_shift(level);
+    let span = 1usize << shift;
+    let lo = (first - base) >> shift;
+    let hi = ((end - base + span - 1) >> shift).min(FANOUT);
+    (lo, hi, span)
 }
 
 fn region_code(id: u32) -> u64 {
@@ -97,9 +107,7 @@ impl RadixIndex {
     }
 
     fn fill(&self, node: &Node, level: u32, base: usize, first: usize, end: usize, code: u64) {
-        let span = slot_span(level);
-        let lo = (first - base) / span;
-        let hi = (end - base).div_ceil(span).min(FANOUT);
+        let (lo, hi, span) = slot_bounds(level, base, first, end);
         for index in lo..hi {
             let slot_start = base + index * span;
             let slot_end = slot_start + span;
@@ -152,9 +160,7 @@ impl RadixIndex {
     }
 
     fn first_in_node(node: &Node, level: u32, base: usize, from: usize, end: usize) -> Option<u32> {
-        let span = slot_span(level);
-        let lo = (from - base) / span;
-        let hi = (end - base).div_ceil(span).min(FANOUT);
+        let (lo, hi, span) = slot_bounds(level, base, from, end);
         for index in lo..hi {
             let value = node.slots[index].load(Ordering::Relaxed);
             if value == 0 {

@@ -90,8 +90,8 @@ pub(crate) struct Rank {
 #[derive(Default)]
 pub(crate) struct EvictionOrder {
     order: BTreeSet<Rank>,
-    /// Ranks inserted since the last eviction, not yet in `order`.
-    fresh: Vec<Rank>,
+    /// Regions inserted since the last eviction, not yet in `order`.
+    fresh: Vec<u32>,
     /// Known rank by region id, and whether it is in `order` (else in `fresh`).
     known: Vec<Option<(Rank, bool)>>,
     len: usize,
@@ -106,7 +106,7 @@ impl EvictionOrder {
             self.known.resize(index + 1, None);
         }
         self.known[index] = Some((rank, false));
-        self.fresh.push(rank);
+        self.fresh.push(rank.id);
         self.len += 1;
         if self.fresh.len() > 2 * self.len + 64 {
             // Mostly ranks of regions gone since: drop them.
@@ -124,15 +124,29 @@ impl EvictionOrder {
         Some(rank)
     }
 
-    /// Moves the fresh ranks that are still current into the ordered set.
+    /// Moves the fresh regions still waiting into the ordered set.
     fn settle(&mut self) {
-        for rank in std::mem::take(&mut self.fresh) {
-            if let Some((known, in_order @ false)) = &mut self.known[rank.id as usize] {
-                if *known == rank {
-                    *in_order = true;
-                    self.order.insert(rank);
-                }
+        let mut fresh = std::mem::take(&mut self.fresh);
+        for &id in &fresh {
+            if let Some((rank, in_order @ false)) = &mut self.known[id as usize] {
+                *in_order = true;
+                self.order.insert(*rank);
             }
+        }
+        fresh.clear();
+        self.fresh = fresh;
+    }
+
+    /// Sizes the order for `regions` regions up front, so that misses do
+    /// not grow (and fault in) its memory.
+    pub(crate) fn with_capacity(regions: usize) -> Self {
+        let mut fresh = vec![0u32; regions];
+        fresh.clear();
+        EvictionOrder {
+            order: BTreeSet::new(),
+            fresh,
+            known: vec![None; regions],
+            len: 0,
         }
     }
 

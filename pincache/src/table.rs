@@ -107,6 +107,20 @@ impl<T> RegionTable<T> {
         }
     }
 
+    /// Makes the first `ids` ids usable now, and commits the counter column
+    /// of the calling thread's reader `slot` for them, so that the misses
+    /// that fill a new cache do not take page faults. Writer only.
+    pub(crate) fn reserve(&self, ids: usize, slot: usize) {
+        let page_counters = 4096 / std::mem::size_of::<Counter>();
+        for chunk in 0..ids.div_ceil(CHUNK).min(MAX_CHUNKS) {
+            self.ensure_chunk(chunk);
+            for column in (0..CHUNK).step_by(page_counters) {
+                let id = (chunk * CHUNK + column) as u32;
+                self.counter(slot, id).usage.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Makes ids `[0, (chunk + 1) * CHUNK)` usable. Writer only.
     pub(crate) fn ensure_chunk(&self, chunk: usize) {
         if !self.chunks[chunk].load(Ordering::Acquire).is_null() {
