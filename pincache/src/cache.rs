@@ -35,7 +35,7 @@ use crate::pinner::{PageRange, Pinner};
 use crate::policy::{EvictionOrder, Policy, Rank};
 use crate::rcu::{self, ReadGuard, MAX_READERS, SHARED_SLOT};
 use crate::stats::CacheStats;
-use crate::table::{state, RegionTable, CHUNK, MAX_CHUNKS};
+use crate::table::{state, Entry, RegionTable, CHUNK, MAX_CHUNKS};
 
 /// Region ids found near a request; rarely more than a few.
 type Neighbours = smallvec::SmallVec<[u32; 4]>;
@@ -115,7 +115,7 @@ struct Prepared<T> {
 /// A pinned region held for use; dropping it releases the region.
 pub struct Registration<'a, P: Pinner + 'static> {
     cache: &'a PinCache<P>,
-    id: u32,
+    entry: &'a Entry<P::Token>,
     region: PageRange,
     /// Registrations are `Send` but may be released on any thread; keep
     /// `!Sync` off so a shared reference cannot race with the drop.
@@ -133,13 +133,13 @@ impl<P: Pinner + 'static> Registration<'_, P> {
     pub fn token(&self) -> &P::Token {
         // SAFETY: this registration holds a reference to the region until it
         // is dropped, which outlives the returned borrow.
-        unsafe { self.cache.shared.table.token(self.id) }
+        unsafe { self.cache.shared.table.token(self.entry.id) }
     }
 }
 
 impl<P: Pinner + 'static> Drop for Registration<'_, P> {
     fn drop(&mut self) {
-        self.cache.shared.release(self.id);
+        self.cache.shared.release(self.entry);
     }
 }
 
@@ -223,15 +223,14 @@ impl<P: Pinner + 'static> PinCache<P> {
     /// returned registration is dropped.
     #[inline]
     pub fn pin(&self, addr: usize, len: usize) -> Result<Registration<'_, P>, CacheError> {
-        let id = match self.shared.try_hit(addr, len) {
-            Some(id) => id,
-            None => self.shared.pin_slow(addr, len)?,
+        let entry = match self.shared.try_hit(addr, len) {
+            Some(entry) => entry,
+            None => self.shared.table.entry(self.shared.pin_slow(addr, len)?),
         };
-        let entry = self.shared.table.entry(id);
         let start = entry.start.load(Ordering::Relaxed);
         Ok(Registration {
             cache: self,
-            id,
+            entry,
             region: PageRange {
                 start,
                 len: entry.end.load(Ordering::Relaxed) - start,
@@ -332,7 +331,7 @@ impl<P: Pinner> Shared<P> {
 
     /// The lock-free hit path. `None` means: take the slow path.
     #[inline(always)]
-    fn try_hit(&self, addr: usize, len: usize) -> Option<u32> {
+    fn try_hit(&self, addr: usize, len: usize) -> Option<&Entry<P::Token>> {
         let slot = rcu::current_slot();
         if slot == SHARED_SLOT || len == 0 || monitor::event_pending() {
             return None;
@@ -342,19 +341,20 @@ impl<P: Pinner> Shared<P> {
             return None;
         }
         let guard = ReadGuard::enter(slot);
-        let id = self.index.lookup(addr >> self.page_shift)?;
-        let entry = self.table.entry(id);
+        let value = self.index.lookup(addr >> self.page_shift)?;
+        // SAFETY: the index holds only `index_value`s of this table's entries.
+        let entry = unsafe { self.table.entry_at(value) };
         if entry.start.load(Ordering::Relaxed) > addr || entry.end.load(Ordering::Relaxed) < end {
             return None;
         }
-        let counter = self.table.counter(slot, id);
+        let counter = entry.counter(slot);
         counter.add_ref(slot, 1);
         rcu::light_barrier();
         if entry.state.load(Ordering::Relaxed) != state::LIVE {
             counter.add_ref(slot, -1);
             rcu::light_barrier();
             drop(guard);
-            self.release_slow(id);
+            self.release_slow(entry.id);
             return None;
         }
         match Policy::from_u8(self.policy.load(Ordering::Relaxed)) {
@@ -370,17 +370,17 @@ impl<P: Pinner> Shared<P> {
         let hits = &self.hits[slot];
         hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         drop(guard);
-        Some(id)
+        Some(entry)
     }
 
-    /// Releases one reference to region `id` from the current thread.
+    /// Releases one reference to a region from the current thread.
     #[inline(always)]
-    fn release(&self, id: u32) {
+    fn release(&self, entry: &Entry<P::Token>) {
         let slot = rcu::current_slot();
-        self.table.counter(slot, id).add_ref(slot, -1);
+        entry.counter(slot).add_ref(slot, -1);
         rcu::barrier_after_update(slot);
-        if self.table.entry(id).state.load(Ordering::Relaxed) != state::LIVE {
-            self.release_slow(id);
+        if entry.state.load(Ordering::Relaxed) != state::LIVE {
+            self.release_slow(entry.id);
         }
     }
 
@@ -420,6 +420,12 @@ impl<P: Pinner> Shared<P> {
         }
     }
 
+    /// The id of the region an index value names.
+    fn indexed_id(&self, value: Option<u64>) -> Option<u32> {
+        // SAFETY: the index holds only `index_value`s of this table's entries.
+        value.map(|value| unsafe { self.table.entry_at(value) }.id)
+    }
+
     /// Indexed regions that overlap `[start, end)`, or also touch it when
     /// `touching`, in address order.
     fn neighbours(&self, start: usize, end: usize, touching: bool) -> Neighbours {
@@ -431,17 +437,17 @@ impl<P: Pinner> Shared<P> {
             }
         };
         if touching && first > 0 {
-            if let Some(id) = self.index.lookup(first - 1) {
+            if let Some(id) = self.indexed_id(self.index.lookup(first - 1)) {
                 push(id);
             }
         }
         let mut page = first;
-        while let Some(id) = self.index.first_in(page, last) {
+        while let Some(id) = self.indexed_id(self.index.first_in(page, last)) {
             push(id);
             page = self.range_of(id).end() >> self.page_shift;
         }
         if touching && last < PAGE_LIMIT {
-            if let Some(id) = self.index.lookup(last) {
+            if let Some(id) = self.indexed_id(self.index.lookup(last)) {
                 push(id);
             }
         }
@@ -471,7 +477,7 @@ impl<P: Pinner> Shared<P> {
         let mut writer = self.writer.lock();
 
         // Another thread may have pinned it meanwhile.
-        if let Some(id) = self.index.lookup(addr >> self.page_shift) {
+        if let Some(id) = self.indexed_id(self.index.lookup(addr >> self.page_shift)) {
             if self.range_of(id).contains(addr, len) {
                 self.take_locked(id);
                 writer.locked_hits += 1;
@@ -555,7 +561,7 @@ impl<P: Pinner> Shared<P> {
         self.index.insert(
             target.start >> self.page_shift,
             target.end() >> self.page_shift,
-            id,
+            entry.index_value(),
         );
         writer.age += 1;
         let age = writer.age;

@@ -32,12 +32,42 @@ pub(crate) mod state {
     pub const UNPINNED: u8 = 4;
 }
 
-/// What readers need to know about a region.
+/// What readers need to know about a region. The index maps pages to
+/// entry addresses, so a hit reaches the entry, and through it its counters,
+/// without going through the id.
 pub(crate) struct Entry<T> {
     pub start: AtomicUsize,
     pub end: AtomicUsize,
     pub state: AtomicU8,
+    /// The region's id; fixed when the chunk is made.
+    pub id: u32,
+    /// This id's counter in column 0; column `slot` is `slot * CHUNK` further.
+    counters: *const Counter,
     token: UnsafeCell<Option<T>>,
+}
+
+// SAFETY: an entry is shared by all threads by design: its fields are
+// atomics, its counter pointer is only read (it points into the owning
+// chunk's mapping), and its token follows the protocol of RegionTable below.
+unsafe impl<T: Send + Sync> Sync for Entry<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Send for Entry<T> {}
+
+impl<T> Entry<T> {
+    /// The counter of reader `slot` for this region.
+    #[inline(always)]
+    pub(crate) fn counter(&self, slot: usize) -> &Counter {
+        debug_assert!(slot < MAX_READERS);
+        // SAFETY: `counters` points into the chunk's counter mapping, which
+        // holds MAX_READERS columns of CHUNK counters and lives as long as
+        // the entry (both belong to the chunk).
+        unsafe { &*self.counters.add(slot * CHUNK) }
+    }
+
+    /// The value the index stores for this entry: its address.
+    pub(crate) fn index_value(&self) -> u64 {
+        self as *const Self as u64
+    }
 }
 
 /// One reader slot's counters for one region.
@@ -93,7 +123,8 @@ pub(crate) struct RegionTable<T> {
 // SAFETY: tokens are written only by the writer while no reader can reach
 // the entry (state FREE/UNPINNED after a grace period) and read by holders of
 // a reference, so sharing the table shares `&T` across threads (T: Sync) and
-// moves T between threads (T: Send).
+// moves T between threads (T: Send). The entries' counter pointers point
+// into mappings the table owns and are only read.
 unsafe impl<T: Send + Sync> Sync for RegionTable<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send + Sync> Send for RegionTable<T> {}
@@ -126,17 +157,21 @@ impl<T> RegionTable<T> {
         if !self.chunks[chunk].load(Ordering::Acquire).is_null() {
             return;
         }
-        let entries = (0..CHUNK)
-            .map(|_| Entry {
-                start: AtomicUsize::new(0),
-                end: AtomicUsize::new(0),
-                state: AtomicU8::new(state::FREE),
-                token: UnsafeCell::new(None),
-            })
-            .collect();
         let counters =
             memmap2::MmapMut::map_anon(MAX_READERS * CHUNK * std::mem::size_of::<Counter>())
                 .expect("cannot map the region table's counters");
+        let base = counters.as_ptr().cast::<Counter>();
+        let entries = (0..CHUNK)
+            .map(|column| Entry {
+                start: AtomicUsize::new(0),
+                end: AtomicUsize::new(0),
+                state: AtomicU8::new(state::FREE),
+                id: (chunk * CHUNK + column) as u32,
+                // SAFETY: column < CHUNK, inside the mapping's first column.
+                counters: unsafe { base.add(column) },
+                token: UnsafeCell::new(None),
+            })
+            .collect();
         let chunk_box = Box::new(Chunk { entries, counters });
         self.chunks[chunk].store(Box::into_raw(chunk_box), Ordering::Release);
     }
@@ -148,6 +183,17 @@ impl<T> RegionTable<T> {
         // SAFETY: ids are handed out only after `ensure_chunk` published
         // their chunk, and chunks are freed only when the table is dropped.
         unsafe { &*pointer }
+    }
+
+    /// The entry whose [`Entry::index_value`] is `value`.
+    ///
+    /// # Safety
+    /// `value` must come from `index_value` of an entry of this table.
+    #[inline(always)]
+    pub(crate) unsafe fn entry_at(&self, value: u64) -> &Entry<T> {
+        // SAFETY: per the contract, the value is the address of an entry of
+        // a chunk of this table; chunks live until the table is dropped.
+        unsafe { &*(value as *const Entry<T>) }
     }
 
     #[inline(always)]
