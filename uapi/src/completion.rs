@@ -1,0 +1,181 @@
+//! Completions: what the device reports back.
+//!
+//! Layout (32 bytes, little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | user data of the request |
+//! | 8 | 1 | status ([`Status`]) |
+//! | 9 | 1 | opcode of the request; 0xff when the request could not be decoded |
+//! | 10 | 1 | error detail ([`ErrorDetail`]) |
+//! | 11 | 1 | reserved, zero |
+//! | 12 | 4 | bytes transferred |
+//! | 16 | 8 | value: old word (atomics), new key (BIND), device information (QUERY) |
+//! | 24 | 8 | reserved, zero |
+
+use crate::error::{le_u32, le_u64, need, reserved_zero, DecodeError};
+use crate::request::Opcode;
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Status {
+    /// Done.
+    Success = 0,
+    /// The remote side refused: bad or revoked key, outside the window, or
+    /// not permitted by it. Remote memory is untouched.
+    RemoteAccessError = 1,
+    /// The local address is not registered with the device (or not
+    /// writable). Memory is untouched.
+    LocalProtectionError = 2,
+    /// The request itself is malformed or unsupported.
+    InvalidRequest = 3,
+    /// The target port has no live peer.
+    PeerGone = 4,
+}
+
+impl Status {
+    fn from_u8(code: u8) -> Result<Status, DecodeError> {
+        Ok(match code {
+            0 => Status::Success,
+            1 => Status::RemoteAccessError,
+            2 => Status::LocalProtectionError,
+            3 => Status::InvalidRequest,
+            4 => Status::PeerGone,
+            other => return Err(DecodeError::UnknownStatus(other)),
+        })
+    }
+}
+
+/// Why a request failed, in more detail than its [`Status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ErrorDetail {
+    /// No detail (success).
+    None = 0,
+    /// No live window has this key on the target port.
+    BadKey = 1,
+    /// The access reaches outside the window or the registration.
+    OutOfBounds = 2,
+    /// The window does not grant this access.
+    Permission = 3,
+    /// An atomic on a word that is not aligned to its width.
+    Misaligned = 4,
+    /// Local memory not registered with the device.
+    Unregistered = 5,
+    /// The request's bytes did not decode.
+    Malformed = 6,
+    /// No such port.
+    UnknownPort = 7,
+    /// The port exists but no driver is connected to it.
+    PortDown = 8,
+    /// A valid request this device does not carry out.
+    Unsupported = 9,
+}
+
+impl ErrorDetail {
+    fn from_u8(code: u8) -> Result<ErrorDetail, DecodeError> {
+        Ok(match code {
+            0 => ErrorDetail::None,
+            1 => ErrorDetail::BadKey,
+            2 => ErrorDetail::OutOfBounds,
+            3 => ErrorDetail::Permission,
+            4 => ErrorDetail::Misaligned,
+            5 => ErrorDetail::Unregistered,
+            6 => ErrorDetail::Malformed,
+            7 => ErrorDetail::UnknownPort,
+            8 => ErrorDetail::PortDown,
+            9 => ErrorDetail::Unsupported,
+            other => return Err(DecodeError::UnknownDetail(other)),
+        })
+    }
+}
+
+/// One completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's user data.
+    pub user_data: u64,
+    /// How it ended.
+    pub status: Status,
+    /// Why, when it failed.
+    pub detail: ErrorDetail,
+    /// The request's opcode; `None` when the request did not decode.
+    pub opcode: Option<Opcode>,
+    /// Bytes moved.
+    pub byte_len: u32,
+    /// Old word (atomics), key (BIND), device information (QUERY), else 0.
+    pub value: u64,
+}
+
+const UNDECODED_OPCODE: u8 = 0xff;
+
+impl Completion {
+    /// Encoded size in bytes.
+    pub const SIZE: usize = 32;
+
+    /// A successful completion.
+    pub fn success(user_data: u64, opcode: Opcode, byte_len: u32, value: u64) -> Self {
+        Completion {
+            user_data,
+            status: Status::Success,
+            detail: ErrorDetail::None,
+            opcode: Some(opcode),
+            byte_len,
+            value,
+        }
+    }
+
+    /// A failed completion.
+    pub fn error(
+        user_data: u64,
+        opcode: Option<Opcode>,
+        status: Status,
+        detail: ErrorDetail,
+    ) -> Self {
+        Completion {
+            user_data,
+            status,
+            detail,
+            opcode,
+            byte_len: 0,
+            value: 0,
+        }
+    }
+
+    /// Whether the request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == Status::Success
+    }
+
+    /// Encodes the completion.
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut bytes = [0u8; Self::SIZE];
+        bytes[0..8].copy_from_slice(&self.user_data.to_le_bytes());
+        bytes[8] = self.status as u8;
+        bytes[9] = self.opcode.map_or(UNDECODED_OPCODE, |op| op as u8);
+        bytes[10] = self.detail as u8;
+        bytes[12..16].copy_from_slice(&self.byte_len.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.value.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes and validates a completion. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Completion, DecodeError> {
+        need(bytes, Self::SIZE)?;
+        reserved_zero(bytes, 11..12)?;
+        reserved_zero(bytes, 24..32)?;
+        let opcode = match bytes[9] {
+            UNDECODED_OPCODE => None,
+            code => Some(Opcode::from_u8(code)?),
+        };
+        Ok(Completion {
+            user_data: le_u64(bytes, 0),
+            status: Status::from_u8(bytes[8])?,
+            opcode,
+            detail: ErrorDetail::from_u8(bytes[10])?,
+            byte_len: le_u32(bytes, 12),
+            value: le_u64(bytes, 16),
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! # uapi: the pindown device ABI
+//!
+//! Everything that crosses between the driver and the emulated NIC, and
+//! nothing else: which rings carry what, the 64-byte work request, the
+//! 32-byte completion, opcodes, status codes, remote keys, window access
+//! rights, device information and the ABI version. Both sides depend on this
+//! crate; neither restates it.
+//!
+//! Encoding is explicit little-endian at fixed offsets. Every `decode`
+//! validates every field and returns a [`DecodeError`] for anything it does
+//! not understand; no input makes it panic.
+//!
+//! ## Rings
+//!
+//! The device is a virtio-net device. Queue pairs `0..P` carry Ethernet
+//! (receive ring `2i`, transmit ring `2i+1`); `P` is what `GET_QUEUE_NUM`
+//! reports. Two further rings carry RDMA (see [`RingLayout`]):
+//!
+//! * the **send queue** (ring `2P`): each descriptor chain is one
+//!   device-readable buffer holding one [`WorkRequest`]
+//!   ([`WorkRequest::SIZE`] bytes). The device returns the chain on the used
+//!   ring once it has executed the request.
+//! * the **completion queue** (ring `2P+1`): the driver keeps device-writable
+//!   buffers of [`Completion::SIZE`] bytes posted; the device writes one
+//!   [`Completion`] into the next buffer for every signalled request, and for
+//!   every request that fails, in execution order.
+//!
+//! ## Addresses
+//!
+//! A *local* address is an I/O virtual address of the initiator's own
+//! memory, translated by the device through the initiator port's IOTLB (what
+//! the driver registered). A *remote* address is a [`RemoteAddress`]: the
+//! target port, a [`RemoteKey`] naming a live window the target bound, and an
+//! offset inside that window. Anything outside a registered range or a live
+//! window fails with an error completion, and no memory is touched.
+//!
+//! ## Room to grow
+//!
+//! Opcode ranges are reserved for the vector (strided and indexed) transfers
+//! of DIMMnet-2 ([`Opcode::VECTOR_RANGE`]), the third-party copies and
+//! atomics of ACP ([`Opcode::THIRD_PARTY_RANGE`]) and messaging
+//! ([`Opcode::MESSAGING_RANGE`]); the [`WrFlags::PATTERN`] flag is reserved
+//! for work requests whose addresses point at pattern descriptor lists.
+
+#![warn(missing_docs)]
+
+mod completion;
+mod error;
+mod keys;
+mod layout;
+mod request;
+
+pub use completion::{Completion, ErrorDetail, Status};
+pub use error::DecodeError;
+pub use keys::{Access, RemoteAddress, RemoteKey};
+pub use layout::{DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
+pub use request::{AtomicWidth, Opcode, Operation, WorkRequest, WrFlags};

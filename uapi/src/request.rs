@@ -1,0 +1,462 @@
+//! Work requests: what the driver asks the device to do.
+//!
+//! Layout (64 bytes, little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | opcode ([`Opcode`]) |
+//! | 1 | 1 | flags ([`WrFlags`]) |
+//! | 2 | 2 | remote port |
+//! | 4 | 4 | length in bytes (WRITE, READ) |
+//! | 8 | 8 | user data, returned in the completion |
+//! | 16 | 8 | local address (IOVA of the initiator's memory; BIND: window start) |
+//! | 24 | 8 | remote offset inside the window |
+//! | 32 | 4 | remote key |
+//! | 36 | 4 | atomic width in bytes (atomics); access bits ([`Access`]) (BIND) |
+//! | 40 | 8 | operand 0: compare (CAS), addend (FETCH_ADD), new value (SWAP), window length (BIND) |
+//! | 48 | 8 | operand 1: swap value (CAS) |
+//! | 56 | 8 | reserved, zero |
+//!
+//! Fields an operation does not use must be zero.
+
+use crate::error::{le_u16, le_u32, le_u64, need, reserved_zero, DecodeError};
+use crate::keys::{Access, RemoteAddress, RemoteKey};
+
+/// Operation codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Does nothing; completes in order (a fence point when fenced).
+    Nop = 0x00,
+    /// Copies local memory into a remote window.
+    Write = 0x01,
+    /// Copies a remote window's memory into local memory.
+    Read = 0x02,
+    /// Atomic compare-and-swap on a remote word.
+    CompareSwap = 0x03,
+    /// Atomic fetch-and-add on a remote word.
+    FetchAdd = 0x04,
+    /// Atomic swap on a remote word.
+    Swap = 0x05,
+    /// Grants peers access to part of the initiator's registered memory.
+    BindWindow = 0x06,
+    /// Revokes a window the initiator bound.
+    RevokeWindow = 0x07,
+    /// Asks for the port's [`DeviceInfo`](crate::DeviceInfo).
+    Query = 0x08,
+}
+
+impl Opcode {
+    /// Reserved for vector transfers: strided and indexed patterns on both
+    /// sides (DIMMnet-2).
+    pub const VECTOR_RANGE: std::ops::RangeInclusive<u8> = 0x10..=0x1f;
+    /// Reserved for copies and atomics between two other ports, started by a
+    /// third (ACP).
+    pub const THIRD_PARTY_RANGE: std::ops::RangeInclusive<u8> = 0x20..=0x2f;
+    /// Reserved for messaging: sends, receives and active messages.
+    pub const MESSAGING_RANGE: std::ops::RangeInclusive<u8> = 0x30..=0x3f;
+
+    /// The opcode with code `code`.
+    pub fn from_u8(code: u8) -> Result<Opcode, DecodeError> {
+        Ok(match code {
+            0x00 => Opcode::Nop,
+            0x01 => Opcode::Write,
+            0x02 => Opcode::Read,
+            0x03 => Opcode::CompareSwap,
+            0x04 => Opcode::FetchAdd,
+            0x05 => Opcode::Swap,
+            0x06 => Opcode::BindWindow,
+            0x07 => Opcode::RevokeWindow,
+            0x08 => Opcode::Query,
+            code if Self::VECTOR_RANGE.contains(&code) => {
+                return Err(DecodeError::Reserved("vector transfer"))
+            }
+            code if Self::THIRD_PARTY_RANGE.contains(&code) => {
+                return Err(DecodeError::Reserved("third-party operation"))
+            }
+            code if Self::MESSAGING_RANGE.contains(&code) => {
+                return Err(DecodeError::Reserved("messaging operation"))
+            }
+            other => return Err(DecodeError::UnknownOpcode(other)),
+        })
+    }
+}
+
+bitflags::bitflags! {
+    /// Work request flags.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct WrFlags: u8 {
+        /// Write a completion when the request succeeds (failures always
+        /// complete).
+        const SIGNALED = 1 << 0;
+        /// Start only after every earlier request of the queue has finished.
+        const FENCE = 1 << 1;
+        /// Reserved: the addresses name pattern descriptor lists.
+        const PATTERN = 1 << 7;
+    }
+}
+
+/// Width of an atomic operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicWidth {
+    /// A 4-byte word, 4-byte aligned.
+    Four,
+    /// An 8-byte word, 8-byte aligned.
+    Eight,
+}
+
+impl AtomicWidth {
+    /// Bytes in the word.
+    pub fn bytes(self) -> u32 {
+        match self {
+            AtomicWidth::Four => 4,
+            AtomicWidth::Eight => 8,
+        }
+    }
+
+    fn from_bytes(bytes: u32) -> Result<Self, DecodeError> {
+        match bytes {
+            4 => Ok(AtomicWidth::Four),
+            8 => Ok(AtomicWidth::Eight),
+            other => Err(DecodeError::BadAtomicWidth(other)),
+        }
+    }
+
+    fn check_operand(self, field: &'static str, value: u64) -> Result<u64, DecodeError> {
+        if self == AtomicWidth::Four && value > u64::from(u32::MAX) {
+            return Err(DecodeError::OutOfRange { field, value });
+        }
+        Ok(value)
+    }
+}
+
+/// An operation and its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Nothing.
+    Nop,
+    /// Copy `len` bytes from local `local` to `remote`.
+    Write {
+        /// Source IOVA.
+        local: u64,
+        /// Bytes.
+        len: u32,
+        /// Destination.
+        remote: RemoteAddress,
+    },
+    /// Copy `len` bytes from `remote` to local `local`.
+    Read {
+        /// Destination IOVA.
+        local: u64,
+        /// Bytes.
+        len: u32,
+        /// Source.
+        remote: RemoteAddress,
+    },
+    /// If the word at `remote` equals `compare`, store `swap`; the old value
+    /// comes back in the completion.
+    CompareSwap {
+        /// The word.
+        remote: RemoteAddress,
+        /// Its width.
+        width: AtomicWidth,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Add `add` to the word at `remote` (wrapping); the old value comes back.
+    FetchAdd {
+        /// The word.
+        remote: RemoteAddress,
+        /// Its width.
+        width: AtomicWidth,
+        /// Addend.
+        add: u64,
+    },
+    /// Store `value` at `remote`; the old value comes back.
+    Swap {
+        /// The word.
+        remote: RemoteAddress,
+        /// Its width.
+        width: AtomicWidth,
+        /// New value.
+        value: u64,
+    },
+    /// Grant `access` to `[start, start + len)` of the initiator's registered
+    /// memory; the completion's value is the new [`RemoteKey`].
+    BindWindow {
+        /// First IOVA of the window.
+        start: u64,
+        /// Length in bytes (non-zero).
+        len: u64,
+        /// Rights granted.
+        access: Access,
+    },
+    /// Revoke a window the initiator bound; later accesses through its key fail.
+    RevokeWindow {
+        /// The window's key.
+        key: RemoteKey,
+    },
+    /// Ask for the port's [`DeviceInfo`](crate::DeviceInfo) (the completion's value).
+    Query,
+}
+
+impl Operation {
+    /// The operation's opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Operation::Nop => Opcode::Nop,
+            Operation::Write { .. } => Opcode::Write,
+            Operation::Read { .. } => Opcode::Read,
+            Operation::CompareSwap { .. } => Opcode::CompareSwap,
+            Operation::FetchAdd { .. } => Opcode::FetchAdd,
+            Operation::Swap { .. } => Opcode::Swap,
+            Operation::BindWindow { .. } => Opcode::BindWindow,
+            Operation::RevokeWindow { .. } => Opcode::RevokeWindow,
+            Operation::Query => Opcode::Query,
+        }
+    }
+}
+
+/// One work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// Returned unchanged in the completion.
+    pub user_data: u64,
+    /// Signalling and ordering.
+    pub flags: WrFlags,
+    /// What to do.
+    pub op: Operation,
+}
+
+/// The raw fields of the layout, before and after interpretation.
+#[derive(Default)]
+struct Fields {
+    remote_port: u16,
+    len: u32,
+    local: u64,
+    remote_offset: u64,
+    remote_key: u32,
+    aux: u32,
+    operand0: u64,
+    operand1: u64,
+}
+
+impl WorkRequest {
+    /// Encoded size in bytes.
+    pub const SIZE: usize = 64;
+
+    /// Encodes the request.
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut fields = Fields::default();
+        let set_remote = |fields: &mut Fields, remote: &RemoteAddress| {
+            fields.remote_port = remote.port;
+            fields.remote_key = remote.key.0;
+            fields.remote_offset = remote.offset;
+        };
+        match self.op {
+            Operation::Nop | Operation::Query => {}
+            Operation::Write { local, len, remote } | Operation::Read { local, len, remote } => {
+                fields.local = local;
+                fields.len = len;
+                set_remote(&mut fields, &remote);
+            }
+            Operation::CompareSwap {
+                remote,
+                width,
+                compare,
+                swap,
+            } => {
+                set_remote(&mut fields, &remote);
+                fields.aux = width.bytes();
+                fields.operand0 = compare;
+                fields.operand1 = swap;
+            }
+            Operation::FetchAdd { remote, width, add } => {
+                set_remote(&mut fields, &remote);
+                fields.aux = width.bytes();
+                fields.operand0 = add;
+            }
+            Operation::Swap {
+                remote,
+                width,
+                value,
+            } => {
+                set_remote(&mut fields, &remote);
+                fields.aux = width.bytes();
+                fields.operand0 = value;
+            }
+            Operation::BindWindow { start, len, access } => {
+                fields.local = start;
+                fields.operand0 = len;
+                fields.aux = access.bits();
+            }
+            Operation::RevokeWindow { key } => fields.remote_key = key.0,
+        }
+        let mut bytes = [0u8; Self::SIZE];
+        bytes[0] = self.op.opcode() as u8;
+        bytes[1] = self.flags.bits();
+        bytes[2..4].copy_from_slice(&fields.remote_port.to_le_bytes());
+        bytes[4..8].copy_from_slice(&fields.len.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.user_data.to_le_bytes());
+        bytes[16..24].copy_from_slice(&fields.local.to_le_bytes());
+        bytes[24..32].copy_from_slice(&fields.remote_offset.to_le_bytes());
+        bytes[32..36].copy_from_slice(&fields.remote_key.to_le_bytes());
+        bytes[36..40].copy_from_slice(&fields.aux.to_le_bytes());
+        bytes[40..48].copy_from_slice(&fields.operand0.to_le_bytes());
+        bytes[48..56].copy_from_slice(&fields.operand1.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes and validates a request. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<WorkRequest, DecodeError> {
+        need(bytes, Self::SIZE)?;
+        let opcode = Opcode::from_u8(bytes[0])?;
+        let flags = WrFlags::from_bits(bytes[1]).ok_or(DecodeError::UnknownFlags(bytes[1]))?;
+        if flags.contains(WrFlags::PATTERN) {
+            return Err(DecodeError::Reserved("pattern descriptors"));
+        }
+        reserved_zero(bytes, 56..64)?;
+        let fields = Fields {
+            remote_port: le_u16(bytes, 2),
+            len: le_u32(bytes, 4),
+            local: le_u64(bytes, 16),
+            remote_offset: le_u64(bytes, 24),
+            remote_key: le_u32(bytes, 32),
+            aux: le_u32(bytes, 36),
+            operand0: le_u64(bytes, 40),
+            operand1: le_u64(bytes, 48),
+        };
+        let remote = RemoteAddress {
+            port: fields.remote_port,
+            key: RemoteKey(fields.remote_key),
+            offset: fields.remote_offset,
+        };
+        // Which fields the operation uses; the others must be zero.
+        struct Uses {
+            remote: bool,
+            len: bool,
+            local: bool,
+            aux: bool,
+            operand0: bool,
+            operand1: bool,
+            key_only: bool,
+        }
+        let none = Uses {
+            remote: false,
+            len: false,
+            local: false,
+            aux: false,
+            operand0: false,
+            operand1: false,
+            key_only: false,
+        };
+        let (op, uses) = match opcode {
+            Opcode::Nop => (Operation::Nop, none),
+            Opcode::Query => (Operation::Query, none),
+            Opcode::Write | Opcode::Read => {
+                let op = if opcode == Opcode::Write {
+                    Operation::Write {
+                        local: fields.local,
+                        len: fields.len,
+                        remote,
+                    }
+                } else {
+                    Operation::Read {
+                        local: fields.local,
+                        len: fields.len,
+                        remote,
+                    }
+                };
+                let uses = Uses {
+                    remote: true,
+                    len: true,
+                    local: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::CompareSwap | Opcode::FetchAdd | Opcode::Swap => {
+                let width = AtomicWidth::from_bytes(fields.aux)?;
+                let first = width.check_operand("operand 0", fields.operand0)?;
+                let op = match opcode {
+                    Opcode::CompareSwap => Operation::CompareSwap {
+                        remote,
+                        width,
+                        compare: first,
+                        swap: width.check_operand("operand 1", fields.operand1)?,
+                    },
+                    Opcode::FetchAdd => Operation::FetchAdd {
+                        remote,
+                        width,
+                        add: first,
+                    },
+                    _ => Operation::Swap {
+                        remote,
+                        width,
+                        value: first,
+                    },
+                };
+                let uses = Uses {
+                    remote: true,
+                    aux: true,
+                    operand0: true,
+                    operand1: opcode == Opcode::CompareSwap,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::BindWindow => {
+                let access = Access::from_bits(fields.aux)
+                    .filter(|access| !access.is_empty())
+                    .ok_or(DecodeError::BadAccess(fields.aux))?;
+                if fields.operand0 == 0 || fields.local.checked_add(fields.operand0).is_none() {
+                    return Err(DecodeError::OutOfRange {
+                        field: "window length",
+                        value: fields.operand0,
+                    });
+                }
+                let op = Operation::BindWindow {
+                    start: fields.local,
+                    len: fields.operand0,
+                    access,
+                };
+                let uses = Uses {
+                    local: true,
+                    aux: true,
+                    operand0: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::RevokeWindow => (
+                Operation::RevokeWindow {
+                    key: RemoteKey(fields.remote_key),
+                },
+                Uses {
+                    key_only: true,
+                    ..none
+                },
+            ),
+        };
+        let unused_nonzero = [
+            (!uses.remote && !uses.key_only && fields.remote_key != 0, 32),
+            (!uses.remote && fields.remote_port != 0, 2),
+            (!uses.remote && fields.remote_offset != 0, 24),
+            (!uses.len && fields.len != 0, 4),
+            (!uses.local && fields.local != 0, 16),
+            (!uses.aux && fields.aux != 0, 36),
+            (!uses.operand0 && fields.operand0 != 0, 40),
+            (!uses.operand1 && fields.operand1 != 0, 48),
+        ];
+        if let Some(&(_, offset)) = unused_nonzero.iter().find(|(bad, _)| *bad) {
+            return Err(DecodeError::ReservedNotZero { offset });
+        }
+        Ok(WorkRequest {
+            user_data: le_u64(bytes, 8),
+            flags,
+            op,
+        })
+    }
+}

@@ -1,0 +1,209 @@
+//! Round trips and hostile bytes.
+
+use proptest::prelude::*;
+use uapi::{
+    Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, RemoteAddress,
+    RemoteKey, Status, WorkRequest, WrFlags,
+};
+
+fn remote() -> impl Strategy<Value = RemoteAddress> {
+    (any::<u16>(), any::<u32>(), any::<u64>()).prop_map(|(port, key, offset)| RemoteAddress {
+        port,
+        key: RemoteKey(key),
+        offset,
+    })
+}
+
+fn width() -> impl Strategy<Value = AtomicWidth> {
+    prop_oneof![Just(AtomicWidth::Four), Just(AtomicWidth::Eight)]
+}
+
+fn operand(width: AtomicWidth) -> impl Strategy<Value = u64> {
+    match width {
+        AtomicWidth::Four => (0..=u64::from(u32::MAX)).boxed(),
+        AtomicWidth::Eight => any::<u64>().boxed(),
+    }
+}
+
+fn operation() -> impl Strategy<Value = Operation> {
+    prop_oneof![
+        Just(Operation::Nop),
+        Just(Operation::Query),
+        (any::<u64>(), any::<u32>(), remote()).prop_map(|(local, len, remote)| Operation::Write {
+            local,
+            len,
+            remote
+        }),
+        (any::<u64>(), any::<u32>(), remote()).prop_map(|(local, len, remote)| Operation::Read {
+            local,
+            len,
+            remote
+        }),
+        (remote(), width()).prop_flat_map(|(remote, width)| (operand(width), operand(width))
+            .prop_map(move |(compare, swap)| Operation::CompareSwap {
+                remote,
+                width,
+                compare,
+                swap
+            })),
+        (remote(), width()).prop_flat_map(|(remote, width)| operand(width)
+            .prop_map(move |add| Operation::FetchAdd { remote, width, add })),
+        (remote(), width()).prop_flat_map(|(remote, width)| operand(width).prop_map(
+            move |value| Operation::Swap {
+                remote,
+                width,
+                value
+            }
+        )),
+        (0u64..1 << 62, 1u64..1 << 40, 1u32..8).prop_map(|(start, len, access)| {
+            Operation::BindWindow {
+                start,
+                len,
+                access: Access::from_bits_truncate(access),
+            }
+        }),
+        any::<u32>().prop_map(|key| Operation::RevokeWindow {
+            key: RemoteKey(key)
+        }),
+    ]
+}
+
+fn request() -> impl Strategy<Value = WorkRequest> {
+    (any::<u64>(), 0u8..4, operation()).prop_map(|(user_data, flags, op)| WorkRequest {
+        user_data,
+        flags: WrFlags::from_bits_truncate(flags),
+        op,
+    })
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(request in request()) {
+        prop_assert_eq!(WorkRequest::decode(&request.encode()), Ok(request));
+    }
+
+    #[test]
+    fn random_bytes_never_panic_and_accepted_ones_re_encode(bytes in prop::collection::vec(any::<u8>(), 0..80)) {
+        if let Ok(request) = WorkRequest::decode(&bytes) {
+            prop_assert_eq!(&request.encode()[..], &bytes[..WorkRequest::SIZE]);
+        }
+        if let Ok(completion) = Completion::decode(&bytes) {
+            prop_assert_eq!(&completion.encode()[..], &bytes[..Completion::SIZE]);
+        }
+    }
+
+    #[test]
+    fn mutated_valid_requests_never_panic(request in request(), at in 0usize..64, byte in any::<u8>()) {
+        let mut bytes = request.encode();
+        bytes[at] = byte;
+        if let Ok(decoded) = WorkRequest::decode(&bytes) {
+            prop_assert_eq!(decoded.encode(), bytes);
+        }
+    }
+
+    #[test]
+    fn completions_round_trip(user_data in any::<u64>(), len in any::<u32>(), value in any::<u64>()) {
+        let completion = Completion::success(user_data, Opcode::FetchAdd, len, value);
+        prop_assert_eq!(Completion::decode(&completion.encode()), Ok(completion));
+        let failed = Completion::error(user_data, None, Status::InvalidRequest, ErrorDetail::Malformed);
+        prop_assert_eq!(Completion::decode(&failed.encode()), Ok(failed));
+    }
+}
+
+#[test]
+fn the_layout_is_fixed_little_endian() {
+    let request = WorkRequest {
+        user_data: 0x1122_3344_5566_7788,
+        flags: WrFlags::SIGNALED,
+        op: Operation::Write {
+            local: 0xAAAA_0000,
+            len: 7,
+            remote: RemoteAddress {
+                port: 3,
+                key: RemoteKey(0x0102_0304),
+                offset: 9,
+            },
+        },
+    };
+    let bytes = request.encode();
+    assert_eq!(bytes[0], Opcode::Write as u8);
+    assert_eq!(bytes[1], 1);
+    assert_eq!(&bytes[2..4], &[3, 0]);
+    assert_eq!(&bytes[4..8], &[7, 0, 0, 0]);
+    assert_eq!(&bytes[8..16], &0x1122_3344_5566_7788u64.to_le_bytes());
+    assert_eq!(&bytes[32..36], &[4, 3, 2, 1]);
+}
+
+#[test]
+fn invalid_fields_are_named() {
+    let valid = WorkRequest {
+        user_data: 1,
+        flags: WrFlags::empty(),
+        op: Operation::FetchAdd {
+            remote: RemoteAddress {
+                port: 0,
+                key: RemoteKey(1),
+                offset: 8,
+            },
+            width: AtomicWidth::Eight,
+            add: 1,
+        },
+    }
+    .encode();
+    let mut bad = valid;
+    bad[36] = 3;
+    assert_eq!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::BadAtomicWidth(3))
+    );
+    let mut bad = valid;
+    bad[48] = 1;
+    assert_eq!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::ReservedNotZero { offset: 48 })
+    );
+    let mut bad = valid;
+    bad[0] = 0x12;
+    assert_eq!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::Reserved("vector transfer"))
+    );
+    let mut bad = valid;
+    bad[0] = 0x99;
+    assert_eq!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::UnknownOpcode(0x99))
+    );
+    let mut bad = valid;
+    bad[1] = 0x40;
+    assert_eq!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::UnknownFlags(0x40))
+    );
+    assert_eq!(
+        WorkRequest::decode(&valid[..10]),
+        Err(DecodeError::Truncated {
+            needed: 64,
+            got: 10
+        })
+    );
+    let four = WorkRequest {
+        user_data: 1,
+        flags: WrFlags::empty(),
+        op: Operation::Swap {
+            remote: RemoteAddress {
+                port: 0,
+                key: RemoteKey(1),
+                offset: 8,
+            },
+            width: AtomicWidth::Four,
+            value: 5,
+        },
+    };
+    let mut bad = four.encode();
+    bad[44] = 1; // operand 0 above u32::MAX
+    assert!(matches!(
+        WorkRequest::decode(&bad),
+        Err(DecodeError::OutOfRange { .. })
+    ));
+}
