@@ -29,6 +29,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Pinner, Policy};
 use pindown_benches::sys::{self, LockBudget, Mapping};
 use pindown_benches::traces::SplitMix64;
+use pindown_benches::unmap::{UnmapCase, UnmapRun};
 
 /// Sizes, in pages, of the `miss_mlock` and `raw_mlock_munlock` benchmarks.
 const MISS_PAGES: [usize; 5] = [1, 16, 256, 1024, 4096];
@@ -329,100 +330,24 @@ fn bench_miss_noop(c: &mut Criterion) {
     }
 }
 
-/// Maps one page, faults it in and hands it to `prepare`; then times the
-/// `unmap` of it. Repeats `iters` times; returns the summed unmap times
-/// (each includes the cost of reading the clock once).
-fn timed_unmaps(
-    iters: u64,
-    mut prepare: impl FnMut(usize, usize),
-    mut unmap: impl FnMut(usize, usize),
-) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        let (addr, len) = Mapping::new(page_size()).expect("mmap").into_raw();
-        prepare(addr, len);
-        let start = Instant::now();
-        unmap(addr, len);
-        total += start.elapsed();
-    }
-    total
-}
-
-fn plain_munmap(addr: usize, len: usize) {
-    // SAFETY: the mapping was just made by `timed_unmaps` and given up with
-    // `into_raw`; nothing refers to it any more.
-    unsafe { sys::munmap(addr, len) }.expect("munmap");
-}
-
-fn hook_unmap(addr: usize, len: usize) {
-    // SAFETY: as for `plain_munmap`; the cache's regions there are dropped
-    // by the hook before the pages go.
-    unsafe { pincache::unmap(addr as *mut u8, len) }.expect("pincache::unmap");
-}
-
 fn bench_unmap(c: &mut Criterion) {
     let mut group = c.benchmark_group("unmap");
-    group.bench_function("munmap", |b| {
-        b.iter_custom(|iters| timed_unmaps(iters, |_, _| {}, plain_munmap))
-    });
-    group.bench_function("munmap_mlocked", |b| {
-        b.iter_custom(|iters| {
-            timed_unmaps(
-                iters,
-                |addr, len| sys::mlock(addr, len).expect("mlock"),
-                plain_munmap,
-            )
-        })
-    });
-
-    let cache = mlock_cache(CacheConfig::default());
-    group.bench_function("pincache_unmap", |b| {
-        b.iter_custom(|iters| timed_unmaps(iters, |addr, len| warm(&cache, addr, len), hook_unmap))
-    });
-    check_invalidated("pincache_unmap", &cache);
-    drop(cache);
-
-    let monitored = PinCache::new(
-        MlockPinner::new(),
-        CacheConfig {
-            max_pinned_bytes: Some(lock_budget().max_pinned_bytes()),
-            monitor: true,
-            ..CacheConfig::default()
-        },
-    );
-    match monitored {
-        Ok(cache) => {
-            group.bench_function("pincache_unmap_monitored", |b| {
-                b.iter_custom(|iters| {
-                    timed_unmaps(iters, |addr, len| warm(&cache, addr, len), hook_unmap)
-                })
-            });
-            group.bench_function("munmap_caught_by_monitor", |b| {
-                b.iter_custom(|iters| {
-                    timed_unmaps(iters, |addr, len| warm(&cache, addr, len), plain_munmap)
-                })
-            });
-            check_invalidated("munmap_caught_by_monitor", &cache);
+    for case in UnmapCase::ALL {
+        let run = match UnmapRun::new(case, lock_budget().max_pinned_bytes()) {
+            Ok(run) => run,
+            Err(e) => {
+                eprintln!("unmap/{}: skipped ({e})", case.name());
+                continue;
+            }
+        };
+        group.bench_function(case.name(), |b| {
+            b.iter_custom(|iters| run.total(iters).expect("unmap"))
+        });
+        if let Err(e) = run.check_invalidated() {
+            eprintln!("unmap/{}: {e}", case.name());
         }
-        Err(e) => eprintln!("unmap with the userfaultfd monitor: skipped ({e})"),
     }
     group.finish();
-}
-
-/// Every region the unmap benchmarks pinned must be gone from the cache.
-fn check_invalidated<P: Pinner + 'static>(name: &str, cache: &PinCache<P>) {
-    // The monitor applies events on its own thread: give it a moment.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while cache.stats().pinned_entries != 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let stats = cache.stats();
-    if stats.pinned_entries != 0 || stats.evictions != 0 {
-        eprintln!(
-            "{name}: unmapped regions were not all invalidated: {} still pinned, {} evicted",
-            stats.pinned_entries, stats.evictions
-        );
-    }
 }
 
 criterion_group!(

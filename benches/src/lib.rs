@@ -7,6 +7,8 @@
 //!   facts.
 //! * [`stats`]: medians and least-squares fits.
 //! * [`output`]: the progress display and the JSON document.
+//! * [`unmap`]: the timed `munmap` of a one-page mapping, plain or of a
+//!   region a cache holds, invalidated through the hook or by the monitor.
 //!
 //! The binaries `pin-hitrate` and `pin-cost`, the criterion benchmark and the
 //! integration tests all use these modules, so that what the tests check is
@@ -19,3 +21,4 @@ pub mod replay;
 pub mod stats;
 pub mod sys;
 pub mod traces;
+pub mod unmap;

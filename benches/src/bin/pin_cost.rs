@@ -1,11 +1,14 @@
 //! `pin-cost`: cost of a pin-down cache miss and hit with the `mlock`
 //! pinner, by region size, next to raw `mlock`/`munlock`, with a
 //! least-squares fit `miss_us = a + b * pages` (the form of table 2 of the PM
-//! pin-down cache paper). Prints one JSON document on stdout.
+//! pin-down cache paper), and the per-`munmap` cost of invalidation next to a
+//! plain `munmap` (the cases of the criterion group `unmap`, see
+//! [`pindown_benches::unmap`]). Prints one JSON document on stdout.
 //!
 //! Every figure is a median over many repetitions timed with
 //! `std::time::Instant`. Raw and cached repetitions are interleaved so that
-//! drift in the machine affects both alike.
+//! drift in the machine affects both alike; so are the `munmap` cases, in
+//! batches.
 
 use std::error::Error;
 use std::time::{Duration, Instant};
@@ -18,6 +21,7 @@ use pindown_benches::output::OutputArgs;
 use pindown_benches::replay::duration_ns;
 use pindown_benches::stats::{fit_line, median, LineFit};
 use pindown_benches::sys::{mlock, munlock, LockBudget, Machine, Mapping};
+use pindown_benches::unmap::{UnmapCase, UnmapRun};
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -47,6 +51,10 @@ struct RepPolicy {
     /// Hits timed per batch (a single hit is below the clock's resolution).
     hit_batch: usize,
     hit_batches: usize,
+    /// Unmappings timed per `munmap` case.
+    unmap_reps: u64,
+    /// Unmappings of one case in a row before the next case's turn.
+    unmap_batch: u64,
 }
 
 /// Medians for one region size; times in microseconds unless named `_ns`.
@@ -103,6 +111,54 @@ struct Reference {
     hit_over_miss_1page: f64,
 }
 
+/// One `munmap` case: median time per unmapping.
+#[derive(Debug, Serialize)]
+struct UnmapCaseResult {
+    case: &'static str,
+    /// Unmappings timed.
+    reps: usize,
+    /// `null` if the case could not run (see `error`).
+    median_us: Option<f64>,
+    /// `median_us` over the plain `munmap`'s.
+    over_munmap: Option<f64>,
+    /// Why the case did not run, or what the invalidation check found.
+    error: Option<String>,
+}
+
+/// The figure the hook is meant to be set against.
+#[derive(Debug, Serialize)]
+struct UnmapReference {
+    source: &'static str,
+    /// UCX's in-process memory hooks: invalidation of a one-page mlocked
+    /// region, per unmapping.
+    ucx_hook_1page_mlocked_us: f64,
+    target: &'static str,
+    /// Most `pincache_unmap_monitored` may cost to meet the target.
+    target_us: f64,
+    /// `pincache_unmap_monitored` over the UCX figure.
+    pincache_unmap_monitored_over_ucx: Option<f64>,
+    /// `null` if the monitored case did not run.
+    target_met: Option<bool>,
+}
+
+/// Per-`munmap` cost of invalidation next to a plain `munmap`.
+#[derive(Debug, Serialize)]
+struct UnmapReport {
+    /// One-page mappings, each unmapped once.
+    bytes: usize,
+    cases: Vec<UnmapCaseResult>,
+    /// Why the userfaultfd monitor could not start, if it could not.
+    monitor_unavailable: Option<String>,
+    reference: UnmapReference,
+}
+
+/// UCX's in-process memory hooks invalidate a one-page mlocked region in
+/// this many microseconds (measured on the machines these programs run on).
+const UCX_HOOK_US: f64 = 2.4;
+/// The hook with the monitor running should cost at most this many times
+/// [`UCX_HOOK_US`].
+const UCX_TARGET_FACTOR: f64 = 2.0;
+
 #[derive(Serialize)]
 struct Report {
     program: &'static str,
@@ -116,6 +172,7 @@ struct Report {
     fit: Fits,
     ratios: Ratios,
     reference_pm_table2: Reference,
+    unmap: UnmapReport,
     elapsed_s: f64,
 }
 
@@ -188,6 +245,79 @@ fn measure_size(
     })
 }
 
+/// Times every [`UnmapCase`] `reps.unmap_reps` times, in turns of
+/// `reps.unmap_batch`; a case whose cache cannot be created is reported with
+/// the reason and skipped.
+fn measure_unmap(budget: &LockBudget, reps: &RepPolicy) -> UnmapReport {
+    let mut samples: Vec<Vec<f64>> = UnmapCase::ALL.iter().map(|_| Vec::new()).collect();
+    let mut errors: Vec<Option<String>> = UnmapCase::ALL.iter().map(|_| None).collect();
+    let mut monitor_unavailable = None;
+    let mut done = 0;
+    while done < reps.unmap_reps {
+        let n = reps.unmap_batch.min(reps.unmap_reps - done);
+        for (i, &case) in UnmapCase::ALL.iter().enumerate() {
+            if errors[i].is_some() {
+                continue;
+            }
+            // A fresh cache for each turn, so that the hook finds only this
+            // case's cache in the process, as in the criterion group.
+            let run = match UnmapRun::new(case, budget.max_pinned_bytes()) {
+                Ok(run) => run,
+                Err(e) => {
+                    if case.monitored() {
+                        monitor_unavailable.get_or_insert_with(|| e.to_string());
+                    }
+                    errors[i] = Some(e.to_string());
+                    continue;
+                }
+            };
+            errors[i] = match run.time(n, |d| samples[i].push(us(d))) {
+                Ok(()) => run.check_invalidated().err(),
+                Err(e) => Some(e.to_string()),
+            };
+        }
+        done += n;
+    }
+
+    let medians: Vec<Option<f64>> = samples
+        .iter_mut()
+        .map(|s| (!s.is_empty()).then(|| median(s)))
+        .collect();
+    let plain = UnmapCase::ALL
+        .iter()
+        .position(|&case| case == UnmapCase::Munmap)
+        .and_then(|i| medians[i]);
+    let cases: Vec<UnmapCaseResult> = UnmapCase::ALL
+        .iter()
+        .zip(medians.iter().zip(samples.iter().zip(errors)))
+        .map(|(case, (&median_us, (s, error)))| UnmapCaseResult {
+            case: case.name(),
+            reps: s.len(),
+            median_us,
+            over_munmap: median_us.zip(plain).map(|(m, p)| m / p),
+            error,
+        })
+        .collect();
+    let monitored_hook = cases
+        .iter()
+        .find(|c| c.case == UnmapCase::PincacheUnmapMonitored.name())
+        .and_then(|c| c.median_us);
+    let target_us = UCX_TARGET_FACTOR * UCX_HOOK_US;
+    UnmapReport {
+        bytes: page_size(),
+        cases,
+        monitor_unavailable,
+        reference: UnmapReference {
+            source: "UCX in-process memory hooks, measured on these machines",
+            ucx_hook_1page_mlocked_us: UCX_HOOK_US,
+            target: "pincache_unmap_monitored within 2x of the UCX hook",
+            target_us,
+            pincache_unmap_monitored_over_ucx: monitored_hook.map(|m| m / UCX_HOOK_US),
+            target_met: monitored_hook.map(|m| m <= target_us),
+        },
+    }
+}
+
 fn fit_of(sizes: &[SizeResult], y: impl Fn(&SizeResult) -> f64) -> Option<LineFit> {
     let points: Vec<(f64, f64)> = sizes.iter().map(|s| (s.pages as f64, y(s))).collect();
     fit_line(&points)
@@ -228,6 +358,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             budget_ms: 40,
             hit_batch: 1000,
             hit_batches: 31,
+            unmap_reps: 300,
+            unmap_batch: 50,
         }
     } else {
         RepPolicy {
@@ -236,6 +368,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             budget_ms: 250,
             hit_batch: 1000,
             hit_batches: 101,
+            unmap_reps: 2000,
+            unmap_batch: 50,
         }
     };
     let config = CacheConfig {
@@ -246,7 +380,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let cache = PinCache::new(MlockPinner::new(), config)?;
 
-    let bar = args.output.progress_bar(candidates.len() as u64);
+    let bar = args.output.progress_bar(candidates.len() as u64 + 1);
     let mut sizes = Vec::new();
     for &pages in &candidates {
         bar.set_message(format!("{pages} pages"));
@@ -264,9 +398,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         bar.inc(1);
     }
-    bar.finish_and_clear();
+    // No other cache may be live while the unmappings are timed: the hook
+    // would visit it too.
     drop(cache);
     drop(mapping);
+    bar.set_message("munmap");
+    let unmap = measure_unmap(&budget, &reps);
+    bar.inc(1);
+    bar.finish_and_clear();
 
     let one = sizes.iter().find(|s| s.pages == 1);
     let hit_us = one.map(|s| s.hit_ns / 1e3);
@@ -297,6 +436,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         sizes,
         skipped,
         hit_us,
+        unmap,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
     args.output.emit_json(&report)
