@@ -60,21 +60,34 @@ impl Pinner for TrackingPinner {
     }
 }
 
-/// Maps `len` bytes of fresh anonymous memory.
+/// Where test mappings go: far below where the kernel places mappings on
+/// its own (top-down from just under the stack), so that a hole a test leaves
+/// by unmapping is never filled by another thread's allocation before the
+/// test maps the same address again.
+static NEXT_TEST_ADDRESS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0x1000_0000_0000);
+
+/// Maps `len` bytes of fresh anonymous memory in the test area.
 pub fn map_anonymous(len: usize) -> *mut u8 {
-    // SAFETY: a private anonymous mapping of fresh memory; checked below.
-    let pointer = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(pointer, libc::MAP_FAILED, "mmap failed");
-    pointer.cast()
+    loop {
+        let slot = len.next_multiple_of(1 << 21) + (1 << 21);
+        let hint = NEXT_TEST_ADDRESS.fetch_add(slot, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let pointer = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if pointer as usize == hint {
+            return pointer.cast();
+        }
+        assert!(hint < 0x4000_0000_0000, "no room for test mappings");
+    }
 }
 
 /// Maps `len` bytes of fresh anonymous memory at exactly `addr`.
@@ -91,7 +104,12 @@ pub fn map_anonymous_at(addr: *mut u8, len: usize) -> *mut u8 {
             0,
         )
     };
-    assert_eq!(pointer.cast(), addr, "could not map again at {addr:?}");
+    assert_eq!(
+        pointer.cast(),
+        addr,
+        "could not map again at {addr:?}: {}",
+        std::io::Error::last_os_error()
+    );
     pointer.cast()
 }
 
