@@ -1,0 +1,962 @@
+//! The transport layer: how the driver reaches and configures the device.
+//!
+//! [`Transport`] is everything the queue and memory layers need from a
+//! device connection: feature negotiation, the memory table, queue set-up,
+//! doorbells, completion events and IOTLB entries. [`VhostUserTransport`]
+//! implements it as an embedded vhost-user frontend over a unix socket (the
+//! host case: the driver shares its memfd-backed arena with the device
+//! process); a VFIO virtio-pci transport (the guest case) implements the same
+//! trait without changes above this layer.
+//!
+//! # Device conventions
+//!
+//! The device is a virtio-net device. With `P` queue pairs (what
+//! `GET_QUEUE_NUM` returns), rings `2i` and `2i + 1` are the receive and
+//! transmit queues of pair `i`, ring `2P` is the RDMA send queue and ring
+//! `2P + 1` the RDMA completion queue ([`QueueIndex`]).
+//!
+//! With `VIRTIO_F_ACCESS_PLATFORM` negotiated, every address the driver hands
+//! the device (ring addresses, buffer addresses) is an IOVA that the device
+//! translates only through the IOTLB entries the driver installed
+//! ([`Transport::iotlb_map`]). The driver uses identity IOVAs (IOVA = its own
+//! virtual address), so entries map `[iova, iova + len)` onto the same
+//! userspace addresses.
+
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
+use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::ByteValued;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arena::MemoryRegion;
+use crate::virtqueue::QueueLayout;
+
+/// Feature bit: virtio 1.x device.
+pub const F_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+/// Feature bit: the device translates addresses through an IOMMU (IOTLB).
+pub const F_ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+/// Feature bit: event-index interrupt and notification suppression.
+pub const F_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+/// Feature bit (virtio-net): several queue pairs.
+pub const F_NET_MQ: u64 = 1 << VIRTIO_NET_F_MQ;
+/// Feature bit (virtio-net): the device has a MAC address.
+pub const F_NET_MAC: u64 = 1 << VIRTIO_NET_F_MAC;
+/// Feature bit (vhost-user): the backend speaks protocol features.
+pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// The virtio features the driver asks for by default.
+pub const DEFAULT_FEATURES: u64 =
+    F_VERSION_1 | F_ACCESS_PLATFORM | F_EVENT_IDX | F_NET_MQ | F_NET_MAC;
+
+/// Index of a ring of the device.
+pub type QueueIndex = u16;
+
+/// Ring index of the receive queue of net queue pair `pair`.
+pub fn net_rx_queue(pair: u16) -> QueueIndex {
+    2 * pair
+}
+
+/// Ring index of the transmit queue of net queue pair `pair`.
+pub fn net_tx_queue(pair: u16) -> QueueIndex {
+    2 * pair + 1
+}
+
+/// Ring index of the RDMA send queue of a device with `pairs` net queue pairs.
+pub fn rdma_send_queue(pairs: u16) -> QueueIndex {
+    2 * pairs
+}
+
+/// Ring index of the RDMA completion queue of a device with `pairs` net
+/// queue pairs.
+pub fn rdma_completion_queue(pairs: u16) -> QueueIndex {
+    2 * pairs + 1
+}
+
+/// What the device may do with an IOTLB mapping (the `perm` values of
+/// `struct vhost_iotlb_msg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Access {
+    /// The device may read.
+    ReadOnly = 1,
+    /// The device may write.
+    WriteOnly = 2,
+    /// The device may read and write.
+    ReadWrite = 3,
+}
+
+/// Why a transport operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The socket could not be connected.
+    #[error("cannot connect to the vhost-user socket {path}: {source}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The device closed the connection (or it broke).
+    #[error("the device closed the vhost-user connection during {request}")]
+    Disconnected {
+        /// The request in progress.
+        request: &'static str,
+    },
+    /// The device did not answer in time.
+    #[error("the device did not answer {request} within {timeout:?}")]
+    Timeout {
+        /// The request in progress.
+        request: &'static str,
+        /// How long the driver waited.
+        timeout: Duration,
+    },
+    /// The device answered with a failure status.
+    #[error("the device rejected {request} (status {status})")]
+    Rejected {
+        /// The request.
+        request: &'static str,
+        /// The status it returned (non-zero).
+        status: u64,
+    },
+    /// The exchange did not follow the protocol.
+    #[error("vhost-user {request} failed: {reason}")]
+    Protocol {
+        /// The request.
+        request: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The device lacks features the driver cannot do without.
+    #[error("the device does not offer the required {kind} features {missing:#x}")]
+    MissingFeatures {
+        /// `"virtio"` or `"vhost-user protocol"`.
+        kind: &'static str,
+        /// The missing bits.
+        missing: u64,
+    },
+    /// No such ring.
+    #[error("queue {index} does not exist (the device has {count} queues)")]
+    NoSuchQueue {
+        /// The ring asked for.
+        index: QueueIndex,
+        /// Rings the device has.
+        count: u16,
+    },
+    /// The ring was not set up with [`Transport::setup_queue`].
+    #[error("queue {0} is not set up")]
+    QueueNotSetUp(QueueIndex),
+    /// An argument is out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A local system call failed.
+    #[error("{operation} failed: {source}")]
+    Io {
+        /// The operation.
+        operation: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// An earlier failure left the connection out of step; reconnect.
+    #[error("the vhost-user connection is unusable after an earlier failure: {0}")]
+    Broken(String),
+}
+
+/// A completion wait handle: an eventfd the device signals when it wants the
+/// driver to look at a queue's used ring.
+#[derive(Debug, Clone)]
+pub struct CompletionEvent {
+    fd: Arc<EventFd>,
+}
+
+impl CompletionEvent {
+    /// Wraps an eventfd (non-blocking mode expected).
+    pub fn new(fd: Arc<EventFd>) -> Self {
+        Self { fd }
+    }
+
+    /// The descriptor to poll or epoll on (readable when signalled).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the eventfd is owned by the Arc `self` holds, so it stays
+        // open for the lifetime of the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.fd.as_raw_fd()) }
+    }
+
+    /// Consumes pending signals without blocking; returns how many there
+    /// were (0 if none).
+    pub fn take(&self) -> io::Result<u64> {
+        match self.fd.read() {
+            Ok(count) => Ok(count),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Blocks until signalled or until `timeout` passes (forever if `None`);
+    /// consumes the signal. Returns whether it was signalled.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        if !poll_readable(self.fd.as_raw_fd(), timeout)? {
+            return Ok(false);
+        }
+        Ok(self.take()? > 0)
+    }
+}
+
+/// Waits until `fd` is readable (or hung up); `false` on timeout.
+fn poll_readable(fd: i32, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    loop {
+        // SAFETY: one pollfd that we own, count 1.
+        let ready = unsafe { libc::poll(&mut pfd, 1, millis) };
+        if ready >= 0 {
+            return Ok(ready > 0);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// What the layers above need from a connection to the device.
+///
+/// Implementations are shared between threads; doorbells
+/// ([`notify`](Self::notify)) must be cheap and must not wait for control
+/// operations in progress on other queues.
+pub trait Transport: Send + Sync {
+    /// The virtio features the device offers.
+    fn device_features(&self) -> u64;
+
+    /// Acknowledges `wanted & offered` and returns the accepted set. Must
+    /// precede queue set-up.
+    fn negotiate_features(&self, wanted: u64) -> Result<u64, TransportError>;
+
+    /// The features accepted by the last negotiation (0 before).
+    fn features(&self) -> u64;
+
+    /// Number of rings the device has (net pairs plus RDMA queues).
+    fn num_queues(&self) -> u16;
+
+    /// Number of virtio-net queue pairs.
+    fn queue_pairs(&self) -> u16;
+
+    /// Tells the device which memory it may map (replacing any earlier
+    /// table). Every address the driver hands the device lies in one of
+    /// these regions.
+    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError>;
+
+    /// Sets up ring `index` from `layout` (size, addresses, starting at index
+    /// 0) and creates its doorbell and completion event. With
+    /// `ACCESS_PLATFORM`, first installs an IOTLB entry covering the ring
+    /// memory. The ring stays disabled until [`enable_queue`](Self::enable_queue).
+    fn setup_queue(&self, index: QueueIndex, layout: &QueueLayout) -> Result<(), TransportError>;
+
+    /// Enables or disables ring `index`.
+    fn enable_queue(&self, index: QueueIndex, enabled: bool) -> Result<(), TransportError>;
+
+    /// Rings the doorbell of ring `index` (new available buffers).
+    fn notify(&self, index: QueueIndex) -> Result<(), TransportError>;
+
+    /// The completion wait handle of ring `index`.
+    fn completion_event(&self, index: QueueIndex) -> Result<CompletionEvent, TransportError>;
+
+    /// Whether addresses are translated through the IOTLB
+    /// (`ACCESS_PLATFORM` negotiated). If not, [`iotlb_map`](Self::iotlb_map)
+    /// and [`iotlb_unmap`](Self::iotlb_unmap) succeed without doing anything.
+    fn iotlb_enabled(&self) -> bool;
+
+    /// Lets the device reach `[iova, iova + len)` with `access`; the bytes
+    /// are at `uaddr` in this process (inside a registered region).
+    fn iotlb_map(
+        &self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        access: Access,
+    ) -> Result<(), TransportError>;
+
+    /// Removes the device's translations of `[iova, iova + len)`.
+    fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError>;
+}
+
+/// How to connect a [`VhostUserTransport`].
+#[derive(Debug, Clone)]
+pub struct VhostUserConfig {
+    /// Protocol features to use if offered. `REPLY_ACK` is required (every
+    /// IOTLB update is confirmed before the driver relies on it).
+    pub protocol_features: VhostUserProtocolFeatures,
+    /// How long to wait for the answer to requests this crate sends itself
+    /// (`GET_QUEUE_NUM`, `IOTLB_MSG`). A peer that closes the socket is
+    /// detected at once in any case.
+    pub reply_timeout: Duration,
+}
+
+impl Default for VhostUserConfig {
+    fn default() -> Self {
+        Self {
+            protocol_features: VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::BACKEND_REQ,
+            reply_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `struct vhost_iotlb_msg` of the vhost-user protocol (32 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct IotlbMsg {
+    iova: u64,
+    size: u64,
+    uaddr: u64,
+    perm: u8,
+    msg_type: u8,
+    _padding: [u8; 6],
+}
+
+// SAFETY: plain integers, no implicit padding (explicit `_padding` fills the
+// struct to its 8-byte alignment), every bit pattern valid.
+unsafe impl ByteValued for IotlbMsg {}
+
+const IOTLB_UPDATE: u8 = 2;
+const IOTLB_INVALIDATE: u8 = 3;
+const HEADER_LEN: usize = 12;
+const FLAG_VERSION: u32 = 0x1;
+const FLAG_REPLY: u32 = 0x4;
+
+struct Control {
+    frontend: Frontend,
+    /// A second handle on the main socket, for the requests `Frontend`
+    /// cannot send; used only under the same lock.
+    raw: UnixStream,
+    broken: Option<String>,
+}
+
+#[derive(Debug)]
+struct QueueFds {
+    kick: EventFd,
+    call: Arc<EventFd>,
+}
+
+/// The embedded vhost-user frontend: the host transport.
+///
+/// Control requests are serialized under one lock; doorbells and completion
+/// events use per-queue eventfds and take no lock beyond a shared read lock.
+pub struct VhostUserTransport {
+    control: Mutex<Control>,
+    device_features: u64,
+    acked: AtomicU64,
+    protocol: VhostUserProtocolFeatures,
+    queue_pairs: u16,
+    queues: RwLock<Vec<Option<QueueFds>>>,
+    backend_channel: Option<UnixStream>,
+    reply_timeout: Duration,
+}
+
+impl std::fmt::Debug for VhostUserTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserTransport")
+            .field(
+                "device_features",
+                &format_args!("{:#x}", self.device_features),
+            )
+            .field("features", &format_args!("{:#x}", self.features()))
+            .field("protocol", &self.protocol)
+            .field("queue_pairs", &self.queue_pairs)
+            .finish()
+    }
+}
+
+fn request_name(req: FrontendReq) -> &'static str {
+    match req {
+        FrontendReq::GET_FEATURES => "GET_FEATURES",
+        FrontendReq::SET_FEATURES => "SET_FEATURES",
+        FrontendReq::SET_OWNER => "SET_OWNER",
+        FrontendReq::SET_MEM_TABLE => "SET_MEM_TABLE",
+        FrontendReq::SET_VRING_NUM => "SET_VRING_NUM",
+        FrontendReq::SET_VRING_ADDR => "SET_VRING_ADDR",
+        FrontendReq::SET_VRING_BASE => "SET_VRING_BASE",
+        FrontendReq::SET_VRING_KICK => "SET_VRING_KICK",
+        FrontendReq::SET_VRING_CALL => "SET_VRING_CALL",
+        FrontendReq::GET_PROTOCOL_FEATURES => "GET_PROTOCOL_FEATURES",
+        FrontendReq::SET_PROTOCOL_FEATURES => "SET_PROTOCOL_FEATURES",
+        FrontendReq::GET_QUEUE_NUM => "GET_QUEUE_NUM",
+        FrontendReq::SET_VRING_ENABLE => "SET_VRING_ENABLE",
+        FrontendReq::SET_BACKEND_REQ_FD => "SET_BACKEND_REQ_FD",
+        FrontendReq::IOTLB_MSG => "IOTLB_MSG",
+        _ => "vhost-user request",
+    }
+}
+
+/// Turns an error of the `vhost` crate into ours.
+fn vhost_error(request: &'static str, err: vhost::Error) -> TransportError {
+    use vhost::vhost_user::Error as E;
+    match err {
+        vhost::Error::VhostUserProtocol(
+            E::Disconnected | E::PartialMessage | E::SocketBroken(_),
+        ) => TransportError::Disconnected { request },
+        vhost::Error::VhostUserProtocol(E::BackendInternalError) => {
+            TransportError::Rejected { request, status: 1 }
+        }
+        other => TransportError::Protocol {
+            request,
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn io_error(request: &'static str, err: io::Error, timeout: Duration) -> TransportError {
+    match err.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted => TransportError::Disconnected { request },
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            TransportError::Timeout { request, timeout }
+        }
+        _ => TransportError::Protocol {
+            request,
+            reason: err.to_string(),
+        },
+    }
+}
+
+impl Control {
+    fn check(&self) -> Result<(), TransportError> {
+        match &self.broken {
+            Some(why) => Err(TransportError::Broken(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one `Frontend` request; a failure other than a clean rejection
+    /// leaves the stream out of step, so the connection is marked broken.
+    fn run<R>(
+        &mut self,
+        request: FrontendReq,
+        op: impl FnOnce(&mut Frontend) -> vhost::Result<R>,
+    ) -> Result<R, TransportError> {
+        self.check()?;
+        op(&mut self.frontend).map_err(|err| self.note(vhost_error(request_name(request), err)))
+    }
+
+    fn note(&mut self, err: TransportError) -> TransportError {
+        if !matches!(err, TransportError::Rejected { .. }) {
+            self.broken = Some(err.to_string());
+        }
+        err
+    }
+
+    /// Sends a request this crate builds itself and reads its `u64` reply
+    /// (a value, or a REPLY_ACK status when `need_reply`).
+    fn raw_request(
+        &mut self,
+        request: FrontendReq,
+        body: &[u8],
+        need_reply: bool,
+        timeout: Duration,
+    ) -> Result<u64, TransportError> {
+        self.check()?;
+        let name = request_name(request);
+        let result = self.raw_exchange(request, body, need_reply, timeout, name);
+        result.map_err(|err| self.note(err))
+    }
+
+    fn raw_exchange(
+        &mut self,
+        request: FrontendReq,
+        body: &[u8],
+        need_reply: bool,
+        timeout: Duration,
+        name: &'static str,
+    ) -> Result<u64, TransportError> {
+        let mut flags = FLAG_VERSION;
+        if need_reply {
+            flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
+        }
+        // The header: request code, flags, payload size, all le32.
+        let mut message = Vec::with_capacity(HEADER_LEN + body.len());
+        message.extend_from_slice(&(request as u32).to_le_bytes());
+        message.extend_from_slice(&flags.to_le_bytes());
+        message.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        message.extend_from_slice(body);
+        send_all(&self.raw, &message).map_err(|err| io_error(name, err, timeout))?;
+
+        let mut reply = [0u8; HEADER_LEN + 8];
+        let mut got = 0;
+        while got < reply.len() {
+            if !poll_readable(self.raw.as_raw_fd(), Some(timeout))
+                .map_err(|err| io_error(name, err, timeout))?
+            {
+                return Err(TransportError::Timeout {
+                    request: name,
+                    timeout,
+                });
+            }
+            match self.raw.read(&mut reply[got..]) {
+                Ok(0) => return Err(TransportError::Disconnected { request: name }),
+                Ok(n) => got += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(io_error(name, err, timeout)),
+            }
+        }
+        let word = |at: usize| u32::from_le_bytes(reply[at..at + 4].try_into().expect("4 bytes"));
+        let (code, reply_flags, size) = (word(0), word(4), word(8));
+        if code != request as u32 || reply_flags & FLAG_REPLY == 0 || size != 8 {
+            return Err(TransportError::Protocol {
+                request: name,
+                reason: format!(
+                    "unexpected reply header (request {code}, flags {reply_flags:#x}, size {size})"
+                ),
+            });
+        }
+        Ok(u64::from_le_bytes(
+            reply[HEADER_LEN..].try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+/// Writes all of `data` without raising SIGPIPE if the peer is gone.
+fn send_all(sock: &UnixStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: sends from a slice we own on a socket we own.
+        let sent = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        data = &data[sent as usize..];
+    }
+    Ok(())
+}
+
+impl VhostUserTransport {
+    /// Connects to the vhost-user socket at `path` and performs the
+    /// handshake (see [`from_stream`](Self::from_stream)).
+    pub fn connect(
+        path: impl AsRef<Path>,
+        config: VhostUserConfig,
+    ) -> Result<Self, TransportError> {
+        let path = path.as_ref();
+        let stream = UnixStream::connect(path).map_err(|source| TransportError::Connect {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_stream(stream, config)
+    }
+
+    /// Performs the handshake over a connected socket: `SET_OWNER`,
+    /// `GET_FEATURES`, `GET_PROTOCOL_FEATURES`, `SET_PROTOCOL_FEATURES`,
+    /// `GET_QUEUE_NUM` (if `MQ`), `SET_BACKEND_REQ_FD` (if `BACKEND_REQ`).
+    /// From then on every request asks for a `REPLY_ACK`. Features are
+    /// acknowledged later, by [`Transport::negotiate_features`].
+    pub fn from_stream(
+        stream: UnixStream,
+        config: VhostUserConfig,
+    ) -> Result<Self, TransportError> {
+        let raw = stream.try_clone().map_err(|source| TransportError::Io {
+            operation: "dup of the vhost-user socket",
+            source,
+        })?;
+        let frontend =
+            Frontend::from_stream(stream, vhost::vhost_user::message::VHOST_USER_MAX_VRINGS);
+        let mut control = Control {
+            frontend,
+            raw,
+            broken: None,
+        };
+        control.run(FrontendReq::SET_OWNER, |f| f.set_owner())?;
+        let device_features = control.run(FrontendReq::GET_FEATURES, |f| f.get_features())?;
+        if device_features & F_PROTOCOL_FEATURES == 0 {
+            return Err(TransportError::MissingFeatures {
+                kind: "virtio",
+                missing: F_PROTOCOL_FEATURES,
+            });
+        }
+        let offered = control.run(FrontendReq::GET_PROTOCOL_FEATURES, |f| {
+            f.get_protocol_features()
+        })?;
+        let required = VhostUserProtocolFeatures::REPLY_ACK;
+        if !offered.contains(required) {
+            return Err(TransportError::MissingFeatures {
+                kind: "vhost-user protocol",
+                missing: (required - offered).bits(),
+            });
+        }
+        let protocol = offered & config.protocol_features;
+        control.run(FrontendReq::SET_PROTOCOL_FEATURES, |f| {
+            f.set_protocol_features(protocol)
+        })?;
+        control
+            .frontend
+            .set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        let queue_pairs = if protocol.contains(VhostUserProtocolFeatures::MQ) {
+            let pairs = control.raw_request(
+                FrontendReq::GET_QUEUE_NUM,
+                &[],
+                false,
+                config.reply_timeout,
+            )?;
+            if pairs == 0 || pairs > 127 {
+                return Err(TransportError::Protocol {
+                    request: "GET_QUEUE_NUM",
+                    reason: format!("device reports {pairs} queue pairs"),
+                });
+            }
+            pairs as u16
+        } else {
+            1
+        };
+        let backend_channel = if protocol.contains(VhostUserProtocolFeatures::BACKEND_REQ) {
+            let (ours, theirs) = UnixStream::pair().map_err(|source| TransportError::Io {
+                operation: "socketpair for the backend channel",
+                source,
+            })?;
+            control.run(FrontendReq::SET_BACKEND_REQ_FD, |f| {
+                f.set_backend_request_fd(&theirs)
+            })?;
+            Some(ours)
+        } else {
+            None
+        };
+        let num_queues = 2 * queue_pairs as usize + 2;
+        Ok(Self {
+            control: Mutex::new(control),
+            device_features,
+            acked: AtomicU64::new(0),
+            protocol,
+            queue_pairs,
+            queues: RwLock::new((0..num_queues).map(|_| None).collect()),
+            backend_channel,
+            reply_timeout: config.reply_timeout,
+        })
+    }
+
+    /// The protocol features in use.
+    pub fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        self.protocol
+    }
+
+    /// The driver's end of the backend request channel (where the device
+    /// sends IOTLB misses), if `BACKEND_REQ` is in use.
+    pub fn backend_channel(&self) -> Option<&UnixStream> {
+        self.backend_channel.as_ref()
+    }
+
+    /// Ring index of the RDMA send queue.
+    pub fn rdma_send_queue(&self) -> QueueIndex {
+        rdma_send_queue(self.queue_pairs)
+    }
+
+    /// Ring index of the RDMA completion queue.
+    pub fn rdma_completion_queue(&self) -> QueueIndex {
+        rdma_completion_queue(self.queue_pairs)
+    }
+
+    fn check_queue(&self, index: QueueIndex) -> Result<(), TransportError> {
+        let count = self.num_queues();
+        if index >= count {
+            return Err(TransportError::NoSuchQueue { index, count });
+        }
+        Ok(())
+    }
+
+    fn iotlb_msg(&self, msg: IotlbMsg) -> Result<(), TransportError> {
+        let status = self.control.lock().raw_request(
+            FrontendReq::IOTLB_MSG,
+            msg.as_slice(),
+            true,
+            self.reply_timeout,
+        )?;
+        if status != 0 {
+            return Err(TransportError::Rejected {
+                request: "IOTLB_MSG",
+                status,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Transport for VhostUserTransport {
+    fn device_features(&self) -> u64 {
+        self.device_features
+    }
+
+    fn negotiate_features(&self, wanted: u64) -> Result<u64, TransportError> {
+        if wanted & F_VERSION_1 != 0 && self.device_features & F_VERSION_1 == 0 {
+            return Err(TransportError::MissingFeatures {
+                kind: "virtio",
+                missing: F_VERSION_1,
+            });
+        }
+        let accepted = (wanted & self.device_features) | F_PROTOCOL_FEATURES;
+        self.control
+            .lock()
+            .run(FrontendReq::SET_FEATURES, |f| f.set_features(accepted))?;
+        self.acked.store(accepted, Ordering::Release);
+        Ok(accepted)
+    }
+
+    fn features(&self) -> u64 {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    fn num_queues(&self) -> u16 {
+        2 * self.queue_pairs + 2
+    }
+
+    fn queue_pairs(&self) -> u16 {
+        self.queue_pairs
+    }
+
+    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+        if regions.is_empty() || regions.len() > 8 {
+            return Err(TransportError::InvalidArgument(format!(
+                "{} memory regions (1 to 8 allowed)",
+                regions.len()
+            )));
+        }
+        let table: Vec<VhostUserMemoryRegionInfo> = regions
+            .iter()
+            .map(|region| VhostUserMemoryRegionInfo {
+                guest_phys_addr: region.iova,
+                memory_size: region.size,
+                userspace_addr: region.userspace_addr,
+                mmap_offset: region.file_offset,
+                mmap_handle: region.fd.as_raw_fd(),
+            })
+            .collect();
+        self.control
+            .lock()
+            .run(FrontendReq::SET_MEM_TABLE, |f| f.set_mem_table(&table))?;
+        Ok(())
+    }
+
+    fn setup_queue(&self, index: QueueIndex, layout: &QueueLayout) -> Result<(), TransportError> {
+        self.check_queue(index)?;
+        if self.iotlb_enabled() {
+            self.iotlb_map(
+                layout.ring_start,
+                layout.ring_len,
+                layout.ring_start,
+                Access::ReadWrite,
+            )?;
+        }
+        let eventfd = |operation| {
+            EventFd::new(EFD_NONBLOCK).map_err(|source| TransportError::Io { operation, source })
+        };
+        let kick = eventfd("eventfd for a doorbell")?;
+        let call = Arc::new(eventfd("eventfd for completions")?);
+        let ring = index as usize;
+        let config = VringConfigData {
+            queue_max_size: layout.size,
+            queue_size: layout.size,
+            flags: 0,
+            desc_table_addr: layout.desc_addr,
+            used_ring_addr: layout.used_addr,
+            avail_ring_addr: layout.avail_addr,
+            log_addr: None,
+        };
+        {
+            let mut control = self.control.lock();
+            control.run(FrontendReq::SET_VRING_NUM, |f| {
+                f.set_vring_num(ring, layout.size)
+            })?;
+            control.run(FrontendReq::SET_VRING_BASE, |f| f.set_vring_base(ring, 0))?;
+            control.run(FrontendReq::SET_VRING_ADDR, |f| {
+                f.set_vring_addr(ring, &config)
+            })?;
+            control.run(FrontendReq::SET_VRING_KICK, |f| {
+                f.set_vring_kick(ring, &kick)
+            })?;
+            control.run(FrontendReq::SET_VRING_CALL, |f| {
+                f.set_vring_call(ring, &call)
+            })?;
+        }
+        self.queues.write()[ring] = Some(QueueFds { kick, call });
+        Ok(())
+    }
+
+    fn enable_queue(&self, index: QueueIndex, enabled: bool) -> Result<(), TransportError> {
+        self.check_queue(index)?;
+        if self.queues.read()[index as usize].is_none() {
+            return Err(TransportError::QueueNotSetUp(index));
+        }
+        self.control.lock().run(FrontendReq::SET_VRING_ENABLE, |f| {
+            f.set_vring_enable(index as usize, enabled)
+        })
+    }
+
+    fn notify(&self, index: QueueIndex) -> Result<(), TransportError> {
+        self.check_queue(index)?;
+        let queues = self.queues.read();
+        let fds = queues[index as usize]
+            .as_ref()
+            .ok_or(TransportError::QueueNotSetUp(index))?;
+        fds.kick.write(1).map_err(|source| TransportError::Io {
+            operation: "doorbell eventfd write",
+            source,
+        })
+    }
+
+    fn completion_event(&self, index: QueueIndex) -> Result<CompletionEvent, TransportError> {
+        self.check_queue(index)?;
+        let queues = self.queues.read();
+        let fds = queues[index as usize]
+            .as_ref()
+            .ok_or(TransportError::QueueNotSetUp(index))?;
+        Ok(CompletionEvent::new(Arc::clone(&fds.call)))
+    }
+
+    fn iotlb_enabled(&self) -> bool {
+        self.features() & F_ACCESS_PLATFORM != 0
+    }
+
+    fn iotlb_map(
+        &self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        access: Access,
+    ) -> Result<(), TransportError> {
+        if len == 0 || iova.checked_add(len).is_none() {
+            return Err(TransportError::InvalidArgument(format!(
+                "IOTLB range of {len} bytes at {iova:#x}"
+            )));
+        }
+        if !self.iotlb_enabled() {
+            return Ok(());
+        }
+        self.iotlb_msg(IotlbMsg {
+            iova,
+            size: len,
+            uaddr,
+            perm: access as u8,
+            msg_type: IOTLB_UPDATE,
+            ..IotlbMsg::default()
+        })
+    }
+
+    fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
+        if len == 0 || iova.checked_add(len).is_none() {
+            return Err(TransportError::InvalidArgument(format!(
+                "IOTLB range of {len} bytes at {iova:#x}"
+            )));
+        }
+        if !self.iotlb_enabled() {
+            return Ok(());
+        }
+        self.iotlb_msg(IotlbMsg {
+            iova,
+            size: len,
+            msg_type: IOTLB_INVALIDATE,
+            ..IotlbMsg::default()
+        })
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for Arc<T> {
+    fn device_features(&self) -> u64 {
+        (**self).device_features()
+    }
+    fn negotiate_features(&self, wanted: u64) -> Result<u64, TransportError> {
+        (**self).negotiate_features(wanted)
+    }
+    fn features(&self) -> u64 {
+        (**self).features()
+    }
+    fn num_queues(&self) -> u16 {
+        (**self).num_queues()
+    }
+    fn queue_pairs(&self) -> u16 {
+        (**self).queue_pairs()
+    }
+    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+        (**self).register_memory(regions)
+    }
+    fn setup_queue(&self, index: QueueIndex, layout: &QueueLayout) -> Result<(), TransportError> {
+        (**self).setup_queue(index, layout)
+    }
+    fn enable_queue(&self, index: QueueIndex, enabled: bool) -> Result<(), TransportError> {
+        (**self).enable_queue(index, enabled)
+    }
+    fn notify(&self, index: QueueIndex) -> Result<(), TransportError> {
+        (**self).notify(index)
+    }
+    fn completion_event(&self, index: QueueIndex) -> Result<CompletionEvent, TransportError> {
+        (**self).completion_event(index)
+    }
+    fn iotlb_enabled(&self) -> bool {
+        (**self).iotlb_enabled()
+    }
+    fn iotlb_map(
+        &self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        access: Access,
+    ) -> Result<(), TransportError> {
+        (**self).iotlb_map(iova, len, uaddr, access)
+    }
+    fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
+        (**self).iotlb_unmap(iova, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iotlb_message_has_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<IotlbMsg>(), 32);
+        let msg = IotlbMsg {
+            iova: 0x1122,
+            size: 0x3344,
+            uaddr: 0x5566,
+            perm: Access::ReadWrite as u8,
+            msg_type: IOTLB_UPDATE,
+            ..IotlbMsg::default()
+        };
+        let bytes = msg.as_slice();
+        assert_eq!(&bytes[0..8], &0x1122u64.to_le_bytes());
+        assert_eq!(&bytes[8..16], &0x3344u64.to_le_bytes());
+        assert_eq!(&bytes[16..24], &0x5566u64.to_le_bytes());
+        assert_eq!(bytes[24], 3);
+        assert_eq!(bytes[25], 2);
+    }
+
+    #[test]
+    fn ring_indices_follow_the_device_convention() {
+        assert_eq!((net_rx_queue(0), net_tx_queue(0)), (0, 1));
+        assert_eq!((net_rx_queue(3), net_tx_queue(3)), (6, 7));
+        assert_eq!((rdma_send_queue(1), rdma_completion_queue(1)), (2, 3));
+        assert_eq!((rdma_send_queue(4), rdma_completion_queue(4)), (8, 9));
+    }
+}
