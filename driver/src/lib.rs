@@ -60,6 +60,7 @@
 pub mod arena;
 pub mod pinner;
 pub mod transport;
+pub mod verbs;
 pub mod virtqueue;
 
 pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryRegion};

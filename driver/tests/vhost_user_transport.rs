@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use memmap2::MmapOptions;
 use pindown_driver::transport::{
-    rdma_completion_queue, rdma_send_queue, DEFAULT_FEATURES, F_ACCESS_PLATFORM, F_EVENT_IDX,
-    F_NET_MAC, F_NET_MQ, F_PROTOCOL_FEATURES, F_VERSION_1,
+    DEFAULT_FEATURES, F_ACCESS_PLATFORM, F_EVENT_IDX, F_NET_MAC, F_NET_MQ, F_PROTOCOL_FEATURES,
+    F_VERSION_1,
 };
 use pindown_driver::{
     Access, DmaArena, SplitQueue, Transport, TransportError, VhostUserConfig, VhostUserTransport,
@@ -227,7 +227,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     assert_eq!(&seen, b"shared with the device");
 
     // Queue set-up of the RDMA send queue (ring 2P).
-    let sq_index = rdma_send_queue(1);
+    let sq_index = uapi::RingLayout { queue_pairs: 1 }.send_queue();
     assert_eq!(sq_index, transport.rdma_send_queue());
     let queue = SplitQueue::<u32>::new(&arena, 64, true).unwrap();
     let layout = queue.layout();
@@ -314,7 +314,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
         Err(TransportError::NoSuchQueue { index: 4, count: 4 })
     ));
     assert!(matches!(
-        transport.notify(rdma_completion_queue(1)),
+        transport.notify(uapi::RingLayout { queue_pairs: 1 }.completion_queue()),
         Err(TransportError::QueueNotSetUp(3))
     ));
 }

@@ -1,0 +1,232 @@
+//! Typed builders for work requests, in the style of `io-uring`'s opcodes:
+//! a constructor with the required operands, setters for the optional ones,
+//! then [`build`](Write::build) into an [`Entry`] that carries the caller's
+//! `user_data` and flags.
+//!
+//! ```
+//! use pindown_driver::verbs::opcode::{FetchAdd, Write};
+//! use pindown_driver::verbs::Local;
+//! use uapi::{RemoteAddress, RemoteKey};
+//!
+//! let remote = RemoteAddress { port: 1, key: RemoteKey(42), offset: 0 };
+//! let write = Write::new(Local::new(0x1000, 512), remote).build().user_data(7).signaled();
+//! let add = FetchAdd::new(remote, 1).build().user_data(8);
+//! assert_eq!(write.request().user_data, 7);
+//! # let _ = add;
+//! ```
+
+use uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
+
+use super::Local;
+
+/// A work request ready to post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry(WorkRequest);
+
+impl Entry {
+    fn new(op: Operation) -> Self {
+        Entry(WorkRequest {
+            user_data: 0,
+            flags: WrFlags::empty(),
+            op,
+        })
+    }
+
+    /// Sets the value returned in the completion. Values with bit 63 set are
+    /// reserved for the driver's own requests.
+    pub fn user_data(mut self, user_data: u64) -> Self {
+        self.0.user_data = user_data;
+        self
+    }
+
+    /// Asks for a completion on success too (failures always complete).
+    pub fn signaled(mut self) -> Self {
+        self.0.flags |= WrFlags::SIGNALED;
+        self
+    }
+
+    /// Starts only after every earlier request has finished.
+    pub fn fence(mut self) -> Self {
+        self.0.flags |= WrFlags::FENCE;
+        self
+    }
+
+    /// The encoded request.
+    pub fn request(&self) -> &WorkRequest {
+        &self.0
+    }
+}
+
+impl From<Entry> for WorkRequest {
+    fn from(entry: Entry) -> WorkRequest {
+        entry.0
+    }
+}
+
+/// Copies local memory into a remote window.
+#[derive(Clone, Copy, Debug)]
+pub struct Write {
+    local: Local,
+    remote: RemoteAddress,
+}
+
+impl Write {
+    /// Writes `local` to `remote`.
+    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+        Write { local, remote }
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::Write {
+            local: self.local.iova,
+            len: self.local.len,
+            remote: self.remote,
+        })
+    }
+}
+
+/// Copies a remote window's memory into local memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Read {
+    local: Local,
+    remote: RemoteAddress,
+}
+
+impl Read {
+    /// Reads `local.len` bytes from `remote` into `local`.
+    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+        Read { local, remote }
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::Read {
+            local: self.local.iova,
+            len: self.local.len,
+            remote: self.remote,
+        })
+    }
+}
+
+/// Atomic compare-and-swap; the old value comes back in the completion.
+#[derive(Clone, Copy, Debug)]
+pub struct CompareSwap {
+    remote: RemoteAddress,
+    compare: u64,
+    swap: u64,
+    width: AtomicWidth,
+}
+
+impl CompareSwap {
+    /// Stores `swap` at the 8-byte word `remote` if it holds `compare`.
+    pub fn new(remote: RemoteAddress, compare: u64, swap: u64) -> Self {
+        CompareSwap {
+            remote,
+            compare,
+            swap,
+            width: AtomicWidth::Eight,
+        }
+    }
+
+    /// Works on a 4-byte word instead.
+    pub fn four_bytes(mut self) -> Self {
+        self.width = AtomicWidth::Four;
+        self
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::CompareSwap {
+            remote: self.remote,
+            width: self.width,
+            compare: self.compare,
+            swap: self.swap,
+        })
+    }
+}
+
+/// Atomic fetch-and-add; the old value comes back in the completion.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchAdd {
+    remote: RemoteAddress,
+    add: u64,
+    width: AtomicWidth,
+}
+
+impl FetchAdd {
+    /// Adds `add` to the 8-byte word `remote`.
+    pub fn new(remote: RemoteAddress, add: u64) -> Self {
+        FetchAdd {
+            remote,
+            add,
+            width: AtomicWidth::Eight,
+        }
+    }
+
+    /// Works on a 4-byte word instead.
+    pub fn four_bytes(mut self) -> Self {
+        self.width = AtomicWidth::Four;
+        self
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::FetchAdd {
+            remote: self.remote,
+            width: self.width,
+            add: self.add,
+        })
+    }
+}
+
+/// Atomic swap; the old value comes back in the completion.
+#[derive(Clone, Copy, Debug)]
+pub struct Swap {
+    remote: RemoteAddress,
+    value: u64,
+    width: AtomicWidth,
+}
+
+impl Swap {
+    /// Stores `value` at the 8-byte word `remote`.
+    pub fn new(remote: RemoteAddress, value: u64) -> Self {
+        Swap {
+            remote,
+            value,
+            width: AtomicWidth::Eight,
+        }
+    }
+
+    /// Works on a 4-byte word instead.
+    pub fn four_bytes(mut self) -> Self {
+        self.width = AtomicWidth::Four;
+        self
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::Swap {
+            remote: self.remote,
+            width: self.width,
+            value: self.value,
+        })
+    }
+}
+
+/// Does nothing; with [`Entry::fence`], a point after which earlier requests
+/// have finished.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Nop;
+
+impl Nop {
+    /// A no-op.
+    pub fn new() -> Self {
+        Nop
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry {
+        Entry::new(Operation::Nop)
+    }
+}
