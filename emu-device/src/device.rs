@@ -1,0 +1,616 @@
+//! The device process: listening sockets, one thread per frontend
+//! connection (epoll on the socket and the kick eventfds), the switch
+//! between ports, and the status socket.
+
+use std::collections::HashSet;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
+use crate::net::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
+use crate::port::{Port, PortState, PortStats};
+use crate::queues::{self, Pop};
+use crate::vhost_user::{conn, handler};
+use crate::DeviceConfig;
+
+const TOKEN_SOCKET: u64 = 0;
+const TOKEN_SHUTDOWN: u64 = u64::MAX;
+/// Chains taken from one ring before other work gets a turn.
+const BUDGET: usize = 256;
+
+/// The device: configuration, ports, switch.
+pub struct Device {
+    /// Configuration.
+    pub config: DeviceConfig,
+    /// The MAC learning switch of queue pair 0.
+    pub switch: Switch,
+    ports: RwLock<Vec<Arc<Port>>>,
+    sockets: usize,
+    shutdown: EventFd,
+    stopping: AtomicBool,
+    engines: EngineFactory,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("config", &self.config)
+            .field("sockets", &self.sockets)
+            .finish()
+    }
+}
+
+fn mac_add(base: [u8; 6], n: usize) -> [u8; 6] {
+    let low = u32::from_be_bytes([0, base[3], base[4], base[5]]).wrapping_add(n as u32);
+    let b = low.to_be_bytes();
+    [base[0], base[1], base[2], b[1], b[2], b[3]]
+}
+
+impl Device {
+    /// A device with one port per socket (more ports appear when several
+    /// frontends connect to one socket). `engines` creates the RDMA engine
+    /// of each connection; `None` uses [`NoopEngine`].
+    pub fn new(
+        config: DeviceConfig,
+        sockets: usize,
+        engines: Option<EngineFactory>,
+    ) -> io::Result<Arc<Device>> {
+        let ports = (0..sockets)
+            .map(|i| Arc::new(Port::new(i, i, mac_add(config.mac_base, i), &config)))
+            .collect();
+        Ok(Arc::new(Device {
+            switch: Switch::default(),
+            ports: RwLock::new(ports),
+            sockets,
+            shutdown: EventFd::new(EFD_NONBLOCK)?,
+            stopping: AtomicBool::new(false),
+            engines: engines.unwrap_or_else(|| Box::new(|_| Box::new(NoopEngine))),
+            config,
+        }))
+    }
+
+    /// The port with index `index`.
+    pub fn port(&self, index: usize) -> Option<Arc<Port>> {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(index)
+            .cloned()
+    }
+
+    /// All ports (connected or not).
+    pub fn ports(&self) -> Vec<Arc<Port>> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Indices of the connected ports.
+    pub fn connected_ports(&self) -> Vec<usize> {
+        self.ports()
+            .iter()
+            .filter(|p| p.stats.connected.load(Ordering::Acquire))
+            .map(|p| p.index)
+            .collect()
+    }
+
+    /// Picks the port for a new connection on socket `socket`: the
+    /// socket's own port if free, else a free extra port, else a new one.
+    fn allocate(&self, socket: usize) -> Arc<Port> {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        let free = |p: &Arc<Port>| !p.stats.connected.load(Ordering::Acquire);
+        let pick = if socket < ports.len() && free(&ports[socket]) {
+            Some(socket)
+        } else {
+            (self.sockets..ports.len()).find(|i| free(&ports[*i]))
+        };
+        let index = pick.unwrap_or_else(|| {
+            let i = ports.len();
+            ports.push(Arc::new(Port::new(
+                i,
+                socket,
+                mac_add(self.config.mac_base, i),
+                &self.config,
+            )));
+            i
+        });
+        let port = ports[index].clone();
+        port.stats.connected.store(true, Ordering::Release);
+        PortStats::bump(&port.stats.connections);
+        port
+    }
+
+    /// Asks every connection thread to stop.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let _ = self.shutdown.write(1);
+    }
+
+    /// Delivers a frame (without virtio-net header) sent by port `from`.
+    pub fn switch_frame(&self, from: usize, frame: &[u8]) {
+        let targets = self.switch.route(from, frame, &self.connected_ports());
+        for to in targets {
+            if let Some(p) = self.port(to) {
+                deliver(&p, frame);
+            }
+        }
+    }
+
+    /// One line per port: `key=value` pairs (see [`crate::testing`]).
+    pub fn status(&self) -> String {
+        let mut s = String::new();
+        for p in self.ports() {
+            let st = &p.stats;
+            let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            let m = p.mac;
+            s.push_str(&format!(
+                "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
+                 messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
+                 iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
+                 rx_frames={} rx_dropped={} rdma_kicks={} features={:#x}\n",
+                p.index,
+                p.socket,
+                u8::from(st.connected.load(Ordering::Relaxed)),
+                g(&st.connections),
+                m[0], m[1], m[2], m[3], m[4], m[5],
+                g(&st.messages),
+                g(&st.get_features),
+                g(&st.set_features),
+                g(&st.set_mem_table),
+                g(&st.set_vring_kick),
+                g(&st.set_vring_enable),
+                g(&st.set_backend_req_fd),
+                g(&st.errors),
+                g(&st.iotlb_updates),
+                g(&st.iotlb_invalidates),
+                g(&st.iotlb_misses_sent),
+                g(&st.tx_frames),
+                g(&st.tx_errors),
+                g(&st.rx_frames),
+                g(&st.rx_dropped),
+                g(&st.rdma_kicks),
+                g(&st.features),
+            ));
+        }
+        s
+    }
+}
+
+/// Puts `frame` into rx ring 0 of `port`, or drops it (counted).
+fn deliver(port: &Port, frame: &[u8]) {
+    let mut guard = port.lock();
+    let st = &mut *guard;
+    let delivered = (|| {
+        let mem = st.mem.as_ref()?;
+        let ring = st.vrings.get_mut(0)?;
+        if !ring.active() || !ring.used_ring_writable(mem) {
+            return None;
+        }
+        match queues::pop_chain(ring, mem) {
+            Pop::Chain(c) => {
+                let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
+                data.extend_from_slice(&net::rx_header());
+                data.extend_from_slice(frame);
+                match queues::write_chain(mem, &c, &data) {
+                    Ok(Some(n)) => {
+                        let _ = ring.add_used(mem, c.head, n as u32);
+                        ring.notify(mem);
+                        Some(())
+                    }
+                    Ok(None) => {
+                        ring.rewind();
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(port = port.index, "rx drop: {e}");
+                        let _ = ring.add_used(mem, c.head, 0);
+                        ring.notify(mem);
+                        None
+                    }
+                }
+            }
+            Pop::Broken(e) => {
+                tracing::warn!(port = port.index, "rx ring broken: {e}");
+                None
+            }
+            Pop::Empty | Pop::Miss => None,
+        }
+    })();
+    if delivered.is_some() {
+        PortStats::bump(&port.stats.rx_frames);
+    } else {
+        PortStats::bump(&port.stats.rx_dropped);
+    }
+    let sent = st.send_misses();
+    for _ in 0..sent {
+        PortStats::bump(&port.stats.iotlb_misses_sent);
+    }
+}
+
+/// Takes frames from tx ring `i`. Returns whether work is left.
+fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<Vec<u8>>) -> bool {
+    let PortState { mem, vrings, .. } = st;
+    let (Some(mem), Some(ring)) = (mem.as_ref(), vrings.get_mut(i)) else {
+        return false;
+    };
+    if !ring.active() {
+        return false;
+    }
+    ring.waiting_iotlb = false;
+    if !ring.used_ring_writable(mem) {
+        ring.waiting_iotlb = mem.get_iommu_enabled();
+        return false;
+    }
+    let mut used = false;
+    let mut more = false;
+    let mut taken = 0;
+    loop {
+        let _ = ring.queue_disable_notification(mem);
+        loop {
+            if taken >= BUDGET {
+                more = true;
+                break;
+            }
+            match queues::pop_chain(ring, mem) {
+                Pop::Empty => break,
+                Pop::Miss => {
+                    ring.waiting_iotlb = true;
+                    break;
+                }
+                Pop::Broken(e) => {
+                    tracing::warn!(ring = i, "tx ring broken: {e}");
+                    PortStats::bump(&stats.tx_errors);
+                    break;
+                }
+                Pop::Chain(c) => match queues::read_chain(mem, &c, MAX_TX_CHAIN) {
+                    Ok(Some(bytes)) => {
+                        taken += 1;
+                        let _ = ring.add_used(mem, c.head, 0);
+                        used = true;
+                        if bytes.len() < NET_HDR_LEN + ETH_HDR_LEN {
+                            PortStats::bump(&stats.tx_errors);
+                        } else {
+                            PortStats::bump(&stats.tx_frames);
+                            frames.push(bytes[NET_HDR_LEN..].to_vec());
+                        }
+                    }
+                    Ok(None) => {
+                        ring.rewind();
+                        ring.waiting_iotlb = true;
+                        break;
+                    }
+                    Err(e) => {
+                        taken += 1;
+                        tracing::debug!(ring = i, "bad tx chain: {e}");
+                        PortStats::bump(&stats.tx_errors);
+                        let _ = ring.add_used(mem, c.head, 0);
+                        used = true;
+                    }
+                },
+            }
+        }
+        if more || ring.waiting_iotlb {
+            break;
+        }
+        // Re-enable notifications; if buffers arrived meanwhile, go on.
+        match ring.queue_enable_notification(mem) {
+            Ok(true) => continue,
+            _ => break,
+        }
+    }
+    if used {
+        ring.notify(mem);
+    }
+    more
+}
+
+/// What processing a ring did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Work {
+    /// Work is left (budget exhausted).
+    more: bool,
+    /// Something was done (frames taken, engine run).
+    done: bool,
+}
+
+/// Processes ring `i` of `port` (`kicked`: the driver kicked it, as
+/// opposed to a poll).
+fn process_ring(
+    dev: &Device,
+    port: &Port,
+    engine: &mut dyn RdmaEngine,
+    i: usize,
+    kicked: bool,
+) -> Work {
+    let mut frames = Vec::new();
+    let mut work = Work::default();
+    {
+        let mut st = port.lock();
+        let pairs = 2 * st.queue_pairs as usize;
+        if i == st.rdma_sq() || i == st.rdma_cq() {
+            if st.vrings[i].active() {
+                if kicked && i == st.rdma_sq() {
+                    PortStats::bump(&port.stats.rdma_kicks);
+                    work.done = true;
+                }
+                engine.on_send_queue_kick(&mut st, dev);
+            }
+        } else if i < pairs && i % 2 == 1 {
+            work.more = collect_tx(&mut st, &port.stats, i, &mut frames);
+        }
+        let sent = st.send_misses();
+        for _ in 0..sent {
+            PortStats::bump(&port.stats.iotlb_misses_sent);
+        }
+    }
+    work.done |= !frames.is_empty();
+    for f in frames {
+        dev.switch_frame(port.index, &f);
+    }
+    work
+}
+
+fn sync_kicks(epoll: &Epoll, port: &Port, registered: &mut Vec<i32>) {
+    for fd in registered.drain(..) {
+        let _ = epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+    }
+    let st = port.lock();
+    for r in &st.vrings {
+        if let Some(fd) = r.kick_fd() {
+            if r.started {
+                let ev = EpollEvent::new(EventSet::IN, r.index as u64 + 1);
+                if epoll.ctl(ControlOperation::Add, fd, ev).is_ok() {
+                    registered.push(fd);
+                }
+            }
+        }
+    }
+}
+
+/// Serves one frontend connection on `port` until it closes, misbehaves
+/// or the device shuts down; then resets the port.
+pub fn serve_connection(dev: Arc<Device>, port: Arc<Port>, mut stream: UnixStream) {
+    let index = port.index;
+    tracing::info!(port = index, "frontend connected");
+    dev.switch.learn(port.mac, index);
+    let mut engine = (dev.engines)(index);
+    if let Err(e) = run_connection(&dev, &port, &mut stream, engine.as_mut()) {
+        tracing::info!(port = index, "connection ends: {e}");
+    }
+    // Reset the port for the next frontend.
+    *port.lock() = PortState::new(index, port.mac, &dev.config);
+    port.rdma.reset();
+    dev.switch.forget_port(index);
+    port.stats.connected.store(false, Ordering::Release);
+    tracing::info!(port = index, "port reset");
+}
+
+fn run_connection(
+    dev: &Device,
+    port: &Port,
+    stream: &mut UnixStream,
+    engine: &mut dyn RdmaEngine,
+) -> Result<(), String> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let epoll = Epoll::new().map_err(|e| e.to_string())?;
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            stream.as_raw_fd(),
+            EpollEvent::new(EventSet::IN | EventSet::HANG_UP, TOKEN_SOCKET),
+        )
+        .map_err(|e| e.to_string())?;
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            dev.shutdown.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_SHUTDOWN),
+        )
+        .map_err(|e| e.to_string())?;
+    let mut registered = Vec::new();
+    let mut events = vec![EpollEvent::default(); 64];
+    let mut again: HashSet<usize> = HashSet::new();
+    let poll = dev.config.poll;
+    // Adaptive polling: after work, keep polling the rings for a short
+    // while before sleeping on the kicks again (a cross-core eventfd wake-up
+    // costs far more than a short spin).
+    let spin = Duration::from_micros(dev.config.spin_us);
+    let mut last_work: Option<Instant> = None;
+    loop {
+        if dev.stopping.load(Ordering::Acquire) {
+            return Err("device shutting down".into());
+        }
+        let waiting = {
+            let st = port.lock();
+            st.vrings.iter().any(|r| r.waiting_iotlb)
+        };
+        let spinning = last_work.is_some_and(|t| t.elapsed() < spin);
+        let timeout = if poll || spinning || !again.is_empty() {
+            0
+        } else if waiting {
+            50
+        } else {
+            -1
+        };
+        let n = match epoll.wait(timeout, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut rings: HashSet<usize> = std::mem::take(&mut again);
+        let mut kicked: HashSet<usize> = HashSet::new();
+        let mut all = poll || spinning || (n == 0 && waiting);
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_SHUTDOWN => return Err("device shutting down".into()),
+                TOKEN_SOCKET => {
+                    let msg = conn::recv_message(stream).map_err(|e| e.to_string())?;
+                    let out = {
+                        let mut st = port.lock();
+                        handler::handle(&mut st, &port.stats, msg).map_err(|e| {
+                            tracing::warn!(port = port.index, "malformed message: {e}");
+                            e.to_string()
+                        })?
+                    };
+                    if let Some(r) = out.reply {
+                        conn::send_message(stream, &r).map_err(|e| e.to_string())?;
+                    }
+                    if out.rings_changed {
+                        sync_kicks(&epoll, port, &mut registered);
+                    }
+                    all |= out.retry;
+                }
+                t => {
+                    let i = (t - 1) as usize;
+                    let st = port.lock();
+                    if let Some(r) = st.vrings.get(i) {
+                        r.drain_kick();
+                    }
+                    rings.insert(i);
+                    kicked.insert(i);
+                }
+            }
+        }
+        if all {
+            let st = port.lock();
+            rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
+        }
+        for i in rings {
+            let w = process_ring(dev, port, engine, i, kicked.contains(&i));
+            if w.more {
+                again.insert(i);
+            }
+            if w.done {
+                last_work = Some(Instant::now());
+            }
+        }
+    }
+}
+
+/// A running server: listening sockets and the status socket. Dropping it
+/// removes the socket files.
+#[derive(Debug)]
+pub struct Server {
+    /// The device.
+    pub device: Arc<Device>,
+    paths: Vec<PathBuf>,
+}
+
+fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path)?;
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+    }
+    UnixListener::bind(path)
+}
+
+impl Server {
+    /// Listens on `sockets` (port `i` on `sockets[i]`) and, if given, serves
+    /// the status on `control`.
+    pub fn start(
+        device: Arc<Device>,
+        sockets: &[PathBuf],
+        control: Option<&Path>,
+    ) -> io::Result<Server> {
+        let mut server = Server {
+            device: device.clone(),
+            paths: Vec::new(),
+        };
+        let mut listeners = Vec::new();
+        for path in sockets {
+            let l = bind(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}: {e}", path.display()),
+                )
+            })?;
+            server.paths.push(path.clone());
+            listeners.push(l);
+        }
+        if let Some(c) = control {
+            let l = bind(c).map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot listen on {}: {e}", c.display()))
+            })?;
+            server.paths.push(c.to_path_buf());
+            let dev = device.clone();
+            thread::Builder::new()
+                .name("status".into())
+                .spawn(move || serve_status(dev, l))?;
+        }
+        for (socket, l) in listeners.into_iter().enumerate() {
+            let dev = device.clone();
+            thread::Builder::new()
+                .name(format!("listen{socket}"))
+                .spawn(move || accept_loop(dev, socket, l))?;
+        }
+        for p in sockets {
+            tracing::info!("listening on {}", p.display());
+        }
+        Ok(server)
+    }
+
+    /// Stops the connections and removes the socket files.
+    pub fn stop(&mut self) {
+        self.device.shutdown();
+        for p in self.paths.drain(..) {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(dev: Arc<Device>, socket: usize, listener: UnixListener) {
+    for conn in listener.incoming() {
+        if dev.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        match conn {
+            Ok(stream) => {
+                let port = dev.allocate(socket);
+                let d = dev.clone();
+                let name = format!("port{}", port.index);
+                if let Err(e) = thread::Builder::new()
+                    .name(name)
+                    .spawn(move || serve_connection(d, port, stream))
+                {
+                    tracing::error!("cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(socket, "accept failed: {e}");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn serve_status(dev: Arc<Device>, listener: UnixListener) {
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut line = String::new();
+        let _ = BufReader::new(&s).read_line(&mut line);
+        let _ = s.write_all(dev.status().as_bytes());
+    }
+}

@@ -1,0 +1,52 @@
+//! The emulated pindown NIC: a vhost-user-net backend process.
+//!
+//! One process serves several ports. Each port is one frontend connection
+//! (QEMU's `-netdev vhost-user`, or the pindown driver on the host) on one of
+//! the device's unix sockets. Queue pair 0 of every port is an Ethernet port
+//! of a learning switch; rings `2P` and `2P+1` (P = queue pairs) are the RDMA
+//! send and completion queues, served by an [`engine::RdmaEngine`].
+//!
+//! Modules: [`vhost_user`] (request loop pieces), [`memory`] (memory table,
+//! IOTLB, address translation), [`queues`] (device side of split rings),
+//! [`net`] (switch), [`port`] (per-port state), [`device`] (threads and
+//! sockets), [`testing`] (a harness running the binary).
+
+pub mod device;
+pub mod engine;
+pub mod memory;
+pub mod net;
+pub mod port;
+pub mod queues;
+pub mod rdma;
+pub mod testing;
+pub mod vhost_user;
+
+/// Device-wide settings.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Net queue pairs per port (GET_QUEUE_NUM).
+    pub queue_pairs: u16,
+    /// Largest ring size accepted.
+    pub queue_size_max: u16,
+    /// IOTLB entries per port.
+    pub iotlb_entries_max: usize,
+    /// Busy-poll the rings instead of waiting for kicks.
+    pub poll: bool,
+    /// After work, keep polling this many microseconds before sleeping.
+    pub spin_us: u64,
+    /// MAC of port 0; port `i` gets this plus `i`.
+    pub mac_base: [u8; 6],
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            queue_pairs: 2,
+            queue_size_max: 1024,
+            iotlb_entries_max: 2048,
+            poll: false,
+            spin_us: 50,
+            mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
+        }
+    }
+}

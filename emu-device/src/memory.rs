@@ -1,0 +1,822 @@
+//! A port's view of its frontend's memory: the memory table (mmap'd regions
+//! from SET_MEM_TABLE), the device IOTLB (entries from IOTLB UPDATE), and the
+//! translation of device addresses into [`VolatileSlice`]s.
+//!
+//! Address spaces:
+//! - *frontend virtual addresses* (`uaddr`): what the frontend's own process
+//!   sees; the memory table says where each region lives there.
+//! - *guest physical addresses* (`gpa`): the memory table's `guest_phys_addr`;
+//!   the backing [`GuestMemoryMmap`] is laid out in this space.
+//! - *I/O virtual addresses* (IOVA): what a device uses when ACCESS_PLATFORM is
+//!   negotiated. The [`IotlbTable`] maps IOVA ranges to `uaddr` ranges (as the
+//!   frontend sends them) with permissions; a mirror of it, translated to
+//!   `gpa`, drives vm-memory's [`IommuMemory`].
+//!
+//! Without ACCESS_PLATFORM, buffer addresses are guest physical and ring
+//! addresses are frontend virtual addresses (vhost-user convention).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
+
+use thiserror::Error;
+use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap, Iommu, IommuMemory,
+    Iotlb, MmapRegion, Permissions, VolatileSlice,
+};
+
+/// Guest memory of one port as the queues and the RDMA engine see it: IOVAs
+/// translated through the port's IOTLB when the IOMMU is enabled, guest
+/// physical addresses otherwise.
+pub type PortMemory = IommuMemory<GuestMemoryMmap, PortIommu>;
+
+/// Errors of the memory table and of address translation.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum MemError {
+    /// A memory table region is malformed (zero size, overflow, overlap).
+    #[error("invalid memory region {index}: {reason}")]
+    InvalidRegion {
+        /// Index of the region in the message.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Mapping a region failed.
+    #[error("cannot map memory region {index}: {reason}")]
+    Map {
+        /// Index of the region in the message.
+        index: usize,
+        /// The OS error.
+        reason: String,
+    },
+    /// The range is not (fully) mapped by the IOTLB.
+    #[error("IOTLB miss at {iova:#x}")]
+    Miss {
+        /// First unmapped address.
+        iova: u64,
+    },
+    /// The range is mapped, but not with the requested permission.
+    #[error("access denied at {iova:#x}")]
+    Denied {
+        /// First address without the permission.
+        iova: u64,
+    },
+    /// The range is not backed by the memory table.
+    #[error("address range {addr:#x}+{len:#x} is not backed by frontend memory")]
+    Unbacked {
+        /// Start of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// `addr + len` overflows, or an entry is empty.
+    #[error("invalid address range {addr:#x}+{len:#x}")]
+    BadRange {
+        /// Start of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// No memory table has been set yet.
+    #[error("no memory table")]
+    NoMemory,
+}
+
+/// One region of the memory table, as the frontend described it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionDesc {
+    /// Guest physical address of the region's first byte.
+    pub gpa: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The frontend's virtual address of the region's first byte.
+    pub uaddr: u64,
+    /// Offset of the region in its file.
+    pub mmap_offset: u64,
+}
+
+/// The mapped memory table of one frontend.
+#[derive(Debug, Clone)]
+pub struct MemoryTable {
+    regions: Vec<RegionDesc>,
+    mmap: GuestMemoryMmap,
+}
+
+impl MemoryTable {
+    /// Maps `files[i]` for `regions[i]` (shared, read-write).
+    ///
+    /// Refuses regions that are empty, overflow, overlap, or reach past the
+    /// end of their file (touching such a mapping would raise SIGBUS).
+    pub fn map(regions: &[RegionDesc], files: Vec<File>) -> Result<Self, MemError> {
+        if regions.len() != files.len() {
+            return Err(MemError::InvalidRegion {
+                index: regions.len().min(files.len()),
+                reason: format!(
+                    "{} regions but {} file descriptors",
+                    regions.len(),
+                    files.len()
+                ),
+            });
+        }
+        let mut mapped = Vec::with_capacity(regions.len());
+        for (index, (r, file)) in regions.iter().zip(files).enumerate() {
+            let bad = |reason: &str| MemError::InvalidRegion {
+                index,
+                reason: reason.to_string(),
+            };
+            if r.size == 0 {
+                return Err(bad("zero size"));
+            }
+            if r.gpa.checked_add(r.size).is_none()
+                || r.uaddr.checked_add(r.size).is_none()
+                || r.mmap_offset.checked_add(r.size).is_none()
+            {
+                return Err(bad("address overflow"));
+            }
+            let size = usize::try_from(r.size).map_err(|_| bad("too large"))?;
+            let meta = file.metadata().map_err(|e| MemError::Map {
+                index,
+                reason: e.to_string(),
+            })?;
+            if meta.file_type().is_file() && r.mmap_offset + r.size > meta.size() {
+                return Err(bad("region reaches past the end of its file"));
+            }
+            let region = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
+                .map_err(|e| MemError::Map {
+                    index,
+                    reason: e.to_string(),
+                })?;
+            let region =
+                GuestRegionMmap::new(region, GuestAddress(r.gpa)).ok_or_else(|| MemError::Map {
+                    index,
+                    reason: "region does not fit the guest address space".into(),
+                })?;
+            mapped.push(region);
+        }
+        let mmap = GuestMemoryMmap::from_regions(mapped).map_err(|e| MemError::InvalidRegion {
+            index: 0,
+            reason: e.to_string(),
+        })?;
+        Ok(MemoryTable {
+            regions: regions.to_vec(),
+            mmap,
+        })
+    }
+
+    /// The regions as described by the frontend.
+    pub fn regions(&self) -> &[RegionDesc] {
+        &self.regions
+    }
+
+    /// The mapped memory, laid out at guest physical addresses.
+    pub fn mmap(&self) -> &GuestMemoryMmap {
+        &self.mmap
+    }
+
+    /// Guest physical address of the frontend virtual range
+    /// `[uaddr, uaddr + len)`, which must lie inside one region.
+    pub fn uaddr_to_gpa(&self, uaddr: u64, len: u64) -> Option<u64> {
+        let end = uaddr.checked_add(len)?;
+        self.regions
+            .iter()
+            .find(|r| uaddr >= r.uaddr && end <= r.uaddr + r.size)
+            .map(|r| r.gpa + (uaddr - r.uaddr))
+    }
+
+    /// Splits the frontend virtual range `[uaddr, uaddr + len)` into pieces
+    /// backed by regions: `(offset in the range, gpa, length)`. Parts that no
+    /// region backs are left out.
+    pub fn uaddr_segments(&self, uaddr: u64, len: u64) -> Vec<(u64, u64, u64)> {
+        let Some(end) = uaddr.checked_add(len) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u64, u64, u64)> = self
+            .regions
+            .iter()
+            .filter_map(|r| {
+                let s = uaddr.max(r.uaddr);
+                let e = end.min(r.uaddr + r.size);
+                (s < e).then(|| (s - uaddr, r.gpa + (s - r.uaddr), e - s))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+}
+
+/// One IOTLB entry: `[iova, iova + len)` maps to `[uaddr, uaddr + len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IotlbEntry {
+    /// Length of the mapping in bytes (never 0).
+    pub len: u64,
+    /// Frontend virtual address the IOVA maps to.
+    pub uaddr: u64,
+    /// Allowed accesses.
+    pub perm: Permissions,
+    seq: u64,
+}
+
+/// One translated piece of an IOVA range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Translation {
+    /// IOVA of the piece.
+    pub iova: u64,
+    /// Frontend virtual address it maps to.
+    pub uaddr: u64,
+    /// Length of the piece.
+    pub len: u64,
+}
+
+/// The device IOTLB of one port: non-overlapping IOVA ranges mapped to
+/// frontend virtual addresses, bounded in entries (the oldest entry is
+/// evicted first; an evicted entry only costs a later miss).
+#[derive(Debug, Clone)]
+pub struct IotlbTable {
+    entries: BTreeMap<u64, IotlbEntry>,
+    max_entries: usize,
+    next_seq: u64,
+}
+
+impl IotlbTable {
+    /// An empty table holding at most `max_entries` entries (at least 1).
+    pub fn new(max_entries: usize) -> Self {
+        IotlbTable {
+            entries: BTreeMap::new(),
+            max_entries: max_entries.max(1),
+            next_seq: 0,
+        }
+    }
+
+    /// The bound on entries.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Iterates over `(iova, entry)` in IOVA order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &IotlbEntry)> {
+        self.entries.iter().map(|(k, v)| (*k, v))
+    }
+
+    /// Maps `[iova, iova + len)` to `[uaddr, uaddr + len)`, replacing any
+    /// overlapping mappings. Returns how many entries were evicted.
+    pub fn update(
+        &mut self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        perm: Permissions,
+    ) -> Result<usize, MemError> {
+        if len == 0 || iova.checked_add(len).is_none() || uaddr.checked_add(len).is_none() {
+            return Err(MemError::BadRange { addr: iova, len });
+        }
+        if perm == Permissions::No {
+            self.invalidate(iova, len);
+            return Ok(0);
+        }
+        self.remove_range(iova, iova + len);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.entries.insert(
+            iova,
+            IotlbEntry {
+                len,
+                uaddr,
+                perm,
+                seq,
+            },
+        );
+        let mut evicted = 0;
+        while self.entries.len() > self.max_entries {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.seq)
+                .map(|(k, _)| *k);
+            match oldest {
+                Some(k) => {
+                    self.entries.remove(&k);
+                    evicted += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Removes every mapping of `[iova, iova + len)`; parts of entries
+    /// outside the range stay. `len == 0` or an overflowing range
+    /// invalidates up to the end of the address space.
+    pub fn invalidate(&mut self, iova: u64, len: u64) {
+        let end = if len == 0 {
+            u64::MAX
+        } else {
+            iova.saturating_add(len)
+        };
+        self.remove_range(iova, end);
+    }
+
+    /// Removes all entries.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    fn remove_range(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut hit: Vec<u64> = Vec::new();
+        if let Some((&k, e)) = self.entries.range(..start).next_back() {
+            if k + e.len > start {
+                hit.push(k);
+            }
+        }
+        hit.extend(self.entries.range(start..end).map(|(k, _)| *k));
+        for k in hit {
+            let Some(e) = self.entries.remove(&k) else {
+                continue;
+            };
+            let e_end = k + e.len;
+            if k < start {
+                self.entries.insert(
+                    k,
+                    IotlbEntry {
+                        len: start - k,
+                        ..e
+                    },
+                );
+            }
+            if e_end > end {
+                self.entries.insert(
+                    end,
+                    IotlbEntry {
+                        len: e_end - end,
+                        uaddr: e.uaddr + (end - k),
+                        ..e
+                    },
+                );
+            }
+        }
+    }
+
+    /// Translates `[iova, iova + len)` for `access` into frontend virtual
+    /// address pieces. Fails with the first unmapped or forbidden address.
+    pub fn translate(
+        &self,
+        iova: u64,
+        len: u64,
+        access: Permissions,
+    ) -> Result<Vec<Translation>, MemError> {
+        let end = iova
+            .checked_add(len)
+            .ok_or(MemError::BadRange { addr: iova, len })?;
+        let mut out = Vec::new();
+        let mut cur = iova;
+        while cur < end {
+            let (k, e) = self
+                .entries
+                .range(..=cur)
+                .next_back()
+                .filter(|(k, e)| **k + e.len > cur)
+                .ok_or(MemError::Miss { iova: cur })?;
+            if !e.perm.allow(access) {
+                return Err(MemError::Denied { iova: cur });
+            }
+            let piece_end = end.min(k + e.len);
+            out.push(Translation {
+                iova: cur,
+                uaddr: e.uaddr + (cur - k),
+                len: piece_end - cur,
+            });
+            cur = piece_end;
+        }
+        Ok(out)
+    }
+
+    /// Builds vm-memory's IOTLB (IOVA to guest physical) for this table
+    /// over `table`. Parts that the memory table does not back are left
+    /// out, so accessing them is a miss.
+    pub fn to_vm_iotlb(&self, table: &MemoryTable) -> Iotlb {
+        let mut tlb = Iotlb::new();
+        for (iova, e) in self.iter() {
+            for (off, gpa, len) in table.uaddr_segments(e.uaddr, e.len) {
+                if let Ok(len) = usize::try_from(len) {
+                    // Entries never overflow (checked at insertion).
+                    let _ =
+                        tlb.set_mapping(GuestAddress(iova + off), GuestAddress(gpa), len, e.perm);
+                }
+            }
+        }
+        tlb
+    }
+}
+
+/// A failed access recorded by [`PortIommu`] so the port can ask the
+/// frontend for the mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// First address that failed.
+    pub iova: u64,
+    /// Access that was attempted.
+    pub access: Permissions,
+    /// Whether the address was mapped (but without the permission).
+    pub denied: bool,
+}
+
+/// The IOMMU of a port as vm-memory sees it: a read-mostly IOTLB mirror plus
+/// a record of faults (misses are never waited for; the caller sends an
+/// IOTLB MISS and retries after the UPDATE).
+#[derive(Debug, Default)]
+pub struct PortIommu {
+    tlb: RwLock<Iotlb>,
+    faults: Mutex<Vec<Fault>>,
+    events: AtomicU64,
+}
+
+impl PortIommu {
+    /// Replaces the IOTLB mirror.
+    pub fn set_tlb(&self, tlb: Iotlb) {
+        *self.tlb.write().unwrap_or_else(|e| e.into_inner()) = tlb;
+    }
+
+    /// Takes the faults recorded since the last call.
+    pub fn take_faults(&self) -> Vec<Fault> {
+        std::mem::take(&mut *self.faults.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Number of faults seen so far (a counter that only grows: compare
+    /// it before and after an access to detect a miss).
+    pub fn fault_count(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, fault: Fault) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        if f.len() < 64 && !f.contains(&fault) {
+            f.push(fault);
+        }
+    }
+}
+
+impl Iommu for PortIommu {
+    type IotlbGuard<'a> = RwLockReadGuard<'a, Iotlb>;
+
+    fn translate(
+        &self,
+        iova: GuestAddress,
+        length: usize,
+        access: Permissions,
+    ) -> Result<IotlbIterator<Self::IotlbGuard<'_>>, IommuError> {
+        let fail = |reason: &str| IommuError::CannotResolve {
+            iova_range: IovaRange { base: iova, length },
+            reason: reason.to_string(),
+        };
+        // Iotlb::lookup computes `iova + length` unchecked, and an empty
+        // range would confuse its gap search: refuse both here.
+        let len = length as u64;
+        if length == 0 || iova.0.checked_add(len).is_none() {
+            return Err(fail("empty or overflowing range"));
+        }
+        let guard = self.tlb.read().unwrap_or_else(|e| e.into_inner());
+        match Iotlb::lookup(guard, iova, length, access) {
+            Ok(it) => Ok(it),
+            Err(fails) => {
+                if let Some(m) = fails.misses.first() {
+                    self.record(Fault {
+                        iova: m.base.0,
+                        access,
+                        denied: false,
+                    });
+                } else if let Some(a) = fails.access_fails.first() {
+                    self.record(Fault {
+                        iova: a.base.0,
+                        access,
+                        denied: true,
+                    });
+                }
+                Err(fail("not mapped with the requested access"))
+            }
+        }
+    }
+}
+
+/// Creates the port memory for `table`, with the IOMMU enabled or not.
+pub fn new_port_memory(table: &MemoryTable, iotlb: &IotlbTable, iommu: bool) -> PortMemory {
+    let port_iommu = PortIommu::default();
+    port_iommu.set_tlb(iotlb.to_vm_iotlb(table));
+    IommuMemory::new(table.mmap().clone(), port_iommu, iommu, ())
+}
+
+/// Returns volatile slices covering `[addr, addr + len)` of `mem` for
+/// `access`, or an error (memory untouched) if any byte is not accessible.
+///
+/// With the IOMMU enabled `addr` is an IOVA; otherwise a guest physical
+/// address. A miss is also recorded in the IOMMU's faults, so the port
+/// asks the frontend for the mapping.
+pub fn slices(
+    mem: &PortMemory,
+    addr: u64,
+    len: usize,
+    access: Permissions,
+) -> Result<Vec<VolatileSlice<'_, ()>>, MemError> {
+    let bad = MemError::BadRange {
+        addr,
+        len: len as u64,
+    };
+    if addr.checked_add(len as u64).is_none() {
+        return Err(bad);
+    }
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    if !mem.check_range(GuestAddress(addr), len, access) {
+        if mem.get_iommu_enabled() {
+            let faults = mem.iommu().take_faults();
+            let first = faults.first().copied();
+            // Keep them for the port, which sends the MISS messages.
+            let mut kept = mem.iommu().faults.lock().unwrap_or_else(|e| e.into_inner());
+            kept.extend(faults);
+            drop(kept);
+            return Err(match first {
+                Some(f) if f.denied => MemError::Denied { iova: f.iova },
+                Some(f) => MemError::Miss { iova: f.iova },
+                None => MemError::Unbacked {
+                    addr,
+                    len: len as u64,
+                },
+            });
+        }
+        return Err(MemError::Unbacked {
+            addr,
+            len: len as u64,
+        });
+    }
+    let iter = mem
+        .get_slices(GuestAddress(addr), len, access)
+        .map_err(|_| bad.clone())?;
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    for s in iter {
+        let s = s.map_err(|_| bad.clone())?;
+        total += s.len();
+        out.push(s);
+    }
+    if total != len {
+        return Err(bad);
+    }
+    Ok(out)
+}
+
+/// Converts a vhost IOTLB permission byte (VHOST_ACCESS_*) to [`Permissions`].
+pub fn perm_from_vhost(perm: u8) -> Option<Permissions> {
+    match perm {
+        0 => Some(Permissions::No),
+        1 => Some(Permissions::Read),
+        2 => Some(Permissions::Write),
+        3 => Some(Permissions::ReadWrite),
+        _ => None,
+    }
+}
+
+/// Converts [`Permissions`] to a vhost IOTLB permission byte.
+pub fn perm_to_vhost(perm: Permissions) -> u8 {
+    perm as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use vm_memory::Bytes;
+
+    const R: Permissions = Permissions::Read;
+    const W: Permissions = Permissions::Write;
+    const RW: Permissions = Permissions::ReadWrite;
+
+    #[test]
+    fn translate_single_entry() {
+        let mut t = IotlbTable::new(16);
+        t.update(0x1000, 0x1000, 0x7f00_0000, RW).unwrap();
+        let tr = t.translate(0x1800, 0x100, R).unwrap();
+        assert_eq!(
+            tr,
+            vec![Translation {
+                iova: 0x1800,
+                uaddr: 0x7f00_0800,
+                len: 0x100
+            }]
+        );
+        assert_eq!(t.translate(0x1800, 0, R).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn translate_crosses_entries() {
+        let mut t = IotlbTable::new(16);
+        t.update(0x1000, 0x1000, 0xa000, RW).unwrap();
+        t.update(0x2000, 0x1000, 0x5000, RW).unwrap();
+        let tr = t.translate(0x1f00, 0x200, W).unwrap();
+        assert_eq!(
+            tr,
+            vec![
+                Translation {
+                    iova: 0x1f00,
+                    uaddr: 0xaf00,
+                    len: 0x100
+                },
+                Translation {
+                    iova: 0x2000,
+                    uaddr: 0x5000,
+                    len: 0x100
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn translate_gap_is_a_miss() {
+        let mut t = IotlbTable::new(16);
+        t.update(0x1000, 0x1000, 0xa000, RW).unwrap();
+        t.update(0x3000, 0x1000, 0xb000, RW).unwrap();
+        assert_eq!(
+            t.translate(0x1f00, 0x2000, R),
+            Err(MemError::Miss { iova: 0x2000 })
+        );
+        assert_eq!(t.translate(0x0, 1, R), Err(MemError::Miss { iova: 0 }));
+        assert_eq!(
+            t.translate(0x3fff, 2, R),
+            Err(MemError::Miss { iova: 0x4000 })
+        );
+    }
+
+    #[test]
+    fn translate_checks_permissions() {
+        let mut t = IotlbTable::new(16);
+        t.update(0x1000, 0x1000, 0xa000, R).unwrap();
+        t.update(0x2000, 0x1000, 0xb000, W).unwrap();
+        assert!(t.translate(0x1000, 0x1000, R).is_ok());
+        assert_eq!(
+            t.translate(0x1000, 0x10, W),
+            Err(MemError::Denied { iova: 0x1000 })
+        );
+        assert_eq!(
+            t.translate(0x1ff0, 0x20, R),
+            Err(MemError::Denied { iova: 0x2000 })
+        );
+        assert_eq!(
+            t.translate(0x1ff0, 0x20, RW),
+            Err(MemError::Denied { iova: 0x1ff0 })
+        );
+    }
+
+    #[test]
+    fn overflow_and_empty_are_refused() {
+        let mut t = IotlbTable::new(16);
+        assert!(t.update(u64::MAX - 1, 4, 0, RW).is_err());
+        assert!(t.update(0, 0, 0, RW).is_err());
+        assert!(t.update(0, 4, u64::MAX, RW).is_err());
+        assert!(t.translate(u64::MAX, 2, R).is_err());
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn update_replaces_overlap_and_invalidate_splits() {
+        let mut t = IotlbTable::new(16);
+        t.update(0x0, 0x4000, 0x10000, RW).unwrap();
+        t.update(0x1000, 0x1000, 0x90000, R).unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.translate(0x1000, 1, R).unwrap()[0].uaddr, 0x90000);
+        assert_eq!(t.translate(0x2000, 1, R).unwrap()[0].uaddr, 0x12000);
+        assert_eq!(t.translate(0x0fff, 1, R).unwrap()[0].uaddr, 0x10fff);
+        t.invalidate(0x800, 0x2000);
+        assert_eq!(t.translate(0x7ff, 1, R).unwrap()[0].uaddr, 0x107ff);
+        assert_eq!(
+            t.translate(0x800, 1, R),
+            Err(MemError::Miss { iova: 0x800 })
+        );
+        assert_eq!(
+            t.translate(0x27ff, 1, R),
+            Err(MemError::Miss { iova: 0x27ff })
+        );
+        assert_eq!(t.translate(0x2800, 1, R).unwrap()[0].uaddr, 0x12800);
+        t.invalidate(0, 0);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn oldest_entries_are_evicted() {
+        let mut t = IotlbTable::new(2);
+        t.update(0x1000, 0x1000, 0x1000, RW).unwrap();
+        t.update(0x3000, 0x1000, 0x3000, RW).unwrap();
+        assert_eq!(t.update(0x2000, 0x1000, 0x2000, RW).unwrap(), 1);
+        assert_eq!(t.len(), 2);
+        assert!(t.translate(0x1000, 1, R).is_err());
+        assert!(t.translate(0x2000, 0x2000, R).is_ok());
+    }
+
+    fn memfd_table(gpa: u64, uaddr: u64, size: u64) -> MemoryTable {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![0u8; size as usize]).unwrap();
+        MemoryTable::map(
+            &[RegionDesc {
+                gpa,
+                size,
+                uaddr,
+                mmap_offset: 0,
+            }],
+            vec![f],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn memory_table_refuses_bad_regions() {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x1000).unwrap();
+        let r = RegionDesc {
+            gpa: 0,
+            size: 0x2000,
+            uaddr: 0,
+            mmap_offset: 0,
+        };
+        // Past the end of the file.
+        assert!(MemoryTable::map(&[r], vec![f.try_clone().unwrap()]).is_err());
+        // Zero size.
+        let z = RegionDesc { size: 0, ..r };
+        assert!(MemoryTable::map(&[z], vec![f.try_clone().unwrap()]).is_err());
+        // Overflow.
+        let o = RegionDesc {
+            gpa: u64::MAX,
+            size: 0x1000,
+            ..r
+        };
+        assert!(MemoryTable::map(&[o], vec![f.try_clone().unwrap()]).is_err());
+        // Missing fd.
+        assert!(MemoryTable::map(&[r], vec![]).is_err());
+    }
+
+    #[test]
+    fn uaddr_translation_through_the_table() {
+        let table = memfd_table(0x10_0000, 0x7f00_0000, 0x4000);
+        assert_eq!(table.uaddr_to_gpa(0x7f00_1000, 0x100), Some(0x10_1000));
+        assert_eq!(table.uaddr_to_gpa(0x7f00_3f00, 0x200), None);
+        assert_eq!(
+            table.uaddr_segments(0x7eff_f000, 0x2000),
+            vec![(0x1000, 0x10_0000, 0x1000)]
+        );
+    }
+
+    #[test]
+    fn slices_follow_the_iotlb() {
+        let table = memfd_table(0x10_0000, 0x7f00_0000, 0x4000);
+        let mut tlb = IotlbTable::new(16);
+        // IOVA 0x2000..0x3000 -> uaddr page 3, IOVA 0x3000..0x4000 -> page 0 (read-only).
+        tlb.update(0x2000, 0x1000, 0x7f00_3000, RW).unwrap();
+        tlb.update(0x3000, 0x1000, 0x7f00_0000, R).unwrap();
+        let mem = new_port_memory(&table, &tlb, true);
+
+        let s = slices(&mem, 0x2ff0, 0x20, Permissions::Read).unwrap();
+        assert_eq!(s.iter().map(|s| s.len()).sum::<usize>(), 0x20);
+        assert_eq!(s.len(), 2);
+
+        let w = slices(&mem, 0x2800, 0x10, Permissions::Write).unwrap();
+        w[0].write_slice(&[7u8; 16], 0).unwrap();
+        let mut back = [0u8; 16];
+        table
+            .mmap()
+            .read_slice(&mut back, GuestAddress(0x10_3800))
+            .unwrap();
+        assert_eq!(back, [7u8; 16]);
+
+        // Write into the read-only part: denied, memory untouched.
+        assert_eq!(
+            slices(&mem, 0x3000, 0x10, Permissions::Write).unwrap_err(),
+            MemError::Denied { iova: 0x3000 }
+        );
+        // Unmapped: a miss, recorded for the port.
+        mem.iommu().take_faults();
+        assert_eq!(
+            slices(&mem, 0x5000, 0x10, Permissions::Read).unwrap_err(),
+            MemError::Miss { iova: 0x5000 }
+        );
+        assert_eq!(mem.iommu().take_faults()[0].iova, 0x5000);
+        assert!(slices(&mem, u64::MAX, 2, Permissions::Read).is_err());
+
+        // Without the IOMMU, addresses are guest physical.
+        let phys = new_port_memory(&table, &tlb, false);
+        assert!(slices(&phys, 0x10_0000, 0x4000, Permissions::Write).is_ok());
+        assert!(slices(&phys, 0x10_3fff, 2, Permissions::Read).is_err());
+    }
+}

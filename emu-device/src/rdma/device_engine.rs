@@ -1,0 +1,250 @@
+//! The engine plugged into the device: serves a port's RDMA send queue and
+//! writes its completions.
+//!
+//! Each port publishes its memory (the frontend's memory table behind its
+//! IOTLB) and its windows in a [`PortShared`], which other ports' engines
+//! read while they access it. Requests run in order, one at a time, so a
+//! FENCE is always honoured. A completion waits in the engine when the
+//! completion queue has no free buffer; the engine then takes no new request
+//! until the driver posts buffers and kicks the completion queue.
+
+use std::collections::VecDeque;
+
+use parking_lot::RwLock;
+use uapi::{
+    Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
+};
+use vm_memory::Permissions;
+
+use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target, WindowTable};
+use crate::device::Device;
+use crate::engine::RdmaEngine;
+use crate::memory::{self, MemError, PortMemory};
+use crate::port::PortState;
+use crate::queues::{self, Pop};
+
+/// What other ports' engines see of a port.
+#[derive(Debug, Default)]
+pub struct PortShared {
+    /// The port's memory, while a frontend is connected and has sent its
+    /// memory table.
+    pub memory: RwLock<Option<PortMemory>>,
+    /// Windows the port bound.
+    pub windows: WindowTable,
+}
+
+impl PortShared {
+    /// Forgets the memory and revokes every window (the frontend left).
+    pub fn reset(&self) {
+        *self.memory.write() = None;
+        self.windows.clear();
+    }
+}
+
+/// A port's memory seen through the engine's seam.
+struct MemoryView<'a>(&'a PortMemory);
+
+impl MemoryAccess for MemoryView<'_> {
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault> {
+        let access = if write {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        let len = usize::try_from(len).map_err(|_| Fault::Unmapped)?;
+        let slices = memory::slices(self.0, iova, len, access).map_err(|error| match error {
+            MemError::Denied { .. } if write => Fault::Permission("write"),
+            MemError::Denied { .. } => Fault::Permission("read"),
+            _ => Fault::Unmapped,
+        })?;
+        for slice in slices {
+            out.push(Span {
+                addr: slice.ptr_guard_mut().as_ptr(),
+                len: slice.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The other ports, reached through their [`PortShared`].
+struct DeviceFabric<'a> {
+    device: &'a Device,
+}
+
+impl Fabric for DeviceFabric<'_> {
+    fn reach(
+        &self,
+        port: u16,
+        access: &mut dyn FnMut(Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail> {
+        let port = self
+            .device
+            .port(usize::from(port))
+            .ok_or(ErrorDetail::UnknownPort)?;
+        let memory = port.rdma.memory.read();
+        let memory = memory.as_ref().ok_or(ErrorDetail::PortDown)?;
+        Ok(access(Target {
+            memory: &MemoryView(memory),
+            windows: &port.rdma.windows,
+        }))
+    }
+}
+
+/// The RDMA engine of one connection.
+#[derive(Debug, Default)]
+pub struct DeviceEngine {
+    /// Completions waiting for a completion-queue buffer.
+    pending: VecDeque<Completion>,
+}
+
+impl DeviceEngine {
+    /// An engine with nothing pending.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes pending completions into completion-queue buffers. Returns
+    /// whether any buffer was used.
+    fn flush(&mut self, state: &mut PortState, memory: &PortMemory) -> bool {
+        let cq = state.rdma_cq();
+        let mut used = false;
+        while let Some(completion) = self.pending.front() {
+            let ring = &mut state.vrings[cq];
+            if !ring.active() {
+                break;
+            }
+            match queues::pop_chain(ring, memory) {
+                Pop::Chain(chain) => {
+                    let written = queues::write_chain(memory, &chain, &completion.encode());
+                    match written {
+                        Ok(Some(n)) => {
+                            let _ = ring.add_used(memory, chain.head, n as u32);
+                            self.pending.pop_front();
+                        }
+                        Ok(None) => {
+                            ring.rewind();
+                            break;
+                        }
+                        Err(error) => {
+                            // A buffer the device cannot write: give it back
+                            // empty and try the next one.
+                            tracing::debug!(port = state.index, "bad completion buffer: {error}");
+                            let _ = ring.add_used(memory, chain.head, 0);
+                        }
+                    }
+                    used = true;
+                }
+                Pop::Empty => {
+                    // Ask for a kick when the driver posts buffers.
+                    if let Ok(true) = ring.queue_enable_notification(memory) {
+                        continue;
+                    }
+                    break;
+                }
+                Pop::Miss => break,
+                Pop::Broken(error) => {
+                    tracing::warn!(port = state.index, "completion queue broken: {error}");
+                    break;
+                }
+            }
+        }
+        used
+    }
+
+    /// Takes the next request from the send queue and runs it. Returns
+    /// `false` when the queue is empty (or unusable).
+    fn serve_one(
+        &mut self,
+        state: &mut PortState,
+        memory: &PortMemory,
+        info: DeviceInfo,
+        local: &Target<'_>,
+        fabric: &DeviceFabric<'_>,
+    ) -> bool {
+        let sq = state.rdma_sq();
+        let ring = &mut state.vrings[sq];
+        let chain = match queues::pop_chain(ring, memory) {
+            Pop::Chain(chain) => chain,
+            Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
+            Pop::Miss => return false,
+            Pop::Broken(error) => {
+                tracing::warn!(port = state.index, "send queue broken: {error}");
+                return false;
+            }
+        };
+        let _ = ring.queue_disable_notification(memory);
+        let completion = match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
+            Ok(Some(bytes)) => match WorkRequest::decode(&bytes) {
+                Ok(request) => {
+                    let done = execute(info, *local, &request, fabric);
+                    (request.flags.contains(WrFlags::SIGNALED) || !done.is_success())
+                        .then_some(done)
+                }
+                Err(error) => {
+                    tracing::debug!(port = state.index, "malformed work request: {error}");
+                    Some(malformed(&bytes))
+                }
+            },
+            Ok(None) => {
+                ring.rewind();
+                return false;
+            }
+            Err(error) => {
+                tracing::debug!(port = state.index, "unreadable work request: {error}");
+                Some(malformed(&[]))
+            }
+        };
+        let _ = ring.add_used(memory, chain.head, 0);
+        self.pending.extend(completion);
+        true
+    }
+}
+
+/// The error completion of a request that did not decode; its user data if
+/// the bytes hold one.
+fn malformed(bytes: &[u8]) -> Completion {
+    let user_data = bytes
+        .get(8..16)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")))
+        .unwrap_or(0);
+    Completion::error(
+        user_data,
+        None,
+        Status::InvalidRequest,
+        ErrorDetail::Malformed,
+    )
+}
+
+impl RdmaEngine for DeviceEngine {
+    fn on_send_queue_kick(&mut self, state: &mut PortState, device: &Device) {
+        let Some(port) = device.port(state.index) else {
+            return;
+        };
+        let Some(memory) = state.mem.clone() else {
+            return;
+        };
+        *port.rdma.memory.write() = Some(memory.clone());
+        let info = DeviceInfo {
+            port: state.index as u16,
+            abi_version: ABI_VERSION,
+            features: RDMA_FEATURES,
+        };
+        let fabric = DeviceFabric { device };
+        let view = MemoryView(&memory);
+        let local = Target {
+            memory: &view,
+            windows: &port.rdma.windows,
+        };
+        self.flush(state, &memory);
+        while self.pending.is_empty() && state.vrings[state.rdma_sq()].active() {
+            if !self.serve_one(state, &memory, info, &local, &fabric) {
+                break;
+            }
+            self.flush(state, &memory);
+        }
+        let (sq, cq) = (state.rdma_sq(), state.rdma_cq());
+        state.vrings[sq].notify(&memory);
+        state.vrings[cq].notify(&memory);
+    }
+}

@@ -1,0 +1,60 @@
+//! The RDMA engine: executes work requests between ports.
+//!
+//! The engine sees ports only through two seams: [`MemoryAccess`], which turns
+//! a port's I/O virtual addresses into spans of memory mapped in this process
+//! (through that port's IOTLB, with its permissions), and [`Fabric`], which
+//! finds a target port and its window table. Everything a request names is
+//! checked before a byte moves: the local range against the initiator's
+//! registrations, the remote range against a live window (key, bounds,
+//! rights) and then the target's registrations. A request that fails any
+//! check completes with an error and touches no memory.
+//!
+//! Data moves with one copy between the two mappings (the zero-copy path:
+//! neither side copies through a buffer of its own). Atomics are atomic
+//! read-modify-writes on the shared mapping, so they are coherent with the
+//! CPU atomics of the memory's owner.
+
+mod device_engine;
+mod engine;
+mod windows;
+
+pub use device_engine::{DeviceEngine, PortShared};
+pub use engine::{execute, Fabric, Failure, Outcome, Target};
+pub use windows::{Window, WindowTable};
+
+use smallvec::SmallVec;
+
+/// A contiguous piece of a port's memory, mapped in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// First byte, in this process's address space.
+    pub addr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// The spans backing one I/O virtual address range; rarely more than a few.
+pub type Spans = SmallVec<[Span; 4]>;
+
+/// Why a port's address range cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    /// Part of the range is not registered (no IOTLB entry, or not in the
+    /// memory table).
+    #[error("address range not registered")]
+    Unmapped,
+    /// The range is registered without the needed permission.
+    #[error("registered without {0} permission")]
+    Permission(&'static str),
+}
+
+/// A port's memory as the engine sees it.
+pub trait MemoryAccess {
+    /// Appends to `out` the spans backing `[iova, iova + len)`, readable (and
+    /// writable when `write`). Fails without appending when any byte is not
+    /// registered with that permission.
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault>;
+}
+
+#[cfg(test)]
+mod tests;

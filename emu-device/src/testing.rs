@@ -1,0 +1,214 @@
+//! A harness that runs the `emu-device` binary on a temporary socket
+//! directory, reads its status socket, and kills and cleans it up on drop.
+//!
+//! ```no_run
+//! # use emu_device::testing::DeviceProcess;
+//! // In an integration test: env!("CARGO_BIN_EXE_emu-device").
+//! let bin = std::path::Path::new("target/release/emu-device");
+//! let dev = DeviceProcess::start(bin, 2, &[]).unwrap();
+//! let status = dev.status().unwrap();
+//! assert_eq!(status[0].n("connected"), 0);
+//! ```
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The status of one port: `key=value` pairs; numbers parsed.
+#[derive(Debug, Clone, Default)]
+pub struct PortStatus {
+    /// Raw values.
+    pub fields: HashMap<String, String>,
+}
+
+impl PortStatus {
+    /// A numeric field (decimal or `0x` hex).
+    pub fn get(&self, key: &str) -> Option<u64> {
+        let v = self.fields.get(key)?;
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse().ok(),
+        }
+    }
+
+    /// A numeric field, 0 when absent.
+    pub fn n(&self, key: &str) -> u64 {
+        self.get(key).unwrap_or(0)
+    }
+
+    /// A field as text.
+    pub fn text(&self, key: &str) -> Option<&str> {
+        self.fields.get(key).map(String::as_str)
+    }
+}
+
+/// Parses the status text (one line per port).
+pub fn parse_status(text: &str) -> Vec<PortStatus> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| PortStatus {
+            fields: l
+                .split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        })
+        .collect()
+}
+
+/// A running `emu-device` child process.
+#[derive(Debug)]
+pub struct DeviceProcess {
+    child: Child,
+    dir: PathBuf,
+    ports: usize,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl DeviceProcess {
+    /// Starts `bin --socket-dir TMP --ports ports ARGS...` and waits (up to
+    /// 10 s) until all sockets exist. Logs go to `TMP/device.log`.
+    pub fn start(bin: &Path, ports: usize, args: &[&str]) -> io::Result<DeviceProcess> {
+        let dir = std::env::temp_dir().join(format!(
+            "emu-device-test-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let log = std::fs::File::create(dir.join("device.log"))?;
+        let child = Command::new(bin)
+            .arg("--socket-dir")
+            .arg(&dir)
+            .arg("--ports")
+            .arg(ports.to_string())
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("EMU_DEVICE_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        let mut dev = DeviceProcess { child, dir, ports };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = dev.control_path().exists() && (0..ports).all(|i| dev.socket(i).exists());
+            if ready {
+                return Ok(dev);
+            }
+            if let Some(st) = dev.child.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "emu-device exited ({st}): {}",
+                    dev.log()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other("emu-device sockets did not appear"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Socket of port `i`.
+    pub fn socket(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("port{i}.sock"))
+    }
+
+    /// Number of sockets.
+    pub fn ports(&self) -> usize {
+        self.ports
+    }
+
+    /// The status socket.
+    pub fn control_path(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+
+    /// The temporary directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The device's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("device.log")).unwrap_or_default()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads the status of every port.
+    pub fn status(&self) -> io::Result<Vec<PortStatus>> {
+        let mut s = UnixStream::connect(self.control_path())?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"status\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(parse_status(&text))
+    }
+
+    /// Status of port `i` (empty if unknown).
+    pub fn port(&self, i: usize) -> PortStatus {
+        self.status()
+            .ok()
+            .and_then(|v| v.into_iter().nth(i))
+            .unwrap_or_default()
+    }
+
+    /// Polls the status until `pred` holds or `timeout` passes.
+    pub fn wait_for(&self, timeout: Duration, mut pred: impl FnMut(&[PortStatus]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(s) = self.status() {
+                if pred(&s) {
+                    return true;
+                }
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for a clean exit; returns
+    /// whether it exited successfully.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+}
+
+impl Drop for DeviceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::env::var_os("EMU_DEVICE_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
