@@ -11,6 +11,7 @@
 //! [`net`] (switch), [`port`] (per-port state), [`device`] (threads and
 //! sockets), [`testing`] (a harness running the binary).
 
+pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod memory;
