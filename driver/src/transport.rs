@@ -831,11 +831,7 @@ impl Transport for VhostUserTransport {
         uaddr: u64,
         access: Access,
     ) -> Result<(), TransportError> {
-        if len == 0 || iova.checked_add(len).is_none() {
-            return Err(TransportError::InvalidArgument(format!(
-                "IOTLB range of {len} bytes at {iova:#x}"
-            )));
-        }
+        check_iotlb_range(iova, len)?;
         if !self.iotlb_enabled() {
             return Ok(());
         }
@@ -850,11 +846,7 @@ impl Transport for VhostUserTransport {
     }
 
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
-        if len == 0 || iova.checked_add(len).is_none() {
-            return Err(TransportError::InvalidArgument(format!(
-                "IOTLB range of {len} bytes at {iova:#x}"
-            )));
-        }
+        check_iotlb_range(iova, len)?;
         if !self.iotlb_enabled() {
             return Ok(());
         }
@@ -865,6 +857,16 @@ impl Transport for VhostUserTransport {
             ..IotlbMsg::default()
         })
     }
+}
+
+/// Refuses an empty or overflowing IOTLB range.
+fn check_iotlb_range(iova: u64, len: u64) -> Result<(), TransportError> {
+    if len == 0 || iova.checked_add(len).is_none() {
+        return Err(TransportError::InvalidArgument(format!(
+            "IOTLB range of {len} bytes at {iova:#x}"
+        )));
+    }
+    Ok(())
 }
 
 impl<T: Transport + ?Sized> Transport for Arc<T> {

@@ -9,7 +9,10 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::TrackingPinner;
+use parking_lot::Mutex;
 use pincache::{CacheConfig, CacheError, Limit, PageRange, PinCache, Policy, Registration};
 use proptest::prelude::*;
 
@@ -188,6 +191,13 @@ impl Model {
     }
 }
 
+/// A cache over a fresh tracking pinner, and the pinner's log.
+fn tracked_cache(config: CacheConfig) -> (PinCache<TrackingPinner>, Arc<Mutex<common::PinLog>>) {
+    let pinner = TrackingPinner::default();
+    let log = pinner.log.clone();
+    (PinCache::new(pinner, config).unwrap(), log)
+}
+
 fn sorted_ranges(mut ranges: Vec<PageRange>) -> Vec<PageRange> {
     ranges.sort();
     ranges
@@ -199,20 +209,14 @@ fn run_exact(
     max_entries: usize,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
-    let pinner = TrackingPinner::default();
-    let log = pinner.log.clone();
     let max_bytes = max_pages * PAGE;
-    let cache = PinCache::new(
-        pinner,
-        CacheConfig {
-            max_pinned_bytes: Some(max_bytes),
-            max_entries,
-            policy,
-            merge: false,
-            ..CacheConfig::default()
-        },
-    )
-    .unwrap();
+    let (cache, log) = tracked_cache(CacheConfig {
+        max_pinned_bytes: Some(max_bytes),
+        max_entries,
+        policy,
+        merge: false,
+        ..CacheConfig::default()
+    });
     let mut model = Model::default();
     let mut held: Vec<(Registration<'_, TrackingPinner>, u64)> = Vec::new();
     // Model id -> cache token (serial), learnt on misses.
@@ -294,21 +298,15 @@ fn run_invariants(
     merged_pages: usize,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
-    let pinner = TrackingPinner::default();
-    let log = pinner.log.clone();
     let max_bytes = max_pages * PAGE;
-    let cache = PinCache::new(
-        pinner,
-        CacheConfig {
-            max_pinned_bytes: Some(max_bytes),
-            max_entries,
-            policy,
-            merge: true,
-            max_merged_bytes: Some(merged_pages * PAGE),
-            ..CacheConfig::default()
-        },
-    )
-    .unwrap();
+    let (cache, log) = tracked_cache(CacheConfig {
+        max_pinned_bytes: Some(max_bytes),
+        max_entries,
+        policy,
+        merge: true,
+        max_merged_bytes: Some(merged_pages * PAGE),
+        ..CacheConfig::default()
+    });
     let mut held: Vec<Registration<'_, TrackingPinner>> = Vec::new();
     // (invalidated range, last serial handed out before the invalidation)
     let mut invalidated: Vec<(usize, usize, u64)> = Vec::new();
