@@ -84,3 +84,38 @@ fn write_read_and_add_between_two_ports_of_one_process() {
         assert_eq!(done.value, expected * 3);
     }
 }
+
+#[test]
+fn a_full_completion_queue_holds_the_device_back_and_loses_nothing() {
+    use pindown_driver::verbs::opcode::Nop;
+    use pindown_driver::verbs::VerbsError;
+    let device = DeviceProcess::start(common::device_bin(), 1, &[]).unwrap();
+    let config = ContextConfig {
+        arena_bytes: 4 << 20,
+        queue_size: 16,
+        ..ContextConfig::default()
+    };
+    let context = Context::open(device.socket(0), config).unwrap();
+    let total = 500u64;
+    let (mut posted, mut seen) = (0u64, Vec::new());
+    let mut out = [Completion::error(0, None, Status::InvalidRequest, uapi::ErrorDetail::None); 8];
+    while (seen.len() as u64) < total {
+        // Post until the rings are full, without reaping completions.
+        while posted < total {
+            match context.post(&[Nop::new().build().user_data(posted).signaled()]) {
+                Ok(()) => posted += 1,
+                Err(VerbsError::QueueFull { .. }) => break,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        let n = context
+            .wait(&mut out, Duration::from_secs(5))
+            .expect("completions keep coming");
+        seen.extend(out[..n].iter().map(|c| c.user_data));
+    }
+    assert_eq!(
+        seen,
+        (0..total).collect::<Vec<_>>(),
+        "every completion, in order"
+    );
+}

@@ -444,10 +444,7 @@ impl<T: Transport + 'static> Context<T> {
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize, VerbsError> {
         let mut ring = self.completion.lock();
         if ring.ready.len() < out.len() {
-            ring.pump()?;
-            if ring.queue.kick_needed() {
-                self.transport.notify(self.layout.completion_queue())?;
-            }
+            self.reap(&mut ring)?;
         }
         let count = out.len().min(ring.ready.len());
         for (slot, completion) in out.iter_mut().zip(ring.ready.drain(..count)) {
@@ -497,6 +494,15 @@ impl<T: Transport + 'static> Context<T> {
         }
     }
 
+    /// Takes the completions the device wrote and lends their buffers back,
+    /// with a doorbell if the device waits for buffers.
+    fn reap(&self, ring: &mut CompletionRing) -> Result<(), VerbsError> {
+        if ring.pump()? > 0 && ring.queue.kick_needed() {
+            self.transport.notify(self.layout.completion_queue())?;
+        }
+        Ok(())
+    }
+
     /// Posts one request of the driver's own and waits for its completion.
     fn run_internal(&self, op: Operation, timeout: Duration) -> Result<Completion, VerbsError> {
         let user_data = INTERNAL | self.next_internal.fetch_add(1, Ordering::Relaxed);
@@ -508,7 +514,7 @@ impl<T: Transport + 'static> Context<T> {
         let mut done = None;
         self.wait_until(timeout, |context| {
             let mut ring = context.completion.lock();
-            ring.pump()?;
+            context.reap(&mut ring)?;
             done = ring.internal.remove(&user_data);
             Ok(usize::from(done.is_some()))
         })?;
