@@ -9,6 +9,7 @@
 //! until the driver posts buffers and kicks the completion queue.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 use uapi::{
@@ -19,9 +20,9 @@ use vm_memory::Permissions;
 use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target, WindowTable};
 use crate::device::Device;
 use crate::engine::RdmaEngine;
-use crate::memory::{self, MemError, PortMemory};
-use crate::port::PortState;
-use crate::queues::{self, Pop};
+use crate::memory::{self, MemError, PortIommu, PortMemory};
+use crate::port::{Port, PortState};
+use crate::queues::{self, Pop, Vring};
 
 /// What other ports' engines see of a port.
 #[derive(Debug, Default)]
@@ -91,11 +92,24 @@ impl Fabric for DeviceFabric<'_> {
     }
 }
 
+/// The RDMA rings of a port, borrowed apart from its memory.
+struct Rings<'a> {
+    vrings: &'a mut [Vring],
+    sq: usize,
+    cq: usize,
+    port: usize,
+}
+
 /// The RDMA engine of one connection.
 #[derive(Debug, Default)]
 pub struct DeviceEngine {
     /// Completions waiting for a completion-queue buffer.
     pending: VecDeque<Completion>,
+    /// The port served, once known.
+    port: Option<Arc<Port>>,
+    /// The IOMMU of the memory last published to other ports (a new memory
+    /// table or feature set builds a new one).
+    published: Option<Arc<PortIommu>>,
 }
 
 impl DeviceEngine {
@@ -106,11 +120,10 @@ impl DeviceEngine {
 
     /// Writes pending completions into completion-queue buffers. Returns
     /// whether any buffer was used.
-    fn flush(&mut self, state: &mut PortState, memory: &PortMemory) -> bool {
-        let cq = state.rdma_cq();
+    fn flush(&mut self, rings: &mut Rings<'_>, memory: &PortMemory) -> bool {
         let mut used = false;
         while let Some(completion) = self.pending.front() {
-            let ring = &mut state.vrings[cq];
+            let ring = &mut rings.vrings[rings.cq];
             if !ring.active() {
                 break;
             }
@@ -129,7 +142,7 @@ impl DeviceEngine {
                         Err(error) => {
                             // A buffer the device cannot write: give it back
                             // empty and try the next one.
-                            tracing::debug!(port = state.index, "bad completion buffer: {error}");
+                            tracing::debug!(port = rings.port, "bad completion buffer: {error}");
                             let _ = ring.add_used(memory, chain.head, 0);
                         }
                     }
@@ -144,7 +157,7 @@ impl DeviceEngine {
                 }
                 Pop::Miss => break,
                 Pop::Broken(error) => {
-                    tracing::warn!(port = state.index, "completion queue broken: {error}");
+                    tracing::warn!(port = rings.port, "completion queue broken: {error}");
                     break;
                 }
             }
@@ -156,20 +169,19 @@ impl DeviceEngine {
     /// `false` when the queue is empty (or unusable).
     fn serve_one(
         &mut self,
-        state: &mut PortState,
+        rings: &mut Rings<'_>,
         memory: &PortMemory,
         info: DeviceInfo,
         local: &Target<'_>,
         fabric: &DeviceFabric<'_>,
     ) -> bool {
-        let sq = state.rdma_sq();
-        let ring = &mut state.vrings[sq];
+        let ring = &mut rings.vrings[rings.sq];
         let chain = match queues::pop_chain(ring, memory) {
             Pop::Chain(chain) => chain,
             Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
             Pop::Miss => return false,
             Pop::Broken(error) => {
-                tracing::warn!(port = state.index, "send queue broken: {error}");
+                tracing::warn!(port = rings.port, "send queue broken: {error}");
                 return false;
             }
         };
@@ -182,7 +194,7 @@ impl DeviceEngine {
                         .then_some(done)
                 }
                 Err(error) => {
-                    tracing::debug!(port = state.index, "malformed work request: {error}");
+                    tracing::debug!(port = rings.port, "malformed work request: {error}");
                     Some(malformed(&bytes))
                 }
             },
@@ -191,7 +203,7 @@ impl DeviceEngine {
                 return false;
             }
             Err(error) => {
-                tracing::debug!(port = state.index, "unreadable work request: {error}");
+                tracing::debug!(port = rings.port, "unreadable work request: {error}");
                 Some(malformed(&[]))
             }
         };
@@ -218,33 +230,51 @@ fn malformed(bytes: &[u8]) -> Completion {
 
 impl RdmaEngine for DeviceEngine {
     fn on_send_queue_kick(&mut self, state: &mut PortState, device: &Device) {
-        let Some(port) = device.port(state.index) else {
+        if self.port.is_none() {
+            self.port = device.port(state.index);
+        }
+        let Some(port) = self.port.clone() else {
             return;
         };
-        let Some(memory) = state.mem.clone() else {
+        let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
+        let PortState { mem, vrings, .. } = state;
+        let Some(memory) = mem.as_ref() else {
             return;
         };
-        *port.rdma.memory.write() = Some(memory.clone());
+        let mut rings = Rings {
+            vrings,
+            sq,
+            cq,
+            port: index,
+        };
+        let current = memory.iommu();
+        if !self
+            .published
+            .as_ref()
+            .is_some_and(|published| Arc::ptr_eq(published, current))
+        {
+            self.published = Some(Arc::clone(current));
+            *port.rdma.memory.write() = Some(memory.clone());
+        }
         let info = DeviceInfo {
-            port: state.index as u16,
+            port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
         };
         let fabric = DeviceFabric { device };
-        let view = MemoryView(&memory);
+        let view = MemoryView(memory);
         let local = Target {
             memory: &view,
             windows: &port.rdma.windows,
         };
-        self.flush(state, &memory);
-        while self.pending.is_empty() && state.vrings[state.rdma_sq()].active() {
-            if !self.serve_one(state, &memory, info, &local, &fabric) {
+        self.flush(&mut rings, memory);
+        while self.pending.is_empty() && rings.vrings[sq].active() {
+            if !self.serve_one(&mut rings, memory, info, &local, &fabric) {
                 break;
             }
-            self.flush(state, &memory);
+            self.flush(&mut rings, memory);
         }
-        let (sq, cq) = (state.rdma_sq(), state.rdma_cq());
-        state.vrings[sq].notify(&memory);
-        state.vrings[cq].notify(&memory);
+        rings.vrings[sq].notify(memory);
+        rings.vrings[cq].notify(memory);
     }
 }
