@@ -9,14 +9,21 @@
 //! * [`output`]: the progress display and the JSON document.
 //! * [`unmap`]: the timed `munmap` of a one-page mapping, plain or of a
 //!   region a cache holds, invalidated through the hook or by the monitor.
+//! * [`rdma`]: event-driven and busy-poll modes, requests one at a time or
+//!   several in flight, verification patterns, and the emulated NIC run from
+//!   a program's own executable.
+//! * [`child`]: child processes (the device, ranks spoken to over pipes)
+//!   stopped and reaped on drop.
 //!
-//! The binaries `pin-hitrate` and `pin-cost`, the criterion benchmark and the
-//! integration tests all use these modules, so that what the tests check is
-//! what the programs measure.
+//! The binaries `pin-hitrate`, `pin-cost` and `pindown-demo`, the criterion
+//! benchmarks and the integration tests all use these modules, so that what
+//! the tests check is what the programs measure.
 
 #![warn(missing_docs)]
 
+pub mod child;
 pub mod output;
+pub mod rdma;
 pub mod replay;
 pub mod stats;
 pub mod sys;

@@ -20,11 +20,17 @@ pub struct OutputArgs {
 }
 
 impl OutputArgs {
-    /// A progress bar of `total` steps on stderr, or a hidden one with
-    /// `--quiet` or when stderr is not a terminal (so that logs and pipes
+    /// Whether progress and human-readable lines go to stderr: only when it
+    /// is a terminal and `--quiet` was not given (so that logs and pipes
     /// stay clean).
+    pub fn chatty(&self) -> bool {
+        !self.quiet && std::io::stderr().is_terminal()
+    }
+
+    /// A progress bar of `total` steps on stderr, or a hidden one unless
+    /// [`chatty`](Self::chatty).
     pub fn progress_bar(&self, total: u64) -> ProgressBar {
-        if self.quiet || !std::io::stderr().is_terminal() {
+        if !self.chatty() {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::new(total);

@@ -1,4 +1,5 @@
-//! Replaying a [`Trace`] against a [`PinCache`].
+//! Replaying a [`Trace`] against a [`PinCache`], and the `memcpy`
+//! baselines transfers are set against ([`Copier`], [`Memcpy`]).
 
 use std::time::{Duration, Instant};
 
@@ -185,11 +186,71 @@ impl<'m> Copier<'m> {
             addr >= self.lo && addr.checked_add(len).is_some_and(|end| end <= self.hi),
             "transfer outside the mapping"
         );
-        let dst = std::hint::black_box(self.dst.as_mut_ptr());
         // SAFETY: the source range was checked to lie inside the mapping,
-        // which `_mapping` keeps alive and which is readable; `dst` has `len`
-        // bytes, and a private Vec cannot overlap the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst, len) };
-        std::hint::black_box(&mut self.dst);
+        // which `_mapping` keeps alive and which is readable; a private Vec
+        // cannot overlap the mapping.
+        unsafe { copy_out(addr, &mut self.dst) };
+    }
+}
+
+/// Copies `dst.len()` bytes from `addr` into `dst`, opaquely to the
+/// optimiser (the copy is never elided or merged with another).
+///
+/// # Safety
+/// `addr..addr + dst.len()` must be readable and must not overlap `dst`.
+#[inline]
+unsafe fn copy_out(addr: usize, dst: &mut [u8]) {
+    let len = dst.len();
+    let to = std::hint::black_box(dst.as_mut_ptr());
+    // SAFETY: the caller guarantees the source is readable and apart from
+    // `dst`, which has `len` writable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, to, len) };
+    std::hint::black_box(dst);
+}
+
+/// One thread's `memcpy` of `len` bytes between two buffers of its own,
+/// both faulted in beforehand: the baseline of the RDMA bandwidth figures.
+#[derive(Debug)]
+pub struct Memcpy {
+    from: Mapping,
+    to: Vec<u8>,
+}
+
+impl Memcpy {
+    /// Buffers for copies of `len` bytes (at least one).
+    pub fn new(len: usize) -> std::io::Result<Self> {
+        let len = len.max(1);
+        let from = Mapping::new(len)?;
+        let mut to = vec![0u8; len];
+        // Fault the destination in: a fresh zeroed Vec is not yet backed.
+        to.fill(1);
+        Ok(Self { from, to })
+    }
+
+    /// Bytes per copy.
+    pub fn len(&self) -> usize {
+        self.to.len()
+    }
+
+    /// Whether a copy moves nothing (never: at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.to.is_empty()
+    }
+
+    /// One copy.
+    #[inline]
+    pub fn copy(&mut self) {
+        // SAFETY: `from` is a live readable mapping of at least `to.len()`
+        // bytes (whole pages), and a private Vec cannot overlap it.
+        unsafe { copy_out(self.from.addr(), &mut self.to) };
+    }
+
+    /// Time of `copies` copies in a row.
+    pub fn time(&mut self, copies: u64) -> Duration {
+        let start = Instant::now();
+        for _ in 0..copies {
+            self.copy();
+        }
+        start.elapsed()
     }
 }

@@ -1,4 +1,4 @@
-//! Medians and a least-squares line fit.
+//! Medians, percentiles, summaries of samples and a least-squares line fit.
 
 use serde::Serialize;
 
@@ -14,6 +14,56 @@ pub fn median(values: &mut [f64]) -> f64 {
         values[n / 2]
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The `q`-quantile (`0.0..=1.0`) of `sorted` (ascending) by the
+/// nearest-rank method: the smallest value with at least `q` of the values at
+/// or below it. `NaN` for an empty slice.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Median, 99th percentile, mean and extremes of a set of samples, in the
+/// samples' unit.
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct Summary {
+    /// Number of samples.
+    pub samples: usize,
+    /// Median (mean of the two middle values for an even count).
+    pub median: f64,
+    /// 99th percentile (nearest rank).
+    pub p99: f64,
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Smallest sample.
+    pub min: f64,
+    /// Largest sample.
+    pub max: f64,
+}
+
+impl Summary {
+    /// Summarises `values` (sorted in place); all `NaN` when empty.
+    pub fn of(values: &mut [f64]) -> Self {
+        let median = median(values);
+        let n = values.len();
+        let mean = if n == 0 {
+            f64::NAN
+        } else {
+            values.iter().sum::<f64>() / n as f64
+        };
+        Summary {
+            samples: n,
+            median,
+            p99: percentile(values, 0.99),
+            mean,
+            min: values.first().copied().unwrap_or(f64::NAN),
+            max: values.last().copied().unwrap_or(f64::NAN),
+        }
     }
 }
 
@@ -62,6 +112,21 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert!(median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn percentiles_and_summary() {
+        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&sorted, 0.99), 99.0);
+        assert_eq!(percentile(&sorted, 0.5), 50.0);
+        assert_eq!(percentile(&sorted, 0.0), 1.0);
+        assert_eq!(percentile(&sorted, 1.0), 100.0);
+        assert!(percentile(&[], 0.5).is_nan());
+        let mut values = vec![4.0, 1.0, 3.0, 2.0];
+        let s = Summary::of(&mut values);
+        assert_eq!((s.samples, s.median, s.mean), (4, 2.5, 2.5));
+        assert_eq!((s.min, s.max, s.p99), (1.0, 4.0, 4.0));
+        assert!(Summary::of(&mut []).median.is_nan());
     }
 
     #[test]

@@ -1,0 +1,126 @@
+//! Criterion benchmarks of the RDMA path: the driver posts writes on port 0
+//! of the emulated NIC into a window of port 1 (both ports opened by this
+//! process), and the device copies the bytes from one DMA arena to the other.
+//!
+//! * `write_event/{8,1MiB,16MiB}`: event-driven mode (the device sleeps on
+//!   doorbells after a short spin, the driver on its completion eventfd).
+//! * `write_poll/{8,1MiB,16MiB}`: busy-poll mode (device `--poll`, driver
+//!   `ContextConfig::spin = Duration::MAX`).
+//! * `memcpy/{8,1MiB,16MiB}`: one thread's `memcpy` of the same sizes,
+//!   timed in the same run while no device runs.
+//!
+//! The 8-byte write is timed from post to completion seen, one at a time;
+//! 1 MiB and 16 MiB writes stream with [`IN_FLIGHT`] in flight, and every
+//! benchmark reports its throughput in bytes. The local memory is registered
+//! once, outside the timed part.
+//!
+//! The device is this executable again: started with
+//! [`DEVICE_ENV`](pindown_benches::rdma::DEVICE_ENV) set, it runs
+//! `emu_device::cli::main` instead of the benchmarks, so no separately built
+//! `emu-device` binary is needed.
+//!
+//! Targets (measured, not asserted): `write_*/16MiB` at least 80 % of
+//! `memcpy/16MiB` throughput; `write_poll/8` median at most 2 us.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use emu_device::testing::DeviceProcess;
+use pindown_benches::rdma::{
+    fill_pattern, run_device_if_asked, run_many, run_one, Mode, IN_FLIGHT,
+};
+use pindown_benches::replay::Memcpy;
+use pindown_driver::verbs::opcode::Write;
+use pindown_driver::verbs::Context;
+use uapi::Access;
+
+/// Transfer sizes and their benchmark names.
+const SIZES: [(usize, &str); 3] = [(8, "8"), (1 << 20, "1MiB"), (16 << 20, "16MiB")];
+/// Each port's DMA arena: a 16 MiB buffer plus the rings.
+const ARENA_BYTES: usize = 24 << 20;
+/// Bytes of the source and of the window.
+const BUFFER_BYTES: usize = 16 << 20;
+
+fn bench_memcpy(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memcpy");
+    for (bytes, name) in SIZES {
+        let mut memcpy = Memcpy::new(bytes).expect("memcpy buffers");
+        group.throughput(Throughput::Bytes(bytes as u64));
+        if bytes >= 1 << 20 {
+            group.sample_size(30);
+        }
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| memcpy.copy())
+        });
+    }
+    group.finish();
+}
+
+/// A device of its own in `mode`, port 0 writing into a window of port 1.
+fn bench_writes(c: &mut Criterion, mode: Mode) {
+    let exe = std::env::current_exe().expect("current executable");
+    let device = DeviceProcess::start(&exe, 2, mode.device_args()).expect("device");
+    let initiator =
+        Context::open(device.socket(0), mode.context_config(ARENA_BYTES)).expect("port 0");
+    let owner = Context::open(device.socket(1), mode.context_config(ARENA_BYTES)).expect("port 1");
+    let target = owner.alloc(BUFFER_BYTES, 4096).expect("target buffer");
+    target.fill(0);
+    let target_region = owner.register_buffer(&target).expect("register target");
+    let window = owner
+        .bind_window(&target_region, 0, BUFFER_BYTES as u64, Access::REMOTE_WRITE)
+        .expect("window")
+        .remote;
+    let source = initiator.alloc(BUFFER_BYTES, 4096).expect("source buffer");
+    let mut bytes = vec![0u8; BUFFER_BYTES];
+    fill_pattern(7, 0, &mut bytes);
+    source.write_at(0, &bytes);
+    let source_region = initiator.register_buffer(&source).expect("register source");
+
+    // The bytes must arrive, or the figures mean nothing.
+    let whole = Write::new(
+        source_region.local(0, BUFFER_BYTES as u32).expect("local"),
+        window.at(0),
+    )
+    .build();
+    run_one(&initiator, whole).expect("16 MiB write");
+    let mut landed = vec![0u8; BUFFER_BYTES];
+    target.read_at(0, &mut landed);
+    assert!(landed == bytes, "the 16 MiB write did not arrive intact");
+
+    let mut group = c.benchmark_group(format!("write_{mode}"));
+    for (bytes, name) in SIZES {
+        let entry = Write::new(
+            source_region.local(0, bytes as u32).expect("local"),
+            window.at(0),
+        )
+        .build();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        if bytes >= 1 << 20 {
+            group.sample_size(30);
+        }
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            if bytes <= 8 {
+                b.iter(|| black_box(run_one(&initiator, entry).expect("write")));
+            } else {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    run_many(&initiator, iters, IN_FLIGHT, |_| Ok((entry, ()))).expect("writes");
+                    start.elapsed()
+                });
+            }
+        });
+    }
+    group.finish();
+}
+
+fn main() {
+    // In the device's process this runs the device and never returns.
+    run_device_if_asked();
+    let mut c = Criterion::default().configure_from_args();
+    bench_memcpy(&mut c);
+    for mode in Mode::ALL {
+        bench_writes(&mut c, mode);
+    }
+    c.final_summary();
+}
