@@ -19,8 +19,8 @@
 //!   feature negotiation, the memory table, queue addresses, doorbells,
 //!   completion eventfds and IOTLB entries, behind the [`Transport`] trait.
 //!   [`VhostUserTransport`] is the embedded vhost-user frontend used on the
-//!   host; a VFIO virtio-pci transport for use inside a guest implements the
-//!   same trait.
+//!   host; [`vfio::VfioTransport`], the VFIO virtio-pci transport for use
+//!   inside a QEMU guest, implements the same trait.
 //!
 //! The verbs API (protection domains, memory regions, queue pairs, completion
 //! queues) is built on these layers and never names a concrete transport.
@@ -61,6 +61,7 @@ pub mod arena;
 pub mod pinner;
 pub mod transport;
 pub mod verbs;
+pub mod vfio;
 pub mod virtqueue;
 
 pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryRegion};
@@ -69,6 +70,7 @@ pub use transport::{
     Access, CompletionEvent, QueueIndex, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,
 };
+pub use vfio::{VfioConfig, VfioPinner, VfioTransport};
 pub use virtqueue::{ChainElement, QueueError, QueueLayout, SplitQueue};
 
 /// The base page size of this process (the unit of mlock and of IOTLB

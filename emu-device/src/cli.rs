@@ -45,6 +45,11 @@ struct Cli {
     /// MAC address of port 0 (port i gets this plus i).
     #[arg(long, default_value = "52:54:00:12:34:00", value_parser = parse_mac)]
     mac_base: [u8; 6],
+    /// A port whose frontend is QEMU for a guest that drives the RDMA rings
+    /// itself through VFIO (repeatable): it reports one more queue pair, the
+    /// RDMA send and completion queues, so that QEMU forwards them.
+    #[arg(long = "guest-port", value_name = "PORT")]
+    guest_ports: Vec<usize>,
     /// Status socket (one `key=value` line per port on connect).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
@@ -127,6 +132,7 @@ fn run(cli: Cli) -> Result<(), String> {
         poll: cli.poll,
         spin_us: cli.spin_us,
         mac_base: cli.mac_base,
+        guest_ports: cli.guest_ports.clone(),
     };
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;

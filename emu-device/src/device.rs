@@ -18,7 +18,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
 use crate::net::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
-use crate::port::{Port, PortState, PortStats};
+use crate::port::{Port, PortState, PortStats, RX_BACKLOG_MAX};
 use crate::queues::{self, Pop};
 use crate::vhost_user::{conn, handler};
 use crate::DeviceConfig;
@@ -151,11 +151,12 @@ impl Device {
             let st = &p.stats;
             let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let m = p.mac;
+            let pairs = (self.config.queue_pairs as usize).clamp(1, crate::port::TX_PAIR_STATS);
             s.push_str(&format!(
                 "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
                  messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
                  iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
-                 rx_frames={} rx_dropped={} rdma_kicks={} features={:#x}\n",
+                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x}\n",
                 p.index,
                 p.socket,
                 u8::from(st.connected.load(Ordering::Relaxed)),
@@ -176,6 +177,12 @@ impl Device {
                 g(&st.tx_errors),
                 g(&st.rx_frames),
                 g(&st.rx_dropped),
+                g(&st.rx_deferred),
+                st.tx_pair[..pairs]
+                    .iter()
+                    .map(|c| g(c).to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
                 g(&st.rdma_kicks),
                 g(&st.features),
             ));
@@ -185,59 +192,131 @@ impl Device {
 }
 
 /// Puts `frame` into rx ring 0 of `port`, or drops it (counted).
+///
+/// A frame whose rx buffer is not mapped yet (IOTLB miss) waits in the
+/// port's backlog, in order, until the frontend answers the MISS; frames
+/// arriving meanwhile queue behind it. A frame finding no rx buffer at
+/// all, or a buffer mapped without write permission, is dropped, as a
+/// NIC drops frames when the driver posts no buffers.
 fn deliver(port: &Port, frame: &[u8]) {
     let mut guard = port.lock();
     let st = &mut *guard;
-    let delivered = (|| {
-        let mem = st.mem.as_ref()?;
-        let ring = st.vrings.get_mut(0)?;
-        if !ring.active() || !ring.used_ring_writable(mem) {
-            return None;
-        }
-        match queues::pop_chain(ring, mem) {
-            Pop::Chain(c) => {
-                let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
-                data.extend_from_slice(&net::rx_header());
-                data.extend_from_slice(frame);
-                match queues::write_chain(mem, &c, &data) {
-                    Ok(Some(n)) => {
-                        let _ = ring.add_used(mem, c.head, n as u32);
-                        ring.notify(mem);
-                        Some(())
-                    }
-                    Ok(None) => {
-                        ring.rewind();
-                        None
-                    }
-                    Err(e) => {
-                        tracing::debug!(port = port.index, "rx drop: {e}");
-                        let _ = ring.add_used(mem, c.head, 0);
-                        ring.notify(mem);
-                        None
-                    }
-                }
-            }
-            Pop::Broken(e) => {
-                tracing::warn!(port = port.index, "rx ring broken: {e}");
-                None
-            }
-            Pop::Empty | Pop::Miss => None,
-        }
-    })();
-    if delivered.is_some() {
-        PortStats::bump(&port.stats.rx_frames);
-    } else {
+    let ready = st.mem.is_some() && st.vrings.first().is_some_and(|r| r.active());
+    if !ready {
+        PortStats::bump(&port.stats.rx_dropped);
+        return;
+    }
+    if st.rx_backlog.len() >= RX_BACKLOG_MAX {
+        st.rx_backlog.pop_front();
         PortStats::bump(&port.stats.rx_dropped);
     }
+    let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
+    data.extend_from_slice(&net::rx_header());
+    data.extend_from_slice(frame);
+    st.rx_backlog.push_back(data);
+    flush_rx(st, &port.stats);
     let sent = st.send_misses();
     for _ in 0..sent {
         PortStats::bump(&port.stats.iotlb_misses_sent);
     }
 }
 
+/// Moves the frames of the rx backlog into rx ring 0, oldest first, until
+/// the backlog is empty or an rx buffer misses in the IOTLB (then the ring
+/// waits for the UPDATE). Returns whether a frame was delivered.
+fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
+    let PortState {
+        index,
+        mem,
+        vrings,
+        rx_backlog,
+        ..
+    } = st;
+    let (Some(mem), Some(ring)) = (mem.as_ref(), vrings.get_mut(0)) else {
+        return false;
+    };
+    let was_waiting = std::mem::take(&mut ring.waiting_iotlb);
+    if rx_backlog.is_empty() {
+        return false;
+    }
+    let drop_all = |backlog: &mut std::collections::VecDeque<Vec<u8>>| {
+        for _ in backlog.drain(..) {
+            PortStats::bump(&stats.rx_dropped);
+        }
+    };
+    if !ring.active() {
+        drop_all(rx_backlog);
+        return false;
+    }
+    if !ring.used_ring_writable(mem) {
+        if mem.get_iommu_enabled() {
+            ring.waiting_iotlb = true;
+        } else {
+            drop_all(rx_backlog);
+        }
+        return false;
+    }
+    let mut used = false;
+    while let Some(data) = rx_backlog.front() {
+        match queues::pop_chain(ring, mem) {
+            Pop::Chain(c) => match queues::write_chain(mem, &c, data) {
+                Ok(Some(n)) => {
+                    let _ = ring.add_used(mem, c.head, n as u32);
+                    used = true;
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_frames);
+                }
+                Ok(None) => {
+                    ring.rewind();
+                    if queues::write_denied(mem, &c, data.len()) {
+                        // The buffer stays posted; the frame is lost.
+                        rx_backlog.pop_front();
+                        PortStats::bump(&stats.rx_dropped);
+                    } else {
+                        if !was_waiting {
+                            PortStats::bump(&stats.rx_deferred);
+                        }
+                        ring.waiting_iotlb = true;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("rx drop: {e}");
+                    let _ = ring.add_used(mem, c.head, 0);
+                    used = true;
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_dropped);
+                }
+            },
+            Pop::Miss => {
+                ring.waiting_iotlb = true;
+                break;
+            }
+            Pop::Broken(e) => {
+                ring.break_off(*index, &e);
+                drop_all(rx_backlog);
+            }
+            Pop::Empty => {
+                // Ask for a kick when buffers come; if some came
+                // meanwhile, go on.
+                if let Ok(true) = ring.queue_enable_notification(mem) {
+                    continue;
+                }
+                drop_all(rx_backlog);
+            }
+        }
+    }
+    if used {
+        ring.notify(mem);
+    }
+    used
+}
+
 /// Takes frames from tx ring `i`. Returns whether work is left.
 fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<Vec<u8>>) -> bool {
-    let PortState { mem, vrings, .. } = st;
+    let PortState {
+        index, mem, vrings, ..
+    } = st;
     let (Some(mem), Some(ring)) = (mem.as_ref(), vrings.get_mut(i)) else {
         return false;
     };
@@ -266,7 +345,7 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                     break;
                 }
                 Pop::Broken(e) => {
-                    tracing::warn!(ring = i, "tx ring broken: {e}");
+                    ring.break_off(*index, &e);
                     PortStats::bump(&stats.tx_errors);
                     break;
                 }
@@ -279,6 +358,9 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                             PortStats::bump(&stats.tx_errors);
                         } else {
                             PortStats::bump(&stats.tx_frames);
+                            if let Some(c) = stats.tx_pair.get(i / 2) {
+                                PortStats::bump(c);
+                            }
                             frames.push(bytes[NET_HDR_LEN..].to_vec());
                         }
                     }
@@ -345,6 +427,9 @@ fn process_ring(
             }
         } else if i < pairs && i % 2 == 1 {
             work.more = collect_tx(&mut st, &port.stats, i, &mut frames);
+        } else if i == 0 {
+            // An rx kick (new buffers) or a retry after an IOTLB update.
+            work.done |= flush_rx(&mut st, &port.stats);
         }
         let sent = st.send_misses();
         for _ in 0..sent {

@@ -37,6 +37,11 @@ pub struct DeviceConfig {
     pub spin_us: u64,
     /// MAC of port 0; port `i` gets this plus `i`.
     pub mac_base: [u8; 6],
+    /// Ports whose frontend is QEMU serving a guest that drives the RDMA
+    /// rings itself (through VFIO): QEMU forwards only the rings of the
+    /// queue pairs it is told of, so these ports report one more pair, whose
+    /// two rings are the RDMA send and completion queues.
+    pub guest_ports: Vec<usize>,
 }
 
 impl Default for DeviceConfig {
@@ -48,6 +53,7 @@ impl Default for DeviceConfig {
             poll: false,
             spin_us: 50,
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
+            guest_ports: Vec::new(),
         }
     }
 }

@@ -462,6 +462,19 @@ impl PortIommu {
         self.events.load(Ordering::Relaxed)
     }
 
+    /// Whether `[iova, iova + length)` is mapped but not with `access`
+    /// (as opposed to a miss: some part is not mapped at all).
+    pub fn denied(&self, iova: u64, length: usize, access: Permissions) -> bool {
+        if length == 0 || iova.checked_add(length as u64).is_none() {
+            return false;
+        }
+        let guard = self.tlb.read().unwrap_or_else(|e| e.into_inner());
+        match Iotlb::lookup(guard, GuestAddress(iova), length, access) {
+            Ok(_) => false,
+            Err(fails) => fails.misses.is_empty() && !fails.access_fails.is_empty(),
+        }
+    }
+
     fn record(&self, fault: Fault) {
         self.events.fetch_add(1, Ordering::Relaxed);
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,6 +1,7 @@
 //! One port of the device: the state a frontend connection builds up
 //! (features, memory, IOTLB, rings) and counters that outlive connections.
 
+use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -71,6 +72,13 @@ pub mod protocol {
     pub const REPLY_ACK: u64 = P::REPLY_ACK.bits();
 }
 
+/// Queue pairs whose tx frames are counted separately.
+pub const TX_PAIR_STATS: usize = 8;
+
+/// Frames kept for a port whose rx buffer is not mapped yet (IOTLB miss
+/// sent, UPDATE awaited). Older frames are dropped when it is full.
+pub const RX_BACKLOG_MAX: usize = 256;
+
 /// Counters of one port (cumulative over connections).
 #[derive(Debug, Default)]
 pub struct PortStats {
@@ -106,8 +114,15 @@ pub struct PortStats {
     pub tx_errors: AtomicU64,
     /// Frames delivered into rx rings.
     pub rx_frames: AtomicU64,
-    /// Frames for this port dropped (no rx buffer, ring not ready, too small).
+    /// Frames for this port dropped (no rx buffer, ring not ready, too
+    /// small, buffer not writable, backlog full).
     pub rx_dropped: AtomicU64,
+    /// Times rx delivery stopped on an unmapped rx buffer (IOTLB miss)
+    /// and kept the frame in the backlog.
+    pub rx_deferred: AtomicU64,
+    /// Frames taken from the tx ring of each queue pair (the first
+    /// [`TX_PAIR_STATS`] pairs).
+    pub tx_pair: [AtomicU64; TX_PAIR_STATS],
     /// Kicks of the RDMA send queue.
     pub rdma_kicks: AtomicU64,
     /// Last features acknowledged.
@@ -166,6 +181,9 @@ pub struct PortState {
     pub mac: [u8; 6],
     /// Number of net queue pairs.
     pub queue_pairs: u16,
+    /// The frontend is QEMU for a guest driving the RDMA rings itself: the
+    /// RDMA rings are announced as one more queue pair.
+    pub guest: bool,
     /// Acknowledged virtio features.
     pub features: u64,
     /// Acknowledged protocol features.
@@ -184,6 +202,10 @@ pub struct PortState {
     pub backend: Option<UnixStream>,
     /// MISS requests sent and not yet answered: (page, sent at).
     pub pending_misses: Vec<(u64, Instant)>,
+    /// Frames (virtio-net header included) for rx ring 0 that wait for
+    /// the IOTLB mapping of the next rx buffer, oldest first (at most
+    /// [`RX_BACKLOG_MAX`]).
+    pub rx_backlog: VecDeque<Vec<u8>>,
 }
 
 impl PortState {
@@ -194,6 +216,7 @@ impl PortState {
             index,
             mac,
             queue_pairs: cfg.queue_pairs,
+            guest: cfg.guest_ports.contains(&index),
             features: 0,
             protocol_features: 0,
             owner: false,
@@ -205,6 +228,7 @@ impl PortState {
                 .collect(),
             backend: None,
             pending_misses: Vec::new(),
+            rx_backlog: VecDeque::new(),
         }
     }
 

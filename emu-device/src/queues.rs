@@ -148,6 +148,18 @@ impl Vring {
         self.started && self.enabled && self.queue.ready()
     }
 
+    /// Stops using a ring whose contents make no sense (a bad index, memory
+    /// that cannot be read): logged once, and the ring stays inactive until
+    /// the frontend configures it again, instead of failing on every pass.
+    pub fn break_off(&mut self, port: usize, reason: &str) {
+        tracing::warn!(
+            port,
+            ring = self.index,
+            "ring broken, stopped until reconfigured: {reason}"
+        );
+        self.queue.set_ready(false);
+    }
+
     /// Raw fd of the kick eventfd, if any.
     pub fn kick_fd(&self) -> Option<RawFd> {
         self.kick.as_ref().map(|f| f.as_raw_fd())
@@ -393,4 +405,25 @@ pub fn write_chain(mem: &PortMemory, chain: &Chain, data: &[u8]) -> Result<Optio
             .map_err(|e| e.to_string())?;
     }
     Ok(Some(data.len()))
+}
+
+/// Whether writing `len` bytes into the device-writable buffers of `chain`
+/// fails because a buffer is mapped without write permission (a denial,
+/// which no IOTLB update will fix soon), as opposed to an IOTLB miss.
+pub fn write_denied(mem: &PortMemory, chain: &Chain, len: usize) -> bool {
+    if !mem.get_iommu_enabled() {
+        return false;
+    }
+    let mut room = 0usize;
+    for b in chain.bufs.iter().filter(|b| b.write) {
+        if room >= len {
+            break;
+        }
+        let take = (b.len as usize).min(len - room);
+        if take > 0 && mem.iommu().denied(b.addr, take, Permissions::Write) {
+            return true;
+        }
+        room += take;
+    }
+    false
 }

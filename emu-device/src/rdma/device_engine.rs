@@ -157,7 +157,7 @@ impl DeviceEngine {
                 }
                 Pop::Miss => break,
                 Pop::Broken(error) => {
-                    tracing::warn!(port = rings.port, "completion queue broken: {error}");
+                    ring.break_off(rings.port, &error);
                     break;
                 }
             }
@@ -181,7 +181,7 @@ impl DeviceEngine {
             Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
             Pop::Miss => return false,
             Pop::Broken(error) => {
-                tracing::warn!(port = rings.port, "send queue broken: {error}");
+                ring.break_off(rings.port, &error);
                 return false;
             }
         };

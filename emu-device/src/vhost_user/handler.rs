@@ -97,7 +97,8 @@ pub fn handle(
             }
         }
         Request::GetQueueNum => {
-            out.reply = Some(message::reply_u64(code, state.queue_pairs as u64));
+            let pairs = u64::from(state.queue_pairs) + u64::from(state.guest);
+            out.reply = Some(message::reply_u64(code, pairs));
             Ok(())
         }
         Request::GetMaxMemSlots => {
