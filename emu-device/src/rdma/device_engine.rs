@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use uapi::{
@@ -92,12 +93,19 @@ impl Fabric for DeviceFabric<'_> {
     }
 }
 
+/// How long a request waits for the frontend to map its local memory
+/// before it completes with a local protection error.
+const MISS_PATIENCE: Duration = Duration::from_millis(500);
+
 /// The RDMA rings of a port, borrowed apart from its memory.
 struct Rings<'a> {
     vrings: &'a mut [Vring],
     sq: usize,
     cq: usize,
     port: usize,
+    /// The frontend maps memory when the device asks (QEMU for a guest,
+    /// whose vIOMMU answers IOTLB misses): wait for it instead of failing.
+    lazy_iotlb: bool,
 }
 
 /// The RDMA engine of one connection.
@@ -110,6 +118,9 @@ pub struct DeviceEngine {
     /// The IOMMU of the memory last published to other ports (a new memory
     /// table or feature set builds a new one).
     published: Option<Arc<PortIommu>>,
+    /// Since when the request at the head of the send queue has waited for
+    /// its local memory to be mapped.
+    waiting_since: Option<Instant>,
 }
 
 impl DeviceEngine {
@@ -189,7 +200,22 @@ impl DeviceEngine {
         let completion = match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
             Ok(Some(bytes)) => match WorkRequest::decode(&bytes) {
                 Ok(request) => {
+                    let faults = memory.iommu().fault_count();
                     let done = execute(info, *local, &request, fabric);
+                    let missed = done.status == Status::LocalProtectionError
+                        && memory.iommu().fault_count() > faults;
+                    if missed && rings.lazy_iotlb {
+                        // Nothing moved: the local range is checked first.
+                        // Take the request again once the mapping arrives.
+                        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < MISS_PATIENCE {
+                            let ring = &mut rings.vrings[rings.sq];
+                            ring.rewind();
+                            ring.waiting_iotlb = true;
+                            return false;
+                        }
+                    }
+                    self.waiting_since = None;
                     (request.flags.contains(WrFlags::SIGNALED) || !done.is_success())
                         .then_some(done)
                 }
@@ -207,7 +233,7 @@ impl DeviceEngine {
                 Some(malformed(&[]))
             }
         };
-        let _ = ring.add_used(memory, chain.head, 0);
+        let _ = rings.vrings[rings.sq].add_used(memory, chain.head, 0);
         self.pending.extend(completion);
         true
     }
@@ -237,7 +263,9 @@ impl RdmaEngine for DeviceEngine {
             return;
         };
         let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
-        let PortState { mem, vrings, .. } = state;
+        let PortState {
+            mem, vrings, guest, ..
+        } = state;
         let Some(memory) = mem.as_ref() else {
             return;
         };
@@ -246,6 +274,7 @@ impl RdmaEngine for DeviceEngine {
             sq,
             cq,
             port: index,
+            lazy_iotlb: *guest,
         };
         let current = memory.iommu();
         if !self
