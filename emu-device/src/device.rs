@@ -511,6 +511,9 @@ fn run_connection(
     // costs far more than a short spin).
     let spin = Duration::from_micros(dev.config.spin_us);
     let mut last_work: Option<Instant> = None;
+    let mut rings: HashSet<usize> = HashSet::new();
+    let mut kicked: HashSet<usize> = HashSet::new();
+    let mut pass: u32 = 0;
     loop {
         if dev.stopping.load(Ordering::Acquire) {
             return Err("device shutting down".into());
@@ -527,13 +530,21 @@ fn run_connection(
         } else {
             -1
         };
-        let n = match epoll.wait(timeout, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e.to_string()),
+        // While polling, every ring is looked at on every pass anyway: ask
+        // the kernel about the socket and the kicks only every few passes.
+        pass = pass.wrapping_add(1);
+        let n = if timeout == 0 && pass % POLL_PASSES_PER_WAIT != 0 {
+            0
+        } else {
+            match epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(e.to_string()),
+            }
         };
-        let mut rings: HashSet<usize> = std::mem::take(&mut again);
-        let mut kicked: HashSet<usize> = HashSet::new();
+        rings.clear();
+        rings.extend(again.drain());
+        kicked.clear();
         let mut all = poll || spinning || (n == 0 && waiting);
         for ev in &events[..n] {
             match ev.data() {
@@ -570,7 +581,7 @@ fn run_connection(
             let st = port.lock();
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
         }
-        for i in rings {
+        for &i in &rings {
             let w = process_ring(dev, port, engine, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
@@ -579,8 +590,20 @@ fn run_connection(
                 last_work = Some(Instant::now());
             }
         }
+        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE_YIELD) {
+            // Idle in busy-poll mode: keep polling, but let other threads of
+            // this machine (another port's copy, a driver) have the core.
+            std::thread::yield_now();
+        }
     }
 }
+
+/// In busy-poll mode, passes over the rings between two looks at the
+/// socket and the kick eventfds.
+const POLL_PASSES_PER_WAIT: u32 = 64;
+
+/// In busy-poll mode, idle time after which each pass yields the CPU.
+const POLL_IDLE_YIELD: Duration = Duration::from_millis(1);
 
 /// A running server: listening sockets and the status socket. Dropping it
 /// removes the socket files.
