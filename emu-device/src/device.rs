@@ -533,7 +533,7 @@ fn run_connection(
         // While polling, every ring is looked at on every pass anyway: ask
         // the kernel about the socket and the kicks only every few passes.
         pass = pass.wrapping_add(1);
-        let n = if timeout == 0 && pass % POLL_PASSES_PER_WAIT != 0 {
+        let n = if timeout == 0 && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
             0
         } else {
             match epoll.wait(timeout, &mut events) {
