@@ -423,7 +423,7 @@ fn process_ring(
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
-                engine.on_send_queue_kick(&mut st, dev);
+                work.done |= engine.on_send_queue_kick(&mut st, dev);
             }
         } else if i < pairs && i % 2 == 1 {
             work.more = collect_tx(&mut st, &port.stats, i, &mut frames);
@@ -590,9 +590,10 @@ fn run_connection(
                 last_work = Some(Instant::now());
             }
         }
-        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE_YIELD) {
-            // Idle in busy-poll mode: keep polling, but let other threads of
-            // this machine (another port's copy, a driver) have the core.
+        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE) {
+            // Idle in busy-poll mode: keep polling without waiting for kicks,
+            // but yield between passes so that busy threads (another port's
+            // copy, a spinning driver) get the core first.
             std::thread::yield_now();
         }
     }
@@ -602,8 +603,8 @@ fn run_connection(
 /// socket and the kick eventfds.
 const POLL_PASSES_PER_WAIT: u32 = 64;
 
-/// In busy-poll mode, idle time after which each pass yields the CPU.
-const POLL_IDLE_YIELD: Duration = Duration::from_millis(1);
+/// In busy-poll mode, idle time after which passes yield the CPU.
+const POLL_IDLE: Duration = Duration::from_millis(1);
 
 /// A running server: listening sockets and the status socket. Dropping it
 /// removes the socket files.

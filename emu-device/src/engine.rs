@@ -14,7 +14,10 @@ use crate::port::PortState;
 pub trait RdmaEngine: Send {
     /// The send queue of `port` was kicked (or polled). The port's lock is
     /// held; an engine that needs another port must not wait for this one.
-    fn on_send_queue_kick(&mut self, port: &mut PortState, device: &Device);
+    ///
+    /// Returns whether it did anything (took a request or wrote a
+    /// completion), which keeps an adaptively polling port hot.
+    fn on_send_queue_kick(&mut self, port: &mut PortState, device: &Device) -> bool;
 }
 
 /// The engine used until the real one exists: logs kicks, does nothing.
@@ -22,8 +25,9 @@ pub trait RdmaEngine: Send {
 pub struct NoopEngine;
 
 impl RdmaEngine for NoopEngine {
-    fn on_send_queue_kick(&mut self, port: &mut PortState, _device: &Device) {
+    fn on_send_queue_kick(&mut self, port: &mut PortState, _device: &Device) -> bool {
         tracing::debug!(port = port.index, "RDMA send queue kicked (no engine)");
+        false
     }
 }
 

@@ -106,6 +106,8 @@ struct Rings<'a> {
     /// The frontend maps memory when the device asks (QEMU for a guest,
     /// whose vIOMMU answers IOTLB misses): wait for it instead of failing.
     lazy_iotlb: bool,
+    /// The device busy-polls: the driver need not ring doorbells.
+    polling: bool,
 }
 
 /// The RDMA engine of one connection.
@@ -189,6 +191,9 @@ impl DeviceEngine {
         let ring = &mut rings.vrings[rings.sq];
         let chain = match queues::pop_chain(ring, memory) {
             Pop::Chain(chain) => chain,
+            // Polling, the device sees new requests without doorbells;
+            // otherwise ask for one, and go on if requests came meanwhile.
+            Pop::Empty if rings.polling => return false,
             Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
             Pop::Miss => return false,
             Pop::Broken(error) => {
@@ -255,19 +260,19 @@ fn malformed(bytes: &[u8]) -> Completion {
 }
 
 impl RdmaEngine for DeviceEngine {
-    fn on_send_queue_kick(&mut self, state: &mut PortState, device: &Device) {
+    fn on_send_queue_kick(&mut self, state: &mut PortState, device: &Device) -> bool {
         if self.port.is_none() {
             self.port = device.port(state.index);
         }
         let Some(port) = self.port.clone() else {
-            return;
+            return false;
         };
         let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
         let PortState {
             mem, vrings, guest, ..
         } = state;
         let Some(memory) = mem.as_ref() else {
-            return;
+            return false;
         };
         let mut rings = Rings {
             vrings,
@@ -275,6 +280,7 @@ impl RdmaEngine for DeviceEngine {
             cq,
             port: index,
             lazy_iotlb: *guest,
+            polling: device.config.poll,
         };
         let current = memory.iommu();
         if !self
@@ -296,14 +302,16 @@ impl RdmaEngine for DeviceEngine {
             memory: &view,
             windows: &port.rdma.windows,
         };
-        self.flush(&mut rings, memory);
+        let mut worked = self.flush(&mut rings, memory);
         while self.pending.is_empty() && rings.vrings[sq].active() {
             if !self.serve_one(&mut rings, memory, info, &local, &fabric) {
                 break;
             }
+            worked = true;
             self.flush(&mut rings, memory);
         }
         rings.vrings[sq].notify(memory);
         rings.vrings[cq].notify(memory);
+        worked
     }
 }
