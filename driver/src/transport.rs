@@ -714,7 +714,10 @@ impl Transport for VhostUserTransport {
     }
 
     fn num_queues(&self) -> u16 {
-        2 * self.queue_pairs + 2
+        uapi::RingLayout {
+            queue_pairs: self.queue_pairs,
+        }
+        .ring_count()
     }
 
     fn queue_pairs(&self) -> u16 {

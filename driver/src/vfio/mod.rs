@@ -731,7 +731,10 @@ impl Transport for VfioTransport {
     }
 
     fn num_queues(&self) -> u16 {
-        2 * self.queue_pairs + 2
+        uapi::RingLayout {
+            queue_pairs: self.queue_pairs,
+        }
+        .ring_count()
     }
 
     fn queue_pairs(&self) -> u16 {
