@@ -259,6 +259,13 @@ pub trait Transport: Send + Sync {
     /// and [`iotlb_unmap`](Self::iotlb_unmap) succeed without doing anything.
     fn iotlb_enabled(&self) -> bool;
 
+    /// How many more [`iotlb_map`](Self::iotlb_map) entries the mechanism
+    /// underneath can hold, if it has a limit (VFIO's per-container DMA
+    /// entry limit). The pin-down cache keeps its entry count below it.
+    fn mapping_budget(&self) -> Option<usize> {
+        None
+    }
+
     /// Lets the device reach `[iova, iova + len)` with `access`; the bytes
     /// are at `uaddr` in this process (inside a registered region).
     fn iotlb_map(
@@ -902,6 +909,9 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn completion_event(&self, index: QueueIndex) -> Result<CompletionEvent, TransportError> {
         (**self).completion_event(index)
+    }
+    fn mapping_budget(&self) -> Option<usize> {
+        (**self).mapping_budget()
     }
     fn iotlb_enabled(&self) -> bool {
         (**self).iotlb_enabled()

@@ -330,6 +330,7 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
     }
     let mut used = false;
     let mut more = false;
+    let mut broken = false;
     let mut taken = 0;
     loop {
         let _ = ring.queue_disable_notification(mem);
@@ -347,6 +348,7 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                 Pop::Broken(e) => {
                     ring.break_off(*index, &e);
                     PortStats::bump(&stats.tx_errors);
+                    broken = true;
                     break;
                 }
                 Pop::Chain(c) => match queues::read_chain(mem, &c, MAX_TX_CHAIN) {
@@ -379,7 +381,9 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                 },
             }
         }
-        if more || ring.waiting_iotlb {
+        // A broken ring is not ready any more: looking for new buffers
+        // on it would break it again, and again.
+        if more || broken || ring.waiting_iotlb {
             break;
         }
         // Re-enable notifications; if buffers arrived meanwhile, go on.

@@ -276,6 +276,24 @@ impl PortState {
         }
     }
 
+    /// Forgets every translation the frontend gave before a ring was
+    /// stopped (GET_VRING_BASE): when the guest resets the device (a
+    /// reboot, a driver re-probing it) its vIOMMU mappings are gone, but
+    /// QEMU sends no INVALIDATE for them, and the next driver reuses the
+    /// same IOVAs for other pages. Keeping them would make the device read
+    /// descriptors and write frames through stale translations. Misses
+    /// still unanswered (QEMU refuses them while the device is stopped)
+    /// and frames waiting for an rx buffer of the old driver go too.
+    pub fn forget_translations(&mut self) {
+        self.iotlb.clear();
+        self.refresh_iotlb();
+        if let Some(mem) = &self.mem {
+            mem.iommu().take_faults();
+        }
+        self.pending_misses.clear();
+        self.rx_backlog.clear();
+    }
+
     /// (Re)configures ring `i` from what the frontend sent.
     pub fn activate_ring(&mut self, i: usize) {
         let iommu = self.iommu();

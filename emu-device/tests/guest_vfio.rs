@@ -1,7 +1,8 @@
 //! The driver inside a QEMU guest: `pindown-guest` binds the guest's
 //! virtio-net function to vfio-pci and drives the device's RDMA queues over
 //! the VFIO virtio-pci transport, against a window of a host-side driver on
-//! another port of the same device process.
+//! another port of the same device process, and against a window of a
+//! second guest (both ports offered to QEMU).
 //!
 //! The guest is built by tools/guest/build-initramfs.sh (with the VFIO
 //! modules and the `pindown-guest` binary) and started by
@@ -35,6 +36,9 @@ const WINDOW_LEN: usize = 65536;
 const BUFFER_LEN: usize = WINDOW_OFFSET + WINDOW_LEN + 4096;
 /// Marker outside the window.
 const OUTSIDE: u8 = 0xa5;
+/// Window offset of the done flag (`PINDONE!`) the guest's `rdma` role
+/// writes last; must match `DONE_AT` in driver/src/bin/pindown-guest.rs.
+const DONE_AT: usize = 49152;
 
 /// Must match `pattern` in driver/src/bin/pindown-guest.rs.
 fn pattern(offset: u64) -> u8 {
@@ -172,10 +176,16 @@ impl Guest {
     /// Waits for the guest to finish (`PINDOWN-RESULT done=`) or QEMU to
     /// exit; kills it at the time bound and fails with the console.
     fn finish(&mut self, timeout: Duration) -> Outcome {
+        self.wait_for("PINDOWN-RESULT done=", timeout)
+    }
+
+    /// Waits until the console contains `needle`; QEMU exiting first or
+    /// the time bound passing fails with the console.
+    fn wait_for(&mut self, needle: &str, timeout: Duration) -> Outcome {
         let start = Instant::now();
         loop {
             let console = self.console();
-            if console.contains("PINDOWN-RESULT done=") {
+            if console.contains(needle) {
                 return Outcome::Done(console);
             }
             let errors = std::fs::read_to_string(&self.stderr).unwrap_or_default();
@@ -202,16 +212,42 @@ impl Guest {
     }
 }
 
-/// Starts the device with port 0 offered to a guest (one extra pair) and
-/// port 1 for the host-side driver.
-fn device() -> DeviceProcess {
-    // SAFETY-free: the variable is read by the child process only.
-    DeviceProcess::start(
-        device_bin(),
-        2,
-        &["--queue-pairs", &PAIRS.to_string(), "--guest-port", "0"],
-    )
-    .unwrap()
+/// Starts the device with ports `guests` offered to guests (one extra pair
+/// each) and the others for host-side drivers.
+fn device(guests: &[u16]) -> DeviceProcess {
+    let pairs = PAIRS.to_string();
+    let mut args = vec!["--queue-pairs".to_string(), pairs];
+    for port in guests {
+        args.extend(["--guest-port".to_string(), port.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    DeviceProcess::start(device_bin(), 2, &args).unwrap()
+}
+
+/// The value of the console's `PINDOWN-RESULT key=value` line.
+fn result_value(console: &str, key: &str) -> Option<String> {
+    console
+        .lines()
+        .filter_map(|l| l.split_once("PINDOWN-RESULT "))
+        .flat_map(|(_, kv)| kv.split_whitespace())
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_owned)
+}
+
+/// Checks the console of a guest that ran the `rdma` role to the end.
+fn check_rdma_console(console: &str, device_log: &str) {
+    assert!(
+        console.contains("PINDOWN-GUEST PASS") && console.contains("PINDOWN-RESULT vfio=ok"),
+        "guest failed:\n{console}\ndevice:\n{device_log}"
+    );
+    for step in [
+        "read 8192 bytes verified",
+        "write 12288 bytes verified",
+        "atomics verified",
+        "out-of-window write and read refused",
+    ] {
+        assert!(console.contains(step), "missing {step:?}:\n{console}");
+    }
 }
 
 fn skip_refused(outcome: Outcome) -> Option<String> {
@@ -233,7 +269,7 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
     if !have_tools() {
         return;
     }
-    let dev = device();
+    let dev = device(&[0]);
     let dir = dev.dir().join("guest");
     std::fs::create_dir_all(&dir).unwrap();
     initramfs(&dir);
@@ -274,19 +310,7 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
         return;
     };
     println!("{console}");
-    let device_log = dev.log();
-    assert!(
-        console.contains("PINDOWN-GUEST PASS") && console.contains("PINDOWN-RESULT vfio=ok"),
-        "guest failed:\n{console}\ndevice:\n{device_log}"
-    );
-    for step in [
-        "read 8192 bytes verified",
-        "write 12288 bytes verified",
-        "atomics verified",
-        "out-of-window write and read refused",
-    ] {
-        assert!(console.contains(step), "missing {step:?}:\n{console}");
-    }
+    check_rdma_console(&console, &dev.log());
 
     // The host's memory: the guest's write landed, the atomics left their
     // result, and nothing else changed (the refused write straddling the
@@ -297,6 +321,8 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
     }
     let atomic = WINDOW_OFFSET + 32768;
     expected[atomic..atomic + 8].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+    let done = WINDOW_OFFSET + DONE_AT;
+    expected[done..done + 8].copy_from_slice(b"PINDONE!");
     let mut now = vec![0u8; BUFFER_LEN];
     buffer.read_at(0, &mut now);
     let first_difference = (0..BUFFER_LEN).find(|&i| now[i] != expected[i]);
@@ -309,11 +335,63 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
 }
 
 #[test]
+fn two_guests_do_rdma_against_each_other_over_vfio() {
+    if !have_tools() {
+        return;
+    }
+    let dev = device(&[0, 1]);
+    let dir = dev.dir().join("guest");
+    std::fs::create_dir_all(&dir).unwrap();
+    initramfs(&dir);
+
+    // Guest A owns the window (its `serve` role fills and checks it); it
+    // prints the window once bound and then waits for B's done flag.
+    let mut owner = Guest::start(&dir, &dev.socket(0), "serve", &["role=serve".into()]);
+    let Some(console) = skip_refused(owner.wait_for("PINDOWN-RESULT window=", GUEST_TIMEOUT))
+    else {
+        return;
+    };
+    let window = result_value(&console, "window").expect("a window line");
+    assert!(
+        window.starts_with("0:"),
+        "guest A's window is on port 0: {window}"
+    );
+
+    let mut peer = Guest::start(
+        &dir,
+        &dev.socket(1),
+        "rdma",
+        &["role=rdma".into(), format!("window={window}")],
+    );
+    let Some(peer_console) = skip_refused(peer.finish(GUEST_TIMEOUT)) else {
+        return;
+    };
+    println!("{peer_console}");
+    check_rdma_console(&peer_console, &dev.log());
+
+    let Some(console) = skip_refused(owner.finish(GUEST_TIMEOUT)) else {
+        return;
+    };
+    println!("{console}");
+    assert!(
+        console.contains("PINDOWN-RESULT serve=ok")
+            && console.contains("PINDOWN-GUEST PASS")
+            && console.contains("PINDOWN-RESULT vfio=ok"),
+        "guest A's buffer is not what B's operations should have left:\n{console}\ndevice:\n{}",
+        dev.log()
+    );
+    for port in 0..2 {
+        let status = dev.port(port);
+        assert_eq!(status.n("errors"), 0, "{status:?}\n{}", dev.log());
+    }
+}
+
+#[test]
 fn guest_pin_cache_figures_over_vfio() {
     if !have_tools() {
         return;
     }
-    let dev = device();
+    let dev = device(&[0]);
     let dir = dev.dir().join("guest");
     std::fs::create_dir_all(&dir).unwrap();
     initramfs(&dir);

@@ -6,11 +6,16 @@
 //! pindown-guest rdma WINDOW          writes, reads and atomics against a peer's
 //!                                    window (port:key:len), bytes verified; an
 //!                                    out-of-window access must fail
+//! pindown-guest serve               the other side of `rdma`: a window over a
+//!                                    buffer of its own, printed as
+//!                                    `PINDOWN-RESULT window=port:key:len`;
+//!                                    waits for the peer's done flag, then
+//!                                    verifies the whole buffer
 //! pindown-guest pinbench [ROUNDS]    JSON: pin-down cache hit rate, cost of a
 //!                                    miss (VFIO map through the vIOMMU) and of
 //!                                    a hit
 //! pindown-guest                      the role from the kernel command line:
-//!                                    pindown.role=rdma|pinbench|bind and
+//!                                    pindown.role=rdma|serve|pinbench|bind and
 //!                                    pindown.window=port:key:len
 //!                                    (pindown.event_idx=0: refuse EVENT_IDX)
 //! ```
@@ -19,7 +24,9 @@
 //! `PINDOWN-GUEST `; the last is `PINDOWN-GUEST PASS` or
 //! `PINDOWN-GUEST FAIL <reason>`. The window's owner fills it with
 //! `pattern(offset)` (see [`pattern`]) before the guest starts, so both sides
-//! know the bytes without talking.
+//! know the bytes without talking. The `rdma` role ends by writing
+//! [`DONE_FLAG`] at window offset [`DONE_AT`], which tells a `serve` owner
+//! that the peer is finished.
 
 use std::ffi::CString;
 use std::fs;
@@ -50,6 +57,21 @@ const READ_LEN: u32 = 8192;
 const WRITE_AT: u64 = 16384;
 const WRITE_LEN: u32 = 12288;
 const ATOMIC_AT: u64 = 32768;
+/// What the atomics leave in the word at [`ATOMIC_AT`].
+const ATOMIC_RESULT: u64 = 0x1122_3344_5566_7788;
+/// Window offset of the word the `rdma` role writes last.
+const DONE_AT: u64 = 49152;
+/// The value of that word ("PINDONE!" in little-endian bytes).
+const DONE_FLAG: u64 = u64::from_le_bytes(*b"PINDONE!");
+
+/// Layout of the `serve` role's buffer: the window starts at
+/// [`SERVE_WINDOW_OFFSET`]; the bytes around it hold [`SERVE_OUTSIDE`].
+const SERVE_WINDOW_OFFSET: usize = 4096;
+const SERVE_WINDOW_LEN: usize = 65536;
+const SERVE_BUFFER_LEN: usize = SERVE_WINDOW_OFFSET + SERVE_WINDOW_LEN + 4096;
+const SERVE_OUTSIDE: u8 = 0xa5;
+/// How long `serve` waits for the peer's done flag.
+const SERVE_WAIT: Duration = Duration::from_secs(200);
 
 /// The modules VFIO needs, in load order (vfio_iommu_type1 is requested
 /// by no one else).
@@ -95,6 +117,7 @@ fn main() -> ExitCode {
             .ok_or_else(|| "no window given (pindown.window=port:key:len)".to_string())
             .and_then(|w| w.parse::<RemoteWindow>().map_err(|e| e.to_string()))
             .and_then(rdma),
+        "serve" => serve(),
         "pinbench" => {
             let rounds = args
                 .get(1)
@@ -373,7 +396,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         }
         expected = expected.wrapping_add(1000 + round);
     }
-    let cas = CompareSwap::new(window.at(ATOMIC_AT), expected, 0x1122_3344_5566_7788)
+    let cas = CompareSwap::new(window.at(ATOMIC_AT), expected, ATOMIC_RESULT)
         .build()
         .user_data(20)
         .signaled();
@@ -386,7 +409,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .user_data(21)
         .signaled();
     let done = expect_success(run(&context, failed_cas)?, "compare-swap (no match)")?;
-    if done.value != 0x1122_3344_5566_7788 {
+    if done.value != ATOMIC_RESULT {
         return Err(format!("compare-swap (no match): old {:#x}", done.value));
     }
     say("atomics verified: 3 fetch-adds, compare-swap hit and miss");
@@ -422,9 +445,86 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .user_data(40)
         .signaled();
     expect_success(run(&context, again)?, "read after errors")?;
+
+    // Last: the done flag, so a waiting owner knows every write landed.
+    buffer.write_at(0, &DONE_FLAG.to_le_bytes());
+    let done = Write::new(local(0, 8)?, window.at(DONE_AT))
+        .build()
+        .user_data(50)
+        .signaled();
+    expect_success(run(&context, done)?, "done flag")?;
     let (reads, hits, ticks) = context.transport().isr_stats();
     say(format!("isr reads={reads} raised={hits} ticks={ticks}"));
     say("RDMA DONE");
+    Ok(())
+}
+
+/// The window owner's side of `rdma`: binds a window over the middle of a
+/// registered buffer (pattern inside, [`SERVE_OUTSIDE`] around it), prints
+/// it, waits until the peer's [`DONE_FLAG`] appears in its own memory and
+/// checks every byte of the buffer against what the peer's operations
+/// should have left.
+fn serve() -> Result<(), String> {
+    let context = open_context(ContextConfig {
+        arena_bytes: 4 << 20,
+        ..ContextConfig::default()
+    })?;
+    let buffer = context
+        .alloc(SERVE_BUFFER_LEN, 4096)
+        .map_err(|e| e.to_string())?;
+    let mut expected = vec![SERVE_OUTSIDE; SERVE_BUFFER_LEN];
+    for w in 0..SERVE_WINDOW_LEN {
+        expected[SERVE_WINDOW_OFFSET + w] = pattern(w as u64);
+    }
+    buffer.write_at(0, &expected);
+    let region = context
+        .register_buffer(&buffer)
+        .map_err(|e| e.to_string())?;
+    let window = context
+        .bind_window(
+            &region,
+            SERVE_WINDOW_OFFSET as u64,
+            SERVE_WINDOW_LEN as u64,
+            uapi::Access::REMOTE_READ | uapi::Access::REMOTE_WRITE | uapi::Access::REMOTE_ATOMIC,
+        )
+        .map_err(|e| e.to_string())?;
+    println!("PINDOWN-RESULT window={}", window.remote);
+
+    let flag_at = SERVE_WINDOW_OFFSET + DONE_AT as usize;
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        let mut word = [0u8; 8];
+        buffer.read_at(flag_at, &mut word);
+        if u64::from_le_bytes(word) == DONE_FLAG {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("no done flag from the peer within {SERVE_WAIT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    say("done flag seen");
+
+    for i in 0..WRITE_LEN as u64 {
+        expected[SERVE_WINDOW_OFFSET + (WRITE_AT + i) as usize] = guest_pattern(WRITE_AT + i);
+    }
+    let atomic = SERVE_WINDOW_OFFSET + ATOMIC_AT as usize;
+    expected[atomic..atomic + 8].copy_from_slice(&ATOMIC_RESULT.to_le_bytes());
+    expected[flag_at..flag_at + 8].copy_from_slice(&DONE_FLAG.to_le_bytes());
+    let mut now = vec![0u8; SERVE_BUFFER_LEN];
+    buffer.read_at(0, &mut now);
+    if let Some(i) = (0..SERVE_BUFFER_LEN).find(|&i| now[i] != expected[i]) {
+        return Err(format!(
+            "buffer byte {i} is {:#04x}, expected {:#04x}",
+            now[i], expected[i]
+        ));
+    }
+    say(format!(
+        "write {WRITE_LEN} bytes, atomic word and done flag verified; \
+         the other {} bytes unchanged",
+        SERVE_BUFFER_LEN - WRITE_LEN as usize - 16
+    ));
+    println!("PINDOWN-RESULT serve=ok");
     Ok(())
 }
 

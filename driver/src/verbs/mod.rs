@@ -140,6 +140,8 @@ pub struct ContextConfig {
     /// Entries in the send and completion rings.
     pub queue_size: u16,
     /// The pin-down cache; `max_pinned_bytes: None` means the arena size.
+    /// `max_entries` is lowered to what the transport can map
+    /// ([`Transport::mapping_budget`]).
     pub cache: CacheConfig,
     /// How long [`Context::wait`] keeps polling after the last completion
     /// before it sleeps on the eventfd. `Duration::MAX`: never sleep (busy
@@ -280,8 +282,16 @@ impl<T: Transport + 'static> Context<T> {
         transport.enable_queue(layout.send_queue(), true)?;
         transport.notify(layout.completion_queue())?;
 
+        // Each cached region is one device mapping: stay within the
+        // mechanism's limit (VFIO's DMA entry limit in a guest).
+        let max_entries = transport
+            .mapping_budget()
+            .map_or(config.cache.max_entries, |budget| {
+                config.cache.max_entries.min(budget.max(1))
+            });
         let cache_config = CacheConfig {
             max_pinned_bytes: config.cache.max_pinned_bytes.or(Some(config.arena_bytes)),
+            max_entries,
             ..config.cache.clone()
         };
         let cache = PinCache::new(IotlbPinner::new(Arc::clone(&transport)), cache_config)?;

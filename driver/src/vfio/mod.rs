@@ -842,6 +842,10 @@ impl Transport for VfioTransport {
         true
     }
 
+    fn mapping_budget(&self) -> Option<usize> {
+        VfioDma::entry_limit().map(|limit| limit.saturating_sub(self.dma.entries()))
+    }
+
     fn iotlb_map(
         &self,
         iova: u64,

@@ -186,6 +186,9 @@ pub fn handle(
         Request::GetVringBase { index } => match state.vrings.get_mut(index as usize) {
             Some(r) => {
                 let base = r.stop();
+                if state.iommu() {
+                    state.forget_translations();
+                }
                 out.reply = Some(message::reply_vring_state(code, index, base as u32));
                 out.rings_changed = true;
                 Ok(())
