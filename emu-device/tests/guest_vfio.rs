@@ -169,8 +169,12 @@ impl Guest {
         Guest { child, log, stderr }
     }
 
+    /// The console so far, up to its last complete line (QEMU may be in
+    /// the middle of writing the next one).
     fn console(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let mut text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
+        text
     }
 
     /// Waits for the guest to finish (`PINDOWN-RESULT done=`) or QEMU to

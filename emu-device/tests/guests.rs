@@ -165,8 +165,12 @@ impl Guest {
         }
     }
 
+    /// The console so far, up to its last complete line (QEMU may be in
+    /// the middle of writing the next one).
     fn console(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let mut text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
+        text
     }
 
     /// The guest's result lines so far, as `key=value` maps.
