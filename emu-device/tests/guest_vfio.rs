@@ -228,6 +228,16 @@ fn device(guests: &[u16]) -> DeviceProcess {
     DeviceProcess::start(device_bin(), 2, &args).unwrap()
 }
 
+/// The device (see [`device`]) and a folder in its directory holding the
+/// guest's kernel and initramfs.
+fn device_with_guest_files(guests: &[u16]) -> (DeviceProcess, PathBuf) {
+    let dev = device(guests);
+    let dir = dev.dir().join("guest");
+    std::fs::create_dir_all(&dir).unwrap();
+    initramfs(&dir);
+    (dev, dir)
+}
+
 /// The value of the console's `PINDOWN-RESULT key=value` line.
 fn result_value(console: &str, key: &str) -> Option<String> {
     console
@@ -273,10 +283,7 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
     if !have_tools() {
         return;
     }
-    let dev = device(&[0]);
-    let dir = dev.dir().join("guest");
-    std::fs::create_dir_all(&dir).unwrap();
-    initramfs(&dir);
+    let (dev, dir) = device_with_guest_files(&[0]);
 
     // The host side: a window in the middle of a buffer, filled with the
     // pattern; markers around it.
@@ -343,10 +350,7 @@ fn two_guests_do_rdma_against_each_other_over_vfio() {
     if !have_tools() {
         return;
     }
-    let dev = device(&[0, 1]);
-    let dir = dev.dir().join("guest");
-    std::fs::create_dir_all(&dir).unwrap();
-    initramfs(&dir);
+    let (dev, dir) = device_with_guest_files(&[0, 1]);
 
     // Guest A owns the window (its `serve` role fills and checks it); it
     // prints the window once bound and then waits for B's done flag.
@@ -395,10 +399,7 @@ fn guest_pin_cache_figures_over_vfio() {
     if !have_tools() {
         return;
     }
-    let dev = device(&[0]);
-    let dir = dev.dir().join("guest");
-    std::fs::create_dir_all(&dir).unwrap();
-    initramfs(&dir);
+    let (dev, dir) = device_with_guest_files(&[0]);
     let mut guest = Guest::start(
         &dir,
         &dev.socket(0),

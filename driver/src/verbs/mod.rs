@@ -252,21 +252,19 @@ impl<T: Transport + 'static> Context<T> {
         let size = config.queue_size;
 
         let send_queue = SplitQueue::new(&arena, size, event_idx)?;
-        let send_slots = arena.alloc_pages(usize::from(size) * WorkRequest::SIZE)?;
-        transport.iotlb_map(
-            send_slots.iova(),
-            send_slots.len() as u64,
-            send_slots.as_ptr() as u64,
+        let send_slots = device_slots(
+            &*transport,
+            &arena,
+            usize::from(size) * WorkRequest::SIZE,
             transport::Access::ReadOnly,
         )?;
         transport.setup_queue(layout.send_queue(), &send_queue.layout())?;
 
         let mut completion_queue = SplitQueue::new(&arena, size, event_idx)?;
-        let completion_slots = arena.alloc_pages(usize::from(size) * Completion::SIZE)?;
-        transport.iotlb_map(
-            completion_slots.iova(),
-            completion_slots.len() as u64,
-            completion_slots.as_ptr() as u64,
+        let completion_slots = device_slots(
+            &*transport,
+            &arena,
+            usize::from(size) * Completion::SIZE,
             transport::Access::ReadWrite,
         )?;
         for slot in 0..size {
@@ -535,6 +533,25 @@ impl<T: Transport + 'static> Context<T> {
             Err(VerbsError::Refused(completion))
         }
     }
+}
+
+/// Page-exclusive arena memory for the driver's own request or completion
+/// slots, mapped for the device for the context's life (never through the
+/// pin-down cache, whose unpins would remove the mapping).
+fn device_slots<T: Transport>(
+    transport: &T,
+    arena: &Arc<DmaArena>,
+    len: usize,
+    access: transport::Access,
+) -> Result<DmaBuffer, VerbsError> {
+    let slots = arena.alloc_pages(len)?;
+    transport.iotlb_map(
+        slots.iova(),
+        slots.len() as u64,
+        slots.as_ptr() as u64,
+        access,
+    )?;
+    Ok(slots)
 }
 
 /// Registered memory: the device may reach it while this lives.
