@@ -201,7 +201,8 @@ impl Device {
 fn deliver(port: &Port, frame: &[u8]) {
     let mut guard = port.lock();
     let st = &mut *guard;
-    let ready = st.mem.is_some() && st.vrings.first().is_some_and(|r| r.active());
+    let ready =
+        port.shared.access().memory.is_some() && st.vrings.first().is_some_and(|r| r.active());
     if !ready {
         PortStats::bump(&port.stats.rx_dropped);
         return;
@@ -227,12 +228,13 @@ fn deliver(port: &Port, frame: &[u8]) {
 fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
     let PortState {
         index,
-        mem,
+        shared,
         vrings,
         rx_backlog,
         ..
     } = st;
-    let (Some(mem), Some(ring)) = (mem.as_ref(), vrings.get_mut(0)) else {
+    let shared = shared.access();
+    let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(0)) else {
         return false;
     };
     let was_waiting = std::mem::take(&mut ring.waiting_iotlb);
@@ -315,9 +317,13 @@ fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
 /// Takes frames from tx ring `i`. Returns whether work is left.
 fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<Vec<u8>>) -> bool {
     let PortState {
-        index, mem, vrings, ..
+        index,
+        shared,
+        vrings,
+        ..
     } = st;
-    let (Some(mem), Some(ring)) = (mem.as_ref(), vrings.get_mut(i)) else {
+    let shared = shared.access();
+    let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(i)) else {
         return false;
     };
     if !ring.active() {
@@ -474,9 +480,10 @@ pub fn serve_connection(dev: Arc<Device>, port: Arc<Port>, mut stream: UnixStrea
     if let Err(e) = run_connection(&dev, &port, &mut stream, engine.as_mut()) {
         tracing::info!(port = index, "connection ends: {e}");
     }
-    // Reset the port for the next frontend.
-    *port.lock() = PortState::new(index, port.mac, &dev.config);
-    port.rdma.reset();
+    // Reset the port for the next frontend: once no access to its memory
+    // is in flight, its memory and windows are gone.
+    port.shared.reset();
+    *port.lock() = PortState::new(index, port.mac, &dev.config, port.shared.clone());
     dev.switch.forget_port(index);
     port.stats.connected.store(false, Ordering::Release);
     tracing::info!(port = index, "port reset");

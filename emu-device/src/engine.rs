@@ -1,10 +1,10 @@
 //! The seam for the RDMA engine (hook point of `crate::rdma`): the device calls it when the RDMA send
 //! queue of a port is kicked. The engine reads work requests from
-//! `port.vrings[port.rdma_sq()]`, moves data through [`PortState::slices`]
-//! (of this port, or of another one through [`Device::port`]), and posts
+//! `port.vrings[port.rdma_sq()]`, moves data through the ports' gated
+//! [`PortShared`](crate::port::PortShared) (of this port, or of another one
+//! through [`Device::port`]), and posts
 //! completions on `port.vrings[port.rdma_cq()]`.
 //!
-//! [`PortState::slices`]: crate::port::PortState::slices
 //! [`Device::port`]: crate::device::Device::port
 
 use crate::device::Device;

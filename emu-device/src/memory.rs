@@ -456,6 +456,15 @@ impl PortIommu {
         std::mem::take(&mut *self.faults.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Whether faults were recorded and not taken yet.
+    pub fn has_faults(&self) -> bool {
+        !self
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     /// Number of faults seen so far (a counter that only grows: compare
     /// it before and after an access to detect a miss).
     pub fn fault_count(&self) -> u64 {

@@ -4,13 +4,14 @@
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vm_memory::{Permissions, VolatileSlice};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::memory::{self, IotlbTable, MemError, MemoryTable, PortMemory};
+use crate::memory::{self, IotlbTable, MemoryTable, PortMemory};
 use crate::queues::Vring;
+use crate::rdma::WindowTable;
 use crate::vhost_user::message::{IotlbMsg, IotlbType, HEADER_SIZE, IOTLB_MSG_SIZE};
 use crate::DeviceConfig;
 
@@ -147,21 +148,77 @@ pub struct Port {
     pub mac: [u8; 6],
     /// Counters.
     pub stats: PortStats,
-    /// What other ports' RDMA engines see of this port.
-    pub rdma: crate::rdma::PortShared,
+    /// The port's memory and windows, as every data path of the device
+    /// reaches them (the one copy; see [`PortShared`]).
+    pub shared: Arc<PortShared>,
     state: Mutex<PortState>,
+}
+
+/// What the data paths of the device reach of a port: its memory (the
+/// frontend's memory table behind the port's IOTLB) and its windows,
+/// behind the port's access gate.
+///
+/// Every access to the port's memory — a peer's RDMA copy, an atomic, the
+/// port's own rings — is one guarded step: translation, the window check
+/// and the data movement happen while the step holds the gate in shared
+/// mode ([`PortShared::access`]), and long copies are cut into bounded
+/// steps. Every change that takes access away — an IOTLB invalidation or
+/// replacement, a window revocation, a new memory table or feature set, a
+/// reset, a disconnect — is made while holding the gate exclusively
+/// ([`PortShared::barrier`]), which waits for the steps in flight. So once
+/// such a change is acknowledged, no access that began earlier can still
+/// touch the old pages, and none can start through the old grant.
+///
+/// Only the port's own connection thread takes the gate exclusively. Steps
+/// that span two ports take both gates in port order.
+#[derive(Debug, Default)]
+pub struct PortShared {
+    gate: RwLock<SharedState>,
+}
+
+/// The state behind a port's gate.
+#[derive(Debug, Default)]
+pub struct SharedState {
+    /// The port's memory, while a frontend is connected and has sent its
+    /// memory table.
+    pub memory: Option<PortMemory>,
+    /// The windows the port bound.
+    pub windows: WindowTable,
+}
+
+impl PortShared {
+    /// Enters one guarded step (shared mode): the state cannot change
+    /// until the guard is dropped.
+    pub fn access(&self) -> RwLockReadGuard<'_, SharedState> {
+        self.gate.read()
+    }
+
+    /// Waits until no step is in flight and holds every new one off until
+    /// the guard is dropped.
+    pub fn barrier(&self) -> RwLockWriteGuard<'_, SharedState> {
+        self.gate.write()
+    }
+
+    /// Forgets the memory and revokes every window (reset, disconnect),
+    /// once no access is in flight.
+    pub fn reset(&self) {
+        let mut state = self.barrier();
+        state.memory = None;
+        state.windows.clear();
+    }
 }
 
 impl Port {
     /// A disconnected port.
     pub fn new(index: usize, socket: usize, mac: [u8; 6], cfg: &DeviceConfig) -> Port {
+        let shared = Arc::new(PortShared::default());
         Port {
             index,
             socket,
             mac,
             stats: PortStats::default(),
-            rdma: crate::rdma::PortShared::default(),
-            state: Mutex::new(PortState::new(index, mac, cfg)),
+            state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
+            shared,
         }
     }
 
@@ -192,8 +249,9 @@ pub struct PortState {
     pub owner: bool,
     /// Memory table.
     pub table: Option<MemoryTable>,
-    /// Memory as the device accesses it (IOVA or guest physical).
-    pub mem: Option<PortMemory>,
+    /// The port's memory (as the device accesses it: IOVA or guest
+    /// physical) and windows, shared with the data paths of other ports.
+    pub shared: Arc<PortShared>,
     /// Device IOTLB.
     pub iotlb: IotlbTable,
     /// Rings: net pairs (rx 2i, tx 2i+1), then the RDMA send and completion queues.
@@ -210,7 +268,12 @@ pub struct PortState {
 
 impl PortState {
     /// Fresh state.
-    pub fn new(index: usize, mac: [u8; 6], cfg: &DeviceConfig) -> PortState {
+    pub fn new(
+        index: usize,
+        mac: [u8; 6],
+        cfg: &DeviceConfig,
+        shared: Arc<PortShared>,
+    ) -> PortState {
         let nrings = 2 * cfg.queue_pairs as usize + 2;
         PortState {
             index,
@@ -221,7 +284,7 @@ impl PortState {
             protocol_features: 0,
             owner: false,
             table: None,
-            mem: None,
+            shared,
             iotlb: IotlbTable::new(cfg.iotlb_entries_max),
             vrings: (0..nrings)
                 .map(|i| Vring::new(i, cfg.queue_size_max))
@@ -242,6 +305,11 @@ impl PortState {
         2 * self.queue_pairs as usize + 1
     }
 
+    /// Whether ring `i` is one of the RDMA rings.
+    pub fn is_rdma_ring(&self, i: usize) -> bool {
+        i == self.rdma_sq() || i == self.rdma_cq()
+    }
+
     /// Whether ACCESS_PLATFORM is negotiated (addresses are IOVAs).
     pub fn iommu(&self) -> bool {
         self.features & features::ACCESS_PLATFORM != 0
@@ -258,40 +326,55 @@ impl PortState {
     }
 
     /// Rebuilds the port memory after the memory table or the features
-    /// changed, then re-resolves every ring.
+    /// changed, then re-resolves every ring. The old memory and every
+    /// window bound in it are gone once no access is in flight.
     pub fn rebuild_memory(&mut self) {
-        self.mem = self
-            .table
-            .as_ref()
-            .map(|t| memory::new_port_memory(t, &self.iotlb, self.iommu()));
+        {
+            let mut shared = self.shared.barrier();
+            shared.windows.clear();
+            shared.memory = self
+                .table
+                .as_ref()
+                .map(|t| memory::new_port_memory(t, &self.iotlb, self.iommu()));
+        }
         for i in 0..self.vrings.len() {
             self.activate_ring(i);
         }
     }
 
-    /// Pushes the IOTLB into the port memory's IOMMU.
+    /// Pushes the IOTLB into the port memory's IOMMU, once no access is in
+    /// flight.
     pub fn refresh_iotlb(&mut self) {
-        if let (Some(mem), Some(table)) = (&self.mem, &self.table) {
+        let shared = self.shared.barrier();
+        if let (Some(mem), Some(table)) = (&shared.memory, &self.table) {
             mem.iommu().set_tlb(self.iotlb.to_vm_iotlb(table));
         }
     }
 
-    /// Forgets every translation the frontend gave before a ring was
-    /// stopped (GET_VRING_BASE): when the guest resets the device (a
-    /// reboot, a driver re-probing it) its vIOMMU mappings are gone, but
-    /// QEMU sends no INVALIDATE for them, and the next driver reuses the
-    /// same IOVAs for other pages. Keeping them would make the device read
-    /// descriptors and write frames through stale translations. Misses
-    /// still unanswered (QEMU refuses them while the device is stopped)
-    /// and frames waiting for an rx buffer of the old driver go too.
+    /// Forgets every translation the frontend gave, and every window, before
+    /// a ring was stopped (GET_VRING_BASE): when the guest resets the
+    /// device (a reboot, a driver re-probing it) its vIOMMU mappings are
+    /// gone, but QEMU sends no INVALIDATE for them, and the next driver
+    /// reuses the same IOVAs for other pages. Keeping them would make the
+    /// device read descriptors and write frames through stale translations.
+    /// Misses still unanswered (QEMU refuses them while the device is
+    /// stopped) and frames waiting for an rx buffer of the old driver go
+    /// too.
     pub fn forget_translations(&mut self) {
         self.iotlb.clear();
         self.refresh_iotlb();
-        if let Some(mem) = &self.mem {
+        self.revoke_windows();
+        if let Some(mem) = &self.shared.access().memory {
             mem.iommu().take_faults();
         }
         self.pending_misses.clear();
         self.rx_backlog.clear();
+    }
+
+    /// Revokes every window of the port (its RDMA rings stopped), once no
+    /// access is in flight.
+    pub fn revoke_windows(&mut self) {
+        self.shared.barrier().windows.clear();
     }
 
     /// (Re)configures ring `i` from what the frontend sent.
@@ -309,29 +392,14 @@ impl PortState {
         }
     }
 
-    /// Volatile slices for `[addr, addr + len)` with `access` — the
-    /// interface the RDMA engine moves data through. `addr` is an IOVA when
-    /// ACCESS_PLATFORM is negotiated, a guest physical address otherwise.
-    /// Any unmapped or forbidden byte makes the whole call fail, memory
-    /// untouched; a miss is sent to the frontend afterwards.
-    pub fn slices(
-        &self,
-        addr: u64,
-        len: usize,
-        access: Permissions,
-    ) -> Result<Vec<VolatileSlice<'_, ()>>, MemError> {
-        let mem = self.mem.as_ref().ok_or(MemError::NoMemory)?;
-        memory::slices(mem, addr, len, access)
-    }
-
     /// Sends IOTLB MISS requests for the faults recorded since the last
     /// call (non-blocking; never waits for the answer). Returns how many
     /// were sent.
     pub fn send_misses(&mut self) -> usize {
-        let Some(mem) = &self.mem else {
-            return 0;
+        let faults = match &self.shared.access().memory {
+            Some(mem) => mem.iommu().take_faults(),
+            None => return 0,
         };
-        let faults = mem.iommu().take_faults();
         if faults.is_empty() {
             return 0;
         }

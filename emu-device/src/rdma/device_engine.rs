@@ -1,47 +1,29 @@
 //! The engine plugged into the device: serves a port's RDMA send queue and
 //! writes its completions.
 //!
-//! Each port publishes its memory (the frontend's memory table behind its
-//! IOTLB) and its windows in a [`PortShared`], which other ports' engines
-//! read while they access it. Requests run in order, one at a time, so a
-//! FENCE is always honoured. A completion waits in the engine when the
-//! completion queue has no free buffer; the engine then takes no new request
-//! until the driver posts buffers and kicks the completion queue.
+//! Every port's memory and windows live once, in its
+//! [`PortShared`](crate::port::PortShared), behind the port's access gate;
+//! the engine reaches its own port and its peers through it, one guarded
+//! step at a time. Requests run in order, one at a time, so a FENCE is
+//! always honoured. A completion waits in the engine when the completion
+//! queue has no free buffer; the engine then takes no new request until the
+//! driver posts buffers and kicks the completion queue.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
 use uapi::{
     Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };
 use vm_memory::Permissions;
 
-use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target, WindowTable};
+use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target};
 use crate::device::Device;
 use crate::engine::RdmaEngine;
-use crate::memory::{self, MemError, PortIommu, PortMemory};
-use crate::port::{Port, PortState};
+use crate::memory::{self, MemError, PortMemory};
+use crate::port::{Port, PortState, SharedState};
 use crate::queues::{self, Pop, Vring};
-
-/// What other ports' engines see of a port.
-#[derive(Debug, Default)]
-pub struct PortShared {
-    /// The port's memory, while a frontend is connected and has sent its
-    /// memory table.
-    pub memory: RwLock<Option<PortMemory>>,
-    /// Windows the port bound.
-    pub windows: WindowTable,
-}
-
-impl PortShared {
-    /// Forgets the memory and revokes every window (the frontend left).
-    pub fn reset(&self) {
-        *self.memory.write() = None;
-        self.windows.clear();
-    }
-}
 
 /// A port's memory seen through the engine's seam.
 struct MemoryView<'a>(&'a PortMemory);
@@ -69,26 +51,85 @@ impl MemoryAccess for MemoryView<'_> {
     }
 }
 
-/// The other ports, reached through their [`PortShared`].
+/// The ports of the device, reached through their gates.
 struct DeviceFabric<'a> {
     device: &'a Device,
+    /// The initiator (looked up once per kick).
+    own: &'a Arc<Port>,
+}
+
+impl DeviceFabric<'_> {
+    fn port(&self, index: u16) -> Result<Arc<Port>, ErrorDetail> {
+        if usize::from(index) == self.own.index {
+            return Ok(Arc::clone(self.own));
+        }
+        self.device
+            .port(usize::from(index))
+            .ok_or(ErrorDetail::UnknownPort)
+    }
+}
+
+/// Lends a port's state to a step, or says it is down.
+fn lend<'s>(
+    state: &'s SharedState,
+) -> Result<(MemoryView<'s>, &'s super::WindowTable), ErrorDetail> {
+    let memory = state.memory.as_ref().ok_or(ErrorDetail::PortDown)?;
+    Ok((MemoryView(memory), &state.windows))
 }
 
 impl Fabric for DeviceFabric<'_> {
-    fn reach(
+    fn step(
+        &self,
+        initiator: u16,
+        target: u16,
+        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail> {
+        let near = self.port(initiator)?;
+        if initiator == target {
+            let state = near.shared.access();
+            let (memory, windows) = lend(&state)?;
+            let own = Target {
+                memory: &memory,
+                windows,
+            };
+            return Ok(step(own, own));
+        }
+        let far = self.port(target)?;
+        // Two gates are always taken in port order, so that two steps
+        // crossing in opposite directions cannot wait for each other
+        // behind a barrier.
+        let (near_state, far_state) = if initiator < target {
+            let near_state = near.shared.access();
+            (near_state, far.shared.access())
+        } else {
+            let far_state = far.shared.access();
+            (near.shared.access(), far_state)
+        };
+        let (near_memory, near_windows) = lend(&near_state)?;
+        let (far_memory, far_windows) = lend(&far_state)?;
+        Ok(step(
+            Target {
+                memory: &near_memory,
+                windows: near_windows,
+            },
+            Target {
+                memory: &far_memory,
+                windows: far_windows,
+            },
+        ))
+    }
+
+    fn exclusive(
         &self,
         port: u16,
-        access: &mut dyn FnMut(Target<'_>) -> Outcome,
+        change: &mut dyn FnMut(Target<'_>) -> Outcome,
     ) -> Result<Outcome, ErrorDetail> {
-        let port = self
-            .device
-            .port(usize::from(port))
-            .ok_or(ErrorDetail::UnknownPort)?;
-        let memory = port.rdma.memory.read();
-        let memory = memory.as_ref().ok_or(ErrorDetail::PortDown)?;
-        Ok(access(Target {
-            memory: &MemoryView(memory),
-            windows: &port.rdma.windows,
+        let port = self.port(port)?;
+        let state = port.shared.barrier();
+        let (memory, windows) = lend(&state)?;
+        Ok(change(Target {
+            memory: &memory,
+            windows,
         }))
     }
 }
@@ -117,9 +158,6 @@ pub struct DeviceEngine {
     pending: VecDeque<Completion>,
     /// The port served, once known.
     port: Option<Arc<Port>>,
-    /// The IOMMU of the memory last published to other ports (a new memory
-    /// table or feature set builds a new one).
-    published: Option<Arc<PortIommu>>,
     /// Since when the request at the head of the send queue has waited for
     /// its local memory to be mapped.
     waiting_since: Option<Instant>,
@@ -129,6 +167,16 @@ impl DeviceEngine {
     /// An engine with nothing pending.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Writes pending completions into completion-queue buffers, in one
+    /// guarded step on the port's gate. Returns whether any buffer was used.
+    fn flush_step(&mut self, rings: &mut Rings<'_>, port: &Port) -> bool {
+        let state = port.shared.access();
+        match state.memory.as_ref() {
+            Some(memory) => self.flush(rings, memory),
+            None => false,
+        }
     }
 
     /// Writes pending completions into completion-queue buffers. Returns
@@ -180,68 +228,93 @@ impl DeviceEngine {
 
     /// Takes the next request from the send queue and runs it. Returns
     /// `false` when the queue is empty (or unusable).
+    ///
+    /// The ring work is one guarded step on the port's own gate; the
+    /// request runs outside it, in steps of its own, so that a request may
+    /// revoke one of the port's windows (a barrier on the same gate).
     fn serve_one(
         &mut self,
         rings: &mut Rings<'_>,
-        memory: &PortMemory,
+        port: &Port,
         info: DeviceInfo,
-        local: &Target<'_>,
         fabric: &DeviceFabric<'_>,
     ) -> bool {
-        let ring = &mut rings.vrings[rings.sq];
-        let chain = match queues::pop_chain(ring, memory) {
-            Pop::Chain(chain) => chain,
-            // Polling, the device sees new requests without doorbells;
-            // otherwise ask for one, and go on if requests came meanwhile.
-            Pop::Empty if rings.polling => return false,
-            Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
-            Pop::Miss => return false,
-            Pop::Broken(error) => {
-                ring.break_off(rings.port, &error);
+        let (chain, request) = {
+            let state = port.shared.access();
+            let Some(memory) = state.memory.as_ref() else {
                 return false;
-            }
-        };
-        let _ = ring.queue_disable_notification(memory);
-        let completion = match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
-            Ok(Some(bytes)) => match WorkRequest::decode(&bytes) {
-                Ok(request) => {
-                    let faults = memory.iommu().fault_count();
-                    let done = execute(info, *local, &request, fabric);
-                    let missed = done.status == Status::LocalProtectionError
-                        && memory.iommu().fault_count() > faults;
-                    if missed && rings.lazy_iotlb {
-                        // Nothing moved: the local range is checked first.
-                        // Take the request again once the mapping arrives.
-                        let since = *self.waiting_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() < MISS_PATIENCE {
-                            let ring = &mut rings.vrings[rings.sq];
-                            ring.rewind();
-                            ring.waiting_iotlb = true;
-                            return false;
-                        }
-                    }
-                    self.waiting_since = None;
-                    (request.flags.contains(WrFlags::SIGNALED) || !done.is_success())
-                        .then_some(done)
+            };
+            let ring = &mut rings.vrings[rings.sq];
+            let chain = match queues::pop_chain(ring, memory) {
+                Pop::Chain(chain) => chain,
+                // Polling, the device sees new requests without doorbells;
+                // otherwise ask for one, and go on if requests came meanwhile.
+                Pop::Empty if rings.polling => return false,
+                Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
+                Pop::Miss => return false,
+                Pop::Broken(error) => {
+                    ring.break_off(rings.port, &error);
+                    return false;
+                }
+            };
+            let _ = ring.queue_disable_notification(memory);
+            match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
+                Ok(Some(bytes)) => (
+                    chain,
+                    WorkRequest::decode(&bytes).map_err(|error| {
+                        tracing::debug!(port = rings.port, "malformed work request: {error}");
+                        malformed(&bytes)
+                    }),
+                ),
+                Ok(None) => {
+                    ring.rewind();
+                    return false;
                 }
                 Err(error) => {
-                    tracing::debug!(port = rings.port, "malformed work request: {error}");
-                    Some(malformed(&bytes))
+                    tracing::debug!(port = rings.port, "unreadable work request: {error}");
+                    (chain, Err(malformed(&[])))
                 }
-            },
-            Ok(None) => {
-                ring.rewind();
-                return false;
-            }
-            Err(error) => {
-                tracing::debug!(port = rings.port, "unreadable work request: {error}");
-                Some(malformed(&[]))
             }
         };
-        let _ = rings.vrings[rings.sq].add_used(memory, chain.head, 0);
+        let completion = match request {
+            Ok(request) => {
+                let done = execute(info, &request, fabric);
+                if done.status == Status::LocalProtectionError
+                    && rings.lazy_iotlb
+                    && local_miss_pending(port)
+                {
+                    // Nothing moved: the local range is checked first.
+                    // Take the request again once the mapping arrives.
+                    let since = *self.waiting_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < MISS_PATIENCE {
+                        let ring = &mut rings.vrings[rings.sq];
+                        ring.rewind();
+                        ring.waiting_iotlb = true;
+                        return false;
+                    }
+                }
+                self.waiting_since = None;
+                (request.flags.contains(WrFlags::SIGNALED) || !done.is_success()).then_some(done)
+            }
+            Err(malformed) => Some(malformed),
+        };
+        let state = port.shared.access();
+        if let Some(memory) = state.memory.as_ref() {
+            let _ = rings.vrings[rings.sq].add_used(memory, chain.head, 0);
+        }
         self.pending.extend(completion);
         true
     }
+}
+
+/// Whether an access to the port's own memory missed in its IOTLB and
+/// waits for the frontend's answer (a MISS to send).
+fn local_miss_pending(port: &Port) -> bool {
+    port.shared
+        .access()
+        .memory
+        .as_ref()
+        .is_some_and(|memory| memory.iommu().has_faults())
 }
 
 /// The error completion of a request that did not decode; its user data if
@@ -268,12 +341,7 @@ impl RdmaEngine for DeviceEngine {
             return false;
         };
         let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
-        let PortState {
-            mem, vrings, guest, ..
-        } = state;
-        let Some(memory) = mem.as_ref() else {
-            return false;
-        };
+        let PortState { vrings, guest, .. } = state;
         let mut rings = Rings {
             vrings,
             sq,
@@ -282,36 +350,25 @@ impl RdmaEngine for DeviceEngine {
             lazy_iotlb: *guest,
             polling: device.config.poll,
         };
-        let current = memory.iommu();
-        if !self
-            .published
-            .as_ref()
-            .is_some_and(|published| Arc::ptr_eq(published, current))
-        {
-            self.published = Some(Arc::clone(current));
-            *port.rdma.memory.write() = Some(memory.clone());
-        }
         let info = DeviceInfo {
             port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
         };
-        let fabric = DeviceFabric { device };
-        let view = MemoryView(memory);
-        let local = Target {
-            memory: &view,
-            windows: &port.rdma.windows,
-        };
-        let mut worked = self.flush(&mut rings, memory);
+        let fabric = DeviceFabric { device, own: &port };
+        let mut worked = self.flush_step(&mut rings, &port);
         while self.pending.is_empty() && rings.vrings[sq].active() {
-            if !self.serve_one(&mut rings, memory, info, &local, &fabric) {
+            if !self.serve_one(&mut rings, &port, info, &fabric) {
                 break;
             }
             worked = true;
-            self.flush(&mut rings, memory);
+            self.flush_step(&mut rings, &port);
         }
-        rings.vrings[sq].notify(memory);
-        rings.vrings[cq].notify(memory);
+        let shared = port.shared.access();
+        if let Some(memory) = shared.memory.as_ref() {
+            rings.vrings[sq].notify(memory);
+            rings.vrings[cq].notify(memory);
+        }
         worked
     }
 }

@@ -10,8 +10,9 @@ use uapi::{
 use super::windows::{Window, WindowTable};
 use super::{Fault, MemoryAccess, Span, Spans};
 
-/// A port a request reaches, borrowed for the duration of the access (the
-/// caller holds whatever keeps its memory mapped).
+/// A port a request reaches, borrowed for one guarded step (the lender
+/// holds the port's access gate, so nothing the step checked can change
+/// before it ends).
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
     /// The port's memory.
@@ -26,125 +27,102 @@ pub type Failure = (Status, ErrorDetail);
 /// The result of running a request against a target port.
 pub type Outcome = Result<Completion, Failure>;
 
-/// The other ports of the device, as the engine reaches them.
+/// The ports of the device, as the engine reaches them.
 pub trait Fabric {
-    /// Lends port `port` to `access` for the duration of the call (holding
-    /// whatever keeps its memory mapped), or says why it cannot:
-    /// [`ErrorDetail::UnknownPort`] or [`ErrorDetail::PortDown`].
-    fn reach(
+    /// Runs one guarded step on ports `initiator` and `target` (the same
+    /// port or two): lends both, holding whatever keeps their memory and
+    /// windows from changing until `step` returns, or says why the target
+    /// cannot be reached: [`ErrorDetail::UnknownPort`] or
+    /// [`ErrorDetail::PortDown`].
+    fn step(
+        &self,
+        initiator: u16,
+        target: u16,
+        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail>;
+
+    /// Runs `change` on port `port` once no step on it is in flight,
+    /// holding new steps off until it returns: a barrier.
+    fn exclusive(
         &self,
         port: u16,
-        access: &mut dyn FnMut(Target<'_>) -> Outcome,
+        change: &mut dyn FnMut(Target<'_>) -> Outcome,
     ) -> Result<Outcome, ErrorDetail>;
 }
 
-/// Executes `request`, issued by the port described by `info`, whose memory
-/// and windows are `local`. Requests to another port reach it through
-/// `fabric`; requests to the initiator's own port do not.
-pub fn execute(
-    info: DeviceInfo,
-    local: Target<'_>,
-    request: &WorkRequest,
-    fabric: &dyn Fabric,
-) -> Completion {
+/// Bytes a transfer moves in one guarded step: a barrier (revoke,
+/// invalidate, reset) waits for at most one step of each transfer in
+/// flight.
+pub const STEP_BYTES: u64 = 256 * 1024;
+
+/// Executes `request`, issued by the port described by `info`, reaching
+/// its own port and others through `fabric`.
+pub fn execute(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Completion {
     let opcode = request.op.opcode();
-    let result = run(info, &local, request, fabric);
+    let result = run(info, request, fabric);
     match result {
         Ok(completion) => completion,
         Err((status, detail)) => Completion::error(request.user_data, Some(opcode), status, detail),
     }
 }
 
-fn run(
-    info: DeviceInfo,
-    local: &Target<'_>,
-    request: &WorkRequest,
-    fabric: &dyn Fabric,
-) -> Outcome {
+fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome {
     let user_data = request.user_data;
     let done = |opcode: Opcode, byte_len: u32, value: u64| {
         Ok(Completion::success(user_data, opcode, byte_len, value))
     };
+    let own = info.port;
     match request.op {
         Operation::Nop => done(Opcode::Nop, 0, 0),
         Operation::Query => done(Opcode::Query, 0, info.to_value()),
         Operation::BindWindow { start, len, access } => {
-            let writable = access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-            let mut spans = Spans::new();
-            local
-                .memory
-                .spans(start, len, writable, &mut spans)
-                .map_err(local_fault)?;
-            let key = local.windows.bind(Window { start, len, access });
-            done(Opcode::BindWindow, 0, u64::from(key.0))
+            on_port(fabric, own, own, &mut |local, _| {
+                let writable = access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+                let mut spans = Spans::new();
+                local
+                    .memory
+                    .spans(start, len, writable, &mut spans)
+                    .map_err(local_fault)?;
+                let key = local.windows.bind(Window { start, len, access });
+                done(Opcode::BindWindow, 0, u64::from(key.0))
+            })
         }
         Operation::RevokeWindow { key } => {
-            if local.windows.revoke(key) {
-                done(Opcode::RevokeWindow, 0, 0)
-            } else {
-                Err((Status::InvalidRequest, ErrorDetail::BadKey))
-            }
+            // A barrier: once revoked, no access through the key is in
+            // flight.
+            let revoked = fabric.exclusive(own, &mut |local| {
+                if local.windows.revoke(key) {
+                    done(Opcode::RevokeWindow, 0, 0)
+                } else {
+                    Err((Status::InvalidRequest, ErrorDetail::BadKey))
+                }
+            });
+            revoked.unwrap_or_else(|detail| Err((Status::InvalidRequest, detail)))
         }
         Operation::Write {
             local: source,
             len,
             remote,
-        } => {
-            let mut from = Spans::new();
-            local
-                .memory
-                .spans(source, u64::from(len), false, &mut from)
-                .map_err(local_fault)?;
-            on_target(info, local, remote, fabric, &mut |target| {
-                let mut to = Spans::new();
-                remote_range(
-                    &target,
-                    remote,
-                    u64::from(len),
-                    Access::REMOTE_WRITE,
-                    true,
-                    &mut to,
-                )?;
-                copy_spans(&from, &to);
-                done(Opcode::Write, len, 0)
-            })
-        }
+        } => transfer(fabric, own, Direction::Write, source, remote, len)
+            .and_then(|()| done(Opcode::Write, len, 0)),
         Operation::Read {
             local: destination,
             len,
             remote,
-        } => {
-            let mut to = Spans::new();
-            local
-                .memory
-                .spans(destination, u64::from(len), true, &mut to)
-                .map_err(local_fault)?;
-            on_target(info, local, remote, fabric, &mut |target| {
-                let mut from = Spans::new();
-                remote_range(
-                    &target,
-                    remote,
-                    u64::from(len),
-                    Access::REMOTE_READ,
-                    false,
-                    &mut from,
-                )?;
-                copy_spans(&from, &to);
-                done(Opcode::Read, len, 0)
-            })
-        }
+        } => transfer(fabric, own, Direction::Read, destination, remote, len)
+            .and_then(|()| done(Opcode::Read, len, 0)),
         Operation::CompareSwap {
             remote,
             width,
             compare,
             swap,
-        } => on_target(info, local, remote, fabric, &mut |target| {
+        } => on_port(fabric, own, remote.port, &mut |_, target| {
             let word = atomic_word(&target, remote, width)?;
             let old = word.compare_swap(compare, swap);
             done(Opcode::CompareSwap, width.bytes(), old)
         }),
         Operation::FetchAdd { remote, width, add } => {
-            on_target(info, local, remote, fabric, &mut |target| {
+            on_port(fabric, own, remote.port, &mut |_, target| {
                 let word = atomic_word(&target, remote, width)?;
                 let old = word.fetch_add(add);
                 done(Opcode::FetchAdd, width.bytes(), old)
@@ -154,7 +132,7 @@ fn run(
             remote,
             width,
             value,
-        } => on_target(info, local, remote, fabric, &mut |target| {
+        } => on_port(fabric, own, remote.port, &mut |_, target| {
             let word = atomic_word(&target, remote, width)?;
             let old = word.swap(value);
             done(Opcode::Swap, width.bytes(), old)
@@ -162,22 +140,84 @@ fn run(
     }
 }
 
-/// Runs `access` on the port `remote` names: the initiator's own, or one
-/// lent by `reach`.
-fn on_target(
-    info: DeviceInfo,
-    local: &Target<'_>,
-    remote: RemoteAddress,
+/// Which way a transfer moves bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Local memory into the remote window.
+    Write,
+    /// The remote window into local memory.
+    Read,
+}
+
+/// Moves `len` bytes between local `iova` and `remote`, in guarded steps
+/// of at most [`STEP_BYTES`]. The first step checks the whole transfer
+/// (local registration, window key, rights and bounds, the target's
+/// registration), so a request refused up front moves no byte. Every later
+/// step checks its own part again: a barrier between two steps (the
+/// window revoked, memory invalidated or reset) stops the transfer there,
+/// and it completes with an error.
+fn transfer(
     fabric: &dyn Fabric,
-    access: &mut dyn FnMut(Target<'_>) -> Outcome,
-) -> Outcome {
-    if remote.port == info.port {
-        return access(Target {
-            memory: local.memory,
-            windows: local.windows,
-        });
+    own: u16,
+    direction: Direction,
+    iova: u64,
+    remote: RemoteAddress,
+    len: u32,
+) -> Result<(), Failure> {
+    let len = u64::from(len);
+    let (needed, remote_writes) = match direction {
+        Direction::Write => (Access::REMOTE_WRITE, true),
+        Direction::Read => (Access::REMOTE_READ, false),
+    };
+    let mut moved = 0u64;
+    loop {
+        let step = (len - moved).min(STEP_BYTES);
+        let checked = if moved == 0 { len } else { step };
+        on_port(fabric, own, remote.port, &mut |local, target| {
+            let mut near = Spans::new();
+            local
+                .memory
+                .spans(iova + moved, checked, !remote_writes, &mut near)
+                .map_err(local_fault)?;
+            let mut far = Spans::new();
+            let at = RemoteAddress {
+                offset: remote.offset.saturating_add(moved),
+                ..remote
+            };
+            remote_range(&target, at, checked, needed, remote_writes, &mut far)?;
+            let step = usize::try_from(step).unwrap_or(usize::MAX);
+            match direction {
+                Direction::Write => copy_spans(&near, &far, step),
+                Direction::Read => copy_spans(&far, &near, step),
+            }
+            Ok(STEP_DONE)
+        })?;
+        moved += step;
+        if moved >= len {
+            return Ok(());
+        }
     }
-    match fabric.reach(remote.port, access) {
+}
+
+/// What a step of a transfer returns when it worked (the request's own
+/// completion is built once the last step is done).
+const STEP_DONE: Completion = Completion {
+    user_data: 0,
+    status: Status::Success,
+    detail: ErrorDetail::None,
+    opcode: None,
+    byte_len: 0,
+    value: 0,
+};
+
+/// Runs one guarded step on the initiator and the port `target` names.
+fn on_port(
+    fabric: &dyn Fabric,
+    own: u16,
+    target: u16,
+    step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
+) -> Outcome {
+    match fabric.step(own, target, step) {
         Ok(outcome) => outcome,
         Err(detail @ ErrorDetail::PortDown) => Err((Status::PeerGone, detail)),
         Err(detail) => Err((Status::RemoteAccessError, detail)),
@@ -304,22 +344,27 @@ fn atomic_word<'t>(
     })
 }
 
-/// Copies the bytes of `from` into `to` (equal total lengths), span by span:
-/// one copy, straight between the two mappings.
-fn copy_spans(from: &[Span], to: &[Span]) {
+/// Copies the first `limit` bytes of `from` into `to` (both hold at least
+/// that many), span by span: one copy, straight between the two mappings.
+fn copy_spans(from: &[Span], to: &[Span], limit: usize) {
     let (mut source, mut source_offset) = (from.iter(), 0usize);
     let (mut target, mut target_offset) = (to.iter(), 0usize);
     let (mut current_source, mut current_target) = (source.next(), target.next());
+    let mut left = limit;
     while let (Some(s), Some(t)) = (current_source, current_target) {
-        let n = (s.len - source_offset).min(t.len - target_offset);
-        // SAFETY: both spans are mapped memory of ports the caller holds for
-        // the duration of the request, and the offsets stay inside them.
+        if left == 0 {
+            break;
+        }
+        let n = (s.len - source_offset).min(t.len - target_offset).min(left);
+        // SAFETY: both spans are mapped memory of ports lent for the
+        // current guarded step, and the offsets stay inside them.
         // `copy` (memmove) allows the overlap of a port copying within its
         // own memory. The memory is shared with its owner's process: we go
         // through raw pointers, never references to it.
         unsafe { std::ptr::copy(s.addr.add(source_offset), t.addr.add(target_offset), n) };
         source_offset += n;
         target_offset += n;
+        left -= n;
         if source_offset == s.len {
             current_source = source.next();
             source_offset = 0;

@@ -18,8 +18,8 @@ mod device_engine;
 mod engine;
 mod windows;
 
-pub use device_engine::{DeviceEngine, PortShared};
-pub use engine::{execute, Fabric, Failure, Outcome, Target};
+pub use device_engine::DeviceEngine;
+pub use engine::{execute, Fabric, Failure, Outcome, Target, STEP_BYTES};
 pub use windows::{Window, WindowTable};
 
 use smallvec::SmallVec;

@@ -97,12 +97,8 @@ struct Device {
     ports: Vec<Port>,
 }
 
-impl Fabric for Device {
-    fn reach(
-        &self,
-        port: u16,
-        access: &mut dyn FnMut(Target<'_>) -> Outcome,
-    ) -> Result<Outcome, ErrorDetail> {
+impl Device {
+    fn target(&self, port: u16) -> Result<Target<'_>, ErrorDetail> {
         let port = self
             .ports
             .get(port as usize)
@@ -110,10 +106,30 @@ impl Fabric for Device {
         if !port.up {
             return Err(ErrorDetail::PortDown);
         }
-        Ok(access(Target {
+        Ok(Target {
             memory: &port.memory,
             windows: &port.windows,
-        }))
+        })
+    }
+}
+
+impl Fabric for Device {
+    fn step(
+        &self,
+        initiator: u16,
+        target: u16,
+        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail> {
+        let near = self.target(initiator)?;
+        Ok(step(near, self.target(target)?))
+    }
+
+    fn exclusive(
+        &self,
+        port: u16,
+        change: &mut dyn FnMut(Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail> {
+        Ok(change(self.target(port)?))
     }
 }
 
@@ -131,7 +147,6 @@ impl Device {
     }
 
     fn run(&self, port: u16, op: Operation) -> Completion {
-        let local = &self.ports[port as usize];
         let info = DeviceInfo {
             port,
             abi_version: ABI_VERSION,
@@ -142,15 +157,7 @@ impl Device {
             flags: WrFlags::SIGNALED,
             op,
         };
-        execute(
-            info,
-            Target {
-                memory: &local.memory,
-                windows: &local.windows,
-            },
-            &request,
-            self,
-        )
+        execute(info, &request, self)
     }
 
     fn bind(&self, port: u16, start: u64, len: u64, access: Access) -> RemoteKey {

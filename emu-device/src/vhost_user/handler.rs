@@ -117,9 +117,15 @@ pub fn handle(
                 queue_pairs: state.queue_pairs,
                 queue_size_max: state.vrings[0].queue_max_size(),
                 iotlb_entries_max: state.iotlb.max_entries(),
+                guest_ports: if state.guest {
+                    vec![state.index]
+                } else {
+                    Vec::new()
+                },
                 ..Default::default()
             };
-            *state = PortState::new(state.index, state.mac, &cfg);
+            state.shared.reset();
+            *state = PortState::new(state.index, state.mac, &cfg, state.shared.clone());
             out.rings_changed = true;
             Ok(())
         }
@@ -189,6 +195,9 @@ pub fn handle(
                 if state.iommu() {
                     state.forget_translations();
                 }
+                if state.is_rdma_ring(index as usize) {
+                    state.revoke_windows();
+                }
                 out.reply = Some(message::reply_vring_state(code, index, base as u32));
                 out.rings_changed = true;
                 Ok(())
@@ -237,6 +246,9 @@ pub fn handle(
             Some(r) => {
                 PortStats::bump(&stats.set_vring_enable);
                 r.enabled = enable;
+                if !enable && state.is_rdma_ring(index as usize) {
+                    state.revoke_windows();
+                }
                 out.rings_changed = true;
                 out.retry = true;
                 Ok(())
@@ -371,7 +383,7 @@ mod tests {
 
     fn with_memory() -> (PortState, PortStats) {
         let cfg = DeviceConfig::default();
-        let mut st = PortState::new(0, [2, 0, 0, 0, 0, 1], &cfg);
+        let mut st = PortState::new(0, [2, 0, 0, 0, 0, 1], &cfg, Default::default());
         let stats = PortStats::default();
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&vec![0u8; 0x10000]).unwrap();
@@ -431,7 +443,7 @@ mod tests {
     #[test]
     fn vring_enable_before_features_is_remembered() {
         let cfg = DeviceConfig::default();
-        let mut st = PortState::new(0, [2, 0, 0, 0, 0, 1], &cfg);
+        let mut st = PortState::new(0, [2, 0, 0, 0, 0, 1], &cfg, Default::default());
         let stats = PortStats::default();
         let mut p = 1u32.to_le_bytes().to_vec();
         p.extend_from_slice(&1u32.to_le_bytes());
