@@ -35,6 +35,10 @@ struct Cli {
     /// IOTLB entries per port.
     #[arg(long, default_value_t = 2048)]
     iotlb_entries_max: usize,
+    /// Bound on the bytes one port's memory table may map; a larger
+    /// SET_MEM_TABLE is refused (suffixes K, M, G, T: powers of 1024).
+    #[arg(long, default_value = "64G", value_parser = parse_bytes)]
+    max_mapped_bytes_per_port: u64,
     /// Busy-poll rings instead of sleeping on kicks.
     #[arg(long)]
     poll: bool,
@@ -53,6 +57,27 @@ struct Cli {
     /// Status socket (one `key=value` line per port on connect).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        Some((i, 'T' | 't')) => (&t[..i], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("`{s}` is not a byte count (a number, optionally with K, M, G or T)")
+    })?;
+    let bytes = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
+    if bytes == 0 {
+        return Err("the bound must be at least 1 byte".into());
+    }
+    Ok(bytes)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -133,6 +158,7 @@ fn run(cli: Cli) -> Result<(), String> {
         spin_us: cli.spin_us,
         mac_base: cli.mac_base,
         guest_ports: cli.guest_ports.clone(),
+        max_mapped_bytes_per_port: cli.max_mapped_bytes_per_port,
     };
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;

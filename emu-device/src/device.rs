@@ -531,6 +531,17 @@ fn run_connection(
         }
         let waiting = {
             let st = port.lock();
+            // The frontend shrank a file of its memory table under the
+            // device (the SIGBUS guard replaced the lost pages with zeros):
+            // stop using that memory, end the connection, reset the port.
+            if let Some(region) = st.table.as_ref().and_then(|t| t.poisoned_region()) {
+                tracing::warn!(
+                    port = port.index,
+                    region,
+                    "frontend memory shrank under the device: stopping the rings, resetting the port"
+                );
+                return Err(format!("memory region {region} shrank under the device"));
+            }
             st.vrings.iter().any(|r| r.waiting_iotlb)
         };
         let spinning = last_work.is_some_and(|t| t.elapsed() < spin);

@@ -7,7 +7,8 @@
 //! send and completion queues, served by an [`engine::RdmaEngine`].
 //!
 //! Modules: [`vhost_user`] (request loop pieces), [`memory`] (memory table,
-//! IOTLB, address translation), [`queues`] (device side of split rings),
+//! IOTLB, address translation), [`sigbus`] (surviving frontend memory
+//! that shrinks under the device), [`queues`] (device side of split rings),
 //! [`net`] (switch), [`port`] (per-port state), [`device`] (threads and
 //! sockets), [`testing`] (a harness running the binary).
 
@@ -19,6 +20,7 @@ pub mod net;
 pub mod port;
 pub mod queues;
 pub mod rdma;
+pub mod sigbus;
 pub mod testing;
 pub mod vhost_user;
 
@@ -42,6 +44,9 @@ pub struct DeviceConfig {
     /// queue pairs it is told of, so these ports report one more pair, whose
     /// two rings are the RDMA send and completion queues.
     pub guest_ports: Vec<usize>,
+    /// Bound on the bytes one port's memory table may map
+    /// (`--max-mapped-bytes-per-port`); a larger SET_MEM_TABLE is refused.
+    pub max_mapped_bytes_per_port: u64,
 }
 
 impl Default for DeviceConfig {
@@ -54,6 +59,7 @@ impl Default for DeviceConfig {
             spin_us: 50,
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
+            max_mapped_bytes_per_port: memory::DEFAULT_MAX_MAPPED_BYTES_PER_PORT,
         }
     }
 }

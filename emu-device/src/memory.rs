@@ -17,11 +17,14 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use thiserror::Error;
+
+use crate::sigbus::Guarded;
 use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
 use vm_memory::{
     FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap, Iommu, IommuMemory,
@@ -33,16 +36,42 @@ use vm_memory::{
 /// physical addresses otherwise.
 pub type PortMemory = IommuMemory<GuestMemoryMmap, PortIommu>;
 
+/// Most regions one memory table may have: one file descriptor per region,
+/// and a vhost-user message carries at most this many.
+pub const MAX_REGIONS: usize = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES;
+
+/// Default bound on the bytes one port may map (`--max-mapped-bytes-per-port`).
+///
+/// 64 GiB is far above what the test guests (hundreds of MiB) and the
+/// driver's DMA arena (64 MiB by default) need, and small enough that the
+/// 128 TiB of a 47-bit user address space hold the memory tables of 1024
+/// ports (the most `--ports` allows) twice over, an old table and its
+/// replacement each.
+pub const DEFAULT_MAX_MAPPED_BYTES_PER_PORT: u64 = 64 << 30;
+
 /// Errors of the memory table and of address translation.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum MemError {
-    /// A memory table region is malformed (zero size, overflow, overlap).
+    /// The table as a whole is unacceptable (no regions, too many, or not
+    /// one file descriptor per region).
+    #[error("invalid memory table: {0}")]
+    Table(String),
+    /// A memory table region is malformed (zero size, overflow, overlap,
+    /// past the end of its file, a backing that is not a regular file).
     #[error("invalid memory region {index}: {reason}")]
     InvalidRegion {
         /// Index of the region in the message.
         index: usize,
         /// What is wrong with it.
         reason: String,
+    },
+    /// Mapping the table would exceed the port's bound on mapped bytes.
+    #[error("memory table of {total} bytes exceeds the port's limit of {max} mapped bytes")]
+    Limit {
+        /// Bytes the table would map (each region rounded up to pages).
+        total: u64,
+        /// The bound (`--max-mapped-bytes-per-port`).
+        max: u64,
     },
     /// Mapping a region failed.
     #[error("cannot map memory region {index}: {reason}")]
@@ -99,30 +128,147 @@ pub struct RegionDesc {
 }
 
 /// The mapped memory table of one frontend.
+///
+/// Which backings are accepted, and why:
+/// - Only regular files (memfds, tmpfs and hugetlbfs files, files on
+///   disk): their size is known, so every region is checked to lie inside
+///   its file. Character devices (`/dev/zero`, `/dev/mem`), pipes, sockets,
+///   directories and block devices are refused: they have no size to check
+///   a region against, and some map without bound.
+/// - A memfd sealed with `F_SEAL_SHRINK` (QEMU's memfd backend seals by
+///   default) cannot shrink, so its pages cannot go away under the device.
+/// - Every other regular file can shrink (or, on hugetlbfs, fail to supply
+///   a page) after it was mapped. Such mappings are watched by the SIGBUS
+///   guard ([`crate::sigbus`]): a lost page becomes a zero page and the
+///   mapping is marked poisoned, which [`MemoryTable::poisoned_region`]
+///   reports so that the port resets instead of the device dying.
 #[derive(Debug, Clone)]
 pub struct MemoryTable {
     regions: Vec<RegionDesc>,
     mmap: GuestMemoryMmap,
+    /// The SIGBUS guard of each region that can shrink (`None`: sealed).
+    guards: Vec<Option<Guarded>>,
+    mapped_bytes: u64,
+}
+
+impl Drop for MemoryTable {
+    fn drop(&mut self) {
+        // Drop our references first, so that mappings nobody uses any more
+        // are unmapped now rather than at the next table.
+        self.guards.clear();
+        self.mmap = GuestMemoryMmap::new();
+        crate::sigbus::release_unused();
+    }
+}
+
+/// What the device learnt about the file behind one region.
+#[derive(Debug, Clone, Copy)]
+struct Backing {
+    /// File size in bytes.
+    size: u64,
+    /// Page size of the mapping (the huge page size on hugetlbfs).
+    page: u64,
+    /// Whether the file can shrink (or lose pages) after it is mapped.
+    shrinkable: bool,
+}
+
+/// Describes a file type for an error message.
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn system_page() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).unwrap_or(4096).max(4096)
+}
+
+/// Checks the file behind a region: regular, its size, its page size, and
+/// whether it is sealed against shrinking.
+fn inspect(file: &File) -> Result<Backing, String> {
+    let meta = file.metadata().map_err(|e| format!("fstat failed: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "the file descriptor is {}; only regular files (memfd, tmpfs, hugetlbfs) are accepted",
+            file_kind(meta.file_type())
+        ));
+    }
+    let fd = file.as_raw_fd();
+    // SAFETY: a zeroed statfs is a valid value; fstatfs writes into it and
+    // only reads the descriptor, which `file` keeps open.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let hugetlb = unsafe { libc::fstatfs(fd, &mut fs) } == 0
+        && fs.f_type == libc::HUGETLBFS_MAGIC;
+    let page = if hugetlb {
+        u64::try_from(fs.f_bsize).unwrap_or(0).max(system_page())
+    } else {
+        system_page()
+    };
+    // SAFETY: F_GET_SEALS reads the seals of a descriptor we hold; it
+    // fails (EINVAL) for files that cannot be sealed.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    let sealed = seals >= 0 && seals & libc::F_SEAL_SHRINK != 0;
+    Ok(Backing {
+        size: meta.size(),
+        page,
+        // A sealed hugetlbfs file cannot shrink, but a hole punched into it
+        // may find the huge page pool empty when touched again.
+        shrinkable: !sealed || hugetlb,
+    })
 }
 
 impl MemoryTable {
-    /// Maps `files[i]` for `regions[i]` (shared, read-write).
-    ///
-    /// Refuses regions that are empty, overflow, overlap, or reach past the
-    /// end of their file (touching such a mapping would raise SIGBUS).
+    /// Maps `files[i]` for `regions[i]` (shared, read-write), without a
+    /// bound on the bytes mapped. See [`MemoryTable::map_limited`].
     pub fn map(regions: &[RegionDesc], files: Vec<File>) -> Result<Self, MemError> {
-        if regions.len() != files.len() {
-            return Err(MemError::InvalidRegion {
-                index: regions.len().min(files.len()),
-                reason: format!(
-                    "{} regions but {} file descriptors",
-                    regions.len(),
-                    files.len()
-                ),
-            });
+        Self::map_limited(regions, files, u64::MAX)
+    }
+
+    /// Maps `files[i]` for `regions[i]` (shared, read-write), mapping at
+    /// most `max_bytes` in all.
+    ///
+    /// Refuses a table with no region, more than [`MAX_REGIONS`], or not
+    /// exactly one file per region; regions that are empty, overflow,
+    /// overlap another (in guest physical or in frontend addresses), start
+    /// at a file offset that is not page aligned, or reach past the end of
+    /// their file; files that are not regular files; and tables larger
+    /// than `max_bytes`. Nothing is mapped unless everything is accepted.
+    pub fn map_limited(
+        regions: &[RegionDesc],
+        files: Vec<File>,
+        max_bytes: u64,
+    ) -> Result<Self, MemError> {
+        if regions.is_empty() {
+            return Err(MemError::Table("no regions".into()));
         }
-        let mut mapped = Vec::with_capacity(regions.len());
-        for (index, (r, file)) in regions.iter().zip(files).enumerate() {
+        if regions.len() > MAX_REGIONS {
+            return Err(MemError::Table(format!(
+                "{} regions, at most {MAX_REGIONS} allowed",
+                regions.len()
+            )));
+        }
+        if regions.len() != files.len() {
+            return Err(MemError::Table(format!(
+                "{} regions but {} file descriptors",
+                regions.len(),
+                files.len()
+            )));
+        }
+        for (index, r) in regions.iter().enumerate() {
             let bad = |reason: &str| MemError::InvalidRegion {
                 index,
                 reason: reason.to_string(),
@@ -136,34 +282,106 @@ impl MemoryTable {
             {
                 return Err(bad("address overflow"));
             }
-            let size = usize::try_from(r.size).map_err(|_| bad("too large"))?;
-            let meta = file.metadata().map_err(|e| MemError::Map {
-                index,
-                reason: e.to_string(),
-            })?;
-            if meta.file_type().is_file() && r.mmap_offset + r.size > meta.size() {
-                return Err(bad("region reaches past the end of its file"));
+            if usize::try_from(r.size).is_err() {
+                return Err(bad("too large"));
             }
+            for (other, o) in regions[..index].iter().enumerate() {
+                let overlap = |a: u64, b: u64| a < b + o.size && b < a + r.size;
+                if overlap(r.gpa, o.gpa) {
+                    return Err(bad(&format!(
+                        "overlaps region {other} in guest physical addresses"
+                    )));
+                }
+                if overlap(r.uaddr, o.uaddr) {
+                    return Err(bad(&format!(
+                        "overlaps region {other} in frontend addresses"
+                    )));
+                }
+            }
+        }
+        let mut backings = Vec::with_capacity(files.len());
+        let mut total: u64 = 0;
+        for (index, (r, file)) in regions.iter().zip(&files).enumerate() {
+            let bad = |reason: String| MemError::InvalidRegion { index, reason };
+            let b = inspect(file).map_err(bad)?;
+            if r.mmap_offset % b.page != 0 {
+                return Err(bad(format!(
+                    "file offset {:#x} is not a multiple of the page size {:#x}",
+                    r.mmap_offset, b.page
+                )));
+            }
+            if b.page > system_page() && r.size % b.page != 0 {
+                return Err(bad(format!(
+                    "size {:#x} is not a multiple of the huge page size {:#x}",
+                    r.size, b.page
+                )));
+            }
+            if r.mmap_offset + r.size > b.size {
+                return Err(bad(format!(
+                    "offset {:#x} + size {:#x} reaches past the end of its file ({:#x} bytes)",
+                    r.mmap_offset, r.size, b.size
+                )));
+            }
+            let rounded = r.size.div_ceil(b.page).saturating_mul(b.page);
+            total = total.saturating_add(rounded);
+            backings.push(b);
+        }
+        if total > max_bytes {
+            return Err(MemError::Limit {
+                total,
+                max: max_bytes,
+            });
+        }
+        let mut mapped = Vec::with_capacity(regions.len());
+        let mut guards = Vec::with_capacity(regions.len());
+        for (index, ((r, file), b)) in regions.iter().zip(files).zip(&backings).enumerate() {
+            let map_error = |reason: String| MemError::Map { index, reason };
+            // Checked above: the size fits usize.
+            let size = r.size as usize;
             let region = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
-                .map_err(|e| MemError::Map {
-                    index,
-                    reason: e.to_string(),
-                })?;
-            let region =
-                GuestRegionMmap::new(region, GuestAddress(r.gpa)).ok_or_else(|| MemError::Map {
-                    index,
-                    reason: "region does not fit the guest address space".into(),
-                })?;
+                .map_err(|e| map_error(e.to_string()))?;
+            let region = std::sync::Arc::new(region);
+            guards.push(if b.shrinkable {
+                let page = usize::try_from(b.page).unwrap_or(usize::MAX);
+                Some(
+                    crate::sigbus::guard(std::sync::Arc::clone(&region), page)
+                        .map_err(|e| map_error(e.to_string()))?,
+                )
+            } else {
+                None
+            });
+            let region = GuestRegionMmap::with_arc(region, GuestAddress(r.gpa))
+                .ok_or_else(|| map_error("region does not fit the guest address space".into()))?;
             mapped.push(region);
         }
-        let mmap = GuestMemoryMmap::from_regions(mapped).map_err(|e| MemError::InvalidRegion {
-            index: 0,
-            reason: e.to_string(),
-        })?;
+        let mmap = GuestMemoryMmap::from_regions(mapped)
+            .map_err(|e| MemError::Table(format!("regions rejected by the memory map: {e}")))?;
         Ok(MemoryTable {
             regions: regions.to_vec(),
             mmap,
+            guards,
+            mapped_bytes: total,
         })
+    }
+
+    /// Bytes mapped for this table (each region rounded up to its pages).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped_bytes
+    }
+
+    /// How many regions can shrink under the device and are watched by the
+    /// SIGBUS guard (the others are memfds sealed against shrinking).
+    pub fn guarded_regions(&self) -> usize {
+        self.guards.iter().flatten().count()
+    }
+
+    /// The first region whose file shrank (or lost pages) after it was
+    /// mapped: the device touched a lost page and now sees zeros there.
+    /// The port must stop using this memory.
+    pub fn poisoned_region(&self) -> Option<usize> {
+        self.guards
+            .iter()
+            .position(|g| g.as_ref().is_some_and(Guarded::poisoned))
     }
 
     /// The regions as described by the frontend.

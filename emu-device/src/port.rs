@@ -249,6 +249,8 @@ pub struct PortState {
     pub owner: bool,
     /// Memory table.
     pub table: Option<MemoryTable>,
+    /// Bound on the bytes the memory table may map.
+    pub max_mapped_bytes: u64,
     /// The port's memory (as the device accesses it: IOVA or guest
     /// physical) and windows, shared with the data paths of other ports.
     pub shared: Arc<PortShared>,
@@ -284,6 +286,7 @@ impl PortState {
             protocol_features: 0,
             owner: false,
             table: None,
+            max_mapped_bytes: cfg.max_mapped_bytes_per_port,
             shared,
             iotlb: IotlbTable::new(cfg.iotlb_entries_max),
             vrings: (0..nrings)
@@ -338,7 +341,8 @@ impl PortState {
                 .map(|t| memory::new_port_memory(t, &self.iotlb, self.iommu()));
         }
         for i in 0..self.vrings.len() {
-            self.activate_ring(i);
+            // Logged; the request that changed the memory stands.
+            let _ = self.activate_ring(i);
         }
     }
 
@@ -377,19 +381,23 @@ impl PortState {
         self.shared.barrier().windows.clear();
     }
 
-    /// (Re)configures ring `i` from what the frontend sent.
-    pub fn activate_ring(&mut self, i: usize) {
+    /// (Re)configures ring `i` from what the frontend sent. A ring that
+    /// cannot start is logged and the reason returned (the handler answers
+    /// the request that tried to start it as failed).
+    pub fn activate_ring(&mut self, i: usize) -> Result<(), crate::queues::RingError> {
         let iommu = self.iommu();
         let event_idx = self.event_idx();
         let table = self.table.as_ref();
         if let Some(r) = self.vrings.get_mut(i) {
             if !r.started {
-                return;
+                return Ok(());
             }
             if let Err(e) = r.activate(table, iommu, event_idx) {
                 tracing::warn!(port = self.index, ring = i, "cannot start ring: {e}");
+                return Err(e);
             }
         }
+        Ok(())
     }
 
     /// Sends IOTLB MISS requests for the faults recorded since the last

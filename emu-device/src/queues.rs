@@ -22,6 +22,25 @@ pub struct RingAddrs {
     pub used: u64,
 }
 
+impl RingAddrs {
+    /// Translates frontend virtual ring addresses to guest physical ones
+    /// through `table`, for a ring of `size` entries: the descriptor table,
+    /// the available ring and the used ring must each lie inside one region.
+    pub fn to_gpa(&self, table: &MemoryTable, size: u16) -> Result<RingAddrs, RingError> {
+        let size = u64::from(size.max(1));
+        let tr = |addr: u64, len: u64, part: &'static str| {
+            table
+                .uaddr_to_gpa(addr, len)
+                .ok_or(RingError::BadAddress { part, addr, len })
+        };
+        Ok(RingAddrs {
+            desc: tr(self.desc, 16 * size, "descriptor table")?,
+            avail: tr(self.avail, 6 + 2 * size, "available ring")?,
+            used: tr(self.used, 6 + 8 * size, "used ring")?,
+        })
+    }
+}
+
 /// One vring.
 #[derive(Debug)]
 pub struct Vring {
@@ -47,6 +66,9 @@ pub struct Vring {
     pub started: bool,
     /// Set when processing stopped on an IOTLB miss; retried after UPDATE.
     pub waiting_iotlb: bool,
+    /// The frontend broke the ring ([`Vring::break_off`]); cleared when the
+    /// ring is configured again.
+    pub broken: bool,
 }
 
 /// Why a ring could not be (re)configured or used.
@@ -56,8 +78,15 @@ pub enum RingError {
     #[error("invalid ring size {0}")]
     BadSize(u32),
     /// Ring addresses do not resolve through the memory table.
-    #[error("ring address {0:#x} is not in the memory table")]
-    BadAddress(u64),
+    #[error("{part} at {addr:#x}+{len:#x} is not inside one region of the memory table")]
+    BadAddress {
+        /// Which part of the ring.
+        part: &'static str,
+        /// Its frontend virtual address.
+        addr: u64,
+        /// Its length for the ring's size.
+        len: u64,
+    },
     /// virtio-queue refused the configuration.
     #[error("queue: {0}")]
     Queue(String),
@@ -82,6 +111,7 @@ impl Vring {
             enabled: false,
             started: false,
             waiting_iotlb: false,
+            broken: false,
         }
     }
 
@@ -148,16 +178,27 @@ impl Vring {
         self.started && self.enabled && self.queue.ready()
     }
 
-    /// Stops using a ring whose contents make no sense (a bad index, memory
-    /// that cannot be read): logged once, and the ring stays inactive until
-    /// the frontend configures it again, instead of failing on every pass.
+    /// Stops using a ring whose contents make no sense (an available
+    /// index that jumps by more than the ring size, a descriptor loop, a
+    /// chain longer than the ring, memory that cannot be read): logged
+    /// once, and the ring stays inactive instead of failing on every pass.
+    ///
+    /// The position is kept at the offending chain: GET_VRING_BASE reports
+    /// it, and the frontend restarts the ring with SET_VRING_BASE and
+    /// SET_VRING_KICK, or with any new SET_VRING_NUM / SET_VRING_ADDR or a
+    /// SET_VRING_ENABLE. A ring restarted unrepaired breaks again.
     pub fn break_off(&mut self, port: usize, reason: &str) {
         tracing::warn!(
             port,
             ring = self.index,
-            "ring broken, stopped until reconfigured: {reason}"
+            "ring broken by the frontend, stopped until it is reset: {reason}"
         );
+        if self.queue.ready() {
+            self.base = self.queue.next_avail();
+        }
         self.queue.set_ready(false);
+        self.waiting_iotlb = false;
+        self.broken = true;
     }
 
     /// Raw fd of the kick eventfd, if any.
@@ -182,6 +223,7 @@ impl Vring {
         };
         self.queue.set_ready(false);
         self.base = next_avail;
+        self.broken = false;
         let Some(a) = self.addrs else {
             return Ok(());
         };
@@ -194,20 +236,10 @@ impl Vring {
         let q = &mut self.queue;
         q.try_set_size(self.size)
             .map_err(|e| RingError::Queue(e.to_string()))?;
-        let size = self.size as u64;
-        let (desc, avail, used) = if iommu {
-            (a.desc, a.avail, a.used)
+        let RingAddrs { desc, avail, used } = if iommu {
+            a
         } else {
-            let tr = |addr: u64, len: u64| {
-                table
-                    .uaddr_to_gpa(addr, len)
-                    .ok_or(RingError::BadAddress(addr))
-            };
-            (
-                tr(a.desc, 16 * size)?,
-                tr(a.avail, 6 + 2 * size)?,
-                tr(a.used, 6 + 8 * size)?,
-            )
+            a.to_gpa(table, self.size)?
         };
         q.try_set_desc_table_address(GuestAddress(desc))
             .map_err(|e| RingError::Queue(e.to_string()))?;
@@ -301,9 +333,18 @@ pub enum Pop {
 /// Takes the next available chain. On an IOTLB miss while reading the
 /// ring or descriptors, the ring position is restored so the same chain is
 /// taken again later.
+///
+/// A ring the frontend broke is reported as [`Pop::Broken`], with the
+/// position left at the offending chain: an available index that jumps by
+/// more than the ring size, a chain whose descriptors cannot be read, a
+/// chain that loops or is longer than the ring (more descriptors than the
+/// ring or its indirect table has, or more than 2^32 bytes in total).
+/// Descriptors of length 0 or 2^32-1 are not a broken ring: the caller
+/// refuses such chains one by one.
 pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
     let iommu = mem.iommu();
     let faults_before = iommu.fault_count();
+    let ring_size = ring.queue.size();
     let mut iter = match ring.queue.iter(mem) {
         Ok(it) => it,
         Err(e) => {
@@ -321,10 +362,17 @@ pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
     };
     let head = chain.head_index();
     let mut bufs = Vec::new();
+    // Whether the last descriptor still pointed to a next one: the chain
+    // was cut (a loop, too long, a next index outside the table, an
+    // unreadable descriptor).
+    let mut cut = false;
+    let mut too_long = false;
     for d in chain {
-        if bufs.len() >= 1024 {
+        if bufs.len() >= usize::from(ring_size).max(MAX_INDIRECT_CHAIN) {
+            too_long = true;
             break;
         }
+        cut = d.has_next();
         bufs.push(Buf {
             addr: d.addr().0,
             len: d.len(),
@@ -335,8 +383,26 @@ pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
         ring.queue.go_to_previous_position();
         return Pop::Miss;
     }
+    let broken = if bufs.is_empty() {
+        Some(format!("chain {head} has no readable descriptor"))
+    } else if cut || too_long {
+        Some(format!(
+            "chain {head} loops, is longer than the ring or its indirect table, \
+             or points outside the descriptor table"
+        ))
+    } else {
+        None
+    };
+    if let Some(reason) = broken {
+        ring.queue.go_to_previous_position();
+        return Pop::Broken(reason);
+    }
     Pop::Chain(Chain { head, bufs })
 }
+
+/// Most descriptors a chain through an indirect table may have (a direct
+/// chain has at most the ring size).
+pub const MAX_INDIRECT_CHAIN: usize = 1024;
 
 /// Reads the device-readable buffers of `chain` into a vector (at most
 /// `limit` bytes). `Ok(None)` means an IOTLB miss.

@@ -44,9 +44,17 @@ fn net_config(state: &PortState) -> [u8; NET_CONFIG_SIZE] {
     c
 }
 
-/// Handles one request. A `ProtocolError` means the message was malformed
-/// and the connection should be dropped; request-level failures are
-/// answered (when the frontend asked for a reply) and logged.
+/// Handles one request.
+///
+/// A request that cannot be honoured — a payload that is truncated,
+/// oversized or inconsistent, missing or extra file descriptors, a value the
+/// device refuses — leaves the port's state as it was (unless said
+/// otherwise below), is logged with the port, the request and the reason,
+/// and is answered as failed (REPLY_ACK with a non-zero status) when the
+/// frontend asked for a reply. `Err` is returned only for a malformed
+/// request that the frontend always expects a specific reply to
+/// ([`message::reply_required`]): there is no way to answer it, and the
+/// connection should be dropped.
 pub fn handle(
     state: &mut PortState,
     stats: &PortStats,
@@ -54,14 +62,51 @@ pub fn handle(
 ) -> Result<Outcome, ProtocolError> {
     let hdr = msg.header;
     let code = hdr.request;
-    let req = message::decode(&hdr, &msg.payload, msg.files)?;
     PortStats::bump(&stats.messages);
     match hdr.code() {
         Some(c) => tracing::debug!(port = state.index, "request {c:?}"),
         None => tracing::debug!(port = state.index, "request {code}"),
     }
     let mut out = Outcome::default();
-    let result: Result<(), String> = match req {
+    let result = match message::decode(&hdr, &msg.payload, msg.files) {
+        Ok(req) => serve(state, stats, code, req, &mut out),
+        Err(e) if message::reply_required(code) => {
+            PortStats::bump(&stats.errors);
+            tracing::warn!(
+                port = state.index,
+                request = message::name(code),
+                "malformed request that needs a reply, dropping the connection: {e}"
+            );
+            return Err(e);
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = &result {
+        PortStats::bump(&stats.errors);
+        tracing::warn!(
+            port = state.index,
+            request = message::name(code),
+            code,
+            "request failed: {e}"
+        );
+    }
+    if out.reply.is_none() && hdr.need_reply() {
+        out.reply = Some(message::reply_u64(code, u64::from(result.is_err())));
+    }
+    Ok(out)
+}
+
+/// Applies one decoded request to the port.
+fn serve(
+    state: &mut PortState,
+    stats: &PortStats,
+    code: u32,
+    req: Request,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let rings = state.vrings.len();
+    let no_ring = |index: u32| format!("no ring {index} (the port has rings 0 to {})", rings - 1);
+    match req {
         Request::GetFeatures => {
             PortStats::bump(&stats.get_features);
             out.reply = Some(message::reply_u64(code, features::OFFERED));
@@ -102,10 +147,7 @@ pub fn handle(
             Ok(())
         }
         Request::GetMaxMemSlots => {
-            out.reply = Some(message::reply_u64(
-                code,
-                vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES as u64,
-            ));
+            out.reply = Some(message::reply_u64(code, memory::MAX_REGIONS as u64));
             Ok(())
         }
         Request::SetOwner => {
@@ -122,6 +164,7 @@ pub fn handle(
                 } else {
                     Vec::new()
                 },
+                max_mapped_bytes_per_port: state.max_mapped_bytes,
                 ..Default::default()
             };
             state.shared.reset();
@@ -133,62 +176,81 @@ pub fn handle(
             if state.table.as_ref().map(|t| t.regions()) == Some(&descs[..]) {
                 // QEMU sends the same table once per queue pair.
                 PortStats::bump(&stats.set_mem_table);
-                Ok(())
-            } else {
-                match MemoryTable::map(&descs, files) {
-                    Ok(t) => {
-                        tracing::info!(
-                            port = state.index,
-                            regions = descs.len(),
-                            "memory table set"
-                        );
-                        PortStats::bump(&stats.set_mem_table);
-                        state.table = Some(t);
-                        state.rebuild_memory();
-                        out.retry = true;
-                        Ok(())
-                    }
-                    Err(e) => Err(e.to_string()),
-                }
+                return Ok(());
             }
+            let t = MemoryTable::map_limited(&descs, files, state.max_mapped_bytes)
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                port = state.index,
+                regions = descs.len(),
+                bytes = t.mapped_bytes(),
+                guarded = t.guarded_regions(),
+                "memory table set"
+            );
+            PortStats::bump(&stats.set_mem_table);
+            state.table = Some(t);
+            state.rebuild_memory();
+            // The old table is unused now: unmap it.
+            crate::sigbus::release_unused();
+            out.retry = true;
+            Ok(())
         }
-        Request::SetVringNum { index, num } => match state.vrings.get_mut(index as usize) {
-            Some(r) => r
-                .set_num(num)
-                .map(|_| state.activate_ring(index as usize))
-                .map_err(|e| e.to_string()),
-            None => Err(format!("no ring {index}")),
-        },
+        Request::SetVringNum { index, num } => {
+            let r = state
+                .vrings
+                .get_mut(index as usize)
+                .ok_or_else(|| no_ring(index))?;
+            r.set_num(num).map_err(|e| e.to_string())?;
+            state
+                .activate_ring(index as usize)
+                .map_err(|e| format!("cannot start ring {index}: {e}"))
+        }
         Request::SetVringAddr(a) => {
             let index = a.index as usize;
+            let iommu = state.iommu();
+            let r = state
+                .vrings
+                .get_mut(index)
+                .ok_or_else(|| no_ring(a.index))?;
             if !a.valid {
-                Err("misaligned ring address or unknown flags".into())
-            } else if a.flags != 0 {
-                Err("ring logging is not supported".into())
-            } else if let Some(r) = state.vrings.get_mut(index) {
-                r.addrs = Some(crate::queues::RingAddrs {
-                    desc: a.desc,
-                    avail: a.avail,
-                    used: a.used,
-                });
-                state.activate_ring(index);
-                out.retry = true;
-                Ok(())
-            } else {
-                Err(format!("no ring {index}"))
+                return Err("misaligned ring address or unknown flags".into());
             }
+            if a.flags != 0 {
+                return Err("ring logging is not supported".into());
+            }
+            let addrs = crate::queues::RingAddrs {
+                desc: a.desc,
+                avail: a.avail,
+                used: a.used,
+            };
+            // Frontend addresses are checked against the memory table now;
+            // IOVAs are translated when the ring runs (the IOTLB may fill on
+            // demand). Without a table yet, the check is made when the ring
+            // starts.
+            if let (false, Some(table)) = (iommu, state.table.as_ref()) {
+                addrs
+                    .to_gpa(table, r.size)
+                    .map_err(|e| format!("ring {index}: {e}"))?;
+            }
+            r.addrs = Some(addrs);
+            out.retry = true;
+            state
+                .activate_ring(index)
+                .map_err(|e| format!("cannot start ring {index}: {e}"))
         }
-        Request::SetVringBase { index, base } => match state.vrings.get_mut(index as usize) {
-            Some(_) if base > u16::MAX as u32 => Err(format!("ring base {base} too large")),
-            Some(r) => {
-                r.base = base as u16;
-                if r.queue_ready() {
-                    r.reset_position(base as u16);
-                }
-                Ok(())
+        Request::SetVringBase { index, base } => {
+            let r = state
+                .vrings
+                .get_mut(index as usize)
+                .ok_or_else(|| no_ring(index))?;
+            let base = u16::try_from(base)
+                .map_err(|_| format!("ring base {base} is beyond the ring's 16-bit index space"))?;
+            r.base = base;
+            if r.queue_ready() {
+                r.reset_position(base);
             }
-            None => Err(format!("no ring {index}")),
-        },
+            Ok(())
+        }
         Request::GetVringBase { index } => match state.vrings.get_mut(index as usize) {
             Some(r) => {
                 let base = r.stop();
@@ -204,59 +266,77 @@ pub fn handle(
             }
             None => {
                 out.reply = Some(message::reply_vring_state(code, index, 0));
-                Err(format!("no ring {index}"))
+                Err(no_ring(index))
             }
         },
         Request::SetVringKick(v) => {
             PortStats::bump(&stats.set_vring_kick);
             let proto = state.protocol_negotiated();
-            match state.vrings.get_mut(v.index as usize) {
-                Some(r) => {
-                    if let Some(f) = &v.fd {
-                        set_nonblocking(f);
-                    }
-                    r.kick = v.fd;
-                    r.started = true;
-                    if !proto {
-                        r.enabled = true;
-                    }
-                    state.activate_ring(v.index as usize);
-                    out.rings_changed = true;
-                    out.retry = true;
-                    Ok(())
-                }
-                None => Err(format!("no ring {}", v.index)),
+            let r = state
+                .vrings
+                .get_mut(v.index as usize)
+                .ok_or_else(|| no_ring(v.index))?;
+            if let Some(f) = &v.fd {
+                set_nonblocking(f);
             }
+            r.kick = v.fd;
+            r.started = true;
+            if !proto {
+                r.enabled = true;
+            }
+            out.rings_changed = true;
+            out.retry = true;
+            state
+                .activate_ring(v.index as usize)
+                .map_err(|e| format!("cannot start ring {}: {e}", v.index))
         }
-        Request::SetVringCall(v) => match state.vrings.get_mut(v.index as usize) {
-            Some(r) => {
-                r.call = v.fd;
-                Ok(())
+        Request::SetVringCall(v) => {
+            let r = state
+                .vrings
+                .get_mut(v.index as usize)
+                .ok_or_else(|| no_ring(v.index))?;
+            r.call = v.fd;
+            Ok(())
+        }
+        Request::SetVringErr(v) => {
+            let r = state
+                .vrings
+                .get_mut(v.index as usize)
+                .ok_or_else(|| no_ring(v.index))?;
+            r.err = v.fd;
+            Ok(())
+        }
+        Request::SetVringEnable { index, enable } => {
+            let r = state
+                .vrings
+                .get_mut(index as usize)
+                .ok_or_else(|| no_ring(index))?;
+            PortStats::bump(&stats.set_vring_enable);
+            r.enabled = enable;
+            let restart = enable && r.broken;
+            if !enable && state.is_rdma_ring(index as usize) {
+                state.revoke_windows();
             }
-            None => Err(format!("no ring {}", v.index)),
-        },
-        Request::SetVringErr(v) => match state.vrings.get_mut(v.index as usize) {
-            Some(r) => {
-                r.err = v.fd;
-                Ok(())
+            out.rings_changed = true;
+            out.retry = true;
+            if restart {
+                // Enabling a ring the frontend broke restarts it.
+                state
+                    .activate_ring(index as usize)
+                    .map_err(|e| format!("cannot restart ring {index}: {e}"))?;
             }
-            None => Err(format!("no ring {}", v.index)),
-        },
-        Request::SetVringEnable { index, enable } => match state.vrings.get_mut(index as usize) {
-            Some(r) => {
-                PortStats::bump(&stats.set_vring_enable);
-                r.enabled = enable;
-                if !enable && state.is_rdma_ring(index as usize) {
-                    state.revoke_windows();
-                }
-                out.rings_changed = true;
-                out.retry = true;
-                Ok(())
-            }
-            None => Err(format!("no ring {index}")),
-        },
+            Ok(())
+        }
         Request::SetBackendReqFd(f) => {
             PortStats::bump(&stats.set_backend_req_fd);
+            use std::os::unix::fs::FileTypeExt;
+            let is_socket = f
+                .metadata()
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
+                return Err("the backend request channel is not a socket".into());
+            }
             let s = UnixStream::from(OwnedFd::from(f));
             state.backend = Some(s);
             Ok(())
@@ -264,9 +344,9 @@ pub fn handle(
         Request::Iotlb(m) => match m.kind {
             IotlbType::Update => {
                 PortStats::bump(&stats.iotlb_updates);
-                iotlb_update(state, m.iova, m.size, m.uaddr, m.perm).map(|_| {
-                    out.retry = true;
-                })
+                iotlb_update(state, m.iova, m.size, m.uaddr, m.perm)?;
+                out.retry = true;
+                Ok(())
             }
             IotlbType::Invalidate => {
                 PortStats::bump(&stats.iotlb_invalidates);
@@ -313,15 +393,7 @@ pub fn handle(
                 .unwrap_or_else(|_| c.to_string());
             Err(format!("unsupported request {name}"))
         }
-    };
-    if let Err(e) = &result {
-        PortStats::bump(&stats.errors);
-        tracing::warn!(port = state.index, request = code, "request failed: {e}");
     }
-    if out.reply.is_none() && hdr.need_reply() {
-        out.reply = Some(message::reply_u64(code, u64::from(result.is_err())));
-    }
-    Ok(out)
 }
 
 fn iotlb_update(
@@ -331,13 +403,29 @@ fn iotlb_update(
     uaddr: u64,
     perm: u8,
 ) -> Result<(), String> {
-    let perm = memory::perm_from_vhost(perm).ok_or_else(|| format!("bad permission {perm}"))?;
+    let perm = match memory::perm_from_vhost(perm) {
+        Some(vm_memory::Permissions::No) => {
+            return Err(format!(
+                "IOTLB update {iova:#x}+{size:#x} carries no access permission"
+            ))
+        }
+        Some(p) => p,
+        None => return Err(format!("bad IOTLB permission {perm:#x}")),
+    };
+    if size == 0 {
+        return Err(format!("IOTLB update at {iova:#x} has size 0"));
+    }
+    if iova.checked_add(size).is_none() || uaddr.checked_add(size).is_none() {
+        return Err(format!(
+            "IOTLB update {iova:#x}+{size:#x} -> {uaddr:#x} wraps around the address space"
+        ));
+    }
     let table = state
         .table
         .as_ref()
         .ok_or("IOTLB update before the memory table")?;
     let backed: u64 = table.uaddr_segments(uaddr, size).iter().map(|s| s.2).sum();
-    if size == 0 || backed != size {
+    if backed != size {
         return Err(format!(
             "IOTLB update {iova:#x}+{size:#x} -> {uaddr:#x} is not backed by the memory table"
         ));

@@ -274,8 +274,17 @@ pub enum Request {
     Unsupported(u32),
 }
 
-fn name(code: u32) -> &'static str {
+/// The name of request `code` for messages.
+pub fn name(code: u32) -> &'static str {
     match FrontendReq::try_from(code) {
+        Ok(FrontendReq::GET_FEATURES) => "GET_FEATURES",
+        Ok(FrontendReq::GET_PROTOCOL_FEATURES) => "GET_PROTOCOL_FEATURES",
+        Ok(FrontendReq::GET_QUEUE_NUM) => "GET_QUEUE_NUM",
+        Ok(FrontendReq::GET_MAX_MEM_SLOTS) => "GET_MAX_MEM_SLOTS",
+        Ok(FrontendReq::SET_OWNER) => "SET_OWNER",
+        Ok(FrontendReq::RESET_OWNER) => "RESET_OWNER",
+        Ok(FrontendReq::SET_LOG_BASE) => "SET_LOG_BASE",
+        Ok(FrontendReq::SET_LOG_FD) => "SET_LOG_FD",
         Ok(FrontendReq::SET_FEATURES) => "SET_FEATURES",
         Ok(FrontendReq::SET_PROTOCOL_FEATURES) => "SET_PROTOCOL_FEATURES",
         Ok(FrontendReq::SET_MEM_TABLE) => "SET_MEM_TABLE",
@@ -290,35 +299,46 @@ fn name(code: u32) -> &'static str {
         Ok(FrontendReq::SET_BACKEND_REQ_FD) => "SET_BACKEND_REQ_FD",
         Ok(FrontendReq::IOTLB_MSG) => "IOTLB_MSG",
         Ok(FrontendReq::GET_CONFIG) => "GET_CONFIG",
-        _ => "request",
+        Ok(_) => "an unsupported request",
+        Err(_) => "an unknown request",
     }
 }
 
+/// Decodes a fixed-size payload, which must be exactly `T`'s size: a
+/// shorter one is truncated, a longer one inconsistent with the request.
 fn pod<T: ByteValued + Default>(code: u32, p: &[u8]) -> Result<T, ProtocolError> {
-    if p.len() < size_of::<T>() {
+    if p.len() != size_of::<T>() {
         return Err(ProtocolError::BadSize {
             request: name(code),
             size: p.len(),
         });
     }
     let mut v = T::default();
-    v.as_mut_slice().copy_from_slice(&p[..size_of::<T>()]);
+    v.as_mut_slice().copy_from_slice(p);
     Ok(v)
 }
 
-fn take_one_fd(code: u32, mut fds: Vec<File>) -> Result<File, ProtocolError> {
-    if fds.len() != 1 {
-        return Err(ProtocolError::BadFds {
+fn no_payload(code: u32, p: &[u8]) -> Result<(), ProtocolError> {
+    if p.is_empty() {
+        Ok(())
+    } else {
+        Err(ProtocolError::BadSize {
             request: name(code),
-            expected: 1,
-            got: fds.len(),
-        });
+            size: p.len(),
+        })
     }
-    fds.pop().ok_or(ProtocolError::BadFds {
-        request: name(code),
-        expected: 1,
-        got: 0,
-    })
+}
+
+fn expect_fds(code: u32, fds: &[File], expected: usize) -> Result<(), ProtocolError> {
+    if fds.len() == expected {
+        Ok(())
+    } else {
+        Err(ProtocolError::BadFds {
+            request: name(code),
+            expected,
+            got: fds.len(),
+        })
+    }
 }
 
 fn vring_fd(code: u32, payload: &[u8], mut fds: Vec<File>) -> Result<VringFd, ProtocolError> {
@@ -332,87 +352,104 @@ fn vring_fd(code: u32, payload: &[u8], mut fds: Vec<File>) -> Result<VringFd, Pr
         });
     }
     let nofd = value & 0x100 != 0;
-    let fd = if nofd {
-        if !fds.is_empty() {
-            return Err(ProtocolError::BadFds {
-                request: name(code),
-                expected: 0,
-                got: fds.len(),
-            });
-        }
-        None
-    } else {
-        if fds.len() != 1 {
-            return Err(ProtocolError::BadFds {
-                request: name(code),
-                expected: 1,
-                got: fds.len(),
-            });
-        }
-        fds.pop()
-    };
-    Ok(VringFd { index, fd })
+    expect_fds(code, &fds, usize::from(!nofd))?;
+    Ok(VringFd {
+        index,
+        fd: fds.pop(),
+    })
+}
+
+/// Whether the frontend always waits for a reply to request `code`
+/// (whatever the NEED_REPLY flag says). Such a request cannot be answered
+/// "failed" when it is malformed: the reply has a request-specific form.
+pub fn reply_required(code: u32) -> bool {
+    matches!(
+        FrontendReq::try_from(code),
+        Ok(FrontendReq::GET_FEATURES
+            | FrontendReq::GET_PROTOCOL_FEATURES
+            | FrontendReq::GET_QUEUE_NUM
+            | FrontendReq::GET_MAX_MEM_SLOTS
+            | FrontendReq::GET_VRING_BASE
+            | FrontendReq::GET_CONFIG)
+    )
 }
 
 /// Decodes a request from its header, payload and received files.
 ///
-/// Files that the request does not take are dropped (closed).
+/// Payloads must have exactly the size of the request's layout, and
+/// exactly the file descriptors the request takes must come with it;
+/// anything else is a [`ProtocolError`]. Files of requests the device does
+/// not implement are dropped (closed).
 pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, ProtocolError> {
     let code = hdr.request;
     let Some(req) = hdr.code() else {
         return Ok(Request::Unsupported(code));
     };
-    let no_fds = |fds: &Vec<File>| -> Result<(), ProtocolError> {
-        if fds.is_empty() {
-            Ok(())
-        } else {
-            Err(ProtocolError::BadFds {
-                request: name(code),
-                expected: 0,
-                got: fds.len(),
-            })
-        }
-    };
+    let plain = |fds: &Vec<File>| expect_fds(code, fds, 0);
     let r = match req {
-        FrontendReq::GET_FEATURES => Request::GetFeatures,
+        FrontendReq::GET_FEATURES => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::GetFeatures
+        }
         FrontendReq::SET_FEATURES => {
-            no_fds(&fds)?;
+            plain(&fds)?;
             Request::SetFeatures(pod::<VhostUserU64>(code, payload)?.value)
         }
-        FrontendReq::GET_PROTOCOL_FEATURES => Request::GetProtocolFeatures,
+        FrontendReq::GET_PROTOCOL_FEATURES => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::GetProtocolFeatures
+        }
         FrontendReq::SET_PROTOCOL_FEATURES => {
-            no_fds(&fds)?;
+            plain(&fds)?;
             Request::SetProtocolFeatures(pod::<VhostUserU64>(code, payload)?.value)
         }
-        FrontendReq::GET_QUEUE_NUM => Request::GetQueueNum,
-        FrontendReq::GET_MAX_MEM_SLOTS => Request::GetMaxMemSlots,
-        FrontendReq::SET_OWNER => Request::SetOwner,
-        FrontendReq::RESET_OWNER => Request::ResetOwner,
+        FrontendReq::GET_QUEUE_NUM => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::GetQueueNum
+        }
+        FrontendReq::GET_MAX_MEM_SLOTS => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::GetMaxMemSlots
+        }
+        FrontendReq::SET_OWNER => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::SetOwner
+        }
+        FrontendReq::RESET_OWNER => {
+            plain(&fds)?;
+            no_payload(code, payload)?;
+            Request::ResetOwner
+        }
         FrontendReq::SET_MEM_TABLE => {
-            let m: VhostUserMemory = pod(code, payload)?;
-            let n = m.num_regions as usize;
-            if n == 0 || n > MAX_ATTACHED_FD_ENTRIES {
-                return Err(ProtocolError::BadField {
-                    request: name(code),
-                    reason: "bad number of regions",
-                });
-            }
-            let rsz = size_of::<VhostUserMemoryRegion>();
-            let need = size_of::<VhostUserMemory>() + n * rsz;
-            if payload.len() != need {
+            let head = size_of::<VhostUserMemory>();
+            if payload.len() < head {
                 return Err(ProtocolError::BadSize {
                     request: name(code),
                     size: payload.len(),
                 });
             }
-            if fds.len() != n {
-                return Err(ProtocolError::BadFds {
+            let m: VhostUserMemory = pod(code, &payload[..head])?;
+            let n = m.num_regions as usize;
+            if n == 0 || n > MAX_ATTACHED_FD_ENTRIES {
+                return Err(ProtocolError::BadField {
                     request: name(code),
-                    expected: n,
-                    got: fds.len(),
+                    reason: "number of regions is 0 or above 8",
                 });
             }
-            let regions = payload[size_of::<VhostUserMemory>()..]
+            let rsz = size_of::<VhostUserMemoryRegion>();
+            if payload.len() != head + n * rsz {
+                return Err(ProtocolError::BadSize {
+                    request: name(code),
+                    size: payload.len(),
+                });
+            }
+            expect_fds(code, &fds, n)?;
+            let regions = payload[head..]
                 .chunks_exact(rsz)
                 .map(|c| {
                     pod::<VhostUserMemoryRegion>(code, c).map(|r| RegionDesc {
@@ -426,6 +463,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             Request::SetMemTable(regions, fds)
         }
         FrontendReq::SET_VRING_NUM => {
+            plain(&fds)?;
             let s: VhostUserVringState = pod(code, payload)?;
             Request::SetVringNum {
                 index: s.index,
@@ -433,6 +471,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             }
         }
         FrontendReq::SET_VRING_ADDR => {
+            plain(&fds)?;
             let a: VhostUserVringAddr = pod(code, payload)?;
             Request::SetVringAddr(VringAddr {
                 index: a.index,
@@ -445,6 +484,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             })
         }
         FrontendReq::SET_VRING_BASE => {
+            plain(&fds)?;
             let s: VhostUserVringState = pod(code, payload)?;
             Request::SetVringBase {
                 index: s.index,
@@ -452,6 +492,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             }
         }
         FrontendReq::GET_VRING_BASE => {
+            plain(&fds)?;
             let s: VhostUserVringState = pod(code, payload)?;
             Request::GetVringBase { index: s.index }
         }
@@ -459,6 +500,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
         FrontendReq::SET_VRING_CALL => Request::SetVringCall(vring_fd(code, payload, fds)?),
         FrontendReq::SET_VRING_ERR => Request::SetVringErr(vring_fd(code, payload, fds)?),
         FrontendReq::SET_VRING_ENABLE => {
+            plain(&fds)?;
             let s: VhostUserVringState = pod(code, payload)?;
             if s.num > 1 {
                 return Err(ProtocolError::BadField {
@@ -471,8 +513,24 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
                 enable: s.num == 1,
             }
         }
-        FrontendReq::SET_BACKEND_REQ_FD => Request::SetBackendReqFd(take_one_fd(code, fds)?),
+        FrontendReq::SET_BACKEND_REQ_FD => {
+            no_payload(code, payload)?;
+            let mut fds = fds;
+            expect_fds(code, &fds, 1)?;
+            Request::SetBackendReqFd(fds.pop().ok_or(ProtocolError::BadFds {
+                request: name(code),
+                expected: 1,
+                got: 0,
+            })?)
+        }
         FrontendReq::IOTLB_MSG => {
+            plain(&fds)?;
+            if payload.len() != IOTLB_MSG_SIZE {
+                return Err(ProtocolError::BadSize {
+                    request: name(code),
+                    size: payload.len(),
+                });
+            }
             Request::Iotlb(IotlbMsg::decode(payload).ok_or(ProtocolError::BadSize {
                 request: name(code),
                 size: payload.len(),
@@ -481,6 +539,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
         FrontendReq::SET_LOG_BASE => Request::SetLogBase,
         FrontendReq::SET_LOG_FD => Request::SetLogFd,
         FrontendReq::GET_CONFIG => {
+            plain(&fds)?;
             if payload.len() < 12 {
                 return Err(ProtocolError::BadSize {
                     request: name(code),
@@ -490,6 +549,12 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             let w = |i: usize| {
                 u32::from_le_bytes([payload[i], payload[i + 1], payload[i + 2], payload[i + 3]])
             };
+            if payload.len() as u64 != 12 + u64::from(w(4)) {
+                return Err(ProtocolError::BadSize {
+                    request: name(code),
+                    size: payload.len(),
+                });
+            }
             Request::GetConfig {
                 offset: w(0),
                 size: w(4),
