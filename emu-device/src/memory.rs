@@ -211,8 +211,7 @@ fn inspect(file: &File) -> Result<Backing, String> {
     // only reads the descriptor, which `file` keeps open.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    let hugetlb = unsafe { libc::fstatfs(fd, &mut fs) } == 0
-        && fs.f_type == libc::HUGETLBFS_MAGIC;
+    let hugetlb = unsafe { libc::fstatfs(fd, &mut fs) } == 0 && fs.f_type == libc::HUGETLBFS_MAGIC;
     let page = if hugetlb {
         u64::try_from(fs.f_bsize).unwrap_or(0).max(system_page())
     } else {
@@ -1005,6 +1004,142 @@ mod tests {
         assert!(MemoryTable::map(&[o], vec![f.try_clone().unwrap()]).is_err());
         // Missing fd.
         assert!(MemoryTable::map(&[r], vec![]).is_err());
+    }
+
+    fn region(gpa: u64, uaddr: u64, size: u64) -> RegionDesc {
+        RegionDesc {
+            gpa,
+            size,
+            uaddr,
+            mmap_offset: 0,
+        }
+    }
+
+    fn file_of(size: u64) -> File {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(size).unwrap();
+        f
+    }
+
+    fn refusal(regions: &[RegionDesc], files: Vec<File>) -> String {
+        MemoryTable::map(regions, files).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn tables_without_one_fd_per_region_are_refused() {
+        let r = region(0, 0x10000, 0x1000);
+        assert!(refusal(&[], vec![]).contains("no regions"));
+        assert!(refusal(&[r], vec![]).contains("1 regions but 0 file descriptors"));
+        assert!(refusal(&[r], vec![file_of(0x1000), file_of(0x1000)])
+            .contains("1 regions but 2 file descriptors"));
+        let n = MAX_REGIONS as u64 + 1;
+        let many: Vec<RegionDesc> = (0..n).map(|i| region(i << 20, i << 20, 0x1000)).collect();
+        let files = (0..n).map(|_| file_of(0x1000)).collect();
+        assert!(refusal(&many, files).contains("33 regions, at most 32"));
+    }
+
+    #[test]
+    fn overlapping_regions_are_refused() {
+        let a = region(0x10000, 0x7000_0000, 0x2000);
+        let gpa = region(0x11000, 0x9000_0000, 0x2000);
+        let e = refusal(&[a, gpa], vec![file_of(0x2000), file_of(0x2000)]);
+        assert!(
+            e.contains("region 1") && e.contains("guest physical"),
+            "{e}"
+        );
+        let user = region(0x40000, 0x7000_1fff, 0x1000);
+        let e = refusal(&[a, user], vec![file_of(0x2000), file_of(0x1000)]);
+        assert!(
+            e.contains("region 1") && e.contains("frontend addresses"),
+            "{e}"
+        );
+        // Adjacent is fine.
+        let next = region(0x12000, 0x7000_2000, 0x1000);
+        assert!(MemoryTable::map(&[a, next], vec![file_of(0x2000), file_of(0x1000)]).is_ok());
+    }
+
+    #[test]
+    fn regions_must_lie_inside_page_aligned_regular_files() {
+        let r = region(0, 0x10000, 0x1000);
+        let e = refusal(
+            &[RegionDesc {
+                mmap_offset: 0x1000,
+                ..r
+            }],
+            vec![file_of(0x1800)],
+        );
+        assert!(e.contains("past the end of its file"), "{e}");
+        let e = refusal(
+            &[RegionDesc {
+                mmap_offset: 0x800,
+                ..r
+            }],
+            vec![file_of(0x4000)],
+        );
+        assert!(e.contains("not a multiple of the page size"), "{e}");
+
+        let zero = File::open("/dev/zero").unwrap();
+        let e = refusal(&[r], vec![zero]);
+        assert!(e.contains("a character device"), "{e}");
+        let (reader, _writer) = pipe();
+        assert!(refusal(&[r], vec![reader]).contains("a pipe"));
+        let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sock = File::from(std::os::fd::OwnedFd::from(sock));
+        assert!(refusal(&[r], vec![sock]).contains("a socket"));
+        let dir = File::open(std::env::temp_dir()).unwrap();
+        assert!(refusal(&[r], vec![dir]).contains("a directory"));
+    }
+
+    fn pipe() -> (File, File) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors into `fds`, which we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        use std::os::fd::FromRawFd;
+        // SAFETY: both descriptors were just created and are owned by nobody else.
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn the_bound_on_mapped_bytes_counts_whole_pages() {
+        let a = region(0, 0x10000, 0x1000);
+        let b = region(0x10000, 0x20000, 0x1001);
+        let files = || vec![file_of(0x2000), file_of(0x2000)];
+        let e = MemoryTable::map_limited(&[a, b], files(), 0x2fff).unwrap_err();
+        assert_eq!(
+            e,
+            MemError::Limit {
+                total: 0x3000,
+                max: 0x2fff
+            }
+        );
+        let t = MemoryTable::map_limited(&[a, b], files(), 0x3000).unwrap();
+        assert_eq!(t.mapped_bytes(), 0x3000);
+    }
+
+    #[test]
+    fn sealed_memfds_need_no_guard_and_shrinking_files_poison_their_region() {
+        let sealed = memfd::MemfdOptions::default()
+            .allow_sealing(true)
+            .create("sealed")
+            .unwrap();
+        sealed.as_file().set_len(0x2000).unwrap();
+        sealed.add_seal(memfd::FileSeal::SealShrink).unwrap();
+        let open = file_of(0x2000);
+        let table = MemoryTable::map(
+            &[region(0, 0x10000, 0x2000), region(0x10000, 0x20000, 0x2000)],
+            vec![sealed.into_file(), open.try_clone().unwrap()],
+        )
+        .unwrap();
+        assert_eq!(table.guarded_regions(), 1);
+        assert_eq!(table.poisoned_region(), None);
+        open.set_len(0).unwrap();
+        let mut b = [1u8; 4];
+        table
+            .mmap()
+            .read_slice(&mut b, GuestAddress(0x11000))
+            .unwrap();
+        assert_eq!(b, [0; 4], "a lost page reads as zeros");
+        assert_eq!(table.poisoned_region(), Some(1));
     }
 
     #[test]

@@ -38,8 +38,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use vm_memory::MmapRegion;
 
-/// Number of mappings the guard can watch at once. A port maps at most 8
-/// regions; 4096 slots cover 512 ports with a whole memory table each.
+/// Number of mappings the guard can watch at once: 512 ports whose memory
+/// tables have 8 regions each (the most QEMU and the driver send).
 pub const SLOTS: usize = 4096;
 
 /// One watched mapping, written under [`KEEPER`], read by the handler.

@@ -540,6 +540,350 @@ mod tests {
         assert!(st.vrings[1].enabled);
     }
 
+    /// Sends a request asking for a reply; returns the REPLY_ACK status.
+    fn status(
+        st: &mut PortState,
+        stats: &PortStats,
+        code: u32,
+        payload: Vec<u8>,
+        files: Vec<std::fs::File>,
+    ) -> u64 {
+        let out = handle(st, stats, msg(code, 0x9, payload, files)).expect("answered");
+        let reply = out.reply.expect("a reply");
+        u64::from_le_bytes(reply[12..20].try_into().unwrap())
+    }
+
+    fn state(index: u32, num: u32) -> Vec<u8> {
+        let mut p = index.to_le_bytes().to_vec();
+        p.extend_from_slice(&num.to_le_bytes());
+        p
+    }
+
+    fn ring_addr(index: u32, flags: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
+        let mut p = index.to_le_bytes().to_vec();
+        p.extend_from_slice(&flags.to_le_bytes());
+        for v in [desc, used, avail, 0] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p
+    }
+
+    fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
+        let mut p = (regions.len() as u32).to_le_bytes().to_vec();
+        p.extend_from_slice(&[0; 4]);
+        for &(gpa, size, uaddr, off) in regions {
+            for v in [gpa, size, uaddr, off] {
+                p.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        p
+    }
+
+    fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: IotlbType) -> Vec<u8> {
+        crate::vhost_user::message::IotlbMsg {
+            iova,
+            size,
+            uaddr,
+            perm,
+            kind,
+        }
+        .encode()
+        .to_vec()
+    }
+
+    const NUM: u32 = 8;
+    const ADDR: u32 = 9;
+    const BASE: u32 = 10;
+    const GET_BASE: u32 = 11;
+    const KICK: u32 = 12;
+    const ENABLE: u32 = 18;
+    const IOTLB: u32 = 22;
+    const MEM: u32 = 5;
+    /// Frontend address and guest physical address of the test memory.
+    const UADDR: u64 = 0x7f00_0000;
+    const GPA: u64 = 0x1000_0000;
+
+    #[test]
+    fn ring_sizes_and_bases_are_validated() {
+        let (mut st, stats) = with_memory();
+        for bad in [0, 3, 100, 2048, u32::MAX] {
+            assert_eq!(
+                status(&mut st, &stats, NUM, state(1, bad), vec![]),
+                1,
+                "{bad}"
+            );
+        }
+        assert_eq!(st.vrings[1].size, 0, "refused sizes leave the ring alone");
+        assert_eq!(status(&mut st, &stats, NUM, state(1, 1024), vec![]), 0);
+        assert_eq!(status(&mut st, &stats, NUM, state(99, 16), vec![]), 1);
+        assert_eq!(status(&mut st, &stats, BASE, state(1, 0x1_0000), vec![]), 1);
+        assert_eq!(status(&mut st, &stats, BASE, state(1, 0xffff), vec![]), 0);
+        assert_eq!(st.vrings[1].base, 0xffff);
+        assert_eq!(status(&mut st, &stats, BASE, state(99, 0), vec![]), 1);
+    }
+
+    #[test]
+    fn ring_addresses_outside_the_memory_table_are_refused() {
+        let (mut st, stats) = with_memory();
+        assert_eq!(status(&mut st, &stats, NUM, state(1, 16), vec![]), 0);
+        let good = (UADDR, UADDR + 0xe000, UADDR + 0x1000);
+        // The descriptor table (256 bytes) would cross the end of the region.
+        let cases = [
+            (UADDR + 0xff10, good.1, good.2),
+            (good.0, 0x1234_0000, good.2),
+            (good.0, good.1, UADDR + 0x1_0000),
+            (good.0, good.1, u64::MAX - 1),
+        ];
+        for (desc, used, avail) in cases {
+            let p = ring_addr(1, 0, desc, used, avail);
+            assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
+            assert_eq!(st.vrings[1].addrs, None, "refused addresses are not kept");
+        }
+        // Misaligned, or with logging asked for.
+        let p = ring_addr(1, 0, good.0 + 8, good.1, good.2);
+        assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
+        let p = ring_addr(1, 1, good.0, good.1, good.2);
+        assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
+        let p = ring_addr(1, 0, good.0, good.1, good.2);
+        assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 0);
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                KICK,
+                0x101u64.to_le_bytes().to_vec(),
+                vec![]
+            ),
+            0
+        );
+        assert!(st.vrings[1].active());
+        // A larger ring no longer fits: refused, and said so.
+        assert_eq!(status(&mut st, &stats, NUM, state(1, 1024), vec![]), 1);
+        assert!(!st.vrings[1].active());
+    }
+
+    #[test]
+    fn iotlb_updates_that_wrap_or_carry_no_permission_are_refused() {
+        let (mut st, stats) = with_memory();
+        let update = |iova, size, uaddr, perm| iotlb(iova, size, uaddr, perm, IotlbType::Update);
+        for p in [
+            update(0x1000, 0x1000, UADDR, 0),
+            update(0x1000, 0x1000, UADDR, 4),
+            update(0x1000, 0, UADDR, 3),
+            update(u64::MAX - 0xfff, 0x2000, UADDR, 3),
+            update(0x1000, 0x2000, u64::MAX - 0xfff, 3),
+            update(0x1000, 0x2000, UADDR + 0xf000, 3),
+            iotlb(0x1000, 0x1000, UADDR, 3, IotlbType::Miss),
+        ] {
+            assert_eq!(status(&mut st, &stats, IOTLB, p, vec![]), 1);
+        }
+        assert!(st.iotlb.is_empty());
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                IOTLB,
+                update(0x1000, 0x1000, UADDR, 1),
+                vec![]
+            ),
+            0
+        );
+        assert_eq!(st.iotlb.len(), 1);
+        // Invalidating a range that wraps only invalidates more.
+        let p = iotlb(0x800, u64::MAX, 0, 0, IotlbType::Invalidate);
+        assert_eq!(status(&mut st, &stats, IOTLB, p, vec![]), 0);
+        assert!(st.iotlb.is_empty());
+    }
+
+    #[test]
+    fn malformed_payloads_are_refused_and_the_connection_kept() {
+        let (mut st, stats) = with_memory();
+        let file = || tempfile::tempfile().unwrap();
+        let cases: Vec<(u32, Vec<u8>, Vec<std::fs::File>)> = vec![
+            (2, vec![0; 7], vec![]),                            // SET_FEATURES truncated
+            (2, vec![0; 9], vec![]),                            // oversized
+            (2, vec![0; 8], vec![file()]),                      // with an fd
+            (3, vec![0; 0], vec![]),                            // SET_OWNER is fine...
+            (3, vec![0; 8], vec![]),                            // ...but takes no payload
+            (NUM, vec![0; 12], vec![]),                         // SET_VRING_NUM oversized
+            (ADDR, vec![0; 39], vec![]),                        // SET_VRING_ADDR truncated
+            (MEM, mem_table(&[]), vec![]),                      // zero regions
+            (MEM, mem_table(&[(0, 0x1000, 0, 0); 33]), vec![]), // too many
+            (MEM, mem_table(&[(0, 0x1000, 0, 0)]), vec![]),     // missing fd
+            (MEM, mem_table(&[(0, 0x1000, 0, 0)]), vec![file(), file()]), // extra fd
+            (
+                MEM,
+                mem_table(&[(0, 0x1000, 0, 0)])[..30].to_vec(),
+                vec![file()],
+            ),
+            (KICK, 0x101u64.to_le_bytes().to_vec(), vec![file()]), // fd despite "no fd"
+            (KICK, 0x1u64.to_le_bytes().to_vec(), vec![]),         // no fd without "no fd"
+            (KICK, 0x1_0001u64.to_le_bytes().to_vec(), vec![]),    // reserved bits
+            (IOTLB, vec![0; 26], vec![]),                          // short IOTLB message
+            (ENABLE, state(1, 2), vec![]),                         // enable is 0 or 1
+            (21, vec![], vec![]),                                  // SET_BACKEND_REQ_FD without fd
+            (999, vec![1, 2, 3], vec![file()]),                    // unknown request
+        ];
+        for (i, (code, payload, files)) in cases.into_iter().enumerate() {
+            let expected = u64::from(i != 3);
+            assert_eq!(
+                status(&mut st, &stats, code, payload, files),
+                expected,
+                "case {i}"
+            );
+        }
+        assert_eq!(
+            st.table.as_ref().unwrap().regions()[0].size,
+            0x10000,
+            "old table kept"
+        );
+        // Requests whose reply has its own form cannot be answered "failed".
+        assert!(handle(&mut st, &stats, msg(GET_BASE, 0x1, vec![0; 4], vec![])).is_err());
+        assert!(handle(&mut st, &stats, msg(1, 0x1, vec![0; 8], vec![])).is_err());
+        assert!(handle(&mut st, &stats, msg(1, 0x1, vec![], vec![file()])).is_err());
+    }
+
+    #[test]
+    fn memory_tables_beyond_the_bound_or_on_devices_are_refused() {
+        let (mut st, stats) = with_memory();
+        let p = mem_table(&[(0, 0x1000, 0x1000, 0)]);
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        assert_eq!(status(&mut st, &stats, MEM, p.clone(), vec![zero]), 1);
+        st.max_mapped_bytes = 0x8000;
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x10000).unwrap();
+        let p = mem_table(&[(0, 0x9000, 0x1000, 0)]);
+        assert_eq!(
+            status(&mut st, &stats, MEM, p, vec![f.try_clone().unwrap()]),
+            1
+        );
+        assert_eq!(st.table.as_ref().unwrap().regions()[0].gpa, GPA);
+        let p = mem_table(&[(0, 0x8000, 0x1000, 0)]);
+        assert_eq!(status(&mut st, &stats, MEM, p, vec![f]), 0);
+        // The backend channel must be a socket.
+        let file = tempfile::tempfile().unwrap();
+        assert_eq!(status(&mut st, &stats, 21, vec![], vec![file]), 1);
+        let (a, _b) = UnixStream::pair().unwrap();
+        let a = std::fs::File::from(OwnedFd::from(a));
+        assert_eq!(status(&mut st, &stats, 21, vec![], vec![a]), 0);
+    }
+
+    /// Writes descriptor `i` of the ring at GPA: (addr, len, flags, next).
+    fn put_desc(st: &PortState, i: u64, addr: u64, len: u32, flags: u16, next: u16) {
+        use vm_memory::{Bytes, GuestAddress};
+        let m = st.table.as_ref().unwrap().mmap();
+        let d = GPA + 16 * i;
+        m.write_obj(addr, GuestAddress(d)).unwrap();
+        m.write_obj(len, GuestAddress(d + 8)).unwrap();
+        m.write_obj(flags, GuestAddress(d + 12)).unwrap();
+        m.write_obj(next, GuestAddress(d + 14)).unwrap();
+    }
+
+    /// Publishes head `head` at avail slot `slot` and sets the avail index.
+    fn put_avail(st: &PortState, slot: u64, head: u16, idx: u16) {
+        use vm_memory::{Bytes, GuestAddress};
+        let m = st.table.as_ref().unwrap().mmap();
+        m.write_obj(head, GuestAddress(GPA + 0x1000 + 4 + 2 * slot))
+            .unwrap();
+        m.write_obj(idx, GuestAddress(GPA + 0x1000 + 2)).unwrap();
+    }
+
+    fn pop(st: &mut PortState) -> crate::queues::Pop {
+        let shared = st.shared.clone();
+        let gate = shared.access();
+        let mem = gate.memory.as_ref().unwrap();
+        let ring = &mut st.vrings[1];
+        let popped = crate::queues::pop_chain(ring, mem);
+        if let crate::queues::Pop::Broken(e) = &popped {
+            ring.break_off(0, e);
+        }
+        popped
+    }
+
+    #[test]
+    fn a_ring_the_frontend_broke_stops_and_can_be_reset() {
+        use crate::queues::Pop;
+        let (mut st, stats) = with_memory();
+        assert_eq!(status(&mut st, &stats, NUM, state(1, 16), vec![]), 0);
+        let p = ring_addr(1, 0, UADDR, UADDR + 0x2000, UADDR + 0x1000);
+        assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 0);
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                KICK,
+                0x101u64.to_le_bytes().to_vec(),
+                vec![]
+            ),
+            0
+        );
+        const NEXT: u16 = 1;
+
+        // A descriptor that points to itself: the ring stops at that chain.
+        put_desc(&st, 0, GPA + 0x4000, 64, NEXT, 0);
+        put_avail(&st, 0, 0, 1);
+        assert!(matches!(pop(&mut st), Pop::Broken(_)));
+        assert!(st.vrings[1].broken && !st.vrings[1].active());
+        // GET_VRING_BASE reports the offending chain's position.
+        let out = handle(&mut st, &stats, msg(GET_BASE, 0x1, state(1, 0), vec![])).unwrap();
+        assert_eq!(out.reply.unwrap()[12..], state(1, 0)[..]);
+        // Repaired and restarted (base, kick): the chain is served.
+        put_desc(&st, 0, GPA + 0x4000, 64, 0, 0);
+        assert_eq!(status(&mut st, &stats, BASE, state(1, 0), vec![]), 0);
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                KICK,
+                0x101u64.to_le_bytes().to_vec(),
+                vec![]
+            ),
+            0
+        );
+        match pop(&mut st) {
+            Pop::Chain(c) => assert_eq!((c.head, c.bufs.len()), (0, 1)),
+            other => panic!("{other:?}"),
+        }
+
+        // A chain longer than the ring (17 linked descriptors in 16 slots
+        // can only be a loop), and a next index outside the table.
+        for i in 0..16 {
+            put_desc(&st, i, GPA + 0x4000, 8, NEXT, ((i + 1) % 16) as u16);
+        }
+        put_avail(&st, 1, 3, 2);
+        assert!(matches!(pop(&mut st), Pop::Broken(_)));
+        // SET_VRING_ENABLE restarts it; still broken, it stops again.
+        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert!(st.vrings[1].active());
+        assert!(matches!(pop(&mut st), Pop::Broken(_)));
+        put_desc(&st, 3, GPA + 0x4000, 8, NEXT, 200);
+        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert!(matches!(pop(&mut st), Pop::Broken(_)));
+
+        // An available index that jumps by more than the ring size.
+        put_desc(&st, 3, GPA + 0x4000, 8, 0, 0);
+        put_avail(&st, 1, 3, 40);
+        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert!(matches!(pop(&mut st), Pop::Broken(_)));
+        put_avail(&st, 1, 3, 2);
+        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        match pop(&mut st) {
+            Pop::Chain(c) => assert_eq!((c.head, c.bufs.len()), (3, 1)),
+            other => panic!("{other:?}"),
+        }
+
+        // Lengths 0 and 2^32-1 are refused chain by chain, not the ring.
+        for (slot, len) in [(2u64, 0u32), (3, u32::MAX)] {
+            put_desc(&st, 5, GPA + 0x4000, len, 0, 0);
+            put_avail(&st, slot, 5, slot as u16 + 1);
+            match pop(&mut st) {
+                Pop::Chain(c) => assert_eq!(c.bufs[0].len, len),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(st.vrings[1].active());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
         #[test]

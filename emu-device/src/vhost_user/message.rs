@@ -438,7 +438,7 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
             if n == 0 || n > MAX_ATTACHED_FD_ENTRIES {
                 return Err(ProtocolError::BadField {
                     request: name(code),
-                    reason: "number of regions is 0 or above 8",
+                    reason: "number of regions is 0 or above the file descriptor limit",
                 });
             }
             let rsz = size_of::<VhostUserMemoryRegion>();
