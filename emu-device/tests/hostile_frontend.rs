@@ -1,0 +1,1010 @@
+//! A hostile frontend over a raw vhost-user socket, against a real device
+//! process. After every case the device is alive, well-behaved frontends on
+//! other ports move bytes (every byte checked), the hostile port serves a
+//! well-behaved frontend again once reconnected (frames and RDMA), and the
+//! device's CPU is idle.
+
+mod common;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
+use pindown_driver::verbs::{Context, ContextConfig, MemoryWindow};
+use pindown_driver::DmaBuffer;
+use uapi::{Access, Completion, Status};
+use vhost::vhost_user::message::FrontendReq;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+const T: Duration = Duration::from_secs(5);
+const VERSION_1: u64 = 1 << 32;
+const PROTOCOL_FEATURES: u64 = 1 << 30;
+const ACCESS_PLATFORM: u64 = 1 << 33;
+/// MQ and REPLY_ACK.
+const PROTOCOLS: u64 = 1 | (1 << 3);
+const NEED_REPLY: u32 = 0x9;
+/// Ring size the hostile frontend uses.
+const QSZ: u16 = 16;
+/// Size of the hostile frontend's memory.
+const HSIZE: u64 = 1 << 20;
+/// Largest ring the device accepts by default.
+const QMAX: u32 = 1024;
+/// Requests whose reply has its own form: malformed, they end the connection.
+const REPLY_REQUIRED: [u32; 6] = [1, 11, 15, 17, 24, 36];
+
+fn code(r: FrontendReq) -> u32 {
+    r.into()
+}
+
+/// A tiny deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// The hostile frontend's memory: a file shared with the device.
+struct Shared {
+    file: File,
+    mem: GuestMemoryMmap,
+    host: u64,
+}
+
+impl Shared {
+    fn new(file: File) -> Shared {
+        file.set_len(HSIZE).unwrap();
+        let region = MmapRegion::from_file(
+            FileOffset::new(file.try_clone().unwrap(), 0),
+            HSIZE as usize,
+        )
+        .unwrap();
+        let host = region.as_ptr() as u64;
+        let mem = GuestMemoryMmap::from_regions(vec![GuestRegionMmap::new(
+            region,
+            GuestAddress(MEM_GPA),
+        )
+        .unwrap()])
+        .unwrap();
+        Shared { file, mem, host }
+    }
+
+    fn memfd(sealed: bool) -> Shared {
+        let fd = memfd::MemfdOptions::default()
+            .allow_sealing(sealed)
+            .create("hostile")
+            .unwrap();
+        let shared = Shared::new(fd.as_file().try_clone().unwrap());
+        if sealed {
+            fd.add_seal(memfd::FileSeal::SealShrink).unwrap();
+        }
+        shared
+    }
+
+    /// Ring `i`: descriptors at +0, available ring at +0x1000, used ring
+    /// at +0x2000, buffers (one page each) from +0x4000 (offsets in memory).
+    fn ring_base(i: u32) -> u64 {
+        0x20000 * (u64::from(i) + 1)
+    }
+
+    fn desc(&self, ring: u32, id: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let d = MEM_GPA + Shared::ring_base(ring) + 16 * u64::from(id);
+        self.mem.write_obj(addr, GuestAddress(d)).unwrap();
+        self.mem.write_obj(len, GuestAddress(d + 8)).unwrap();
+        self.mem.write_obj(flags, GuestAddress(d + 12)).unwrap();
+        self.mem.write_obj(next, GuestAddress(d + 14)).unwrap();
+    }
+
+    /// Puts head `id` in available slot `slot` and publishes index `idx`.
+    fn avail(&self, ring: u32, slot: u16, id: u16, idx: u16) {
+        let a = MEM_GPA + Shared::ring_base(ring) + 0x1000;
+        self.mem
+            .write_obj(id, GuestAddress(a + 4 + 2 * u64::from(slot % QSZ)))
+            .unwrap();
+        self.mem
+            .store(idx, GuestAddress(a + 2), Ordering::Release)
+            .unwrap();
+    }
+
+    fn used_idx(&self, ring: u32) -> u16 {
+        let u = MEM_GPA + Shared::ring_base(ring) + 0x2000;
+        self.mem
+            .load(GuestAddress(u + 2), Ordering::Acquire)
+            .unwrap()
+    }
+
+    /// Guest physical address of buffer `id` of ring `ring`.
+    fn buf(ring: u32, id: u16) -> u64 {
+        MEM_GPA + Shared::ring_base(ring) + 0x4000 + 0x1000 * u64::from(id)
+    }
+}
+
+/// The hostile frontend: raw vhost-user messages.
+struct Raw {
+    s: UnixStream,
+    kicks: Vec<EventFd>,
+    calls: Vec<EventFd>,
+}
+
+fn vring_state(index: u32, num: u32) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&num.to_le_bytes());
+    p
+}
+
+fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for v in [desc, used, avail, 0] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
+    let mut p = (regions.len() as u32).to_le_bytes().to_vec();
+    p.extend_from_slice(&[0; 4]);
+    for &(gpa, size, uaddr, off) in regions {
+        for v in [gpa, size, uaddr, off] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    p
+}
+
+fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Vec<u8> {
+    let mut p = iova.to_le_bytes().to_vec();
+    p.extend_from_slice(&size.to_le_bytes());
+    p.extend_from_slice(&uaddr.to_le_bytes());
+    p.push(perm);
+    p.push(kind);
+    p.extend_from_slice(&[0; 6]);
+    p
+}
+
+fn pipe() -> (File, File) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) writes two new descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    use std::os::fd::FromRawFd;
+    // SAFETY: both descriptors are new and owned by nobody else.
+    unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+}
+
+impl Raw {
+    fn connect(dev: &DeviceProcess, socket: usize) -> Raw {
+        let s = UnixStream::connect(dev.socket(socket)).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        Raw {
+            s,
+            kicks: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, code: u32, flags: u32, payload: &[u8], fds: &[RawFd]) -> bool {
+        let mut m = code.to_le_bytes().to_vec();
+        m.extend_from_slice(&flags.to_le_bytes());
+        m.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        m.extend_from_slice(payload);
+        self.s.send_with_fds(&[&m[..]], fds).is_ok()
+    }
+
+    /// The next reply `(request, body)`, or `None` if the device closed
+    /// the connection.
+    fn reply(&mut self) -> Option<(u32, Vec<u8>)> {
+        let mut h = [0u8; 12];
+        self.s.read_exact(&mut h).ok()?;
+        let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
+        assert_ne!(w(4) & 0x4, 0, "a reply");
+        let mut body = vec![0u8; w(8) as usize];
+        self.s.read_exact(&mut body).ok()?;
+        Some((w(0), body))
+    }
+
+    /// Sends a request asking for an acknowledgement; its status, or
+    /// `None` if the device closed the connection.
+    fn ack(&mut self, code: u32, payload: &[u8], fds: &[RawFd]) -> Option<u64> {
+        if !self.send(code, NEED_REPLY, payload, fds) {
+            return None;
+        }
+        let (req, body) = self.reply()?;
+        assert_eq!(req, code);
+        Some(u64::from_le_bytes(body[..8].try_into().unwrap()))
+    }
+
+    fn ok(&mut self, code: u32, payload: &[u8], fds: &[RawFd]) {
+        assert_eq!(self.ack(code, payload, fds), Some(0), "request {code}");
+    }
+
+    fn refused(&mut self, code: u32, payload: &[u8], fds: &[RawFd]) {
+        let status = self.ack(code, payload, fds);
+        assert!(
+            matches!(status, Some(s) if s != 0),
+            "request {code} answered {status:?}"
+        );
+    }
+
+    /// Whether the device closed the connection.
+    fn closed_by_device(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0))
+    }
+
+    /// SET_OWNER, features, protocol features.
+    fn handshake(&mut self, features: u64) {
+        self.ok(code(FrontendReq::SET_OWNER), &[], &[]);
+        self.ok(
+            code(FrontendReq::SET_FEATURES),
+            &(VERSION_1 | PROTOCOL_FEATURES | features).to_le_bytes(),
+            &[],
+        );
+        self.ok(
+            code(FrontendReq::SET_PROTOCOL_FEATURES),
+            &PROTOCOLS.to_le_bytes(),
+            &[],
+        );
+    }
+
+    fn set_memory(&mut self, shared: &Shared) {
+        let p = mem_table(&[(MEM_GPA, HSIZE, shared.host, 0)]);
+        self.ok(
+            code(FrontendReq::SET_MEM_TABLE),
+            &p,
+            &[shared.file.as_raw_fd()],
+        );
+    }
+
+    /// Sets up ring `i` (size 16) in `shared`, addressed by frontend
+    /// addresses, or by IOVAs equal to guest physical addresses with
+    /// `iova`; kicked through an eventfd and enabled.
+    fn ring(&mut self, shared: &Shared, i: u32, iova: bool) {
+        let base = Shared::ring_base(i);
+        let at = |off: u64| {
+            if iova {
+                MEM_GPA + base + off
+            } else {
+                shared.host + base + off
+            }
+        };
+        self.ok(
+            code(FrontendReq::SET_VRING_NUM),
+            &vring_state(i, u32::from(QSZ)),
+            &[],
+        );
+        self.ok(code(FrontendReq::SET_VRING_BASE), &vring_state(i, 0), &[]);
+        self.ok(
+            code(FrontendReq::SET_VRING_ADDR),
+            &vring_addr(i, at(0), at(0x2000), at(0x1000)),
+            &[],
+        );
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        self.ok(
+            code(FrontendReq::SET_VRING_CALL),
+            &u64::from(i).to_le_bytes(),
+            &[call.as_raw_fd()],
+        );
+        self.calls.push(call);
+        self.kick_fd(i);
+        self.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(i, 1), &[]);
+    }
+
+    /// Gives ring `i` a new kick eventfd (which starts it).
+    fn kick_fd(&mut self, i: u32) {
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        self.ok(
+            code(FrontendReq::SET_VRING_KICK),
+            &u64::from(i).to_le_bytes(),
+            &[kick.as_raw_fd()],
+        );
+        self.kicks.push(kick);
+    }
+
+    fn kick(&self) {
+        if let Some(k) = self.kicks.last() {
+            k.write(1).unwrap();
+        }
+    }
+}
+
+/// Reads the device process's user + system CPU time, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The device, well-behaved frontends on sockets 1 and 2 (frames) and 3
+/// (RDMA), and socket 0 for the hostile frontend.
+struct Harness {
+    dev: DeviceProcess,
+    f1: TestFrontend,
+    f2: TestFrontend,
+    /// Port 3, holding the window (kept open for the whole test).
+    _rdma: Context,
+    window: MemoryWindow,
+    target: DmaBuffer,
+    round: u16,
+    rng: Rng,
+}
+
+fn mac(port: u8) -> [u8; 6] {
+    [0x52, 0x54, 0x00, 0x12, 0x34, port]
+}
+
+const RDMA_BYTES: usize = 64 * 1024;
+
+fn rdma_config() -> ContextConfig {
+    ContextConfig {
+        arena_bytes: 4 << 20,
+        ..ContextConfig::default()
+    }
+}
+
+fn wait_one(context: &Context) -> Completion {
+    let mut out = [Completion::error(0, None, Status::InvalidRequest, uapi::ErrorDetail::None); 1];
+    let n = context.wait(&mut out, T).expect("completion");
+    assert_eq!(n, 1);
+    out[0]
+}
+
+impl Harness {
+    fn start(args: &[&str]) -> Harness {
+        let dev = DeviceProcess::start(device_bin(), 4, args).unwrap();
+        let f1 = TestFrontend::connect(&dev.socket(1), 2);
+        let f2 = TestFrontend::connect(&dev.socket(2), 2);
+        let rdma = Context::open(dev.socket(3), rdma_config()).expect("port 3");
+        let target = rdma.alloc(RDMA_BYTES, 64).unwrap();
+        let region = rdma.register_buffer(&target).unwrap();
+        let window = rdma
+            .bind_window(
+                &region,
+                0,
+                RDMA_BYTES as u64,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        // The registration stays for the whole test (the window needs it).
+        std::mem::forget(region);
+        assert!(dev.wait_for(T, |s| (1..4).all(|p| s[p].n("connected") == 1)));
+        Harness {
+            dev,
+            f1,
+            f2,
+            _rdma: rdma,
+            window,
+            target,
+            round: 0,
+            rng: Rng(0x9e37_79b9_7f4a_7c15),
+        }
+    }
+
+    fn next_id(&mut self) -> u16 {
+        self.round = self.round.wrapping_add(1);
+        self.round % QSIZE
+    }
+
+    /// A frame from `from` to port `to`, checked byte for byte on arrival.
+    fn frame_between(&mut self, from: usize, to: usize, f0: Option<&mut TestFrontend>) {
+        let id = self.next_id();
+        let payload = self.rng.bytes(1000);
+        let sent = frame(mac(to as u8), mac(from as u8), &payload);
+        let (sender, receiver): (&mut TestFrontend, &mut TestFrontend) = match (from, to, f0) {
+            (1, 2, _) => (&mut self.f1, &mut self.f2),
+            (2, 1, _) => (&mut self.f2, &mut self.f1),
+            (0, 1, Some(f0)) => (f0, &mut self.f1),
+            (1, 0, Some(f0)) => (&mut self.f1, f0),
+            (from, to, _) => panic!("no route {from}->{to}"),
+        };
+        receiver.post_rx(0, id);
+        sender.send(1, id, &sent);
+        assert_eq!(sender.wait_used(1, T), Some((id, 0)), "tx chain returned");
+        // Skip frames other ports flooded meanwhile (from the hostile one).
+        let deadline = Instant::now() + T;
+        loop {
+            let (got, len) = receiver.wait_used(0, T).expect("frame delivered");
+            let bytes = receiver.read_buf(0, got, len as usize);
+            if got == id && bytes[HDR..] == sent[HDR..] {
+                assert_eq!(bytes[..HDR], rx_hdr()[..]);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "frame {from}->{to} not delivered"
+            );
+            receiver.post_rx(0, got);
+        }
+    }
+
+    /// An RDMA write of fresh bytes from port 0 into port 3's window, and a
+    /// read back: every byte checked on both sides.
+    fn rdma_from_port0(&mut self) {
+        let c0 = Context::open(self.dev.socket(0), rdma_config()).expect("port 0 again");
+        assert_eq!(c0.info().port, 0, "the hostile port is served again");
+        let pattern = self.rng.bytes(RDMA_BYTES);
+        let source = c0.alloc(RDMA_BYTES, 64).unwrap();
+        source.write_at(0, &pattern);
+        let src = c0.register_buffer(&source).unwrap();
+        c0.post(&[RdmaWrite::new(
+            src.local(0, RDMA_BYTES as u32).unwrap(),
+            self.window.remote.at(0),
+        )
+        .build()
+        .user_data(1)
+        .signaled()])
+            .unwrap();
+        assert_eq!(wait_one(&c0).status, Status::Success);
+        let mut landed = vec![0u8; RDMA_BYTES];
+        self.target.read_at(0, &mut landed);
+        assert!(landed == pattern, "RDMA write bytes");
+        let back = c0.alloc(RDMA_BYTES, 64).unwrap();
+        let back_region = c0.register_buffer(&back).unwrap();
+        c0.post(&[RdmaRead::new(
+            back_region.local(0, RDMA_BYTES as u32).unwrap(),
+            self.window.remote.at(0),
+        )
+        .build()
+        .user_data(2)
+        .signaled()])
+            .unwrap();
+        assert_eq!(wait_one(&c0).status, Status::Success);
+        let mut read = vec![0u8; RDMA_BYTES];
+        back.read_at(0, &mut read);
+        assert!(read == pattern, "RDMA read bytes");
+        drop((src, back_region));
+        drop(c0);
+        self.port0_free();
+    }
+
+    fn port0_free(&self) {
+        assert!(
+            self.dev.wait_for(T, |s| s[0].n("connected") == 0),
+            "port 0 reset: {}",
+            self.dev.log()
+        );
+    }
+
+    /// The checks after each case. `hostile` is the hostile connection if
+    /// the device kept it open: the CPU and the other ports are checked
+    /// with it still connected, then it is closed and port 0 reconnected.
+    fn after(&mut self, case: &str, hostile: Option<Raw>) {
+        assert!(self.dev.alive(), "{case}: device died: {}", self.dev.log());
+        self.frame_between(1, 2, None);
+        self.frame_between(2, 1, None);
+        let before = cpu_ticks(self.dev.pid());
+        std::thread::sleep(Duration::from_millis(300));
+        let spent = cpu_ticks(self.dev.pid()) - before;
+        assert!(spent <= 5, "{case}: device spun {spent} ticks in 300 ms");
+        drop(hostile);
+        self.port0_free();
+        let mut f0 = TestFrontend::connect(&self.dev.socket(0), 2);
+        self.frame_between(0, 1, Some(&mut f0));
+        self.frame_between(1, 0, Some(&mut f0));
+        drop(f0);
+        self.port0_free();
+        self.rdma_from_port0();
+        assert!(self.dev.alive(), "{case}: device died: {}", self.dev.log());
+    }
+}
+
+#[test]
+fn random_bytes_malformed_requests_and_torn_messages() {
+    let mut h = Harness::start(&[]);
+
+    // Random bytes, as whole messages or not.
+    for round in 0..40 {
+        let mut raw = Raw::connect(&h.dev, 0);
+        let n = 1 + (h.rng.next() % 3000) as usize;
+        let mut bytes = h.rng.bytes(n);
+        if round % 2 == 0 {
+            // A valid header in front, so the garbage reaches the decoders.
+            let code = (h.rng.next() % 48) as u32;
+            bytes[..12].copy_from_slice(
+                &[
+                    code.to_le_bytes(),
+                    0x9u32.to_le_bytes(),
+                    ((n - 12) as u32).to_le_bytes(),
+                ]
+                .concat(),
+            );
+        }
+        let _ = raw.s.write_all(&bytes);
+        drop(raw);
+        h.port0_free();
+    }
+    h.after("random bytes", None);
+
+    // Every request code with payloads of sizes no request has.
+    let mut raw = Raw::connect(&h.dev, 0);
+    for c in 0..50u32 {
+        for size in [1usize, 7, 9, 13, 41, 300] {
+            let payload = vec![0xa5u8; size];
+            if REPLY_REQUIRED.contains(&c) {
+                assert!(raw.send(c, NEED_REPLY, &payload, &[]));
+                assert!(raw.closed_by_device(), "malformed {c} ends the connection");
+                h.port0_free();
+                raw = Raw::connect(&h.dev, 0);
+            } else {
+                raw.refused(c, &payload, &[]);
+            }
+        }
+    }
+    // Inconsistent: a table announcing two regions with one described,
+    // fds where none belong, and none where one belongs.
+    let (fd, _keep) = pipe();
+    let mut two = mem_table(&[(0, 0x1000, 0, 0)]);
+    two[0] = 2;
+    raw.refused(code(FrontendReq::SET_MEM_TABLE), &two, &[fd.as_raw_fd()]);
+    raw.refused(
+        code(FrontendReq::SET_FEATURES),
+        &VERSION_1.to_le_bytes(),
+        &[fd.as_raw_fd()],
+    );
+    raw.refused(
+        code(FrontendReq::SET_VRING_KICK),
+        &0x101u64.to_le_bytes(),
+        &[fd.as_raw_fd()],
+    );
+    raw.refused(code(FrontendReq::SET_VRING_CALL), &0u64.to_le_bytes(), &[]);
+    raw.refused(
+        code(FrontendReq::SET_BACKEND_REQ_FD),
+        &[],
+        &[fd.as_raw_fd()],
+    );
+    let log = h.dev.log();
+    assert!(
+        log.contains("request failed") && log.contains("port=0") && log.contains("SET_MEM_TABLE"),
+        "failures are logged with port and request"
+    );
+    h.after("malformed requests", Some(raw));
+
+    // Disconnects in the middle of a message: in the header, in the
+    // payload, and with fds in flight.
+    let memfd = Shared::memfd(false);
+    for cut in [5usize, 12, 20, 40] {
+        let mut raw = Raw::connect(&h.dev, 0);
+        raw.handshake(0);
+        let p = mem_table(&[(MEM_GPA, HSIZE, memfd.host, 0)]);
+        let mut m = code(FrontendReq::SET_MEM_TABLE).to_le_bytes().to_vec();
+        m.extend_from_slice(&NEED_REPLY.to_le_bytes());
+        m.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        m.extend_from_slice(&p);
+        raw.s
+            .send_with_fds(&[&m[..cut]], &[memfd.file.as_raw_fd()])
+            .unwrap();
+        drop(raw);
+        h.port0_free();
+    }
+    h.after("disconnect mid-message", None);
+}
+
+#[test]
+fn bad_memory_tables_are_refused() {
+    // A small bound, to see it refuse a table (the well-behaved frontends
+    // map 1 MiB, the driver its 4 MiB arena).
+    let mut h = Harness::start(&["--max-mapped-bytes-per-port", "16M"]);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    let mem = code(FrontendReq::SET_MEM_TABLE);
+    let file = |size: u64| {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(size).unwrap();
+        f
+    };
+    let (a, b) = (file(0x10000), file(0x10000));
+    let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+    // Zero regions, and more than the fd limit.
+    raw.refused(mem, &mem_table(&[]), &[]);
+    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x1000, 0); 33]), &[fa]);
+    // Overlaps in guest physical and in frontend addresses.
+    let over_gpa = [(0, 0x10000, 0x10_0000, 0), (0x8000, 0x10000, 0x20_0000, 0)];
+    raw.refused(mem, &mem_table(&over_gpa), &[fa, fb]);
+    let over_user = [
+        (0, 0x10000, 0x10_0000, 0),
+        (0x10_0000, 0x10000, 0x10_8000, 0),
+    ];
+    raw.refused(mem, &mem_table(&over_user), &[fa, fb]);
+    // Beyond the file's size, by size and by offset; zero size.
+    raw.refused(mem, &mem_table(&[(0, 0x20000, 0x10_0000, 0)]), &[fa]);
+    raw.refused(mem, &mem_table(&[(0, 0x10000, 0x10_0000, 0x1000)]), &[fa]);
+    raw.refused(mem, &mem_table(&[(0, 0, 0x10_0000, 0)]), &[fa]);
+    // Backings that are not regular files.
+    let zero = File::open("/dev/zero").unwrap();
+    let (pr, _pw) = pipe();
+    let (sock, _peer) = UnixStream::pair().unwrap();
+    let dir = File::open(std::env::temp_dir()).unwrap();
+    for fd in [
+        zero.as_raw_fd(),
+        pr.as_raw_fd(),
+        sock.as_raw_fd(),
+        dir.as_raw_fd(),
+    ] {
+        raw.refused(mem, &mem_table(&[(0, 1 << 40, 0x10_0000, 0)]), &[fd]);
+        raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[fd]);
+    }
+    // Missing and extra fds.
+    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[]);
+    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[fa, fb]);
+    // Beyond --max-mapped-bytes-per-port (a sparse 32 MiB file).
+    let big = file(32 << 20);
+    raw.refused(
+        mem,
+        &mem_table(&[(0, 32 << 20, 0x1000_0000, 0)]),
+        &[big.as_raw_fd()],
+    );
+    let log = h.dev.log();
+    for needle in [
+        "a character device",
+        "a pipe",
+        "a socket",
+        "a directory",
+        "past the end of its file",
+        "overlaps region 0",
+        "exceeds the port's limit",
+    ] {
+        assert!(log.contains(needle), "log names the reason `{needle}`");
+    }
+    // A good table is still accepted on the same connection.
+    raw.ok(mem, &mem_table(&[(0, 0x10000, 0x10_0000, 0)]), &[fa]);
+    h.after("bad memory tables", Some(raw));
+
+    // Many connections each trying to map a huge /dev/zero region: all
+    // refused, nothing mapped.
+    let before = std::fs::read_to_string(format!("/proc/{}/status", h.dev.pid())).unwrap();
+    for _ in 0..100 {
+        let mut raw = Raw::connect(&h.dev, 0);
+        raw.refused(
+            mem,
+            &mem_table(&[(0, 1 << 44, 0x10_0000, 0)]),
+            &[zero.as_raw_fd()],
+        );
+        drop(raw);
+        h.port0_free();
+    }
+    let vm_size = |status: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let after = std::fs::read_to_string(format!("/proc/{}/status", h.dev.pid())).unwrap();
+    assert!(
+        vm_size(&after) < vm_size(&before) + (1 << 20),
+        "address space did not grow by a GiB"
+    );
+    h.after("many /dev/zero tables", None);
+}
+
+/// Sets up a hostile frontend with `shared` as memory and tx ring 1 with
+/// one frame pending (posted, not kicked).
+fn pending_tx(h: &Harness, shared: &Shared) -> Raw {
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(shared);
+    raw.ring(shared, 1, false);
+    let f = frame(mac(1), mac(0), b"pending");
+    shared
+        .mem
+        .write_slice(&f, GuestAddress(Shared::buf(1, 0)))
+        .unwrap();
+    shared.desc(1, 0, Shared::buf(1, 0), f.len() as u32, 0, 0);
+    shared.avail(1, 0, 0, 1);
+    raw
+}
+
+#[test]
+fn memory_shrunk_under_the_device_resets_only_that_port() {
+    let mut h = Harness::start(&[]);
+
+    // An unsealed memfd, shrunk to nothing, then kicked.
+    let shared = Shared::memfd(false);
+    let mut raw = pending_tx(&h, &shared);
+    shared.file.set_len(0).unwrap();
+    raw.kick();
+    assert!(raw.closed_by_device(), "the device drops the port");
+    assert!(h.dev.log().contains("shrank under the device"));
+    h.after("unsealed memfd shrunk", None);
+
+    // A regular file in /dev/shm, shrunk below its rings.
+    let path = std::path::Path::new("/dev/shm").join(format!("hostile-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let shared = Shared::new(file);
+    let mut raw = pending_tx(&h, &shared);
+    shared.file.set_len(0x8000).unwrap();
+    raw.kick();
+    assert!(raw.closed_by_device(), "the device drops the port");
+    h.after("/dev/shm file shrunk", None);
+
+    // A memfd sealed against shrinking cannot be shrunk: the port serves on.
+    let shared = Shared::memfd(true);
+    let raw = pending_tx(&h, &shared);
+    assert!(shared.file.set_len(0).is_err(), "F_SEAL_SHRINK holds");
+    raw.kick();
+    let deadline = Instant::now() + T;
+    while shared.used_idx(1) != 1 {
+        assert!(Instant::now() < deadline, "sealed memory keeps working");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    h.after("sealed memfd", Some(raw));
+}
+
+#[test]
+fn bad_ring_settings_are_refused() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+
+    // Kicks before anything is set up.
+    raw.handshake(0);
+    raw.kick_fd(1);
+    raw.kick_fd(0);
+    for _ in 0..100 {
+        raw.kick();
+    }
+    raw.set_memory(&shared);
+
+    let num = code(FrontendReq::SET_VRING_NUM);
+    for bad in [0, 3, 100, QMAX * 2, u32::MAX] {
+        raw.refused(num, &vring_state(1, bad), &[]);
+    }
+    raw.refused(num, &vring_state(99, 16), &[]);
+    raw.ok(num, &vring_state(1, 16), &[]);
+    let addr = code(FrontendReq::SET_VRING_ADDR);
+    let host = shared.host + Shared::ring_base(1);
+    for (desc, used, avail) in [
+        (0x1000, host + 0x2000, host + 0x1000),
+        (host, host + HSIZE, host + 0x1000),
+        (host, host + 0x2000, shared.host + HSIZE - 2),
+        (host, host + 0x2000, u64::MAX - 1),
+    ] {
+        raw.refused(addr, &vring_addr(1, desc, used, avail), &[]);
+    }
+    raw.refused(
+        code(FrontendReq::SET_VRING_BASE),
+        &vring_state(1, 1 << 16),
+        &[],
+    );
+    raw.refused(
+        code(FrontendReq::SET_VRING_BASE),
+        &vring_state(1, u32::MAX),
+        &[],
+    );
+
+    let msg = code(FrontendReq::IOTLB_MSG);
+    let uaddr = shared.host;
+    for p in [
+        iotlb(0x1000, 0x1000, uaddr, 0, 2),
+        iotlb(u64::MAX - 0xfff, 0x2000, uaddr, 3, 2),
+        iotlb(0x1000, 0x1000, u64::MAX - 0x800, 3, 2),
+        iotlb(0x1000, 0, uaddr, 3, 2),
+        iotlb(0x1000, HSIZE + 0x1000, uaddr, 3, 2),
+    ] {
+        raw.refused(msg, &p, &[]);
+    }
+    let log = h.dev.log();
+    for needle in [
+        "invalid ring size",
+        "is not inside one region of the memory table",
+        "beyond the ring's 16-bit index space",
+        "carries no access permission",
+        "wraps around the address space",
+    ] {
+        assert!(log.contains(needle), "log names the reason `{needle}`");
+    }
+    // The ring still starts once set up right, and moves a frame.
+    raw.ring(&shared, 1, false);
+    let f = frame(mac(1), mac(0), b"after refusals");
+    shared
+        .mem
+        .write_slice(&f, GuestAddress(Shared::buf(1, 0)))
+        .unwrap();
+    shared.desc(1, 0, Shared::buf(1, 0), f.len() as u32, 0, 0);
+    shared.avail(1, 0, 0, 1);
+    raw.kick();
+    wait_used(&h.dev, &shared, 1, 1);
+    h.after("bad ring settings", Some(raw));
+}
+
+fn wait_used(dev: &DeviceProcess, shared: &Shared, ring: u32, idx: u16) {
+    let deadline = Instant::now() + T;
+    while shared.used_idx(ring) != idx {
+        assert!(
+            Instant::now() < deadline,
+            "ring {ring}: used index {} != {idx}: {}",
+            shared.used_idx(ring),
+            dev.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn broken_rings_stop_and_can_be_reset() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    raw.ring(&shared, 1, false);
+    const NEXT: u16 = 1;
+    let good = frame(mac(1), mac(0), b"good");
+    shared
+        .mem
+        .write_slice(&good, GuestAddress(Shared::buf(1, 0)))
+        .unwrap();
+    let buf = Shared::buf(1, 0);
+    let broken_logs = || h_count(&h.dev.log(), "ring broken by the frontend");
+
+    // A descriptor loop.
+    let before = broken_logs();
+    shared.desc(1, 0, buf, 64, NEXT, 0);
+    shared.avail(1, 0, 0, 1);
+    raw.kick();
+    wait_log(&h, before + 1);
+    assert_eq!(shared.used_idx(1), 0, "nothing used");
+    // Reset: GET_VRING_BASE reports the offending chain; repaired, base
+    // and kick set again, the chain is served.
+    assert!(raw.send(
+        code(FrontendReq::GET_VRING_BASE),
+        0x1,
+        &vring_state(1, 0),
+        &[]
+    ));
+    let (_, body) = raw.reply().unwrap();
+    assert_eq!(body, vring_state(1, 0));
+    shared.desc(1, 0, buf, good.len() as u32, 0, 0);
+    raw.ok(code(FrontendReq::SET_VRING_BASE), &vring_state(1, 0), &[]);
+    raw.kick_fd(1);
+    wait_used(&h.dev, &shared, 1, 1);
+
+    // A chain longer than the ring: 16 linked descriptors in a circle.
+    let before = broken_logs();
+    for i in 0..16u16 {
+        shared.desc(1, i, buf, 8, NEXT, (i + 1) % 16);
+    }
+    shared.avail(1, 1, 4, 2);
+    raw.kick();
+    wait_log(&h, before + 1);
+    // Repaired, the ring restarts on SET_VRING_ENABLE.
+    shared.desc(1, 4, buf, good.len() as u32, 0, 0);
+    raw.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(1, 1), &[]);
+    wait_used(&h.dev, &shared, 1, 2);
+
+    // The available index jumps by more than the ring size.
+    let before = broken_logs();
+    shared.avail(1, 2, 4, 2 + 100);
+    raw.kick();
+    wait_log(&h, before + 1);
+    shared.avail(1, 2, 4, 3);
+    raw.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(1, 1), &[]);
+    wait_used(&h.dev, &shared, 1, 3);
+
+    // Buffers outside the memory, lengths 0 and 2^32-1: refused chain by
+    // chain, the ring goes on.
+    let errors = h.dev.port(0).n("tx_errors");
+    for (i, (addr, len)) in [
+        (0xdead_0000_0000u64, 64u32),
+        (buf, 0),
+        (buf, u32::MAX),
+        (MEM_GPA + HSIZE - 8, 64),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let i = i as u16;
+        shared.desc(1, 5 + i, addr, len, 0, 0);
+        shared.avail(1, 3 + i, 5 + i, 4 + i);
+    }
+    raw.kick();
+    wait_used(&h.dev, &shared, 1, 7);
+    assert!(h.dev.wait_for(T, |s| s[0].n("tx_errors") >= errors + 4));
+    h.after("broken rings", Some(raw));
+
+    // With ACCESS_PLATFORM: a buffer outside the IOTLB. The device asks
+    // (no backend channel here: it only logs) and keeps waiting, without
+    // spinning.
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(ACCESS_PLATFORM);
+    raw.set_memory(&shared);
+    let ring = Shared::ring_base(1);
+    raw.ok(
+        code(FrontendReq::IOTLB_MSG),
+        &iotlb(MEM_GPA + ring, 0x4000, shared.host + ring, 3, 2),
+        &[],
+    );
+    shared.avail(1, 0, 0, 0);
+    raw.ring(&shared, 1, true);
+    shared.desc(1, 0, MEM_GPA + ring + 0x8000, 64, 0, 0);
+    shared.avail(1, 0, 0, 1);
+    raw.kick();
+    h.after("buffer outside the IOTLB", Some(raw));
+}
+
+fn h_count(log: &str, needle: &str) -> usize {
+    log.matches(needle).count()
+}
+
+fn wait_log(h: &Harness, n: usize) {
+    let deadline = Instant::now() + T;
+    while h_count(&h.dev.log(), "ring broken by the frontend") < n {
+        assert!(
+            Instant::now() < deadline,
+            "ring not reported broken: {}",
+            h.dev.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn random_work_requests_get_answers_and_break_nothing() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    // The RDMA send and completion queues (2 queue pairs: rings 4 and 5).
+    let (sq, cq) = (4u32, 5u32);
+    raw.ring(&shared, sq, false);
+    raw.ring(&shared, cq, false);
+    let mut untouched = vec![0u8; RDMA_BYTES];
+    h.target.read_at(0, &mut untouched);
+    let mut posted_cq = 0u16;
+    let mut posted_sq = 0u16;
+    for round in 0..8 {
+        // Keep the completion queue full of buffers.
+        while posted_cq != shared.used_idx(cq).wrapping_add(QSZ) {
+            let id = posted_cq % QSZ;
+            shared.desc(cq, id, Shared::buf(cq, id), 4096, 2, 0);
+            shared.avail(cq, posted_cq, id, posted_cq.wrapping_add(1));
+            posted_cq = posted_cq.wrapping_add(1);
+        }
+        raw.kicks[1].write(1).unwrap();
+        for _ in 0..QSZ {
+            let id = posted_sq % QSZ;
+            let mut wr = h.rng.bytes(uapi::WorkRequest::SIZE);
+            if round % 2 == 1 {
+                // Mostly valid opcodes with random fields.
+                wr[0] = (h.rng.next() % 12) as u8;
+            }
+            shared
+                .mem
+                .write_slice(&wr, GuestAddress(Shared::buf(sq, id)))
+                .unwrap();
+            shared.desc(sq, id, Shared::buf(sq, id), wr.len() as u32, 0, 0);
+            shared.avail(sq, posted_sq, id, posted_sq.wrapping_add(1));
+            posted_sq = posted_sq.wrapping_add(1);
+        }
+        raw.kicks[0].write(1).unwrap();
+        wait_used(&h.dev, &shared, sq, posted_sq);
+    }
+    assert!(shared.used_idx(cq) > 0, "malformed requests are answered");
+    // Another port's window is untouched by whatever the requests named.
+    let mut now = vec![0u8; RDMA_BYTES];
+    h.target.read_at(0, &mut now);
+    assert!(now == untouched, "random requests wrote into port 3");
+    h.after("random work requests", Some(raw));
+}
