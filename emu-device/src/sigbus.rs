@@ -38,9 +38,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use vm_memory::MmapRegion;
 
-/// Number of mappings the guard can watch at once: 512 ports whose memory
-/// tables have 8 regions each (the most QEMU and the driver send).
-pub const SLOTS: usize = 4096;
+/// Number of mappings the guard can watch at once: 256 connections, each
+/// with two memory tables (a table and its replacement, until the old one
+/// is unmapped) of 32 shrinkable regions. Sealed memfds take no slot. A
+/// table that finds no free slot is refused (the port's request fails; the
+/// device and the other ports go on). The handler scans every slot, which
+/// only costs time when a frontend shrank its memory.
+pub const SLOTS: usize = 16384;
 
 /// One watched mapping, written under [`KEEPER`], read by the handler.
 struct Slot {
