@@ -174,3 +174,20 @@ fn run(cli: Cli) -> Result<(), String> {
     server.stop();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("16M"), Ok(16 << 20));
+        assert_eq!(parse_bytes("64G"), Ok(64 << 30));
+        assert_eq!(parse_bytes("2t"), Ok(2 << 40));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("12Q").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+    }
+}
