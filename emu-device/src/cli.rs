@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::device::{Device, Server};
+use crate::device::{self, Device, Server};
 use crate::DeviceConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -32,9 +32,19 @@ struct Cli {
     /// Largest ring size accepted (power of two).
     #[arg(long, default_value_t = 1024)]
     queue_size_max: u16,
-    /// IOTLB entries per port.
+    /// IOTLB entries per port (the oldest entry is evicted beyond it).
     #[arg(long, default_value_t = 2048)]
     iotlb_entries_max: usize,
+    /// Frontend connections served at once, over all sockets; one more is
+    /// accepted and closed at once (logged). Default: what the descriptor
+    /// limit allows (the device raises its soft limit to the hard one;
+    /// each connection may hold up to 4 + 4 x rings + 64 descriptors),
+    /// at most 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: Option<u64>,
+    /// Status-socket clients served at once; one more is closed at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_control_clients: u64,
     /// Busy-poll rings instead of sleeping on kicks.
     #[arg(long)]
     poll: bool,
@@ -67,6 +77,54 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         *m = u8::from_str_radix(p, 16).map_err(|_| format!("`{p}` is not a hex byte"))?;
     }
     Ok(mac)
+}
+
+/// Default connection limit when the descriptor limit allows more.
+const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
+
+/// Raises the descriptor limit and returns the connection limit: the one
+/// asked for if the descriptors suffice for it, else (none asked) as many
+/// as they suffice for, at most [`DEFAULT_MAX_CONNECTIONS`].
+fn connection_limit(
+    config: &DeviceConfig,
+    sockets: usize,
+    asked: Option<u64>,
+) -> Result<usize, String> {
+    let nofile =
+        device::raise_fd_limit().map_err(|e| format!("cannot read the descriptor limit: {e}"))?;
+    let per = device::fds_per_connection(config);
+    let fixed = device::fds_needed(
+        &DeviceConfig {
+            max_connections: 0,
+            ..config.clone()
+        },
+        sockets,
+    );
+    let room = nofile.saturating_sub(fixed) / per;
+    let limit = match asked {
+        Some(n) if n > room => {
+            return Err(format!(
+                "--max-connections {n} needs up to {} file descriptors, but the limit is {nofile} \
+                 (each connection may hold {per}); raise the hard limit (ulimit -Hn) or ask for \
+                 at most {room}",
+                fixed + n * per
+            ))
+        }
+        Some(n) => n,
+        None if room == 0 => {
+            return Err(format!(
+                "the descriptor limit {nofile} leaves no room for a connection \
+                 ({fixed} for the device, {per} per connection)"
+            ))
+        }
+        None => room.min(DEFAULT_MAX_CONNECTIONS),
+    };
+    tracing::info!(
+        nofile,
+        fds_per_connection = per,
+        "serving at most {limit} connections at once"
+    );
+    Ok(limit as usize)
 }
 
 /// Runs the device with command-line `args` (the first is the program
@@ -125,7 +183,7 @@ fn run(cli: Cli) -> Result<(), String> {
     if sockets.is_empty() {
         return Err("give at least one --socket PATH or --socket-dir DIR".into());
     }
-    let config = DeviceConfig {
+    let mut config = DeviceConfig {
         queue_pairs: cli.queue_pairs,
         queue_size_max: cli.queue_size_max,
         iotlb_entries_max: cli.iotlb_entries_max,
@@ -133,7 +191,16 @@ fn run(cli: Cli) -> Result<(), String> {
         spin_us: cli.spin_us,
         mac_base: cli.mac_base,
         guest_ports: cli.guest_ports.clone(),
+        max_connections: 0,
+        max_control_clients: cli.max_control_clients as usize,
     };
+    config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;
+    // A frontend's call fd may be a pipe or socket whose reader is gone:
+    // writing it must fail with EPIPE, not kill the device.
+    // SAFETY: installs the "ignore" disposition; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
     let engines: crate::engine::EngineFactory =

@@ -42,6 +42,14 @@ pub struct DeviceConfig {
     /// queue pairs it is told of, so these ports report one more pair, whose
     /// two rings are the RDMA send and completion queues.
     pub guest_ports: Vec<usize>,
+    /// Frontend connections served at once, over all sockets; a connection
+    /// beyond it is accepted and closed at once (logged). The command line
+    /// sizes it from the file descriptor limit (see
+    /// [`device::fds_per_connection`]).
+    pub max_connections: usize,
+    /// Clients the status socket serves at once; one beyond it is closed
+    /// at once (logged).
+    pub max_control_clients: usize,
 }
 
 impl Default for DeviceConfig {
@@ -54,6 +62,8 @@ impl Default for DeviceConfig {
             spin_us: 50,
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
+            max_connections: 64,
+            max_control_clients: 16,
         }
     }
 }
