@@ -43,7 +43,7 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_connections: Option<u64>,
     /// Status-socket clients served at once; one more is closed at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_control_clients: u64,
     /// Busy-poll rings instead of sleeping on kicks.
     #[arg(long)]

@@ -63,7 +63,7 @@ impl Default for DeviceConfig {
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
             max_connections: 64,
-            max_control_clients: 16,
+            max_control_clients: 32,
         }
     }
 }
