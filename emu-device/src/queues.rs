@@ -33,8 +33,12 @@ pub struct RingAddrs {
 /// `RWF_NOWAIT` where the kernel supports that for the file (pipes,
 /// sockets, eventfd reads), so that no read or write ever waits for the
 /// frontend, whatever it does to the flags later. Where `RWF_NOWAIT` is not
-/// supported (eventfd writes), the device relies on `O_NONBLOCK`; an
-/// eventfd write only blocks when its counter is about to overflow.
+/// supported (eventfd writes), the device first asks `poll` whether the
+/// file is ready and relies on `O_NONBLOCK`: an eventfd write only blocks
+/// when its counter is about to overflow, which `poll` reports. (A
+/// frontend that clears `O_NONBLOCK` and fills its counter between the two
+/// calls could still hold its own port's thread; no other port waits for
+/// that thread.)
 #[derive(Debug)]
 pub struct RingFd {
     file: File,
@@ -166,6 +170,19 @@ fn io_nowait(file: &File, nowait: &Cell<bool>, buf: &mut [u8], write: bool) -> i
             return Err(e);
         }
         nowait.set(false);
+    }
+    let mut pfd = libc::pollfd {
+        fd,
+        events: if write { libc::POLLOUT } else { libc::POLLIN },
+        revents: 0,
+    };
+    // SAFETY: polls one live `pollfd`, without waiting.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if ready < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ready == 0 {
+        return Err(io::ErrorKind::WouldBlock.into());
     }
     // SAFETY: as above, `buf` is live and at least `buf.len()` bytes.
     let r = unsafe {

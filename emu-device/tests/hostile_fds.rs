@@ -312,6 +312,15 @@ fn a_call_socket_never_read_stalls_nothing() {
 }
 
 #[test]
+fn a_blocking_call_eventfd_at_its_limit_stalls_nothing() {
+    // A blocking eventfd whose counter is one below its overflow limit:
+    // any further write would wait until somebody reads it.
+    let call = EventFd::new(0).unwrap();
+    call.write(u64::MAX - 1).unwrap();
+    call_fd_never_read(call.as_raw_fd(), true);
+}
+
+#[test]
 fn a_call_pipe_without_reader_is_dropped_and_the_device_lives() {
     let (read, write) = pipe();
     drop(read);
