@@ -506,32 +506,65 @@ fn idle_connections_never_exhaust_the_descriptors() {
     healthy_after(&dev, 0, 1);
 }
 
+/// This process's hard descriptor limit (a child can be given less).
+fn hard_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into the live `lim`.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    lim.rlim_max
+}
+
 #[test]
 fn the_device_raises_its_descriptor_limit_to_the_hard_limit() {
-    let dev = DeviceProcess::start_with_fd_limit(device_bin(), 1, &[], 256, 4096).unwrap();
+    let hard = hard_fd_limit().min(4096);
+    assert!(
+        hard > 256,
+        "the hard descriptor limit {hard} is too low for this test"
+    );
+    let dev = DeviceProcess::start_with_fd_limit(device_bin(), 1, &[], 256, hard).unwrap();
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", dev.pid())).unwrap();
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
         .unwrap();
     let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
-    assert_eq!(numbers, ["4096", "4096"], "{line}");
+    let hard = hard.to_string();
+    assert_eq!(numbers, [hard.as_str(), hard.as_str()], "{line}");
 }
 
 #[test]
 fn a_connection_limit_the_descriptors_cannot_hold_is_refused_at_start() {
-    let out = Command::new(device_bin())
-        .args([
-            "--socket",
-            "/nonexistent/x.sock",
-            "--max-connections",
-            "65536",
-        ])
-        .output()
-        .unwrap();
+    // With 1,024 descriptors, 100 connections cannot be held.
+    let mut command = Command::new(device_bin());
+    command.args([
+        "--socket",
+        "/nonexistent/x.sock",
+        "--max-connections",
+        "100",
+    ]);
+    let limit = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit(2), async-signal-safe, on a copied value.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = command.output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--max-connections 65536 needs"), "{err}");
+    assert!(err.contains("--max-connections 100 needs"), "{err}");
+    assert!(err.contains("the limit is 1024"), "{err}");
 }
 
 // ---------------------------------------------------------------------------
