@@ -574,9 +574,17 @@ fn process_ring(
 /// the fd: the frontend keeps the file open after the device replaces or
 /// drops the ring's own descriptor, so the registration must be removed
 /// through a descriptor that is still open, or it would keep reporting.
+/// Its epoll token carries a generation, so that events of a registration
+/// already replaced (reported in the same batch) are recognised and ignored.
 struct KickRegistration {
     ring: usize,
+    token: u64,
     fd: File,
+}
+
+/// The epoll token of ring `ring`'s kick in registration generation `generation`.
+fn kick_token(generation: u32, ring: usize) -> u64 {
+    (u64::from(generation) << 32) | (ring as u64 + 1)
 }
 
 fn unregister_kick(epoll: &Epoll, reg: KickRegistration) {
@@ -587,10 +595,16 @@ fn unregister_kick(epoll: &Epoll, reg: KickRegistration) {
     );
 }
 
-fn sync_kicks(epoll: &Epoll, port: &Port, registered: &mut Vec<KickRegistration>) {
+fn sync_kicks(
+    epoll: &Epoll,
+    port: &Port,
+    registered: &mut Vec<KickRegistration>,
+    generation: &mut u32,
+) {
     for reg in registered.drain(..) {
         unregister_kick(epoll, reg);
     }
+    *generation = generation.wrapping_add(1) % (u32::MAX - 1);
     let st = port.lock();
     for r in &st.vrings {
         let Some(kick) = r.kick.as_ref().filter(|_| r.started) else {
@@ -607,9 +621,14 @@ fn sync_kicks(epoll: &Epoll, port: &Port, registered: &mut Vec<KickRegistration>
                 continue;
             }
         };
-        let ev = EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, r.index as u64 + 1);
+        let token = kick_token(*generation, r.index);
+        let ev = EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token);
         match epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), ev) {
-            Ok(()) => registered.push(KickRegistration { ring: r.index, fd }),
+            Ok(()) => registered.push(KickRegistration {
+                ring: r.index,
+                token,
+                fd,
+            }),
             // A file epoll cannot watch (a regular file): the ring is only
             // served when the port polls.
             Err(e) => tracing::warn!(
@@ -645,7 +664,9 @@ fn release_port(dev: &Device, port: &Port) {
     *port.lock() = PortState::new(port.index, port.mac, &dev.config, port.shared.clone());
     dev.switch.forget_port(port.index);
     port.stats.connected.store(false, Ordering::Release);
-    dev.connections.fetch_sub(1, Ordering::AcqRel);
+    let _ = dev
+        .connections
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
 }
 
 fn run_connection(
@@ -685,6 +706,7 @@ fn run_connection(
         )
         .map_err(|e| e.to_string())?;
     let mut registered = Vec::new();
+    let mut generation = 0u32;
     let mut events = vec![EpollEvent::default(); 64];
     let mut again: HashSet<usize> = HashSet::new();
     let poll = dev.config.poll;
@@ -748,12 +770,16 @@ fn run_connection(
                         conn::send_message(stream, &r).map_err(|e| e.to_string())?;
                     }
                     if out.rings_changed {
-                        sync_kicks(&epoll, port, &mut registered);
+                        sync_kicks(&epoll, port, &mut registered, &mut generation);
                     }
                     all |= out.retry;
                 }
                 t => {
-                    let i = (t - 1) as usize;
+                    let Some(at) = registered.iter().position(|g| g.token == t) else {
+                        // A registration replaced earlier in this batch.
+                        continue;
+                    };
+                    let i = registered[at].ring;
                     let hung = ev
                         .event_set()
                         .intersects(EventSet::HANG_UP | EventSet::ERROR);
@@ -774,9 +800,7 @@ fn run_connection(
                         KickRead::Nothing => {}
                         KickRead::HungUp(reason) => {
                             r.kick_hung_up(port.index, &reason);
-                            if let Some(at) = registered.iter().position(|g| g.ring == i) {
-                                unregister_kick(&epoll, registered.swap_remove(at));
-                            }
+                            unregister_kick(&epoll, registered.swap_remove(at));
                         }
                     }
                 }

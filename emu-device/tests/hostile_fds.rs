@@ -405,6 +405,38 @@ fn a_kick_socket_whose_peer_stops_writing_stops_its_ring() {
     });
 }
 
+#[test]
+fn a_replaced_kick_fd_that_hangs_up_later_disturbs_nothing() {
+    let dev = DeviceProcess::start(device_bin(), 4, &[]).unwrap();
+    let mut hostile = TestFrontend::connect(&dev.socket(0), 2);
+    let mut other = TestFrontend::connect(&dev.socket(1), 2);
+    let (read, write) = pipe();
+    hostile
+        .fe
+        .set_vring_kick(1, &as_eventfd(read.as_raw_fd()))
+        .unwrap();
+    // Replaced by the ring's own eventfd, then the old pipe hangs up while
+    // the frontend still holds its read end.
+    let fresh = hostile.rings[1].kick.try_clone().unwrap();
+    hostile.fe.set_vring_kick(1, &fresh).unwrap();
+    drop(write);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_cpu_idle(&dev, "after a replaced kick fd hung up");
+    // The ring was not stopped: its frames flow.
+    other.post_rx(0, 5);
+    let f = frame(BROADCAST, HOSTILE, b"new kick fd");
+    hostile.send(1, 0, &f);
+    assert_eq!(hostile.wait_used(1, T), Some((0, 0)));
+    let (id, len) = other.wait_used(0, T).expect("frame delivered");
+    assert_eq!(id, 5);
+    assert_eq!(other.read_buf(0, 5, len as usize)[HDR..], f[HDR..]);
+    assert!(!dev.log().contains("kick fd hung up"), "{}", dev.log());
+    drop(read);
+    drop(hostile);
+    drop(other);
+    healthy_after(&dev, 0, 2);
+}
+
 // ---------------------------------------------------------------------------
 // Connections
 
