@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::device::{Device, Server};
+use crate::device::{self, Device, Server};
 use crate::DeviceConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -32,13 +32,24 @@ struct Cli {
     /// Largest ring size accepted (power of two).
     #[arg(long, default_value_t = 1024)]
     queue_size_max: u16,
-    /// IOTLB entries per port.
+    /// IOTLB entries per port (the oldest entry is evicted beyond it).
     #[arg(long, default_value_t = 2048)]
     iotlb_entries_max: usize,
     /// Bound on the bytes one port's memory table may map; a larger
     /// SET_MEM_TABLE is refused (suffixes K, M, G, T: powers of 1024).
     #[arg(long, default_value = "64G", value_parser = parse_bytes)]
     max_mapped_bytes_per_port: u64,
+    /// Frontend connections served at once, over all sockets; one more is
+    /// accepted and closed at once (logged). Default: what the descriptor
+    /// limit allows (the device raises its soft limit to the hard one;
+    /// each connection may hold up to 4 + 4 x rings + 64 descriptors),
+    /// at most 256 (the SIGBUS guard's room: two memory tables of 32
+    /// regions each per connection).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: Option<u64>,
+    /// Status-socket clients served at once; one more is closed at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_control_clients: u64,
     /// Busy-poll rings instead of sleeping on kicks.
     #[arg(long)]
     poll: bool,
@@ -92,6 +103,68 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         *m = u8::from_str_radix(p, 16).map_err(|_| format!("`{p}` is not a hex byte"))?;
     }
     Ok(mac)
+}
+
+/// Most connections served at once: each may hold two full memory tables
+/// (the old one while a new one is mapped), every region of which may need a
+/// slot of the SIGBUS guard.
+const MAX_CONNECTIONS: u64 = (crate::sigbus::SLOTS / (2 * crate::memory::MAX_REGIONS)) as u64;
+
+/// Default connection limit when the descriptor limit allows more.
+const DEFAULT_MAX_CONNECTIONS: u64 = MAX_CONNECTIONS;
+
+/// Raises the descriptor limit and returns the connection limit: the one
+/// asked for if the descriptors suffice for it, else (none asked) as many
+/// as they suffice for, at most [`DEFAULT_MAX_CONNECTIONS`].
+fn connection_limit(
+    config: &DeviceConfig,
+    sockets: usize,
+    asked: Option<u64>,
+) -> Result<usize, String> {
+    let nofile =
+        device::raise_fd_limit().map_err(|e| format!("cannot read the descriptor limit: {e}"))?;
+    let per = device::fds_per_connection(config);
+    let fixed = device::fds_needed(
+        &DeviceConfig {
+            max_connections: 0,
+            ..config.clone()
+        },
+        sockets,
+    );
+    let room = nofile.saturating_sub(fixed) / per;
+    let limit = match asked {
+        Some(n) if n > MAX_CONNECTIONS => {
+            return Err(format!(
+                "--max-connections {n} is more than the device can guard: at most \
+                 {MAX_CONNECTIONS} (each connection may map two memory tables of {} regions, \
+                 and the SIGBUS guard has {} slots)",
+                crate::memory::MAX_REGIONS,
+                crate::sigbus::SLOTS
+            ))
+        }
+        Some(n) if n > room => {
+            return Err(format!(
+                "--max-connections {n} needs up to {} file descriptors, but the limit is {nofile} \
+                 (each connection may hold {per}); raise the hard limit (ulimit -Hn) or ask for \
+                 at most {room}",
+                fixed + n * per
+            ))
+        }
+        Some(n) => n,
+        None if room == 0 => {
+            return Err(format!(
+                "the descriptor limit {nofile} leaves no room for a connection \
+                 ({fixed} for the device, {per} per connection)"
+            ))
+        }
+        None => room.min(DEFAULT_MAX_CONNECTIONS),
+    };
+    tracing::info!(
+        nofile,
+        fds_per_connection = per,
+        "serving at most {limit} connections at once"
+    );
+    Ok(limit as usize)
 }
 
 /// Runs the device with command-line `args` (the first is the program
@@ -150,7 +223,7 @@ fn run(cli: Cli) -> Result<(), String> {
     if sockets.is_empty() {
         return Err("give at least one --socket PATH or --socket-dir DIR".into());
     }
-    let config = DeviceConfig {
+    let mut config = DeviceConfig {
         queue_pairs: cli.queue_pairs,
         queue_size_max: cli.queue_size_max,
         iotlb_entries_max: cli.iotlb_entries_max,
@@ -159,7 +232,16 @@ fn run(cli: Cli) -> Result<(), String> {
         mac_base: cli.mac_base,
         guest_ports: cli.guest_ports.clone(),
         max_mapped_bytes_per_port: cli.max_mapped_bytes_per_port,
+        max_connections: 0,
+        max_control_clients: cli.max_control_clients as usize,
     };
+    config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;
+    // A frontend's call fd may be a pipe or socket whose reader is gone:
+    // writing it must fail with EPIPE, not kill the device.
+    // SAFETY: installs the "ignore" disposition; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
     let engines: crate::engine::EngineFactory =

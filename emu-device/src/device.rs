@@ -1,14 +1,28 @@
 //! The device process: listening sockets, one thread per frontend
 //! connection (epoll on the socket and the kick eventfds), the switch
 //! between ports, and the status socket.
+//!
+//! Isolation between ports: a port's connection thread is the only one
+//! that touches its frontend (socket, kick, call and error fds), and it
+//! never waits for that frontend while holding anything another port can
+//! wait for. Frames switched from another port go through the receiving
+//! port's [`Inbox`](crate::net::Inbox). Frontend fds are read and written
+//! without blocking ([`RingFd`](crate::queues::RingFd)); a kick fd that hangs
+//! up stops its ring instead of waking the thread forever.
+//!
+//! Limits: connections (over all sockets) and status clients are capped
+//! (see [`DeviceConfig`]); [`fds_per_connection`] bounds the descriptors
+//! one connection can hold, so that the command line can size the
+//! connection limit to the descriptor limit.
 
 use std::collections::HashSet;
-use std::io::{self, BufRead, BufReader, Write};
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -19,12 +33,82 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
 use crate::net::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
 use crate::port::{Port, PortState, PortStats, RX_BACKLOG_MAX};
-use crate::queues::{self, Pop};
+use crate::queues::{self, KickRead, Pop};
 use crate::vhost_user::{conn, handler};
 use crate::DeviceConfig;
 
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_SHUTDOWN: u64 = u64::MAX;
+const TOKEN_INBOX: u64 = u64::MAX - 1;
+
+/// How long the device waits for the rest of a started vhost-user message,
+/// or for the frontend to take a reply, before it drops the connection.
+const FRONTEND_IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a status client has to send its request line, and to take
+/// the answer.
+const CONTROL_IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Longest status request line read.
+const CONTROL_LINE_MAX: usize = 256;
+
+/// File descriptors the device keeps for itself whatever the connections
+/// hold: standard streams, the signal pipe, the shutdown eventfd, logs, and
+/// room to accept (and refuse) a connection. The listening sockets and the
+/// status clients come on top (see [`fds_needed`]).
+pub const FDS_RESERVED: u64 = 32;
+
+/// The most file descriptors one frontend connection can make the device
+/// hold: its socket, epoll, inbox wake-up eventfd and backend channel; a
+/// kick, call and error fd per ring plus a duplicate of each kick fd for
+/// its epoll registration; a memory table's fds, and as many again in a
+/// message being handled (a new table is mapped while the old one lives).
+pub fn fds_per_connection(config: &DeviceConfig) -> u64 {
+    let rings = 2 * u64::from(config.queue_pairs) + 2;
+    let table = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES as u64;
+    4 + 4 * rings + 2 * table
+}
+
+/// Descriptors a device with `sockets` listening sockets needs, at most,
+/// under `config`'s limits.
+pub fn fds_needed(config: &DeviceConfig, sockets: usize) -> u64 {
+    FDS_RESERVED
+        + sockets as u64
+        + 1
+        + config.max_control_clients as u64
+        + config.max_connections as u64 * fds_per_connection(config)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` of the process to its hard limit.
+/// Returns the (new) soft limit.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into the live `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` from the live `raised`.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        } else {
+            tracing::warn!(
+                "cannot raise the descriptor limit from {} to {}: {}",
+                lim.rlim_cur,
+                lim.rlim_max,
+                io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(lim.rlim_cur)
+}
 /// Chains taken from one ring before other work gets a turn.
 const BUDGET: usize = 256;
 
@@ -36,6 +120,10 @@ pub struct Device {
     pub switch: Switch,
     ports: RwLock<Vec<Arc<Port>>>,
     sockets: usize,
+    /// Connections being served (a thread each).
+    connections: AtomicUsize,
+    /// Status clients being served (a thread each).
+    control_clients: AtomicUsize,
     shutdown: EventFd,
     stopping: AtomicBool,
     engines: EngineFactory,
@@ -72,6 +160,8 @@ impl Device {
             switch: Switch::default(),
             ports: RwLock::new(ports),
             sockets,
+            connections: AtomicUsize::new(0),
+            control_clients: AtomicUsize::new(0),
             shutdown: EventFd::new(EFD_NONBLOCK)?,
             stopping: AtomicBool::new(false),
             engines: engines.unwrap_or_else(|| Box::new(|_| Box::new(NoopEngine))),
@@ -134,7 +224,13 @@ impl Device {
         let _ = self.shutdown.write(1);
     }
 
-    /// Delivers a frame (without virtio-net header) sent by port `from`.
+    /// Frontend connections being served now.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    /// Delivers a frame (without virtio-net header) sent by port `from`:
+    /// queues it in the inbox of each target port (never waits for them).
     pub fn switch_frame(&self, from: usize, frame: &[u8]) {
         let targets = self.switch.route(from, frame, &self.connected_ports());
         for to in targets {
@@ -191,35 +287,56 @@ impl Device {
     }
 }
 
-/// Puts `frame` into rx ring 0 of `port`, or drops it (counted).
+/// Queues `frame` for rx ring 0 of `port` (in its inbox; its own thread
+/// takes it from there, see [`receive_frames`]), or drops it (counted).
+fn deliver(port: &Port, frame: &[u8]) {
+    let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
+    data.extend_from_slice(&net::rx_header());
+    data.extend_from_slice(frame);
+    match port.inbox.push(data) {
+        net::Pushed::Queued => {}
+        net::Pushed::QueuedDroppingOldest | net::Pushed::Dropped => {
+            PortStats::bump(&port.stats.rx_dropped)
+        }
+    }
+}
+
+/// Moves the frames of the port's inbox into rx ring 0 (run by the port's
+/// own thread). Returns whether a frame was delivered.
 ///
 /// A frame whose rx buffer is not mapped yet (IOTLB miss) waits in the
 /// port's backlog, in order, until the frontend answers the MISS; frames
 /// arriving meanwhile queue behind it. A frame finding no rx buffer at
 /// all, or a buffer mapped without write permission, is dropped, as a
 /// NIC drops frames when the driver posts no buffers.
-fn deliver(port: &Port, frame: &[u8]) {
+fn receive_frames(port: &Port) -> bool {
+    let frames = port.inbox.take();
+    if frames.is_empty() {
+        return false;
+    }
     let mut guard = port.lock();
     let st = &mut *guard;
     let ready =
         port.shared.access().memory.is_some() && st.vrings.first().is_some_and(|r| r.active());
     if !ready {
-        PortStats::bump(&port.stats.rx_dropped);
-        return;
+        for _ in 0..frames.len() {
+            PortStats::bump(&port.stats.rx_dropped);
+        }
+        return false;
     }
-    if st.rx_backlog.len() >= RX_BACKLOG_MAX {
-        st.rx_backlog.pop_front();
-        PortStats::bump(&port.stats.rx_dropped);
+    for data in frames {
+        if st.rx_backlog.len() >= RX_BACKLOG_MAX {
+            st.rx_backlog.pop_front();
+            PortStats::bump(&port.stats.rx_dropped);
+        }
+        st.rx_backlog.push_back(data);
     }
-    let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
-    data.extend_from_slice(&net::rx_header());
-    data.extend_from_slice(frame);
-    st.rx_backlog.push_back(data);
-    flush_rx(st, &port.stats);
+    let delivered = flush_rx(st, &port.stats);
     let sent = st.send_misses();
     for _ in 0..sent {
         PortStats::bump(&port.stats.iotlb_misses_sent);
     }
+    delivered
 }
 
 /// Moves the frames of the rx backlog into rx ring 0, oldest first, until
@@ -453,19 +570,72 @@ fn process_ring(
     work
 }
 
-fn sync_kicks(epoll: &Epoll, port: &Port, registered: &mut Vec<i32>) {
-    for fd in registered.drain(..) {
-        let _ = epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+/// The epoll registration of one ring's kick fd. It holds a duplicate of
+/// the fd: the frontend keeps the file open after the device replaces or
+/// drops the ring's own descriptor, so the registration must be removed
+/// through a descriptor that is still open, or it would keep reporting.
+/// Its epoll token carries a generation, so that events of a registration
+/// already replaced (reported in the same batch) are recognised and ignored.
+struct KickRegistration {
+    ring: usize,
+    token: u64,
+    fd: File,
+}
+
+/// The epoll token of ring `ring`'s kick in registration generation `generation`.
+fn kick_token(generation: u32, ring: usize) -> u64 {
+    (u64::from(generation) << 32) | (ring as u64 + 1)
+}
+
+fn unregister_kick(epoll: &Epoll, reg: KickRegistration) {
+    let _ = epoll.ctl(
+        ControlOperation::Delete,
+        reg.fd.as_raw_fd(),
+        EpollEvent::default(),
+    );
+}
+
+fn sync_kicks(
+    epoll: &Epoll,
+    port: &Port,
+    registered: &mut Vec<KickRegistration>,
+    generation: &mut u32,
+) {
+    for reg in registered.drain(..) {
+        unregister_kick(epoll, reg);
     }
+    *generation = generation.wrapping_add(1) % (u32::MAX - 1);
     let st = port.lock();
     for r in &st.vrings {
-        if let Some(fd) = r.kick_fd() {
-            if r.started {
-                let ev = EpollEvent::new(EventSet::IN, r.index as u64 + 1);
-                if epoll.ctl(ControlOperation::Add, fd, ev).is_ok() {
-                    registered.push(fd);
-                }
+        let Some(kick) = r.kick.as_ref().filter(|_| r.started) else {
+            continue;
+        };
+        let fd = match kick.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(
+                    port = port.index,
+                    ring = r.index,
+                    "cannot watch the kick fd: {e}"
+                );
+                continue;
             }
+        };
+        let token = kick_token(*generation, r.index);
+        let ev = EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token);
+        match epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), ev) {
+            Ok(()) => registered.push(KickRegistration {
+                ring: r.index,
+                token,
+                fd,
+            }),
+            // A file epoll cannot watch (a regular file): the ring is only
+            // served when the port polls.
+            Err(e) => tracing::warn!(
+                port = port.index,
+                ring = r.index,
+                "the kick fd cannot be watched ({e}): the ring is served only when polled"
+            ),
         }
     }
 }
@@ -480,13 +650,23 @@ pub fn serve_connection(dev: Arc<Device>, port: Arc<Port>, mut stream: UnixStrea
     if let Err(e) = run_connection(&dev, &port, &mut stream, engine.as_mut()) {
         tracing::info!(port = index, "connection ends: {e}");
     }
-    // Reset the port for the next frontend: once no access to its memory
-    // is in flight, its memory and windows are gone.
-    port.shared.reset();
-    *port.lock() = PortState::new(index, port.mac, &dev.config, port.shared.clone());
-    dev.switch.forget_port(index);
-    port.stats.connected.store(false, Ordering::Release);
+    drop(stream);
+    release_port(&dev, &port);
     tracing::info!(port = index, "port reset");
+}
+
+/// Resets a port whose connection ended (or never started) and frees it
+/// for the next frontend: once no access to its memory is in flight, its
+/// memory and windows are gone; frames for it are dropped.
+fn release_port(dev: &Device, port: &Port) {
+    port.inbox.close();
+    port.shared.reset();
+    *port.lock() = PortState::new(port.index, port.mac, &dev.config, port.shared.clone());
+    dev.switch.forget_port(port.index);
+    port.stats.connected.store(false, Ordering::Release);
+    let _ = dev
+        .connections
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
 }
 
 fn run_connection(
@@ -496,9 +676,21 @@ fn run_connection(
     engine: &mut dyn RdmaEngine,
 ) -> Result<(), String> {
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(FRONTEND_IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
     let epoll = Epoll::new().map_err(|e| e.to_string())?;
+    let wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_INBOX),
+        )
+        .map_err(|e| e.to_string())?;
+    port.inbox.open(wake.clone());
     epoll
         .ctl(
             ControlOperation::Add,
@@ -514,6 +706,7 @@ fn run_connection(
         )
         .map_err(|e| e.to_string())?;
     let mut registered = Vec::new();
+    let mut generation = 0u32;
     let mut events = vec![EpollEvent::default(); 64];
     let mut again: HashSet<usize> = HashSet::new();
     let poll = dev.config.poll;
@@ -571,6 +764,10 @@ fn run_connection(
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_SHUTDOWN => return Err("device shutting down".into()),
+                TOKEN_INBOX => {
+                    // Frames are taken below; only the wake-up is consumed.
+                    let _ = wake.read();
+                }
                 TOKEN_SOCKET => {
                     let msg = conn::recv_message(stream).map_err(|e| e.to_string())?;
                     let out = {
@@ -584,20 +781,44 @@ fn run_connection(
                         conn::send_message(stream, &r).map_err(|e| e.to_string())?;
                     }
                     if out.rings_changed {
-                        sync_kicks(&epoll, port, &mut registered);
+                        sync_kicks(&epoll, port, &mut registered, &mut generation);
                     }
                     all |= out.retry;
                 }
                 t => {
-                    let i = (t - 1) as usize;
-                    let st = port.lock();
-                    if let Some(r) = st.vrings.get(i) {
-                        r.drain_kick();
+                    let Some(at) = registered.iter().position(|g| g.token == t) else {
+                        // A registration replaced earlier in this batch.
+                        continue;
+                    };
+                    let i = registered[at].ring;
+                    let hung = ev
+                        .event_set()
+                        .intersects(EventSet::HANG_UP | EventSet::ERROR);
+                    let mut st = port.lock();
+                    let Some(r) = st.vrings.get_mut(i) else {
+                        continue;
+                    };
+                    let read = if hung {
+                        KickRead::HungUp("hang-up".into())
+                    } else {
+                        r.drain_kick()
+                    };
+                    match read {
+                        KickRead::Kicked => {
+                            rings.insert(i);
+                            kicked.insert(i);
+                        }
+                        KickRead::Nothing => {}
+                        KickRead::HungUp(reason) => {
+                            r.kick_hung_up(port.index, &reason);
+                            unregister_kick(&epoll, registered.swap_remove(at));
+                        }
                     }
-                    rings.insert(i);
-                    kicked.insert(i);
                 }
             }
+        }
+        if port.inbox.pending() && receive_frames(port) {
+            last_work = Some(Instant::now());
         }
         if all {
             let st = port.lock();
@@ -717,18 +938,10 @@ fn accept_loop(dev: Arc<Device>, socket: usize, listener: UnixListener) {
             break;
         }
         match conn {
-            Ok(stream) => {
-                let port = dev.allocate(socket);
-                let d = dev.clone();
-                let name = format!("port{}", port.index);
-                if let Err(e) = thread::Builder::new()
-                    .name(name)
-                    .spawn(move || serve_connection(d, port, stream))
-                {
-                    tracing::error!("cannot start a connection thread: {e}");
-                }
-            }
+            Ok(stream) => accept(&dev, socket, stream),
             Err(e) => {
+                // Out of descriptors or memory: wait instead of retrying
+                // at once (the connection stays in the backlog).
                 tracing::warn!(socket, "accept failed: {e}");
                 thread::sleep(Duration::from_millis(10));
             }
@@ -736,12 +949,93 @@ fn accept_loop(dev: Arc<Device>, socket: usize, listener: UnixListener) {
     }
 }
 
+/// Serves a new connection on a port of its own, or refuses it (closes it
+/// at once) when the connection limit is reached or its thread cannot
+/// start.
+fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
+    let max = dev.config.max_connections;
+    let taken = dev
+        .connections
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        });
+    if taken.is_err() {
+        tracing::warn!(
+            socket,
+            "connection refused: {max} connections already served (--max-connections)"
+        );
+        return;
+    }
+    let port = dev.allocate(socket);
+    let (d, p) = (dev.clone(), port.clone());
+    let spawned = thread::Builder::new()
+        .name(format!("port{}", port.index))
+        .spawn(move || serve_connection(d, p, stream));
+    if let Err(e) = spawned {
+        // The closure (and the stream) is dropped: the frontend sees the
+        // connection closed.
+        tracing::error!(
+            port = port.index,
+            "connection refused: cannot start its thread: {e}"
+        );
+        release_port(dev, &port);
+    }
+}
+
 fn serve_status(dev: Arc<Device>, listener: UnixListener) {
     for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut line = String::new();
-        let _ = BufReader::new(&s).read_line(&mut line);
-        let _ = s.write_all(dev.status().as_bytes());
+        if dev.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        let s = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("status socket: accept failed: {e}");
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let max = dev.config.max_control_clients;
+        let taken = dev
+            .control_clients
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if taken.is_err() {
+            tracing::warn!("status client refused: {max} served already (--max-control-clients)");
+            continue;
+        }
+        let d = dev.clone();
+        let spawned = thread::Builder::new()
+            .name("status-client".into())
+            .spawn(move || {
+                answer_status(&d, s);
+                d.control_clients.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("status client refused: cannot start its thread: {e}");
+            dev.control_clients.fetch_sub(1, Ordering::AcqRel);
+        }
     }
+}
+
+/// Reads a status client's request line (at most [`CONTROL_LINE_MAX`]
+/// bytes, for at most [`CONTROL_IO_TIMEOUT`] in all), then writes the
+/// status. A client that sends nothing gets the status after the timeout.
+fn answer_status(dev: &Device, mut s: UnixStream) {
+    let deadline = Instant::now() + CONTROL_IO_TIMEOUT;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 64];
+    while line.len() < CONTROL_LINE_MAX && !line.contains(&b'\n') {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = s.set_write_timeout(Some(CONTROL_IO_TIMEOUT));
+    let _ = s.write_all(dev.status().as_bytes());
 }

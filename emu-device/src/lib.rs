@@ -47,6 +47,14 @@ pub struct DeviceConfig {
     /// Bound on the bytes one port's memory table may map
     /// (`--max-mapped-bytes-per-port`); a larger SET_MEM_TABLE is refused.
     pub max_mapped_bytes_per_port: u64,
+    /// Frontend connections served at once, over all sockets; a connection
+    /// beyond it is accepted and closed at once (logged). The command line
+    /// sizes it from the file descriptor limit (see
+    /// [`device::fds_per_connection`]).
+    pub max_connections: usize,
+    /// Clients the status socket serves at once; one beyond it is closed
+    /// at once (logged).
+    pub max_control_clients: usize,
 }
 
 impl Default for DeviceConfig {
@@ -60,6 +68,8 @@ impl Default for DeviceConfig {
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
             max_mapped_bytes_per_port: memory::DEFAULT_MAX_MAPPED_BYTES_PER_PORT,
+            max_connections: 64,
+            max_control_clients: 32,
         }
     }
 }

@@ -151,6 +151,8 @@ pub struct Port {
     /// The port's memory and windows, as every data path of the device
     /// reaches them (the one copy; see [`PortShared`]).
     pub shared: Arc<PortShared>,
+    /// Frames switched to this port by other ports, for its own thread.
+    pub inbox: crate::net::Inbox,
     state: Mutex<PortState>,
 }
 
@@ -219,6 +221,7 @@ impl Port {
             stats: PortStats::default(),
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
+            inbox: crate::net::Inbox::default(),
         }
     }
 

@@ -2,8 +2,9 @@
 //! configuration as received over vhost-user, its eventfds, and helpers to
 //! take descriptor chains and return them used.
 
+use std::cell::Cell;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -41,6 +42,182 @@ impl RingAddrs {
     }
 }
 
+/// A file descriptor a frontend gave for the notifications of one ring
+/// (kick, call or error fd).
+///
+/// It is the frontend's file: usually an eventfd, but it may be a pipe, a
+/// socket or anything else, with its other end closed or never read, and
+/// the frontend can change its flags at any time. The device sets
+/// `O_NONBLOCK` on it when it is received, and reads and writes it with
+/// `RWF_NOWAIT` where the kernel supports that for the file (pipes,
+/// sockets, eventfd reads), so that no read or write ever waits for the
+/// frontend, whatever it does to the flags later. Where `RWF_NOWAIT` is not
+/// supported (eventfd writes), the device first asks `poll` whether the
+/// file is ready and relies on `O_NONBLOCK`: an eventfd write only blocks
+/// when its counter is about to overflow, which `poll` reports. (A
+/// frontend that clears `O_NONBLOCK` and fills its counter between the two
+/// calls could still hold its own port's thread; no other port waits for
+/// that thread.)
+#[derive(Debug)]
+pub struct RingFd {
+    file: File,
+    /// Whether `RWF_NOWAIT` works for writes (cleared on EOPNOTSUPP).
+    write_nowait: Cell<bool>,
+    /// Whether `RWF_NOWAIT` works for reads (cleared on EOPNOTSUPP).
+    read_nowait: Cell<bool>,
+}
+
+/// What reading a kick fd found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KickRead {
+    /// The frontend kicked (bytes were read).
+    Kicked,
+    /// Nothing to read (a spurious wake-up, or the frontend read it first).
+    Nothing,
+    /// The fd will never kick again (end of file, or a read error): the
+    /// ring must stop listening to it.
+    HungUp(String),
+}
+
+/// What writing a call fd did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// The frontend was signalled.
+    Sent,
+    /// The fd is full: a signal is already pending, this one is merged
+    /// into it (as eventfd counts merge).
+    AlreadyPending,
+    /// The fd refused the write for good (its reader is gone, or it is
+    /// not writable).
+    Failed(String),
+}
+
+impl RingFd {
+    /// Takes over a frontend's fd and makes it non-blocking.
+    pub fn new(file: File) -> RingFd {
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor owned by `file`, with no pointers
+        // involved; a failure leaves the flags as they were.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
+        RingFd {
+            file,
+            write_nowait: Cell::new(true),
+            read_nowait: Cell::new(true),
+        }
+    }
+
+    /// The raw fd (for epoll).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// A second descriptor of the same file (for an epoll registration
+    /// that must outlive a replaced fd).
+    pub fn try_clone(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    /// Reads what the frontend wrote (an eventfd's counter, or up to 512
+    /// bytes of a pipe or socket) without waiting.
+    pub fn read_kick(&self) -> KickRead {
+        let mut buf = [0u8; 512];
+        let n = io_nowait(&self.file, &self.read_nowait, &mut buf, false);
+        match n {
+            Ok(0) => KickRead::HungUp("end of file".into()),
+            Ok(_) => KickRead::Kicked,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                KickRead::Nothing
+            }
+            Err(e) => KickRead::HungUp(e.to_string()),
+        }
+    }
+
+    /// Adds one to the frontend's eventfd (or writes 8 bytes to whatever
+    /// file it is) without waiting.
+    pub fn signal(&self) -> Signal {
+        let mut one = 1u64.to_ne_bytes();
+        match io_nowait(&self.file, &self.write_nowait, &mut one, true) {
+            Ok(_) => Signal::Sent,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Signal::AlreadyPending
+            }
+            Err(e) => Signal::Failed(e.to_string()),
+        }
+    }
+}
+
+/// One read or write of `buf` on `file` that never waits: `RWF_NOWAIT`
+/// while `nowait` says the file supports it, else a plain call on the
+/// (non-blocking) fd.
+fn io_nowait(file: &File, nowait: &Cell<bool>, buf: &mut [u8], write: bool) -> io::Result<usize> {
+    let fd = file.as_raw_fd();
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    if nowait.get() {
+        // SAFETY: `iov` describes the live `buf` (written only when
+        // reading, which `buf: &mut` allows); offset -1 means the file
+        // position, as read(2)/write(2) use.
+        let r = unsafe {
+            if write {
+                libc::pwritev2(fd, &iov, 1, -1, libc::RWF_NOWAIT)
+            } else {
+                libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT)
+            }
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+        nowait.set(false);
+    }
+    let mut pfd = libc::pollfd {
+        fd,
+        events: if write { libc::POLLOUT } else { libc::POLLIN },
+        revents: 0,
+    };
+    // SAFETY: polls one live `pollfd`, without waiting.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if ready < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ready == 0 {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    // SAFETY: as above, `buf` is live and at least `buf.len()` bytes.
+    let r = unsafe {
+        if write {
+            libc::write(fd, buf.as_ptr().cast(), buf.len())
+        } else {
+            libc::read(fd, buf.as_mut_ptr().cast(), buf.len())
+        }
+    };
+    if r >= 0 {
+        Ok(r as usize)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// One vring.
 #[derive(Debug)]
 pub struct Vring {
@@ -55,11 +232,11 @@ pub struct Vring {
     /// Next available index from SET_VRING_BASE.
     pub base: u16,
     /// Kick eventfd (driver to device); `None` when the driver polls.
-    pub kick: Option<File>,
+    pub kick: Option<RingFd>,
     /// Call eventfd (device to driver).
-    pub call: Option<File>,
+    pub call: Option<RingFd>,
     /// Error eventfd.
-    pub err: Option<File>,
+    pub err: Option<RingFd>,
     /// SET_VRING_ENABLE state.
     pub enabled: bool,
     /// Started: a kick was set and GET_VRING_BASE has not stopped it.
@@ -268,23 +445,57 @@ impl Vring {
         base
     }
 
-    /// Drains the kick eventfd (non-blocking).
-    pub fn drain_kick(&self) {
-        if let Some(k) = &self.kick {
-            let mut buf = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into `buf`; the fd is a
-            // non-blocking eventfd owned by this ring.
-            let _ = unsafe { libc::read(k.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+    /// Reads the kick fd (never waits). Without a kick fd, `Nothing`.
+    pub fn drain_kick(&self) -> KickRead {
+        match &self.kick {
+            Some(k) => k.read_kick(),
+            None => KickRead::Nothing,
         }
     }
 
+    /// Sets (or, with `None`, removes) the kick fd.
+    pub fn set_kick(&mut self, fd: Option<File>) {
+        self.kick = fd.map(RingFd::new);
+    }
+
+    /// Sets (or removes) the call fd.
+    pub fn set_call(&mut self, fd: Option<File>) {
+        self.call = fd.map(RingFd::new);
+    }
+
+    /// Sets (or removes) the error fd.
+    pub fn set_err(&mut self, fd: Option<File>) {
+        self.err = fd.map(RingFd::new);
+    }
+
+    /// Stops a ring whose kick fd hung up (its writer closed, an error, an
+    /// end of file): the fd is dropped and the ring stays stopped, with
+    /// its position kept, until the frontend sets a new kick fd.
+    pub fn kick_hung_up(&mut self, port: usize, reason: &str) {
+        tracing::warn!(
+            port,
+            ring = self.index,
+            "kick fd hung up ({reason}): ring stopped until a new kick fd is set"
+        );
+        self.kick = None;
+        self.stop();
+    }
+
     /// Signals the driver if the ring asks for it (respecting EVENT_IDX
-    /// and NO_INTERRUPT).
+    /// and NO_INTERRUPT). Never waits: a full call fd already holds a
+    /// signal; a call fd that fails for good is dropped (logged).
     pub fn notify(&mut self, mem: &PortMemory) {
         let needed = self.queue.needs_notification(mem).unwrap_or(true);
-        if needed {
-            if let Some(c) = &mut self.call {
-                let _ = c.write(&1u64.to_ne_bytes());
+        if !needed {
+            return;
+        }
+        if let Some(c) = &self.call {
+            if let Signal::Failed(e) = c.signal() {
+                tracing::warn!(
+                    ring = self.index,
+                    "call fd fails ({e}): no more interrupts on this ring until a new call fd is set"
+                );
+                self.call = None;
             }
         }
     }

@@ -74,6 +74,27 @@ impl DeviceProcess {
     /// Starts `bin --socket-dir TMP --ports ports ARGS...` and waits (up to
     /// 10 s) until all sockets exist. Logs go to `TMP/device.log`.
     pub fn start(bin: &Path, ports: usize, args: &[&str]) -> io::Result<DeviceProcess> {
+        Self::spawn(bin, ports, args, None)
+    }
+
+    /// Like [`DeviceProcess::start`], with the process's `RLIMIT_NOFILE`
+    /// set to `soft` and `hard` before it runs.
+    pub fn start_with_fd_limit(
+        bin: &Path,
+        ports: usize,
+        args: &[&str],
+        soft: u64,
+        hard: u64,
+    ) -> io::Result<DeviceProcess> {
+        Self::spawn(bin, ports, args, Some((soft, hard)))
+    }
+
+    fn spawn(
+        bin: &Path,
+        ports: usize,
+        args: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> io::Result<DeviceProcess> {
         let dir = std::env::temp_dir().join(format!(
             "emu-device-test-{}-{}",
             std::process::id(),
@@ -82,7 +103,26 @@ impl DeviceProcess {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::File::create(dir.join("device.log"))?;
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        if let Some((soft, hard)) = nofile {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: the closure runs in the forked child before exec and
+            // only calls setrlimit(2), which is async-signal-safe, on a
+            // value copied into it.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = command
             .arg("--socket-dir")
             .arg(&dir)
             .arg("--ports")

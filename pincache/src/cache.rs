@@ -729,6 +729,18 @@ impl<P: Pinner> Shared<P> {
                 if fits(pinned, entries) {
                     return Ok(());
                 }
+                // Every pinned region is either in the eviction order or
+                // one this pin replaces (the idle ones are credited): the
+                // rest hold references.
+                let idle = writer
+                    .order
+                    .ids()
+                    .filter(|&id| self.table.refs(id) == 0)
+                    .count();
+                let in_use = writer
+                    .pinned_entries
+                    .saturating_sub(idle)
+                    .saturating_sub(credit_entries);
                 return Err(CacheError::LimitReached {
                     limit: if pinned + bytes > limits.max_bytes {
                         Limit::PinnedBytes
@@ -738,7 +750,7 @@ impl<P: Pinner> Shared<P> {
                     bytes,
                     pinned_bytes: writer.pinned_bytes,
                     entries: writer.pinned_entries,
-                    in_use: writer.pinned_entries - writer.order.len(),
+                    in_use,
                     max_bytes: limits.max_bytes,
                     max_entries: limits.max_entries,
                 });

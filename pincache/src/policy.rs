@@ -183,9 +183,10 @@ impl EvictionOrder {
         }
     }
 
-    /// Regions in the order.
-    pub(crate) fn len(&self) -> usize {
-        self.len
+    /// The ids of the regions in the order (fresh or ordered), in no
+    /// particular order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.known.iter().filter_map(|k| k.map(|(rank, _)| rank.id))
     }
 }
 

@@ -80,6 +80,19 @@ fn the_entry_limit_is_reported_by_name_and_in_use_regions_stay() {
         ) => {
             let message = error.to_string();
             assert!(message.contains("max_entries"), "{message}");
+            // Both pinned regions are held: the message counts them.
+            assert!(message.contains("2 of the 2 pinned regions"), "{message}");
+            assert!(
+                matches!(
+                    error,
+                    CacheError::LimitReached {
+                        in_use: 2,
+                        entries: 2,
+                        ..
+                    }
+                ),
+                "{error:?}"
+            );
         }
         other => panic!(
             "expected the entry limit, got {:?}",
@@ -229,4 +242,36 @@ fn a_hundred_thousand_entries_all_hit_and_the_index_stays_small() {
     );
     drop(cache.pin(BASE + PAGE, 1).unwrap());
     assert_eq!(cache.stats().misses, ENTRIES as u64 + 1);
+}
+
+#[test]
+fn a_full_table_of_held_regions_counts_every_one_as_in_use() {
+    // 1,024 regions, all held; one of them released later.
+    let cache = cache_with(Policy::Lru, 1024);
+    let mut held: Vec<_> = (0..1024)
+        .map(|i| cache.pin(BASE + i * 2 * PAGE, PAGE).unwrap())
+        .collect();
+    let error = cache.pin(BASE + 4096 * PAGE, PAGE).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CacheError::LimitReached {
+                limit: Limit::Entries,
+                in_use: 1024,
+                entries: 1024,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("1024 of the 1024 pinned regions"),
+        "{message}"
+    );
+    // One released: the next pin evicts it instead of failing.
+    drop(held.pop());
+    let next = cache.pin(BASE + 4096 * PAGE, PAGE).unwrap();
+    assert_eq!(cache.stats().evictions, 1);
+    drop(next);
 }

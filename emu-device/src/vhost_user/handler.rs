@@ -1,6 +1,6 @@
 //! Semantics of each frontend request on a port's state.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use vhost::vhost_user::message::FrontendReq;
@@ -22,17 +22,6 @@ pub struct Outcome {
     pub rings_changed: bool,
     /// Mappings or ring states changed: process the rings again.
     pub retry: bool,
-}
-
-fn set_nonblocking(fd: &impl AsRawFd) {
-    let fd = fd.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own, with no pointers involved.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
-    }
 }
 
 fn net_config(state: &PortState) -> [u8; NET_CONFIG_SIZE] {
@@ -276,10 +265,7 @@ fn serve(
                 .vrings
                 .get_mut(v.index as usize)
                 .ok_or_else(|| no_ring(v.index))?;
-            if let Some(f) = &v.fd {
-                set_nonblocking(f);
-            }
-            r.kick = v.fd;
+            r.set_kick(v.fd);
             r.started = true;
             if !proto {
                 r.enabled = true;
@@ -295,7 +281,7 @@ fn serve(
                 .vrings
                 .get_mut(v.index as usize)
                 .ok_or_else(|| no_ring(v.index))?;
-            r.call = v.fd;
+            r.set_call(v.fd);
             Ok(())
         }
         Request::SetVringErr(v) => {
@@ -303,7 +289,7 @@ fn serve(
                 .vrings
                 .get_mut(v.index as usize)
                 .ok_or_else(|| no_ring(v.index))?;
-            r.err = v.fd;
+            r.set_err(v.fd);
             Ok(())
         }
         Request::SetVringEnable { index, enable } => {
