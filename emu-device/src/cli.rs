@@ -50,9 +50,29 @@ struct Cli {
     /// RDMA send and completion queues, so that QEMU forwards them.
     #[arg(long = "guest-port", value_name = "PORT")]
     guest_ports: Vec<usize>,
+    /// Windows one port may hold at once; a bind beyond fails (completion
+    /// status LimitReached, detail WindowLimit) and nothing grows.
+    #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
+          value_parser = parse_max_windows)]
+    max_windows_per_port: usize,
     /// Status socket (one `key=value` line per port on connect).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+}
+
+/// Most windows per port the flag accepts (about 50 bytes each).
+const MAX_WINDOWS_PER_PORT_CAP: usize = 1 << 24;
+
+fn parse_max_windows(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of windows"))?;
+    if !(1..=MAX_WINDOWS_PER_PORT_CAP).contains(&n) {
+        return Err(format!(
+            "--max-windows-per-port must be between 1 and {MAX_WINDOWS_PER_PORT_CAP}, not {n}"
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -133,6 +153,7 @@ fn run(cli: Cli) -> Result<(), String> {
         spin_us: cli.spin_us,
         mac_base: cli.mac_base,
         guest_ports: cli.guest_ports.clone(),
+        max_windows_per_port: cli.max_windows_per_port,
     };
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;

@@ -42,6 +42,9 @@ pub struct DeviceConfig {
     /// queue pairs it is told of, so these ports report one more pair, whose
     /// two rings are the RDMA send and completion queues.
     pub guest_ports: Vec<usize>,
+    /// Windows one port may hold at once; binding beyond fails with
+    /// `LimitReached`/`WindowLimit`.
+    pub max_windows_per_port: usize,
 }
 
 impl Default for DeviceConfig {
@@ -54,6 +57,7 @@ impl Default for DeviceConfig {
             spin_us: 50,
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
+            max_windows_per_port: rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
         }
     }
 }
