@@ -67,5 +67,5 @@ mod request;
 pub use completion::{Completion, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use keys::{Access, RemoteAddress, RemoteKey};
-pub use layout::{DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
+pub use layout::{rdma_features, DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
 pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};

@@ -13,6 +13,16 @@
 //! blocking; [`Context::wait`] polls for a short while after activity and then
 //! sleeps on the completion queue's eventfd.
 //!
+//! **Windows.** A window's [`RemoteKey`] is 64 bits no one but the device can
+//! predict, never reused while the device runs. A remote access that no live
+//! window grants (unknown or revoked key, a window bound to another port,
+//! outside the window, a missing right) completes with
+//! [`Status::RemoteAccessError`](uapi::Status) and
+//! [`ErrorDetail::NotGranted`](uapi::ErrorDetail), whatever the cause; the
+//! device counts the causes for the window's owner. A port holds a bounded
+//! number of windows: beyond it, binding fails with
+//! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
+//!
 //! **Memory.** The device reaches only the context's DMA arena (the memory
 //! table it was given). Buffers come from [`Context::alloc`]; registering
 //! memory outside the arena fails with [`VerbsError::NotInArena`] (no bounce
