@@ -155,6 +155,7 @@ fn run(cli: Cli) -> Result<(), String> {
         guest_ports: cli.guest_ports.clone(),
         max_windows_per_port: cli.max_windows_per_port,
     };
+    crate::rdma::init_keys().map_err(|e| format!("no random source for window keys: {e}"))?;
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
     let engines: crate::engine::EngineFactory =

@@ -23,7 +23,8 @@ mod windows;
 pub use device_engine::DeviceEngine;
 pub use engine::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
 pub use windows::{
-    Refusal, RefusalCounters, Window, WindowLimit, WindowTable, DEFAULT_MAX_WINDOWS_PER_PORT,
+    init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
+    DEFAULT_MAX_WINDOWS_PER_PORT,
 };
 
 use smallvec::SmallVec;

@@ -64,19 +64,15 @@ struct KeySource {
 
 impl KeySource {
     /// A source keyed from the operating system's random source.
-    fn from_os() -> KeySource {
+    fn from_os() -> Result<KeySource, getrandom::Error> {
         let mut secret = [0u8; 32];
-        // Linux's getrandom(2) blocks until the pool is seeded and fails only
-        // where there is no usable random source at all: then no key the
-        // device could make would be safe to hand out.
-        getrandom::fill(&mut secret)
-            .unwrap_or_else(|error| panic!("no random source for window keys: {error}"));
+        getrandom::fill(&mut secret)?;
         let permutation =
             Blowfish::new_from_slice(&secret).expect("32 bytes is a valid Blowfish key length");
-        KeySource {
+        Ok(KeySource {
             permutation,
             counter: AtomicU64::new(0),
-        }
+        })
     }
 
     /// A key never made before in this process. Zero is never a key.
@@ -93,10 +89,32 @@ impl KeySource {
     }
 }
 
-/// The device's key source, made on first use.
+/// The device's key source.
+static KEYS: OnceLock<KeySource> = OnceLock::new();
+
+/// Makes the device's key source: draws its secret from the operating
+/// system's random source. The device calls it at start-up, so that a
+/// machine without a usable random source refuses to start rather than
+/// failing at the first bind. Calling it again changes nothing.
+pub fn init_keys() -> Result<(), getrandom::Error> {
+    if KEYS.get().is_none() {
+        // Two first callers may both draw a secret; one is kept, and no key
+        // was made from the other.
+        let _ = KEYS.set(KeySource::from_os()?);
+    }
+    Ok(())
+}
+
+/// The device's key source, made on first use if [`init_keys`] was not
+/// called.
 fn keys() -> &'static KeySource {
-    static KEYS: OnceLock<KeySource> = OnceLock::new();
-    KEYS.get_or_init(KeySource::from_os)
+    KEYS.get_or_init(|| {
+        // Linux's getrandom(2) blocks until the pool is seeded and fails
+        // only where there is no usable random source at all: then no key
+        // the device could make would be safe to hand out.
+        KeySource::from_os()
+            .unwrap_or_else(|error| panic!("no random source for window keys: {error}"))
+    })
 }
 
 /// A live window.
