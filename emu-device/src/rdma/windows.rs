@@ -153,7 +153,8 @@ pub enum Refusal {
     /// The range reaches outside the window.
     OutOfBounds,
     /// The range lies inside the window, but the owner no longer has that
-    /// memory registered with the device.
+    /// memory registered with the device (or not with the permission the
+    /// access needs).
     Unregistered,
 }
 
@@ -168,7 +169,8 @@ pub struct RefusalCounters {
     pub missing_right: AtomicU64,
     /// Ranges outside the window.
     pub out_of_bounds: AtomicU64,
-    /// Ranges inside the window but no longer registered by the owner.
+    /// Ranges inside the window but no longer registered by the owner (or
+    /// not with the permission the access needs).
     pub unregistered: AtomicU64,
 }
 
