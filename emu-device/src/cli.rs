@@ -65,6 +65,11 @@ struct Cli {
     /// RDMA send and completion queues, so that QEMU forwards them.
     #[arg(long = "guest-port", value_name = "PORT")]
     guest_ports: Vec<usize>,
+    /// Windows one port may hold at once; a bind beyond fails (completion
+    /// status LimitReached, detail WindowLimit) and nothing grows.
+    #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
+          value_parser = parse_max_windows)]
+    max_windows_per_port: usize,
     /// Status socket (one `key=value` line per port on connect).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
@@ -89,6 +94,21 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         return Err("the bound must be at least 1 byte".into());
     }
     Ok(bytes)
+}
+
+/// Most windows per port the flag accepts (about 50 bytes each).
+const MAX_WINDOWS_PER_PORT_CAP: usize = 1 << 24;
+
+fn parse_max_windows(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of windows"))?;
+    if !(1..=MAX_WINDOWS_PER_PORT_CAP).contains(&n) {
+        return Err(format!(
+            "--max-windows-per-port must be between 1 and {MAX_WINDOWS_PER_PORT_CAP}, not {n}"
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -234,7 +254,9 @@ fn run(cli: Cli) -> Result<(), String> {
         max_mapped_bytes_per_port: cli.max_mapped_bytes_per_port,
         max_connections: 0,
         max_control_clients: cli.max_control_clients as usize,
+        max_windows_per_port: cli.max_windows_per_port,
     };
+    crate::rdma::init_keys().map_err(|e| format!("no random source for window keys: {e}"))?;
     config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;
     // A frontend's call fd may be a pipe or socket whose reader is gone:
     // writing it must fail with EPIPE, not kill the device.

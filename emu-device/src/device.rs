@@ -252,7 +252,8 @@ impl Device {
                 "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
                  messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
                  iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
-                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x}\n",
+                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x} \
+                 refused_bad_key={} refused_wrong_peer={} refused_missing_right={} refused_out_of_bounds={} refused_unregistered={}\n",
                 p.index,
                 p.socket,
                 u8::from(st.connected.load(Ordering::Relaxed)),
@@ -281,6 +282,11 @@ impl Device {
                     .join(","),
                 g(&st.rdma_kicks),
                 g(&st.features),
+                g(&st.refused.bad_key),
+                g(&st.refused.wrong_peer),
+                g(&st.refused.missing_right),
+                g(&st.refused.out_of_bounds),
+                g(&st.refused.unregistered),
             ));
         }
         s

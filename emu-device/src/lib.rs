@@ -55,6 +55,9 @@ pub struct DeviceConfig {
     /// Clients the status socket serves at once; one beyond it is closed
     /// at once (logged).
     pub max_control_clients: usize,
+    /// Windows one port may hold at once; binding beyond fails with
+    /// `LimitReached`/`WindowLimit`.
+    pub max_windows_per_port: usize,
 }
 
 impl Default for DeviceConfig {
@@ -70,6 +73,7 @@ impl Default for DeviceConfig {
             max_mapped_bytes_per_port: memory::DEFAULT_MAX_MAPPED_BYTES_PER_PORT,
             max_connections: 64,
             max_control_clients: 32,
+            max_windows_per_port: rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
         }
     }
 }

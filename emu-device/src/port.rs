@@ -11,7 +11,7 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::memory::{self, IotlbTable, MemoryTable, PortMemory};
 use crate::queues::Vring;
-use crate::rdma::WindowTable;
+use crate::rdma::{RefusalCounters, WindowTable};
 use crate::vhost_user::message::{IotlbMsg, IotlbType, HEADER_SIZE, IOTLB_MSG_SIZE};
 use crate::DeviceConfig;
 
@@ -126,6 +126,9 @@ pub struct PortStats {
     pub tx_pair: [AtomicU64; TX_PAIR_STATS],
     /// Kicks of the RDMA send queue.
     pub rdma_kicks: AtomicU64,
+    /// Peers' accesses to this port's windows refused, by cause (the
+    /// peers themselves are only told "not granted").
+    pub refused: RefusalCounters,
     /// Last features acknowledged.
     pub features: AtomicU64,
 }
@@ -189,6 +192,16 @@ pub struct SharedState {
 }
 
 impl PortShared {
+    /// No memory yet, and a window table holding at most `max_windows`.
+    pub fn new(max_windows: usize) -> Self {
+        PortShared {
+            gate: RwLock::new(SharedState {
+                memory: None,
+                windows: WindowTable::with_limit(max_windows),
+            }),
+        }
+    }
+
     /// Enters one guarded step (shared mode): the state cannot change
     /// until the guard is dropped.
     pub fn access(&self) -> RwLockReadGuard<'_, SharedState> {
@@ -213,7 +226,7 @@ impl PortShared {
 impl Port {
     /// A disconnected port.
     pub fn new(index: usize, socket: usize, mac: [u8; 6], cfg: &DeviceConfig) -> Port {
-        let shared = Arc::new(PortShared::default());
+        let shared = Arc::new(PortShared::new(cfg.max_windows_per_port));
         Port {
             index,
             socket,

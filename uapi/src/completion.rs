@@ -10,8 +10,10 @@
 //! | 10 | 1 | error detail ([`ErrorDetail`]) |
 //! | 11 | 1 | reserved, zero |
 //! | 12 | 4 | bytes transferred |
-//! | 16 | 8 | value: old word (atomics), new key (BIND), device information (QUERY) |
+//! | 16 | 8 | value: old word (atomics), new 64-bit key (BIND), device information (QUERY) |
 //! | 24 | 8 | reserved, zero |
+
+use std::fmt;
 
 use crate::error::{le_u32, le_u64, need, reserved_zero, DecodeError};
 use crate::request::Opcode;
@@ -22,8 +24,14 @@ use crate::request::Opcode;
 pub enum Status {
     /// Done.
     Success = 0,
-    /// The remote side refused: bad or revoked key, outside the window, or
-    /// not permitted by it. Remote memory is untouched.
+    /// The target refused a remote access: no live window of the target
+    /// grants this access to the initiating port. The key is unknown or
+    /// revoked, the window is bound to another port, the range reaches
+    /// outside the window or the owner's registered memory, or the window
+    /// lacks the right. Every such refusal carries
+    /// [`ErrorDetail::NotGranted`], whatever the cause, so that the answer
+    /// tells a guesser nothing about which keys exist; the owner's device
+    /// counters tell the causes apart. Remote memory is untouched.
     RemoteAccessError = 1,
     /// The local address is not registered with the device (or not
     /// writable). Memory is untouched.
@@ -32,6 +40,8 @@ pub enum Status {
     InvalidRequest = 3,
     /// The target port has no live peer.
     PeerGone = 4,
+    /// A limit of the device is reached (see the detail); nothing changed.
+    LimitReached = 5,
 }
 
 impl Status {
@@ -42,8 +52,27 @@ impl Status {
             2 => Status::LocalProtectionError,
             3 => Status::InvalidRequest,
             4 => Status::PeerGone,
+            5 => Status::LimitReached,
             other => return Err(DecodeError::UnknownStatus(other)),
         })
+    }
+
+    /// What the status means, in a few words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Status::Success => "success",
+            Status::RemoteAccessError => "remote access refused",
+            Status::LocalProtectionError => "local memory not usable",
+            Status::InvalidRequest => "invalid request",
+            Status::PeerGone => "peer gone",
+            Status::LimitReached => "device limit reached",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
     }
 }
 
@@ -53,12 +82,17 @@ impl Status {
 pub enum ErrorDetail {
     /// No detail (success).
     None = 0,
-    /// No live window has this key on the target port.
-    BadKey = 1,
-    /// The access reaches outside the window or the registration.
-    OutOfBounds = 2,
-    /// The window does not grant this access.
-    Permission = 3,
+    /// A remote access no live window grants (with
+    /// [`Status::RemoteAccessError`]): the one answer for an unknown or
+    /// revoked key, a window bound to another port, a range outside the
+    /// window or the owner's registered memory, and a missing right.
+    NotGranted = 1,
+    /// REVOKE_WINDOW names no live window of the initiating port.
+    UnknownWindow = 2,
+    /// BIND_WINDOW on a port that holds as many windows as the device
+    /// allows per port (the device's `--max-windows-per-port`); revoke one
+    /// first. Nothing was bound.
+    WindowLimit = 3,
     /// An atomic on a word that is not aligned to its width.
     Misaligned = 4,
     /// Local memory not registered with the device.
@@ -77,9 +111,9 @@ impl ErrorDetail {
     fn from_u8(code: u8) -> Result<ErrorDetail, DecodeError> {
         Ok(match code {
             0 => ErrorDetail::None,
-            1 => ErrorDetail::BadKey,
-            2 => ErrorDetail::OutOfBounds,
-            3 => ErrorDetail::Permission,
+            1 => ErrorDetail::NotGranted,
+            2 => ErrorDetail::UnknownWindow,
+            3 => ErrorDetail::WindowLimit,
             4 => ErrorDetail::Misaligned,
             5 => ErrorDetail::Unregistered,
             6 => ErrorDetail::Malformed,
@@ -88,6 +122,33 @@ impl ErrorDetail {
             9 => ErrorDetail::Unsupported,
             other => return Err(DecodeError::UnknownDetail(other)),
         })
+    }
+
+    /// What the detail means, in a sentence.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorDetail::None => "no detail",
+            ErrorDetail::NotGranted => {
+                "no live window of the target grants this access to this port"
+            }
+            ErrorDetail::UnknownWindow => "this port has no live window with that key",
+            ErrorDetail::WindowLimit => {
+                "the port holds as many windows as the device allows per port \
+                 (emu-device --max-windows-per-port); revoke one first"
+            }
+            ErrorDetail::Misaligned => "atomic word not aligned to its width",
+            ErrorDetail::Unregistered => "local memory not registered with the device",
+            ErrorDetail::Malformed => "the request did not decode",
+            ErrorDetail::UnknownPort => "no such port",
+            ErrorDetail::PortDown => "no driver is connected to the target port",
+            ErrorDetail::Unsupported => "the device does not carry out this request",
+        }
+    }
+}
+
+impl fmt::Display for ErrorDetail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
     }
 }
 

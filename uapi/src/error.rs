@@ -17,6 +17,9 @@ pub enum DecodeError {
     /// Flag bits this ABI does not define.
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
+    /// Window flag bits (BIND_WINDOW) this ABI does not define.
+    #[error("unknown window flag bits {0:#04x}")]
+    UnknownWindowFlags(u8),
     /// A reserved field is not zero.
     #[error("reserved field at offset {offset} is not zero")]
     ReservedNotZero {

@@ -16,14 +16,20 @@ bitflags::bitflags! {
 }
 
 /// Names a window a port bound: handed to peers, checked by the device on
-/// every remote access. Keys are never reused while the device runs, so a
-/// revoked key stays invalid.
+/// every remote access.
+///
+/// A key is 64 bits that only the device can make: to anyone else it looks
+/// like 64 random bits (it is derived from a secret the device draws from
+/// the operating system's random source when it starts), so a peer cannot
+/// guess another port's keys, nor derive them from keys it holds. The
+/// device never hands out the same key twice while it runs, so a revoked
+/// key stays invalid. Zero is never a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RemoteKey(pub u32);
+pub struct RemoteKey(pub u64);
 
 impl fmt::Display for RemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rkey {:#010x}", self.0)
+        write!(f, "rkey {:#018x}", self.0)
     }
 }
 

@@ -1,7 +1,11 @@
 //! Which ring carries what, and what the device says about itself.
 
 /// Version of this ABI. A driver refuses a device reporting another one.
-pub const ABI_VERSION: u16 = 1;
+///
+/// Version 2: 64-bit remote keys, windows bound to one peer port, one
+/// answer ([`ErrorDetail::NotGranted`](crate::ErrorDetail)) for every
+/// refused remote access, and a per-port window limit.
+pub const ABI_VERSION: u16 = 2;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).

@@ -34,6 +34,20 @@
 //! offset inside that window. Anything outside a registered range or a live
 //! window fails with an error completion, and no memory is touched.
 //!
+//! ## Windows and keys
+//!
+//! BIND_WINDOW grants part of the initiator's registered memory to peers,
+//! either to any port that holds the key (an open window) or to one port
+//! only ([`WindowFlags::PEER`], as a type-2 memory window is bound to one
+//! queue pair). Keys are 64 bits no one but the device can predict, never
+//! reused while the device runs. A remote access that no live window grants
+//! (unknown or revoked key, wrong port, outside the window, missing right)
+//! always completes with [`Status::RemoteAccessError`] and
+//! [`ErrorDetail::NotGranted`], so that answers reveal nothing about which
+//! keys exist. A device bounds the windows of a port; beyond the bound,
+//! BIND_WINDOW completes with [`Status::LimitReached`] and
+//! [`ErrorDetail::WindowLimit`].
+//!
 //! ## Room to grow
 //!
 //! Opcode ranges are reserved for the vector (strided and indexed) transfers
@@ -53,5 +67,5 @@ mod request;
 pub use completion::{Completion, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use keys::{Access, RemoteAddress, RemoteKey};
-pub use layout::{DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
-pub use request::{AtomicWidth, Opcode, Operation, WorkRequest, WrFlags};
+pub use layout::{rdma_features, DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
+pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};

@@ -6,16 +6,17 @@
 //! |---|---|---|
 //! | 0 | 1 | opcode ([`Opcode`]) |
 //! | 1 | 1 | flags ([`WrFlags`]) |
-//! | 2 | 2 | remote port |
+//! | 2 | 2 | remote port; BIND: the one port the window is bound to ([`WindowFlags::PEER`]) |
 //! | 4 | 4 | length in bytes (WRITE, READ) |
 //! | 8 | 8 | user data, returned in the completion |
 //! | 16 | 8 | local address (IOVA of the initiator's memory; BIND: window start) |
 //! | 24 | 8 | remote offset inside the window |
-//! | 32 | 4 | remote key |
-//! | 36 | 4 | atomic width in bytes (atomics); access bits ([`Access`]) (BIND) |
+//! | 32 | 8 | remote key ([`RemoteKey`]; REVOKE: the window's key) |
 //! | 40 | 8 | operand 0: compare (CAS), addend (FETCH_ADD), new value (SWAP), window length (BIND) |
 //! | 48 | 8 | operand 1: swap value (CAS) |
-//! | 56 | 8 | reserved, zero |
+//! | 56 | 4 | atomic width in bytes (atomics); access bits ([`Access`]) (BIND) |
+//! | 60 | 1 | window flags ([`WindowFlags`]) (BIND) |
+//! | 61 | 3 | reserved, zero |
 //!
 //! Fields an operation does not use must be zero.
 
@@ -93,6 +94,17 @@ bitflags::bitflags! {
         const FENCE = 1 << 1;
         /// Reserved: the addresses name pattern descriptor lists.
         const PATTERN = 1 << 7;
+    }
+}
+
+bitflags::bitflags! {
+    /// How a window is bound (BIND_WINDOW).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct WindowFlags: u8 {
+        /// Only the port in the request's remote-port field may use the
+        /// window (as a type-2 memory window is bound to one queue pair);
+        /// without it, any port holding the key may.
+        const PEER = 1 << 0;
     }
 }
 
@@ -184,7 +196,8 @@ pub enum Operation {
         value: u64,
     },
     /// Grant `access` to `[start, start + len)` of the initiator's registered
-    /// memory; the completion's value is the new [`RemoteKey`].
+    /// memory, to one port or to any; the completion's value is the new
+    /// [`RemoteKey`].
     BindWindow {
         /// First IOVA of the window.
         start: u64,
@@ -192,6 +205,9 @@ pub enum Operation {
         len: u64,
         /// Rights granted.
         access: Access,
+        /// `Some(port)`: only `port` may use the window; `None`: any port
+        /// holding the key may.
+        peer: Option<u16>,
     },
     /// Revoke a window the initiator bound; later accesses through its key fail.
     RevokeWindow {
@@ -237,8 +253,9 @@ struct Fields {
     len: u32,
     local: u64,
     remote_offset: u64,
-    remote_key: u32,
+    remote_key: u64,
     aux: u32,
+    window_flags: u8,
     operand0: u64,
     operand1: u64,
 }
@@ -287,10 +304,19 @@ impl WorkRequest {
                 fields.aux = width.bytes();
                 fields.operand0 = value;
             }
-            Operation::BindWindow { start, len, access } => {
+            Operation::BindWindow {
+                start,
+                len,
+                access,
+                peer,
+            } => {
                 fields.local = start;
                 fields.operand0 = len;
                 fields.aux = access.bits();
+                if let Some(peer) = peer {
+                    fields.remote_port = peer;
+                    fields.window_flags = WindowFlags::PEER.bits();
+                }
             }
             Operation::RevokeWindow { key } => fields.remote_key = key.0,
         }
@@ -302,10 +328,11 @@ impl WorkRequest {
         bytes[8..16].copy_from_slice(&self.user_data.to_le_bytes());
         bytes[16..24].copy_from_slice(&fields.local.to_le_bytes());
         bytes[24..32].copy_from_slice(&fields.remote_offset.to_le_bytes());
-        bytes[32..36].copy_from_slice(&fields.remote_key.to_le_bytes());
-        bytes[36..40].copy_from_slice(&fields.aux.to_le_bytes());
+        bytes[32..40].copy_from_slice(&fields.remote_key.to_le_bytes());
         bytes[40..48].copy_from_slice(&fields.operand0.to_le_bytes());
         bytes[48..56].copy_from_slice(&fields.operand1.to_le_bytes());
+        bytes[56..60].copy_from_slice(&fields.aux.to_le_bytes());
+        bytes[60] = fields.window_flags;
         bytes
     }
 
@@ -317,16 +344,17 @@ impl WorkRequest {
         if flags.contains(WrFlags::PATTERN) {
             return Err(DecodeError::Reserved("pattern descriptors"));
         }
-        reserved_zero(bytes, 56..64)?;
+        reserved_zero(bytes, 61..64)?;
         let fields = Fields {
             remote_port: le_u16(bytes, 2),
             len: le_u32(bytes, 4),
             local: le_u64(bytes, 16),
             remote_offset: le_u64(bytes, 24),
-            remote_key: le_u32(bytes, 32),
-            aux: le_u32(bytes, 36),
+            remote_key: le_u64(bytes, 32),
             operand0: le_u64(bytes, 40),
             operand1: le_u64(bytes, 48),
+            aux: le_u32(bytes, 56),
+            window_flags: bytes[60],
         };
         let remote = RemoteAddress {
             port: fields.remote_port,
@@ -342,6 +370,8 @@ impl WorkRequest {
             operand0: bool,
             operand1: bool,
             key_only: bool,
+            peer: bool,
+            window_flags: bool,
         }
         let none = Uses {
             remote: false,
@@ -351,6 +381,8 @@ impl WorkRequest {
             operand0: false,
             operand1: false,
             key_only: false,
+            peer: false,
+            window_flags: false,
         };
         let (op, uses) = match opcode {
             Opcode::Nop => (Operation::Nop, none),
@@ -408,6 +440,11 @@ impl WorkRequest {
                 (op, uses)
             }
             Opcode::BindWindow => {
+                let window_flags = WindowFlags::from_bits(fields.window_flags)
+                    .ok_or(DecodeError::UnknownWindowFlags(fields.window_flags))?;
+                let peer = window_flags
+                    .contains(WindowFlags::PEER)
+                    .then_some(fields.remote_port);
                 let access = Access::from_bits(fields.aux)
                     .filter(|access| !access.is_empty())
                     .ok_or(DecodeError::BadAccess(fields.aux))?;
@@ -421,11 +458,14 @@ impl WorkRequest {
                     start: fields.local,
                     len: fields.operand0,
                     access,
+                    peer,
                 };
                 let uses = Uses {
                     local: true,
                     aux: true,
                     operand0: true,
+                    peer: peer.is_some(),
+                    window_flags: true,
                     ..none
                 };
                 (op, uses)
@@ -442,11 +482,12 @@ impl WorkRequest {
         };
         let unused_nonzero = [
             (!uses.remote && !uses.key_only && fields.remote_key != 0, 32),
-            (!uses.remote && fields.remote_port != 0, 2),
+            (!uses.remote && !uses.peer && fields.remote_port != 0, 2),
             (!uses.remote && fields.remote_offset != 0, 24),
             (!uses.len && fields.len != 0, 4),
             (!uses.local && fields.local != 0, 16),
-            (!uses.aux && fields.aux != 0, 36),
+            (!uses.aux && fields.aux != 0, 56),
+            (!uses.window_flags && fields.window_flags != 0, 60),
             (!uses.operand0 && fields.operand0 != 0, 40),
             (!uses.operand1 && fields.operand1 != 0, 48),
         ];

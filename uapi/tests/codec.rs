@@ -3,11 +3,11 @@
 use proptest::prelude::*;
 use uapi::{
     Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, RemoteAddress,
-    RemoteKey, Status, WorkRequest, WrFlags,
+    RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
 };
 
 fn remote() -> impl Strategy<Value = RemoteAddress> {
-    (any::<u16>(), any::<u32>(), any::<u64>()).prop_map(|(port, key, offset)| RemoteAddress {
+    (any::<u16>(), any::<u64>(), any::<u64>()).prop_map(|(port, key, offset)| RemoteAddress {
         port,
         key: RemoteKey(key),
         offset,
@@ -55,14 +55,21 @@ fn operation() -> impl Strategy<Value = Operation> {
                 value
             }
         )),
-        (0u64..1 << 62, 1u64..1 << 40, 1u32..8).prop_map(|(start, len, access)| {
-            Operation::BindWindow {
-                start,
-                len,
-                access: Access::from_bits_truncate(access),
-            }
-        }),
-        any::<u32>().prop_map(|key| Operation::RevokeWindow {
+        (
+            0u64..1 << 62,
+            1u64..1 << 40,
+            1u32..8,
+            proptest::option::of(any::<u16>())
+        )
+            .prop_map(|(start, len, access, peer)| {
+                Operation::BindWindow {
+                    start,
+                    len,
+                    access: Access::from_bits_truncate(access),
+                    peer,
+                }
+            }),
+        any::<u64>().prop_map(|key| Operation::RevokeWindow {
             key: RemoteKey(key)
         }),
     ]
@@ -120,7 +127,7 @@ fn the_layout_is_fixed_little_endian() {
             len: 7,
             remote: RemoteAddress {
                 port: 3,
-                key: RemoteKey(0x0102_0304),
+                key: RemoteKey(0x0102_0304_0506_0708),
                 offset: 9,
             },
         },
@@ -131,7 +138,43 @@ fn the_layout_is_fixed_little_endian() {
     assert_eq!(&bytes[2..4], &[3, 0]);
     assert_eq!(&bytes[4..8], &[7, 0, 0, 0]);
     assert_eq!(&bytes[8..16], &0x1122_3344_5566_7788u64.to_le_bytes());
-    assert_eq!(&bytes[32..36], &[4, 3, 2, 1]);
+    assert_eq!(&bytes[32..40], &[8, 7, 6, 5, 4, 3, 2, 1]);
+}
+
+#[test]
+fn a_window_bound_to_a_peer_names_it_and_an_open_one_names_none() {
+    let bind = |peer| WorkRequest {
+        user_data: 5,
+        flags: WrFlags::SIGNALED,
+        op: Operation::BindWindow {
+            start: 0x1000,
+            len: 0x2000,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+            peer,
+        },
+    };
+    let bound = bind(Some(0)).encode();
+    assert_eq!(&bound[2..4], &[0, 0], "port 0 is a valid peer");
+    assert_eq!(bound[60], WindowFlags::PEER.bits());
+    assert_eq!(&bound[56..60], &[3, 0, 0, 0]);
+    assert_eq!(WorkRequest::decode(&bound), Ok(bind(Some(0))));
+    let seven = bind(Some(7)).encode();
+    assert_eq!(&seven[2..4], &[7, 0]);
+    let open = bind(None).encode();
+    assert_eq!((open[60], &open[2..4]), (0, &[0u8, 0][..]));
+    // A port without the flag is not a binding: refused, not ignored.
+    let mut stray = open;
+    stray[2] = 7;
+    assert_eq!(
+        WorkRequest::decode(&stray),
+        Err(DecodeError::ReservedNotZero { offset: 2 })
+    );
+    let mut unknown = bound;
+    unknown[60] = 0x80;
+    assert_eq!(
+        WorkRequest::decode(&unknown),
+        Err(DecodeError::UnknownWindowFlags(0x80))
+    );
 }
 
 #[test]
@@ -151,7 +194,7 @@ fn invalid_fields_are_named() {
     }
     .encode();
     let mut bad = valid;
-    bad[36] = 3;
+    bad[56] = 3;
     assert_eq!(
         WorkRequest::decode(&bad),
         Err(DecodeError::BadAtomicWidth(3))

@@ -13,6 +13,16 @@
 //! blocking; [`Context::wait`] polls for a short while after activity and then
 //! sleeps on the completion queue's eventfd.
 //!
+//! **Windows.** A window's [`RemoteKey`] is 64 bits no one but the device can
+//! predict, never reused while the device runs. A remote access that no live
+//! window grants (unknown or revoked key, a window bound to another port,
+//! outside the window, a missing right) completes with
+//! [`Status::RemoteAccessError`](uapi::Status) and
+//! [`ErrorDetail::NotGranted`](uapi::ErrorDetail), whatever the cause; the
+//! device counts the causes for the window's owner. A port holds a bounded
+//! number of windows: beyond it, binding fails with
+//! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
+//!
 //! **Memory.** The device reaches only the context's DMA arena (the memory
 //! table it was given). Buffers come from [`Context::alloc`]; registering
 //! memory outside the arena fails with [`VerbsError::NotInArena`] (no bounce
@@ -122,7 +132,7 @@ pub enum VerbsError {
         driver: u16,
     },
     /// A request the driver made on the caller's behalf failed.
-    #[error("the device refused the request: {:?} ({:?})", .0.status, .0.detail)]
+    #[error("the device refused the request: {} ({})", .0.status, .0.detail)]
     Refused(Completion),
     /// No completion arrived in time.
     #[error("no completion within {0:?}")]
@@ -370,8 +380,16 @@ impl<T: Transport + 'static> Context<T> {
         self.cache.stats()
     }
 
-    /// Grants peers `access` to `[offset, offset + len)` of `region`; the
-    /// window lives until revoked (or the port goes away).
+    /// Grants any peer that holds the key `access` to `[offset, offset +
+    /// len)` of `region` (an open window); the window lives until revoked
+    /// (or the port goes away). See [`bind_window_for_peer`] to grant one
+    /// port only.
+    ///
+    /// Fails with [`VerbsError::Refused`] carrying
+    /// [`ErrorDetail::WindowLimit`](uapi::ErrorDetail::WindowLimit) when the
+    /// port already holds as many windows as the device allows.
+    ///
+    /// [`bind_window_for_peer`]: Context::bind_window_for_peer
     pub fn bind_window(
         &self,
         region: &MemoryRegion<'_, T>,
@@ -379,18 +397,53 @@ impl<T: Transport + 'static> Context<T> {
         len: u64,
         access: Access,
     ) -> Result<MemoryWindow, VerbsError> {
+        self.bind(region, offset, len, access, None)
+    }
+
+    /// Like [`bind_window`](Context::bind_window), but only port `peer` may
+    /// use the window (as a type-2 memory window is bound to one queue
+    /// pair): any other port presenting the key is refused, exactly as if
+    /// the key did not exist.
+    ///
+    /// The device knows ports, not processes: whichever frontend holds port
+    /// `peer` may use the window, so revoke it when that peer goes away.
+    pub fn bind_window_for_peer(
+        &self,
+        region: &MemoryRegion<'_, T>,
+        offset: u64,
+        len: u64,
+        access: Access,
+        peer: u16,
+    ) -> Result<MemoryWindow, VerbsError> {
+        self.bind(region, offset, len, access, Some(peer))
+    }
+
+    fn bind(
+        &self,
+        region: &MemoryRegion<'_, T>,
+        offset: u64,
+        len: u64,
+        access: Access,
+        peer: Option<u16>,
+    ) -> Result<MemoryWindow, VerbsError> {
         let start = region.iova_at(offset, len)?;
         let done = self.run_internal(
-            Operation::BindWindow { start, len, access },
+            Operation::BindWindow {
+                start,
+                len,
+                access,
+                peer,
+            },
             Duration::from_secs(10),
         )?;
         Ok(MemoryWindow {
             remote: RemoteWindow {
                 port: self.info.port,
-                key: RemoteKey(done.value as u32),
+                key: RemoteKey(done.value),
                 len,
             },
             access,
+            peer,
         })
     }
 
@@ -609,7 +662,8 @@ impl<T: Transport + 'static> fmt::Debug for MemoryRegion<'_, T> {
 }
 
 /// What a peer needs to reach a window: port, key and length. Its text form
-/// `port:key:len` (key in hex) travels between processes.
+/// `port:key:len` (the 64-bit key in hex, 16 digits) travels between
+/// processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteWindow {
     /// The owner's port.
@@ -633,7 +687,7 @@ impl RemoteWindow {
 
 impl fmt::Display for RemoteWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{:x}:{}", self.port, self.key.0, self.len)
+        write!(f, "{}:{:016x}:{}", self.port, self.key.0, self.len)
     }
 }
 
@@ -651,7 +705,7 @@ impl FromStr for RemoteWindow {
         let port = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let key = parts
             .next()
-            .and_then(|k| u32::from_str_radix(k, 16).ok())
+            .and_then(|k| u64::from_str_radix(k, 16).ok())
             .ok_or_else(bad)?;
         let len = parts.next().and_then(|l| l.parse().ok()).ok_or_else(bad)?;
         if parts.next().is_some() {
@@ -672,6 +726,8 @@ pub struct MemoryWindow {
     pub remote: RemoteWindow,
     /// What they may do.
     pub access: Access,
+    /// The one port allowed to use it; `None`: any port holding the key.
+    pub peer: Option<u16>,
 }
 
 #[cfg(test)]
@@ -685,8 +741,16 @@ mod tests {
             key: RemoteKey(0xabc),
             len: 4096,
         };
+        assert_eq!(window.to_string(), "3:0000000000000abc:4096");
         assert_eq!(window.to_string().parse::<RemoteWindow>().unwrap(), window);
-        for bad in ["", "1:2", "x:1:2", "1:zz:2", "1:2:3:4"] {
+        let wide = RemoteWindow {
+            port: 65535,
+            key: RemoteKey(u64::MAX - 1),
+            len: u64::MAX,
+        };
+        assert_eq!(wide.to_string().parse::<RemoteWindow>().unwrap(), wide);
+        let too_wide = "1:1ffffffffffffffff:2";
+        for bad in ["", "1:2", "x:1:2", "1:zz:2", "1:2:3:4", too_wide] {
             assert!(bad.parse::<RemoteWindow>().is_err(), "{bad}");
         }
     }

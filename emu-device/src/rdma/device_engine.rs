@@ -91,6 +91,7 @@ impl Fabric for DeviceFabric<'_> {
             let own = Target {
                 memory: &memory,
                 windows,
+                refusals: &near.stats.refused,
             };
             return Ok(step(own, own));
         }
@@ -111,10 +112,12 @@ impl Fabric for DeviceFabric<'_> {
             Target {
                 memory: &near_memory,
                 windows: near_windows,
+                refusals: &near.stats.refused,
             },
             Target {
                 memory: &far_memory,
                 windows: far_windows,
+                refusals: &far.stats.refused,
             },
         ))
     }
@@ -130,6 +133,7 @@ impl Fabric for DeviceFabric<'_> {
         Ok(change(Target {
             memory: &memory,
             windows,
+            refusals: &port.stats.refused,
         }))
     }
 }

@@ -7,7 +7,7 @@ use uapi::{
     Status, WorkRequest,
 };
 
-use super::windows::{Window, WindowTable};
+use super::windows::{Refusal, RefusalCounters, Window, WindowTable};
 use super::{Fault, MemoryAccess, Span, Spans};
 
 /// A port a request reaches, borrowed for one guarded step (the lender
@@ -19,6 +19,9 @@ pub struct Target<'a> {
     pub memory: &'a dyn MemoryAccess,
     /// The port's windows.
     pub windows: &'a WindowTable,
+    /// Remote accesses to the port's windows refused, by cause (the
+    /// owner's counters: the initiator is only told "not granted").
+    pub refusals: &'a RefusalCounters,
 }
 
 /// Why a request failed: status and detail of its error completion.
@@ -75,18 +78,32 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
     match request.op {
         Operation::Nop => done(Opcode::Nop, 0, 0),
         Operation::Query => done(Opcode::Query, 0, info.to_value()),
-        Operation::BindWindow { start, len, access } => {
-            on_port(fabric, own, own, &mut |local, _| {
-                let writable = access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-                let mut spans = Spans::new();
-                local
-                    .memory
-                    .spans(start, len, writable, &mut spans)
-                    .map_err(local_fault)?;
-                let key = local.windows.bind(Window { start, len, access });
-                done(Opcode::BindWindow, 0, u64::from(key.0))
-            })
-        }
+        Operation::BindWindow {
+            start,
+            len,
+            access,
+            peer,
+        } => on_port(fabric, own, own, &mut |local, _| {
+            let writable = access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+            let mut spans = Spans::new();
+            local
+                .memory
+                .spans(start, len, writable, &mut spans)
+                .map_err(local_fault)?;
+            let window = Window {
+                start,
+                len,
+                access,
+                peer,
+            };
+            match local.windows.bind(window) {
+                Ok(key) => done(Opcode::BindWindow, 0, key.0),
+                Err(limit) => {
+                    tracing::debug!(port = own, "window not bound: {limit}");
+                    Err((Status::LimitReached, ErrorDetail::WindowLimit))
+                }
+            }
+        }),
         Operation::RevokeWindow { key } => {
             // A barrier: once revoked, no access through the key is in
             // flight.
@@ -94,7 +111,7 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
                 if local.windows.revoke(key) {
                     done(Opcode::RevokeWindow, 0, 0)
                 } else {
-                    Err((Status::InvalidRequest, ErrorDetail::BadKey))
+                    Err((Status::InvalidRequest, ErrorDetail::UnknownWindow))
                 }
             });
             revoked.unwrap_or_else(|detail| Err((Status::InvalidRequest, detail)))
@@ -117,13 +134,13 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
             compare,
             swap,
         } => on_port(fabric, own, remote.port, &mut |_, target| {
-            let word = atomic_word(&target, remote, width)?;
+            let word = atomic_word(&target, own, remote, width)?;
             let old = word.compare_swap(compare, swap);
             done(Opcode::CompareSwap, width.bytes(), old)
         }),
         Operation::FetchAdd { remote, width, add } => {
             on_port(fabric, own, remote.port, &mut |_, target| {
-                let word = atomic_word(&target, remote, width)?;
+                let word = atomic_word(&target, own, remote, width)?;
                 let old = word.fetch_add(add);
                 done(Opcode::FetchAdd, width.bytes(), old)
             })
@@ -133,7 +150,7 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
             width,
             value,
         } => on_port(fabric, own, remote.port, &mut |_, target| {
-            let word = atomic_word(&target, remote, width)?;
+            let word = atomic_word(&target, own, remote, width)?;
             let old = word.swap(value);
             done(Opcode::Swap, width.bytes(), old)
         }),
@@ -184,7 +201,7 @@ fn transfer(
                 offset: remote.offset.saturating_add(moved),
                 ..remote
             };
-            remote_range(&target, at, checked, needed, remote_writes, &mut far)?;
+            remote_range(&target, own, at, checked, needed, remote_writes, &mut far)?;
             let step = usize::try_from(step).unwrap_or(usize::MAX);
             match direction {
                 Direction::Write => copy_spans(&near, &far, step),
@@ -232,34 +249,42 @@ fn local_fault(fault: Fault) -> Failure {
     }
 }
 
-/// Checks `[remote, remote + len)` against its window and the target's
-/// registrations; fills `out` with the spans to access.
+/// The answer to every refused remote access, whatever the cause: the
+/// initiator learns nothing about which keys exist.
+pub const NOT_GRANTED: Failure = (Status::RemoteAccessError, ErrorDetail::NotGranted);
+
+/// Refuses a remote access: counts the cause for the target's owner, and
+/// answers [`NOT_GRANTED`].
+fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
+    target.refusals.count(refusal);
+    NOT_GRANTED
+}
+
+/// Checks the access of port `initiator` to `[remote, remote + len)`,
+/// needing `needed`, against the target's window and registrations; fills
+/// `out` with the spans to access and returns the owner's I/O virtual
+/// address of the range.
 fn remote_range(
     target: &Target<'_>,
+    initiator: u16,
     remote: RemoteAddress,
     len: u64,
     needed: Access,
     write: bool,
     out: &mut Spans,
-) -> Result<(), Failure> {
-    let denied = |detail| (Status::RemoteAccessError, detail);
-    let window = target
+) -> Result<u64, Failure> {
+    let iova = target
         .windows
-        .get(remote.key)
-        .ok_or(denied(ErrorDetail::BadKey))?;
-    if !window.access.contains(needed) {
-        return Err(denied(ErrorDetail::Permission));
-    }
-    let iova = window
-        .resolve(remote.offset, len)
-        .ok_or(denied(ErrorDetail::OutOfBounds))?;
+        .check(remote.key, initiator, remote.offset, len, needed)
+        .map_err(|refusal| refuse(target, refusal))?;
     if len == 0 {
-        return Ok(());
+        return Ok(iova);
     }
     target
         .memory
         .spans(iova, len, write, out)
-        .map_err(|_| denied(ErrorDetail::OutOfBounds))
+        .map_err(|_| refuse(target, Refusal::Unregistered))?;
+    Ok(iova)
 }
 
 /// A remote word for an atomic, checked and aligned; borrowed from the
@@ -304,25 +329,23 @@ impl Word<'_> {
 
 fn atomic_word<'t>(
     target: &'t Target<'_>,
+    initiator: u16,
     remote: RemoteAddress,
     width: AtomicWidth,
 ) -> Result<Word<'t>, Failure> {
     let bytes = width.bytes();
     let mut spans = Spans::new();
-    remote_range(
+    // Granted first: only an initiator the window admits learns whether
+    // its word is aligned.
+    let iova = remote_range(
         target,
+        initiator,
         remote,
         u64::from(bytes),
         Access::REMOTE_ATOMIC,
         true,
         &mut spans,
     )?;
-    let window_start = target
-        .windows
-        .get(remote.key)
-        .map(|w| w.start)
-        .unwrap_or_default();
-    let iova = window_start.wrapping_add(remote.offset);
     let misaligned = (Status::InvalidRequest, ErrorDetail::Misaligned);
     let [Span { addr, len }] = spans[..] else {
         return Err(misaligned);

@@ -5,9 +5,11 @@
 //! (through that port's IOTLB, with its permissions), and [`Fabric`], which
 //! finds a target port and its window table. Everything a request names is
 //! checked before a byte moves: the local range against the initiator's
-//! registrations, the remote range against a live window (key, bounds,
-//! rights) and then the target's registrations. A request that fails any
-//! check completes with an error and touches no memory.
+//! registrations, the remote range against a live window (key, peer,
+//! rights, bounds) and then the target's registrations. A request that
+//! fails any check completes with an error and touches no memory; every
+//! refused remote access gets the same answer, and the target's owner
+//! counts the cause ([`RefusalCounters`]).
 //!
 //! Data moves with one copy between the two mappings (the zero-copy path:
 //! neither side copies through a buffer of its own). Atomics are atomic
@@ -19,8 +21,11 @@ mod engine;
 mod windows;
 
 pub use device_engine::DeviceEngine;
-pub use engine::{execute, Fabric, Failure, Outcome, Target, STEP_BYTES};
-pub use windows::{Window, WindowTable};
+pub use engine::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
+pub use windows::{
+    init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
+    DEFAULT_MAX_WINDOWS_PER_PORT,
+};
 
 use smallvec::SmallVec;
 

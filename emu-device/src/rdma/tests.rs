@@ -7,7 +7,10 @@ use uapi::{
     Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };
 
-use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target, WindowTable};
+use super::{
+    execute, Fabric, Fault, MemoryAccess, Outcome, RefusalCounters, Span, Spans, Target,
+    WindowTable, NOT_GRANTED,
+};
 
 /// A port's memory: one buffer, registered in pieces (IOTLB-like entries
 /// of `piece` bytes, each its own span), IOVA = offset + `base`.
@@ -90,6 +93,7 @@ impl MemoryAccess for BufferMemory {
 struct Port {
     memory: BufferMemory,
     windows: WindowTable,
+    refused: RefusalCounters,
     up: bool,
 }
 
@@ -109,6 +113,7 @@ impl Device {
         Ok(Target {
             memory: &port.memory,
             windows: &port.windows,
+            refusals: &port.refused,
         })
     }
 }
@@ -140,6 +145,7 @@ impl Device {
                 .map(|i| Port {
                     memory: BufferMemory::new(64 * 1024, 0x10_0000 * (i as u64 + 1), 4096),
                     windows: WindowTable::new(),
+                    refused: RefusalCounters::default(),
                     up: true,
                 })
                 .collect(),
@@ -161,9 +167,28 @@ impl Device {
     }
 
     fn bind(&self, port: u16, start: u64, len: u64, access: Access) -> RemoteKey {
-        let completion = self.run(port, Operation::BindWindow { start, len, access });
+        self.bind_for(port, start, len, access, None)
+    }
+
+    fn bind_for(
+        &self,
+        port: u16,
+        start: u64,
+        len: u64,
+        access: Access,
+        peer: Option<u16>,
+    ) -> RemoteKey {
+        let completion = self.run(
+            port,
+            Operation::BindWindow {
+                start,
+                len,
+                access,
+                peer,
+            },
+        );
         assert!(completion.is_success(), "{completion:?}");
-        RemoteKey(completion.value as u32)
+        RemoteKey(completion.value)
     }
 
     fn base(&self, port: u16) -> u64 {
@@ -245,22 +270,15 @@ fn bad_keys_bounds_rights_and_registrations_fail_and_touch_nothing() {
         )
     };
     let local = device.base(0);
+    let (remote_error, not_granted) = NOT_GRANTED;
     let cases = [
-        (
-            write(read_only, 0, 8, local),
-            Status::RemoteAccessError,
-            ErrorDetail::Permission,
-        ),
+        (write(read_only, 0, 8, local), remote_error, not_granted),
         (
             write(RemoteKey(0xdead), 0, 8, local),
-            Status::RemoteAccessError,
-            ErrorDetail::BadKey,
+            remote_error,
+            not_granted,
         ),
-        (
-            write(writable, 4090, 8, local),
-            Status::RemoteAccessError,
-            ErrorDetail::OutOfBounds,
-        ),
+        (write(writable, 4090, 8, local), remote_error, not_granted),
         (
             write(writable, 0, 8, 0x7777_0000),
             Status::LocalProtectionError,
@@ -278,9 +296,12 @@ fn bad_keys_bounds_rights_and_registrations_fail_and_touch_nothing() {
         .run(1, Operation::RevokeWindow { key: writable })
         .is_success());
     let revoked = write(writable, 0, 8, local);
+    assert_eq!((revoked.status, revoked.detail), NOT_GRANTED);
+    let again = device.run(1, Operation::RevokeWindow { key: writable });
     assert_eq!(
-        (revoked.status, revoked.detail),
-        (Status::RemoteAccessError, ErrorDetail::BadKey)
+        (again.status, again.detail),
+        (Status::InvalidRequest, ErrorDetail::UnknownWindow),
+        "the owner learns about its own keys"
     );
     let unknown = device.run(
         0,
@@ -303,6 +324,7 @@ fn bad_keys_bounds_rights_and_registrations_fail_and_touch_nothing() {
             start: 0x5000_0000,
             len: 8,
             access: Access::REMOTE_READ,
+            peer: None,
         },
     );
     assert_eq!(bind.status, Status::LocalProtectionError);
@@ -416,7 +438,7 @@ fn atomics_return_old_values_and_check_alignment() {
         width: eight,
         add: 1,
     });
-    assert_eq!(denied.detail, ErrorDetail::Permission);
+    assert_eq!((denied.status, denied.detail), NOT_GRANTED);
 }
 
 #[test]
@@ -442,4 +464,202 @@ fn concurrent_fetch_adds_from_two_ports_sum_exactly() {
         device.ports[2].memory.read(device.base(2) + 8, 8),
         200_000u64.to_le_bytes().to_vec()
     );
+}
+
+/// Every operation that reaches a remote window, against `remote`.
+fn every_remote_op(local: u64, remote: RemoteAddress) -> [Operation; 5] {
+    let width = AtomicWidth::Eight;
+    [
+        Operation::Write {
+            local,
+            len: 64,
+            remote,
+        },
+        Operation::Read {
+            local,
+            len: 64,
+            remote,
+        },
+        Operation::FetchAdd {
+            remote,
+            width,
+            add: 1,
+        },
+        Operation::Swap {
+            remote,
+            width,
+            value: 0,
+        },
+        Operation::CompareSwap {
+            remote,
+            width,
+            compare: 0x7777_7777_7777_7777,
+            swap: 0,
+        },
+    ]
+}
+
+#[test]
+fn every_refusal_gets_the_same_answer_moves_no_byte_and_is_counted_by_cause() {
+    let device = Device::new(4);
+    let base = device.base(1);
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    // Windows of port 1: one open to all, one bound to port 2, one
+    // write-only, one read-only, and one revoked.
+    let open = device.bind(1, base, 8192, all);
+    let for_two = device.bind_for(1, base + 8192, 8192, all, Some(2));
+    let write_only = device.bind(1, base + 16_384, 4096, Access::REMOTE_WRITE);
+    let read_only = device.bind(1, base + 16_384, 4096, Access::REMOTE_READ);
+    let revoked = device.bind(1, base, 4096, all);
+    assert!(device
+        .run(1, Operation::RevokeWindow { key: revoked })
+        .is_success());
+    let pattern: Vec<u8> = (0..65_536u32).map(|i| (i * 31 + 7) as u8).collect();
+    device.ports[1].memory.write(base, &pattern);
+    // The initiator's local buffer: a read refused must not land there either.
+    let local = device.base(0);
+    device.ports[0].memory.write(local, &[0x5a; 64]);
+
+    let cases: Vec<(&str, RemoteAddress, Vec<usize>)> = vec![
+        (
+            "never bound",
+            remote(1, RemoteKey(0x1234_5678_9abc), 0),
+            vec![0, 1, 2, 3, 4],
+        ),
+        ("revoked", remote(1, revoked, 0), vec![0, 1, 2, 3, 4]),
+        (
+            "open key, low bit flipped",
+            remote(1, RemoteKey(open.0 ^ 1), 0),
+            vec![0, 1, 2, 3, 4],
+        ),
+        (
+            "another port's key",
+            remote(1, for_two, 0),
+            vec![0, 1, 2, 3, 4],
+        ),
+        ("out of bounds", remote(1, open, 8192 - 8), vec![0, 1]),
+        (
+            "out of bounds, far",
+            remote(1, open, u64::MAX - 4),
+            vec![0, 1, 2, 3, 4],
+        ),
+        (
+            "missing write right",
+            remote(1, read_only, 0),
+            vec![0, 2, 3, 4],
+        ),
+        ("missing read right", remote(1, write_only, 0), vec![1]),
+    ];
+    let mut attempts = 0u64;
+    for (what, address, ops) in &cases {
+        let all_ops = every_remote_op(local, *address);
+        for &i in ops {
+            let done = device.run(0, all_ops[i]);
+            attempts += 1;
+            assert_eq!(
+                (done.status, done.detail, done.byte_len, done.value),
+                (NOT_GRANTED.0, NOT_GRANTED.1, 0, 0),
+                "{what}: {:?}",
+                all_ops[i]
+            );
+        }
+    }
+    // The owner's memory and the initiator's buffer are unchanged.
+    assert_eq!(device.ports[1].memory.read(base, 65_536), pattern);
+    assert_eq!(device.ports[0].memory.read(local, 64), vec![0x5a; 64]);
+    // The owner's counters tell the causes apart and add up.
+    let counters = &device.ports[1].refused;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(load(&counters.bad_key), 15);
+    assert_eq!(load(&counters.wrong_peer), 5);
+    assert_eq!(load(&counters.out_of_bounds), 7);
+    assert_eq!(load(&counters.missing_right), 5);
+    assert_eq!(counters.total(), attempts);
+    assert_eq!(device.ports[0].refused.total(), 0, "counted at the owner");
+
+    // Port 2 may use the window bound to it, and only that one port.
+    let granted = device.run(
+        2,
+        Operation::Write {
+            local: device.base(2),
+            len: 8,
+            remote: remote(1, for_two, 0),
+        },
+    );
+    assert!(granted.is_success(), "{granted:?}");
+}
+
+#[test]
+fn a_window_over_memory_the_owner_no_longer_registers_refuses_alike() {
+    let mut device = Device::new(2);
+    let base = device.base(1);
+    let key = device.bind(1, base + 4096, 4096, Access::REMOTE_WRITE);
+    // The owner unregisters the page under the window (the window stays).
+    device.ports[1].memory.registered = vec![(base, 4096, true)];
+    let done = device.run(
+        0,
+        Operation::Write {
+            local: device.base(0),
+            len: 8,
+            remote: remote(1, key, 0),
+        },
+    );
+    assert_eq!((done.status, done.detail), NOT_GRANTED);
+    let counters = &device.ports[1].refused;
+    assert_eq!(
+        counters
+            .unregistered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(counters.total(), 1);
+}
+
+#[test]
+fn binding_beyond_the_window_limit_fails_clearly_and_keeps_the_others() {
+    let mut device = Device::new(2);
+    device.ports[1].windows = WindowTable::with_limit(4);
+    let base = device.base(1);
+    let keys: Vec<RemoteKey> = (0..4)
+        .map(|i| device.bind(1, base + i * 8, 8, Access::REMOTE_WRITE))
+        .collect();
+    let refused = device.run(
+        1,
+        Operation::BindWindow {
+            start: base,
+            len: 8,
+            access: Access::REMOTE_WRITE,
+            peer: None,
+        },
+    );
+    assert_eq!(
+        (refused.status, refused.detail, refused.value),
+        (Status::LimitReached, ErrorDetail::WindowLimit, 0)
+    );
+    assert!(refused.detail.describe().contains("--max-windows-per-port"));
+    assert_eq!(device.ports[1].windows.len(), 4);
+    // The windows bound before still work.
+    for (i, key) in keys.iter().enumerate() {
+        device.ports[0]
+            .memory
+            .write(device.base(0), &[i as u8 + 1; 8]);
+        let done = device.run(
+            0,
+            Operation::Write {
+                local: device.base(0),
+                len: 8,
+                remote: remote(1, *key, 0),
+            },
+        );
+        assert!(done.is_success(), "{done:?}");
+        assert_eq!(
+            device.ports[1].memory.read(base + i as u64 * 8, 8),
+            vec![i as u8 + 1; 8]
+        );
+    }
+    // A revoke makes room again.
+    assert!(device
+        .run(1, Operation::RevokeWindow { key: keys[0] })
+        .is_success());
+    device.bind(1, base, 8, Access::REMOTE_READ);
 }

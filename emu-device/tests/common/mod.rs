@@ -18,6 +18,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use emu_device::testing::DeviceProcess;
 
+pub mod rank;
+
 /// virtio-net header length with VERSION_1.
 pub const HDR: usize = 12;
 /// Ring size used by the test driver.

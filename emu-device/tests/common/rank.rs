@@ -1,0 +1,119 @@
+//! Ranks: the test binary started again as a child process that plays one
+//! role (a driver on one port) and talks to the parent test over pipes.
+//!
+//! A test file that uses ranks has a test named `rank_process` that runs
+//! the role named by `PINDOWN_ROLE` on the socket `PINDOWN_SOCKET` (and
+//! does nothing when they are unset). A rank reads commands on stdin and
+//! answers with lines starting `@@` on stdout ([`say`]).
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long [`Rank::next`] waits for an answer.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
+
+/// In a rank: sends one answer line to the parent.
+pub fn say(line: impl std::fmt::Display) {
+    println!("@@{line}");
+    std::io::stdout().flush().unwrap();
+}
+
+/// In a rank process: the role and socket it was started with, if any.
+pub fn role() -> Option<(String, String)> {
+    Some((
+        std::env::var("PINDOWN_ROLE").ok()?,
+        std::env::var("PINDOWN_SOCKET").ok()?,
+    ))
+}
+
+/// A rank, seen from the parent test.
+pub struct Rank {
+    /// The child process.
+    pub child: Child,
+    input: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Rank {
+    /// Starts the test binary's `rank_process` test as role `role` on
+    /// `socket`.
+    pub fn start(role: &str, socket: &std::path::Path) -> Rank {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+            .env("PINDOWN_ROLE", role)
+            .env("PINDOWN_SOCKET", socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let output: ChildStdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                // The test harness may have written on the same line first.
+                if let Some(at) = line.find("@@") {
+                    if sender.send(line[at + 2..].to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Rank {
+            child,
+            input,
+            lines,
+        }
+    }
+
+    /// The next answer (waits up to [`ANSWER_WAIT`]).
+    pub fn next(&mut self) -> String {
+        self.next_within(ANSWER_WAIT)
+    }
+
+    /// The next answer, waiting up to `wait`.
+    pub fn next_within(&mut self, wait: Duration) -> String {
+        match self.lines.recv_timeout(wait) {
+            Ok(line) => line,
+            Err(_) => {
+                let status = self.child.try_wait().ok().flatten();
+                panic!("rank gave no answer (exit status {status:?})");
+            }
+        }
+    }
+
+    /// Sends one command line.
+    pub fn send(&mut self, command: &str) {
+        writeln!(self.input, "{command}").unwrap();
+        self.input.flush().unwrap();
+    }
+
+    /// Sends a command and returns its answer.
+    pub fn ask(&mut self, command: &str) -> String {
+        self.send(command);
+        self.next()
+    }
+
+    /// Asks the rank to exit and checks that it exits successfully.
+    pub fn finish(mut self) {
+        self.send("exit");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "rank exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "rank did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
