@@ -373,6 +373,7 @@ fn request_name(req: FrontendReq) -> &'static str {
         FrontendReq::GET_FEATURES => "GET_FEATURES",
         FrontendReq::SET_FEATURES => "SET_FEATURES",
         FrontendReq::SET_OWNER => "SET_OWNER",
+        FrontendReq::RESET_OWNER => "RESET_OWNER",
         FrontendReq::SET_MEM_TABLE => "SET_MEM_TABLE",
         FrontendReq::SET_VRING_NUM => "SET_VRING_NUM",
         FrontendReq::SET_VRING_ADDR => "SET_VRING_ADDR",
@@ -669,6 +670,19 @@ impl VhostUserTransport {
     /// Ring index of the RDMA completion queue.
     pub fn rdma_completion_queue(&self) -> QueueIndex {
         self.ring_layout().completion_queue()
+    }
+
+    /// Sends `RESET_OWNER` and waits for the device's acknowledgement:
+    /// the device forgets the port's memory, IOTLB, rings and windows, and
+    /// once it has answered, no access to that memory is in flight. The
+    /// connection stays open but every ring and mapping is gone: the
+    /// transport (and a [`Context`](crate::verbs::Context) over it) cannot
+    /// be used for RDMA again; reconnect instead. Meant for tests of the
+    /// device's reset path.
+    pub fn reset_owner(&self) -> Result<(), TransportError> {
+        self.control
+            .lock()
+            .run(FrontendReq::RESET_OWNER, |f| f.reset_owner())
     }
 
     fn check_queue(&self, index: QueueIndex) -> Result<(), TransportError> {

@@ -375,6 +375,24 @@ impl<T: Transport + 'static> Context<T> {
         self.register(buffer.iova(), buffer.len() as u64)
     }
 
+    /// Takes the device's access to `[addr, addr + len)` away: every
+    /// pin-down cache entry overlapping it is dropped and its IOTLB entries
+    /// removed (the pinner's unpin). An entry no [`MemoryRegion`] holds goes
+    /// before this returns; one still held goes when its last region is
+    /// dropped, and that drop returns only after the device has answered
+    /// the INVALIDATE. Either way, once the unpin has returned the device
+    /// has finished every access to those pages and starts no new one (a
+    /// window over them stays bound, but accesses through it fail). A later
+    /// [`register`](Self::register) maps the memory again. Returns how many
+    /// cache entries were dropped. Call it before reusing registered memory
+    /// for something the device must not see.
+    pub fn invalidate(&self, addr: u64, len: u64) -> usize {
+        let (Ok(addr), Ok(len)) = (usize::try_from(addr), usize::try_from(len)) else {
+            return 0;
+        };
+        self.cache.invalidate(addr, len)
+    }
+
     /// Pin-down cache statistics: registration hits, misses, evictions.
     pub fn registration_stats(&self) -> CacheStats {
         self.cache.stats()

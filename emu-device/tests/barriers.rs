@@ -1,0 +1,800 @@
+//! Invalidation, revocation and reset are barriers: once the owner of a
+//! window has revoked it, or taken the device's access to its memory away
+//! (unregistered, invalidated, unpinned, evicted from a small pin-down
+//! cache), or reset its port (RESET_OWNER, RDMA rings disabled, SET_FEATURES
+//! again), no access that began earlier still reads or writes those pages,
+//! and none starts afterwards.
+//!
+//! Each test runs a real device process and two rank processes (this test
+//! binary started again with `PINDOWN_ROLE` set, as in `ranks.rs`), each a
+//! driver [`Context`] on its own socket: an owner with a 16 MiB buffer
+//! behind a window, and a peer that moves 16 MiB at a time through it.
+//! One round:
+//!
+//! 1. The owner fills its buffer with the *old* pattern and binds a window.
+//! 2. The peer posts several 16 MiB transfers through the window.
+//! 3. The owner waits until the first transfer is under way — for writes,
+//!    until the peer's bytes reach a random offset of its buffer; for reads,
+//!    until the peer's first request (an 8-byte write of a flag next to the
+//!    buffer) has landed, and then a random while longer — and does the
+//!    barrier. As soon as the barrier has returned, it overwrites the whole
+//!    buffer with the *new* pattern (the marker).
+//! 4. The peer waits until every request it posted has completed (success
+//!    or error): exactly one completion per request.
+//! 5. Writes: every marker byte is intact. Reads: a read that succeeded
+//!    holds only old bytes, exactly; one that failed holds, at each offset,
+//!    the old byte or the byte that was there before (it may have been cut
+//!    between two steps); no byte of the new pattern appears anywhere.
+//!
+//! The four patterns (the peer's read destinations before, old, peer's
+//! source, new) use disjoint byte values (the top two bits tell them
+//! apart), so a single misplaced byte is caught. Rounds: `BARRIER_ROUNDS`
+//! (default 200) per test.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::DeviceProcess;
+use pincache::CacheConfig;
+use pindown_driver::transport::{Transport, DEFAULT_FEATURES};
+use pindown_driver::verbs::opcode::{Read, Write};
+use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, RemoteWindow};
+use pindown_driver::DmaBuffer;
+use uapi::{Access, Completion, ErrorDetail, Status};
+
+/// Bytes of the owner's buffer under test, and of each transfer.
+const BUFFER: usize = 16 << 20;
+/// Offset (in the window) of the flag the peer writes before its reads.
+const FLAG_OFFSET: usize = BUFFER;
+/// The window: the buffer and the flag's page.
+const WINDOW: usize = BUFFER + 4096;
+/// 16 MiB writes posted per round.
+const WRITES: u64 = 4;
+/// 16 MiB reads posted per round (after the flag write).
+const READS: usize = 3;
+/// Longest a read round waits after the flag before the barrier (a 16 MiB
+/// copy takes a few milliseconds).
+const MAX_READ_DELAY_US: u64 = 4000;
+
+/// What the owner does to take access away while transfers are in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Barrier {
+    /// `Context::revoke_window`.
+    Revoke,
+    /// `Context::invalidate` while the region is still held, then the
+    /// region dropped: the drop unpins (IOTLB INVALIDATE) and returns.
+    Unregister,
+    /// The region dropped (idle in the pin-down cache), then
+    /// `Context::invalidate`, which unpins at once.
+    Invalidate,
+    /// The IOTLB INVALIDATE that the driver's pinner sends on unpin,
+    /// through the transport, while the region is still held.
+    Unpin,
+    /// A pin-down cache of 2 entries: registering two other buffers evicts
+    /// the region before the second `register` returns.
+    Evict,
+    /// RESET_OWNER, acknowledged.
+    ResetOwner,
+    /// SET_VRING_ENABLE(0) on both RDMA rings, acknowledged; then
+    /// SET_FEATURES again and an INVALIDATE of the whole arena.
+    RingDisable,
+    /// SET_FEATURES again while the rings run, acknowledged; then an
+    /// INVALIDATE of the whole arena.
+    SetFeatures,
+}
+
+impl Barrier {
+    const ALL: [Barrier; 8] = [
+        Barrier::Revoke,
+        Barrier::Unregister,
+        Barrier::Invalidate,
+        Barrier::Unpin,
+        Barrier::Evict,
+        Barrier::ResetOwner,
+        Barrier::RingDisable,
+        Barrier::SetFeatures,
+    ];
+
+    fn name(self) -> String {
+        format!("{self:?}")
+    }
+
+    fn parse(text: &str) -> Barrier {
+        Barrier::ALL
+            .into_iter()
+            .find(|b| b.name() == text)
+            .unwrap_or_else(|| panic!("unknown barrier {text}"))
+    }
+
+    /// Whether the owner's port is gone afterwards (a new connection per
+    /// round).
+    fn resets_port(self) -> bool {
+        matches!(
+            self,
+            Barrier::ResetOwner | Barrier::RingDisable | Barrier::SetFeatures
+        )
+    }
+}
+
+// ---------------------------------------------------------------- patterns
+
+/// Byte classes: the top two bits of every byte of a pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// The peer's read destinations before a round.
+    Before = 0,
+    /// The owner's bytes before the barrier.
+    Old = 1,
+    /// The bytes the peer writes.
+    Peer = 2,
+    /// The owner's bytes after the barrier (the marker).
+    New = 3,
+}
+
+fn pattern(class: Class, len: usize) -> Vec<u8> {
+    let salt = (class as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (0..len as u64)
+        .map(|i| {
+            let mixed = (i ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            ((class as u8) << 6) | (mixed >> 58) as u8
+        })
+        .collect()
+}
+
+fn class_of(byte: u8) -> Class {
+    [Class::Before, Class::Old, Class::Peer, Class::New][usize::from(byte >> 6)]
+}
+
+/// The first offset where `landed` differs from `expected`, how many bytes
+/// differ, and the class of the first wrong byte.
+fn difference(landed: &[u8], expected: &[u8]) -> Option<(usize, usize, Class)> {
+    let first = landed.iter().zip(expected).position(|(a, b)| a != b)?;
+    let count = landed.iter().zip(expected).filter(|(a, b)| a != b).count();
+    Some((first, count, class_of(landed[first])))
+}
+
+/// The first offset where `landed` holds neither the byte of `a` nor the
+/// byte of `b` (page by page: most pages equal one of them whole).
+fn neither(landed: &[u8], a: &[u8], b: &[u8]) -> Option<usize> {
+    const PAGE: usize = 4096;
+    (0..landed.len()).step_by(PAGE).find_map(|start| {
+        let end = (start + PAGE).min(landed.len());
+        let (page, a, b) = (&landed[start..end], &a[start..end], &b[start..end]);
+        if page == a || page == b {
+            return None;
+        }
+        let at = (0..page.len()).find(|&i| page[i] != a[i] && page[i] != b[i])?;
+        Some(start + at)
+    })
+}
+
+/// A small deterministic generator for watch offsets and delays.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound
+    }
+}
+
+// ---------------------------------------------------------------- ranks
+
+fn say(line: impl std::fmt::Display) {
+    println!("@@{line}");
+    std::io::stdout().flush().unwrap();
+}
+
+fn no_completion() -> Completion {
+    Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None)
+}
+
+/// Polls `done` until it holds (yielding the CPU between looks, so that
+/// the device's threads run first when the cores are busy).
+fn spin_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// The owner's context and buffers (a new set after each port reset).
+struct Owner {
+    context: Context,
+    /// The buffer under test and the flag's page.
+    target: DmaBuffer,
+    /// Two buffers whose registration evicts `target` from a 2-entry cache.
+    others: [DmaBuffer; 2],
+}
+
+impl Owner {
+    fn open(socket: &str, barrier: Barrier) -> Owner {
+        let context = Context::open(
+            socket,
+            ContextConfig {
+                arena_bytes: 24 << 20,
+                cache: CacheConfig {
+                    max_entries: if barrier == Barrier::Evict { 2 } else { 64 },
+                    // One buffer, one cache entry: neighbours never merge.
+                    merge: false,
+                    ..CacheConfig::default()
+                },
+                ..ContextConfig::default()
+            },
+        )
+        .expect("owner: open");
+        let target = context.alloc(WINDOW, 4096).unwrap();
+        let others = [
+            context.alloc(4096, 4096).unwrap(),
+            context.alloc(4096, 4096).unwrap(),
+        ];
+        Owner {
+            context,
+            target,
+            others,
+        }
+    }
+
+    fn flag(&self) -> u64 {
+        let mut word = [0u8; 8];
+        self.target.read_at(FLAG_OFFSET, &mut word);
+        u64::from_le_bytes(word)
+    }
+
+    /// Takes the whole arena away from the device (every IOTLB entry).
+    fn invalidate_arena(&self) {
+        let arena = self.target.arena();
+        self.context
+            .transport()
+            .iotlb_unmap(arena.addr(), arena.size() as u64)
+            .expect("owner: INVALIDATE of the arena");
+    }
+}
+
+fn owner_rank(socket: &str, barrier: Barrier, write: bool) {
+    let old = pattern(Class::Old, BUFFER);
+    let new = pattern(Class::New, BUFFER);
+    let mut owner = None;
+    let mut lines = std::io::stdin().lock().lines();
+    while let Some(Ok(line)) = lines.next() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["round", round, watch, delay] => {
+                let round: u64 = round.parse().unwrap();
+                let (watch, delay): (usize, u64) = (watch.parse().unwrap(), delay.parse().unwrap());
+                let me: &Owner = owner.get_or_insert_with(|| Owner::open(socket, barrier));
+                let verdict = owner_round(
+                    me, barrier, write, round, watch, delay, &old, &new, &mut lines,
+                );
+                if barrier.resets_port() {
+                    // The port is gone: the next round connects again.
+                    owner = None;
+                }
+                say(verdict);
+            }
+            ["exit"] => break,
+            other => panic!("owner: unknown command {other:?}"),
+        }
+    }
+}
+
+/// One round on the owner's side; returns the answer to `verify`.
+#[allow(clippy::too_many_arguments)]
+fn owner_round(
+    me: &Owner,
+    barrier: Barrier,
+    write: bool,
+    round: u64,
+    watch: usize,
+    delay_us: u64,
+    old: &[u8],
+    new: &[u8],
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> String {
+    let context = &me.context;
+    let target = &me.target;
+    target.write_at(0, old);
+    target.write_at(FLAG_OFFSET, &0u64.to_le_bytes());
+    let mut region = Some(context.register_buffer(target).expect("owner: register"));
+    let window: MemoryWindow = context
+        .bind_window(
+            region.as_ref().unwrap(),
+            0,
+            WINDOW as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .expect("owner: bind");
+    if matches!(barrier, Barrier::Invalidate | Barrier::Evict) {
+        // Idle in the cache, still mapped for the device.
+        region = None;
+    }
+    say(format!("window {}", window.remote));
+
+    // Wait until the first transfer is under way.
+    if write {
+        let mut byte = [0u8];
+        spin_until("the peer's first write", || {
+            target.read_at(watch, &mut byte);
+            byte[0] != old[watch]
+        });
+    } else {
+        spin_until("the peer's flag", || me.flag() == round + 1);
+        let until = Instant::now() + Duration::from_micros(delay_us);
+        spin_until("the delay", || Instant::now() >= until);
+    }
+
+    // The barrier.
+    let transport = context.transport();
+    let layout = transport.ring_layout();
+    let mut held = Vec::new();
+    let mut revoked = false;
+    match barrier {
+        Barrier::Revoke => {
+            context.revoke_window(window).expect("owner: revoke");
+            revoked = true;
+        }
+        Barrier::Unregister => {
+            assert_eq!(
+                context.invalidate(target.iova(), WINDOW as u64),
+                1,
+                "one cache entry covers the buffer"
+            );
+            drop(region.take());
+            assert_eq!(context.registration_stats().pinned_entries, 0);
+        }
+        Barrier::Invalidate => {
+            assert_eq!(context.invalidate(target.iova(), WINDOW as u64), 1);
+            assert_eq!(context.registration_stats().pinned_entries, 0);
+        }
+        Barrier::Unpin => transport
+            .iotlb_unmap(target.iova(), WINDOW as u64)
+            .expect("owner: INVALIDATE"),
+        Barrier::Evict => {
+            let evictions = context.registration_stats().evictions;
+            for other in &me.others {
+                held.push(context.register_buffer(other).expect("owner: register"));
+            }
+            let stats = context.registration_stats();
+            // Both others are held, the cache has 2 entries and nothing
+            // merges: the buffer is not pinned any more.
+            assert_eq!(stats.pinned_entries, 2, "{stats:?}");
+            assert!(stats.evictions > evictions, "{stats:?}");
+        }
+        Barrier::ResetOwner => transport.reset_owner().expect("owner: RESET_OWNER"),
+        Barrier::RingDisable => {
+            transport
+                .enable_queue(layout.send_queue(), false)
+                .expect("owner: disable the send queue");
+            transport
+                .enable_queue(layout.completion_queue(), false)
+                .expect("owner: disable the completion queue");
+        }
+        Barrier::SetFeatures => {
+            transport
+                .negotiate_features(DEFAULT_FEATURES)
+                .expect("owner: SET_FEATURES");
+        }
+    }
+    // The barrier has returned: the marker goes over the whole buffer.
+    target.write_at(0, new);
+    match barrier {
+        Barrier::RingDisable => {
+            transport
+                .negotiate_features(DEFAULT_FEATURES)
+                .expect("owner: SET_FEATURES");
+            me.invalidate_arena();
+        }
+        Barrier::SetFeatures => me.invalidate_arena(),
+        _ => {}
+    }
+    say("done");
+
+    match lines.next() {
+        Some(Ok(line)) if line.trim() == "verify" => {}
+        other => panic!("owner: expected verify, got {other:?}"),
+    }
+    let mut landed = vec![0u8; BUFFER];
+    target.read_at(0, &mut landed);
+    let verdict = match difference(&landed, new) {
+        None => "intact".to_owned(),
+        Some((at, count, class)) => {
+            format!("bad: {count} marker bytes overwritten, first at {at} by a {class:?} byte")
+        }
+    };
+    // Clean up for the next round on the same port.
+    if !barrier.resets_port() {
+        drop(held);
+        drop(region);
+        if !revoked {
+            context.revoke_window(window).expect("owner: revoke");
+        }
+        // The next round maps the buffer again (after Unpin the cache still
+        // believes it is mapped).
+        context.invalidate(target.iova(), WINDOW as u64);
+    }
+    verdict
+}
+
+/// The peer's context: a source for writes, destinations for reads.
+struct Peer {
+    context: Context,
+    source: DmaBuffer,
+    sinks: Vec<DmaBuffer>,
+    flag: DmaBuffer,
+}
+
+fn peer_rank(socket: &str) {
+    let context = Context::open(
+        socket,
+        ContextConfig {
+            arena_bytes: 72 << 20,
+            cache: CacheConfig {
+                merge: false,
+                ..CacheConfig::default()
+            },
+            ..ContextConfig::default()
+        },
+    )
+    .expect("peer: open");
+    let me = Peer {
+        source: context.alloc(BUFFER, 4096).unwrap(),
+        sinks: (0..READS)
+            .map(|_| context.alloc(BUFFER, 4096).unwrap())
+            .collect(),
+        flag: context.alloc(4096, 4096).unwrap(),
+        context,
+    };
+    me.source.write_at(0, &pattern(Class::Peer, BUFFER));
+    let source = me.context.register_buffer(&me.source).unwrap();
+    let sinks: Vec<_> = me
+        .sinks
+        .iter()
+        .map(|sink| me.context.register_buffer(sink).unwrap())
+        .collect();
+    let flag = me.context.register_buffer(&me.flag).unwrap();
+    let before = pattern(Class::Before, BUFFER);
+    let old = pattern(Class::Old, BUFFER);
+    say("ready");
+
+    let mut posted: HashSet<u64> = HashSet::new();
+    let mut reads: Vec<u64> = Vec::new();
+    // Read destinations that no longer hold the `before` pattern.
+    let mut dirty = vec![true; READS];
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["post", direction, window, round] => {
+                let window: RemoteWindow = window.parse().unwrap();
+                let round: u64 = round.parse().unwrap();
+                let tag = |i: u64| (round << 8) | i;
+                let entries: Vec<Entry> = if *direction == "write" {
+                    (0..WRITES)
+                        .map(|i| {
+                            Write::new(source.local(0, BUFFER as u32).unwrap(), window.at(0))
+                                .build()
+                                .user_data(tag(i))
+                        })
+                        .collect()
+                } else {
+                    for (sink, dirty) in me.sinks.iter().zip(&mut dirty) {
+                        if std::mem::take(dirty) {
+                            sink.write_at(0, &before);
+                        }
+                    }
+                    me.flag.write_at(0, &(round + 1).to_le_bytes());
+                    reads = (1..=READS as u64).map(tag).collect();
+                    std::iter::once(
+                        Write::new(flag.local(0, 8).unwrap(), window.at(FLAG_OFFSET as u64))
+                            .build()
+                            .user_data(tag(0)),
+                    )
+                    .chain(sinks.iter().zip(&reads).map(|(sink, &user_data)| {
+                        Read::new(sink.local(0, BUFFER as u32).unwrap(), window.at(0))
+                            .build()
+                            .user_data(user_data)
+                    }))
+                    .collect()
+                };
+                let entries: Vec<Entry> = entries.into_iter().map(Entry::signaled).collect();
+                posted = entries.iter().map(|e| e.request().user_data).collect();
+                me.context.post(&entries).expect("peer: post");
+                say("posted");
+            }
+            ["drain"] => say(drain(&me, &mut posted, &reads, &mut dirty, &before, &old)),
+            ["exit"] => break,
+            other => panic!("peer: unknown command {other:?}"),
+        }
+    }
+    drop((source, sinks, flag));
+}
+
+/// Waits for one completion per posted request and checks the reads'
+/// destinations; returns `drained OK FAILED CUT` or what went wrong.
+fn drain(
+    me: &Peer,
+    posted: &mut HashSet<u64>,
+    reads: &[u64],
+    dirty: &mut [bool],
+    before: &[u8],
+    old: &[u8],
+) -> String {
+    let expected = posted.len();
+    let mut outcome = std::collections::HashMap::new();
+    let mut out = [no_completion(); 16];
+    while outcome.len() < expected {
+        let n = match me.context.wait(&mut out, Duration::from_secs(30)) {
+            Ok(n) => n,
+            Err(e) => return format!("bad: {} of {expected} completions: {e}", outcome.len()),
+        };
+        for completion in &out[..n] {
+            if !posted.remove(&completion.user_data) {
+                return format!("bad: unexpected or repeated completion {completion:?}");
+            }
+            outcome.insert(completion.user_data, completion.status);
+        }
+    }
+    let ok = outcome.values().filter(|s| **s == Status::Success).count();
+    let failed = expected - ok;
+    let mut cut = 0;
+    let mut landed = vec![0u8; BUFFER];
+    for ((sink, user_data), dirty) in me.sinks.iter().zip(reads).zip(dirty) {
+        sink.read_at(0, &mut landed);
+        *dirty = landed != before;
+        if outcome[user_data] == Status::Success {
+            if let Some((at, count, class)) = difference(&landed, old) {
+                return format!(
+                    "bad: read {user_data:#x} succeeded but {count} bytes are not the old ones, first at {at} ({class:?})"
+                );
+            }
+        } else if *dirty {
+            cut += 1;
+            if let Some(at) = neither(&landed, old, before) {
+                return format!(
+                    "bad: failed read {user_data:#x} has a {:?} byte at {at}",
+                    class_of(landed[at])
+                );
+            }
+        }
+    }
+    format!("drained {ok} {failed} {cut}")
+}
+
+/// The rank program: a no-op test unless started by a parent test.
+#[test]
+fn rank_process() {
+    let (Ok(role), Ok(socket)) = (
+        std::env::var("PINDOWN_ROLE"),
+        std::env::var("PINDOWN_SOCKET"),
+    ) else {
+        return;
+    };
+    let words: Vec<&str> = role.split_whitespace().collect();
+    match words.as_slice() {
+        ["owner", barrier, direction] => {
+            owner_rank(&socket, Barrier::parse(barrier), *direction == "write")
+        }
+        ["peer"] => peer_rank(&socket),
+        other => panic!("unknown role {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- parent
+
+struct Rank {
+    child: Child,
+    input: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    role: String,
+}
+
+impl Rank {
+    fn start(role: &str, socket: &std::path::Path) -> Rank {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+            .env("PINDOWN_ROLE", role)
+            .env("PINDOWN_SOCKET", socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let output: ChildStdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                // The test harness may have written on the same line first.
+                if let Some(at) = line.find("@@") {
+                    if sender.send(line[at + 2..].to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Rank {
+            child,
+            input,
+            lines,
+            role: role.to_owned(),
+        }
+    }
+
+    fn next(&mut self) -> String {
+        match self.lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let status = self.child.try_wait().ok().flatten();
+                panic!("{} gave no answer (exit status {status:?})", self.role);
+            }
+        }
+    }
+
+    fn send(&mut self, command: &str) {
+        writeln!(self.input, "{command}").unwrap();
+        self.input.flush().unwrap();
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        self.send(command);
+        self.next()
+    }
+
+    fn finish(mut self) {
+        self.send("exit");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "{} exited with {status}", self.role);
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.role);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rounds() -> u64 {
+    match std::env::var("BARRIER_ROUNDS") {
+        Ok(text) => text
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .expect("BARRIER_ROUNDS is a positive number"),
+        Err(_) => 200,
+    }
+}
+
+/// Runs the rounds of one barrier kind, with writes or reads in flight.
+fn race(barrier: Barrier, write: bool) {
+    let device = DeviceProcess::start(common::device_bin(), 2, &[]).unwrap();
+    // Owner and peer on either side of the port order (a step locks the two
+    // ports' gates in port order).
+    let owner_socket = usize::from(write);
+    let direction = if write { "write" } else { "read" };
+    let mut peer = Rank::start("peer", &device.socket(1 - owner_socket));
+    assert_eq!(peer.next(), "ready");
+    let mut owner = Rank::start(
+        &format!("owner {} {direction}", barrier.name()),
+        &device.socket(owner_socket),
+    );
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ ((barrier as u64 + 1) << 32) ^ u64::from(write));
+    let (mut ok, mut failed, mut cut) = (0u64, 0u64, 0u64);
+    let rounds = rounds();
+    for round in 0..rounds {
+        let watch = rng.below(BUFFER as u64);
+        let delay = rng.below(MAX_READ_DELAY_US);
+        owner.send(&format!("round {round} {watch} {delay}"));
+        let window = owner.next();
+        let window = window
+            .strip_prefix("window ")
+            .unwrap_or_else(|| panic!("round {round}: owner said {window}"));
+        let posted = peer.ask(&format!("post {direction} {window} {round}"));
+        assert_eq!(posted, "posted", "round {round}");
+        assert_eq!(owner.next(), "done", "round {round}");
+        let drained = peer.ask("drain");
+        let counts: Vec<u64> = drained
+            .strip_prefix("drained ")
+            .unwrap_or_else(|| panic!("{barrier:?} {direction} round {round}: {drained}"))
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let posted = if write { WRITES } else { READS as u64 + 1 };
+        assert_eq!(
+            counts[0] + counts[1],
+            posted,
+            "round {round}: success + error = posted"
+        );
+        ok += counts[0];
+        failed += counts[1];
+        cut += counts[2];
+        let verdict = owner.ask("verify");
+        assert_eq!(
+            verdict, "intact",
+            "{barrier:?} with {direction}s in flight, round {round}: the peer's bytes landed after the barrier returned"
+        );
+    }
+    eprintln!(
+        "{barrier:?}, {direction}s: {rounds} rounds, {ok} requests succeeded, {failed} failed, {cut} reads cut short"
+    );
+    // The barrier did stop transfers in flight (otherwise the test proved
+    // nothing): every round posts more than one 16 MiB transfer, and the
+    // owner acts once the first is under way.
+    assert!(failed > 0, "no transfer was ever stopped by the barrier");
+    owner.finish();
+    peer.finish();
+}
+
+#[test]
+fn no_write_lands_after_revoke_window_returns() {
+    race(Barrier::Revoke, true);
+}
+
+#[test]
+fn no_write_lands_after_unregister_returns() {
+    race(Barrier::Unregister, true);
+}
+
+#[test]
+fn no_write_lands_after_cache_invalidation_returns() {
+    race(Barrier::Invalidate, true);
+}
+
+#[test]
+fn no_write_lands_after_the_unpin_invalidate_is_acknowledged() {
+    race(Barrier::Unpin, true);
+}
+
+#[test]
+fn no_write_lands_after_a_two_entry_cache_evicts_the_region() {
+    race(Barrier::Evict, true);
+}
+
+#[test]
+fn no_write_lands_after_reset_owner_is_acknowledged() {
+    race(Barrier::ResetOwner, true);
+}
+
+#[test]
+fn no_write_lands_after_the_rdma_rings_are_disabled() {
+    race(Barrier::RingDisable, true);
+}
+
+#[test]
+fn no_write_lands_after_set_features_is_acknowledged() {
+    race(Barrier::SetFeatures, true);
+}
+
+#[test]
+fn no_byte_is_read_after_revoke_window_returns() {
+    race(Barrier::Revoke, false);
+}
+
+#[test]
+fn no_byte_is_read_after_cache_invalidation_returns() {
+    race(Barrier::Invalidate, false);
+}
+
+#[test]
+fn no_byte_is_read_after_a_two_entry_cache_evicts_the_region() {
+    race(Barrier::Evict, false);
+}
+
+#[test]
+fn no_byte_is_read_after_reset_owner_is_acknowledged() {
+    race(Barrier::ResetOwner, false);
+}
