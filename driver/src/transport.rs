@@ -966,7 +966,4 @@ mod tests {
         assert_eq!(bytes[24], 3);
         assert_eq!(bytes[25], 2);
     }
-
-    #[test]
-    fn ring_indices_follow_the_device_convention() {}
 }

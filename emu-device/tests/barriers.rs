@@ -34,11 +34,10 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write as _};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::io::BufRead;
 use std::time::{Duration, Instant};
 
+use common::rank::{say, Rank};
 use common::DeviceProcess;
 use pincache::CacheConfig;
 use pindown_driver::transport::{Transport, DEFAULT_FEATURES};
@@ -186,11 +185,6 @@ impl Rng {
 }
 
 // ---------------------------------------------------------------- ranks
-
-fn say(line: impl std::fmt::Display) {
-    println!("@@{line}");
-    std::io::stdout().flush().unwrap();
-}
 
 fn no_completion() -> Completion {
     Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None)
@@ -568,15 +562,11 @@ fn drain(
     format!("drained {ok} {failed} {cut}")
 }
 
-/// The rank program: a no-op test unless started by a parent test.
+/// The rank program, started by the other tests of this file.
 #[test]
+#[ignore = "the rank program: the other tests of this file start it with --ignored"]
 fn rank_process() {
-    let (Ok(role), Ok(socket)) = (
-        std::env::var("PINDOWN_ROLE"),
-        std::env::var("PINDOWN_SOCKET"),
-    ) else {
-        return;
-    };
+    let (role, socket) = common::rank::role();
     let words: Vec<&str> = role.split_whitespace().collect();
     match words.as_slice() {
         ["owner", barrier, direction] => {
@@ -588,85 +578,6 @@ fn rank_process() {
 }
 
 // ---------------------------------------------------------------- parent
-
-struct Rank {
-    child: Child,
-    input: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    role: String,
-}
-
-impl Rank {
-    fn start(role: &str, socket: &std::path::Path) -> Rank {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
-            .env("PINDOWN_ROLE", role)
-            .env("PINDOWN_SOCKET", socket)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let input = child.stdin.take().unwrap();
-        let output: ChildStdout = child.stdout.take().unwrap();
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(output).lines().map_while(Result::ok) {
-                // The test harness may have written on the same line first.
-                if let Some(at) = line.find("@@") {
-                    if sender.send(line[at + 2..].to_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        Rank {
-            child,
-            input,
-            lines,
-            role: role.to_owned(),
-        }
-    }
-
-    fn next(&mut self) -> String {
-        match self.lines.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => {
-                let status = self.child.try_wait().ok().flatten();
-                panic!("{} gave no answer (exit status {status:?})", self.role);
-            }
-        }
-    }
-
-    fn send(&mut self, command: &str) {
-        writeln!(self.input, "{command}").unwrap();
-        self.input.flush().unwrap();
-    }
-
-    fn ask(&mut self, command: &str) -> String {
-        self.send(command);
-        self.next()
-    }
-
-    fn finish(mut self) {
-        self.send("exit");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "{} exited with {status}", self.role);
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit", self.role);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn rounds() -> u64 {
     match std::env::var("BARRIER_ROUNDS") {

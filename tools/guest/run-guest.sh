@@ -20,6 +20,9 @@
 #   --reboot          let a guest reboot (default: a reboot ends QEMU)
 #   --aw-bits N       IOVA width of the guest's intel-iommu (QEMU's default
 #                     is 39; a VFIO driver using identity IOVAs needs 48)
+#   --no-iommu        no intel-iommu, and a NIC without iommu_platform/ats
+#   --paused          no kernel: QEMU starts paused (-S), performs the
+#                     vhost-user handshake with the device and waits
 # The script execs QEMU, so its pid is QEMU's. The guest powers off by itself
 # after its last action.
 set -euo pipefail
@@ -32,6 +35,7 @@ queues=2 smp=1 mem=256M
 iommu=intel-iommu,intremap=on,caching-mode=on,device-iotlb=on
 extra=()
 noreboot=(-no-reboot)
+paused=0
 while (($#)); do
   case "$1" in
     --socket) socket=$2; shift 2 ;;
@@ -47,8 +51,10 @@ while (($#)); do
     --dir) dir=$2; shift 2 ;;
     --reboot) noreboot=(); shift ;;
     --aw-bits) iommu+=",aw-bits=$2"; shift 2 ;;
+    --no-iommu) iommu=""; shift ;;
+    --paused) paused=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "run-guest: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,17 +62,31 @@ if [[ -z $socket || -z $log ]]; then
   echo "run-guest: --socket and --log are required" >&2
   exit 2
 fi
-for f in "$dir/vmlinuz" "$dir/initramfs.cpio.gz"; do
-  if [[ ! -f $f ]]; then
-    echo "run-guest: $f missing; run tools/guest/build-initramfs.sh first" >&2
-    exit 1
-  fi
-done
+boot=()
+if ((paused)); then
+  boot=(-S)
+else
+  for f in "$dir/vmlinuz" "$dir/initramfs.cpio.gz"; do
+    if [[ ! -f $f ]]; then
+      echo "run-guest: $f missing; run tools/guest/build-initramfs.sh first" >&2
+      exit 1
+    fi
+  done
+  # no_timer_check: a host busy with other work can make the guest's early
+  # timer check fail under TCG, which panics with interrupt remapping on.
+  append="console=ttyS0 loglevel=4 intel_iommu=on iommu=strict panic=-1 no_timer_check"
+  append+=" pindown.ip=$ip pindown.peer=$peer pindown.run=$run ${extra[*]:-}"
+  boot=(-kernel "$dir/vmlinuz" -initrd "$dir/initramfs.cpio.gz" -append "$append")
+fi
 
 mq=off
 ((queues > 1)) && mq=on
-append="console=ttyS0 loglevel=4 intel_iommu=on iommu=strict panic=-1"
-append+=" pindown.ip=$ip pindown.peer=$peer pindown.run=$run ${extra[*]:-}"
+nic="virtio-net-pci,netdev=n0,bus=rp0,mac=$mac,mq=$mq,vectors=0,disable-legacy=on"
+viommu=()
+if [[ -n $iommu ]]; then
+  viommu=(-device "$iommu")
+  nic+=",iommu_platform=on,ats=on"
+fi
 
 # vectors=0: QEMU 7.2 under TCG crashes in the MSI-X irqfd path of a
 # vhost-user NIC; INTx avoids it. intremap=on needs the split irqchip.
@@ -74,12 +94,11 @@ exec qemu-system-x86_64 \
   -M q35,accel=tcg,kernel-irqchip=split -cpu max -smp "$smp" -m "$mem" \
   -object "memory-backend-memfd,id=mem0,size=$mem,share=on" \
   -machine memory-backend=mem0 \
-  -device "$iommu" \
+  "${viommu[@]}" \
   -device pcie-root-port,id=rp0,bus=pcie.0,chassis=1 \
   -chardev "socket,id=c0,path=$socket,server=off" \
   -netdev "vhost-user,id=n0,chardev=c0,queues=$queues" \
-  -device "virtio-net-pci,netdev=n0,bus=rp0,mac=$mac,mq=$mq,vectors=0,iommu_platform=on,ats=on,disable-legacy=on" \
-  -kernel "$dir/vmlinuz" -initrd "$dir/initramfs.cpio.gz" \
-  -append "$append" \
+  -device "$nic" \
+  "${boot[@]}" \
   -display none -nodefaults -serial "file:$log" "${noreboot[@]}" \
   "$@"

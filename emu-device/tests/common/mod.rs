@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod guest;
+
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

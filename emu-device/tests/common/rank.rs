@@ -1,9 +1,10 @@
 //! Ranks: the test binary started again as a child process that plays one
 //! role (a driver on one port) and talks to the parent test over pipes.
 //!
-//! A test file that uses ranks has a test named `rank_process` that runs
-//! the role named by `PINDOWN_ROLE` on the socket `PINDOWN_SOCKET` (and
-//! does nothing when they are unset). A rank reads commands on stdin and
+//! A test file that uses ranks has an ignored test named `rank_process`
+//! that runs the role named by `PINDOWN_ROLE` on the socket
+//! `PINDOWN_SOCKET` (and fails when they are unset); the parent starts it
+//! with `--ignored`. A rank reads commands on stdin and
 //! answers with lines starting `@@` on stdout ([`say`]).
 
 use std::io::{BufRead, BufReader, Write as _};
@@ -12,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// How long [`Rank::next`] waits for an answer.
-pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
+pub const ANSWER_WAIT: Duration = Duration::from_secs(60);
 
 /// In a rank: sends one answer line to the parent.
 pub fn say(line: impl std::fmt::Display) {
@@ -20,18 +21,25 @@ pub fn say(line: impl std::fmt::Display) {
     std::io::stdout().flush().unwrap();
 }
 
-/// In a rank process: the role and socket it was started with, if any.
-pub fn role() -> Option<(String, String)> {
-    Some((
-        std::env::var("PINDOWN_ROLE").ok()?,
-        std::env::var("PINDOWN_SOCKET").ok()?,
-    ))
+/// In a rank process: the role and socket it was started with. A rank
+/// started by hand, without them, fails: it is never a test of its own.
+pub fn role() -> (String, String) {
+    match (
+        std::env::var("PINDOWN_ROLE"),
+        std::env::var("PINDOWN_SOCKET"),
+    ) {
+        (Ok(role), Ok(socket)) => (role, socket),
+        _ => {
+            panic!("rank_process runs only as a rank: PINDOWN_ROLE and PINDOWN_SOCKET must be set")
+        }
+    }
 }
 
 /// A rank, seen from the parent test.
 pub struct Rank {
     /// The child process.
     pub child: Child,
+    role: String,
     input: ChildStdin,
     lines: mpsc::Receiver<String>,
 }
@@ -41,7 +49,13 @@ impl Rank {
     /// `socket`.
     pub fn start(role: &str, socket: &std::path::Path) -> Rank {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "rank_process",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("PINDOWN_ROLE", role)
             .env("PINDOWN_SOCKET", socket)
             .stdin(Stdio::piped())
@@ -63,6 +77,7 @@ impl Rank {
         });
         Rank {
             child,
+            role: role.to_owned(),
             input,
             lines,
         }
@@ -79,7 +94,10 @@ impl Rank {
             Ok(line) => line,
             Err(_) => {
                 let status = self.child.try_wait().ok().flatten();
-                panic!("rank gave no answer (exit status {status:?})");
+                panic!(
+                    "rank `{}` gave no answer (exit status {status:?})",
+                    self.role
+                );
             }
         }
     }
@@ -102,10 +120,18 @@ impl Rank {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "rank exited with {status}");
+                assert!(
+                    status.success(),
+                    "rank `{}` exited with {status}",
+                    self.role
+                );
                 return;
             }
-            assert!(Instant::now() < deadline, "rank did not exit");
+            assert!(
+                Instant::now() < deadline,
+                "rank `{}` did not exit",
+                self.role
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -1,0 +1,231 @@
+//! Writes the seed corpora of `vhost_user_message` and `vhost_user_handler`
+//! into `corpus/`: the messages a well-behaved frontend (QEMU, the pindown
+//! driver) sends, in the input format of `src/lib.rs`. Each single message
+//! is a seed of the parser; the whole handshake, and a few variations of
+//! it, are seeds of the handler.
+//!
+//! Run from `emu-device/fuzz`: `cargo run --example make-seeds`.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use arbitrary::Unstructured;
+use emu_device::vhost_user::conn::RawMessage;
+use emu_device::vhost_user::handler;
+use emu_device::vhost_user::message::Header;
+
+use emu_device::port::features;
+use emu_device::vhost_user::message::{IotlbMsg, IotlbType};
+use emu_device_fuzz::{
+    mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
+    MEM_UADDR,
+};
+use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
+
+/// IOVA of the memory with ACCESS_PLATFORM.
+const IOVA: u64 = 0x4000_0000;
+
+fn u64_payload(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn vring_state(index: u32, num: u32) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&num.to_le_bytes());
+    p
+}
+
+fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for v in [desc, used, avail, 0] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+fn iotlb(kind: IotlbType, iova: u64, size: u64, uaddr: u64) -> Vec<u8> {
+    IotlbMsg {
+        iova,
+        size,
+        uaddr,
+        perm: 3,
+        kind,
+    }
+    .encode()
+    .to_vec()
+}
+
+/// One message: request, whether a reply is asked for, payload, files.
+type Msg = (FrontendReq, bool, Vec<u8>, Vec<FdKind>);
+
+/// Ring `index` set up at `base` (an IOVA with ACCESS_PLATFORM, else a
+/// frontend address), 16 entries, started and enabled.
+fn ring(index: u32, base: u64) -> Vec<Msg> {
+    vec![
+        (
+            FrontendReq::SET_VRING_NUM,
+            true,
+            vring_state(index, 16),
+            vec![],
+        ),
+        (
+            FrontendReq::SET_VRING_ADDR,
+            true,
+            vring_addr(index, base, base + 0x2000, base + 0x1000),
+            vec![],
+        ),
+        (
+            FrontendReq::SET_VRING_BASE,
+            true,
+            vring_state(index, 0),
+            vec![],
+        ),
+        (
+            FrontendReq::SET_VRING_CALL,
+            true,
+            u64_payload(index.into()),
+            vec![FdKind::EventFd],
+        ),
+        (
+            FrontendReq::SET_VRING_KICK,
+            true,
+            u64_payload(index.into()),
+            vec![FdKind::EventFd],
+        ),
+        (
+            FrontendReq::SET_VRING_ENABLE,
+            true,
+            vring_state(index, 1),
+            vec![],
+        ),
+    ]
+}
+
+fn handshake(iommu: bool) -> Vec<Msg> {
+    let mut f = features::VERSION_1 | features::PROTOCOL_FEATURES;
+    if iommu {
+        f |= features::ACCESS_PLATFORM;
+    }
+    let mut msgs: Vec<Msg> = vec![
+        (FrontendReq::SET_OWNER, false, vec![], vec![]),
+        (FrontendReq::GET_FEATURES, false, vec![], vec![]),
+        (FrontendReq::SET_FEATURES, false, u64_payload(f), vec![]),
+        (FrontendReq::GET_PROTOCOL_FEATURES, false, vec![], vec![]),
+        (
+            FrontendReq::SET_PROTOCOL_FEATURES,
+            false,
+            u64_payload(
+                (VhostUserProtocolFeatures::MQ
+                    | VhostUserProtocolFeatures::REPLY_ACK
+                    | VhostUserProtocolFeatures::BACKEND_REQ)
+                    .bits(),
+            ),
+            vec![],
+        ),
+        (FrontendReq::GET_QUEUE_NUM, false, vec![], vec![]),
+        (
+            FrontendReq::SET_BACKEND_REQ_FD,
+            true,
+            vec![],
+            vec![FdKind::ConnectedSocket],
+        ),
+        (
+            FrontendReq::SET_MEM_TABLE,
+            true,
+            mem_table_payload(&[(MEM_GPA, MEM_SIZE, MEM_UADDR, 0)]),
+            vec![FdKind::Memfd],
+        ),
+    ];
+    if iommu {
+        msgs.push((
+            FrontendReq::IOTLB_MSG,
+            true,
+            iotlb(IotlbType::Update, IOVA, MEM_SIZE, MEM_UADDR),
+            vec![],
+        ));
+    }
+    let base = if iommu { IOVA } else { MEM_UADDR };
+    msgs.extend(ring(0, base));
+    msgs.extend(ring(4, base + 0x4000));
+    msgs.extend(ring(5, base + 0x8000));
+    msgs
+}
+
+fn write(dir: &Path, name: &str, msgs: &[Msg]) -> std::io::Result<()> {
+    let mut out = Vec::new();
+    for (req, reply, payload, files) in msgs {
+        write_message(&mut out, *req, *reply, payload, files);
+    }
+    std::fs::write(dir.join(name), out)
+}
+
+fn main() -> std::io::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let handler = root.join("vhost_user_handler");
+    let parser = root.join("vhost_user_message");
+    std::fs::create_dir_all(&handler)?;
+    std::fs::create_dir_all(&parser)?;
+
+    let plain = handshake(false);
+    let iommu = handshake(true);
+    write(&handler, "handshake", &plain)?;
+    write(&handler, "handshake-iommu", &iommu)?;
+    let mut teardown = iommu.clone();
+    teardown.extend([
+        (
+            FrontendReq::IOTLB_MSG,
+            true,
+            iotlb(IotlbType::Invalidate, IOVA, 0x1000, 0),
+            vec![],
+        ),
+        (FrontendReq::GET_CONFIG, false, vec![0; 12 + 12], vec![]),
+        (
+            FrontendReq::GET_VRING_BASE,
+            false,
+            vring_state(4, 0),
+            vec![],
+        ),
+        (
+            FrontendReq::SET_VRING_ENABLE,
+            true,
+            vring_state(5, 0),
+            vec![],
+        ),
+        (FrontendReq::RESET_OWNER, true, vec![], vec![]),
+    ]);
+    write(&handler, "handshake-iommu-teardown", &teardown)?;
+
+    let mut seen = Vec::new();
+    for m in teardown.iter().chain(&plain) {
+        let mut bytes = Vec::new();
+        write_message(&mut bytes, m.0, m.1, &m.2, &m.3);
+        if !seen.contains(&bytes) {
+            std::fs::write(parser.join(format!("{:02}-{:?}", seen.len(), m.0)), &bytes)?;
+            seen.push(bytes);
+        }
+    }
+
+    // The handler seeds are valid: every request is accepted.
+    for seed in std::fs::read_dir(&handler)? {
+        let bytes = std::fs::read(seed?.path())?;
+        replay_accepted(&bytes);
+    }
+    Ok(())
+}
+
+/// Applies a seed to a fresh port; panics unless every request succeeds.
+fn replay_accepted(bytes: &[u8]) {
+    let mut u = Unstructured::new(bytes);
+    let (mut state, stats) = port_with_memory();
+    while let Ok(msg) = next_message(&mut u) {
+        let header = Header::decode(&msg.header).expect("a valid header");
+        let raw = RawMessage {
+            header,
+            payload: msg.payload,
+            files: msg.files,
+        };
+        handler::handle(&mut state, &stats, raw).expect("a well-formed request");
+    }
+    assert_eq!(stats.errors.load(Ordering::Relaxed), 0, "a request failed");
+}
