@@ -34,6 +34,14 @@
 //! offset inside that window. Anything outside a registered range or a live
 //! window fails with an error completion, and no memory is touched.
 //!
+//! ## Borrowed facts
+//!
+//! Two things both sides need are not ours: the virtio feature bits
+//! ([`features`], masks of `virtio-bindings`' bit numbers) and the
+//! vhost-user IOTLB message ([`IotlbMessage`], with `vhost`'s type and
+//! permission values). They are stated here once so that neither side
+//! restates them.
+//!
 //! ## Room to grow
 //!
 //! Opcode ranges are reserved for the vector (strided and indexed) transfers
@@ -46,12 +54,15 @@
 
 mod completion;
 mod error;
+pub mod features;
+mod iotlb;
 mod keys;
 mod layout;
 mod request;
 
 pub use completion::{Completion, ErrorDetail, Status};
 pub use error::DecodeError;
+pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
 pub use keys::{Access, RemoteAddress, RemoteKey};
 pub use layout::{DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
 pub use request::{AtomicWidth, Opcode, Operation, WorkRequest, WrFlags};
