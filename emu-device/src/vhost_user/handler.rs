@@ -3,10 +3,11 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
+use uapi::VhostIotlbType;
 use vhost::vhost_user::message::FrontendReq;
 
 use super::conn::RawMessage;
-use super::message::{self, IotlbType, ProtocolError, Request};
+use super::message::{self, ProtocolError, Request};
 use crate::memory::{self, MemoryTable};
 use crate::port::{features, protocol, PortState, PortStats};
 
@@ -116,7 +117,7 @@ pub fn handle(
             let cfg = crate::DeviceConfig {
                 queue_pairs: state.queue_pairs,
                 queue_size_max: state.vrings[0].queue_max_size(),
-                iotlb_entries_max: state.iotlb.max_entries(),
+                iotlb_entries_max: state.iotlb_entries_max,
                 guest_ports: if state.guest {
                     vec![state.index]
                 } else {
@@ -261,20 +262,19 @@ pub fn handle(
             state.backend = Some(s);
             Ok(())
         }
-        Request::Iotlb(m) => match m.kind {
-            IotlbType::Update => {
+        Request::Iotlb(m) => match m.iotlb_type() {
+            Some(VhostIotlbType::Update) => {
                 PortStats::bump(&stats.iotlb_updates);
                 iotlb_update(state, m.iova, m.size, m.uaddr, m.perm).map(|_| {
                     out.retry = true;
                 })
             }
-            IotlbType::Invalidate => {
+            Some(VhostIotlbType::Invalidate) => {
                 PortStats::bump(&stats.iotlb_invalidates);
-                state.iotlb.invalidate(m.iova, m.size);
-                state.refresh_iotlb();
+                state.iotlb_invalidate(m.iova, m.size);
                 Ok(())
             }
-            IotlbType::AccessFail => {
+            Some(VhostIotlbType::AccessFail) => {
                 tracing::warn!(
                     port = state.index,
                     iova = m.iova,
@@ -282,7 +282,10 @@ pub fn handle(
                 );
                 Ok(())
             }
-            other => Err(format!("unexpected IOTLB message type {other:?}")),
+            other => Err(format!(
+                "unexpected IOTLB message type {} ({other:?})",
+                m.msg_type
+            )),
         },
         Request::SetLogBase | Request::SetLogFd => Err("dirty logging is not supported".into()),
         Request::GetConfig {
@@ -343,8 +346,7 @@ fn iotlb_update(
         ));
     }
     let evicted = state
-        .iotlb
-        .update(iova, size, uaddr, perm)
+        .iotlb_update(iova, size, uaddr, perm)
         .map_err(|e| e.to_string())?;
     if evicted > 0 {
         tracing::debug!(
@@ -353,11 +355,6 @@ fn iotlb_update(
             "IOTLB full, evicted oldest entries"
         );
     }
-    let end = iova.saturating_add(size);
-    state
-        .pending_misses
-        .retain(|(p, _)| !(*p >= iova & !0xfff && *p < end));
-    state.refresh_iotlb();
     Ok(())
 }
 
@@ -421,23 +418,18 @@ mod tests {
         let out = handle(&mut st, &stats, msg(17, 0x1, vec![], vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 2u64.to_le_bytes());
         // IOTLB update inside the table is accepted, outside refused.
-        let m = crate::vhost_user::message::IotlbMsg {
-            iova: 0x1000,
-            size: 0x1000,
-            uaddr: 0x7f00_1000,
-            perm: 3,
-            kind: IotlbType::Update,
-        };
+        let m =
+            uapi::IotlbMessage::update(0x1000, 0x1000, 0x7f00_1000, uapi::VhostAccess::ReadWrite);
         let out = handle(&mut st, &stats, msg(22, 0x9, m.encode().to_vec(), vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
-        assert_eq!(st.iotlb.len(), 1);
-        let bad = crate::vhost_user::message::IotlbMsg {
+        assert_eq!(st.iotlb_len(), 1);
+        let bad = uapi::IotlbMessage {
             uaddr: 0x7f00_f800,
             ..m
         };
         let out = handle(&mut st, &stats, msg(22, 0x9, bad.encode().to_vec(), vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 1u64.to_le_bytes());
-        assert_eq!(st.iotlb.len(), 1);
+        assert_eq!(st.iotlb_len(), 1);
     }
 
     #[test]
