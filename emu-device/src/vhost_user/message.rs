@@ -509,8 +509,8 @@ mod tests {
     #[test]
     fn decodes_common_requests() {
         let h = Header::decode(&hdr(2, 1, 8)).unwrap();
-        match decode(&h, &(1u64 << 33).to_le_bytes(), vec![]).unwrap() {
-            Request::SetFeatures(f) => assert_eq!(f, 1 << 33),
+        match decode(&h, &uapi::features::ACCESS_PLATFORM.to_le_bytes(), vec![]).unwrap() {
+            Request::SetFeatures(f) => assert_eq!(f, uapi::features::ACCESS_PLATFORM),
             r => panic!("{r:?}"),
         }
         let h = Header::decode(&hdr(18, 1, 8)).unwrap();
