@@ -13,7 +13,7 @@
 //! The device is a virtio-net device. With `P` queue pairs (what
 //! `GET_QUEUE_NUM` returns), rings `2i` and `2i + 1` are the receive and
 //! transmit queues of pair `i`, ring `2P` is the RDMA send queue and ring
-//! `2P + 1` the RDMA completion queue ([`QueueIndex`]).
+//! `2P + 1` the RDMA completion queue, as [`uapi::RingLayout`] says.
 //!
 //! With `VIRTIO_F_ACCESS_PLATFORM` negotiated, every address the driver hands
 //! the device (ring addresses, buffer addresses) is an IOVA that the device
@@ -31,30 +31,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
+use uapi::{IotlbMessage, VhostAccess};
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
-use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ};
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arena::MemoryRegion;
 use crate::virtqueue::QueueLayout;
 
-/// Feature bit: virtio 1.x device.
-pub const F_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-/// Feature bit: the device translates addresses through an IOMMU (IOTLB).
-pub const F_ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
-/// Feature bit: event-index interrupt and notification suppression.
-pub const F_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
-/// Feature bit (virtio-net): several queue pairs.
-pub const F_NET_MQ: u64 = 1 << VIRTIO_NET_F_MQ;
-/// Feature bit (virtio-net): the device has a MAC address.
-pub const F_NET_MAC: u64 = 1 << VIRTIO_NET_F_MAC;
-/// Feature bit (vhost-user): the backend speaks protocol features.
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+pub use uapi::features::{
+    ACCESS_PLATFORM as F_ACCESS_PLATFORM, EVENT_IDX as F_EVENT_IDX, NET_MAC as F_NET_MAC,
+    NET_MQ as F_NET_MQ, PROTOCOL_FEATURES as F_PROTOCOL_FEATURES, VERSION_1 as F_VERSION_1,
+};
 /// The virtio features the driver asks for by default.
 pub const DEFAULT_FEATURES: u64 =
     F_VERSION_1 | F_ACCESS_PLATFORM | F_EVENT_IDX | F_NET_MQ | F_NET_MAC;
@@ -62,17 +51,25 @@ pub const DEFAULT_FEATURES: u64 =
 /// Index of a ring of the device.
 pub type QueueIndex = u16;
 
-/// What the device may do with an IOTLB mapping (the `perm` values of
-/// `struct vhost_iotlb_msg`).
+/// What the device may do with an IOTLB mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Access {
     /// The device may read.
-    ReadOnly = 1,
+    ReadOnly,
     /// The device may write.
-    WriteOnly = 2,
+    WriteOnly,
     /// The device may read and write.
-    ReadWrite = 3,
+    ReadWrite,
+}
+
+impl From<Access> for VhostAccess {
+    fn from(access: Access) -> Self {
+        match access {
+            Access::ReadOnly => VhostAccess::ReadOnly,
+            Access::WriteOnly => VhostAccess::WriteOnly,
+            Access::ReadWrite => VhostAccess::ReadWrite,
+        }
+    }
 }
 
 /// Why a transport operation failed.
@@ -303,27 +300,10 @@ impl Default for VhostUserConfig {
     }
 }
 
-/// `struct vhost_iotlb_msg` of the vhost-user protocol (32 bytes).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct IotlbMsg {
-    iova: u64,
-    size: u64,
-    uaddr: u64,
-    perm: u8,
-    msg_type: u8,
-    _padding: [u8; 6],
-}
-
-// SAFETY: plain integers, no implicit padding (explicit `_padding` fills the
-// struct to its 8-byte alignment), every bit pattern valid.
-unsafe impl ByteValued for IotlbMsg {}
-
-const IOTLB_UPDATE: u8 = 2;
-const IOTLB_INVALIDATE: u8 = 3;
+/// Size of the vhost-user message header (request, flags, size; le32 each).
 const HEADER_LEN: usize = 12;
+/// Protocol version 1, in the low bits of the header flags.
 const FLAG_VERSION: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
 
 struct Control {
     frontend: Frontend,
@@ -504,7 +484,10 @@ impl Control {
         }
         let word = |at: usize| u32::from_le_bytes(reply[at..at + 4].try_into().expect("4 bytes"));
         let (code, reply_flags, size) = (word(0), word(4), word(8));
-        if code != request as u32 || reply_flags & FLAG_REPLY == 0 || size != 8 {
+        if code != request as u32
+            || reply_flags & VhostUserHeaderFlag::REPLY.bits() == 0
+            || size != 8
+        {
             return Err(TransportError::Protocol {
                 request: name,
                 reason: format!(
@@ -631,7 +614,7 @@ impl VhostUserTransport {
         } else {
             None
         };
-        let num_queues = 2 * queue_pairs as usize + 2;
+        let num_queues = usize::from(uapi::RingLayout { queue_pairs }.ring_count());
         Ok(Self {
             control: Mutex::new(control),
             device_features,
@@ -693,10 +676,10 @@ impl VhostUserTransport {
         Ok(())
     }
 
-    fn iotlb_msg(&self, msg: IotlbMsg) -> Result<(), TransportError> {
+    fn iotlb_msg(&self, msg: IotlbMessage) -> Result<(), TransportError> {
         let status = self.control.lock().raw_request(
             FrontendReq::IOTLB_MSG,
-            msg.as_slice(),
+            &msg.encode(),
             true,
             self.reply_timeout,
         )?;
@@ -735,10 +718,7 @@ impl Transport for VhostUserTransport {
     }
 
     fn num_queues(&self) -> u16 {
-        uapi::RingLayout {
-            queue_pairs: self.queue_pairs,
-        }
-        .ring_count()
+        self.ring_layout().ring_count()
     }
 
     fn queue_pairs(&self) -> u16 {
@@ -859,14 +839,7 @@ impl Transport for VhostUserTransport {
         if !self.iotlb_enabled() {
             return Ok(());
         }
-        self.iotlb_msg(IotlbMsg {
-            iova,
-            size: len,
-            uaddr,
-            perm: access as u8,
-            msg_type: IOTLB_UPDATE,
-            ..IotlbMsg::default()
-        })
+        self.iotlb_msg(IotlbMessage::update(iova, len, uaddr, access.into()))
     }
 
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
@@ -874,12 +847,7 @@ impl Transport for VhostUserTransport {
         if !self.iotlb_enabled() {
             return Ok(());
         }
-        self.iotlb_msg(IotlbMsg {
-            iova,
-            size: len,
-            msg_type: IOTLB_INVALIDATE,
-            ..IotlbMsg::default()
-        })
+        self.iotlb_msg(IotlbMessage::invalidate(iova, len))
     }
 }
 
@@ -941,29 +909,5 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
         (**self).iotlb_unmap(iova, len)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn iotlb_message_has_the_kernel_layout() {
-        assert_eq!(std::mem::size_of::<IotlbMsg>(), 32);
-        let msg = IotlbMsg {
-            iova: 0x1122,
-            size: 0x3344,
-            uaddr: 0x5566,
-            perm: Access::ReadWrite as u8,
-            msg_type: IOTLB_UPDATE,
-            ..IotlbMsg::default()
-        };
-        let bytes = msg.as_slice();
-        assert_eq!(&bytes[0..8], &0x1122u64.to_le_bytes());
-        assert_eq!(&bytes[8..16], &0x3344u64.to_le_bytes());
-        assert_eq!(&bytes[16..24], &0x5566u64.to_le_bytes());
-        assert_eq!(bytes[24], 3);
-        assert_eq!(bytes[25], 2);
     }
 }

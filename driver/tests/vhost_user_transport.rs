@@ -250,11 +250,15 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     let iotlb = &setup[0];
     assert_eq!(iotlb.body.len(), 32);
     assert_eq!(iotlb.flags, 0x9, "version 1 + NEED_REPLY");
-    assert_eq!(iotlb.u64_at(0), layout.ring_start, "iova");
-    assert_eq!(iotlb.u64_at(8), layout.ring_len, "size");
-    assert_eq!(iotlb.u64_at(16), layout.ring_start, "uaddr = iova");
-    assert_eq!(iotlb.body[24], 3, "read/write");
-    assert_eq!(iotlb.body[25], 2, "UPDATE");
+    assert_eq!(
+        uapi::IotlbMessage::decode(&iotlb.body),
+        Ok(uapi::IotlbMessage::update(
+            layout.ring_start,
+            layout.ring_len,
+            layout.ring_start, // uaddr = iova
+            uapi::VhostAccess::ReadWrite
+        ))
+    );
     assert_eq!(setup[1].u32_at(0), sq_index as u32);
     assert_eq!(setup[1].u32_at(4), 64);
     assert_eq!(setup[2].u32_at(4), 0, "base 0");
@@ -295,17 +299,17 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     let tlb = drain(&rx);
     assert_eq!(codes(&tlb), vec![FrontendReq::IOTLB_MSG as u32; 2]);
     assert_eq!(
-        (
-            tlb[0].u64_at(0),
-            tlb[0].u64_at(8),
-            tlb[0].body[24],
-            tlb[0].body[25]
-        ),
-        (buffer.iova(), 4096, 1, 2)
+        uapi::IotlbMessage::decode(&tlb[0].body),
+        Ok(uapi::IotlbMessage::update(
+            buffer.iova(),
+            4096,
+            buffer.iova(),
+            uapi::VhostAccess::ReadOnly
+        ))
     );
     assert_eq!(
-        (tlb[1].u64_at(0), tlb[1].u64_at(8), tlb[1].body[25]),
-        (buffer.iova(), 4096, 3)
+        uapi::IotlbMessage::decode(&tlb[1].body),
+        Ok(uapi::IotlbMessage::invalidate(buffer.iova(), 4096))
     );
 
     // Errors on bad indices and unset queues.

@@ -33,7 +33,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
 use crate::net::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
 use crate::port::{Port, PortState, PortStats, RX_BACKLOG_MAX};
-use crate::queues::{self, KickRead, Pop};
+use crate::queues::{self, ChainError, KickRead, Pop};
 use crate::vhost_user::{conn, handler};
 use crate::DeviceConfig;
 
@@ -351,12 +351,12 @@ fn receive_frames(port: &Port) -> bool {
 fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
     let PortState {
         index,
-        shared,
+        shared: port,
         vrings,
         rx_backlog,
         ..
     } = st;
-    let shared = shared.access();
+    let shared = port.access();
     let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(0)) else {
         return false;
     };
@@ -373,11 +373,13 @@ fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
         drop_all(rx_backlog);
         return false;
     }
-    if !ring.used_ring_writable(mem) {
-        if mem.get_iommu_enabled() {
-            ring.waiting_iotlb = true;
-        } else {
-            drop_all(rx_backlog);
+    if let Err(error) = ring.used_ring_writable(mem) {
+        match error.ask() {
+            Some(miss) => {
+                port.note_miss(miss);
+                ring.waiting_iotlb = true;
+            }
+            None => drop_all(rx_backlog),
         }
         return false;
     }
@@ -385,25 +387,28 @@ fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
     while let Some(data) = rx_backlog.front() {
         match queues::pop_chain(ring, mem) {
             Pop::Chain(c) => match queues::write_chain(mem, &c, data) {
-                Ok(Some(n)) => {
+                Ok(n) => {
                     let _ = ring.add_used(mem, c.head, n as u32);
                     used = true;
                     rx_backlog.pop_front();
                     PortStats::bump(&stats.rx_frames);
                 }
-                Ok(None) => {
+                Err(ChainError::Miss(miss)) => {
                     ring.rewind();
-                    if queues::write_denied(mem, &c, data.len()) {
-                        // The buffer stays posted; the frame is lost.
-                        rx_backlog.pop_front();
-                        PortStats::bump(&stats.rx_dropped);
-                    } else {
-                        if !was_waiting {
-                            PortStats::bump(&stats.rx_deferred);
-                        }
-                        ring.waiting_iotlb = true;
-                        break;
+                    port.note_miss(miss);
+                    if !was_waiting {
+                        PortStats::bump(&stats.rx_deferred);
                     }
+                    ring.waiting_iotlb = true;
+                    break;
+                }
+                Err(ChainError::Denied(denied)) => {
+                    // The buffer stays posted; the frame is lost. The
+                    // frontend is asked for the access all the same.
+                    port.note_miss_of(denied);
+                    ring.rewind();
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_dropped);
                 }
                 Err(e) => {
                     tracing::debug!("rx drop: {e}");
@@ -413,7 +418,8 @@ fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
                     PortStats::bump(&stats.rx_dropped);
                 }
             },
-            Pop::Miss => {
+            Pop::Miss(miss) => {
+                port.note_miss(miss);
                 ring.waiting_iotlb = true;
                 break;
             }
@@ -441,11 +447,11 @@ fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
 fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<Vec<u8>>) -> bool {
     let PortState {
         index,
-        shared,
+        shared: port,
         vrings,
         ..
     } = st;
-    let shared = shared.access();
+    let shared = port.access();
     let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(i)) else {
         return false;
     };
@@ -453,8 +459,11 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
         return false;
     }
     ring.waiting_iotlb = false;
-    if !ring.used_ring_writable(mem) {
-        ring.waiting_iotlb = mem.get_iommu_enabled();
+    if let Err(error) = ring.used_ring_writable(mem) {
+        if let Some(miss) = error.ask() {
+            port.note_miss(miss);
+            ring.waiting_iotlb = true;
+        }
         return false;
     }
     let mut used = false;
@@ -470,7 +479,8 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
             }
             match queues::pop_chain(ring, mem) {
                 Pop::Empty => break,
-                Pop::Miss => {
+                Pop::Miss(miss) => {
+                    port.note_miss(miss);
                     ring.waiting_iotlb = true;
                     break;
                 }
@@ -481,7 +491,7 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                     break;
                 }
                 Pop::Chain(c) => match queues::read_chain(mem, &c, MAX_TX_CHAIN) {
-                    Ok(Some(bytes)) => {
+                    Ok(bytes) => {
                         taken += 1;
                         let _ = ring.add_used(mem, c.head, 0);
                         used = true;
@@ -495,12 +505,16 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
                             frames.push(bytes[NET_HDR_LEN..].to_vec());
                         }
                     }
-                    Ok(None) => {
+                    Err(ChainError::Miss(miss)) => {
                         ring.rewind();
+                        port.note_miss(miss);
                         ring.waiting_iotlb = true;
                         break;
                     }
                     Err(e) => {
+                        if let ChainError::Denied(denied) = &e {
+                            port.note_miss_of(*denied);
+                        }
                         taken += 1;
                         tracing::debug!(ring = i, "bad tx chain: {e}");
                         PortStats::bump(&stats.tx_errors);
@@ -549,7 +563,7 @@ fn process_ring(
     let mut work = Work::default();
     {
         let mut st = port.lock();
-        let pairs = 2 * st.queue_pairs as usize;
+        let net_rings = usize::from(st.layout().send_queue());
         if i == st.rdma_sq() || i == st.rdma_cq() {
             if st.vrings[i].active() {
                 if kicked && i == st.rdma_sq() {
@@ -558,7 +572,7 @@ fn process_ring(
                 }
                 work.done |= engine.on_send_queue_kick(&mut st, dev);
             }
-        } else if i < pairs && i % 2 == 1 {
+        } else if i < net_rings && i % 2 == 1 {
             work.more = collect_tx(&mut st, &port.stats, i, &mut frames);
         } else if i == 0 {
             // An rx kick (new buffers) or a retry after an IOTLB update.

@@ -9,32 +9,32 @@
 //!   the backing [`GuestMemoryMmap`] is laid out in this space.
 //! - *I/O virtual addresses* (IOVA): what a device uses when ACCESS_PLATFORM is
 //!   negotiated. The [`IotlbTable`] maps IOVA ranges to `uaddr` ranges (as the
-//!   frontend sends them) with permissions; a mirror of it, translated to
-//!   `gpa`, drives vm-memory's [`IommuMemory`].
+//!   frontend sends them) with permissions. It is the port's one
+//!   translator: [`PortMemory`] looks every IOVA up in it, then finds the
+//!   `uaddr` in the memory table; a miss is a [`TranslateError::Miss`].
 //!
 //! Without ACCESS_PLATFORM, buffer addresses are guest physical and ring
 //! addresses are frontend virtual addresses (vhost-user convention).
 
-use std::collections::BTreeMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
+use std::iter::FusedIterator;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use thiserror::Error;
 
 use crate::sigbus::Guarded;
-use vm_memory::iommu::{Error as IommuError, IotlbIterator, IovaRange};
+use uapi::{IotlbMessage, VhostAccess};
+use vm_memory::bitmap::BS;
+use vm_memory::guest_memory::{GuestMemorySliceIterator, Result as GuestMemoryResult};
+use vm_memory::iommu::{Error as IommuError, IovaRange};
 use vm_memory::{
-    FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap, Iommu, IommuMemory,
-    Iotlb, MmapRegion, Permissions, VolatileSlice,
+    Address, FileOffset, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryError,
+    GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, MmapRegion,
+    Permissions, VolatileSlice,
 };
-
-/// Guest memory of one port as the queues and the RDMA engine see it: IOVAs
-/// translated through the port's IOTLB when the IOMMU is enabled, guest
-/// physical addresses otherwise.
-pub type PortMemory = IommuMemory<GuestMemoryMmap, PortIommu>;
 
 /// Most regions one memory table may have: one file descriptor per region,
 /// and a vhost-user message carries at most this many.
@@ -49,7 +49,7 @@ pub const MAX_REGIONS: usize = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRI
 /// replacement each.
 pub const DEFAULT_MAX_MAPPED_BYTES_PER_PORT: u64 = 64 << 30;
 
-/// Errors of the memory table and of address translation.
+/// Errors of the memory table.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum MemError {
     /// The table as a whole is unacceptable (no regions, too many, or not
@@ -80,34 +80,6 @@ pub enum MemError {
         index: usize,
         /// The OS error.
         reason: String,
-    },
-    /// The range is not (fully) mapped by the IOTLB.
-    #[error("IOTLB miss at {iova:#x}")]
-    Miss {
-        /// First unmapped address.
-        iova: u64,
-    },
-    /// The range is mapped, but not with the requested permission.
-    #[error("access denied at {iova:#x}")]
-    Denied {
-        /// First address without the permission.
-        iova: u64,
-    },
-    /// The range is not backed by the memory table.
-    #[error("address range {addr:#x}+{len:#x} is not backed by frontend memory")]
-    Unbacked {
-        /// Start of the range.
-        addr: u64,
-        /// Its length.
-        len: u64,
-    },
-    /// `addr + len` overflows, or an entry is empty.
-    #[error("invalid address range {addr:#x}+{len:#x}")]
-    BadRange {
-        /// Start of the range.
-        addr: u64,
-        /// Its length.
-        len: u64,
     },
     /// No memory table has been set yet.
     #[error("no memory table")]
@@ -424,6 +396,91 @@ impl MemoryTable {
     }
 }
 
+/// Where a translation missed: the first address without an IOTLB entry,
+/// and the access that was wanted. The port asks its frontend for the
+/// mapping (an IOTLB MISS) and retries once the UPDATE arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss {
+    /// First address without an entry.
+    pub iova: u64,
+    /// The access that was attempted.
+    pub access: Permissions,
+}
+
+/// Why a device address range cannot be accessed (the result of a failed
+/// translation; nothing was read or written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum TranslateError {
+    /// Part of the range has no IOTLB entry (yet).
+    #[error("IOTLB miss at {:#x} for {:?} access", .0.iova, .0.access)]
+    Miss(Miss),
+    /// The range is mapped, but not with the access wanted.
+    #[error("the IOTLB entry at {iova:#x} does not allow {access:?} access")]
+    Denied {
+        /// First address without the permission.
+        iova: u64,
+        /// The access that was attempted.
+        access: Permissions,
+    },
+    /// The address is not backed by the memory table (an IOTLB entry
+    /// pointing outside it, or a guest physical address no region holds).
+    #[error("address {addr:#x} is not backed by the memory table")]
+    Unbacked {
+        /// The device address that did not resolve.
+        addr: u64,
+    },
+    /// `addr + len` does not fit in 64 bits.
+    #[error("address range {addr:#x}+{len:#x} wraps around")]
+    Wraps {
+        /// Start of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
+impl TranslateError {
+    /// What to ask the frontend for: the entry that misses, or the access
+    /// that an entry denies (an UPDATE may grant it). Nothing for the
+    /// failures no UPDATE can fix.
+    pub fn ask(&self) -> Option<Miss> {
+        match *self {
+            TranslateError::Miss(miss) => Some(miss),
+            TranslateError::Denied { iova, access } => Some(Miss { iova, access }),
+            TranslateError::Unbacked { .. } | TranslateError::Wraps { .. } => None,
+        }
+    }
+}
+
+/// Why an IOTLB update was refused (the table is unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum IotlbError {
+    /// The IOVA range is empty or `iova + len` does not fit in 64 bits.
+    #[error("IOTLB range {iova:#x}+{len:#x} is empty or wraps around")]
+    BadRange {
+        /// Start of the range.
+        iova: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// `uaddr + len` does not fit in 64 bits.
+    #[error("IOTLB target {uaddr:#x}+{len:#x} wraps around")]
+    BadTarget {
+        /// The frontend address.
+        uaddr: u64,
+        /// The length.
+        len: u64,
+    },
+    /// An update that grants no access (an invalidation is its own message).
+    #[error("IOTLB update of {iova:#x}+{len:#x} grants no access")]
+    NoAccess {
+        /// Start of the range.
+        iova: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
 /// One IOTLB entry: `[iova, iova + len)` maps to `[uaddr, uaddr + len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IotlbEntry {
@@ -431,28 +488,28 @@ pub struct IotlbEntry {
     pub len: u64,
     /// Frontend virtual address the IOVA maps to.
     pub uaddr: u64,
-    /// Allowed accesses.
+    /// Allowed accesses (never [`Permissions::No`]).
     pub perm: Permissions,
+    /// Insertion order (pieces of a split entry keep it).
     seq: u64,
 }
 
-/// One translated piece of an IOVA range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Translation {
-    /// IOVA of the piece.
-    pub iova: u64,
-    /// Frontend virtual address it maps to.
-    pub uaddr: u64,
-    /// Length of the piece.
-    pub len: u64,
-}
-
-/// The device IOTLB of one port: non-overlapping IOVA ranges mapped to
-/// frontend virtual addresses, bounded in entries (the oldest entry is
-/// evicted first; an evicted entry only costs a later miss).
+/// The device IOTLB of one port, and the port's one translator: IOVA
+/// ranges mapped to frontend virtual addresses, as the frontend sent them.
+///
+/// Entries never overlap: an update replaces whatever it overlaps, and an
+/// update or invalidation that covers part of an entry splits it, keeping
+/// the parts outside the range. The table holds at most `max_entries`
+/// entries; beyond that the oldest (first inserted) entry is evicted, which
+/// only costs a later miss. An update, an invalidation and an eviction cost
+/// O(log n) per entry they touch; a lookup is one O(log n) search and
+/// allocates nothing.
 #[derive(Debug, Clone)]
 pub struct IotlbTable {
+    /// Entries by first IOVA.
     entries: BTreeMap<u64, IotlbEntry>,
+    /// `(seq, iova)` of every entry, oldest first (the eviction order).
+    age: BTreeSet<(u64, u64)>,
     max_entries: usize,
     next_seq: u64,
 }
@@ -462,6 +519,7 @@ impl IotlbTable {
     pub fn new(max_entries: usize) -> Self {
         IotlbTable {
             entries: BTreeMap::new(),
+            age: BTreeSet::new(),
             max_entries: max_entries.max(1),
             next_seq: 0,
         }
@@ -487,26 +545,32 @@ impl IotlbTable {
         self.entries.iter().map(|(k, v)| (*k, v))
     }
 
-    /// Maps `[iova, iova + len)` to `[uaddr, uaddr + len)`, replacing any
-    /// overlapping mappings. Returns how many entries were evicted.
+    /// Maps `[iova, iova + len)` to `[uaddr, uaddr + len)` with `perm`,
+    /// replacing the overlapped parts of older entries. Returns how many
+    /// entries were evicted to stay within the bound.
+    ///
+    /// Refused: an empty range, a range whose end does not fit in 64 bits
+    /// (on either side), and `Permissions::No`.
     pub fn update(
         &mut self,
         iova: u64,
         len: u64,
         uaddr: u64,
         perm: Permissions,
-    ) -> Result<usize, MemError> {
-        if len == 0 || iova.checked_add(len).is_none() || uaddr.checked_add(len).is_none() {
-            return Err(MemError::BadRange { addr: iova, len });
+    ) -> Result<usize, IotlbError> {
+        if len == 0 || iova.checked_add(len).is_none() {
+            return Err(IotlbError::BadRange { iova, len });
+        }
+        if uaddr.checked_add(len).is_none() {
+            return Err(IotlbError::BadTarget { uaddr, len });
         }
         if perm == Permissions::No {
-            self.invalidate(iova, len);
-            return Ok(0);
+            return Err(IotlbError::NoAccess { iova, len });
         }
         self.remove_range(iova, iova + len);
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.entries.insert(
+        self.insert(
             iova,
             IotlbEntry {
                 len,
@@ -515,68 +579,90 @@ impl IotlbTable {
                 seq,
             },
         );
-        let mut evicted = 0;
-        while self.entries.len() > self.max_entries {
-            let oldest = self
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.seq)
-                .map(|(k, _)| *k);
-            match oldest {
-                Some(k) => {
-                    self.entries.remove(&k);
-                    evicted += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(evicted)
+        Ok(self.evict())
     }
 
-    /// Removes every mapping of `[iova, iova + len)`; parts of entries
-    /// outside the range stay. `len == 0` or an overflowing range
-    /// invalidates up to the end of the address space.
-    pub fn invalidate(&mut self, iova: u64, len: u64) {
-        let end = if len == 0 {
-            u64::MAX
-        } else {
-            iova.saturating_add(len)
+    /// Removes every mapping of `[iova, iova + len)`; the parts of entries
+    /// outside the range stay. A range reaching past the end of the address
+    /// space (`len == 0` included, the wrapped form of 2^64) invalidates up
+    /// to the end. Returns how many entries were evicted (splitting an entry
+    /// in two may exceed the bound).
+    pub fn invalidate(&mut self, iova: u64, len: u64) -> usize {
+        let end = match iova.checked_add(len) {
+            Some(end) if len != 0 => end,
+            _ => u64::MAX,
         };
         self.remove_range(iova, end);
+        self.evict()
     }
 
     /// Removes all entries.
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.age.clear();
     }
 
+    /// The entry holding `iova`, with its first IOVA.
+    pub fn lookup(&self, iova: u64) -> Option<(u64, &IotlbEntry)> {
+        self.entries
+            .range(..=iova)
+            .next_back()
+            .filter(|(start, e)| iova - **start < e.len)
+            .map(|(start, e)| (*start, e))
+    }
+
+    /// Translates `iova` for `access`: the frontend virtual address it maps
+    /// to, and how many bytes from there on the same entry maps.
+    pub fn translate(&self, iova: u64, access: Permissions) -> Result<(u64, u64), TranslateError> {
+        let (start, e) = self
+            .lookup(iova)
+            .ok_or(TranslateError::Miss(Miss { iova, access }))?;
+        if !e.perm.allow(access) {
+            return Err(TranslateError::Denied { iova, access });
+        }
+        let offset = iova - start;
+        Ok((e.uaddr + offset, e.len - offset))
+    }
+
+    fn insert(&mut self, iova: u64, e: IotlbEntry) {
+        self.age.insert((e.seq, iova));
+        self.entries.insert(iova, e);
+    }
+
+    fn remove(&mut self, iova: u64) -> Option<IotlbEntry> {
+        let e = self.entries.remove(&iova)?;
+        self.age.remove(&(e.seq, iova));
+        Some(e)
+    }
+
+    /// Evicts the oldest entries beyond the bound.
+    fn evict(&mut self) -> usize {
+        let mut evicted = 0;
+        while self.entries.len() > self.max_entries {
+            let Some((_, iova)) = self.age.pop_first() else {
+                break;
+            };
+            self.entries.remove(&iova);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// Removes `[start, end)` from every entry, splitting the entries that
+    /// reach out of it. Entries do not overlap, so the ones concerned are
+    /// the last few starting before `end`, visited from the right.
     fn remove_range(&mut self, start: u64, end: u64) {
         if start >= end {
             return;
         }
-        let mut hit: Vec<u64> = Vec::new();
-        if let Some((&k, e)) = self.entries.range(..start).next_back() {
-            if k + e.len > start {
-                hit.push(k);
-            }
-        }
-        hit.extend(self.entries.range(start..end).map(|(k, _)| *k));
-        for k in hit {
-            let Some(e) = self.entries.remove(&k) else {
-                continue;
-            };
+        while let Some((&k, &e)) = self.entries.range(..end).next_back() {
             let e_end = k + e.len;
-            if k < start {
-                self.entries.insert(
-                    k,
-                    IotlbEntry {
-                        len: start - k,
-                        ..e
-                    },
-                );
+            if e_end <= start {
+                break;
             }
+            self.remove(k);
             if e_end > end {
-                self.entries.insert(
+                self.insert(
                     end,
                     IotlbEntry {
                         len: e_end - end,
@@ -585,259 +671,329 @@ impl IotlbTable {
                     },
                 );
             }
-        }
-    }
-
-    /// Translates `[iova, iova + len)` for `access` into frontend virtual
-    /// address pieces. Fails with the first unmapped or forbidden address.
-    pub fn translate(
-        &self,
-        iova: u64,
-        len: u64,
-        access: Permissions,
-    ) -> Result<Vec<Translation>, MemError> {
-        let end = iova
-            .checked_add(len)
-            .ok_or(MemError::BadRange { addr: iova, len })?;
-        let mut out = Vec::new();
-        let mut cur = iova;
-        while cur < end {
-            let (k, e) = self
-                .entries
-                .range(..=cur)
-                .next_back()
-                .filter(|(k, e)| **k + e.len > cur)
-                .ok_or(MemError::Miss { iova: cur })?;
-            if !e.perm.allow(access) {
-                return Err(MemError::Denied { iova: cur });
-            }
-            let piece_end = end.min(k + e.len);
-            out.push(Translation {
-                iova: cur,
-                uaddr: e.uaddr + (cur - k),
-                len: piece_end - cur,
-            });
-            cur = piece_end;
-        }
-        Ok(out)
-    }
-
-    /// Builds vm-memory's IOTLB (IOVA to guest physical) for this table
-    /// over `table`. Parts that the memory table does not back are left
-    /// out, so accessing them is a miss.
-    pub fn to_vm_iotlb(&self, table: &MemoryTable) -> Iotlb {
-        let mut tlb = Iotlb::new();
-        for (iova, e) in self.iter() {
-            for (off, gpa, len) in table.uaddr_segments(e.uaddr, e.len) {
-                if let Ok(len) = usize::try_from(len) {
-                    // Entries never overflow (checked at insertion).
-                    let _ =
-                        tlb.set_mapping(GuestAddress(iova + off), GuestAddress(gpa), len, e.perm);
-                }
-            }
-        }
-        tlb
-    }
-}
-
-/// A failed access recorded by [`PortIommu`] so the port can ask the
-/// frontend for the mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
-    /// First address that failed.
-    pub iova: u64,
-    /// Access that was attempted.
-    pub access: Permissions,
-    /// Whether the address was mapped (but without the permission).
-    pub denied: bool,
-}
-
-/// The IOMMU of a port as vm-memory sees it: a read-mostly IOTLB mirror plus
-/// a record of faults (misses are never waited for; the caller sends an
-/// IOTLB MISS and retries after the UPDATE).
-#[derive(Debug, Default)]
-pub struct PortIommu {
-    tlb: RwLock<Iotlb>,
-    faults: Mutex<Vec<Fault>>,
-    events: AtomicU64,
-}
-
-impl PortIommu {
-    /// Replaces the IOTLB mirror.
-    pub fn set_tlb(&self, tlb: Iotlb) {
-        *self.tlb.write().unwrap_or_else(|e| e.into_inner()) = tlb;
-    }
-
-    /// Takes the faults recorded since the last call.
-    pub fn take_faults(&self) -> Vec<Fault> {
-        std::mem::take(&mut *self.faults.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Whether faults were recorded and not taken yet.
-    pub fn has_faults(&self) -> bool {
-        !self
-            .faults
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-    }
-
-    /// Number of faults seen so far (a counter that only grows: compare
-    /// it before and after an access to detect a miss).
-    pub fn fault_count(&self) -> u64 {
-        self.events.load(Ordering::Relaxed)
-    }
-
-    /// Whether `[iova, iova + length)` is mapped but not with `access`
-    /// (as opposed to a miss: some part is not mapped at all).
-    pub fn denied(&self, iova: u64, length: usize, access: Permissions) -> bool {
-        if length == 0 || iova.checked_add(length as u64).is_none() {
-            return false;
-        }
-        let guard = self.tlb.read().unwrap_or_else(|e| e.into_inner());
-        match Iotlb::lookup(guard, GuestAddress(iova), length, access) {
-            Ok(_) => false,
-            Err(fails) => fails.misses.is_empty() && !fails.access_fails.is_empty(),
-        }
-    }
-
-    fn record(&self, fault: Fault) {
-        self.events.fetch_add(1, Ordering::Relaxed);
-        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        if f.len() < 64 && !f.contains(&fault) {
-            f.push(fault);
-        }
-    }
-}
-
-impl Iommu for PortIommu {
-    type IotlbGuard<'a> = RwLockReadGuard<'a, Iotlb>;
-
-    fn translate(
-        &self,
-        iova: GuestAddress,
-        length: usize,
-        access: Permissions,
-    ) -> Result<IotlbIterator<Self::IotlbGuard<'_>>, IommuError> {
-        let fail = |reason: &str| IommuError::CannotResolve {
-            iova_range: IovaRange { base: iova, length },
-            reason: reason.to_string(),
-        };
-        // Iotlb::lookup computes `iova + length` unchecked, and an empty
-        // range would confuse its gap search: refuse both here.
-        let len = length as u64;
-        if length == 0 || iova.0.checked_add(len).is_none() {
-            return Err(fail("empty or overflowing range"));
-        }
-        let guard = self.tlb.read().unwrap_or_else(|e| e.into_inner());
-        match Iotlb::lookup(guard, iova, length, access) {
-            Ok(it) => Ok(it),
-            Err(fails) => {
-                if let Some(m) = fails.misses.first() {
-                    self.record(Fault {
-                        iova: m.base.0,
-                        access,
-                        denied: false,
-                    });
-                } else if let Some(a) = fails.access_fails.first() {
-                    self.record(Fault {
-                        iova: a.base.0,
-                        access,
-                        denied: true,
-                    });
-                }
-                Err(fail("not mapped with the requested access"))
+            if k < start {
+                self.insert(
+                    k,
+                    IotlbEntry {
+                        len: start - k,
+                        ..e
+                    },
+                );
+                break;
             }
         }
     }
 }
 
-/// Creates the port memory for `table`, with the IOMMU enabled or not.
-pub fn new_port_memory(table: &MemoryTable, iotlb: &IotlbTable, iommu: bool) -> PortMemory {
-    let port_iommu = PortIommu::default();
-    port_iommu.set_tlb(iotlb.to_vm_iotlb(table));
-    IommuMemory::new(table.mmap().clone(), port_iommu, iommu, ())
-}
-
-/// Returns volatile slices covering `[addr, addr + len)` of `mem` for
-/// `access`, or an error (memory untouched) if any byte is not accessible.
+/// A port's memory as the device accesses it: the frontend's memory table
+/// and, when ACCESS_PLATFORM is negotiated, the port's IOTLB in front of
+/// it. Device addresses are IOVAs then, guest physical addresses otherwise.
 ///
-/// With the IOMMU enabled `addr` is an IOVA; otherwise a guest physical
-/// address. A miss is also recorded in the IOMMU's faults, so the port
-/// asks the frontend for the mapping.
-pub fn slices(
-    mem: &PortMemory,
-    addr: u64,
-    len: usize,
-    access: Permissions,
-) -> Result<Vec<VolatileSlice<'_, ()>>, MemError> {
-    let bad = MemError::BadRange {
-        addr,
-        len: len as u64,
-    };
-    if addr.checked_add(len as u64).is_none() {
-        return Err(bad);
-    }
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    if !mem.check_range(GuestAddress(addr), len, access) {
-        if mem.get_iommu_enabled() {
-            let faults = mem.iommu().take_faults();
-            let first = faults.first().copied();
-            // Keep them for the port, which sends the MISS messages.
-            let mut kept = mem.iommu().faults.lock().unwrap_or_else(|e| e.into_inner());
-            kept.extend(faults);
-            drop(kept);
-            return Err(match first {
-                Some(f) if f.denied => MemError::Denied { iova: f.iova },
-                Some(f) => MemError::Miss { iova: f.iova },
-                None => MemError::Unbacked {
-                    addr,
-                    len: len as u64,
-                },
-            });
+/// Every access of the device to a port's memory translates here: the RDMA
+/// engine through [`translate`](Self::translate), the rings (virtio-queue)
+/// through this type's [`GuestMemory`] implementation. There is no other
+/// copy of the IOTLB. It lives behind the port's access gate: lookups
+/// happen inside a guarded step, updates and invalidations under the
+/// barrier.
+#[derive(Debug)]
+pub struct PortMemory {
+    table: MemoryTable,
+    iommu: bool,
+    iotlb: IotlbTable,
+}
+
+impl PortMemory {
+    /// The memory of `table`, translated through `iotlb` when `iommu` is
+    /// set.
+    pub fn new(table: MemoryTable, iommu: bool, iotlb: IotlbTable) -> Self {
+        PortMemory {
+            table,
+            iommu,
+            iotlb,
         }
-        return Err(MemError::Unbacked {
-            addr,
-            len: len as u64,
-        });
     }
-    let iter = mem
-        .get_slices(GuestAddress(addr), len, access)
-        .map_err(|_| bad.clone())?;
-    let mut out = Vec::new();
-    let mut total = 0usize;
-    for s in iter {
-        let s = s.map_err(|_| bad.clone())?;
-        total += s.len();
-        out.push(s);
+
+    /// The memory table.
+    pub fn table(&self) -> &MemoryTable {
+        &self.table
     }
-    if total != len {
-        return Err(bad);
+
+    /// Whether device addresses are IOVAs (ACCESS_PLATFORM).
+    pub fn iommu_enabled(&self) -> bool {
+        self.iommu
     }
-    Ok(out)
+
+    /// The IOTLB.
+    pub fn iotlb(&self) -> &IotlbTable {
+        &self.iotlb
+    }
+
+    /// The IOTLB, to change it (under the port's barrier).
+    pub fn iotlb_mut(&mut self) -> &mut IotlbTable {
+        &mut self.iotlb
+    }
+
+    /// Gives the IOTLB back (to carry it over to a new memory table).
+    pub fn into_iotlb(self) -> IotlbTable {
+        self.iotlb
+    }
+
+    /// The memory of `[addr, addr + len)` for `access`, as slices in this
+    /// process, one per IOTLB entry and memory region crossed. The first
+    /// address that does not translate ends the iteration with its
+    /// [`TranslateError`].
+    pub fn translate(&self, addr: u64, len: u64, access: Permissions) -> Slices<'_> {
+        match addr.checked_add(len) {
+            Some(end) => Slices {
+                memory: self,
+                addr,
+                end,
+                access,
+                failed: None,
+            },
+            None => Slices {
+                memory: self,
+                addr,
+                end: addr,
+                access,
+                failed: Some(TranslateError::Wraps { addr, len }),
+            },
+        }
+    }
+
+    /// Whether all of `[addr, addr + len)` translates for `access`.
+    pub fn check(&self, addr: u64, len: u64, access: Permissions) -> Result<(), TranslateError> {
+        self.translate(addr, len, access)
+            .try_for_each(|slice| slice.map(drop))
+    }
+
+    /// The slice at `addr`, up to `end`, as far as one IOTLB entry and one
+    /// memory region reach.
+    fn slice(
+        &self,
+        addr: u64,
+        end: u64,
+        access: Permissions,
+    ) -> Result<VolatileSlice<'_, ()>, TranslateError> {
+        let unbacked = TranslateError::Unbacked { addr };
+        let mut limit = end - addr;
+        let gpa = if self.iommu {
+            let (uaddr, run) = self.iotlb.translate(addr, access)?;
+            limit = limit.min(run);
+            let region = self
+                .table
+                .regions()
+                .iter()
+                .find(|r| uaddr >= r.uaddr && uaddr - r.uaddr < r.size)
+                .ok_or(unbacked)?;
+            let offset = uaddr - region.uaddr;
+            limit = limit.min(region.size - offset);
+            region.gpa + offset
+        } else {
+            addr
+        };
+        let region = self
+            .table
+            .mmap()
+            .find_region(GuestAddress(gpa))
+            .ok_or(unbacked)?;
+        let offset = gpa - region.start_addr().raw_value();
+        limit = limit.min(region.len() - offset);
+        let len = usize::try_from(limit).map_err(|_| unbacked)?;
+        region
+            .get_slice(MemoryRegionAddress(offset), len)
+            .map_err(|_| unbacked)
+    }
 }
 
-/// Converts a vhost IOTLB permission byte (VHOST_ACCESS_*) to [`Permissions`].
+/// The slices of a translated range (see [`PortMemory::translate`]).
+#[derive(Debug)]
+pub struct Slices<'a> {
+    memory: &'a PortMemory,
+    addr: u64,
+    end: u64,
+    access: Permissions,
+    failed: Option<TranslateError>,
+}
+
+impl<'a> Iterator for Slices<'a> {
+    type Item = Result<VolatileSlice<'a, ()>, TranslateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(error) = self.failed.take() {
+            return Some(Err(error));
+        }
+        if self.addr >= self.end {
+            return None;
+        }
+        match self.memory.slice(self.addr, self.end, self.access) {
+            Ok(slice) => {
+                self.addr += slice.len() as u64;
+                Some(Ok(slice))
+            }
+            Err(error) => {
+                self.addr = self.end;
+                Some(Err(error))
+            }
+        }
+    }
+}
+
+impl FusedIterator for Slices<'_> {}
+
+/// A [`PortMemory`] lent to code that drops errors on the floor (virtio-queue
+/// ends a descriptor chain early when a descriptor cannot be read): the
+/// first translation that fails through it is kept, so that the caller can
+/// return it as its result.
+#[derive(Debug)]
+pub struct Watched<'a> {
+    memory: &'a PortMemory,
+    failure: Cell<Option<TranslateError>>,
+}
+
+impl<'a> Watched<'a> {
+    /// Watches the translations made through it.
+    pub fn new(memory: &'a PortMemory) -> Self {
+        Watched {
+            memory,
+            failure: Cell::new(None),
+        }
+    }
+
+    /// The first translation that failed through this view.
+    pub fn failure(&self) -> Option<TranslateError> {
+        self.failure.get()
+    }
+}
+
+/// The slices of a range accessed through [`GuestMemory`].
+#[derive(Debug)]
+pub struct GuestSlices<'a> {
+    slices: Slices<'a>,
+    watch: Option<&'a Cell<Option<TranslateError>>>,
+}
+
+impl<'a> Iterator for GuestSlices<'a> {
+    type Item = GuestMemoryResult<VolatileSlice<'a, ()>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.slices.next()?;
+        Some(item.map_err(|error| {
+            if let Some(watch) = self.watch {
+                if watch.get().is_none() {
+                    watch.set(Some(error));
+                }
+            }
+            guest_error(error)
+        }))
+    }
+}
+
+impl FusedIterator for GuestSlices<'_> {}
+
+impl<'a> GuestMemorySliceIterator<'a, BS<'a, ()>> for GuestSlices<'a> {}
+
+fn guest_error(error: TranslateError) -> GuestMemoryError {
+    match error {
+        TranslateError::Miss(Miss { iova, .. }) | TranslateError::Denied { iova, .. } => {
+            GuestMemoryError::IommuError(IommuError::CannotResolve {
+                iova_range: IovaRange {
+                    base: GuestAddress(iova),
+                    length: 1,
+                },
+                reason: error.to_string(),
+            })
+        }
+        TranslateError::Unbacked { addr } => {
+            GuestMemoryError::InvalidGuestAddress(GuestAddress(addr))
+        }
+        TranslateError::Wraps { .. } => GuestMemoryError::GuestAddressOverflow,
+    }
+}
+
+impl GuestMemory for PortMemory {
+    type PhysicalMemory = GuestMemoryMmap;
+    type Bitmap = ();
+
+    fn check_range(&self, addr: GuestAddress, count: usize, access: Permissions) -> bool {
+        self.check(addr.0, count as u64, access).is_ok()
+    }
+
+    fn get_slices<'a>(
+        &'a self,
+        addr: GuestAddress,
+        count: usize,
+        access: Permissions,
+    ) -> GuestMemoryResult<impl GuestMemorySliceIterator<'a, BS<'a, ()>>> {
+        Ok(GuestSlices {
+            slices: self.translate(addr.0, count as u64, access),
+            watch: None,
+        })
+    }
+
+    fn physical_memory(&self) -> Option<&GuestMemoryMmap> {
+        (!self.iommu).then(|| self.table.mmap())
+    }
+}
+
+impl GuestMemory for Watched<'_> {
+    type PhysicalMemory = GuestMemoryMmap;
+    type Bitmap = ();
+
+    fn check_range(&self, addr: GuestAddress, count: usize, access: Permissions) -> bool {
+        match self.memory.check(addr.0, count as u64, access) {
+            Ok(()) => true,
+            Err(error) => {
+                if self.failure.get().is_none() {
+                    self.failure.set(Some(error));
+                }
+                false
+            }
+        }
+    }
+
+    fn get_slices<'a>(
+        &'a self,
+        addr: GuestAddress,
+        count: usize,
+        access: Permissions,
+    ) -> GuestMemoryResult<impl GuestMemorySliceIterator<'a, BS<'a, ()>>> {
+        Ok(GuestSlices {
+            slices: self.memory.translate(addr.0, count as u64, access),
+            watch: Some(&self.failure),
+        })
+    }
+}
+
+/// The [`Permissions`] of a vhost IOTLB permission, if it is one.
 pub fn perm_from_vhost(perm: u8) -> Option<Permissions> {
-    match perm {
-        0 => Some(Permissions::No),
-        1 => Some(Permissions::Read),
-        2 => Some(Permissions::Write),
-        3 => Some(Permissions::ReadWrite),
-        _ => None,
+    let access = IotlbMessage {
+        perm,
+        ..IotlbMessage::default()
     }
+    .access()?;
+    Some(match access {
+        VhostAccess::No => Permissions::No,
+        VhostAccess::ReadOnly => Permissions::Read,
+        VhostAccess::WriteOnly => Permissions::Write,
+        VhostAccess::ReadWrite => Permissions::ReadWrite,
+    })
 }
 
-/// Converts [`Permissions`] to a vhost IOTLB permission byte.
-pub fn perm_to_vhost(perm: Permissions) -> u8 {
-    perm as u8
+/// The vhost IOTLB permission of an access.
+pub fn perm_to_vhost(perm: Permissions) -> VhostAccess {
+    match perm {
+        Permissions::No => VhostAccess::No,
+        Permissions::Read => VhostAccess::ReadOnly,
+        Permissions::Write => VhostAccess::WriteOnly,
+        Permissions::ReadWrite => VhostAccess::ReadWrite,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::io::Write;
     use vm_memory::Bytes;
 
@@ -845,59 +1001,23 @@ mod tests {
     const W: Permissions = Permissions::Write;
     const RW: Permissions = Permissions::ReadWrite;
 
+    fn miss(iova: u64, access: Permissions) -> TranslateError {
+        TranslateError::Miss(Miss { iova, access })
+    }
+
+    /// The frontend address of `iova`, if mapped for `access`.
+    fn uaddr(t: &IotlbTable, iova: u64, access: Permissions) -> Result<u64, TranslateError> {
+        t.translate(iova, access).map(|(uaddr, _)| uaddr)
+    }
+
     #[test]
     fn translate_single_entry() {
         let mut t = IotlbTable::new(16);
         t.update(0x1000, 0x1000, 0x7f00_0000, RW).unwrap();
-        let tr = t.translate(0x1800, 0x100, R).unwrap();
-        assert_eq!(
-            tr,
-            vec![Translation {
-                iova: 0x1800,
-                uaddr: 0x7f00_0800,
-                len: 0x100
-            }]
-        );
-        assert_eq!(t.translate(0x1800, 0, R).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn translate_crosses_entries() {
-        let mut t = IotlbTable::new(16);
-        t.update(0x1000, 0x1000, 0xa000, RW).unwrap();
-        t.update(0x2000, 0x1000, 0x5000, RW).unwrap();
-        let tr = t.translate(0x1f00, 0x200, W).unwrap();
-        assert_eq!(
-            tr,
-            vec![
-                Translation {
-                    iova: 0x1f00,
-                    uaddr: 0xaf00,
-                    len: 0x100
-                },
-                Translation {
-                    iova: 0x2000,
-                    uaddr: 0x5000,
-                    len: 0x100
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn translate_gap_is_a_miss() {
-        let mut t = IotlbTable::new(16);
-        t.update(0x1000, 0x1000, 0xa000, RW).unwrap();
-        t.update(0x3000, 0x1000, 0xb000, RW).unwrap();
-        assert_eq!(
-            t.translate(0x1f00, 0x2000, R),
-            Err(MemError::Miss { iova: 0x2000 })
-        );
-        assert_eq!(t.translate(0x0, 1, R), Err(MemError::Miss { iova: 0 }));
-        assert_eq!(
-            t.translate(0x3fff, 2, R),
-            Err(MemError::Miss { iova: 0x4000 })
-        );
+        assert_eq!(t.translate(0x1800, R), Ok((0x7f00_0800, 0x800)));
+        assert_eq!(t.translate(0x1fff, W), Ok((0x7f00_0fff, 1)));
+        assert_eq!(t.translate(0x2000, R), Err(miss(0x2000, R)));
+        assert_eq!(t.translate(0xfff, W), Err(miss(0xfff, W)));
     }
 
     #[test]
@@ -905,29 +1025,36 @@ mod tests {
         let mut t = IotlbTable::new(16);
         t.update(0x1000, 0x1000, 0xa000, R).unwrap();
         t.update(0x2000, 0x1000, 0xb000, W).unwrap();
-        assert!(t.translate(0x1000, 0x1000, R).is_ok());
-        assert_eq!(
-            t.translate(0x1000, 0x10, W),
-            Err(MemError::Denied { iova: 0x1000 })
-        );
-        assert_eq!(
-            t.translate(0x1ff0, 0x20, R),
-            Err(MemError::Denied { iova: 0x2000 })
-        );
-        assert_eq!(
-            t.translate(0x1ff0, 0x20, RW),
-            Err(MemError::Denied { iova: 0x1ff0 })
-        );
+        assert!(t.translate(0x1000, R).is_ok());
+        let denied = |iova, access| TranslateError::Denied { iova, access };
+        assert_eq!(t.translate(0x1000, W), Err(denied(0x1000, W)));
+        assert_eq!(t.translate(0x2000, R), Err(denied(0x2000, R)));
+        assert_eq!(t.translate(0x1ff0, RW), Err(denied(0x1ff0, RW)));
     }
 
     #[test]
-    fn overflow_and_empty_are_refused() {
+    fn wrapping_empty_and_permissionless_updates_are_refused() {
         let mut t = IotlbTable::new(16);
-        assert!(t.update(u64::MAX - 1, 4, 0, RW).is_err());
-        assert!(t.update(0, 0, 0, RW).is_err());
-        assert!(t.update(0, 4, u64::MAX, RW).is_err());
-        assert!(t.translate(u64::MAX, 2, R).is_err());
+        assert!(matches!(
+            t.update(u64::MAX - 1, 4, 0, RW),
+            Err(IotlbError::BadRange { .. })
+        ));
+        assert!(matches!(
+            t.update(0, 0, 0, RW),
+            Err(IotlbError::BadRange { .. })
+        ));
+        assert!(matches!(
+            t.update(0, 4, u64::MAX, RW),
+            Err(IotlbError::BadTarget { .. })
+        ));
+        assert!(matches!(
+            t.update(0, 4, 0, Permissions::No),
+            Err(IotlbError::NoAccess { .. })
+        ));
         assert!(t.is_empty());
+        // The last mappable byte is u64::MAX - 1 (the end must fit).
+        t.update(u64::MAX - 0x1000, 0x1000, 0, R).unwrap();
+        assert_eq!(t.translate(u64::MAX - 1, R), Ok((0xfff, 1)));
     }
 
     #[test]
@@ -936,21 +1063,19 @@ mod tests {
         t.update(0x0, 0x4000, 0x10000, RW).unwrap();
         t.update(0x1000, 0x1000, 0x90000, R).unwrap();
         assert_eq!(t.len(), 3);
-        assert_eq!(t.translate(0x1000, 1, R).unwrap()[0].uaddr, 0x90000);
-        assert_eq!(t.translate(0x2000, 1, R).unwrap()[0].uaddr, 0x12000);
-        assert_eq!(t.translate(0x0fff, 1, R).unwrap()[0].uaddr, 0x10fff);
+        assert_eq!(uaddr(&t, 0x1000, R), Ok(0x90000));
+        assert_eq!(uaddr(&t, 0x2000, R), Ok(0x12000));
+        assert_eq!(uaddr(&t, 0x0fff, R), Ok(0x10fff));
         t.invalidate(0x800, 0x2000);
-        assert_eq!(t.translate(0x7ff, 1, R).unwrap()[0].uaddr, 0x107ff);
-        assert_eq!(
-            t.translate(0x800, 1, R),
-            Err(MemError::Miss { iova: 0x800 })
-        );
-        assert_eq!(
-            t.translate(0x27ff, 1, R),
-            Err(MemError::Miss { iova: 0x27ff })
-        );
-        assert_eq!(t.translate(0x2800, 1, R).unwrap()[0].uaddr, 0x12800);
-        t.invalidate(0, 0);
+        assert_eq!(uaddr(&t, 0x7ff, R), Ok(0x107ff));
+        assert_eq!(uaddr(&t, 0x800, R), Err(miss(0x800, R)));
+        assert_eq!(uaddr(&t, 0x27ff, R), Err(miss(0x27ff, R)));
+        assert_eq!(uaddr(&t, 0x2800, R), Ok(0x12800));
+        // len 0 is 2^64 wrapped: everything from the IOVA on.
+        t.invalidate(0x2900, 0);
+        assert_eq!(uaddr(&t, 0x28ff, R), Ok(0x128ff));
+        assert_eq!(uaddr(&t, 0x2900, R), Err(miss(0x2900, R)));
+        t.invalidate(0, u64::MAX);
         assert!(t.is_empty());
     }
 
@@ -961,8 +1086,161 @@ mod tests {
         t.update(0x3000, 0x1000, 0x3000, RW).unwrap();
         assert_eq!(t.update(0x2000, 0x1000, 0x2000, RW).unwrap(), 1);
         assert_eq!(t.len(), 2);
-        assert!(t.translate(0x1000, 1, R).is_err());
-        assert!(t.translate(0x2000, 0x2000, R).is_ok());
+        assert!(t.translate(0x1000, R).is_err());
+        assert!(t.translate(0x2000, R).is_ok() && t.translate(0x3000, R).is_ok());
+        // Splitting an entry in two evicts the oldest piece.
+        assert_eq!(t.invalidate(0x2400, 0x100), 1);
+        assert_eq!(t.len(), 2);
+        assert!(t.translate(0x3000, R).is_err());
+        assert!(t.translate(0x2000, R).is_ok() && t.translate(0x2500, R).is_ok());
+    }
+
+    /// A byte-per-byte model of the IOTLB: what every address maps to.
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Update {
+            at: u64,
+            len: u64,
+            uaddr: u64,
+            perm: u8,
+        },
+        Invalidate {
+            at: u64,
+            len: u64,
+        },
+    }
+
+    /// Addresses near 0 and near the top of the address space (where ranges
+    /// wrap).
+    fn address() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..256, (0u64..256).prop_map(|o| u64::MAX - o)]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (address(), 0u64..80, 0u64..1 << 20, 0u8..4)
+                .prop_map(|(at, len, uaddr, perm)| Op::Update { at, len, uaddr, perm }),
+            1 => (address(), prop_oneof![0u64..80, Just(u64::MAX)])
+                .prop_map(|(at, len)| Op::Invalidate { at, len }),
+        ]
+    }
+
+    fn perm(p: u8) -> Permissions {
+        [Permissions::No, R, W, RW][p as usize]
+    }
+
+    fn apply(model: &mut BTreeMap<u64, (u64, Permissions)>, op: Op) -> bool {
+        match op {
+            Op::Update {
+                at,
+                len,
+                uaddr,
+                perm: p,
+            } => {
+                if len == 0 || at.checked_add(len).is_none() || p == 0 {
+                    return false;
+                }
+                for i in 0..len {
+                    model.insert(at + i, (uaddr + i, perm(p)));
+                }
+                true
+            }
+            Op::Invalidate { at, len } => {
+                let end = at.checked_add(len).filter(|_| len != 0).unwrap_or(u64::MAX);
+                let doomed: Vec<u64> = model.range(at..end).map(|(k, _)| *k).collect();
+                for k in doomed {
+                    model.remove(&k);
+                }
+                true
+            }
+        }
+    }
+
+    fn check_shape(t: &IotlbTable) -> Result<(), TestCaseError> {
+        let mut last_end = 0u64;
+        for (i, (iova, e)) in t.iter().enumerate() {
+            prop_assert!(e.len > 0 && e.perm != Permissions::No);
+            prop_assert!(i == 0 || iova >= last_end, "entries overlap at {:#x}", iova);
+            prop_assert!(t.age.contains(&(e.seq, iova)));
+            last_end = iova + e.len;
+        }
+        prop_assert_eq!(t.age.len(), t.len());
+        prop_assert!(t.len() <= t.max_entries());
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// With room for every entry, the table maps exactly what the model
+        /// maps, byte for byte, with the right permissions; entries never
+        /// overlap.
+        #[test]
+        fn iotlb_matches_a_byte_model(ops in proptest::collection::vec(op(), 1..40)) {
+            let mut t = IotlbTable::new(1 << 20);
+            let mut model = BTreeMap::new();
+            for op in ops {
+                let accepted = apply(&mut model, op);
+                match op {
+                    Op::Update { at, len, uaddr, perm: p } => {
+                        prop_assert_eq!(t.update(at, len, uaddr, perm(p)).is_ok(), accepted);
+                    }
+                    Op::Invalidate { at, len } => {
+                        prop_assert_eq!(t.invalidate(at, len), 0);
+                    }
+                }
+                check_shape(&t)?;
+            }
+            let probes = (0u64..300).chain((0u64..300).map(|o| u64::MAX - o));
+            for iova in probes {
+                match model.get(&iova) {
+                    Some(&(u, p)) => {
+                        let (got, run) = t.translate(iova, p).unwrap();
+                        prop_assert_eq!(got, u);
+                        // The whole run maps contiguously, as the model says.
+                        for i in [0, run / 2, run - 1] {
+                            prop_assert_eq!(model.get(&(iova + i)), Some(&(u + i, p)));
+                        }
+                        if p != RW {
+                            let other = if p == R { W } else { R };
+                            prop_assert_eq!(
+                                t.translate(iova, other),
+                                Err(TranslateError::Denied { iova, access: other })
+                            );
+                        }
+                    }
+                    None => prop_assert_eq!(t.translate(iova, R), Err(miss(iova, R))),
+                }
+            }
+        }
+
+        /// With a small bound, the table stays within it and whatever it
+        /// still maps agrees with the model (eviction only forgets).
+        #[test]
+        fn a_bounded_iotlb_only_forgets(
+            ops in proptest::collection::vec(op(), 1..60),
+            max in 1usize..6,
+        ) {
+            let mut t = IotlbTable::new(max);
+            let mut model = BTreeMap::new();
+            for op in ops {
+                apply(&mut model, op);
+                match op {
+                    Op::Update { at, len, uaddr, perm: p } => {
+                        let _ = t.update(at, len, uaddr, perm(p));
+                    }
+                    Op::Invalidate { at, len } => {
+                        t.invalidate(at, len);
+                    }
+                }
+                check_shape(&t)?;
+            }
+            for (iova, e) in t.iter() {
+                for i in [0, e.len - 1] {
+                    prop_assert_eq!(model.get(&(iova + i)), Some(&(e.uaddr + i, e.perm)));
+                }
+            }
+        }
     }
 
     fn memfd_table(gpa: u64, uaddr: u64, size: u64) -> MemoryTable {
@@ -1154,20 +1432,30 @@ mod tests {
     }
 
     #[test]
-    fn slices_follow_the_iotlb() {
+    fn port_memory_translates_through_the_iotlb() {
         let table = memfd_table(0x10_0000, 0x7f00_0000, 0x4000);
         let mut tlb = IotlbTable::new(16);
-        // IOVA 0x2000..0x3000 -> uaddr page 3, IOVA 0x3000..0x4000 -> page 0 (read-only).
+        // IOVA 0x2000..0x3000 -> uaddr page 3, IOVA 0x3000..0x4000 -> page 0 (read-only),
+        // IOVA 0x8000 -> outside the memory table.
         tlb.update(0x2000, 0x1000, 0x7f00_3000, RW).unwrap();
         tlb.update(0x3000, 0x1000, 0x7f00_0000, R).unwrap();
-        let mem = new_port_memory(&table, &tlb, true);
+        tlb.update(0x8000, 0x1000, 0x6000_0000, RW).unwrap();
+        let mem = PortMemory::new(table.clone(), true, tlb);
 
-        let s = slices(&mem, 0x2ff0, 0x20, Permissions::Read).unwrap();
-        assert_eq!(s.iter().map(|s| s.len()).sum::<usize>(), 0x20);
-        assert_eq!(s.len(), 2);
+        let pieces: Vec<_> = mem.translate(0x2ff0, 0x20, R).collect();
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(
+            pieces
+                .iter()
+                .map(|s| s.as_ref().unwrap().len())
+                .sum::<usize>(),
+            0x20
+        );
+        assert_eq!(mem.translate(0x2000, 0, W).count(), 0);
 
-        let w = slices(&mem, 0x2800, 0x10, Permissions::Write).unwrap();
-        w[0].write_slice(&[7u8; 16], 0).unwrap();
+        for slice in mem.translate(0x2800, 0x10, W) {
+            slice.unwrap().write_slice(&[7u8; 16], 0).unwrap();
+        }
         let mut back = [0u8; 16];
         table
             .mmap()
@@ -1175,23 +1463,50 @@ mod tests {
             .unwrap();
         assert_eq!(back, [7u8; 16]);
 
-        // Write into the read-only part: denied, memory untouched.
+        let denied = TranslateError::Denied {
+            iova: 0x3000,
+            access: W,
+        };
+        assert_eq!(mem.check(0x2ff0, 0x20, W), Err(denied));
+        assert_eq!(mem.check(0x5000, 0x10, R), Err(miss(0x5000, R)));
+        assert_eq!(mem.check(0x3ff0, 0x20, R), Err(miss(0x4000, R)));
         assert_eq!(
-            slices(&mem, 0x3000, 0x10, Permissions::Write).unwrap_err(),
-            MemError::Denied { iova: 0x3000 }
+            mem.check(0x8000, 1, R),
+            Err(TranslateError::Unbacked { addr: 0x8000 })
         );
-        // Unmapped: a miss, recorded for the port.
-        mem.iommu().take_faults();
         assert_eq!(
-            slices(&mem, 0x5000, 0x10, Permissions::Read).unwrap_err(),
-            MemError::Miss { iova: 0x5000 }
+            mem.check(u64::MAX, 2, R),
+            Err(TranslateError::Wraps {
+                addr: u64::MAX,
+                len: 2
+            })
         );
-        assert_eq!(mem.iommu().take_faults()[0].iova, 0x5000);
-        assert!(slices(&mem, u64::MAX, 2, Permissions::Read).is_err());
+
+        // Through vm-memory's traits (as virtio-queue reads rings) a failure
+        // is an error, and a watched view keeps the first one.
+        assert!(mem.read_obj::<u64>(GuestAddress(0x2000)).is_ok());
+        assert!(mem.read_obj::<u64>(GuestAddress(0x5000)).is_err());
+        let watched = Watched::new(&mem);
+        assert!(watched.read_obj::<u64>(GuestAddress(0x2008)).is_ok());
+        assert_eq!(watched.failure(), None);
+        assert!(watched.write_obj(1u64, GuestAddress(0x3000)).is_err());
+        assert!(watched.read_obj::<u64>(GuestAddress(0x5000)).is_err());
+        assert_eq!(watched.failure(), Some(denied));
 
         // Without the IOMMU, addresses are guest physical.
-        let phys = new_port_memory(&table, &tlb, false);
-        assert!(slices(&phys, 0x10_0000, 0x4000, Permissions::Write).is_ok());
-        assert!(slices(&phys, 0x10_3fff, 2, Permissions::Read).is_err());
+        let phys = PortMemory::new(table, false, mem.into_iotlb());
+        assert!(phys.check(0x10_0000, 0x4000, W).is_ok());
+        assert_eq!(
+            phys.check(0x10_3fff, 2, R),
+            Err(TranslateError::Unbacked { addr: 0x10_4000 })
+        );
+    }
+
+    #[test]
+    fn vhost_permissions_convert_both_ways() {
+        for p in [Permissions::No, R, W, RW] {
+            assert_eq!(perm_from_vhost(perm_to_vhost(p) as u8), Some(p));
+        }
+        assert_eq!(perm_from_vhost(4), None);
     }
 }

@@ -9,35 +9,18 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::memory::{self, IotlbTable, MemoryTable, PortMemory};
+use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
 use crate::rdma::{RefusalCounters, WindowTable};
-use crate::vhost_user::message::{IotlbMsg, IotlbType, HEADER_SIZE, IOTLB_MSG_SIZE};
 use crate::DeviceConfig;
 
-/// virtio-net feature bits (virtio spec numbering).
+/// The virtio feature bits the device offers (the masks are uapi's, the
+/// bit numbers virtio's).
 pub mod features {
-    use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
-    use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_STATUS};
-    use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-
-    /// Device has a MAC address (VIRTIO_NET_F_MAC).
-    pub const MAC: u64 = 1 << VIRTIO_NET_F_MAC;
-    /// Link status in config space (VIRTIO_NET_F_STATUS).
-    pub const STATUS: u64 = 1 << VIRTIO_NET_F_STATUS;
-    /// Multiqueue (VIRTIO_NET_F_MQ).
-    pub const MQ: u64 = 1 << VIRTIO_NET_F_MQ;
-    /// Indirect descriptors (VIRTIO_RING_F_INDIRECT_DESC).
-    pub const INDIRECT_DESC: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
-    /// Used/avail event index (VIRTIO_RING_F_EVENT_IDX).
-    pub const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
-    /// vhost-user protocol features available (VHOST_USER_F_PROTOCOL_FEATURES).
-    pub const PROTOCOL_FEATURES: u64 =
-        vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-    /// Modern device (VIRTIO_F_VERSION_1).
-    pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-    /// Addresses go through the platform IOMMU (VIRTIO_F_ACCESS_PLATFORM, bit 33).
-    pub const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+    pub use uapi::features::{
+        ACCESS_PLATFORM, EVENT_IDX, INDIRECT_DESC, NET_MAC as MAC, NET_MQ as MQ,
+        NET_STATUS as STATUS, PROTOCOL_FEATURES, VERSION_1,
+    };
 
     /// Everything the device offers.
     pub const OFFERED: u64 = MAC
@@ -51,10 +34,7 @@ pub mod features {
 
     #[cfg(test)]
     #[test]
-    fn bit_numbers() {
-        assert_eq!(ACCESS_PLATFORM, 1 << 33);
-        assert_eq!(VERSION_1, 1 << 32);
-        assert_eq!(PROTOCOL_FEATURES, 1 << 30);
+    fn offered_bits() {
         assert_eq!(OFFERED, 0x3_7041_0020);
     }
 }
@@ -176,9 +156,81 @@ pub struct Port {
 ///
 /// Only the port's own connection thread takes the gate exclusively. Steps
 /// that span two ports take both gates in port order.
+///
+/// Translations that miss in the port's IOTLB, whoever made them (the
+/// port's rings, its RDMA requests, a peer's access through a window), are
+/// queued in [`misses`](Self::note_miss); the port's own thread sends them
+/// to its frontend.
 #[derive(Debug, Default)]
 pub struct PortShared {
     gate: RwLock<SharedState>,
+    misses: parking_lot::Mutex<MissOutbox>,
+}
+
+/// How long a MISS stays unanswered before the same page is asked again.
+const MISS_RETRY: Duration = Duration::from_millis(200);
+
+/// Misses queued at most (more are dropped: they will miss again).
+const MISS_QUEUE_MAX: usize = 64;
+
+/// IOTLB misses of a port waiting to be sent, and the pages recently asked
+/// for (not asked again before [`MISS_RETRY`] or their UPDATE).
+#[derive(Debug, Default)]
+pub struct MissOutbox {
+    queued: Vec<Miss>,
+    asked: Vec<(u64, Instant)>,
+}
+
+impl MissOutbox {
+    fn page(iova: u64) -> u64 {
+        iova & !0xfff
+    }
+
+    /// Queues `miss` unless its page is queued already.
+    pub fn push(&mut self, miss: Miss) {
+        let page = Self::page(miss.iova);
+        if self.queued.len() < MISS_QUEUE_MAX
+            && !self.queued.iter().any(|m| Self::page(m.iova) == page)
+        {
+            self.queued.push(miss);
+        }
+    }
+
+    /// Takes the queued misses whose page was not asked for recently, and
+    /// marks their pages asked at `now`.
+    pub fn take_due(&mut self, now: Instant) -> Vec<Miss> {
+        self.asked
+            .retain(|(_, at)| now.saturating_duration_since(*at) < MISS_RETRY);
+        let mut due = std::mem::take(&mut self.queued);
+        due.retain(|m| {
+            let page = Self::page(m.iova);
+            let fresh = !self.asked.iter().any(|(p, _)| *p == page);
+            if fresh {
+                self.asked.push((page, now));
+            }
+            fresh
+        });
+        due
+    }
+
+    /// Forgets that `iova`'s page was asked for (the MISS could not be sent).
+    pub fn not_asked(&mut self, iova: u64) {
+        let page = Self::page(iova);
+        self.asked.retain(|(p, _)| *p != page);
+    }
+
+    /// Forgets the pages of `[iova, iova + len)` (an UPDATE answered them).
+    pub fn answered(&mut self, iova: u64, len: u64) {
+        let end = iova.saturating_add(len);
+        self.asked
+            .retain(|(p, _)| !(*p >= Self::page(iova) && *p < end));
+    }
+
+    /// Forgets everything.
+    pub fn clear(&mut self) {
+        self.queued.clear();
+        self.asked.clear();
+    }
 }
 
 /// The state behind a port's gate.
@@ -199,6 +251,7 @@ impl PortShared {
                 memory: None,
                 windows: WindowTable::with_limit(max_windows),
             }),
+            misses: Default::default(),
         }
     }
 
@@ -214,12 +267,27 @@ impl PortShared {
         self.gate.write()
     }
 
-    /// Forgets the memory and revokes every window (reset, disconnect),
-    /// once no access is in flight.
+    /// Forgets the memory (with its IOTLB) and revokes every window
+    /// (reset, disconnect), once no access is in flight.
     pub fn reset(&self) {
         let mut state = self.barrier();
         state.memory = None;
         state.windows.clear();
+        drop(state);
+        self.misses.lock().clear();
+    }
+
+    /// Queues an IOTLB miss of this port for its frontend.
+    pub fn note_miss(&self, miss: Miss) {
+        self.misses.lock().push(miss);
+    }
+
+    /// Queues what `failure` asks of this port's frontend, if anything (see
+    /// [`TranslateError::ask`]).
+    pub fn note_miss_of(&self, failure: TranslateError) {
+        if let Some(miss) = failure.ask() {
+            self.note_miss(miss);
+        }
     }
 }
 
@@ -268,16 +336,15 @@ pub struct PortState {
     /// Bound on the bytes the memory table may map.
     pub max_mapped_bytes: u64,
     /// The port's memory (as the device accesses it: IOVA or guest
-    /// physical) and windows, shared with the data paths of other ports.
+    /// physical, through the port's IOTLB) and windows, shared with the
+    /// data paths of other ports.
     pub shared: Arc<PortShared>,
-    /// Device IOTLB.
-    pub iotlb: IotlbTable,
+    /// Entries the port's IOTLB holds at most.
+    pub iotlb_entries_max: usize,
     /// Rings: net pairs (rx 2i, tx 2i+1), then the RDMA send and completion queues.
     pub vrings: Vec<Vring>,
     /// Backend-to-frontend channel (SET_BACKEND_REQ_FD).
     pub backend: Option<UnixStream>,
-    /// MISS requests sent and not yet answered: (page, sent at).
-    pub pending_misses: Vec<(u64, Instant)>,
     /// Frames (virtio-net header included) for rx ring 0 that wait for
     /// the IOTLB mapping of the next rx buffer, oldest first (at most
     /// [`RX_BACKLOG_MAX`]).
@@ -292,7 +359,9 @@ impl PortState {
         cfg: &DeviceConfig,
         shared: Arc<PortShared>,
     ) -> PortState {
-        let nrings = 2 * cfg.queue_pairs as usize + 2;
+        let layout = uapi::RingLayout {
+            queue_pairs: cfg.queue_pairs,
+        };
         PortState {
             index,
             mac,
@@ -304,24 +373,30 @@ impl PortState {
             table: None,
             max_mapped_bytes: cfg.max_mapped_bytes_per_port,
             shared,
-            iotlb: IotlbTable::new(cfg.iotlb_entries_max),
-            vrings: (0..nrings)
+            iotlb_entries_max: cfg.iotlb_entries_max,
+            vrings: (0..usize::from(layout.ring_count()))
                 .map(|i| Vring::new(i, cfg.queue_size_max))
                 .collect(),
             backend: None,
-            pending_misses: Vec::new(),
             rx_backlog: VecDeque::new(),
+        }
+    }
+
+    /// Which ring carries what.
+    pub fn layout(&self) -> uapi::RingLayout {
+        uapi::RingLayout {
+            queue_pairs: self.queue_pairs,
         }
     }
 
     /// Index of the RDMA send queue.
     pub fn rdma_sq(&self) -> usize {
-        2 * self.queue_pairs as usize
+        usize::from(self.layout().send_queue())
     }
 
     /// Index of the RDMA completion queue.
     pub fn rdma_cq(&self) -> usize {
-        2 * self.queue_pairs as usize + 1
+        usize::from(self.layout().completion_queue())
     }
 
     /// Whether ring `i` is one of the RDMA rings.
@@ -346,15 +421,22 @@ impl PortState {
 
     /// Rebuilds the port memory after the memory table or the features
     /// changed, then re-resolves every ring. The old memory and every
-    /// window bound in it are gone once no access is in flight.
+    /// window bound in it are gone once no access is in flight; the IOTLB
+    /// carries over (its entries name frontend addresses, which a new
+    /// memory table does not change).
     pub fn rebuild_memory(&mut self) {
         {
             let mut shared = self.shared.barrier();
             shared.windows.clear();
+            let iotlb = shared
+                .memory
+                .take()
+                .map(PortMemory::into_iotlb)
+                .unwrap_or_else(|| IotlbTable::new(self.iotlb_entries_max));
             shared.memory = self
                 .table
-                .as_ref()
-                .map(|t| memory::new_port_memory(t, &self.iotlb, self.iommu()));
+                .clone()
+                .map(|t| PortMemory::new(t, self.iommu(), iotlb));
         }
         for i in 0..self.vrings.len() {
             // Logged; the request that changed the memory stands.
@@ -362,13 +444,42 @@ impl PortState {
         }
     }
 
-    /// Pushes the IOTLB into the port memory's IOMMU, once no access is in
-    /// flight.
-    pub fn refresh_iotlb(&mut self) {
-        let shared = self.shared.barrier();
-        if let (Some(mem), Some(table)) = (&shared.memory, &self.table) {
-            mem.iommu().set_tlb(self.iotlb.to_vm_iotlb(table));
+    /// Maps `[iova, iova + len)` to the frontend's `[uaddr, uaddr + len)`
+    /// in the port's IOTLB (an UPDATE), once no access is in flight.
+    /// Returns how many old entries were evicted.
+    pub fn iotlb_update(
+        &mut self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        perm: vm_memory::Permissions,
+    ) -> Result<usize, IotlbError> {
+        let mut shared = self.shared.barrier();
+        let evicted = match shared.memory.as_mut() {
+            Some(memory) => memory.iotlb_mut().update(iova, len, uaddr, perm)?,
+            None => return Ok(0),
+        };
+        drop(shared);
+        self.shared.misses.lock().answered(iova, len);
+        Ok(evicted)
+    }
+
+    /// Removes `[iova, iova + len)` from the port's IOTLB (an INVALIDATE);
+    /// once this returns, no access through the old entries is in flight
+    /// and none can start.
+    pub fn iotlb_invalidate(&mut self, iova: u64, len: u64) {
+        if let Some(memory) = self.shared.barrier().memory.as_mut() {
+            memory.iotlb_mut().invalidate(iova, len);
         }
+    }
+
+    /// Entries in the port's IOTLB.
+    pub fn iotlb_len(&self) -> usize {
+        self.shared
+            .access()
+            .memory
+            .as_ref()
+            .map_or(0, |m| m.iotlb().len())
     }
 
     /// Forgets every translation the frontend gave, and every window, before
@@ -381,13 +492,14 @@ impl PortState {
     /// stopped) and frames waiting for an rx buffer of the old driver go
     /// too.
     pub fn forget_translations(&mut self) {
-        self.iotlb.clear();
-        self.refresh_iotlb();
-        self.revoke_windows();
-        if let Some(mem) = &self.shared.access().memory {
-            mem.iommu().take_faults();
+        {
+            let mut shared = self.shared.barrier();
+            if let Some(memory) = shared.memory.as_mut() {
+                memory.iotlb_mut().clear();
+            }
+            shared.windows.clear();
         }
-        self.pending_misses.clear();
+        self.shared.misses.lock().clear();
         self.rx_backlog.clear();
     }
 
@@ -416,55 +528,27 @@ impl PortState {
         Ok(())
     }
 
-    /// Sends IOTLB MISS requests for the faults recorded since the last
-    /// call (non-blocking; never waits for the answer). Returns how many
-    /// were sent.
+    /// Sends the port's queued IOTLB misses to its frontend (non-blocking;
+    /// never waits for the answer). Returns how many were sent.
     pub fn send_misses(&mut self) -> usize {
-        let faults = match &self.shared.access().memory {
-            Some(mem) => mem.iommu().take_faults(),
-            None => return 0,
-        };
-        if faults.is_empty() {
+        let due = self.shared.misses.lock().take_due(Instant::now());
+        if due.is_empty() {
             return 0;
         }
         let Some(backend) = &self.backend else {
             tracing::debug!(port = self.index, "IOTLB miss but no backend channel");
             return 0;
         };
-        let now = Instant::now();
-        self.pending_misses
-            .retain(|(_, t)| now.duration_since(*t) < Duration::from_millis(200));
         let mut sent = 0;
-        for f in faults {
-            let page = f.iova & !0xfff;
-            if self.pending_misses.iter().any(|(p, _)| *p == page) {
-                continue;
-            }
-            let msg = IotlbMsg {
-                iova: f.iova,
-                size: 1,
-                uaddr: 0,
-                perm: memory::perm_to_vhost(f.access),
-                kind: IotlbType::Miss,
-            };
-            let mut bytes = Vec::with_capacity(HEADER_SIZE + IOTLB_MSG_SIZE);
-            bytes.extend_from_slice(
-                &crate::vhost_user::message::Header {
-                    request: vhost::vhost_user::message::BackendReq::IOTLB_MSG.into(),
-                    flags: 1,
-                    size: IOTLB_MSG_SIZE as u32,
-                }
-                .encode(),
-            );
-            bytes.extend_from_slice(&msg.encode());
-            match crate::vhost_user::conn::send_nonblocking(backend, &bytes) {
+        for miss in due {
+            match crate::vhost_user::send_iotlb_miss(backend, miss) {
                 Ok(()) => {
-                    tracing::debug!(port = self.index, iova = f.iova, "IOTLB miss sent");
-                    self.pending_misses.push((page, now));
+                    tracing::debug!(port = self.index, iova = miss.iova, "IOTLB miss sent");
                     sent += 1;
                 }
                 Err(e) => {
                     tracing::debug!(port = self.index, "cannot send IOTLB miss: {e}");
+                    self.shared.misses.lock().not_asked(miss.iova);
                 }
             }
         }

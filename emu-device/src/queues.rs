@@ -8,9 +8,9 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{GuestAddress, Permissions};
 
-use crate::memory::{MemoryTable, PortMemory};
+use crate::memory::{MemoryTable, Miss, PortMemory, TranslateError, Watched};
 
 /// Ring addresses as the frontend sent them (SET_VRING_ADDR).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -338,16 +338,12 @@ impl Vring {
             .map_err(|e| e.to_string())
     }
 
-    /// Whether the used ring is writable (with the IOMMU, this records a
-    /// miss when it is not, so the caller can stop before taking chains it
-    /// could not return).
-    pub fn used_ring_writable(&self, mem: &PortMemory) -> bool {
-        let len = 6 + 8 * self.queue.size() as usize;
-        mem.check_range(
-            GuestAddress(self.queue.used_ring()),
-            len,
-            Permissions::Write,
-        )
+    /// Whether the used ring is writable, so that the caller can stop
+    /// before taking chains it could not return (a miss: ask the frontend
+    /// and wait for the UPDATE).
+    pub fn used_ring_writable(&self, mem: &PortMemory) -> Result<(), TranslateError> {
+        let len = 6 + 8 * u64::from(self.queue.size());
+        mem.check(self.queue.used_ring(), len, Permissions::Write)
     }
 
     /// Whether the ring is ready for processing.
@@ -535,10 +531,40 @@ pub enum Pop {
     Chain(Chain),
     /// The ring is empty.
     Empty,
-    /// An address did not translate (IOTLB miss): retry after an UPDATE.
-    Miss,
+    /// The ring or a descriptor did not translate (an IOTLB miss, or an
+    /// entry without the access needed): ask the frontend, retry after the
+    /// UPDATE.
+    Miss(Miss),
     /// The ring is broken (bad index or memory error): stop using it.
     Broken(String),
+}
+
+/// Why the buffers of a chain could not be read or written (nothing was
+/// written).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// A buffer has no IOTLB entry yet: ask the frontend, retry after the
+    /// UPDATE.
+    #[error("{}", TranslateError::Miss(*.0))]
+    Miss(Miss),
+    /// A buffer is mapped without the permission needed (no UPDATE will
+    /// come for it soon).
+    #[error("{0}")]
+    Denied(TranslateError),
+    /// The chain cannot hold or give what is asked, or names memory the
+    /// frontend never gave.
+    #[error("{0}")]
+    Bad(String),
+}
+
+impl From<TranslateError> for ChainError {
+    fn from(error: TranslateError) -> Self {
+        match error {
+            TranslateError::Miss(miss) => ChainError::Miss(miss),
+            denied @ TranslateError::Denied { .. } => ChainError::Denied(denied),
+            other => ChainError::Bad(other.to_string()),
+        }
+    }
 }
 
 /// Takes the next available chain. On an IOTLB miss while reading the
@@ -553,23 +579,26 @@ pub enum Pop {
 /// Descriptors of length 0 or 2^32-1 are not a broken ring: the caller
 /// refuses such chains one by one.
 pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
-    let iommu = mem.iommu();
-    let faults_before = iommu.fault_count();
+    // virtio-queue ends a chain early, silently, on a descriptor it cannot
+    // read: watch its translations to tell a miss from the end.
+    let watched = Watched::new(mem);
+    let failed = |watched: &Watched<'_>, error: String| match watched.failure() {
+        Some(failure) => match failure.ask() {
+            Some(miss) => Pop::Miss(miss),
+            None => Pop::Broken(failure.to_string()),
+        },
+        None => Pop::Broken(error),
+    };
     let ring_size = ring.queue.size();
-    let mut iter = match ring.queue.iter(mem) {
+    let mut iter = match ring.queue.iter(&watched) {
         Ok(it) => it,
-        Err(e) => {
-            if iommu.fault_count() > faults_before {
-                return Pop::Miss;
-            }
-            return Pop::Broken(e.to_string());
-        }
+        Err(e) => return failed(&watched, e.to_string()),
     };
     let Some(chain) = iter.next() else {
-        if iommu.fault_count() > faults_before {
-            return Pop::Miss;
-        }
-        return Pop::Empty;
+        return match watched.failure() {
+            None => Pop::Empty,
+            Some(_) => failed(&watched, String::new()),
+        };
     };
     let head = chain.head_index();
     let mut bufs = Vec::new();
@@ -590,9 +619,9 @@ pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
             write: d.is_write_only(),
         });
     }
-    if iommu.fault_count() > faults_before {
+    if watched.failure().is_some() {
         ring.queue.go_to_previous_position();
-        return Pop::Miss;
+        return failed(&watched, String::new());
     }
     let broken = if bufs.is_empty() {
         Some(format!("chain {head} has no readable descriptor"))
@@ -616,44 +645,35 @@ pub fn pop_chain(ring: &mut Vring, mem: &PortMemory) -> Pop {
 pub const MAX_INDIRECT_CHAIN: usize = 1024;
 
 /// Reads the device-readable buffers of `chain` into a vector (at most
-/// `limit` bytes). `Ok(None)` means an IOTLB miss.
-pub fn read_chain(
-    mem: &PortMemory,
-    chain: &Chain,
-    limit: usize,
-) -> Result<Option<Vec<u8>>, String> {
-    let faults_before = mem.iommu().fault_count();
-    let mut out = Vec::new();
-    for b in chain.bufs.iter().filter(|b| !b.write) {
-        let len = b.len as usize;
-        if out.len() + len > limit {
-            return Err(format!("chain longer than {limit} bytes"));
-        }
-        let start = out.len();
-        out.resize(start + len, 0);
-        if len == 0 {
-            continue;
-        }
-        if !mem.check_range(GuestAddress(b.addr), len, Permissions::Read) {
-            if mem.get_iommu_enabled() && mem.iommu().fault_count() > faults_before {
-                return Ok(None);
-            }
-            return Err(format!("buffer {:#x}+{len:#x} is not readable", b.addr));
-        }
-        mem.read_slice(&mut out[start..], GuestAddress(b.addr))
-            .map_err(|e| e.to_string())?;
+/// `limit` bytes).
+pub fn read_chain(mem: &PortMemory, chain: &Chain, limit: usize) -> Result<Vec<u8>, ChainError> {
+    let total: u64 = chain
+        .bufs
+        .iter()
+        .filter(|b| !b.write)
+        .map(|b| u64::from(b.len))
+        .sum();
+    if total > limit as u64 {
+        return Err(ChainError::Bad(format!("chain longer than {limit} bytes")));
     }
-    Ok(Some(out))
+    let mut out = vec![0u8; total as usize];
+    let mut at = 0;
+    for b in chain.bufs.iter().filter(|b| !b.write) {
+        for slice in mem.translate(b.addr, u64::from(b.len), Permissions::Read) {
+            let slice = slice?;
+            at += slice.copy_to(&mut out[at..at + slice.len()]);
+        }
+    }
+    Ok(out)
 }
 
 /// Writes `data` into the device-writable buffers of `chain`. Returns the
-/// bytes written, or `Ok(None)` on an IOTLB miss (nothing written). Fails
-/// (nothing written) if the buffers are too small or not writable.
-pub fn write_chain(mem: &PortMemory, chain: &Chain, data: &[u8]) -> Result<Option<usize>, String> {
-    let faults_before = mem.iommu().fault_count();
+/// bytes written. Fails with nothing written if the buffers are too small
+/// or do not all translate for writing.
+pub fn write_chain(mem: &PortMemory, chain: &Chain, data: &[u8]) -> Result<usize, ChainError> {
     // Check everything first so a failure leaves memory untouched.
     let mut room = 0usize;
-    let mut plan = Vec::new();
+    let mut plan: smallvec::SmallVec<[(u64, usize, usize); 4]> = smallvec::SmallVec::new();
     for b in chain.bufs.iter().filter(|b| b.write) {
         if room >= data.len() {
             break;
@@ -662,45 +682,23 @@ pub fn write_chain(mem: &PortMemory, chain: &Chain, data: &[u8]) -> Result<Optio
         if take == 0 {
             continue;
         }
-        if !mem.check_range(GuestAddress(b.addr), take, Permissions::Write) {
-            if mem.get_iommu_enabled() && mem.iommu().fault_count() > faults_before {
-                return Ok(None);
-            }
-            return Err(format!("buffer {:#x}+{take:#x} is not writable", b.addr));
-        }
+        mem.check(b.addr, take as u64, Permissions::Write)?;
         plan.push((b.addr, room, take));
         room += take;
     }
     if room < data.len() {
-        return Err(format!(
+        return Err(ChainError::Bad(format!(
             "receive buffers hold {room} bytes, frame needs {}",
             data.len()
-        ));
+        )));
     }
     for (addr, off, take) in plan {
-        mem.write_slice(&data[off..off + take], GuestAddress(addr))
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(Some(data.len()))
-}
-
-/// Whether writing `len` bytes into the device-writable buffers of `chain`
-/// fails because a buffer is mapped without write permission (a denial,
-/// which no IOTLB update will fix soon), as opposed to an IOTLB miss.
-pub fn write_denied(mem: &PortMemory, chain: &Chain, len: usize) -> bool {
-    if !mem.get_iommu_enabled() {
-        return false;
-    }
-    let mut room = 0usize;
-    for b in chain.bufs.iter().filter(|b| b.write) {
-        if room >= len {
-            break;
+        let mut at = off;
+        for slice in mem.translate(addr, take as u64, Permissions::Write) {
+            let slice = slice?;
+            slice.copy_from(&data[at..at + slice.len()]);
+            at += slice.len();
         }
-        let take = (b.len as usize).min(len - room);
-        if take > 0 && mem.iommu().denied(b.addr, take, Permissions::Write) {
-            return true;
-        }
-        room += take;
     }
-    false
+    Ok(data.len())
 }

@@ -113,7 +113,10 @@ fn unknown_requests_are_refused_and_malformed_ones_drop_only_that_connection() {
     raw.write_all(&header(1, 0x1, 0)).unwrap();
     let (req, _, body) = read_reply(&mut raw);
     assert_eq!(req, 1);
-    assert_ne!(u64::from_le_bytes(body.try_into().unwrap()) & (1 << 32), 0);
+    assert_ne!(
+        u64::from_le_bytes(body.try_into().unwrap()) & uapi::features::VERSION_1,
+        0
+    );
     // Garbage: bad version bits. The device drops this connection only.
     raw.write_all(&header(1, 0x3, 0)).unwrap();
     let mut buf = [0u8; 1];

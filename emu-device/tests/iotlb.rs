@@ -12,6 +12,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::*;
+use uapi::features::ACCESS_PLATFORM;
+use uapi::{IotlbMessage, VhostAccess, VhostIotlbType};
 
 const A: [u8; 6] = [0x02, 0, 0, 0, 2, 0];
 const B: [u8; 6] = [0x02, 0, 0, 0, 2, 1];
@@ -24,7 +26,7 @@ struct Iommu {
     backend: UnixStream,
     host_base: u64,
     read_only: HashSet<u64>,
-    misses: Vec<(u64, u8)>,
+    misses: Vec<(u64, VhostAccess)>,
 }
 
 fn header(request: u32, flags: u32, size: u32) -> Vec<u8> {
@@ -32,16 +34,6 @@ fn header(request: u32, flags: u32, size: u32) -> Vec<u8> {
     h.extend_from_slice(&flags.to_le_bytes());
     h.extend_from_slice(&size.to_le_bytes());
     h
-}
-
-fn iotlb_payload(iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Vec<u8> {
-    let mut p = iova.to_le_bytes().to_vec();
-    p.extend_from_slice(&size.to_le_bytes());
-    p.extend_from_slice(&uaddr.to_le_bytes());
-    p.push(perm);
-    p.push(kind);
-    p.extend_from_slice(&[0; 6]);
-    p
 }
 
 impl Iommu {
@@ -78,13 +70,17 @@ impl Iommu {
         u64::from_le_bytes(v)
     }
 
-    fn update(&mut self, iova: u64, size: u64, perm: u8) -> u64 {
+    fn update(&mut self, iova: u64, size: u64, access: VhostAccess) -> u64 {
         let uaddr = self.host_base + (iova - IOVA_BASE);
-        self.send(iotlb_payload(iova, size, uaddr, perm, 2))
+        self.send(
+            IotlbMessage::update(iova, size, uaddr, access)
+                .encode()
+                .to_vec(),
+        )
     }
 
     fn invalidate(&mut self, iova: u64, size: u64) -> u64 {
-        self.send(iotlb_payload(iova, size, 0, 0, 3))
+        self.send(IotlbMessage::invalidate(iova, size).encode().to_vec())
     }
 
     /// Serves MISS messages until `done` or the timeout.
@@ -106,12 +102,12 @@ impl Iommu {
             assert_eq!(flags & 0x8, 0, "a MISS never waits for a reply");
             let mut p = vec![0u8; size as usize];
             self.backend.read_exact(&mut p).unwrap();
-            assert_eq!(p[25], 1, "type MISS");
-            let iova = u64::from_le_bytes(p[0..8].try_into().unwrap());
-            self.misses.push((iova, p[24]));
-            let page = iova & !0xfff;
+            let miss = IotlbMessage::decode(&p).unwrap();
+            assert_eq!(miss.iotlb_type(), Some(VhostIotlbType::Miss));
+            self.misses.push((miss.iova, miss.access().unwrap()));
+            let page = miss.iova & !0xfff;
             if !self.read_only.contains(&page) {
-                assert_eq!(self.update(page, 0x1000, 3), 0);
+                assert_eq!(self.update(page, 0x1000, VhostAccess::ReadWrite), 0);
             }
         }
         done()
@@ -126,7 +122,7 @@ fn iova_rings_and_buffers_resolve_through_misses_and_updates() {
     let mut p0 = TestFrontend::connect_with(&dev.socket(0), 2, Some(&theirs));
     drop(theirs);
     let mut mmu = Iommu::new(&p0, ours);
-    assert!(dev.wait_for(T, |s| s[0].n("features") & (1 << 33) != 0));
+    assert!(dev.wait_for(T, |s| s[0].n("features") & ACCESS_PLATFORM != 0));
 
     // Nothing is mapped: the device must ask for every page it touches.
     p1.post_rx(0, 3);
@@ -151,12 +147,12 @@ fn iova_rings_and_buffers_resolve_through_misses_and_updates() {
     // the permission is the only obstacle.
     for a in [p0.rings[0].desc, p0.rings[0].avail, p0.rings[0].used] {
         let iova = p0.dev_addr(a);
-        assert_eq!(mmu.update(iova, 0x1000, 3), 0);
+        assert_eq!(mmu.update(iova, 0x1000, VhostAccess::ReadWrite), 0);
     }
     mmu.misses.clear();
     let rx_page = p0.dev_addr(p0.buf(0, 2));
     mmu.read_only.insert(rx_page);
-    assert_eq!(mmu.update(rx_page, 0x1000, 1), 0);
+    assert_eq!(mmu.update(rx_page, 0x1000, VhostAccess::ReadOnly), 0);
     p0.post_rx(0, 2);
     let dropped_before = dev.port(0).n("rx_dropped");
     let g = frame(A, B, b"to a read-only page");
@@ -176,14 +172,16 @@ fn iova_rings_and_buffers_resolve_through_misses_and_updates() {
         mmu.misses
     );
     assert!(
-        mmu.misses.iter().any(|(_, perm)| *perm & 2 != 0),
+        mmu.misses
+            .iter()
+            .any(|(_, access)| matches!(access, VhostAccess::WriteOnly | VhostAccess::ReadWrite)),
         "the device asked for write access: {:x?}",
         mmu.misses
     );
 
     // Make it writable: the next frame lands there.
     mmu.read_only.clear();
-    assert_eq!(mmu.update(rx_page, 0x1000, 3), 0);
+    assert_eq!(mmu.update(rx_page, 0x1000, VhostAccess::ReadWrite), 0);
     p1.send(1, 1, &g);
     assert!(mmu.serve_until(T, || p0.used_idx(0) == 1), "{}", dev.log());
     let (id, len) = p0.wait_used(0, T).unwrap();
@@ -201,11 +199,11 @@ fn iova_rings_and_buffers_resolve_through_misses_and_updates() {
     assert_eq!(&p1.read_buf(0, id, f.len())[HDR..], &f[HDR..]);
 
     // Updates that the memory table does not back are refused.
-    assert_ne!(mmu.send(iotlb_payload(0x9000_0000, 0x1000, 0x10, 3, 2)), 0);
-    assert_ne!(
-        mmu.send(iotlb_payload(0x9000_0000, 0, mmu.host_base, 3, 2)),
-        0
-    );
+    let rw = VhostAccess::ReadWrite;
+    let outside = IotlbMessage::update(0x9000_0000, 0x1000, 0x10, rw);
+    assert_ne!(mmu.send(outside.encode().to_vec()), 0);
+    let empty = IotlbMessage::update(0x9000_0000, 0, mmu.host_base, rw);
+    assert_ne!(mmu.send(empty.encode().to_vec()), 0);
     let s = dev.port(0);
     assert!(s.n("iotlb_misses_sent") >= 4, "{s:?}");
     assert!(s.n("iotlb_updates") >= 4);

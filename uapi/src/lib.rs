@@ -48,6 +48,14 @@
 //! BIND_WINDOW completes with [`Status::LimitReached`] and
 //! [`ErrorDetail::WindowLimit`].
 //!
+//! ## Borrowed facts
+//!
+//! Two things both sides need are not ours: the virtio feature bits
+//! ([`features`], masks of `virtio-bindings`' bit numbers) and the
+//! vhost-user IOTLB message ([`IotlbMessage`], with `vhost`'s type and
+//! permission values). They are stated here once so that neither side
+//! restates them.
+//!
 //! ## Room to grow
 //!
 //! Opcode ranges are reserved for the vector (strided and indexed) transfers
@@ -60,12 +68,15 @@
 
 mod completion;
 mod error;
+pub mod features;
+mod iotlb;
 mod keys;
 mod layout;
 mod request;
 
 pub use completion::{Completion, ErrorDetail, Status};
 pub use error::DecodeError;
+pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
 pub use keys::{Access, RemoteAddress, RemoteKey};
 pub use layout::{rdma_features, DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
 pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};

@@ -67,6 +67,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
+use virtio_bindings::{virtio_config, virtio_net};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arena::{DmaArena, DmaBuffer, MemoryRegion};
@@ -82,15 +83,14 @@ pub use pinner::VfioPinner;
 
 use pci::MappedBar;
 
-/// Feature bit (virtio-net): the control queue exists.
-pub const F_NET_CTRL_VQ: u64 = 1 << 17;
+pub use uapi::features::NET_CTRL_VQ as F_NET_CTRL_VQ;
 
-// Device status bits.
-const STATUS_ACKNOWLEDGE: u8 = 1;
-const STATUS_DRIVER: u8 = 2;
-const STATUS_DRIVER_OK: u8 = 4;
-const STATUS_FEATURES_OK: u8 = 8;
-const STATUS_FAILED: u8 = 0x80;
+// Device status bits (virtio's, one byte in the common configuration).
+const STATUS_ACKNOWLEDGE: u8 = virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE as u8;
+const STATUS_DRIVER: u8 = virtio_config::VIRTIO_CONFIG_S_DRIVER as u8;
+const STATUS_DRIVER_OK: u8 = virtio_config::VIRTIO_CONFIG_S_DRIVER_OK as u8;
+const STATUS_FEATURES_OK: u8 = virtio_config::VIRTIO_CONFIG_S_FEATURES_OK as u8;
+const STATUS_FAILED: u8 = virtio_config::VIRTIO_CONFIG_S_FAILED as u8;
 
 // Common configuration layout (virtio 1.x, `struct virtio_pci_common_cfg`).
 const DEVICE_FEATURE_SELECT: usize = 0x00;
@@ -111,12 +111,13 @@ const QUEUE_DEVICE: usize = 0x30;
 const NO_VECTOR: u16 = 0xffff;
 
 // virtio-net device configuration: `max_virtqueue_pairs`.
-const NET_CFG_MAX_PAIRS: usize = 8;
+const NET_CFG_MAX_PAIRS: usize =
+    std::mem::offset_of!(virtio_net::virtio_net_config, max_virtqueue_pairs);
 
-// virtio-net control commands.
-const VIRTIO_NET_CTRL_MQ: u8 = 4;
-const VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
-const VIRTIO_NET_OK: u8 = 0;
+// virtio-net control commands (one byte each on the control queue).
+const VIRTIO_NET_CTRL_MQ: u8 = virtio_net::VIRTIO_NET_CTRL_MQ as u8;
+const VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET: u8 = virtio_net::VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET as u8;
+const VIRTIO_NET_OK: u8 = virtio_net::VIRTIO_NET_OK as u8;
 
 /// How to open a [`VfioTransport`].
 #[derive(Debug, Clone)]
@@ -340,7 +341,7 @@ impl VfioTransport {
             refused: config.refused_features & !(F_VERSION_1 | F_ACCESS_PLATFORM),
             sysfs: config.device.clone(),
         };
-        let rings = 2 * transport.queue_pairs as usize + 2;
+        let rings = transport.ring_layout().ring_count();
         *transport.queues.write() = (0..rings).map(|_| None).collect();
         Ok(transport)
     }
@@ -376,14 +377,22 @@ impl VfioTransport {
         VfioPinner::new(Arc::clone(&self.dma))
     }
 
+    /// The device's rings, as the ABI lays them out (the RDMA pair after
+    /// the net queue pairs this transport uses).
+    pub fn ring_layout(&self) -> uapi::RingLayout {
+        uapi::RingLayout {
+            queue_pairs: self.queue_pairs,
+        }
+    }
+
     /// Ring index of the RDMA send queue.
     pub fn rdma_send_queue(&self) -> QueueIndex {
-        2 * self.queue_pairs
+        self.ring_layout().send_queue()
     }
 
     /// Ring index of the RDMA completion queue.
     pub fn rdma_completion_queue(&self) -> QueueIndex {
-        2 * self.queue_pairs + 1
+        self.ring_layout().completion_queue()
     }
 
     /// ISR reads by the polling thread, how many found the ISR raised, and
@@ -518,6 +527,8 @@ impl VfioTransport {
             .map(layout.ring_start, layout.ring_len, layout.ring_start)?;
         self.dma
             .map(buffer.iova(), buffer.len() as u64, buffer.iova())?;
+        // virtio-net: the control queue follows the receive and transmit
+        // queues of every pair the device has.
         let index = 2 * self.max_pairs;
         let mut control = self.control.lock();
         self.program_queue(index, &layout)?;
@@ -731,10 +742,7 @@ impl Transport for VfioTransport {
     }
 
     fn num_queues(&self) -> u16 {
-        uapi::RingLayout {
-            queue_pairs: self.queue_pairs,
-        }
-        .ring_count()
+        self.ring_layout().ring_count()
     }
 
     fn queue_pairs(&self) -> u16 {

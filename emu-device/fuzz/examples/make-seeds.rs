@@ -15,7 +15,7 @@ use emu_device::vhost_user::handler;
 use emu_device::vhost_user::message::Header;
 
 use emu_device::port::features;
-use emu_device::vhost_user::message::{IotlbMsg, IotlbType};
+use uapi::{IotlbMessage, VhostIotlbType};
 use emu_device_fuzz::{
     mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
     MEM_UADDR,
@@ -44,16 +44,23 @@ fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
     p
 }
 
-fn iotlb(kind: IotlbType, iova: u64, size: u64, uaddr: u64) -> Vec<u8> {
-    IotlbMsg {
+fn iotlb(kind: VhostIotlbType, iova: u64, size: u64, uaddr: u64) -> Vec<u8> {
+    IotlbMessage {
         iova,
         size,
         uaddr,
         perm: 3,
-        kind,
+        msg_type: kind as u8,
     }
     .encode()
     .to_vec()
+}
+
+/// A GET_CONFIG payload asking for `size` bytes from offset 0.
+fn get_config(size: u32) -> Vec<u8> {
+    let mut p = [0u32, size, 0].map(u32::to_le_bytes).concat();
+    p.resize(12 + size as usize, 0);
+    p
 }
 
 /// One message: request, whether a reply is asked for, payload, files.
@@ -141,7 +148,7 @@ fn handshake(iommu: bool) -> Vec<Msg> {
         msgs.push((
             FrontendReq::IOTLB_MSG,
             true,
-            iotlb(IotlbType::Update, IOVA, MEM_SIZE, MEM_UADDR),
+            iotlb(VhostIotlbType::Update, IOVA, MEM_SIZE, MEM_UADDR),
             vec![],
         ));
     }
@@ -176,10 +183,10 @@ fn main() -> std::io::Result<()> {
         (
             FrontendReq::IOTLB_MSG,
             true,
-            iotlb(IotlbType::Invalidate, IOVA, 0x1000, 0),
+            iotlb(VhostIotlbType::Invalidate, IOVA, 0x1000, 0),
             vec![],
         ),
-        (FrontendReq::GET_CONFIG, false, vec![0; 12 + 12], vec![]),
+        (FrontendReq::GET_CONFIG, false, get_config(12), vec![]),
         (
             FrontendReq::GET_VRING_BASE,
             false,

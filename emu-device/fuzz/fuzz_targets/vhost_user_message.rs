@@ -6,7 +6,8 @@
 #![no_main]
 
 use arbitrary::Unstructured;
-use emu_device::vhost_user::message::{self, Header, IotlbMsg, Request};
+use emu_device::vhost_user::message::{self, Header, Request};
+use uapi::IotlbMessage;
 use emu_device_fuzz::{init, next_message, start_input};
 use libfuzzer_sys::fuzz_target;
 
@@ -21,6 +22,6 @@ fuzz_target!(init: init(), |data: &[u8]| {
     };
     assert_eq!(header.encode(), msg.header);
     if let Ok(Request::Iotlb(m)) = message::decode(&header, &msg.payload, msg.files) {
-        assert_eq!(IotlbMsg::decode(&m.encode()), Some(m));
+        assert_eq!(IotlbMessage::decode(&m.encode()), Ok(m));
     }
 });

@@ -9,6 +9,7 @@
 //! queue has no free buffer; the engine then takes no new request until the
 //! driver posts buffers and kicks the completion queue.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,12 +22,19 @@ use vm_memory::Permissions;
 use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target};
 use crate::device::Device;
 use crate::engine::RdmaEngine;
-use crate::memory::{self, MemError, PortMemory};
-use crate::port::{Port, PortState, SharedState};
-use crate::queues::{self, Pop, Vring};
+use crate::memory::{Miss, PortMemory, TranslateError};
+use crate::port::{Port, PortShared, PortState, SharedState};
+use crate::queues::{self, ChainError, Pop, Vring};
 
 /// A port's memory seen through the engine's seam.
-struct MemoryView<'a>(&'a PortMemory);
+struct MemoryView<'a> {
+    memory: &'a PortMemory,
+    /// The port, whose frontend is asked for what misses.
+    port: &'a PortShared,
+    /// Where a miss of the initiator's own memory is kept for the request
+    /// (`None` for a peer's memory).
+    own_miss: Option<&'a Cell<Option<Miss>>>,
+}
 
 impl MemoryAccess for MemoryView<'_> {
     fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault> {
@@ -35,13 +43,28 @@ impl MemoryAccess for MemoryView<'_> {
         } else {
             Permissions::Read
         };
-        let len = usize::try_from(len).map_err(|_| Fault::Unmapped)?;
-        let slices = memory::slices(self.0, iova, len, access).map_err(|error| match error {
-            MemError::Denied { .. } if write => Fault::Permission("write"),
-            MemError::Denied { .. } => Fault::Permission("read"),
-            _ => Fault::Unmapped,
-        })?;
-        for slice in slices {
+        let start = out.len();
+        for slice in self.memory.translate(iova, len, access) {
+            let slice = slice.map_err(|error| {
+                out.truncate(start);
+                // A denied access is asked for too: an UPDATE may grant it.
+                if let Some(miss) = error.ask() {
+                    self.port.note_miss(miss);
+                }
+                match error {
+                    TranslateError::Miss(miss) => {
+                        if let Some(own) = self.own_miss {
+                            own.set(Some(miss));
+                        }
+                        Fault::Miss { iova: miss.iova }
+                    }
+                    TranslateError::Denied { .. } if write => Fault::Permission("write"),
+                    TranslateError::Denied { .. } => Fault::Permission("read"),
+                    TranslateError::Unbacked { .. } | TranslateError::Wraps { .. } => {
+                        Fault::Unmapped
+                    }
+                }
+            })?;
             out.push(Span {
                 addr: slice.ptr_guard_mut().as_ptr(),
                 len: slice.len(),
@@ -56,6 +79,9 @@ struct DeviceFabric<'a> {
     device: &'a Device,
     /// The initiator (looked up once per kick).
     own: &'a Arc<Port>,
+    /// The first miss of the current request in the initiator's own
+    /// memory, if any (the request may wait for the mapping).
+    own_miss: Cell<Option<Miss>>,
 }
 
 impl DeviceFabric<'_> {
@@ -71,10 +97,17 @@ impl DeviceFabric<'_> {
 
 /// Lends a port's state to a step, or says it is down.
 fn lend<'s>(
+    port: &'s Port,
     state: &'s SharedState,
+    own_miss: Option<&'s Cell<Option<Miss>>>,
 ) -> Result<(MemoryView<'s>, &'s super::WindowTable), ErrorDetail> {
     let memory = state.memory.as_ref().ok_or(ErrorDetail::PortDown)?;
-    Ok((MemoryView(memory), &state.windows))
+    let view = MemoryView {
+        memory,
+        port: &port.shared,
+        own_miss,
+    };
+    Ok((view, &state.windows))
 }
 
 impl Fabric for DeviceFabric<'_> {
@@ -87,7 +120,7 @@ impl Fabric for DeviceFabric<'_> {
         let near = self.port(initiator)?;
         if initiator == target {
             let state = near.shared.access();
-            let (memory, windows) = lend(&state)?;
+            let (memory, windows) = lend(&near, &state, Some(&self.own_miss))?;
             let own = Target {
                 memory: &memory,
                 windows,
@@ -106,8 +139,8 @@ impl Fabric for DeviceFabric<'_> {
             let far_state = far.shared.access();
             (near.shared.access(), far_state)
         };
-        let (near_memory, near_windows) = lend(&near_state)?;
-        let (far_memory, far_windows) = lend(&far_state)?;
+        let (near_memory, near_windows) = lend(&near, &near_state, Some(&self.own_miss))?;
+        let (far_memory, far_windows) = lend(&far, &far_state, None)?;
         Ok(step(
             Target {
                 memory: &near_memory,
@@ -129,7 +162,8 @@ impl Fabric for DeviceFabric<'_> {
     ) -> Result<Outcome, ErrorDetail> {
         let port = self.port(port)?;
         let state = port.shared.barrier();
-        let (memory, windows) = lend(&state)?;
+        let own_miss = (port.index == self.own.index).then_some(&self.own_miss);
+        let (memory, windows) = lend(&port, &state, own_miss)?;
         Ok(change(Target {
             memory: &memory,
             windows,
@@ -178,14 +212,14 @@ impl DeviceEngine {
     fn flush_step(&mut self, rings: &mut Rings<'_>, port: &Port) -> bool {
         let state = port.shared.access();
         match state.memory.as_ref() {
-            Some(memory) => self.flush(rings, memory),
+            Some(memory) => self.flush(rings, memory, &port.shared),
             None => false,
         }
     }
 
     /// Writes pending completions into completion-queue buffers. Returns
     /// whether any buffer was used.
-    fn flush(&mut self, rings: &mut Rings<'_>, memory: &PortMemory) -> bool {
+    fn flush(&mut self, rings: &mut Rings<'_>, memory: &PortMemory, port: &PortShared) -> bool {
         let mut used = false;
         while let Some(completion) = self.pending.front() {
             let ring = &mut rings.vrings[rings.cq];
@@ -196,15 +230,19 @@ impl DeviceEngine {
                 Pop::Chain(chain) => {
                     let written = queues::write_chain(memory, &chain, &completion.encode());
                     match written {
-                        Ok(Some(n)) => {
+                        Ok(n) => {
                             let _ = ring.add_used(memory, chain.head, n as u32);
                             self.pending.pop_front();
                         }
-                        Ok(None) => {
+                        Err(ChainError::Miss(miss)) => {
                             ring.rewind();
+                            port.note_miss(miss);
                             break;
                         }
                         Err(error) => {
+                            if let ChainError::Denied(denied) = &error {
+                                port.note_miss_of(*denied);
+                            }
                             // A buffer the device cannot write: give it back
                             // empty and try the next one.
                             tracing::debug!(port = rings.port, "bad completion buffer: {error}");
@@ -220,7 +258,10 @@ impl DeviceEngine {
                     }
                     break;
                 }
-                Pop::Miss => break,
+                Pop::Miss(miss) => {
+                    port.note_miss(miss);
+                    break;
+                }
                 Pop::Broken(error) => {
                     ring.break_off(rings.port, &error);
                     break;
@@ -255,7 +296,10 @@ impl DeviceEngine {
                 // otherwise ask for one, and go on if requests came meanwhile.
                 Pop::Empty if rings.polling => return false,
                 Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
-                Pop::Miss => return false,
+                Pop::Miss(miss) => {
+                    port.shared.note_miss(miss);
+                    return false;
+                }
                 Pop::Broken(error) => {
                     ring.break_off(rings.port, &error);
                     return false;
@@ -263,18 +307,22 @@ impl DeviceEngine {
             };
             let _ = ring.queue_disable_notification(memory);
             match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
-                Ok(Some(bytes)) => (
+                Ok(bytes) => (
                     chain,
                     WorkRequest::decode(&bytes).map_err(|error| {
                         tracing::debug!(port = rings.port, "malformed work request: {error}");
                         malformed(&bytes)
                     }),
                 ),
-                Ok(None) => {
+                Err(ChainError::Miss(miss)) => {
                     ring.rewind();
+                    port.shared.note_miss(miss);
                     return false;
                 }
                 Err(error) => {
+                    if let ChainError::Denied(denied) = &error {
+                        port.shared.note_miss_of(*denied);
+                    }
                     tracing::debug!(port = rings.port, "unreadable work request: {error}");
                     (chain, Err(malformed(&[])))
                 }
@@ -282,10 +330,12 @@ impl DeviceEngine {
         };
         let completion = match request {
             Ok(request) => {
+                fabric.own_miss.set(None);
                 let done = execute(info, &request, fabric);
+                let own_miss = fabric.own_miss.take();
                 if done.status == Status::LocalProtectionError
                     && rings.lazy_iotlb
-                    && local_miss_pending(port)
+                    && own_miss.is_some()
                 {
                     // Nothing moved: the local range is checked first.
                     // Take the request again once the mapping arrives.
@@ -309,16 +359,6 @@ impl DeviceEngine {
         self.pending.extend(completion);
         true
     }
-}
-
-/// Whether an access to the port's own memory missed in its IOTLB and
-/// waits for the frontend's answer (a MISS to send).
-fn local_miss_pending(port: &Port) -> bool {
-    port.shared
-        .access()
-        .memory
-        .as_ref()
-        .is_some_and(|memory| memory.iommu().has_faults())
 }
 
 /// The error completion of a request that did not decode; its user data if
@@ -359,7 +399,11 @@ impl RdmaEngine for DeviceEngine {
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
         };
-        let fabric = DeviceFabric { device, own: &port };
+        let fabric = DeviceFabric {
+            device,
+            own: &port,
+            own_miss: Cell::new(None),
+        };
         let mut worked = self.flush_step(&mut rings, &port);
         while self.pending.is_empty() && rings.vrings[sq].active() {
             if !self.serve_one(&mut rings, &port, info, &fabric) {

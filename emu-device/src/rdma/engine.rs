@@ -243,7 +243,7 @@ fn on_port(
 
 fn local_fault(fault: Fault) -> Failure {
     match fault {
-        Fault::Unmapped | Fault::Permission(_) => {
+        Fault::Unmapped | Fault::Miss { .. } | Fault::Permission(_) => {
             (Status::LocalProtectionError, ErrorDetail::Unregistered)
         }
     }

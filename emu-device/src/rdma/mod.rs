@@ -44,10 +44,17 @@ pub type Spans = SmallVec<[Span; 4]>;
 /// Why a port's address range cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Fault {
-    /// Part of the range is not registered (no IOTLB entry, or not in the
-    /// memory table).
+    /// Part of the range is not registered (not in the memory table, or
+    /// no IOTLB entry that the frontend will give when asked).
     #[error("address range not registered")]
     Unmapped,
+    /// Part of the range has no IOTLB entry yet, starting at `iova`: the
+    /// frontend was asked for it and may map it.
+    #[error("IOTLB miss at {iova:#x}")]
+    Miss {
+        /// First address without an entry.
+        iova: u64,
+    },
     /// The range is registered without the needed permission.
     #[error("registered without {0} permission")]
     Permission(&'static str),

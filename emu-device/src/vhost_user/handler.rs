@@ -3,10 +3,11 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
+use uapi::VhostIotlbType;
 use vhost::vhost_user::message::FrontendReq;
 
 use super::conn::RawMessage;
-use super::message::{self, IotlbType, ProtocolError, Request};
+use super::message::{self, ProtocolError, Request};
 use crate::memory::{self, MemoryTable};
 use crate::port::{features, protocol, PortState, PortStats};
 
@@ -147,7 +148,7 @@ fn serve(
             let cfg = crate::DeviceConfig {
                 queue_pairs: state.queue_pairs,
                 queue_size_max: state.vrings[0].queue_max_size(),
-                iotlb_entries_max: state.iotlb.max_entries(),
+                iotlb_entries_max: state.iotlb_entries_max,
                 guest_ports: if state.guest {
                     vec![state.index]
                 } else {
@@ -327,20 +328,19 @@ fn serve(
             state.backend = Some(s);
             Ok(())
         }
-        Request::Iotlb(m) => match m.kind {
-            IotlbType::Update => {
+        Request::Iotlb(m) => match m.iotlb_type() {
+            Some(VhostIotlbType::Update) => {
                 PortStats::bump(&stats.iotlb_updates);
                 iotlb_update(state, m.iova, m.size, m.uaddr, m.perm)?;
                 out.retry = true;
                 Ok(())
             }
-            IotlbType::Invalidate => {
+            Some(VhostIotlbType::Invalidate) => {
                 PortStats::bump(&stats.iotlb_invalidates);
-                state.iotlb.invalidate(m.iova, m.size);
-                state.refresh_iotlb();
+                state.iotlb_invalidate(m.iova, m.size);
                 Ok(())
             }
-            IotlbType::AccessFail => {
+            Some(VhostIotlbType::AccessFail) => {
                 tracing::warn!(
                     port = state.index,
                     iova = m.iova,
@@ -348,7 +348,10 @@ fn serve(
                 );
                 Ok(())
             }
-            other => Err(format!("unexpected IOTLB message type {other:?}")),
+            other => Err(format!(
+                "unexpected IOTLB message type {} ({other:?})",
+                m.msg_type
+            )),
         },
         Request::SetLogBase | Request::SetLogFd => Err("dirty logging is not supported".into()),
         Request::GetConfig {
@@ -417,8 +420,7 @@ fn iotlb_update(
         ));
     }
     let evicted = state
-        .iotlb
-        .update(iova, size, uaddr, perm)
+        .iotlb_update(iova, size, uaddr, perm)
         .map_err(|e| e.to_string())?;
     if evicted > 0 {
         tracing::debug!(
@@ -427,11 +429,6 @@ fn iotlb_update(
             "IOTLB full, evicted oldest entries"
         );
     }
-    let end = iova.saturating_add(size);
-    state
-        .pending_misses
-        .retain(|(p, _)| !(*p >= iova & !0xfff && *p < end));
-    state.refresh_iotlb();
     Ok(())
 }
 
@@ -495,23 +492,18 @@ mod tests {
         let out = handle(&mut st, &stats, msg(17, 0x1, vec![], vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 2u64.to_le_bytes());
         // IOTLB update inside the table is accepted, outside refused.
-        let m = crate::vhost_user::message::IotlbMsg {
-            iova: 0x1000,
-            size: 0x1000,
-            uaddr: 0x7f00_1000,
-            perm: 3,
-            kind: IotlbType::Update,
-        };
+        let m =
+            uapi::IotlbMessage::update(0x1000, 0x1000, 0x7f00_1000, uapi::VhostAccess::ReadWrite);
         let out = handle(&mut st, &stats, msg(22, 0x9, m.encode().to_vec(), vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
-        assert_eq!(st.iotlb.len(), 1);
-        let bad = crate::vhost_user::message::IotlbMsg {
+        assert_eq!(st.iotlb_len(), 1);
+        let bad = uapi::IotlbMessage {
             uaddr: 0x7f00_f800,
             ..m
         };
         let out = handle(&mut st, &stats, msg(22, 0x9, bad.encode().to_vec(), vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 1u64.to_le_bytes());
-        assert_eq!(st.iotlb.len(), 1);
+        assert_eq!(st.iotlb_len(), 1);
     }
 
     #[test]
@@ -565,13 +557,13 @@ mod tests {
         p
     }
 
-    fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: IotlbType) -> Vec<u8> {
-        crate::vhost_user::message::IotlbMsg {
+    fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: VhostIotlbType) -> Vec<u8> {
+        uapi::IotlbMessage {
             iova,
             size,
             uaddr,
             perm,
-            kind,
+            msg_type: kind as u8,
         }
         .encode()
         .to_vec()
@@ -651,7 +643,8 @@ mod tests {
     #[test]
     fn iotlb_updates_that_wrap_or_carry_no_permission_are_refused() {
         let (mut st, stats) = with_memory();
-        let update = |iova, size, uaddr, perm| iotlb(iova, size, uaddr, perm, IotlbType::Update);
+        let update =
+            |iova, size, uaddr, perm| iotlb(iova, size, uaddr, perm, VhostIotlbType::Update);
         for p in [
             update(0x1000, 0x1000, UADDR, 0),
             update(0x1000, 0x1000, UADDR, 4),
@@ -659,11 +652,11 @@ mod tests {
             update(u64::MAX - 0xfff, 0x2000, UADDR, 3),
             update(0x1000, 0x2000, u64::MAX - 0xfff, 3),
             update(0x1000, 0x2000, UADDR + 0xf000, 3),
-            iotlb(0x1000, 0x1000, UADDR, 3, IotlbType::Miss),
+            iotlb(0x1000, 0x1000, UADDR, 3, VhostIotlbType::Miss),
         ] {
             assert_eq!(status(&mut st, &stats, IOTLB, p, vec![]), 1);
         }
-        assert!(st.iotlb.is_empty());
+        assert_eq!(st.iotlb_len(), 0);
         assert_eq!(
             status(
                 &mut st,
@@ -674,11 +667,11 @@ mod tests {
             ),
             0
         );
-        assert_eq!(st.iotlb.len(), 1);
+        assert_eq!(st.iotlb_len(), 1);
         // Invalidating a range that wraps only invalidates more.
-        let p = iotlb(0x800, u64::MAX, 0, 0, IotlbType::Invalidate);
+        let p = iotlb(0x800, u64::MAX, 0, 0, VhostIotlbType::Invalidate);
         assert_eq!(status(&mut st, &stats, IOTLB, p, vec![]), 0);
-        assert!(st.iotlb.is_empty());
+        assert_eq!(st.iotlb_len(), 0);
     }
 
     #[test]

@@ -15,14 +15,14 @@ use vhost::vhost_user::message::{
     MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE,
 };
 
-use crate::memory::RegionDesc;
+use uapi::IotlbMessage;
+use vhost::vhost_user::message::BackendReq;
+
+use crate::memory::{self, Miss, RegionDesc};
 use vm_memory::ByteValued;
 
 /// Size of the vhost-user message header (request, flags, size).
 pub const HEADER_SIZE: usize = 12;
-
-/// Size of `struct vhost_iotlb_msg` on the wire (with its tail padding).
-pub const IOTLB_MSG_SIZE: usize = 32;
 
 /// Malformed input from a frontend.
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
@@ -129,81 +129,6 @@ pub struct VringFd {
     pub fd: Option<File>,
 }
 
-/// IOTLB message types (`VHOST_IOTLB_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IotlbType {
-    /// The device lacks a mapping (device to frontend).
-    Miss,
-    /// Add a mapping.
-    Update,
-    /// Remove mappings.
-    Invalidate,
-    /// An access failed (informational).
-    AccessFail,
-    /// Any other type value.
-    Other(u8),
-}
-
-/// A `struct vhost_iotlb_msg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IotlbMsg {
-    /// I/O virtual address.
-    pub iova: u64,
-    /// Length of the range.
-    pub size: u64,
-    /// Frontend virtual address (UPDATE only).
-    pub uaddr: u64,
-    /// `VHOST_ACCESS_*` permission byte.
-    pub perm: u8,
-    /// Message type.
-    pub kind: IotlbType,
-}
-
-impl IotlbMsg {
-    /// Decodes the wire form (at least 26 bytes).
-    pub fn decode(p: &[u8]) -> Option<IotlbMsg> {
-        if p.len() < 26 {
-            return None;
-        }
-        let u = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&p[i..i + 8]);
-            u64::from_le_bytes(b)
-        };
-        let kind = match p[25] {
-            1 => IotlbType::Miss,
-            2 => IotlbType::Update,
-            3 => IotlbType::Invalidate,
-            4 => IotlbType::AccessFail,
-            x => IotlbType::Other(x),
-        };
-        Some(IotlbMsg {
-            iova: u(0),
-            size: u(8),
-            uaddr: u(16),
-            perm: p[24],
-            kind,
-        })
-    }
-
-    /// Encodes the wire form.
-    pub fn encode(&self) -> [u8; IOTLB_MSG_SIZE] {
-        let mut b = [0u8; IOTLB_MSG_SIZE];
-        b[0..8].copy_from_slice(&self.iova.to_le_bytes());
-        b[8..16].copy_from_slice(&self.size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.uaddr.to_le_bytes());
-        b[24] = self.perm;
-        b[25] = match self.kind {
-            IotlbType::Miss => 1,
-            IotlbType::Update => 2,
-            IotlbType::Invalidate => 3,
-            IotlbType::AccessFail => 4,
-            IotlbType::Other(x) => x,
-        };
-        b
-    }
-}
-
 /// Payload of SET_VRING_ADDR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VringAddr {
@@ -263,7 +188,7 @@ pub enum Request {
     /// SET_BACKEND_REQ_FD.
     SetBackendReqFd(File),
     /// IOTLB_MSG.
-    Iotlb(IotlbMsg),
+    Iotlb(IotlbMessage),
     /// SET_LOG_BASE (refused).
     SetLogBase,
     /// SET_LOG_FD (refused).
@@ -525,16 +450,12 @@ pub fn decode(hdr: &Header, payload: &[u8], fds: Vec<File>) -> Result<Request, P
         }
         FrontendReq::IOTLB_MSG => {
             plain(&fds)?;
-            if payload.len() != IOTLB_MSG_SIZE {
-                return Err(ProtocolError::BadSize {
+            Request::Iotlb(
+                IotlbMessage::decode(payload).map_err(|_| ProtocolError::BadSize {
                     request: name(code),
                     size: payload.len(),
-                });
-            }
-            Request::Iotlb(IotlbMsg::decode(payload).ok_or(ProtocolError::BadSize {
-                request: name(code),
-                size: payload.len(),
-            })?)
+                })?,
+            )
         }
         FrontendReq::SET_LOG_BASE => Request::SetLogBase,
         FrontendReq::SET_LOG_FD => Request::SetLogFd,
@@ -577,6 +498,24 @@ pub fn reply(request: u32, body: &[u8]) -> Vec<u8> {
     v.extend_from_slice(&h.encode());
     v.extend_from_slice(body);
     v
+}
+
+/// The backend request telling the frontend that the device misses an
+/// IOTLB entry: an `IOTLB_MSG` of type MISS (no reply asked; the frontend
+/// answers with an UPDATE on the main socket).
+pub fn iotlb_miss(miss: Miss) -> [u8; HEADER_SIZE + IotlbMessage::SIZE] {
+    let mut bytes = [0u8; HEADER_SIZE + IotlbMessage::SIZE];
+    let header = Header {
+        request: BackendReq::IOTLB_MSG.into(),
+        // Version 1 (the low bits under `VhostUserHeaderFlag::VERSION`);
+        // no reply asked.
+        flags: 0x1,
+        size: IotlbMessage::SIZE as u32,
+    };
+    bytes[..HEADER_SIZE].copy_from_slice(&header.encode());
+    let body = IotlbMessage::miss(miss.iova, memory::perm_to_vhost(miss.access));
+    bytes[HEADER_SIZE..].copy_from_slice(&body.encode());
+    bytes
 }
 
 /// Builds a u64 reply (also the REPLY_ACK form: 0 is success).
@@ -629,8 +568,8 @@ mod tests {
     #[test]
     fn decodes_common_requests() {
         let h = Header::decode(&hdr(2, 1, 8)).unwrap();
-        match decode(&h, &(1u64 << 33).to_le_bytes(), vec![]).unwrap() {
-            Request::SetFeatures(f) => assert_eq!(f, 1 << 33),
+        match decode(&h, &uapi::features::ACCESS_PLATFORM.to_le_bytes(), vec![]).unwrap() {
+            Request::SetFeatures(f) => assert_eq!(f, uapi::features::ACCESS_PLATFORM),
             r => panic!("{r:?}"),
         }
         let h = Header::decode(&hdr(18, 1, 8)).unwrap();
@@ -669,16 +608,29 @@ mod tests {
     }
 
     #[test]
-    fn iotlb_roundtrip() {
-        let m = IotlbMsg {
-            iova: 0x1000,
-            size: 0x2000,
-            uaddr: 0x7f00_0000,
-            perm: 3,
-            kind: IotlbType::Update,
-        };
-        assert_eq!(IotlbMsg::decode(&m.encode()), Some(m));
-        assert_eq!(IotlbMsg::decode(&[0; 25]), None);
+    fn iotlb_messages_decode_and_misses_encode() {
+        let m = IotlbMessage::update(0x1000, 0x2000, 0x7f00_0000, uapi::VhostAccess::ReadWrite);
+        let h = Header::decode(&hdr(22, 1, 32)).unwrap();
+        match decode(&h, &m.encode(), vec![]).unwrap() {
+            Request::Iotlb(got) => assert_eq!(got, m),
+            r => panic!("{r:?}"),
+        }
+        assert!(matches!(
+            decode(&h, &m.encode()[..25], vec![]),
+            Err(ProtocolError::BadSize { size: 25, .. })
+        ));
+        let miss = iotlb_miss(Miss {
+            iova: 0x5123,
+            access: vm_memory::Permissions::Write,
+        });
+        let h = Header::decode(&miss).unwrap();
+        assert_eq!((h.request, h.size, h.need_reply()), (1, 32, false));
+        let body = IotlbMessage::decode(&miss[HEADER_SIZE..]).unwrap();
+        assert_eq!(
+            body,
+            IotlbMessage::miss(0x5123, uapi::VhostAccess::WriteOnly)
+        );
+        assert_eq!(body.iotlb_type(), Some(uapi::VhostIotlbType::Miss));
     }
 
     proptest! {

@@ -31,8 +31,7 @@ pub const MEM_GPA: u64 = 0x1_0000_0000;
 /// Size of the test memory.
 pub const MEM_SIZE: usize = 1 << 20;
 
-const VERSION_1: u64 = 1 << 32;
-const PROTOCOL_FEATURES: u64 = 1 << 30;
+use uapi::features::{ACCESS_PLATFORM, PROTOCOL_FEATURES, VERSION_1};
 
 pub fn device_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_emu-device"))
@@ -64,7 +63,6 @@ pub struct TestFrontend {
 
 /// IOVA at which IOMMU-mode frontends place their memory.
 pub const IOVA_BASE: u64 = 0x4000_0000;
-const ACCESS_PLATFORM: u64 = 1 << 33;
 
 impl TestFrontend {
     /// Connects to `socket` and sets up rings `0..nrings` (each ring gets

@@ -51,6 +51,7 @@ fn main() -> std::io::Result<()> {
             start: 0x4000_0000,
             len: 65536,
             access: Access::REMOTE_READ | Access::REMOTE_WRITE,
+            peer: None,
         },
         Operation::RevokeWindow {
             key: RemoteKey(0x1234_5678),
