@@ -102,11 +102,14 @@ pub struct RegionDesc {
 /// The mapped memory table of one frontend.
 ///
 /// Which backings are accepted, and why:
-/// - Only regular files (memfds, tmpfs and hugetlbfs files, files on
-///   disk): their size is known, so every region is checked to lie inside
-///   its file. Character devices (`/dev/zero`, `/dev/mem`), pipes, sockets,
-///   directories and block devices are refused: they have no size to check
-///   a region against, and some map without bound.
+/// - Only regular files of memory file systems (memfds, tmpfs and
+///   hugetlbfs files): their size is known, so every region is checked to
+///   lie inside its file. Character devices (`/dev/zero`, `/dev/mem`),
+///   pipes, sockets, directories and block devices are refused: they have
+///   no size to check a region against, and some map without bound. Files
+///   of disk, network or FUSE file systems are refused too: a page fault on
+///   them waits for that storage (or for the frontend serving it), and the
+///   device must never wait on a frontend.
 /// - A memfd sealed with `F_SEAL_SHRINK` (QEMU's memfd backend seals by
 ///   default) cannot shrink, so its pages cannot go away under the device.
 /// - Every other regular file can shrink (or, on hugetlbfs, fail to supply
@@ -121,6 +124,8 @@ pub struct MemoryTable {
     /// The SIGBUS guard of each region that can shrink (`None`: sealed).
     guards: Vec<Option<Guarded>>,
     mapped_bytes: u64,
+    /// The file behind each region: (device, inode).
+    files: Vec<(u64, u64)>,
 }
 
 impl Drop for MemoryTable {
@@ -170,6 +175,14 @@ fn system_page() -> u64 {
 
 /// Checks the file behind a region: regular, its size, its page size, and
 /// whether it is sealed against shrinking.
+/// The (device, inode) of each file.
+fn files_of(files: &[File]) -> std::io::Result<Vec<(u64, u64)>> {
+    files
+        .iter()
+        .map(|f| f.metadata().map(|m| (m.dev(), m.ino())))
+        .collect()
+}
+
 fn inspect(file: &File) -> Result<Backing, String> {
     let meta = file.metadata().map_err(|e| format!("fstat failed: {e}"))?;
     if !meta.file_type().is_file() {
@@ -183,7 +196,24 @@ fn inspect(file: &File) -> Result<Backing, String> {
     // only reads the descriptor, which `file` keeps open.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    let hugetlb = unsafe { libc::fstatfs(fd, &mut fs) } == 0 && fs.f_type == libc::HUGETLBFS_MAGIC;
+    if unsafe { libc::fstatfs(fd, &mut fs) } != 0 {
+        return Err(format!(
+            "fstatfs failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // Only memory file systems: a page fault on a file of a disk, network
+    // or FUSE file system can wait as long as that storage (or the
+    // frontend serving it) likes, while the faulting step holds the gates
+    // of two ports.
+    let hugetlb = fs.f_type == libc::HUGETLBFS_MAGIC;
+    if !hugetlb && fs.f_type != libc::TMPFS_MAGIC {
+        return Err(format!(
+            "the file is on a file system of type {:#x}; only memory file systems \
+             (memfd, tmpfs, hugetlbfs) are accepted",
+            fs.f_type
+        ));
+    }
     let page = if hugetlb {
         u64::try_from(fs.f_bsize).unwrap_or(0).max(system_page())
     } else {
@@ -270,6 +300,8 @@ impl MemoryTable {
                 }
             }
         }
+        let file_ids =
+            files_of(&files).map_err(|e| MemError::Table(format!("fstat failed: {e}")))?;
         let mut backings = Vec::with_capacity(files.len());
         let mut total: u64 = 0;
         for (index, (r, file)) in regions.iter().zip(&files).enumerate() {
@@ -332,6 +364,7 @@ impl MemoryTable {
             mmap,
             guards,
             mapped_bytes: total,
+            files: file_ids,
         })
     }
 
@@ -358,6 +391,13 @@ impl MemoryTable {
     /// The regions as described by the frontend.
     pub fn regions(&self) -> &[RegionDesc] {
         &self.regions
+    }
+
+    /// Whether `regions` backed by `files` describe this very table: the
+    /// same regions of the same files (QEMU sends one table per queue
+    /// pair). Same addresses over other files are another table.
+    pub fn is_same(&self, regions: &[RegionDesc], files: &[File]) -> bool {
+        self.regions == regions && files_of(files).is_ok_and(|ids| ids == self.files)
     }
 
     /// The mapped memory, laid out at guest physical addresses.
@@ -1244,7 +1284,7 @@ mod tests {
     }
 
     fn memfd_table(gpa: u64, uaddr: u64, size: u64) -> MemoryTable {
-        let mut f = tempfile::tempfile().unwrap();
+        let mut f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.write_all(&vec![0u8; size as usize]).unwrap();
         MemoryTable::map(
             &[RegionDesc {
@@ -1260,7 +1300,7 @@ mod tests {
 
     #[test]
     fn memory_table_refuses_bad_regions() {
-        let f = tempfile::tempfile().unwrap();
+        let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(0x1000).unwrap();
         let r = RegionDesc {
             gpa: 0,
@@ -1294,13 +1334,33 @@ mod tests {
     }
 
     fn file_of(size: u64) -> File {
-        let f = tempfile::tempfile().unwrap();
+        let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(size).unwrap();
         f
     }
 
     fn refusal(regions: &[RegionDesc], files: Vec<File>) -> String {
         MemoryTable::map(regions, files).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn files_outside_memory_file_systems_are_refused() {
+        // The source tree lies on a disk file system, not in memory.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let f = tempfile::tempfile_in(dir).unwrap();
+        f.set_len(0x1000).unwrap();
+        // SAFETY: a zeroed statfs is a valid value.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: fstatfs writes into `fs` and reads a live fd.
+        assert_eq!(unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) }, 0);
+        assert_ne!(
+            fs.f_type,
+            libc::TMPFS_MAGIC,
+            "{} must be on a disk file system for this test",
+            dir.display()
+        );
+        let refused = refusal(&[region(0, 0x10000, 0x1000)], vec![f]);
+        assert!(refused.contains("only memory file systems"), "{refused}");
     }
 
     #[test]

@@ -173,6 +173,10 @@ const MISS_RETRY: Duration = Duration::from_millis(200);
 /// Misses queued at most (more are dropped: they will miss again).
 const MISS_QUEUE_MAX: usize = 64;
 
+/// Pages remembered as asked for at most (a frontend or a peer can make a
+/// port miss on any number of pages).
+const MISS_ASKED_MAX: usize = 256;
+
 /// IOTLB misses of a port waiting to be sent, and the pages recently asked
 /// for (not asked again before [`MISS_RETRY`] or their UPDATE).
 #[derive(Debug, Default)]
@@ -204,7 +208,10 @@ impl MissOutbox {
         let mut due = std::mem::take(&mut self.queued);
         due.retain(|m| {
             let page = Self::page(m.iova);
-            let fresh = !self.asked.iter().any(|(p, _)| *p == page);
+            // Pages asked for recently are bounded: beyond the bound a miss
+            // is dropped, and asked for again when it faults again.
+            let fresh =
+                self.asked.len() < MISS_ASKED_MAX && !self.asked.iter().any(|(p, _)| *p == page);
             if fresh {
                 self.asked.push((page, now));
             }
@@ -553,5 +560,36 @@ impl PortState {
             }
         }
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Permissions;
+
+    fn miss(page: u64) -> Miss {
+        Miss {
+            iova: page << 12,
+            access: Permissions::Read,
+        }
+    }
+
+    #[test]
+    fn the_pages_asked_for_are_bounded() {
+        let mut outbox = MissOutbox::default();
+        let now = Instant::now();
+        let mut sent = 0;
+        for round in 0..40u64 {
+            for i in 0..MISS_QUEUE_MAX as u64 {
+                outbox.push(miss(round * 1000 + i));
+            }
+            sent += outbox.take_due(now).len();
+            assert!(outbox.asked.len() <= MISS_ASKED_MAX);
+        }
+        assert_eq!(sent, MISS_ASKED_MAX);
+        // Once they are old, new pages are asked for again.
+        outbox.push(miss(1 << 28));
+        assert_eq!(outbox.take_due(now + MISS_RETRY).len(), 1);
     }
 }

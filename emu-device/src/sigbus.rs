@@ -352,7 +352,7 @@ mod tests {
     use vm_memory::FileOffset;
 
     fn shrinkable(size: usize) -> (std::fs::File, Arc<MmapRegion>) {
-        let file = tempfile::tempfile().unwrap();
+        let file = tempfile::tempfile_in("/dev/shm").unwrap();
         file.set_len(size as u64).unwrap();
         let region = MmapRegion::from_file(FileOffset::new(file.try_clone().unwrap(), 0), size)
             .expect("map");

@@ -605,7 +605,7 @@ fn bad_memory_tables_are_refused() {
     raw.handshake(0);
     let mem = code(FrontendReq::SET_MEM_TABLE);
     let file = |size: u64| {
-        let f = tempfile::tempfile().unwrap();
+        let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(size).unwrap();
         f
     };
@@ -1007,4 +1007,38 @@ fn random_work_requests_get_answers_and_break_nothing() {
     h.target.read_at(0, &mut now);
     assert!(now == untouched, "random requests wrote into port 3");
     h.after("random work requests", Some(raw));
+}
+
+#[test]
+fn a_message_trickled_byte_by_byte_is_dropped_after_the_message_deadline() {
+    let mut h = Harness::start(&[]);
+    let mut raw = Raw::connect(&h.dev, 0);
+    // A SET_MEM_TABLE header announcing a payload, then one byte every
+    // 0.5 s: each read is quick, the message never completes.
+    let p = mem_table(&[(MEM_GPA, HSIZE, 0x7000_0000, 0)]);
+    let mut header = code(FrontendReq::SET_MEM_TABLE).to_le_bytes().to_vec();
+    header.extend_from_slice(&NEED_REPLY.to_le_bytes());
+    header.extend_from_slice(&(p.len() as u32).to_le_bytes());
+    raw.s.write_all(&header).unwrap();
+    let started = std::time::Instant::now();
+    let mut dropped = false;
+    for byte in p.iter().cycle().take(80) {
+        if raw.s.write_all(&[*byte]).is_err() {
+            dropped = true;
+            break;
+        }
+        if h.dev.status().unwrap()[0].n("connected") == 0 {
+            dropped = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        dropped,
+        "a frontend trickling one byte every 0.5 s kept its port for {:?}: {}",
+        started.elapsed(),
+        h.dev.log()
+    );
+    h.port0_free();
+    h.after("trickled message", None);
 }

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -36,8 +37,10 @@ pub enum RecvError {
     Protocol(#[from] ProtocolError),
 }
 
-/// Reads one message. Blocks until it is complete (the socket should have
-/// a read timeout so a stalled peer cannot hold the thread forever).
+/// Reads one message. Once its first bytes arrived, the rest must arrive
+/// within the socket's read timeout, counted for the whole message, not
+/// per read: a frontend trickling one byte at a time cannot hold the
+/// thread longer than that.
 pub fn recv_message(stream: &mut UnixStream) -> Result<RawMessage, RecvError> {
     let mut hdr = [0u8; HEADER_SIZE];
     let mut raw_fds: [RawFd; MAX_ATTACHED_FD_ENTRIES] = [-1; MAX_ATTACHED_FD_ENTRIES];
@@ -60,17 +63,55 @@ pub fn recv_message(stream: &mut UnixStream) -> Result<RawMessage, RecvError> {
     if n == 0 {
         return Err(RecvError::Closed);
     }
+    let deadline = stream.read_timeout()?.map(|limit| Instant::now() + limit);
     if n < HEADER_SIZE {
-        stream.read_exact(&mut hdr[n..]).map_err(eof_is_closed)?;
+        read_exact_by(stream, &mut hdr[n..], deadline)?;
     }
     let header = Header::decode(&hdr)?;
     let mut payload = vec![0u8; header.size as usize];
-    stream.read_exact(&mut payload).map_err(eof_is_closed)?;
+    read_exact_by(stream, &mut payload, deadline)?;
     Ok(RawMessage {
         header,
         payload,
         files,
     })
+}
+
+/// Fills `buf` from `stream`, failing with `TimedOut` once `deadline` has
+/// passed (no deadline: the socket's own timeout per read).
+fn read_exact_by(
+    stream: &mut UnixStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> Result<(), RecvError> {
+    let Some(deadline) = deadline else {
+        return stream.read_exact(buf).map_err(eof_is_closed);
+    };
+    let limit = stream.read_timeout()?;
+    let mut filled = 0;
+    let result = loop {
+        if filled == buf.len() {
+            break Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break Err(RecvError::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the rest of a message did not arrive in time",
+            )));
+        }
+        if let Err(e) = stream.set_read_timeout(Some(left)) {
+            break Err(e.into());
+        }
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => break Err(RecvError::Closed),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(RecvError::Io(e)),
+        }
+    };
+    stream.set_read_timeout(limit)?;
+    result
 }
 
 fn eof_is_closed(e: io::Error) -> RecvError {

@@ -163,7 +163,11 @@ fn serve(
             Ok(())
         }
         Request::SetMemTable(descs, files) => {
-            if state.table.as_ref().map(|t| t.regions()) == Some(&descs[..]) {
+            if state
+                .table
+                .as_ref()
+                .is_some_and(|t| t.is_same(&descs, &files))
+            {
                 // QEMU sends the same table once per queue pair.
                 PortStats::bump(&stats.set_mem_table);
                 return Ok(());
@@ -456,7 +460,7 @@ mod tests {
         let cfg = DeviceConfig::default();
         let mut st = PortState::new(0, [2, 0, 0, 0, 0, 1], &cfg, Default::default());
         let stats = PortStats::default();
-        let mut f = tempfile::tempfile().unwrap();
+        let mut f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.write_all(&vec![0u8; 0x10000]).unwrap();
         let mut p = 1u32.to_le_bytes().to_vec();
         p.extend_from_slice(&[0; 4]);
@@ -466,6 +470,44 @@ mod tests {
         let out = handle(&mut st, &stats, msg(5, 0x9, p, vec![f])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
         (st, stats)
+    }
+
+    #[test]
+    fn the_same_table_over_other_files_is_a_new_table() {
+        let (mut st, stats) = with_memory();
+        let table = |byte: u8| {
+            let mut f = tempfile::tempfile_in("/dev/shm").unwrap();
+            f.write_all(&vec![byte; 0x10000]).unwrap();
+            let mut p = 1u32.to_le_bytes().to_vec();
+            p.extend_from_slice(&[0; 4]);
+            for v in [0x1000_0000u64, 0x10000, 0x7f00_0000, 0] {
+                p.extend_from_slice(&v.to_le_bytes());
+            }
+            (p, f)
+        };
+        let read = |st: &PortState| {
+            use vm_memory::Bytes;
+            let shared = st.shared.access();
+            let memory = shared.memory.as_ref().unwrap();
+            let mut b = [0u8; 1];
+            memory
+                .table()
+                .mmap()
+                .read_slice(&mut b, vm_memory::GuestAddress(0x1000_0000))
+                .unwrap();
+            b[0]
+        };
+        assert_eq!(read(&st), 0);
+        // Same regions, another file: the device maps the new file.
+        let (p, f) = table(0x5a);
+        let keep = f.try_clone().unwrap();
+        let out = handle(&mut st, &stats, msg(5, 0x9, p.clone(), vec![f])).unwrap();
+        assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
+        assert_eq!(read(&st), 0x5a);
+        // The same regions of the same file again: nothing changes.
+        let out = handle(&mut st, &stats, msg(5, 0x9, p, vec![keep])).unwrap();
+        assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
+        assert_eq!(read(&st), 0x5a);
     }
 
     #[test]
@@ -677,7 +719,7 @@ mod tests {
     #[test]
     fn malformed_payloads_are_refused_and_the_connection_kept() {
         let (mut st, stats) = with_memory();
-        let file = || tempfile::tempfile().unwrap();
+        let file = || tempfile::tempfile_in("/dev/shm").unwrap();
         let cases: Vec<(u32, Vec<u8>, Vec<std::fs::File>)> = vec![
             (2, vec![0; 7], vec![]),                            // SET_FEATURES truncated
             (2, vec![0; 9], vec![]),                            // oversized
@@ -729,7 +771,7 @@ mod tests {
         let zero = std::fs::File::open("/dev/zero").unwrap();
         assert_eq!(status(&mut st, &stats, MEM, p.clone(), vec![zero]), 1);
         st.max_mapped_bytes = 0x8000;
-        let f = tempfile::tempfile().unwrap();
+        let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(0x10000).unwrap();
         let p = mem_table(&[(0, 0x9000, 0x1000, 0)]);
         assert_eq!(
@@ -740,7 +782,7 @@ mod tests {
         let p = mem_table(&[(0, 0x8000, 0x1000, 0)]);
         assert_eq!(status(&mut st, &stats, MEM, p, vec![f]), 0);
         // The backend channel must be a socket.
-        let file = tempfile::tempfile().unwrap();
+        let file = tempfile::tempfile_in("/dev/shm").unwrap();
         assert_eq!(status(&mut st, &stats, 21, vec![], vec![file]), 1);
         let (a, _b) = UnixStream::pair().unwrap();
         let a = std::fs::File::from(OwnedFd::from(a));
