@@ -6,7 +6,7 @@
 //! that touches its frontend (socket, kick, call and error fds), and it
 //! never waits for that frontend while holding anything another port can
 //! wait for. Frames switched from another port go through the receiving
-//! port's [`Inbox`](crate::net::Inbox). Frontend fds are read and written
+//! port's [`Inbox`](crate::inbox::Inbox). Frontend fds are read and written
 //! without blocking ([`RingFd`](crate::queues::RingFd)); a kick fd that hangs
 //! up stops its ring instead of waking the thread forever.
 //!
@@ -31,10 +31,11 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
-use crate::net::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
+use crate::inbox::Pushed;
 use crate::port::{Port, PortState, PortStats, RX_BACKLOG_MAX};
 use crate::queues::{self, ChainError, KickRead, Pop};
-use crate::vhost_user::{conn, handler};
+use crate::switch::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
+use crate::vhost_user::{self, conn, handler};
 use crate::DeviceConfig;
 
 const TOKEN_SOCKET: u64 = 0;
@@ -297,13 +298,11 @@ impl Device {
 /// takes it from there, see [`receive_frames`]), or drops it (counted).
 fn deliver(port: &Port, frame: &[u8]) {
     let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
-    data.extend_from_slice(&net::rx_header());
+    data.extend_from_slice(&switch::rx_header());
     data.extend_from_slice(frame);
     match port.inbox.push(data) {
-        net::Pushed::Queued => {}
-        net::Pushed::QueuedDroppingOldest | net::Pushed::Dropped => {
-            PortStats::bump(&port.stats.rx_dropped)
-        }
+        Pushed::Queued => {}
+        Pushed::QueuedDroppingOldest | Pushed::Dropped => PortStats::bump(&port.stats.rx_dropped),
     }
 }
 
@@ -338,10 +337,7 @@ fn receive_frames(port: &Port) -> bool {
         st.rx_backlog.push_back(data);
     }
     let delivered = flush_rx(st, &port.stats);
-    let sent = st.send_misses();
-    for _ in 0..sent {
-        PortStats::bump(&port.stats.iotlb_misses_sent);
-    }
+    vhost_user::send_misses(st, &port.stats);
     delivered
 }
 
@@ -578,10 +574,7 @@ fn process_ring(
             // An rx kick (new buffers) or a retry after an IOTLB update.
             work.done |= flush_rx(&mut st, &port.stats);
         }
-        let sent = st.send_misses();
-        for _ in 0..sent {
-            PortStats::bump(&port.stats.iotlb_misses_sent);
-        }
+        vhost_user::send_misses(&st, &port.stats);
     }
     work.done |= !frames.is_empty();
     for f in frames {

@@ -9,18 +9,19 @@
 //! Modules: [`vhost_user`] (request loop pieces), [`memory`] (memory table,
 //! IOTLB, address translation), [`sigbus`] (surviving frontend memory
 //! that shrinks under the device), [`queues`] (device side of split rings),
-//! [`net`] (switch), [`port`] (per-port state), [`device`] (threads and
+//! [`switch`] (switch), [`inbox`] (frames for a port), [`port`] (per-port state), [`device`] (threads and
 //! sockets), [`testing`] (a harness running the binary).
 
 pub mod cli;
 pub mod device;
 pub mod engine;
+pub mod inbox;
 pub mod memory;
-pub mod net;
 pub mod port;
 pub mod queues;
 pub mod rdma;
 pub mod sigbus;
+pub mod switch;
 pub mod testing;
 pub mod vhost_user;
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::inbox::Inbox;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
 use crate::rdma::{RefusalCounters, WindowTable};
@@ -135,7 +136,7 @@ pub struct Port {
     /// reaches them (the one copy; see [`PortShared`]).
     pub shared: Arc<PortShared>,
     /// Frames switched to this port by other ports, for its own thread.
-    pub inbox: crate::net::Inbox,
+    pub inbox: Inbox,
     state: Mutex<PortState>,
 }
 
@@ -282,6 +283,18 @@ impl PortShared {
         self.misses.lock().push(miss);
     }
 
+    /// Takes the queued misses due to be sent now (see
+    /// [`MissOutbox::take_due`]); the caller sends them to the frontend.
+    pub fn take_due_misses(&self, now: Instant) -> Vec<Miss> {
+        self.misses.lock().take_due(now)
+    }
+
+    /// Records that the MISS for `iova` could not be sent: it is asked
+    /// again when it is noted again.
+    pub fn miss_not_sent(&self, iova: u64) {
+        self.misses.lock().not_asked(iova);
+    }
+
     /// Queues what `failure` asks of this port's frontend, if anything (see
     /// [`TranslateError::ask`]).
     pub fn note_miss_of(&self, failure: TranslateError) {
@@ -302,7 +315,7 @@ impl Port {
             stats: PortStats::default(),
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
-            inbox: crate::net::Inbox::default(),
+            inbox: Inbox::default(),
         }
     }
 
@@ -526,32 +539,5 @@ impl PortState {
             }
         }
         Ok(())
-    }
-
-    /// Sends the port's queued IOTLB misses to its frontend (non-blocking;
-    /// never waits for the answer). Returns how many were sent.
-    pub fn send_misses(&mut self) -> usize {
-        let due = self.shared.misses.lock().take_due(Instant::now());
-        if due.is_empty() {
-            return 0;
-        }
-        let Some(backend) = &self.backend else {
-            tracing::debug!(port = self.index, "IOTLB miss but no backend channel");
-            return 0;
-        };
-        let mut sent = 0;
-        for miss in due {
-            match crate::vhost_user::send_iotlb_miss(backend, miss) {
-                Ok(()) => {
-                    tracing::debug!(port = self.index, iova = miss.iova, "IOTLB miss sent");
-                    sent += 1;
-                }
-                Err(e) => {
-                    tracing::debug!(port = self.index, "cannot send IOTLB miss: {e}");
-                    self.shared.misses.lock().not_asked(miss.iova);
-                }
-            }
-        }
-        sent
     }
 }

@@ -19,7 +19,7 @@ use uapi::{
 };
 use vm_memory::Permissions;
 
-use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target};
+use super::{execute, AccessFault, Fabric, MemoryAccess, Outcome, Span, Spans, Target};
 use crate::device::Device;
 use crate::engine::RdmaEngine;
 use crate::memory::{Miss, PortMemory, TranslateError};
@@ -37,7 +37,7 @@ struct MemoryView<'a> {
 }
 
 impl MemoryAccess for MemoryView<'_> {
-    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault> {
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), AccessFault> {
         let access = if write {
             Permissions::Write
         } else {
@@ -56,12 +56,12 @@ impl MemoryAccess for MemoryView<'_> {
                         if let Some(own) = self.own_miss {
                             own.set(Some(miss));
                         }
-                        Fault::Miss { iova: miss.iova }
+                        AccessFault::Miss { iova: miss.iova }
                     }
-                    TranslateError::Denied { .. } if write => Fault::Permission("write"),
-                    TranslateError::Denied { .. } => Fault::Permission("read"),
+                    TranslateError::Denied { .. } if write => AccessFault::Permission("write"),
+                    TranslateError::Denied { .. } => AccessFault::Permission("read"),
                     TranslateError::Unbacked { .. } | TranslateError::Wraps { .. } => {
-                        Fault::Unmapped
+                        AccessFault::Unmapped
                     }
                 }
             })?;

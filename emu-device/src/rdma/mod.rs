@@ -17,11 +17,11 @@
 //! CPU atomics of the memory's owner.
 
 mod device_engine;
-mod engine;
+mod execute;
 mod windows;
 
 pub use device_engine::DeviceEngine;
-pub use engine::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
+pub use execute::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
 pub use windows::{
     init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
     DEFAULT_MAX_WINDOWS_PER_PORT,
@@ -43,7 +43,7 @@ pub type Spans = SmallVec<[Span; 4]>;
 
 /// Why a port's address range cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Fault {
+pub enum AccessFault {
     /// Part of the range is not registered (not in the memory table, or
     /// no IOTLB entry that the frontend will give when asked).
     #[error("address range not registered")]
@@ -65,7 +65,7 @@ pub trait MemoryAccess {
     /// Appends to `out` the spans backing `[iova, iova + len)`, readable (and
     /// writable when `write`). Fails without appending when any byte is not
     /// registered with that permission.
-    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault>;
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), AccessFault>;
 }
 
 #[cfg(test)]

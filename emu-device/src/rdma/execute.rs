@@ -8,7 +8,7 @@ use uapi::{
 };
 
 use super::windows::{Refusal, RefusalCounters, Window, WindowTable};
-use super::{Fault, MemoryAccess, Span, Spans};
+use super::{AccessFault, MemoryAccess, Span, Spans};
 
 /// A port a request reaches, borrowed for one guarded step (the lender
 /// holds the port's access gate, so nothing the step checked can change
@@ -241,9 +241,9 @@ fn on_port(
     }
 }
 
-fn local_fault(fault: Fault) -> Failure {
+fn local_fault(fault: AccessFault) -> Failure {
     match fault {
-        Fault::Unmapped | Fault::Miss { .. } | Fault::Permission(_) => {
+        AccessFault::Unmapped | AccessFault::Miss { .. } | AccessFault::Permission(_) => {
             (Status::LocalProtectionError, ErrorDetail::Unregistered)
         }
     }
