@@ -23,17 +23,17 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::engine::{EngineFactory, NoopEngine, RdmaEngine};
 use crate::inbox::Pushed;
-use crate::port::{Port, PortState, PortStats, RX_BACKLOG_MAX};
+use crate::port::{Port, PortState, PortStats, PortTable, RX_BACKLOG_MAX};
 use crate::queues::{self, ChainError, KickRead, Pop};
+use crate::send_queue::SendQueue;
 use crate::switch::{self, Switch, ETH_HDR_LEN, MAX_TX_CHAIN, NET_HDR_LEN};
 use crate::vhost_user::{self, conn, handler};
 use crate::DeviceConfig;
@@ -119,7 +119,8 @@ pub struct Device {
     pub config: DeviceConfig,
     /// The MAC learning switch of queue pair 0.
     pub switch: Switch,
-    ports: RwLock<Vec<Arc<Port>>>,
+    /// The ports.
+    pub ports: PortTable,
     sockets: usize,
     /// Connections being served (a thread each).
     connections: AtomicUsize,
@@ -127,7 +128,6 @@ pub struct Device {
     control_clients: AtomicUsize,
     shutdown: EventFd,
     stopping: AtomicBool,
-    engines: EngineFactory,
 }
 
 impl std::fmt::Debug for Device {
@@ -139,84 +139,20 @@ impl std::fmt::Debug for Device {
     }
 }
 
-fn mac_add(base: [u8; 6], n: usize) -> [u8; 6] {
-    let low = u32::from_be_bytes([0, base[3], base[4], base[5]]).wrapping_add(n as u32);
-    let b = low.to_be_bytes();
-    [base[0], base[1], base[2], b[1], b[2], b[3]]
-}
-
 impl Device {
     /// A device with one port per socket (more ports appear when several
-    /// frontends connect to one socket). `engines` creates the RDMA engine
-    /// of each connection; `None` uses [`NoopEngine`].
-    pub fn new(
-        config: DeviceConfig,
-        sockets: usize,
-        engines: Option<EngineFactory>,
-    ) -> io::Result<Arc<Device>> {
-        let ports = (0..sockets)
-            .map(|i| Arc::new(Port::new(i, i, mac_add(config.mac_base, i), &config)))
-            .collect();
+    /// frontends connect to one socket).
+    pub fn new(config: DeviceConfig, sockets: usize) -> io::Result<Arc<Device>> {
         Ok(Arc::new(Device {
             switch: Switch::default(),
-            ports: RwLock::new(ports),
+            ports: PortTable::new(sockets, &config),
             sockets,
             connections: AtomicUsize::new(0),
             control_clients: AtomicUsize::new(0),
             shutdown: EventFd::new(EFD_NONBLOCK)?,
             stopping: AtomicBool::new(false),
-            engines: engines.unwrap_or_else(|| Box::new(|_| Box::new(NoopEngine))),
             config,
         }))
-    }
-
-    /// The port with index `index`.
-    pub fn port(&self, index: usize) -> Option<Arc<Port>> {
-        self.ports
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(index)
-            .cloned()
-    }
-
-    /// All ports (connected or not).
-    pub fn ports(&self) -> Vec<Arc<Port>> {
-        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Indices of the connected ports.
-    pub fn connected_ports(&self) -> Vec<usize> {
-        self.ports()
-            .iter()
-            .filter(|p| p.stats.connected.load(Ordering::Acquire))
-            .map(|p| p.index)
-            .collect()
-    }
-
-    /// Picks the port for a new connection on socket `socket`: the
-    /// socket's own port if free, else a free extra port, else a new one.
-    fn allocate(&self, socket: usize) -> Arc<Port> {
-        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
-        let free = |p: &Arc<Port>| !p.stats.connected.load(Ordering::Acquire);
-        let pick = if socket < ports.len() && free(&ports[socket]) {
-            Some(socket)
-        } else {
-            (self.sockets..ports.len()).find(|i| free(&ports[*i]))
-        };
-        let index = pick.unwrap_or_else(|| {
-            let i = ports.len();
-            ports.push(Arc::new(Port::new(
-                i,
-                socket,
-                mac_add(self.config.mac_base, i),
-                &self.config,
-            )));
-            i
-        });
-        let port = ports[index].clone();
-        port.stats.connected.store(true, Ordering::Release);
-        PortStats::bump(&port.stats.connections);
-        port
     }
 
     /// Asks every connection thread to stop.
@@ -233,9 +169,9 @@ impl Device {
     /// Delivers a frame (without virtio-net header) sent by port `from`:
     /// queues it in the inbox of each target port (never waits for them).
     pub fn switch_frame(&self, from: usize, frame: &[u8]) {
-        let targets = self.switch.route(from, frame, &self.connected_ports());
+        let targets = self.switch.route(from, frame, &self.ports.connected());
         for to in targets {
-            if let Some(p) = self.port(to) {
+            if let Some(p) = self.ports.get(to) {
                 deliver(&p, frame);
             }
         }
@@ -244,7 +180,7 @@ impl Device {
     /// One line per port: `key=value` pairs (see [`crate::testing`]).
     pub fn status(&self) -> String {
         let mut s = String::new();
-        for p in self.ports() {
+        for p in self.ports.all() {
             let st = &p.stats;
             let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let m = p.mac;
@@ -542,7 +478,7 @@ fn collect_tx(st: &mut PortState, stats: &PortStats, i: usize, frames: &mut Vec<
 struct Work {
     /// Work is left (budget exhausted).
     more: bool,
-    /// Something was done (frames taken, engine run).
+    /// Something was done (frames taken, RDMA requests or completions served).
     done: bool,
 }
 
@@ -551,7 +487,7 @@ struct Work {
 fn process_ring(
     dev: &Device,
     port: &Port,
-    engine: &mut dyn RdmaEngine,
+    send_queue: &mut SendQueue,
     i: usize,
     kicked: bool,
 ) -> Work {
@@ -566,7 +502,7 @@ fn process_ring(
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
-                work.done |= engine.on_send_queue_kick(&mut st, dev);
+                work.done |= send_queue.serve(&mut st, &dev.ports);
             }
         } else if i < net_rings && i % 2 == 1 {
             work.more = collect_tx(&mut st, &port.stats, i, &mut frames);
@@ -659,8 +595,8 @@ pub fn serve_connection(dev: Arc<Device>, port: Arc<Port>, mut stream: UnixStrea
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     dev.switch.learn(port.mac, index);
-    let mut engine = (dev.engines)(index);
-    if let Err(e) = run_connection(&dev, &port, &mut stream, engine.as_mut()) {
+    let mut send_queue = SendQueue::new(Arc::clone(&port), dev.config.poll);
+    if let Err(e) = run_connection(&dev, &port, &mut stream, &mut send_queue) {
         tracing::info!(port = index, "connection ends: {e}");
     }
     drop(stream);
@@ -686,7 +622,7 @@ fn run_connection(
     dev: &Device,
     port: &Port,
     stream: &mut UnixStream,
-    engine: &mut dyn RdmaEngine,
+    send_queue: &mut SendQueue,
 ) -> Result<(), String> {
     stream
         .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
@@ -838,7 +774,7 @@ fn run_connection(
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
         }
         for &i in &rings {
-            let w = process_ring(dev, port, engine, i, kicked.contains(&i));
+            let w = process_ring(dev, port, send_queue, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
             }
@@ -979,7 +915,7 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
         );
         return;
     }
-    let port = dev.allocate(socket);
+    let port = dev.ports.allocate(socket, &dev.config);
     let (d, p) = (dev.clone(), port.clone());
     let spawned = thread::Builder::new()
         .name(format!("port{}", port.index))

@@ -4,7 +4,7 @@
 //! (QEMU's `-netdev vhost-user`, or the pindown driver on the host) on one of
 //! the device's unix sockets. Queue pair 0 of every port is an Ethernet port
 //! of a learning switch; rings `2P` and `2P+1` (P = queue pairs) are the RDMA
-//! send and completion queues, served by an [`engine::RdmaEngine`].
+//! send and completion queues, served by [`send_queue`].
 //!
 //! Modules: [`vhost_user`] (request loop pieces), [`memory`] (memory table,
 //! IOTLB, address translation), [`sigbus`] (surviving frontend memory
@@ -14,12 +14,13 @@
 
 pub mod cli;
 pub mod device;
-pub mod engine;
+pub mod fabric;
 pub mod inbox;
 pub mod memory;
 pub mod port;
 pub mod queues;
 pub mod rdma;
+pub mod send_queue;
 pub mod sigbus;
 pub mod switch;
 pub mod testing;

@@ -16,11 +16,9 @@
 //! read-modify-writes on the shared mapping, so they are coherent with the
 //! CPU atomics of the memory's owner.
 
-mod device_engine;
 mod execute;
 mod windows;
 
-pub use device_engine::DeviceEngine;
 pub use execute::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
 pub use windows::{
     init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
