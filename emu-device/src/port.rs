@@ -258,7 +258,7 @@ const MISS_RETRY: Duration = Duration::from_millis(200);
 const MISS_QUEUE_MAX: usize = 64;
 
 /// IOTLB misses of a port waiting to be sent, and the pages recently asked
-/// for (not asked again before [`MISS_RETRY`] or their UPDATE).
+/// for (not asked again before `MISS_RETRY` or their UPDATE).
 #[derive(Debug, Default)]
 pub struct MissOutbox {
     queued: Vec<Miss>,
