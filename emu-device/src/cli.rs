@@ -266,9 +266,7 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
-    let engines: crate::engine::EngineFactory =
-        Box::new(|_| Box::new(crate::rdma::DeviceEngine::new()));
-    let device = Device::new(config, sockets.len(), Some(engines)).map_err(|e| e.to_string())?;
+    let device = Device::new(config, sockets.len()).map_err(|e| e.to_string())?;
     let mut server =
         Server::start(device, &sockets, control.as_deref()).map_err(|e| e.to_string())?;
     tracing::info!(ports = sockets.len(), "emu-device ready");

@@ -4,23 +4,47 @@
 //! (QEMU's `-netdev vhost-user`, or the pindown driver on the host) on one of
 //! the device's unix sockets. Queue pair 0 of every port is an Ethernet port
 //! of a learning switch; rings `2P` and `2P+1` (P = queue pairs) are the RDMA
-//! send and completion queues, served by an [`engine::RdmaEngine`].
+//! send and completion queues, served by [`send_queue`].
 //!
-//! Modules: [`vhost_user`] (request loop pieces), [`memory`] (memory table,
-//! IOTLB, address translation), [`sigbus`] (surviving frontend memory
-//! that shrinks under the device), [`queues`] (device side of split rings),
-//! [`net`] (switch), [`port`] (per-port state), [`device`] (threads and
-//! sockets), [`testing`] (a harness running the binary).
+//! Modules, in the order of the data path, each depending only on those
+//! below it:
+//!
+//! - [`cli`]: the command line; starts a [`device`].
+//! - [`device`]: the process: the [`Device`](device::Device), listening
+//!   sockets, the accept loop with the connection limit, the status socket.
+//! - [`connection`]: one thread per frontend connection: its epoll loop
+//!   over the socket, the kicks and the inbox; resets the port when the
+//!   frontend leaves.
+//! - [`vhost_user`]: the protocol: message codec, socket I/O, and applying
+//!   a request to a port's state.
+//! - [`switch`]: the Ethernet data path of queue pair 0: tx rings, the MAC
+//!   learning switch, rx rings.
+//! - [`send_queue`]: serving a port's RDMA send and completion queues.
+//! - [`fabric`]: the RDMA engine's seams over the device's ports.
+//! - [`port`]: per-port state, the access gate every data path goes
+//!   through, counters, and the table of all ports.
+//! - [`inbox`]: frames other ports sent to a port.
+//! - [`queues`]: the device side of split virtqueues.
+//! - [`rdma`]: the RDMA engine proper: executing one work request in
+//!   guarded steps, windows and keys; it sees ports only through its
+//!   seams.
+//! - [`memory`]: memory tables, the IOTLB, address translation.
+//! - [`sigbus`]: surviving frontend memory that shrinks under the device.
+//!
+//! [`testing`] runs the binary for tests.
 
 pub mod cli;
+pub mod connection;
 pub mod device;
-pub mod engine;
+pub mod fabric;
+pub mod inbox;
 pub mod memory;
-pub mod net;
 pub mod port;
 pub mod queues;
 pub mod rdma;
+pub mod send_queue;
 pub mod sigbus;
+pub mod switch;
 pub mod testing;
 pub mod vhost_user;
 

@@ -1,5 +1,7 @@
-//! One port of the device: the state a frontend connection builds up
-//! (features, memory, IOTLB, rings) and counters that outlive connections.
+//! The ports of the device: the state a frontend connection builds up
+//! (features, memory, IOTLB, rings), the part every data path reaches
+//! behind the port's access gate ([`PortShared`]), counters that outlive
+//! connections, and the table of all ports ([`PortTable`]).
 
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::inbox::Inbox;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
 use crate::rdma::{RefusalCounters, WindowTable};
@@ -135,8 +138,89 @@ pub struct Port {
     /// reaches them (the one copy; see [`PortShared`]).
     pub shared: Arc<PortShared>,
     /// Frames switched to this port by other ports, for its own thread.
-    pub inbox: crate::net::Inbox,
+    pub inbox: Inbox,
     state: Mutex<PortState>,
+}
+
+/// The device's ports, by index: where the connection threads, the switch
+/// and the RDMA fabric find a port. Ports are only added (one whose
+/// frontend left serves the next connection), never removed, so an index
+/// names one port for the life of the device.
+#[derive(Debug)]
+pub struct PortTable {
+    ports: std::sync::RwLock<Vec<Arc<Port>>>,
+    /// Ports `0..sockets` belong to the listening socket of the same index.
+    sockets: usize,
+}
+
+/// MAC `base` plus `n` (in its low three bytes).
+fn mac_add(base: [u8; 6], n: usize) -> [u8; 6] {
+    let low = u32::from_be_bytes([0, base[3], base[4], base[5]]).wrapping_add(n as u32);
+    let b = low.to_be_bytes();
+    [base[0], base[1], base[2], b[1], b[2], b[3]]
+}
+
+impl PortTable {
+    /// One disconnected port per listening socket (port `i` on socket `i`).
+    pub fn new(sockets: usize, config: &DeviceConfig) -> PortTable {
+        let ports = (0..sockets)
+            .map(|i| Arc::new(Port::new(i, i, mac_add(config.mac_base, i), config)))
+            .collect();
+        PortTable {
+            ports: std::sync::RwLock::new(ports),
+            sockets,
+        }
+    }
+
+    /// The port with index `index`.
+    pub fn get(&self, index: usize) -> Option<Arc<Port>> {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(index)
+            .cloned()
+    }
+
+    /// All ports (connected or not).
+    pub fn all(&self) -> Vec<Arc<Port>> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Indices of the connected ports.
+    pub fn connected(&self) -> Vec<usize> {
+        self.all()
+            .iter()
+            .filter(|p| p.stats.connected.load(Ordering::Acquire))
+            .map(|p| p.index)
+            .collect()
+    }
+
+    /// Picks the port for a new connection on socket `socket` and marks it
+    /// connected: the socket's own port if free, else a free extra port,
+    /// else a new one.
+    pub fn allocate(&self, socket: usize, config: &DeviceConfig) -> Arc<Port> {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        let free = |p: &Arc<Port>| !p.stats.connected.load(Ordering::Acquire);
+        let pick = if socket < ports.len() && free(&ports[socket]) {
+            Some(socket)
+        } else {
+            (self.sockets..ports.len()).find(|i| free(&ports[*i]))
+        };
+        let index = pick.unwrap_or_else(|| {
+            let i = ports.len();
+            ports.push(Arc::new(Port::new(
+                i,
+                socket,
+                mac_add(config.mac_base, i),
+                config,
+            )));
+            i
+        });
+        let port = ports[index].clone();
+        port.stats.connected.store(true, Ordering::Release);
+        PortStats::bump(&port.stats.connections);
+        port
+    }
 }
 
 /// What the data paths of the device reach of a port: its memory (the
@@ -178,7 +262,7 @@ const MISS_QUEUE_MAX: usize = 64;
 const MISS_ASKED_MAX: usize = 256;
 
 /// IOTLB misses of a port waiting to be sent, and the pages recently asked
-/// for (not asked again before [`MISS_RETRY`] or their UPDATE).
+/// for (not asked again before `MISS_RETRY` or their UPDATE).
 #[derive(Debug, Default)]
 pub struct MissOutbox {
     queued: Vec<Miss>,
@@ -289,6 +373,18 @@ impl PortShared {
         self.misses.lock().push(miss);
     }
 
+    /// Takes the queued misses due to be sent now (see
+    /// [`MissOutbox::take_due`]); the caller sends them to the frontend.
+    pub fn take_due_misses(&self, now: Instant) -> Vec<Miss> {
+        self.misses.lock().take_due(now)
+    }
+
+    /// Records that the MISS for `iova` could not be sent: it is asked
+    /// again when it is noted again.
+    pub fn miss_not_sent(&self, iova: u64) {
+        self.misses.lock().not_asked(iova);
+    }
+
     /// Queues what `failure` asks of this port's frontend, if anything (see
     /// [`TranslateError::ask`]).
     pub fn note_miss_of(&self, failure: TranslateError) {
@@ -309,7 +405,7 @@ impl Port {
             stats: PortStats::default(),
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
-            inbox: crate::net::Inbox::default(),
+            inbox: Inbox::default(),
         }
     }
 
@@ -533,33 +629,6 @@ impl PortState {
             }
         }
         Ok(())
-    }
-
-    /// Sends the port's queued IOTLB misses to its frontend (non-blocking;
-    /// never waits for the answer). Returns how many were sent.
-    pub fn send_misses(&mut self) -> usize {
-        let due = self.shared.misses.lock().take_due(Instant::now());
-        if due.is_empty() {
-            return 0;
-        }
-        let Some(backend) = &self.backend else {
-            tracing::debug!(port = self.index, "IOTLB miss but no backend channel");
-            return 0;
-        };
-        let mut sent = 0;
-        for miss in due {
-            match crate::vhost_user::send_iotlb_miss(backend, miss) {
-                Ok(()) => {
-                    tracing::debug!(port = self.index, iova = miss.iova, "IOTLB miss sent");
-                    sent += 1;
-                }
-                Err(e) => {
-                    tracing::debug!(port = self.index, "cannot send IOTLB miss: {e}");
-                    self.shared.misses.lock().not_asked(miss.iova);
-                }
-            }
-        }
-        sent
     }
 }
 

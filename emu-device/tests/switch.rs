@@ -127,7 +127,7 @@ fn busy_poll_mode_switches_frames() {
 }
 
 #[test]
-fn rdma_queues_are_accepted_and_kicks_reach_the_engine_seam() {
+fn rdma_queues_are_accepted_and_kicks_reach_the_send_queue() {
     let dev = DeviceProcess::start(device_bin(), 1, &[]).unwrap();
     // Rings 0..=3: two queue pairs; 4: RDMA send queue; 5: completion queue.
     let mut p0 = TestFrontend::connect(&dev.socket(0), 6);

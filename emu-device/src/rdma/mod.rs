@@ -16,18 +16,21 @@
 //! read-modify-writes on the shared mapping, so they are coherent with the
 //! CPU atomics of the memory's owner.
 
-mod device_engine;
-mod engine;
+mod execute;
 mod windows;
 
-pub use device_engine::DeviceEngine;
-pub use engine::{execute, Fabric, Failure, Outcome, Target, NOT_GRANTED, STEP_BYTES};
+// This file holds the seams: spans, `MemoryAccess`, `Target` and
+// `Fabric`; `execute` runs one request through them, `windows` holds the
+// windows, their keys and the refusal counters.
+
+pub use execute::{execute, NOT_GRANTED, STEP_BYTES};
 pub use windows::{
     init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
     DEFAULT_MAX_WINDOWS_PER_PORT,
 };
 
 use smallvec::SmallVec;
+use uapi::{Completion, ErrorDetail, Status};
 
 /// A contiguous piece of a port's memory, mapped in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +46,7 @@ pub type Spans = SmallVec<[Span; 4]>;
 
 /// Why a port's address range cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Fault {
+pub enum AccessFault {
     /// Part of the range is not registered (not in the memory table, or
     /// no IOTLB entry that the frontend will give when asked).
     #[error("address range not registered")]
@@ -65,7 +68,50 @@ pub trait MemoryAccess {
     /// Appends to `out` the spans backing `[iova, iova + len)`, readable (and
     /// writable when `write`). Fails without appending when any byte is not
     /// registered with that permission.
-    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault>;
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), AccessFault>;
+}
+
+/// A port a request reaches, borrowed for one guarded step (the lender
+/// holds the port's access gate, so nothing the step checked can change
+/// before it ends).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The port's memory.
+    pub memory: &'a dyn MemoryAccess,
+    /// The port's windows.
+    pub windows: &'a WindowTable,
+    /// Remote accesses to the port's windows refused, by cause (the
+    /// owner's counters: the initiator is only told "not granted").
+    pub refusals: &'a RefusalCounters,
+}
+
+/// Why a request failed: status and detail of its error completion.
+pub type Failure = (Status, ErrorDetail);
+
+/// The result of running a request against a target port.
+pub type Outcome = Result<Completion, Failure>;
+
+/// The ports of the device, as the engine reaches them.
+pub trait Fabric {
+    /// Runs one guarded step on ports `initiator` and `target` (the same
+    /// port or two): lends both, holding whatever keeps their memory and
+    /// windows from changing until `step` returns, or says why the target
+    /// cannot be reached: [`ErrorDetail::UnknownPort`] or
+    /// [`ErrorDetail::PortDown`].
+    fn step(
+        &self,
+        initiator: u16,
+        target: u16,
+        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail>;
+
+    /// Runs `change` on port `port` once no step on it is in flight,
+    /// holding new steps off until it returns: a barrier.
+    fn exclusive(
+        &self,
+        port: u16,
+        change: &mut dyn FnMut(Target<'_>) -> Outcome,
+    ) -> Result<Outcome, ErrorDetail>;
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use uapi::{
 };
 
 use super::{
-    execute, Fabric, Fault, MemoryAccess, Outcome, RefusalCounters, Span, Spans, Target,
+    execute, AccessFault, Fabric, MemoryAccess, Outcome, RefusalCounters, Span, Spans, Target,
     WindowTable, NOT_GRANTED,
 };
 
@@ -64,15 +64,15 @@ impl BufferMemory {
 }
 
 impl MemoryAccess for BufferMemory {
-    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault> {
-        let end = iova.checked_add(len).ok_or(Fault::Unmapped)?;
+    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), AccessFault> {
+        let end = iova.checked_add(len).ok_or(AccessFault::Unmapped)?;
         let covered = self
             .registered
             .iter()
             .find(|(start, size, _)| *start <= iova && end <= start + size)
-            .ok_or(Fault::Unmapped)?;
+            .ok_or(AccessFault::Unmapped)?;
         if write && !covered.2 {
-            return Err(Fault::Permission("write"));
+            return Err(AccessFault::Permission("write"));
         }
         let mut at = iova;
         while at < end {

@@ -16,7 +16,7 @@ pub const NET_CONFIG_SIZE: usize = 12;
 
 /// What the connection loop has to do after a request.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct Handled {
     /// Bytes to send back.
     pub reply: Option<Vec<u8>>,
     /// Kick fds or ring states changed: re-sync the event registrations.
@@ -49,7 +49,7 @@ pub fn handle(
     state: &mut PortState,
     stats: &PortStats,
     msg: RawMessage,
-) -> Result<Outcome, ProtocolError> {
+) -> Result<Handled, ProtocolError> {
     let hdr = msg.header;
     let code = hdr.request;
     PortStats::bump(&stats.messages);
@@ -57,7 +57,7 @@ pub fn handle(
         Some(c) => tracing::debug!(port = state.index, "request {c:?}"),
         None => tracing::debug!(port = state.index, "request {code}"),
     }
-    let mut out = Outcome::default();
+    let mut out = Handled::default();
     let result = match message::decode(&hdr, &msg.payload, msg.files) {
         Ok(req) => serve(state, stats, code, req, &mut out),
         Err(e) if message::reply_required(code) => {
@@ -92,7 +92,7 @@ fn serve(
     stats: &PortStats,
     code: u32,
     req: Request,
-    out: &mut Outcome,
+    out: &mut Handled,
 ) -> Result<(), String> {
     let rings = state.vrings.len();
     let no_ring = |index: u32| format!("no ring {index} (the port has rings 0 to {})", rings - 1);

@@ -1,4 +1,5 @@
-//! Executing one work request.
+//! Executing one work request, in guarded steps through the
+//! [`Fabric`](super::Fabric).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -7,51 +8,8 @@ use uapi::{
     Status, WorkRequest,
 };
 
-use super::windows::{Refusal, RefusalCounters, Window, WindowTable};
-use super::{Fault, MemoryAccess, Span, Spans};
-
-/// A port a request reaches, borrowed for one guarded step (the lender
-/// holds the port's access gate, so nothing the step checked can change
-/// before it ends).
-#[derive(Clone, Copy)]
-pub struct Target<'a> {
-    /// The port's memory.
-    pub memory: &'a dyn MemoryAccess,
-    /// The port's windows.
-    pub windows: &'a WindowTable,
-    /// Remote accesses to the port's windows refused, by cause (the
-    /// owner's counters: the initiator is only told "not granted").
-    pub refusals: &'a RefusalCounters,
-}
-
-/// Why a request failed: status and detail of its error completion.
-pub type Failure = (Status, ErrorDetail);
-
-/// The result of running a request against a target port.
-pub type Outcome = Result<Completion, Failure>;
-
-/// The ports of the device, as the engine reaches them.
-pub trait Fabric {
-    /// Runs one guarded step on ports `initiator` and `target` (the same
-    /// port or two): lends both, holding whatever keeps their memory and
-    /// windows from changing until `step` returns, or says why the target
-    /// cannot be reached: [`ErrorDetail::UnknownPort`] or
-    /// [`ErrorDetail::PortDown`].
-    fn step(
-        &self,
-        initiator: u16,
-        target: u16,
-        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
-    ) -> Result<Outcome, ErrorDetail>;
-
-    /// Runs `change` on port `port` once no step on it is in flight,
-    /// holding new steps off until it returns: a barrier.
-    fn exclusive(
-        &self,
-        port: u16,
-        change: &mut dyn FnMut(Target<'_>) -> Outcome,
-    ) -> Result<Outcome, ErrorDetail>;
-}
+use super::windows::{Refusal, Window};
+use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
 
 /// Bytes a transfer moves in one guarded step: a barrier (revoke,
 /// invalidate, reset) waits for at most one step of each transfer in
@@ -241,9 +199,9 @@ fn on_port(
     }
 }
 
-fn local_fault(fault: Fault) -> Failure {
+fn local_fault(fault: AccessFault) -> Failure {
     match fault {
-        Fault::Unmapped | Fault::Miss { .. } | Fault::Permission(_) => {
+        AccessFault::Unmapped | AccessFault::Miss { .. } | AccessFault::Permission(_) => {
             (Status::LocalProtectionError, ErrorDetail::Unregistered)
         }
     }

@@ -1,15 +1,16 @@
-//! The engine plugged into the device: serves a port's RDMA send queue and
-//! writes its completions.
+//! Serving a port's RDMA send and completion queues: takes work requests
+//! from the send queue, in order and one at a time (so a FENCE is always
+//! honoured), runs each with [`rdma::execute`](crate::rdma::execute)
+//! through the [`PortFabric`] over the device's ports, and writes the
+//! completions into the completion queue.
 //!
 //! Every port's memory and windows live once, in its
-//! [`PortShared`](crate::port::PortShared), behind the port's access gate;
-//! the engine reaches its own port and its peers through it, one guarded
-//! step at a time. Requests run in order, one at a time, so a FENCE is
-//! always honoured. A completion waits in the engine when the completion
-//! queue has no free buffer; the engine then takes no new request until the
-//! driver posts buffers and kicks the completion queue.
+//! [`PortShared`], behind the port's access gate; the ring work is one
+//! guarded step on the port's own gate, and the request runs in steps of
+//! its own. A completion waits here when the completion queue has no free
+//! buffer; no new request is taken until the driver posts buffers and
+//! kicks the completion queue.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,160 +18,11 @@ use std::time::{Duration, Instant};
 use uapi::{
     Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };
-use vm_memory::Permissions;
 
-use super::{execute, Fabric, Fault, MemoryAccess, Outcome, Span, Spans, Target};
-use crate::device::Device;
-use crate::engine::RdmaEngine;
-use crate::memory::{Miss, PortMemory, TranslateError};
-use crate::port::{Port, PortShared, PortState, SharedState};
+use crate::fabric::PortFabric;
+use crate::memory::PortMemory;
+use crate::port::{Port, PortShared, PortState, PortTable};
 use crate::queues::{self, ChainError, Pop, Vring};
-
-/// A port's memory seen through the engine's seam.
-struct MemoryView<'a> {
-    memory: &'a PortMemory,
-    /// The port, whose frontend is asked for what misses.
-    port: &'a PortShared,
-    /// Where a miss of the initiator's own memory is kept for the request
-    /// (`None` for a peer's memory).
-    own_miss: Option<&'a Cell<Option<Miss>>>,
-}
-
-impl MemoryAccess for MemoryView<'_> {
-    fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), Fault> {
-        let access = if write {
-            Permissions::Write
-        } else {
-            Permissions::Read
-        };
-        let start = out.len();
-        for slice in self.memory.translate(iova, len, access) {
-            let slice = slice.map_err(|error| {
-                out.truncate(start);
-                // A denied access is asked for too: an UPDATE may grant it.
-                if let Some(miss) = error.ask() {
-                    self.port.note_miss(miss);
-                }
-                match error {
-                    TranslateError::Miss(miss) => {
-                        if let Some(own) = self.own_miss {
-                            own.set(Some(miss));
-                        }
-                        Fault::Miss { iova: miss.iova }
-                    }
-                    TranslateError::Denied { .. } if write => Fault::Permission("write"),
-                    TranslateError::Denied { .. } => Fault::Permission("read"),
-                    TranslateError::Unbacked { .. } | TranslateError::Wraps { .. } => {
-                        Fault::Unmapped
-                    }
-                }
-            })?;
-            out.push(Span {
-                addr: slice.ptr_guard_mut().as_ptr(),
-                len: slice.len(),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// The ports of the device, reached through their gates.
-struct DeviceFabric<'a> {
-    device: &'a Device,
-    /// The initiator (looked up once per kick).
-    own: &'a Arc<Port>,
-    /// The first miss of the current request in the initiator's own
-    /// memory, if any (the request may wait for the mapping).
-    own_miss: Cell<Option<Miss>>,
-}
-
-impl DeviceFabric<'_> {
-    fn port(&self, index: u16) -> Result<Arc<Port>, ErrorDetail> {
-        if usize::from(index) == self.own.index {
-            return Ok(Arc::clone(self.own));
-        }
-        self.device
-            .port(usize::from(index))
-            .ok_or(ErrorDetail::UnknownPort)
-    }
-}
-
-/// Lends a port's state to a step, or says it is down.
-fn lend<'s>(
-    port: &'s Port,
-    state: &'s SharedState,
-    own_miss: Option<&'s Cell<Option<Miss>>>,
-) -> Result<(MemoryView<'s>, &'s super::WindowTable), ErrorDetail> {
-    let memory = state.memory.as_ref().ok_or(ErrorDetail::PortDown)?;
-    let view = MemoryView {
-        memory,
-        port: &port.shared,
-        own_miss,
-    };
-    Ok((view, &state.windows))
-}
-
-impl Fabric for DeviceFabric<'_> {
-    fn step(
-        &self,
-        initiator: u16,
-        target: u16,
-        step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
-    ) -> Result<Outcome, ErrorDetail> {
-        let near = self.port(initiator)?;
-        if initiator == target {
-            let state = near.shared.access();
-            let (memory, windows) = lend(&near, &state, Some(&self.own_miss))?;
-            let own = Target {
-                memory: &memory,
-                windows,
-                refusals: &near.stats.refused,
-            };
-            return Ok(step(own, own));
-        }
-        let far = self.port(target)?;
-        // Two gates are always taken in port order, so that two steps
-        // crossing in opposite directions cannot wait for each other
-        // behind a barrier.
-        let (near_state, far_state) = if initiator < target {
-            let near_state = near.shared.access();
-            (near_state, far.shared.access())
-        } else {
-            let far_state = far.shared.access();
-            (near.shared.access(), far_state)
-        };
-        let (near_memory, near_windows) = lend(&near, &near_state, Some(&self.own_miss))?;
-        let (far_memory, far_windows) = lend(&far, &far_state, None)?;
-        Ok(step(
-            Target {
-                memory: &near_memory,
-                windows: near_windows,
-                refusals: &near.stats.refused,
-            },
-            Target {
-                memory: &far_memory,
-                windows: far_windows,
-                refusals: &far.stats.refused,
-            },
-        ))
-    }
-
-    fn exclusive(
-        &self,
-        port: u16,
-        change: &mut dyn FnMut(Target<'_>) -> Outcome,
-    ) -> Result<Outcome, ErrorDetail> {
-        let port = self.port(port)?;
-        let state = port.shared.barrier();
-        let own_miss = (port.index == self.own.index).then_some(&self.own_miss);
-        let (memory, windows) = lend(&port, &state, own_miss)?;
-        Ok(change(Target {
-            memory: &memory,
-            windows,
-            refusals: &port.stats.refused,
-        }))
-    }
-}
 
 /// How long a request waits for the frontend to map its local memory
 /// before it completes with a local protection error.
@@ -189,22 +41,31 @@ struct Rings<'a> {
     polling: bool,
 }
 
-/// The RDMA engine of one connection.
-#[derive(Debug, Default)]
-pub struct DeviceEngine {
+/// The RDMA send and completion queues of one port, while one frontend
+/// connection lasts.
+#[derive(Debug)]
+pub struct SendQueue {
     /// Completions waiting for a completion-queue buffer.
     pending: VecDeque<Completion>,
-    /// The port served, once known.
-    port: Option<Arc<Port>>,
+    /// The port served.
+    port: Arc<Port>,
+    /// The device busy-polls: the driver need not ring doorbells.
+    polling: bool,
     /// Since when the request at the head of the send queue has waited for
     /// its local memory to be mapped.
     waiting_since: Option<Instant>,
 }
 
-impl DeviceEngine {
-    /// An engine with nothing pending.
-    pub fn new() -> Self {
-        Self::default()
+impl SendQueue {
+    /// The queues of `port`, nothing pending (`polling`: the device
+    /// busy-polls the rings, see [`DeviceConfig::poll`](crate::DeviceConfig::poll)).
+    pub fn new(port: Arc<Port>, polling: bool) -> Self {
+        SendQueue {
+            pending: VecDeque::new(),
+            port,
+            polling,
+            waiting_since: None,
+        }
     }
 
     /// Writes pending completions into completion-queue buffers, in one
@@ -282,7 +143,7 @@ impl DeviceEngine {
         rings: &mut Rings<'_>,
         port: &Port,
         info: DeviceInfo,
-        fabric: &DeviceFabric<'_>,
+        fabric: &PortFabric<'_>,
     ) -> bool {
         let (chain, request) = {
             let state = port.shared.access();
@@ -330,9 +191,7 @@ impl DeviceEngine {
         };
         let completion = match request {
             Ok(request) => {
-                fabric.own_miss.set(None);
-                let done = execute(info, &request, fabric);
-                let own_miss = fabric.own_miss.take();
+                let (done, own_miss) = fabric.execute(info, &request);
                 if done.status == Status::LocalProtectionError
                     && rings.lazy_iotlb
                     && own_miss.is_some()
@@ -376,14 +235,17 @@ fn malformed(bytes: &[u8]) -> Completion {
     )
 }
 
-impl RdmaEngine for DeviceEngine {
-    fn on_send_queue_kick(&mut self, state: &mut PortState, device: &Device) -> bool {
-        if self.port.is_none() {
-            self.port = device.port(state.index);
-        }
-        let Some(port) = self.port.clone() else {
-            return false;
-        };
+impl SendQueue {
+    /// Serves the queues after a kick of either ring (or a polling pass):
+    /// writes waiting completions, then runs requests while completions
+    /// have room. `state` is the served port's state, whose lock the caller
+    /// holds; peers are looked up in `ports` and reached through their
+    /// access gates only, never their locks.
+    ///
+    /// Returns whether it did anything (took a request or wrote a
+    /// completion), which keeps an adaptively polling port hot.
+    pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> bool {
+        let port = Arc::clone(&self.port);
         let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
         let PortState { vrings, guest, .. } = state;
         let mut rings = Rings {
@@ -392,18 +254,14 @@ impl RdmaEngine for DeviceEngine {
             cq,
             port: index,
             lazy_iotlb: *guest,
-            polling: device.config.poll,
+            polling: self.polling,
         };
         let info = DeviceInfo {
             port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
         };
-        let fabric = DeviceFabric {
-            device,
-            own: &port,
-            own_miss: Cell::new(None),
-        };
+        let fabric = PortFabric::new(ports, &port);
         let mut worked = self.flush_step(&mut rings, &port);
         while self.pending.is_empty() && rings.vrings[sq].active() {
             if !self.serve_one(&mut rings, &port, info, &fabric) {

@@ -1,0 +1,420 @@
+//! One frontend connection: the thread that serves a port while its
+//! frontend is connected. It waits (epoll) on the vhost-user socket, the
+//! kick eventfds of the port's rings, the port's inbox and the device's
+//! stop signal; applies each request through [`vhost_user`], moves frames
+//! through the [`switch`], serves the RDMA rings through its
+//! [`SendQueue`], and sends the port's IOTLB misses. When the frontend
+//! leaves (or misbehaves, or the device stops) it resets the port for the
+//! next frontend.
+//!
+//! Isolation between ports: a port's connection thread is the only one
+//! that touches its frontend (socket, kick, call and error fds), and it
+//! never waits for that frontend while holding anything another port can
+//! wait for. Frames switched from another port go through the receiving
+//! port's [`Inbox`](crate::inbox::Inbox). Frontend fds are read and written
+//! without blocking ([`RingFd`](crate::queues::RingFd)); a kick fd that hangs
+//! up stops its ring instead of waking the thread forever.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::port::{Port, PortState, PortStats, PortTable};
+use crate::queues::KickRead;
+use crate::send_queue::SendQueue;
+use crate::switch::{self, Switch};
+use crate::vhost_user::{self, conn, handler};
+use crate::DeviceConfig;
+
+const TOKEN_SOCKET: u64 = 0;
+const TOKEN_SHUTDOWN: u64 = u64::MAX;
+const TOKEN_INBOX: u64 = u64::MAX - 1;
+
+/// How long the device waits for the rest of a started vhost-user message,
+/// or for the frontend to take a reply, before it drops the connection.
+const FRONTEND_IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The device's stop signal, which every connection thread watches.
+#[derive(Debug)]
+pub struct Stop {
+    fd: EventFd,
+    requested: AtomicBool,
+}
+
+impl Stop {
+    /// Not requested yet.
+    pub fn new() -> io::Result<Stop> {
+        Ok(Stop {
+            fd: EventFd::new(EFD_NONBLOCK)?,
+            requested: AtomicBool::new(false),
+        })
+    }
+
+    /// Asks every connection thread to stop (and wakes them).
+    pub fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+        let _ = self.fd.write(1);
+    }
+
+    /// Whether a stop was asked for.
+    pub fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+}
+
+/// What a connection thread reaches of the device.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// Configuration.
+    pub config: &'a DeviceConfig,
+    /// All ports (the RDMA fabric and the switch reach peers here).
+    pub ports: &'a PortTable,
+    /// The MAC learning switch.
+    pub switch: &'a Switch,
+    /// The device's stop signal.
+    pub stop: &'a Stop,
+}
+
+/// Serves one frontend connection on `port` until it closes, misbehaves
+/// or the device stops; then resets the port (see [`reset_port`]).
+pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
+    let index = port.index;
+    tracing::info!(port = index, "frontend connected");
+    ctx.switch.learn(port.mac, index);
+    let mut send_queue = SendQueue::new(Arc::clone(&port), ctx.config.poll);
+    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queue) {
+        tracing::info!(port = index, "connection ends: {e}");
+    }
+    drop(stream);
+    reset_port(ctx, &port);
+    tracing::info!(port = index, "port reset");
+}
+
+/// Resets a port whose connection ended (or never started) and frees it
+/// for the next frontend: once no access to its memory is in flight, its
+/// memory and windows are gone; frames for it are dropped.
+pub fn reset_port(ctx: Context<'_>, port: &Port) {
+    port.inbox.close();
+    port.shared.reset();
+    *port.lock() = PortState::new(port.index, port.mac, ctx.config, port.shared.clone());
+    ctx.switch.forget_port(port.index);
+    port.stats.connected.store(false, Ordering::Release);
+}
+
+/// Moves the frames of the port's inbox into rx ring 0 (see
+/// [`switch::receive`]) and asks the frontend for what missed. Returns
+/// whether a frame was delivered.
+fn receive_frames(port: &Port) -> bool {
+    let frames = port.inbox.take();
+    if frames.is_empty() {
+        return false;
+    }
+    let mut st = port.lock();
+    let delivered = switch::receive(&mut st, &port.stats, frames);
+    vhost_user::send_misses(&st, &port.stats);
+    delivered
+}
+
+/// What processing a ring did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Work {
+    /// Work is left (budget exhausted).
+    more: bool,
+    /// Something was done (frames taken, RDMA requests or completions served).
+    done: bool,
+}
+
+/// Processes ring `i` of `port` (`kicked`: the driver kicked it, as
+/// opposed to a poll).
+fn process_ring(
+    ctx: Context<'_>,
+    port: &Port,
+    send_queue: &mut SendQueue,
+    i: usize,
+    kicked: bool,
+) -> Work {
+    let mut frames = Vec::new();
+    let mut work = Work::default();
+    {
+        let mut st = port.lock();
+        let net_rings = usize::from(st.layout().send_queue());
+        if i == st.rdma_sq() || i == st.rdma_cq() {
+            if st.vrings[i].active() {
+                if kicked && i == st.rdma_sq() {
+                    PortStats::bump(&port.stats.rdma_kicks);
+                    work.done = true;
+                }
+                work.done |= send_queue.serve(&mut st, ctx.ports);
+            }
+        } else if i < net_rings && i % 2 == 1 {
+            work.more = switch::collect_tx(&mut st, &port.stats, i, &mut frames);
+        } else if i == 0 {
+            // An rx kick (new buffers) or a retry after an IOTLB update.
+            work.done |= switch::flush_rx(&mut st, &port.stats);
+        }
+        vhost_user::send_misses(&st, &port.stats);
+    }
+    work.done |= !frames.is_empty();
+    for f in frames {
+        ctx.switch.forward(ctx.ports, port.index, &f);
+    }
+    work
+}
+
+/// The epoll registration of one ring's kick fd. It holds a duplicate of
+/// the fd: the frontend keeps the file open after the device replaces or
+/// drops the ring's own descriptor, so the registration must be removed
+/// through a descriptor that is still open, or it would keep reporting.
+/// Its epoll token carries a generation, so that events of a registration
+/// already replaced (reported in the same batch) are recognised and ignored.
+struct KickRegistration {
+    ring: usize,
+    token: u64,
+    fd: File,
+}
+
+/// The epoll token of ring `ring`'s kick in registration generation `generation`.
+fn kick_token(generation: u32, ring: usize) -> u64 {
+    (u64::from(generation) << 32) | (ring as u64 + 1)
+}
+
+fn unregister_kick(epoll: &Epoll, reg: KickRegistration) {
+    let _ = epoll.ctl(
+        ControlOperation::Delete,
+        reg.fd.as_raw_fd(),
+        EpollEvent::default(),
+    );
+}
+
+fn sync_kicks(
+    epoll: &Epoll,
+    port: &Port,
+    registered: &mut Vec<KickRegistration>,
+    generation: &mut u32,
+) {
+    for reg in registered.drain(..) {
+        unregister_kick(epoll, reg);
+    }
+    *generation = generation.wrapping_add(1) % (u32::MAX - 1);
+    let st = port.lock();
+    for r in &st.vrings {
+        let Some(kick) = r.kick.as_ref().filter(|_| r.started) else {
+            continue;
+        };
+        let fd = match kick.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(
+                    port = port.index,
+                    ring = r.index,
+                    "cannot watch the kick fd: {e}"
+                );
+                continue;
+            }
+        };
+        let token = kick_token(*generation, r.index);
+        let ev = EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token);
+        match epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), ev) {
+            Ok(()) => registered.push(KickRegistration {
+                ring: r.index,
+                token,
+                fd,
+            }),
+            // A file epoll cannot watch (a regular file): the ring is only
+            // served when the port polls.
+            Err(e) => tracing::warn!(
+                port = port.index,
+                ring = r.index,
+                "the kick fd cannot be watched ({e}): the ring is served only when polled"
+            ),
+        }
+    }
+}
+
+fn run(
+    ctx: Context<'_>,
+    port: &Port,
+    stream: &mut UnixStream,
+    send_queue: &mut SendQueue,
+) -> Result<(), String> {
+    stream
+        .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(FRONTEND_IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let epoll = Epoll::new().map_err(|e| e.to_string())?;
+    let wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_INBOX),
+        )
+        .map_err(|e| e.to_string())?;
+    port.inbox.open(wake.clone());
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            stream.as_raw_fd(),
+            EpollEvent::new(EventSet::IN | EventSet::HANG_UP, TOKEN_SOCKET),
+        )
+        .map_err(|e| e.to_string())?;
+    epoll
+        .ctl(
+            ControlOperation::Add,
+            ctx.stop.fd.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_SHUTDOWN),
+        )
+        .map_err(|e| e.to_string())?;
+    let mut registered = Vec::new();
+    let mut generation = 0u32;
+    let mut events = vec![EpollEvent::default(); 64];
+    let mut again: HashSet<usize> = HashSet::new();
+    let poll = ctx.config.poll;
+    // Adaptive polling: after work, keep polling the rings for a short
+    // while before sleeping on the kicks again (a cross-core eventfd wake-up
+    // costs far more than a short spin).
+    let spin = Duration::from_micros(ctx.config.spin_us);
+    let mut last_work: Option<Instant> = None;
+    let mut rings: HashSet<usize> = HashSet::new();
+    let mut kicked: HashSet<usize> = HashSet::new();
+    let mut pass: u32 = 0;
+    loop {
+        if ctx.stop.requested() {
+            return Err("device shutting down".into());
+        }
+        let waiting = {
+            let st = port.lock();
+            // The frontend shrank a file of its memory table under the
+            // device (the SIGBUS guard replaced the lost pages with zeros):
+            // stop using that memory, end the connection, reset the port.
+            if let Some(region) = st.table.as_ref().and_then(|t| t.poisoned_region()) {
+                tracing::warn!(
+                    port = port.index,
+                    region,
+                    "frontend memory shrank under the device: stopping the rings, resetting the port"
+                );
+                return Err(format!("memory region {region} shrank under the device"));
+            }
+            st.vrings.iter().any(|r| r.waiting_iotlb)
+        };
+        let spinning = last_work.is_some_and(|t| t.elapsed() < spin);
+        let timeout = if poll || spinning || !again.is_empty() {
+            0
+        } else if waiting {
+            50
+        } else {
+            -1
+        };
+        // While polling, every ring is looked at on every pass anyway: ask
+        // the kernel about the socket and the kicks only every few passes.
+        pass = pass.wrapping_add(1);
+        let n = if timeout == 0 && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
+            0
+        } else {
+            match epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        rings.clear();
+        rings.extend(again.drain());
+        kicked.clear();
+        let mut all = poll || spinning || (n == 0 && waiting);
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_SHUTDOWN => return Err("device shutting down".into()),
+                TOKEN_INBOX => {
+                    // Frames are taken below; only the wake-up is consumed.
+                    let _ = wake.read();
+                }
+                TOKEN_SOCKET => {
+                    let msg = conn::recv_message(stream).map_err(|e| e.to_string())?;
+                    let out = {
+                        let mut st = port.lock();
+                        handler::handle(&mut st, &port.stats, msg).map_err(|e| {
+                            tracing::warn!(port = port.index, "malformed message: {e}");
+                            e.to_string()
+                        })?
+                    };
+                    if let Some(r) = out.reply {
+                        conn::send_message(stream, &r).map_err(|e| e.to_string())?;
+                    }
+                    if out.rings_changed {
+                        sync_kicks(&epoll, port, &mut registered, &mut generation);
+                    }
+                    all |= out.retry;
+                }
+                t => {
+                    let Some(at) = registered.iter().position(|g| g.token == t) else {
+                        // A registration replaced earlier in this batch.
+                        continue;
+                    };
+                    let i = registered[at].ring;
+                    let hung = ev
+                        .event_set()
+                        .intersects(EventSet::HANG_UP | EventSet::ERROR);
+                    let mut st = port.lock();
+                    let Some(r) = st.vrings.get_mut(i) else {
+                        continue;
+                    };
+                    let read = if hung {
+                        KickRead::HungUp("hang-up".into())
+                    } else {
+                        r.drain_kick()
+                    };
+                    match read {
+                        KickRead::Kicked => {
+                            rings.insert(i);
+                            kicked.insert(i);
+                        }
+                        KickRead::Nothing => {}
+                        KickRead::HungUp(reason) => {
+                            r.kick_hung_up(port.index, &reason);
+                            unregister_kick(&epoll, registered.swap_remove(at));
+                        }
+                    }
+                }
+            }
+        }
+        if port.inbox.pending() && receive_frames(port) {
+            last_work = Some(Instant::now());
+        }
+        if all {
+            let st = port.lock();
+            rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
+        }
+        for &i in &rings {
+            let w = process_ring(ctx, port, send_queue, i, kicked.contains(&i));
+            if w.more {
+                again.insert(i);
+            }
+            if w.done {
+                last_work = Some(Instant::now());
+            }
+        }
+        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE) {
+            // Idle in busy-poll mode: keep polling without waiting for kicks,
+            // but yield between passes so that busy threads (another port's
+            // copy, a spinning driver) get the core first.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// In busy-poll mode, passes over the rings between two looks at the
+/// socket and the kick eventfds.
+const POLL_PASSES_PER_WAIT: u32 = 64;
+
+/// In busy-poll mode, idle time after which passes yield the CPU.
+const POLL_IDLE: Duration = Duration::from_millis(1);

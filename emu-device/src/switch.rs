@@ -1,0 +1,386 @@
+//! The Ethernet data path: queue pair 0 of every port is a port of a
+//! learning switch. Frames a port sends on its tx rings ([`collect_tx`])
+//! are delivered to the rx ring 0 of the port owning the destination MAC
+//! (learnt from source addresses); broadcast, multicast and unknown
+//! unicast go to every other connected port ([`Switch::forward`]). A frame
+//! for another port goes into that port's [`Inbox`](crate::inbox::Inbox);
+//! the receiver's own thread moves it into its rx ring ([`receive`],
+//! [`flush_rx`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use crate::inbox::Pushed;
+use crate::port::{Port, PortState, PortStats, PortTable, RX_BACKLOG_MAX};
+use crate::queues::{self, ChainError, Pop};
+
+/// Size of the virtio-net header with VERSION_1 (`num_buffers` included).
+pub const NET_HDR_LEN: usize = 12;
+
+/// Smallest frame accepted: an Ethernet header.
+pub const ETH_HDR_LEN: usize = 14;
+
+/// Largest tx chain accepted (header + 64 KiB frame).
+pub const MAX_TX_CHAIN: usize = NET_HDR_LEN + 65_536;
+
+/// The MAC learning table.
+#[derive(Debug, Default)]
+pub struct Switch {
+    table: Mutex<HashMap<[u8; 6], usize>>,
+}
+
+/// Destination MAC of a frame (without virtio-net header).
+pub fn dst_mac(frame: &[u8]) -> Option<[u8; 6]> {
+    frame.get(0..6)?.try_into().ok()
+}
+
+/// Source MAC of a frame (without virtio-net header).
+pub fn src_mac(frame: &[u8]) -> Option<[u8; 6]> {
+    frame.get(6..12)?.try_into().ok()
+}
+
+/// Whether a MAC is a group (broadcast or multicast) address.
+pub fn is_group(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 != 0
+}
+
+impl Switch {
+    /// Records that `mac` lives behind `port`.
+    pub fn learn(&self, mac: [u8; 6], port: usize) {
+        if is_group(&mac) || mac == [0; 6] {
+            return;
+        }
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.insert(mac, port);
+    }
+
+    /// Forgets every MAC learnt on `port` (on disconnect).
+    pub fn forget_port(&self, port: usize) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, p| *p != port);
+    }
+
+    /// Port owning `mac`, if known.
+    pub fn lookup(&self, mac: &[u8; 6]) -> Option<usize> {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.get(mac).copied()
+    }
+
+    /// Learns the source of `frame` (sent by `from`) and returns the ports
+    /// it goes to, chosen among `ports` (the connected ones).
+    pub fn route(&self, from: usize, frame: &[u8], ports: &[usize]) -> Vec<usize> {
+        let (Some(dst), Some(src)) = (dst_mac(frame), src_mac(frame)) else {
+            return Vec::new();
+        };
+        self.learn(src, from);
+        if !is_group(&dst) {
+            if let Some(p) = self.lookup(&dst) {
+                return if p == from || !ports.contains(&p) {
+                    Vec::new()
+                } else {
+                    vec![p]
+                };
+            }
+        }
+        ports.iter().copied().filter(|p| *p != from).collect()
+    }
+
+    /// Delivers a frame (without virtio-net header) sent by port `from`:
+    /// queues it in the inbox of each target port among the connected
+    /// `ports` (never waits for them).
+    pub fn forward(&self, ports: &PortTable, from: usize, frame: &[u8]) {
+        let targets = self.route(from, frame, &ports.connected());
+        for to in targets {
+            if let Some(p) = ports.get(to) {
+                deliver(&p, frame);
+            }
+        }
+    }
+}
+
+/// The virtio-net header put in front of received frames: no offloads,
+/// one buffer.
+pub fn rx_header() -> [u8; NET_HDR_LEN] {
+    let mut h = [0u8; NET_HDR_LEN];
+    h[10..12].copy_from_slice(&1u16.to_le_bytes());
+    h
+}
+
+/// Chains taken from one ring before other work gets a turn.
+pub const BUDGET: usize = 256;
+
+/// Queues `frame` for rx ring 0 of `port` (in its inbox; its own thread
+/// takes it from there, see [`receive`]), or drops it (counted).
+fn deliver(port: &Port, frame: &[u8]) {
+    let mut data = Vec::with_capacity(NET_HDR_LEN + frame.len());
+    data.extend_from_slice(&rx_header());
+    data.extend_from_slice(frame);
+    match port.inbox.push(data) {
+        Pushed::Queued => {}
+        Pushed::QueuedDroppingOldest | Pushed::Dropped => PortStats::bump(&port.stats.rx_dropped),
+    }
+}
+
+/// Puts `frames` taken from the port's inbox into rx ring 0 (run by the
+/// port's own thread, holding its lock). Returns whether a frame was
+/// delivered.
+///
+/// A frame whose rx buffer is not mapped yet (IOTLB miss) waits in the
+/// port's backlog, in order, until the frontend answers the MISS; frames
+/// arriving meanwhile queue behind it. A frame finding no rx buffer at
+/// all, or a buffer mapped without write permission, is dropped, as a
+/// NIC drops frames when the driver posts no buffers.
+pub fn receive(st: &mut PortState, stats: &PortStats, frames: VecDeque<Vec<u8>>) -> bool {
+    let ready =
+        st.shared.access().memory.is_some() && st.vrings.first().is_some_and(|r| r.active());
+    if !ready {
+        for _ in 0..frames.len() {
+            PortStats::bump(&stats.rx_dropped);
+        }
+        return false;
+    }
+    for data in frames {
+        if st.rx_backlog.len() >= RX_BACKLOG_MAX {
+            st.rx_backlog.pop_front();
+            PortStats::bump(&stats.rx_dropped);
+        }
+        st.rx_backlog.push_back(data);
+    }
+    flush_rx(st, stats)
+}
+
+/// Moves the frames of the rx backlog into rx ring 0, oldest first, until
+/// the backlog is empty or an rx buffer misses in the IOTLB (then the ring
+/// waits for the UPDATE). Returns whether a frame was delivered.
+pub fn flush_rx(st: &mut PortState, stats: &PortStats) -> bool {
+    let PortState {
+        index,
+        shared: port,
+        vrings,
+        rx_backlog,
+        ..
+    } = st;
+    let shared = port.access();
+    let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(0)) else {
+        return false;
+    };
+    let was_waiting = std::mem::take(&mut ring.waiting_iotlb);
+    if rx_backlog.is_empty() {
+        return false;
+    }
+    let drop_all = |backlog: &mut VecDeque<Vec<u8>>| {
+        for _ in backlog.drain(..) {
+            PortStats::bump(&stats.rx_dropped);
+        }
+    };
+    if !ring.active() {
+        drop_all(rx_backlog);
+        return false;
+    }
+    if let Err(error) = ring.used_ring_writable(mem) {
+        match error.ask() {
+            Some(miss) => {
+                port.note_miss(miss);
+                ring.waiting_iotlb = true;
+            }
+            None => drop_all(rx_backlog),
+        }
+        return false;
+    }
+    let mut used = false;
+    while let Some(data) = rx_backlog.front() {
+        match queues::pop_chain(ring, mem) {
+            Pop::Chain(c) => match queues::write_chain(mem, &c, data) {
+                Ok(n) => {
+                    let _ = ring.add_used(mem, c.head, n as u32);
+                    used = true;
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_frames);
+                }
+                Err(ChainError::Miss(miss)) => {
+                    ring.rewind();
+                    port.note_miss(miss);
+                    if !was_waiting {
+                        PortStats::bump(&stats.rx_deferred);
+                    }
+                    ring.waiting_iotlb = true;
+                    break;
+                }
+                Err(ChainError::Denied(denied)) => {
+                    // The buffer stays posted; the frame is lost. The
+                    // frontend is asked for the access all the same.
+                    port.note_miss_of(denied);
+                    ring.rewind();
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_dropped);
+                }
+                Err(e) => {
+                    tracing::debug!("rx drop: {e}");
+                    let _ = ring.add_used(mem, c.head, 0);
+                    used = true;
+                    rx_backlog.pop_front();
+                    PortStats::bump(&stats.rx_dropped);
+                }
+            },
+            Pop::Miss(miss) => {
+                port.note_miss(miss);
+                ring.waiting_iotlb = true;
+                break;
+            }
+            Pop::Broken(e) => {
+                ring.break_off(*index, &e);
+                drop_all(rx_backlog);
+            }
+            Pop::Empty => {
+                // Ask for a kick when buffers come; if some came
+                // meanwhile, go on.
+                if let Ok(true) = ring.queue_enable_notification(mem) {
+                    continue;
+                }
+                drop_all(rx_backlog);
+            }
+        }
+    }
+    if used {
+        ring.notify(mem);
+    }
+    used
+}
+
+/// Takes the frames sent on tx ring `i` (at most [`BUDGET`] chains),
+/// appending them (without virtio-net header) to `frames`. Returns
+/// whether work is left.
+pub fn collect_tx(
+    st: &mut PortState,
+    stats: &PortStats,
+    i: usize,
+    frames: &mut Vec<Vec<u8>>,
+) -> bool {
+    let PortState {
+        index,
+        shared: port,
+        vrings,
+        ..
+    } = st;
+    let shared = port.access();
+    let (Some(mem), Some(ring)) = (shared.memory.as_ref(), vrings.get_mut(i)) else {
+        return false;
+    };
+    if !ring.active() {
+        return false;
+    }
+    ring.waiting_iotlb = false;
+    if let Err(error) = ring.used_ring_writable(mem) {
+        if let Some(miss) = error.ask() {
+            port.note_miss(miss);
+            ring.waiting_iotlb = true;
+        }
+        return false;
+    }
+    let mut used = false;
+    let mut more = false;
+    let mut broken = false;
+    let mut taken = 0;
+    loop {
+        let _ = ring.queue_disable_notification(mem);
+        loop {
+            if taken >= BUDGET {
+                more = true;
+                break;
+            }
+            match queues::pop_chain(ring, mem) {
+                Pop::Empty => break,
+                Pop::Miss(miss) => {
+                    port.note_miss(miss);
+                    ring.waiting_iotlb = true;
+                    break;
+                }
+                Pop::Broken(e) => {
+                    ring.break_off(*index, &e);
+                    PortStats::bump(&stats.tx_errors);
+                    broken = true;
+                    break;
+                }
+                Pop::Chain(c) => match queues::read_chain(mem, &c, MAX_TX_CHAIN) {
+                    Ok(bytes) => {
+                        taken += 1;
+                        let _ = ring.add_used(mem, c.head, 0);
+                        used = true;
+                        if bytes.len() < NET_HDR_LEN + ETH_HDR_LEN {
+                            PortStats::bump(&stats.tx_errors);
+                        } else {
+                            PortStats::bump(&stats.tx_frames);
+                            if let Some(c) = stats.tx_pair.get(i / 2) {
+                                PortStats::bump(c);
+                            }
+                            frames.push(bytes[NET_HDR_LEN..].to_vec());
+                        }
+                    }
+                    Err(ChainError::Miss(miss)) => {
+                        ring.rewind();
+                        port.note_miss(miss);
+                        ring.waiting_iotlb = true;
+                        break;
+                    }
+                    Err(e) => {
+                        if let ChainError::Denied(denied) = &e {
+                            port.note_miss_of(*denied);
+                        }
+                        taken += 1;
+                        tracing::debug!(ring = i, "bad tx chain: {e}");
+                        PortStats::bump(&stats.tx_errors);
+                        let _ = ring.add_used(mem, c.head, 0);
+                        used = true;
+                    }
+                },
+            }
+        }
+        // A broken ring is not ready any more: looking for new buffers
+        // on it would break it again, and again.
+        if more || broken || ring.waiting_iotlb {
+            break;
+        }
+        // Re-enable notifications; if buffers arrived meanwhile, go on.
+        match ring.queue_enable_notification(mem) {
+            Ok(true) => continue,
+            _ => break,
+        }
+    }
+    if used {
+        ring.notify(mem);
+    }
+    more
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+        let mut f = dst.to_vec();
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&[0x08, 0x00, 1, 2, 3]);
+        f
+    }
+
+    #[test]
+    fn learns_and_routes() {
+        let s = Switch::default();
+        let a = [2, 0, 0, 0, 0, 1];
+        let b = [2, 0, 0, 0, 0, 2];
+        let ports = [0, 1, 2];
+        // Unknown unicast floods.
+        assert_eq!(s.route(0, &frame(b, a), &ports), vec![1, 2]);
+        // a was learnt on port 0.
+        assert_eq!(s.route(1, &frame(a, b), &ports), vec![0]);
+        assert_eq!(s.route(2, &frame(b, [2, 0, 0, 0, 0, 3]), &ports), vec![1]);
+        // Broadcast to all others.
+        assert_eq!(s.route(1, &frame([0xff; 6], b), &ports), vec![0, 2]);
+        // Never back to the sender.
+        assert_eq!(s.route(0, &frame(a, a), &ports), Vec::<usize>::new());
+        s.forget_port(0);
+        assert_eq!(s.lookup(&a), None);
+        // Runt frames go nowhere.
+        assert!(s.route(0, &[1, 2, 3], &ports).is_empty());
+    }
+}
