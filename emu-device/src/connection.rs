@@ -152,7 +152,9 @@ fn process_ring(
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
-                work.done |= send_queue.serve(&mut st, ctx.ports);
+                let served = send_queue.serve(&mut st, ctx.ports);
+                work.done |= served.worked;
+                work.more |= served.more;
             }
         } else if i < net_rings && i % 2 == 1 {
             work.more = switch::collect_tx(&mut st, &port.stats, i, &mut frames);

@@ -7,13 +7,14 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use uapi::{Completion, DeviceInfo, ErrorDetail, WorkRequest};
+use uapi::{DeviceInfo, ErrorDetail, WorkRequest};
 use vm_memory::Permissions;
 
 use crate::memory::{Miss, PortMemory, TranslateError};
 use crate::port::{Port, PortShared, PortTable, SharedState};
 use crate::rdma::{
-    self, AccessFault, Fabric, MemoryAccess, Outcome, Span, Spans, Target, WindowTable,
+    self, AccessFault, Fabric, MemoryAccess, Outcome, Progress, Span, Spans, Target, Turn,
+    WindowTable,
 };
 
 /// A port's memory seen through the engine's seam.
@@ -62,6 +63,10 @@ impl MemoryAccess for MemoryView<'_> {
         }
         Ok(())
     }
+
+    fn lost(&self) -> bool {
+        self.memory.table().poisoned_region().is_some()
+    }
 }
 
 /// The ports of the device, reached through their gates, as one initiator
@@ -85,13 +90,19 @@ impl<'a> PortFabric<'a> {
         }
     }
 
-    /// Executes `request`, issued by the port `info` describes (`own`).
-    /// Also returns the first miss of the request in the initiator's own
-    /// memory, if any: the request may wait for that mapping.
-    pub fn execute(&self, info: DeviceInfo, request: &WorkRequest) -> (Completion, Option<Miss>) {
+    /// Runs one turn of `request`, issued by the port `info` describes
+    /// (`own`), from `progress` on. Also returns the first miss of the turn
+    /// in the initiator's own memory, if any: the request may wait for
+    /// that mapping.
+    pub fn execute(
+        &self,
+        info: DeviceInfo,
+        request: &WorkRequest,
+        progress: &mut Progress,
+    ) -> (Turn, Option<Miss>) {
         self.own_miss.set(None);
-        let done = rdma::execute(info, request, self);
-        (done, self.own_miss.take())
+        let turn = rdma::execute(info, request, self, progress);
+        (turn, self.own_miss.take())
     }
 
     fn port(&self, index: u16) -> Result<Arc<Port>, ErrorDetail> {
@@ -150,7 +161,7 @@ impl Fabric for PortFabric<'_> {
         };
         let (near_memory, near_windows) = lend(&near, &near_state, Some(&self.own_miss))?;
         let (far_memory, far_windows) = lend(&far, &far_state, None)?;
-        Ok(step(
+        let outcome = step(
             Target {
                 memory: &near_memory,
                 windows: near_windows,
@@ -161,7 +172,12 @@ impl Fabric for PortFabric<'_> {
                 windows: far_windows,
                 refusals: &far.stats.refused,
             },
-        ))
+        );
+        if far_memory.lost() {
+            // Its own thread resets the port; it may be asleep.
+            far.inbox.nudge();
+        }
+        Ok(outcome)
     }
 
     fn exclusive(

@@ -80,6 +80,15 @@ impl Inbox {
         pushed
     }
 
+    /// Wakes the receiver without a frame: its port has something else to
+    /// look at (another port found that its memory shrank).
+    pub fn nudge(&self) {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(wake) = &st.wake {
+            let _ = wake.write(1);
+        }
+    }
+
     /// Whether frames are waiting (cheap; for polling passes).
     pub fn pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)

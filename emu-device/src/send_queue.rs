@@ -23,6 +23,7 @@ use crate::fabric::PortFabric;
 use crate::memory::PortMemory;
 use crate::port::{Port, PortShared, PortState, PortTable};
 use crate::queues::{self, ChainError, Pop, Vring};
+use crate::rdma::{Progress, Turn};
 
 /// How long a request waits for the frontend to map its local memory
 /// before it completes with a local protection error.
@@ -51,9 +52,11 @@ pub struct SendQueue {
     port: Arc<Port>,
     /// The device busy-polls: the driver need not ring doorbells.
     polling: bool,
-    /// Since when the request at the head of the send queue has waited for
-    /// its local memory to be mapped.
+    /// Since when the running request has waited for its local memory to
+    /// be mapped.
     waiting_since: Option<Instant>,
+    /// The request taken from the send queue and not complete yet.
+    running: Option<Running>,
 }
 
 impl SendQueue {
@@ -65,6 +68,7 @@ impl SendQueue {
             port,
             polling,
             waiting_since: None,
+            running: None,
         }
     }
 
@@ -132,93 +136,154 @@ impl SendQueue {
         used
     }
 
-    /// Takes the next request from the send queue and runs it. Returns
-    /// `false` when the queue is empty (or unusable).
-    ///
-    /// The ring work is one guarded step on the port's own gate; the
-    /// request runs outside it, in steps of its own, so that a request may
-    /// revoke one of the port's windows (a barrier on the same gate).
-    fn serve_one(
+    /// Takes the next request from the send queue, in one guarded step on
+    /// the port's own gate.
+    fn take(&mut self, rings: &mut Rings<'_>, port: &Port) -> Taken {
+        let state = port.shared.access();
+        let Some(memory) = state.memory.as_ref() else {
+            return Taken::Nothing;
+        };
+        let ring = &mut rings.vrings[rings.sq];
+        let chain = match queues::pop_chain(ring, memory) {
+            Pop::Chain(chain) => chain,
+            // Polling, the device sees new requests without doorbells;
+            // otherwise ask for one, and go on if requests came meanwhile.
+            Pop::Empty if rings.polling => return Taken::Nothing,
+            Pop::Empty => {
+                return match ring.queue_enable_notification(memory) {
+                    Ok(true) => Taken::Again,
+                    _ => Taken::Nothing,
+                }
+            }
+            Pop::Miss(miss) => {
+                port.shared.note_miss(miss);
+                return Taken::Nothing;
+            }
+            Pop::Broken(error) => {
+                ring.break_off(rings.port, &error);
+                return Taken::Nothing;
+            }
+        };
+        let _ = ring.queue_disable_notification(memory);
+        match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
+            Ok(bytes) => match WorkRequest::decode(&bytes) {
+                Ok(request) => Taken::Request(Running {
+                    head: chain.head,
+                    request,
+                    progress: Progress::default(),
+                }),
+                Err(error) => {
+                    tracing::debug!(port = rings.port, "malformed work request: {error}");
+                    Taken::Malformed(chain.head, malformed(&bytes))
+                }
+            },
+            Err(ChainError::Miss(miss)) => {
+                ring.rewind();
+                port.shared.note_miss(miss);
+                Taken::Nothing
+            }
+            Err(error) => {
+                if let ChainError::Denied(denied) = &error {
+                    port.shared.note_miss_of(*denied);
+                }
+                tracing::debug!(port = rings.port, "unreadable work request: {error}");
+                Taken::Malformed(chain.head, malformed(&[]))
+            }
+        }
+    }
+
+    /// Runs one turn of the running request (outside the port's gate, in
+    /// steps of its own, so that a request may revoke one of the port's
+    /// windows: a barrier on the same gate).
+    fn advance(
         &mut self,
         rings: &mut Rings<'_>,
-        port: &Port,
         info: DeviceInfo,
         fabric: &PortFabric<'_>,
-    ) -> bool {
-        let (chain, request) = {
-            let state = port.shared.access();
-            let Some(memory) = state.memory.as_ref() else {
-                return false;
-            };
-            let ring = &mut rings.vrings[rings.sq];
-            let chain = match queues::pop_chain(ring, memory) {
-                Pop::Chain(chain) => chain,
-                // Polling, the device sees new requests without doorbells;
-                // otherwise ask for one, and go on if requests came meanwhile.
-                Pop::Empty if rings.polling => return false,
-                Pop::Empty => return matches!(ring.queue_enable_notification(memory), Ok(true)),
-                Pop::Miss(miss) => {
-                    port.shared.note_miss(miss);
-                    return false;
-                }
-                Pop::Broken(error) => {
-                    ring.break_off(rings.port, &error);
-                    return false;
-                }
-            };
-            let _ = ring.queue_disable_notification(memory);
-            match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
-                Ok(bytes) => (
-                    chain,
-                    WorkRequest::decode(&bytes).map_err(|error| {
-                        tracing::debug!(port = rings.port, "malformed work request: {error}");
-                        malformed(&bytes)
-                    }),
-                ),
-                Err(ChainError::Miss(miss)) => {
-                    ring.rewind();
-                    port.shared.note_miss(miss);
-                    return false;
-                }
-                Err(error) => {
-                    if let ChainError::Denied(denied) = &error {
-                        port.shared.note_miss_of(*denied);
-                    }
-                    tracing::debug!(port = rings.port, "unreadable work request: {error}");
-                    (chain, Err(malformed(&[])))
-                }
-            }
+    ) -> Advanced {
+        let Some(running) = self.running.as_mut() else {
+            return Advanced::Completed;
         };
-        let completion = match request {
-            Ok(request) => {
-                let (done, own_miss) = fabric.execute(info, &request);
-                if done.status == Status::LocalProtectionError
-                    && rings.lazy_iotlb
-                    && own_miss.is_some()
-                {
-                    // Nothing moved: the local range is checked first.
-                    // Take the request again once the mapping arrives.
-                    let since = *self.waiting_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() < MISS_PATIENCE {
-                        let ring = &mut rings.vrings[rings.sq];
-                        ring.rewind();
-                        ring.waiting_iotlb = true;
-                        return false;
-                    }
-                }
-                self.waiting_since = None;
-                (request.flags.contains(WrFlags::SIGNALED) || !done.is_success()).then_some(done)
-            }
-            Err(malformed) => Some(malformed),
+        let (turn, own_miss) = fabric.execute(info, &running.request, &mut running.progress);
+        let done = match turn {
+            Turn::Paused => return Advanced::Paused,
+            Turn::Done(done) => done,
         };
-        let state = port.shared.access();
+        if done.status == Status::LocalProtectionError && rings.lazy_iotlb && own_miss.is_some() {
+            // The failed step moved nothing (a step checks all it touches
+            // before it copies) and the request keeps its progress: take
+            // the same step again once the frontend maps the memory.
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < MISS_PATIENCE {
+                rings.vrings[rings.sq].waiting_iotlb = true;
+                return Advanced::Waiting;
+            }
+        }
+        self.waiting_since = None;
+        let running = self.running.take().expect("a running request");
+        let signaled = running.request.flags.contains(WrFlags::SIGNALED);
+        self.finish(
+            rings,
+            running.head,
+            (signaled || !done.is_success()).then_some(done),
+        );
+        Advanced::Completed
+    }
+
+    /// Gives chain `head` back to the driver and queues its completion.
+    fn finish(&mut self, rings: &mut Rings<'_>, head: u16, completion: Option<Completion>) {
+        let state = self.port.shared.access();
         if let Some(memory) = state.memory.as_ref() {
-            let _ = rings.vrings[rings.sq].add_used(memory, chain.head, 0);
+            let _ = rings.vrings[rings.sq].add_used(memory, head, 0);
         }
         self.pending.extend(completion);
-        true
     }
 }
+
+/// A request taken from the send queue and not complete yet.
+#[derive(Debug)]
+struct Running {
+    /// Its chain in the send queue, given back when it completes.
+    head: u16,
+    request: WorkRequest,
+    progress: Progress,
+}
+
+/// What taking a request from the send queue found.
+enum Taken {
+    /// A request to run.
+    Request(Running),
+    /// A chain that holds no valid request: its error completion.
+    Malformed(u16, Completion),
+    /// Requests arrived while notifications were being enabled: look again.
+    Again,
+    /// Nothing to take now.
+    Nothing,
+}
+
+/// What a turn of the running request did.
+enum Advanced {
+    /// It completed (its completion is pending, if it has one).
+    Completed,
+    /// A transfer used its turn and goes on at the next.
+    Paused,
+    /// It waits for the frontend to map its local memory.
+    Waiting,
+}
+
+/// What serving the queues did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Something was done (a request taken or advanced, a completion
+    /// written): keeps an adaptively polling port hot.
+    pub worked: bool,
+    /// Work is left that needs no kick (a transfer paused, or the turn's
+    /// request budget was used): serve again soon.
+    pub more: bool,
+}
+
+/// Requests taken in one turn before the port's thread does other work.
+const REQUESTS_PER_TURN: usize = 64;
 
 /// The error completion of a request that did not decode; its user data if
 /// the bytes hold one.
@@ -238,13 +303,13 @@ fn malformed(bytes: &[u8]) -> Completion {
 impl SendQueue {
     /// Serves the queues after a kick of either ring (or a polling pass):
     /// writes waiting completions, then runs requests while completions
-    /// have room. `state` is the served port's state, whose lock the caller
+    /// have room, for one turn (at most [`REQUESTS_PER_TURN`] requests, a
+    /// transfer at most [`STEPS_PER_TURN`](crate::rdma::STEPS_PER_TURN)
+    /// steps), so that the port's thread answers its frontend between
+    /// turns. `state` is the served port's state, whose lock the caller
     /// holds; peers are looked up in `ports` and reached through their
     /// access gates only, never their locks.
-    ///
-    /// Returns whether it did anything (took a request or wrote a
-    /// completion), which keeps an adaptively polling port hot.
-    pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> bool {
+    pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> Served {
         let port = Arc::clone(&self.port);
         let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
         let PortState { vrings, guest, .. } = state;
@@ -261,20 +326,55 @@ impl SendQueue {
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
         };
+        rings.vrings[sq].waiting_iotlb = false;
+        if !rings.vrings[sq].active() {
+            // The frontend stopped or reset the ring: what it had posted
+            // is no longer ours to complete.
+            self.running = None;
+            self.waiting_since = None;
+        }
         let fabric = PortFabric::new(ports, &port);
-        let mut worked = self.flush_step(&mut rings, &port);
+        let mut served = Served {
+            worked: self.flush_step(&mut rings, &port),
+            more: false,
+        };
+        let mut budget = REQUESTS_PER_TURN;
         while self.pending.is_empty() && rings.vrings[sq].active() {
-            if !self.serve_one(&mut rings, &port, info, &fabric) {
+            if budget == 0 {
+                served.more = true;
                 break;
             }
-            worked = true;
-            self.flush_step(&mut rings, &port);
+            budget -= 1;
+            if self.running.is_none() {
+                match self.take(&mut rings, &port) {
+                    Taken::Request(running) => self.running = Some(running),
+                    Taken::Malformed(head, completion) => {
+                        self.finish(&mut rings, head, Some(completion));
+                        served.worked = true;
+                        self.flush_step(&mut rings, &port);
+                        continue;
+                    }
+                    Taken::Again => continue,
+                    Taken::Nothing => break,
+                }
+            }
+            served.worked = true;
+            match self.advance(&mut rings, info, &fabric) {
+                Advanced::Completed => {
+                    self.flush_step(&mut rings, &port);
+                }
+                Advanced::Paused => {
+                    served.more = true;
+                    break;
+                }
+                Advanced::Waiting => break,
+            }
         }
         let shared = port.shared.access();
         if let Some(memory) = shared.memory.as_ref() {
             rings.vrings[sq].notify(memory);
             rings.vrings[cq].notify(memory);
         }
-        worked
+        served
     }
 }

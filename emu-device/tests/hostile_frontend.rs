@@ -1042,3 +1042,93 @@ fn a_message_trickled_byte_by_byte_is_dropped_after_the_message_deadline() {
     h.port0_free();
     h.after("trickled message", None);
 }
+
+#[test]
+fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    let (sq, cq) = (4u32, 5u32);
+    raw.ring(&shared, sq, false);
+    raw.ring(&shared, cq, false);
+    // One completion buffer, then a BIND_WINDOW request.
+    shared.desc(cq, 0, Shared::buf(cq, 0), 4096, 2, 0);
+    shared.avail(cq, 0, 0, 1);
+    raw.kicks[1].write(1).unwrap();
+    const WINDOW: u64 = 0x8000;
+    let bind = uapi::WorkRequest {
+        user_data: 7,
+        flags: uapi::WrFlags::SIGNALED,
+        op: uapi::Operation::BindWindow {
+            start: MEM_GPA + 0x1000,
+            len: WINDOW,
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE,
+            peer: None,
+        },
+    };
+    shared
+        .mem
+        .write_slice(&bind.encode(), GuestAddress(Shared::buf(sq, 0)))
+        .unwrap();
+    shared.desc(sq, 0, Shared::buf(sq, 0), 64, 0, 0);
+    shared.avail(sq, 0, 0, 1);
+    raw.kicks[0].write(1).unwrap();
+    wait_used(&h.dev, &shared, cq, 1);
+    let mut bytes = [0u8; 32];
+    shared
+        .mem
+        .read_slice(&mut bytes, GuestAddress(Shared::buf(cq, 0)))
+        .unwrap();
+    let bound = Completion::decode(&bytes).unwrap();
+    assert_eq!(bound.status, Status::Success, "{bound:?}");
+    let window: pindown_driver::verbs::RemoteWindow =
+        format!("0:{:016x}:{WINDOW}", bound.value).parse().unwrap();
+
+    // The frontend takes the window's pages away, and then says nothing.
+    shared
+        .mem
+        .write_slice(&[0xab; WINDOW as usize], GuestAddress(MEM_GPA + 0x1000))
+        .unwrap();
+    shared.file.set_len(0x1000).unwrap();
+
+    // Port 3 reads and writes through the window: errors, never success
+    // with bytes that were never there.
+    let peer = &h._rdma;
+    let sink = peer.alloc(WINDOW as usize, 64).unwrap();
+    let sink_region = peer.register_buffer(&sink).unwrap();
+    peer.post(&[
+        RdmaRead::new(sink_region.local(0, WINDOW as u32).unwrap(), window.at(0))
+            .build()
+            .user_data(1)
+            .signaled(),
+    ])
+    .unwrap();
+    let read = wait_one(peer);
+    assert_ne!(
+        read.status,
+        Status::Success,
+        "a read of lost pages: {read:?}"
+    );
+    peer.post(&[
+        RdmaWrite::new(sink_region.local(0, WINDOW as u32).unwrap(), window.at(0))
+            .build()
+            .user_data(2)
+            .signaled(),
+    ])
+    .unwrap();
+    let written = wait_one(peer);
+    assert_ne!(
+        written.status,
+        Status::Success,
+        "a write into lost pages: {written:?}"
+    );
+    drop(sink_region);
+
+    // The owner port is reset although its frontend sent nothing more.
+    h.port0_free();
+    assert!(raw.closed_by_device(), "the device drops the port");
+    assert!(h.dev.log().contains("shrank under the device"));
+    h.after("a peer reached memory that shrank", None);
+}

@@ -16,24 +16,63 @@ use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
 /// flight.
 pub const STEP_BYTES: u64 = 256 * 1024;
 
-/// Executes `request`, issued by the port described by `info`, reaching
-/// its own port and others through `fabric`.
-pub fn execute(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Completion {
+/// Steps a transfer takes in one turn: then its send queue lets the
+/// port's thread do other work (answer its frontend, take a barrier of its
+/// own memory) before the transfer goes on, so that a barrier on its own
+/// port waits for at most this many steps.
+pub const STEPS_PER_TURN: u64 = 4;
+
+/// Where a request stands between two turns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes a transfer has moved so far.
+    pub moved: u64,
+}
+
+/// What one turn of a request did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// The request is complete.
+    Done(Completion),
+    /// A transfer used its turn; it goes on from its [`Progress`].
+    Paused,
+}
+
+/// Runs one turn of `request`, issued by the port described by `info`,
+/// reaching its own port and others through `fabric`: a whole request,
+/// or up to [`STEPS_PER_TURN`] steps of a transfer from `progress` on.
+pub fn execute(
+    info: DeviceInfo,
+    request: &WorkRequest,
+    fabric: &dyn Fabric,
+    progress: &mut Progress,
+) -> Turn {
     let opcode = request.op.opcode();
-    let result = run(info, request, fabric);
-    match result {
-        Ok(completion) => completion,
-        Err((status, detail)) => Completion::error(request.user_data, Some(opcode), status, detail),
+    match run(info, request, fabric, progress) {
+        Ok(Some(completion)) => Turn::Done(completion),
+        Ok(None) => Turn::Paused,
+        Err((status, detail)) => Turn::Done(Completion::error(
+            request.user_data,
+            Some(opcode),
+            status,
+            detail,
+        )),
     }
 }
 
-fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome {
+/// A request's completion, or `None` when a transfer paused.
+fn run(
+    info: DeviceInfo,
+    request: &WorkRequest,
+    fabric: &dyn Fabric,
+    progress: &mut Progress,
+) -> Result<Option<Completion>, Failure> {
     let user_data = request.user_data;
     let done = |opcode: Opcode, byte_len: u32, value: u64| {
         Ok(Completion::success(user_data, opcode, byte_len, value))
     };
     let own = info.port;
-    match request.op {
+    let whole = match request.op {
         Operation::Nop => done(Opcode::Nop, 0, 0),
         Operation::Query => done(Opcode::Query, 0, info.to_value()),
         Operation::BindWindow {
@@ -78,14 +117,26 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
             local: source,
             len,
             remote,
-        } => transfer(fabric, own, Direction::Write, source, remote, len)
-            .and_then(|()| done(Opcode::Write, len, 0)),
+        } => {
+            let finished = transfer(fabric, own, Direction::Write, source, remote, len, progress)?;
+            return Ok(finished.then(|| Completion::success(user_data, Opcode::Write, len, 0)));
+        }
         Operation::Read {
             local: destination,
             len,
             remote,
-        } => transfer(fabric, own, Direction::Read, destination, remote, len)
-            .and_then(|()| done(Opcode::Read, len, 0)),
+        } => {
+            let finished = transfer(
+                fabric,
+                own,
+                Direction::Read,
+                destination,
+                remote,
+                len,
+                progress,
+            )?;
+            return Ok(finished.then(|| Completion::success(user_data, Opcode::Read, len, 0)));
+        }
         Operation::CompareSwap {
             remote,
             width,
@@ -94,12 +145,14 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
         } => on_port(fabric, own, remote.port, &mut |_, target| {
             let word = atomic_word(&target, own, remote, width)?;
             let old = word.compare_swap(compare, swap);
+            still_there(&target)?;
             done(Opcode::CompareSwap, width.bytes(), old)
         }),
         Operation::FetchAdd { remote, width, add } => {
             on_port(fabric, own, remote.port, &mut |_, target| {
                 let word = atomic_word(&target, own, remote, width)?;
                 let old = word.fetch_add(add);
+                still_there(&target)?;
                 done(Opcode::FetchAdd, width.bytes(), old)
             })
         }
@@ -110,9 +163,21 @@ fn run(info: DeviceInfo, request: &WorkRequest, fabric: &dyn Fabric) -> Outcome 
         } => on_port(fabric, own, remote.port, &mut |_, target| {
             let word = atomic_word(&target, own, remote, width)?;
             let old = word.swap(value);
+            still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
+    };
+    whole.map(Some)
+}
+
+/// Fails a step that touched memory its owner took away
+/// ([`MemoryAccess::lost`](super::MemoryAccess::lost)): the port is being
+/// reset, like a port that went down.
+fn still_there(target: &Target<'_>) -> Result<(), Failure> {
+    if target.memory.lost() {
+        return Err((Status::PeerGone, ErrorDetail::PortDown));
     }
+    Ok(())
 }
 
 /// Which way a transfer moves bytes.
@@ -125,12 +190,14 @@ enum Direction {
 }
 
 /// Moves `len` bytes between local `iova` and `remote`, in guarded steps
-/// of at most [`STEP_BYTES`]. The first step checks the whole transfer
-/// (local registration, window key, rights and bounds, the target's
-/// registration), so a request refused up front moves no byte. Every later
-/// step checks its own part again: a barrier between two steps (the
-/// window revoked, memory invalidated or reset) stops the transfer there,
-/// and it completes with an error.
+/// of at most [`STEP_BYTES`], at most [`STEPS_PER_TURN`] of them from
+/// `progress` on; returns whether the transfer is complete. The first step
+/// checks the whole transfer (local registration, window key, rights and
+/// bounds, the target's registration), so a request refused up front
+/// moves no byte. Every later step checks its own part again: a barrier
+/// between two steps (the window revoked, memory invalidated or reset)
+/// stops the transfer there, and it completes with an error. A step that
+/// touched memory its owner took away fails too.
 fn transfer(
     fabric: &dyn Fabric,
     own: u16,
@@ -138,14 +205,15 @@ fn transfer(
     iova: u64,
     remote: RemoteAddress,
     len: u32,
-) -> Result<(), Failure> {
+    progress: &mut Progress,
+) -> Result<bool, Failure> {
     let len = u64::from(len);
     let (needed, remote_writes) = match direction {
         Direction::Write => (Access::REMOTE_WRITE, true),
         Direction::Read => (Access::REMOTE_READ, false),
     };
-    let mut moved = 0u64;
-    loop {
+    for _ in 0..STEPS_PER_TURN {
+        let moved = progress.moved;
         let step = (len - moved).min(STEP_BYTES);
         let checked = if moved == 0 { len } else { step };
         on_port(fabric, own, remote.port, &mut |local, target| {
@@ -165,13 +233,18 @@ fn transfer(
                 Direction::Write => copy_spans(&near, &far, step),
                 Direction::Read => copy_spans(&far, &near, step),
             }
+            if local.memory.lost() {
+                return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
+            }
+            still_there(&target)?;
             Ok(STEP_DONE)
         })?;
-        moved += step;
-        if moved >= len {
-            return Ok(());
+        progress.moved += step;
+        if progress.moved >= len {
+            return Ok(true);
         }
     }
+    Ok(false)
 }
 
 /// What a step of a transfer returns when it worked (the request's own

@@ -23,7 +23,7 @@ mod windows;
 // `Fabric`; `execute` runs one request through them, `windows` holds the
 // windows, their keys and the refusal counters.
 
-pub use execute::{execute, NOT_GRANTED, STEP_BYTES};
+pub use execute::{execute, Progress, Turn, NOT_GRANTED, STEPS_PER_TURN, STEP_BYTES};
 pub use windows::{
     init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
     DEFAULT_MAX_WINDOWS_PER_PORT,
@@ -69,6 +69,12 @@ pub trait MemoryAccess {
     /// writable when `write`). Fails without appending when any byte is not
     /// registered with that permission.
     fn spans(&self, iova: u64, len: u64, write: bool, out: &mut Spans) -> Result<(), AccessFault>;
+
+    /// Whether the owner took pages of this memory away under the device
+    /// (a file of its memory table shrank; the pages now read as zeros and
+    /// writes to them go nowhere). A step that touched such memory moved
+    /// meaningless bytes and must not complete as a success.
+    fn lost(&self) -> bool;
 }
 
 /// A port a request reaches, borrowed for one guarded step (the lender

@@ -1,5 +1,6 @@
 //! The engine against plain memory: ports backed by buffers of this process.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use uapi::{
@@ -8,8 +9,8 @@ use uapi::{
 };
 
 use super::{
-    execute, AccessFault, Fabric, MemoryAccess, Outcome, RefusalCounters, Span, Spans, Target,
-    WindowTable, NOT_GRANTED,
+    execute, AccessFault, Fabric, MemoryAccess, Outcome, Progress, RefusalCounters, Span, Spans,
+    Target, Turn, WindowTable, NOT_GRANTED, STEPS_PER_TURN, STEP_BYTES,
 };
 
 /// A port's memory: one buffer, registered in pieces (IOTLB-like entries
@@ -20,6 +21,8 @@ struct BufferMemory {
     piece: usize,
     /// Registered IOVA ranges with write permission or not.
     registered: Vec<(u64, u64, bool)>,
+    /// The owner took the memory away (see [`MemoryAccess::lost`]).
+    lost: AtomicBool,
 }
 
 // SAFETY (test double): the buffer is only accessed through raw pointers by
@@ -35,6 +38,7 @@ impl BufferMemory {
             base,
             piece,
             registered: vec![(base, bytes as u64, true)],
+            lost: AtomicBool::new(false),
         }
     }
 
@@ -88,6 +92,10 @@ impl MemoryAccess for BufferMemory {
         }
         Ok(())
     }
+
+    fn lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
 }
 
 struct Port {
@@ -140,10 +148,14 @@ impl Fabric for Device {
 
 impl Device {
     fn new(ports: usize) -> Self {
+        Self::with_memory(ports, 64 * 1024)
+    }
+
+    fn with_memory(ports: usize, bytes: usize) -> Self {
         Device {
             ports: (0..ports)
                 .map(|i| Port {
-                    memory: BufferMemory::new(64 * 1024, 0x10_0000 * (i as u64 + 1), 4096),
+                    memory: BufferMemory::new(bytes, 0x1000_0000 * (i as u64 + 1), 4096),
                     windows: WindowTable::new(),
                     refused: RefusalCounters::default(),
                     up: true,
@@ -152,7 +164,18 @@ impl Device {
         }
     }
 
+    /// Runs a request to its completion, turn after turn.
     fn run(&self, port: u16, op: Operation) -> Completion {
+        let mut progress = Progress::default();
+        loop {
+            if let Turn::Done(done) = self.turn(port, op, &mut progress) {
+                return done;
+            }
+        }
+    }
+
+    /// Runs one turn of a request.
+    fn turn(&self, port: u16, op: Operation, progress: &mut Progress) -> Turn {
         let info = DeviceInfo {
             port,
             abi_version: ABI_VERSION,
@@ -163,7 +186,7 @@ impl Device {
             flags: WrFlags::SIGNALED,
             op,
         };
-        execute(info, &request, self)
+        execute(info, &request, self, progress)
     }
 
     fn bind(&self, port: u16, start: u64, len: u64, access: Access) -> RemoteKey {
@@ -662,4 +685,90 @@ fn binding_beyond_the_window_limit_fails_clearly_and_keeps_the_others() {
         .run(1, Operation::RevokeWindow { key: keys[0] })
         .is_success());
     device.bind(1, base, 8, Access::REMOTE_READ);
+}
+
+#[test]
+fn long_transfers_pause_between_turns_and_a_barrier_between_turns_stops_them() {
+    let steps = 3 * STEPS_PER_TURN as usize;
+    let len = steps * STEP_BYTES as usize;
+    let device = Device::with_memory(2, len);
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    device.ports[0].memory.write(device.base(0), &pattern);
+    let key = device.bind(1, device.base(1), len as u64, all);
+    let write = Operation::Write {
+        local: device.base(0),
+        len: len as u32,
+        remote: remote(1, key, 0),
+    };
+    // Whole: three turns, the last one complete, every byte in place.
+    let mut progress = Progress::default();
+    assert_eq!(device.turn(0, write, &mut progress), Turn::Paused);
+    assert_eq!(progress.moved, STEPS_PER_TURN * STEP_BYTES);
+    assert_eq!(device.turn(0, write, &mut progress), Turn::Paused);
+    let Turn::Done(done) = device.turn(0, write, &mut progress) else {
+        panic!("a third turn completes the transfer");
+    };
+    assert_eq!((done.status, done.byte_len), (Status::Success, len as u32));
+    assert!(device.ports[1].memory.read(device.base(1), len) == pattern);
+
+    // Revoked between two turns: the next turn fails, and nothing after
+    // the first turn's bytes was written.
+    let fresh = Device::with_memory(2, len);
+    fresh.ports[0].memory.write(fresh.base(0), &pattern);
+    let key = fresh.bind(1, fresh.base(1), len as u64, all);
+    let write = Operation::Write {
+        local: fresh.base(0),
+        len: len as u32,
+        remote: remote(1, key, 0),
+    };
+    let mut progress = Progress::default();
+    assert_eq!(fresh.turn(0, write, &mut progress), Turn::Paused);
+    assert!(fresh.ports[1].windows.revoke(key));
+    let Turn::Done(done) = fresh.turn(0, write, &mut progress) else {
+        panic!("a revoked window ends the transfer");
+    };
+    assert_eq!((done.status, done.detail), NOT_GRANTED);
+    let cut = (STEPS_PER_TURN * STEP_BYTES) as usize;
+    let landed = fresh.ports[1].memory.read(fresh.base(1), len);
+    assert!(landed[..cut] == pattern[..cut]);
+    assert!(
+        landed[cut..].iter().all(|&b| b == 0),
+        "bytes after the barrier"
+    );
+}
+
+#[test]
+fn memory_its_owner_took_away_fails_every_access() {
+    let device = Device::new(3);
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let key = device.bind(1, device.base(1), 4096, all);
+    let key2 = device.bind(2, device.base(2), 4096, all);
+    device.ports[1].memory.lost.store(true, Ordering::Relaxed);
+    let peer_gone = (Status::PeerGone, ErrorDetail::PortDown);
+    for op in every_remote_op(device.base(0), remote(1, key, 0)) {
+        let done = device.run(0, op);
+        assert_eq!((done.status, done.detail), peer_gone, "{op:?}");
+    }
+    // The initiator's own memory taken away: a local error.
+    device.ports[0].memory.lost.store(true, Ordering::Relaxed);
+    for op in [
+        Operation::Write {
+            local: device.base(0),
+            len: 64,
+            remote: remote(2, key2, 0),
+        },
+        Operation::Read {
+            local: device.base(0),
+            len: 64,
+            remote: remote(2, key2, 0),
+        },
+    ] {
+        let done = device.run(0, op);
+        assert_eq!(
+            (done.status, done.detail),
+            (Status::LocalProtectionError, ErrorDetail::Unregistered),
+            "{op:?}"
+        );
+    }
 }
