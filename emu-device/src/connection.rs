@@ -84,7 +84,8 @@ pub struct Context<'a> {
 }
 
 /// Serves one frontend connection on `port` until it closes, misbehaves
-/// or the device stops; then resets the port (see [`reset_port`]).
+/// or the device stops, and closes it. The caller then resets the port
+/// (see [`reset_port`]), however this ends, a panic included.
 pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
@@ -93,9 +94,6 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     if let Err(e) = run(ctx, &port, &mut stream, &mut send_queue) {
         tracing::info!(port = index, "connection ends: {e}");
     }
-    drop(stream);
-    reset_port(ctx, &port);
-    tracing::info!(port = index, "port reset");
 }
 
 /// Resets a port whose connection ended (or never started) and frees it

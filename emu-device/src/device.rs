@@ -329,8 +329,10 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
     let spawned = thread::Builder::new()
         .name(format!("port{}", port.index))
         .spawn(move || {
-            connection::serve(d.context(), p, stream);
-            d.connection_ended();
+            // Released when the thread ends, however it ends (a panic
+            // included): a port is never left taken.
+            let _release = Release { dev: &d, port: &p };
+            connection::serve(d.context(), Arc::clone(&p), stream);
         });
     if let Err(e) = spawned {
         // The closure (and the stream) is dropped: the frontend sees the
@@ -348,6 +350,23 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
 fn release(dev: &Device, port: &Port) {
     connection::reset_port(dev.context(), port);
     dev.connection_ended();
+    tracing::info!(port = port.index, "port reset");
+}
+
+/// Releases a connection's port and its place under the connection limit
+/// when dropped.
+struct Release<'a> {
+    dev: &'a Device,
+    port: &'a Port,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            tracing::error!(port = self.port.index, "connection thread panicked");
+        }
+        release(self.dev, self.port);
+    }
 }
 
 fn serve_status(dev: Arc<Device>, listener: UnixListener) {
