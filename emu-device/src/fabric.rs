@@ -145,6 +145,7 @@ impl Fabric for PortFabric<'_> {
                 memory: &memory,
                 windows,
                 refusals: &near.stats.refused,
+                incarnation: near.shared.incarnation(),
             };
             return Ok(step(own, own));
         }
@@ -166,11 +167,13 @@ impl Fabric for PortFabric<'_> {
                 memory: &near_memory,
                 windows: near_windows,
                 refusals: &near.stats.refused,
+                incarnation: near.shared.incarnation(),
             },
             Target {
                 memory: &far_memory,
                 windows: far_windows,
                 refusals: &far.stats.refused,
+                incarnation: far.shared.incarnation(),
             },
         );
         if far_memory.lost() {
@@ -193,6 +196,11 @@ impl Fabric for PortFabric<'_> {
             memory: &memory,
             windows,
             refusals: &port.stats.refused,
+            incarnation: port.shared.incarnation(),
         }))
+    }
+
+    fn incarnation(&self, port: u16) -> u64 {
+        self.port(port).map_or(0, |port| port.shared.incarnation())
     }
 }

@@ -249,6 +249,10 @@ impl PortTable {
 pub struct PortShared {
     gate: RwLock<SharedState>,
     misses: parking_lot::Mutex<MissOutbox>,
+    /// Bumped by every reset (RESET_OWNER, a frontend leaving): windows
+    /// bound to this port as their one peer die with it (see
+    /// [`PortId`](crate::rdma::PortId)).
+    incarnation: AtomicU64,
 }
 
 /// How long a MISS stays unanswered before the same page is asked again.
@@ -343,6 +347,7 @@ impl PortShared {
                 windows: WindowTable::with_limit(max_windows),
             }),
             misses: Default::default(),
+            incarnation: AtomicU64::new(0),
         }
     }
 
@@ -364,8 +369,16 @@ impl PortShared {
         let mut state = self.barrier();
         state.memory = None;
         state.windows.clear();
+        // Under the barrier: no step checks a window against the old
+        // incarnation once the reset is done.
+        self.incarnation.fetch_add(1, Ordering::AcqRel);
         drop(state);
         self.misses.lock().clear();
+    }
+
+    /// The port's current incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
     }
 
     /// Queues an IOTLB miss of this port for its frontend.

@@ -525,3 +525,40 @@ fn binding_beyond_the_window_limit_is_refused_naming_the_limit() {
     assert!(error.contains("--max-windows-per-port"), "{error}");
     assert!(!error.contains("panicked"), "{error}");
 }
+
+#[test]
+fn a_window_bound_to_a_peer_dies_with_the_peer_s_connection() {
+    let device = DeviceProcess::start(common::device_bin(), 3, &[]).unwrap();
+    let mut victim = Rank::start("victim", &device.socket(1));
+    let windows: Vec<String> = (0..3).map(|_| victim.next()).collect();
+    let for_peer = windows
+        .iter()
+        .find(|line| line.starts_with("window peer "))
+        .unwrap()
+        .clone();
+
+    // The bound peer writes through the window.
+    let mut peer = Rank::start("peer", &device.socket(2));
+    peer.send(&for_peer);
+    assert_eq!(peer.ask("write 7"), "status Success None");
+    assert_eq!(victim.ask("verify-peer 7"), "ok");
+    let before = victim.ask("fingerprint");
+    peer.finish();
+    assert!(device.wait_for(Duration::from_secs(5), |s| s[2].n("connected") == 0));
+
+    // The next frontend on the same socket gets port 2 again, and the key,
+    // and is refused like any other port: the binding died with the
+    // connection it was made for.
+    let wrong_peer_before = device.port(1).n("refused_wrong_peer");
+    let mut next = Rank::start("peer", &device.socket(2));
+    next.send(&for_peer);
+    assert_eq!(next.ask("write 8"), "status RemoteAccessError NotGranted");
+    assert_eq!(victim.ask("fingerprint"), before, "nothing landed");
+    assert_eq!(
+        device.port(1).n("refused_wrong_peer"),
+        wrong_peer_before + 1,
+        "the owner counts a wrong peer"
+    );
+    next.finish();
+    victim.finish();
+}

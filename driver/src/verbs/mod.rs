@@ -423,8 +423,9 @@ impl<T: Transport + 'static> Context<T> {
     /// pair): any other port presenting the key is refused, exactly as if
     /// the key did not exist.
     ///
-    /// The device knows ports, not processes: whichever frontend holds port
-    /// `peer` may use the window, so revoke it when that peer goes away.
+    /// The binding is to the peer's connection, not to the port index: once
+    /// that frontend leaves (or resets its port), the window refuses the
+    /// next frontend given the same port too.
     pub fn bind_window_for_peer(
         &self,
         region: &MemoryRegion<'_, T>,

@@ -8,7 +8,7 @@ use uapi::{
     Status, WorkRequest,
 };
 
-use super::windows::{Refusal, Window};
+use super::windows::{PortId, Refusal, Window};
 use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
 
 /// Bytes a transfer moves in one guarded step: a barrier (revoke,
@@ -91,7 +91,10 @@ fn run(
                 start,
                 len,
                 access,
-                peer,
+                peer: peer.map(|index| PortId {
+                    index,
+                    incarnation: fabric.incarnation(index),
+                }),
             };
             match local.windows.bind(window) {
                 Ok(key) => done(Opcode::BindWindow, 0, key.0),
@@ -142,15 +145,15 @@ fn run(
             width,
             compare,
             swap,
-        } => on_port(fabric, own, remote.port, &mut |_, target| {
-            let word = atomic_word(&target, own, remote, width)?;
+        } => on_port(fabric, own, remote.port, &mut |local, target| {
+            let word = atomic_word(&target, id_of(own, &local), remote, width)?;
             let old = word.compare_swap(compare, swap);
             still_there(&target)?;
             done(Opcode::CompareSwap, width.bytes(), old)
         }),
         Operation::FetchAdd { remote, width, add } => {
-            on_port(fabric, own, remote.port, &mut |_, target| {
-                let word = atomic_word(&target, own, remote, width)?;
+            on_port(fabric, own, remote.port, &mut |local, target| {
+                let word = atomic_word(&target, id_of(own, &local), remote, width)?;
                 let old = word.fetch_add(add);
                 still_there(&target)?;
                 done(Opcode::FetchAdd, width.bytes(), old)
@@ -160,14 +163,22 @@ fn run(
             remote,
             width,
             value,
-        } => on_port(fabric, own, remote.port, &mut |_, target| {
-            let word = atomic_word(&target, own, remote, width)?;
+        } => on_port(fabric, own, remote.port, &mut |local, target| {
+            let word = atomic_word(&target, id_of(own, &local), remote, width)?;
             let old = word.swap(value);
             still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
     };
     whole.map(Some)
+}
+
+/// The initiator `own`, lent as `local`, as windows name it.
+fn id_of(own: u16, local: &Target<'_>) -> PortId {
+    PortId {
+        index: own,
+        incarnation: local.incarnation,
+    }
 }
 
 /// Fails a step that touched memory its owner took away
@@ -227,7 +238,15 @@ fn transfer(
                 offset: remote.offset.saturating_add(moved),
                 ..remote
             };
-            remote_range(&target, own, at, checked, needed, remote_writes, &mut far)?;
+            remote_range(
+                &target,
+                id_of(own, &local),
+                at,
+                checked,
+                needed,
+                remote_writes,
+                &mut far,
+            )?;
             let step = usize::try_from(step).unwrap_or(usize::MAX);
             match direction {
                 Direction::Write => copy_spans(&near, &far, step),
@@ -297,7 +316,7 @@ fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
 /// address of the range.
 fn remote_range(
     target: &Target<'_>,
-    initiator: u16,
+    initiator: PortId,
     remote: RemoteAddress,
     len: u64,
     needed: Access,
@@ -360,7 +379,7 @@ impl Word<'_> {
 
 fn atomic_word<'t>(
     target: &'t Target<'_>,
-    initiator: u16,
+    initiator: PortId,
     remote: RemoteAddress,
     width: AtomicWidth,
 ) -> Result<Word<'t>, Failure> {

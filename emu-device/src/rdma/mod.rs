@@ -25,7 +25,7 @@ mod windows;
 
 pub use execute::{execute, Progress, Turn, NOT_GRANTED, STEPS_PER_TURN, STEP_BYTES};
 pub use windows::{
-    init_keys, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
+    init_keys, PortId, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
     DEFAULT_MAX_WINDOWS_PER_PORT,
 };
 
@@ -89,6 +89,8 @@ pub struct Target<'a> {
     /// Remote accesses to the port's windows refused, by cause (the
     /// owner's counters: the initiator is only told "not granted").
     pub refusals: &'a RefusalCounters,
+    /// The port's current incarnation (see [`PortId`]).
+    pub incarnation: u64,
 }
 
 /// Why a request failed: status and detail of its error completion.
@@ -110,6 +112,10 @@ pub trait Fabric {
         target: u16,
         step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
     ) -> Result<Outcome, ErrorDetail>;
+
+    /// The current incarnation of port `port` (see [`PortId`]); a port
+    /// that does not exist yet will start at 0.
+    fn incarnation(&self, port: u16) -> u64;
 
     /// Runs `change` on port `port` once no step on it is in flight,
     /// holding new steps off until it returns: a barrier.

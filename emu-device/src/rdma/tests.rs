@@ -103,6 +103,7 @@ struct Port {
     windows: WindowTable,
     refused: RefusalCounters,
     up: bool,
+    incarnation: std::sync::atomic::AtomicU64,
 }
 
 struct Device {
@@ -122,6 +123,7 @@ impl Device {
             memory: &port.memory,
             windows: &port.windows,
             refusals: &port.refused,
+            incarnation: port.incarnation.load(Ordering::Relaxed),
         })
     }
 }
@@ -144,6 +146,12 @@ impl Fabric for Device {
     ) -> Result<Outcome, ErrorDetail> {
         Ok(change(self.target(port)?))
     }
+
+    fn incarnation(&self, port: u16) -> u64 {
+        self.ports
+            .get(usize::from(port))
+            .map_or(0, |port| port.incarnation.load(Ordering::Relaxed))
+    }
 }
 
 impl Device {
@@ -159,6 +167,7 @@ impl Device {
                     windows: WindowTable::new(),
                     refused: RefusalCounters::default(),
                     up: true,
+                    incarnation: Default::default(),
                 })
                 .collect(),
         }

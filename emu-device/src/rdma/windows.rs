@@ -126,9 +126,22 @@ pub struct Window {
     pub len: u64,
     /// What peers may do.
     pub access: Access,
-    /// The one port that may use the window; `None`: any port holding the
-    /// key.
-    pub peer: Option<u16>,
+    /// The one port that may use the window, in the incarnation it had
+    /// when the window was bound; `None`: any port holding the key.
+    pub peer: Option<PortId>,
+}
+
+/// A port as a window binding names it: its index, and its incarnation,
+/// which changes whenever the port is reset or served to a new frontend
+/// connection. A window bound to a peer dies with that peer's
+/// connection, as an InfiniBand type-2 memory window dies with its queue
+/// pair: the next frontend given the same port index cannot use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortId {
+    /// The port's index.
+    pub index: u16,
+    /// The port's incarnation.
+    pub incarnation: u64,
 }
 
 impl Window {
@@ -265,14 +278,15 @@ impl WindowTable {
         self.windows.read().get(&key.0).copied()
     }
 
-    /// Decides an access by port `initiator` to `[offset, offset + len)` of
+    /// Decides an access by port `initiator` (in its current incarnation)
+    /// to `[offset, offset + len)` of
     /// the window named `key`, needing `needed`: the owner's I/O virtual
     /// address of the range, or why it is refused. Checks in order: the key,
     /// the peer, the right, the bounds.
     pub fn check(
         &self,
         key: RemoteKey,
-        initiator: u16,
+        initiator: PortId,
         offset: u64,
         len: u64,
         needed: Access,
@@ -381,7 +395,7 @@ mod tests {
         let after_clear = table.bind(read).unwrap();
         assert!(![first, second].contains(&after_clear) && !later.contains(&after_clear));
         assert_eq!(
-            table.check(first, 0, 0, 1, Access::REMOTE_READ),
+            table.check(first, id(0), 0, 1, Access::REMOTE_READ),
             Err(Refusal::BadKey)
         );
     }
@@ -410,35 +424,66 @@ mod tests {
         assert!(message.contains("3 windows") && message.contains("--max-windows-per-port"));
     }
 
+    fn id(index: u16) -> PortId {
+        PortId {
+            index,
+            incarnation: 0,
+        }
+    }
+
+    #[test]
+    fn a_window_bound_to_a_peer_dies_with_the_peer_s_incarnation() {
+        let table = WindowTable::new();
+        let bound = table
+            .bind(Window {
+                peer: Some(id(2)),
+                ..window(Access::REMOTE_WRITE)
+            })
+            .unwrap();
+        let w = Access::REMOTE_WRITE;
+        assert_eq!(table.check(bound, id(2), 0, 8, w), Ok(0x1000));
+        let next = PortId {
+            index: 2,
+            incarnation: 1,
+        };
+        assert_eq!(table.check(bound, next, 0, 8, w), Err(Refusal::WrongPeer));
+    }
+
     #[test]
     fn checks_tell_the_causes_apart_in_order() {
         let table = WindowTable::new();
         let bound = table
             .bind(Window {
-                peer: Some(2),
+                peer: Some(id(2)),
                 ..window(Access::REMOTE_WRITE)
             })
             .unwrap();
         let open = table.bind(window(Access::REMOTE_READ)).unwrap();
         let w = Access::REMOTE_WRITE;
-        assert_eq!(table.check(bound, 2, 0x10, 8, w), Ok(0x1010));
-        assert_eq!(table.check(bound, 1, 0x10, 8, w), Err(Refusal::WrongPeer));
+        assert_eq!(table.check(bound, id(2), 0x10, 8, w), Ok(0x1010));
+        assert_eq!(
+            table.check(bound, id(1), 0x10, 8, w),
+            Err(Refusal::WrongPeer)
+        );
         // The peer is checked before rights and bounds.
         assert_eq!(
-            table.check(bound, 1, 0x1000, 8, Access::REMOTE_ATOMIC),
+            table.check(bound, id(1), 0x1000, 8, Access::REMOTE_ATOMIC),
             Err(Refusal::WrongPeer)
         );
         assert_eq!(
-            table.check(bound, 2, 0, 8, Access::REMOTE_ATOMIC),
+            table.check(bound, id(2), 0, 8, Access::REMOTE_ATOMIC),
             Err(Refusal::MissingRight)
         );
-        assert_eq!(table.check(bound, 2, 0xf9, 8, w), Err(Refusal::OutOfBounds));
         assert_eq!(
-            table.check(open, 9, 0, 0x100, Access::REMOTE_READ),
+            table.check(bound, id(2), 0xf9, 8, w),
+            Err(Refusal::OutOfBounds)
+        );
+        assert_eq!(
+            table.check(open, id(9), 0, 0x100, Access::REMOTE_READ),
             Ok(0x1000)
         );
         assert_eq!(
-            table.check(RemoteKey(open.0 ^ 1), 9, 0, 1, Access::REMOTE_READ),
+            table.check(RemoteKey(open.0 ^ 1), id(9), 0, 1, Access::REMOTE_READ),
             Err(Refusal::BadKey)
         );
     }
