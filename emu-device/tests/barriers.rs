@@ -2,17 +2,17 @@
 //! window has revoked it, or taken the device's access to its memory away
 //! (unregistered, invalidated, unpinned, evicted from a small pin-down
 //! cache), or reset its port (RESET_OWNER, RDMA rings disabled, SET_FEATURES
-//! again), no access that began earlier still reads or writes those pages,
-//! and none starts afterwards.
+//! again, or its process killed), no access that began earlier still reads
+//! or writes those pages, and none starts afterwards.
 //!
-//! Each test runs a real device process and two rank processes (this test
+//! Each test runs a real device process and rank processes (this test
 //! binary started again with `PINDOWN_ROLE` set, as in `ranks.rs`), each a
 //! driver [`Context`] on its own socket: an owner with a 16 MiB buffer
-//! behind a window, and a peer that moves 16 MiB at a time through it.
+//! behind a window, and two peers that move 16 MiB at a time through it.
 //! One round:
 //!
 //! 1. The owner fills its buffer with the *old* pattern and binds a window.
-//! 2. The peer posts several 16 MiB transfers through the window.
+//! 2. A peer posts several 16 MiB transfers through the window.
 //! 3. The owner waits until the first transfer is under way — for writes,
 //!    until the peer's bytes reach a random offset of its buffer; for reads,
 //!    until the peer's first request (an 8-byte write of a flag next to the
@@ -26,15 +26,34 @@
 //!    the old byte or the byte that was there before (it may have been cut
 //!    between two steps); no byte of the new pattern appears anywhere.
 //!
+//! Every barrier kind runs with writes and with reads in flight. A step of
+//! a transfer takes the gates of its two ports in port order, so the owner
+//! sits on port 1 between the peers on ports 0 and 2, and the rounds
+//! alternate between the peers: each (barrier, direction) meets both gate
+//! orders, and each order must see at least one transfer cut by the
+//! barrier (a test that never races proves nothing).
+//!
+//! The disconnect barrier: the owner's process is killed (SIGKILL) while
+//! the peer's transfers are in flight. Before that, the test opens the
+//! owner's DMA arena (its one memfd) through `/proc/<pid>/fd`, so the
+//! memory outlives the process. Once the device's status shows the port
+//! disconnected (it resets the port, the barrier, before that), the test
+//! writes the marker through its own mapping; the checks of step 5 follow.
+//! Each round starts an owner process.
+//!
 //! The four patterns (the peer's read destinations before, old, peer's
 //! source, new) use disjoint byte values (the top two bits tell them
 //! apart), so a single misplaced byte is caught. Rounds: `BARRIER_ROUNDS`
-//! (default 200) per test.
+//! per test (at least 2; default 200, half with each gate order). With
+//! the default the whole file takes about two minutes on two cores; a
+//! disconnect test alone about 20 s (a process start per round), well
+//! under a minute when the cores are busy.
 
 mod common;
 
 use std::collections::HashSet;
 use std::io::BufRead;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::rank::{say, Rank};
@@ -45,6 +64,7 @@ use pindown_driver::verbs::opcode::{Read, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, RemoteWindow};
 use pindown_driver::DmaBuffer;
 use uapi::{Access, Completion, ErrorDetail, Status};
+use vm_memory::{Bytes, FileOffset, MmapRegion, VolatileMemory};
 
 /// Bytes of the owner's buffer under test, and of each transfer.
 const BUFFER: usize = 16 << 20;
@@ -210,13 +230,14 @@ struct Owner {
 }
 
 impl Owner {
-    fn open(socket: &str, barrier: Barrier) -> Owner {
+    /// Connects with a pin-down cache of `cache_entries` entries.
+    fn open(socket: &str, cache_entries: usize) -> Owner {
         let context = Context::open(
             socket,
             ContextConfig {
                 arena_bytes: 24 << 20,
                 cache: CacheConfig {
-                    max_entries: if barrier == Barrier::Evict { 2 } else { 64 },
+                    max_entries: cache_entries,
                     // One buffer, one cache entry: neighbours never merge.
                     merge: false,
                     ..CacheConfig::default()
@@ -264,7 +285,8 @@ fn owner_rank(socket: &str, barrier: Barrier, write: bool) {
             ["round", round, watch, delay] => {
                 let round: u64 = round.parse().unwrap();
                 let (watch, delay): (usize, u64) = (watch.parse().unwrap(), delay.parse().unwrap());
-                let me: &Owner = owner.get_or_insert_with(|| Owner::open(socket, barrier));
+                let entries = if barrier == Barrier::Evict { 2 } else { 64 };
+                let me: &Owner = owner.get_or_insert_with(|| Owner::open(socket, entries));
                 let verdict = owner_round(
                     me, barrier, write, round, watch, delay, &old, &new, &mut lines,
                 );
@@ -471,6 +493,7 @@ fn peer_rank(socket: &str) {
                 let round: u64 = round.parse().unwrap();
                 let tag = |i: u64| (round << 8) | i;
                 let entries: Vec<Entry> = if *direction == "write" {
+                    reads.clear();
                     (0..WRITES)
                         .map(|i| {
                             Write::new(source.local(0, BUFFER as u32).unwrap(), window.at(0))
@@ -562,6 +585,34 @@ fn drain(
     format!("drained {ok} {failed} {cut}")
 }
 
+/// The owner of the disconnect tests: binds a window over its buffer (the
+/// old pattern, the flag cleared), says where the buffer lies in its
+/// arena's file, and waits to be killed.
+fn victim_rank(socket: &str) {
+    let me = Owner::open(socket, 64);
+    me.target.write_at(0, &pattern(Class::Old, BUFFER));
+    me.target.write_at(FLAG_OFFSET, &0u64.to_le_bytes());
+    let region = me
+        .context
+        .register_buffer(&me.target)
+        .expect("victim: register");
+    let window = me
+        .context
+        .bind_window(
+            &region,
+            0,
+            WINDOW as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .expect("victim: bind");
+    say(format!("window {} {}", window.remote, me.target.offset()));
+    // The parent kills this process: any line (or the end of input) before
+    // that is the parent's mistake.
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    panic!("victim: expected to be killed, got {line:?}");
+}
+
 /// The rank program, started by the other tests of this file.
 #[test]
 #[ignore = "the rank program: the other tests of this file start it with --ignored"]
@@ -573,81 +624,280 @@ fn rank_process() {
             owner_rank(&socket, Barrier::parse(barrier), *direction == "write")
         }
         ["peer"] => peer_rank(&socket),
+        ["victim"] => victim_rank(&socket),
         other => panic!("unknown role {other:?}"),
     }
 }
 
 // ---------------------------------------------------------------- parent
 
+/// Ports of the device: the owner's port lies between the two peers', and
+/// the rounds alternate between the peers, so each barrier kind meets
+/// steps that take the two gates in either order (a step takes the gates
+/// of its two ports in port order).
+const PORTS: usize = 3;
+/// The owner's port (its socket's own port: every owner connection waits
+/// until the port is free, and the tests check that no other was made).
+const OWNER_PORT: usize = 1;
+/// The peers' ports, one for each gate order.
+const PEER_PORTS: [usize; 2] = [0, 2];
+/// The gate orders, as `PEER_PORTS` give them.
+const ORDERS: [&str; 2] = [
+    "peer's gate (port 0) before the owner's (port 1)",
+    "owner's gate (port 1) before the peer's (port 2)",
+];
+
+/// Rounds of each test: `BARRIER_ROUNDS`, or 200 (100 with each gate
+/// order).
 fn rounds() -> u64 {
     match std::env::var("BARRIER_ROUNDS") {
         Ok(text) => text
             .parse()
             .ok()
-            .filter(|&n| n > 0)
-            .expect("BARRIER_ROUNDS is a positive number"),
+            .filter(|&n| n >= 2)
+            .expect("BARRIER_ROUNDS is a number of at least 2 (a round with each gate order)"),
         Err(_) => 200,
     }
 }
 
+/// Requests of one gate order, over all rounds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
+    ok: u64,
+    failed: u64,
+    cut: u64,
+}
+
+impl Totals {
+    /// Adds the peer's answer to `drain` (`drained OK FAILED CUT`) of a
+    /// round that posted `posted` requests.
+    fn add(&mut self, drained: &str, posted: u64, what: &str) {
+        let counts: Vec<u64> = drained
+            .strip_prefix("drained ")
+            .unwrap_or_else(|| panic!("{what}: {drained}"))
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(
+            counts[0] + counts[1],
+            posted,
+            "{what}: success + error = posted"
+        );
+        self.ok += counts[0];
+        self.failed += counts[1];
+        self.cut += counts[2];
+    }
+}
+
+/// Reports the totals and checks that the barrier did stop transfers in
+/// flight in either gate order (otherwise the test proved nothing): every
+/// round posts more than one 16 MiB transfer, and the barrier comes once
+/// the first is under way.
+fn check_cut(what: &str, rounds: u64, totals: &[Totals; 2]) {
+    for (side, (order, t)) in ORDERS.iter().zip(totals).enumerate() {
+        // Even rounds take the first order, odd rounds the second.
+        let these = (rounds + 1 - side as u64) / 2;
+        eprintln!(
+            "{what}, {order}: {these} rounds, {} requests succeeded, {} failed, {} reads cut short",
+            t.ok, t.failed, t.cut
+        );
+    }
+    for (order, t) in ORDERS.iter().zip(totals) {
+        assert!(
+            t.failed > 0,
+            "{what}, {order}: no transfer was ever stopped by the barrier"
+        );
+    }
+}
+
+/// Starts the two peers.
+fn start_peers(device: &DeviceProcess) -> [Rank; 2] {
+    PEER_PORTS.map(|port| {
+        let mut peer = Rank::start("peer", &device.socket(port));
+        assert_eq!(peer.next(), "ready");
+        peer
+    })
+}
+
+/// Waits until the owner's port is free (its connection ended and the
+/// device reset it) and checks that it has had `connections` connections.
+fn wait_owner_port_free(device: &DeviceProcess, connections: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let status = device.status().expect("device status");
+        if status[OWNER_PORT].n("connected") == 0 {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner's port was not reset: {:?}",
+            status[OWNER_PORT]
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(
+        status[OWNER_PORT].n("connections"),
+        connections,
+        "{:?}",
+        status[OWNER_PORT]
+    );
+}
+
+/// Checks that the device has only its own ports: every owner connection
+/// was port `OWNER_PORT`, so the gate orders were the ones counted.
+fn check_ports(device: &DeviceProcess) {
+    let status = device.status().expect("device status");
+    assert_eq!(status.len(), PORTS, "{status:?}");
+}
+
 /// Runs the rounds of one barrier kind, with writes or reads in flight.
 fn race(barrier: Barrier, write: bool) {
-    let device = DeviceProcess::start(common::device_bin(), 2, &[]).unwrap();
-    // Owner and peer on either side of the port order (a step locks the two
-    // ports' gates in port order).
-    let owner_socket = usize::from(write);
+    let device = DeviceProcess::start(common::device_bin(), PORTS, &[]).unwrap();
     let direction = if write { "write" } else { "read" };
-    let mut peer = Rank::start("peer", &device.socket(1 - owner_socket));
-    assert_eq!(peer.next(), "ready");
+    let mut peers = start_peers(&device);
     let mut owner = Rank::start(
         &format!("owner {} {direction}", barrier.name()),
-        &device.socket(owner_socket),
+        &device.socket(OWNER_PORT),
     );
     let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ ((barrier as u64 + 1) << 32) ^ u64::from(write));
-    let (mut ok, mut failed, mut cut) = (0u64, 0u64, 0u64);
+    let mut totals = [Totals::default(); 2];
     let rounds = rounds();
     for round in 0..rounds {
+        let side = (round % 2) as usize;
+        let peer = &mut peers[side];
+        let what = format!(
+            "{barrier:?} with {direction}s in flight, {}, round {round}",
+            ORDERS[side]
+        );
         let watch = rng.below(BUFFER as u64);
         let delay = rng.below(MAX_READ_DELAY_US);
         owner.send(&format!("round {round} {watch} {delay}"));
         let window = owner.next();
         let window = window
             .strip_prefix("window ")
-            .unwrap_or_else(|| panic!("round {round}: owner said {window}"));
+            .unwrap_or_else(|| panic!("{what}: owner said {window}"));
         let posted = peer.ask(&format!("post {direction} {window} {round}"));
-        assert_eq!(posted, "posted", "round {round}");
-        assert_eq!(owner.next(), "done", "round {round}");
-        let drained = peer.ask("drain");
-        let counts: Vec<u64> = drained
-            .strip_prefix("drained ")
-            .unwrap_or_else(|| panic!("{barrier:?} {direction} round {round}: {drained}"))
-            .split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect();
+        assert_eq!(posted, "posted", "{what}");
+        assert_eq!(owner.next(), "done", "{what}");
         let posted = if write { WRITES } else { READS as u64 + 1 };
-        assert_eq!(
-            counts[0] + counts[1],
-            posted,
-            "round {round}: success + error = posted"
-        );
-        ok += counts[0];
-        failed += counts[1];
-        cut += counts[2];
+        totals[side].add(&peer.ask("drain"), posted, &what);
         let verdict = owner.ask("verify");
         assert_eq!(
             verdict, "intact",
-            "{barrier:?} with {direction}s in flight, round {round}: the peer's bytes landed after the barrier returned"
+            "{what}: the peer's bytes landed after the barrier returned"
         );
+        if barrier.resets_port() {
+            // The owner connects again next round: to the same port.
+            wait_owner_port_free(&device, round + 1);
+        }
     }
-    eprintln!(
-        "{barrier:?}, {direction}s: {rounds} rounds, {ok} requests succeeded, {failed} failed, {cut} reads cut short"
-    );
-    // The barrier did stop transfers in flight (otherwise the test proved
-    // nothing): every round posts more than one 16 MiB transfer, and the
-    // owner acts once the first is under way.
-    assert!(failed > 0, "no transfer was ever stopped by the barrier");
+    check_ports(&device);
+    check_cut(&format!("{barrier:?}, {direction}s"), rounds, &totals);
     owner.finish();
-    peer.finish();
+    for peer in peers {
+        peer.finish();
+    }
+}
+
+/// The one memfd of process `pid` (the driver's DMA arena), opened through
+/// `/proc` so that it outlives the process.
+fn open_memfd(pid: u32) -> std::fs::File {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the owner's fds");
+    let memfds: Vec<PathBuf> = fds
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let link = std::fs::read_link(&path).ok()?;
+            link.to_string_lossy()
+                .starts_with("/memfd:")
+                .then_some(path)
+        })
+        .collect();
+    assert_eq!(memfds.len(), 1, "the owner has one memfd: {memfds:?}");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&memfds[0])
+        .expect("open the owner's memfd")
+}
+
+/// Runs the rounds of the disconnect barrier: the owner is killed while
+/// the peer's writes or reads are in flight into its window; once the
+/// device shows its port reset, the parent writes the marker through its
+/// own mapping of the owner's memory.
+fn disconnect_race(write: bool) {
+    let device = DeviceProcess::start(common::device_bin(), PORTS, &[]).unwrap();
+    let direction = if write { "write" } else { "read" };
+    let mut peers = start_peers(&device);
+    let old = pattern(Class::Old, BUFFER);
+    let new = pattern(Class::New, BUFFER);
+    let mut landed = vec![0u8; BUFFER];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ u64::from(write));
+    let mut totals = [Totals::default(); 2];
+    let rounds = rounds();
+    for round in 0..rounds {
+        let side = (round % 2) as usize;
+        let peer = &mut peers[side];
+        let what = format!(
+            "an owner killed with {direction}s in flight, {}, round {round}",
+            ORDERS[side]
+        );
+        let mut owner = Rank::start("victim", &device.socket(OWNER_PORT));
+        let said = owner.next();
+        let (window, offset) = said
+            .strip_prefix("window ")
+            .and_then(|rest| rest.split_once(' '))
+            .unwrap_or_else(|| panic!("{what}: owner said {said}"));
+        let offset: usize = offset.parse().unwrap();
+        let file = open_memfd(owner.child.id());
+        let size = file.metadata().unwrap().len() as usize;
+        let map = MmapRegion::<()>::from_file(FileOffset::new(file, 0), size)
+            .expect("map the owner's memfd");
+        let buffer = map.get_slice(offset, BUFFER).expect("the owner's buffer");
+        let flag = map
+            .get_slice(offset + FLAG_OFFSET, 8)
+            .expect("the owner's flag");
+        // The right memory: the owner's bytes.
+        buffer.copy_to(&mut landed[..]);
+        assert!(
+            landed == old,
+            "{what}: the memfd does not hold the owner's buffer"
+        );
+
+        let posted = peer.ask(&format!("post {direction} {window} {round}"));
+        assert_eq!(posted, "posted", "{what}");
+        if write {
+            let watch = rng.below(BUFFER as u64) as usize;
+            spin_until("the peer's first write", || {
+                buffer.read_obj::<u8>(watch).unwrap() != old[watch]
+            });
+        } else {
+            spin_until("the peer's flag", || {
+                u64::from_le(flag.read_obj::<u64>(0).unwrap()) == round + 1
+            });
+            let until = Instant::now() + Duration::from_micros(rng.below(MAX_READ_DELAY_US));
+            spin_until("the delay", || Instant::now() >= until);
+        }
+        // SIGKILL; the device sees the connection end, resets the port
+        // (the barrier) and then shows it disconnected.
+        owner.child.kill().expect("kill the owner");
+        owner.child.wait().expect("reap the owner");
+        wait_owner_port_free(&device, round + 1);
+        buffer.write_slice(&new, 0).unwrap();
+
+        let posted = if write { WRITES } else { READS as u64 + 1 };
+        totals[side].add(&peer.ask("drain"), posted, &what);
+        buffer.copy_to(&mut landed[..]);
+        if let Some((at, count, class)) = difference(&landed, &new) {
+            panic!(
+                "{what}: {count} marker bytes overwritten after the port was reset, first at {at} by a {class:?} byte"
+            );
+        }
+    }
+    check_ports(&device);
+    check_cut(&format!("Disconnect, {direction}s"), rounds, &totals);
+    for peer in peers {
+        peer.finish();
+    }
 }
 
 #[test]
@@ -708,4 +958,34 @@ fn no_byte_is_read_after_a_two_entry_cache_evicts_the_region() {
 #[test]
 fn no_byte_is_read_after_reset_owner_is_acknowledged() {
     race(Barrier::ResetOwner, false);
+}
+
+#[test]
+fn no_byte_is_read_after_unregister_returns() {
+    race(Barrier::Unregister, false);
+}
+
+#[test]
+fn no_byte_is_read_after_the_unpin_invalidate_is_acknowledged() {
+    race(Barrier::Unpin, false);
+}
+
+#[test]
+fn no_byte_is_read_after_the_rdma_rings_are_disabled() {
+    race(Barrier::RingDisable, false);
+}
+
+#[test]
+fn no_byte_is_read_after_set_features_is_acknowledged() {
+    race(Barrier::SetFeatures, false);
+}
+
+#[test]
+fn no_write_lands_after_a_killed_owners_port_is_reset() {
+    disconnect_race(true);
+}
+
+#[test]
+fn no_byte_is_read_after_a_killed_owners_port_is_reset() {
+    disconnect_race(false);
 }
