@@ -89,11 +89,39 @@ impl DeviceProcess {
         Self::spawn(bin, ports, args, Some((soft, hard)))
     }
 
+    /// Like [`DeviceProcess::start`], running as user and group `uid`
+    /// (the caller must be root): limits that do not bind root, such as
+    /// `RLIMIT_NPROC`, then bind the device. The binary is copied into the
+    /// device's own directory first, so that the user can run it wherever
+    /// the build lies.
+    ///
+    /// `nproc`: the `RLIMIT_NPROC` soft limit the device runs with (tasks
+    /// of that user over the whole machine; the hard limit is kept).
+    pub fn start_as_user(
+        bin: &Path,
+        ports: usize,
+        args: &[&str],
+        uid: u32,
+        nproc: Option<u64>,
+    ) -> io::Result<DeviceProcess> {
+        Self::spawn_with(bin, ports, args, None, Some((uid, nproc)))
+    }
+
     fn spawn(
         bin: &Path,
         ports: usize,
         args: &[&str],
         nofile: Option<(u64, u64)>,
+    ) -> io::Result<DeviceProcess> {
+        Self::spawn_with(bin, ports, args, nofile, None)
+    }
+
+    fn spawn_with(
+        bin: &Path,
+        ports: usize,
+        args: &[&str],
+        nofile: Option<(u64, u64)>,
+        user: Option<(u32, Option<u64>)>,
     ) -> io::Result<DeviceProcess> {
         let dir = std::env::temp_dir().join(format!(
             "emu-device-test-{}-{}",
@@ -103,7 +131,45 @@ impl DeviceProcess {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::File::create(dir.join("device.log"))?;
-        let mut command = Command::new(bin);
+        let mut command = match user {
+            None => Command::new(bin),
+            Some((uid, nproc)) => {
+                let copy = dir.join("emu-device");
+                std::fs::copy(bin, &copy)?;
+                std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
+                std::os::unix::fs::chown(dir.join("device.log"), Some(uid), Some(uid))?;
+                let mut command = Command::new(copy);
+                // SAFETY: the closure runs in the forked child before exec
+                // and only calls getrlimit(2), setrlimit(2), setgroups(2),
+                // setgid(2) and setuid(2), which are async-signal-safe, on
+                // values of its own.
+                unsafe {
+                    std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                        if let Some(soft) = nproc {
+                            let mut limit = libc::rlimit {
+                                rlim_cur: 0,
+                                rlim_max: 0,
+                            };
+                            if libc::getrlimit(libc::RLIMIT_NPROC, &mut limit) != 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                            limit.rlim_cur = soft.min(limit.rlim_max);
+                            if libc::setrlimit(libc::RLIMIT_NPROC, &limit) != 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                        }
+                        if libc::setgroups(0, std::ptr::null()) != 0
+                            || libc::setgid(uid) != 0
+                            || libc::setuid(uid) != 0
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                command
+            }
+        };
         if let Some((soft, hard)) = nofile {
             let limit = libc::rlimit {
                 rlim_cur: soft,

@@ -767,3 +767,78 @@ fn a_client_stopped_with_sigstop_stalls_nothing() {
     child.wait().unwrap();
     healthy_after(&dev, 0, 1);
 }
+
+/// Tasks (threads) owned by user `uid`, over the whole machine: what
+/// `RLIMIT_NPROC` counts.
+fn tasks_of(uid: u32) -> u64 {
+    let mut tasks = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let path = entry.path();
+        let Ok(status) = std::fs::read_to_string(path.join("status")) else {
+            continue;
+        };
+        let owner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        if owner == Some(uid) {
+            tasks += std::fs::read_dir(path.join("task")).map_or(0, |t| t.count() as u64);
+        }
+    }
+    tasks
+}
+
+#[test]
+fn a_connection_whose_thread_cannot_start_is_refused_and_its_port_freed() {
+    // RLIMIT_NPROC binds only users without CAP_SYS_RESOURCE: the device
+    // runs as `nobody`, allowed exactly the tasks a started device has.
+    const NOBODY: u32 = 65534;
+    // SAFETY: geteuid(2) has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test starts the device as another user: run it as root"
+    );
+    let probe = DeviceProcess::start_as_user(device_bin(), 3, &[], NOBODY, None).unwrap();
+    let started = tasks_of(NOBODY);
+    drop(probe);
+    let deadline = Instant::now() + T;
+    while tasks_of(NOBODY) > started - 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let others = tasks_of(NOBODY);
+    let threads = started - others;
+    let dev =
+        DeviceProcess::start_as_user(device_bin(), 3, &[], NOBODY, Some(others + threads)).unwrap();
+    // (The status socket cannot start a thread for a client either: the
+    // device's log tells what happened.)
+    for round in 1..=3 {
+        let mut s = UnixStream::connect(dev.socket(0)).unwrap();
+        assert_eq!(raw_get_features(&mut s), None, "refused, not served");
+        let deadline = Instant::now() + T;
+        let refusals = loop {
+            let log = dev.log();
+            let refusals: Vec<String> = log
+                .lines()
+                .filter(|l| l.contains("cannot start its thread"))
+                .map(str::to_owned)
+                .collect();
+            if refusals.len() >= round || Instant::now() > deadline {
+                break refusals;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(refusals.len(), round, "{}", dev.log());
+        // Socket 0's own port every time: each refusal freed it (a port
+        // left taken would make the next connection get a new port).
+        assert!(
+            refusals.iter().all(|l| l.contains("port=0")),
+            "{refusals:?}"
+        );
+    }
+    // Refused for its thread every time, never for the connection limit:
+    // the refused connections were counted out again.
+    assert!(!dev.log().contains("connections already served"));
+    assert_cpu_idle(&dev, "after refused connections");
+}
