@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::time::Duration;
 
-use common::rank::{say, Rank};
+use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, RemoteWindow, VerbsError};
@@ -35,24 +35,6 @@ const ATTEMPTS: u64 = 1_000_000;
 /// Requests the attacker keeps in flight, and posts at once.
 const IN_FLIGHT: u64 = 1024;
 const BATCH: u64 = 256;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
 
 /// A 64-bit mix of `x` (splitmix64): the attacker's random keys.
 fn mix(mut x: u64) -> u64 {

@@ -12,7 +12,7 @@ mod common;
 use std::io::BufRead;
 use std::time::Duration;
 
-use common::rank::{say, Rank};
+use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pincache::CacheConfig;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
@@ -30,24 +30,6 @@ const SMALL_LEN: u64 = 4096;
 const COUNTER_OFFSET: u64 = 2 << 20;
 /// The initiator registers its source in pieces of this size.
 const PIECE: u64 = 4 << 20;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-fn fingerprint(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
 
 // ---------------------------------------------------------------- ranks
 

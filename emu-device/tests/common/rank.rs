@@ -143,3 +143,24 @@ impl Drop for Rank {
         let _ = self.child.wait();
     }
 }
+
+/// `len` bytes of a reproducible pattern chosen by `seed` (xorshift), so
+/// that two ranks can agree on bytes without sending them.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A fingerprint of `bytes` (FNV-1a), to compare memory across processes.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
