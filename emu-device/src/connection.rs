@@ -317,8 +317,10 @@ fn run(
         };
         // While polling, every ring is looked at on every pass anyway: ask
         // the kernel about the socket and the kicks only every few passes.
+        // Not while work is left over from the last pass (a transfer
+        // between two turns): its frontend is answered between turns.
         pass = pass.wrapping_add(1);
-        let n = if timeout == 0 && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
+        let n = if timeout == 0 && again.is_empty() && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
             0
         } else {
             match epoll.wait(timeout, &mut events) {
