@@ -318,3 +318,50 @@ impl Drop for DeviceProcess {
         }
     }
 }
+
+/// Payloads of vhost-user requests as a frontend sends them, built from
+/// the `vhost` crate's message types (for tests, hostile clients and fuzz
+/// seeds).
+pub mod payload {
+    use vhost::vhost_user::message::{
+        VhostUserMemory, VhostUserMemoryRegion, VhostUserVringAddr, VhostUserVringState,
+    };
+    use vm_memory::ByteValued;
+
+    /// SET_VRING_NUM, SET_VRING_BASE, GET_VRING_BASE, SET_VRING_ENABLE.
+    pub fn vring_state(index: u32, num: u32) -> Vec<u8> {
+        VhostUserVringState::new(index, num).as_slice().to_vec()
+    }
+
+    /// SET_VRING_ADDR (no log address).
+    pub fn vring_addr(
+        index: u32,
+        flags: u32,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+    ) -> Vec<u8> {
+        VhostUserVringAddr {
+            index,
+            flags,
+            descriptor,
+            used,
+            available,
+            log: 0,
+        }
+        .as_slice()
+        .to_vec()
+    }
+
+    /// SET_MEM_TABLE: regions as (guest physical address, size, frontend
+    /// address, file offset).
+    pub fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
+        let mut p = VhostUserMemory::new(regions.len() as u32)
+            .as_slice()
+            .to_vec();
+        for &(gpa, size, uaddr, offset) in regions {
+            p.extend_from_slice(VhostUserMemoryRegion::new(gpa, size, uaddr, offset).as_slice());
+        }
+        p
+    }
+}

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use emu_device::testing::payload;
 use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
 use pindown_driver::verbs::{Context, ContextConfig, MemoryWindow};
 use pindown_driver::DmaBuffer;
@@ -141,32 +142,6 @@ struct Raw {
     calls: Vec<EventFd>,
 }
 
-fn vring_state(index: u32, num: u32) -> Vec<u8> {
-    let mut p = index.to_le_bytes().to_vec();
-    p.extend_from_slice(&num.to_le_bytes());
-    p
-}
-
-fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
-    let mut p = index.to_le_bytes().to_vec();
-    p.extend_from_slice(&0u32.to_le_bytes());
-    for v in [desc, used, avail, 0] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    p
-}
-
-fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
-    let mut p = (regions.len() as u32).to_le_bytes().to_vec();
-    p.extend_from_slice(&[0; 4]);
-    for &(gpa, size, uaddr, off) in regions {
-        for v in [gpa, size, uaddr, off] {
-            p.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    p
-}
-
 fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: u8) -> Vec<u8> {
     let mut p = iova.to_le_bytes().to_vec();
     p.extend_from_slice(&size.to_le_bytes());
@@ -262,7 +237,7 @@ impl Raw {
     }
 
     fn set_memory(&mut self, shared: &Shared) {
-        let p = mem_table(&[(MEM_GPA, HSIZE, shared.host, 0)]);
+        let p = payload::mem_table(&[(MEM_GPA, HSIZE, shared.host, 0)]);
         self.ok(
             code(FrontendReq::SET_MEM_TABLE),
             &p,
@@ -284,13 +259,17 @@ impl Raw {
         };
         self.ok(
             code(FrontendReq::SET_VRING_NUM),
-            &vring_state(i, u32::from(QSZ)),
+            &payload::vring_state(i, u32::from(QSZ)),
             &[],
         );
-        self.ok(code(FrontendReq::SET_VRING_BASE), &vring_state(i, 0), &[]);
+        self.ok(
+            code(FrontendReq::SET_VRING_BASE),
+            &payload::vring_state(i, 0),
+            &[],
+        );
         self.ok(
             code(FrontendReq::SET_VRING_ADDR),
-            &vring_addr(i, at(0), at(0x2000), at(0x1000)),
+            &payload::vring_addr(i, 0, at(0), at(0x2000), at(0x1000)),
             &[],
         );
         let call = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -301,7 +280,11 @@ impl Raw {
         );
         self.calls.push(call);
         self.kick_fd(i);
-        self.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(i, 1), &[]);
+        self.ok(
+            code(FrontendReq::SET_VRING_ENABLE),
+            &payload::vring_state(i, 1),
+            &[],
+        );
     }
 
     /// Gives ring `i` a new kick eventfd (which starts it).
@@ -550,7 +533,7 @@ fn random_bytes_malformed_requests_and_torn_messages() {
     // Inconsistent: a table announcing two regions with one described,
     // fds where none belong, and none where one belongs.
     let (fd, _keep) = pipe();
-    let mut two = mem_table(&[(0, 0x1000, 0, 0)]);
+    let mut two = payload::mem_table(&[(0, 0x1000, 0, 0)]);
     two[0] = 2;
     raw.refused(code(FrontendReq::SET_MEM_TABLE), &two, &[fd.as_raw_fd()]);
     raw.refused(
@@ -582,7 +565,7 @@ fn random_bytes_malformed_requests_and_torn_messages() {
     for cut in [5usize, 12, 20, 40] {
         let mut raw = Raw::connect(&h.dev, 0);
         raw.handshake(0);
-        let p = mem_table(&[(MEM_GPA, HSIZE, memfd.host, 0)]);
+        let p = payload::mem_table(&[(MEM_GPA, HSIZE, memfd.host, 0)]);
         let mut m = code(FrontendReq::SET_MEM_TABLE).to_le_bytes().to_vec();
         m.extend_from_slice(&NEED_REPLY.to_le_bytes());
         m.extend_from_slice(&(p.len() as u32).to_le_bytes());
@@ -612,20 +595,32 @@ fn bad_memory_tables_are_refused() {
     let (a, b) = (file(0x10000), file(0x10000));
     let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
     // Zero regions, and more than the fd limit.
-    raw.refused(mem, &mem_table(&[]), &[]);
-    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x1000, 0); 33]), &[fa]);
+    raw.refused(mem, &payload::mem_table(&[]), &[]);
+    raw.refused(
+        mem,
+        &payload::mem_table(&[(0, 0x1000, 0x1000, 0); 33]),
+        &[fa],
+    );
     // Overlaps in guest physical and in frontend addresses.
     let over_gpa = [(0, 0x10000, 0x10_0000, 0), (0x8000, 0x10000, 0x20_0000, 0)];
-    raw.refused(mem, &mem_table(&over_gpa), &[fa, fb]);
+    raw.refused(mem, &payload::mem_table(&over_gpa), &[fa, fb]);
     let over_user = [
         (0, 0x10000, 0x10_0000, 0),
         (0x10_0000, 0x10000, 0x10_8000, 0),
     ];
-    raw.refused(mem, &mem_table(&over_user), &[fa, fb]);
+    raw.refused(mem, &payload::mem_table(&over_user), &[fa, fb]);
     // Beyond the file's size, by size and by offset; zero size.
-    raw.refused(mem, &mem_table(&[(0, 0x20000, 0x10_0000, 0)]), &[fa]);
-    raw.refused(mem, &mem_table(&[(0, 0x10000, 0x10_0000, 0x1000)]), &[fa]);
-    raw.refused(mem, &mem_table(&[(0, 0, 0x10_0000, 0)]), &[fa]);
+    raw.refused(
+        mem,
+        &payload::mem_table(&[(0, 0x20000, 0x10_0000, 0)]),
+        &[fa],
+    );
+    raw.refused(
+        mem,
+        &payload::mem_table(&[(0, 0x10000, 0x10_0000, 0x1000)]),
+        &[fa],
+    );
+    raw.refused(mem, &payload::mem_table(&[(0, 0, 0x10_0000, 0)]), &[fa]);
     // Backings that are not regular files.
     let zero = File::open("/dev/zero").unwrap();
     let (pr, _pw) = pipe();
@@ -637,17 +632,29 @@ fn bad_memory_tables_are_refused() {
         sock.as_raw_fd(),
         dir.as_raw_fd(),
     ] {
-        raw.refused(mem, &mem_table(&[(0, 1 << 40, 0x10_0000, 0)]), &[fd]);
-        raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[fd]);
+        raw.refused(
+            mem,
+            &payload::mem_table(&[(0, 1 << 40, 0x10_0000, 0)]),
+            &[fd],
+        );
+        raw.refused(
+            mem,
+            &payload::mem_table(&[(0, 0x1000, 0x10_0000, 0)]),
+            &[fd],
+        );
     }
     // Missing and extra fds.
-    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[]);
-    raw.refused(mem, &mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[fa, fb]);
+    raw.refused(mem, &payload::mem_table(&[(0, 0x1000, 0x10_0000, 0)]), &[]);
+    raw.refused(
+        mem,
+        &payload::mem_table(&[(0, 0x1000, 0x10_0000, 0)]),
+        &[fa, fb],
+    );
     // Beyond --max-mapped-bytes-per-port (a sparse 32 MiB file).
     let big = file(32 << 20);
     raw.refused(
         mem,
-        &mem_table(&[(0, 32 << 20, 0x1000_0000, 0)]),
+        &payload::mem_table(&[(0, 32 << 20, 0x1000_0000, 0)]),
         &[big.as_raw_fd()],
     );
     let log = h.dev.log();
@@ -663,7 +670,11 @@ fn bad_memory_tables_are_refused() {
         assert!(log.contains(needle), "log names the reason `{needle}`");
     }
     // A good table is still accepted on the same connection.
-    raw.ok(mem, &mem_table(&[(0, 0x10000, 0x10_0000, 0)]), &[fa]);
+    raw.ok(
+        mem,
+        &payload::mem_table(&[(0, 0x10000, 0x10_0000, 0)]),
+        &[fa],
+    );
     h.after("bad memory tables", Some(raw));
 
     // Many connections each trying to map a huge /dev/zero region: all
@@ -673,7 +684,7 @@ fn bad_memory_tables_are_refused() {
         let mut raw = Raw::connect(&h.dev, 0);
         raw.refused(
             mem,
-            &mem_table(&[(0, 1 << 44, 0x10_0000, 0)]),
+            &payload::mem_table(&[(0, 1 << 44, 0x10_0000, 0)]),
             &[zero.as_raw_fd()],
         );
         drop(raw);
@@ -768,10 +779,10 @@ fn bad_ring_settings_are_refused() {
 
     let num = code(FrontendReq::SET_VRING_NUM);
     for bad in [0, 3, 100, QMAX * 2, u32::MAX] {
-        raw.refused(num, &vring_state(1, bad), &[]);
+        raw.refused(num, &payload::vring_state(1, bad), &[]);
     }
-    raw.refused(num, &vring_state(99, 16), &[]);
-    raw.ok(num, &vring_state(1, 16), &[]);
+    raw.refused(num, &payload::vring_state(99, 16), &[]);
+    raw.ok(num, &payload::vring_state(1, 16), &[]);
     let addr = code(FrontendReq::SET_VRING_ADDR);
     let host = shared.host + Shared::ring_base(1);
     for (desc, used, avail) in [
@@ -780,16 +791,16 @@ fn bad_ring_settings_are_refused() {
         (host, host + 0x2000, shared.host + HSIZE - 2),
         (host, host + 0x2000, u64::MAX - 1),
     ] {
-        raw.refused(addr, &vring_addr(1, desc, used, avail), &[]);
+        raw.refused(addr, &payload::vring_addr(1, 0, desc, used, avail), &[]);
     }
     raw.refused(
         code(FrontendReq::SET_VRING_BASE),
-        &vring_state(1, 1 << 16),
+        &payload::vring_state(1, 1 << 16),
         &[],
     );
     raw.refused(
         code(FrontendReq::SET_VRING_BASE),
-        &vring_state(1, u32::MAX),
+        &payload::vring_state(1, u32::MAX),
         &[],
     );
 
@@ -870,13 +881,17 @@ fn broken_rings_stop_and_can_be_reset() {
     assert!(raw.send(
         code(FrontendReq::GET_VRING_BASE),
         0x1,
-        &vring_state(1, 0),
+        &payload::vring_state(1, 0),
         &[]
     ));
     let (_, body) = raw.reply().unwrap();
-    assert_eq!(body, vring_state(1, 0));
+    assert_eq!(body, payload::vring_state(1, 0));
     shared.desc(1, 0, buf, good.len() as u32, 0, 0);
-    raw.ok(code(FrontendReq::SET_VRING_BASE), &vring_state(1, 0), &[]);
+    raw.ok(
+        code(FrontendReq::SET_VRING_BASE),
+        &payload::vring_state(1, 0),
+        &[],
+    );
     raw.kick_fd(1);
     wait_used(&h.dev, &shared, 1, 1);
 
@@ -890,7 +905,11 @@ fn broken_rings_stop_and_can_be_reset() {
     wait_log(&h, before + 1);
     // Repaired, the ring restarts on SET_VRING_ENABLE.
     shared.desc(1, 4, buf, good.len() as u32, 0, 0);
-    raw.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(1, 1), &[]);
+    raw.ok(
+        code(FrontendReq::SET_VRING_ENABLE),
+        &payload::vring_state(1, 1),
+        &[],
+    );
     wait_used(&h.dev, &shared, 1, 2);
 
     // The available index jumps by more than the ring size.
@@ -899,7 +918,11 @@ fn broken_rings_stop_and_can_be_reset() {
     raw.kick();
     wait_log(&h, before + 1);
     shared.avail(1, 2, 4, 3);
-    raw.ok(code(FrontendReq::SET_VRING_ENABLE), &vring_state(1, 1), &[]);
+    raw.ok(
+        code(FrontendReq::SET_VRING_ENABLE),
+        &payload::vring_state(1, 1),
+        &[],
+    );
     wait_used(&h.dev, &shared, 1, 3);
 
     // Buffers outside the memory, lengths 0 and 2^32-1: refused chain by
@@ -1015,7 +1038,7 @@ fn a_message_trickled_byte_by_byte_is_dropped_after_the_message_deadline() {
     let mut raw = Raw::connect(&h.dev, 0);
     // A SET_MEM_TABLE header announcing a payload, then one byte every
     // 0.5 s: each read is quick, the message never completes.
-    let p = mem_table(&[(MEM_GPA, HSIZE, 0x7000_0000, 0)]);
+    let p = payload::mem_table(&[(MEM_GPA, HSIZE, 0x7000_0000, 0)]);
     let mut header = code(FrontendReq::SET_MEM_TABLE).to_le_bytes().to_vec();
     header.extend_from_slice(&NEED_REPLY.to_le_bytes());
     header.extend_from_slice(&(p.len() as u32).to_le_bytes());

@@ -15,6 +15,7 @@ use emu_device::vhost_user::handler;
 use emu_device::vhost_user::message::Header;
 
 use emu_device::port::features;
+use emu_device::testing::payload;
 use uapi::{IotlbMessage, VhostIotlbType};
 use emu_device_fuzz::{
     mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
@@ -29,20 +30,7 @@ fn u64_payload(v: u64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
 
-fn vring_state(index: u32, num: u32) -> Vec<u8> {
-    let mut p = index.to_le_bytes().to_vec();
-    p.extend_from_slice(&num.to_le_bytes());
-    p
-}
 
-fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
-    let mut p = index.to_le_bytes().to_vec();
-    p.extend_from_slice(&0u32.to_le_bytes());
-    for v in [desc, used, avail, 0] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    p
-}
 
 fn iotlb(kind: VhostIotlbType, iova: u64, size: u64, uaddr: u64) -> Vec<u8> {
     IotlbMessage {
@@ -73,19 +61,19 @@ fn ring(index: u32, base: u64) -> Vec<Msg> {
         (
             FrontendReq::SET_VRING_NUM,
             true,
-            vring_state(index, 16),
+            payload::vring_state(index, 16),
             vec![],
         ),
         (
             FrontendReq::SET_VRING_ADDR,
             true,
-            vring_addr(index, base, base + 0x2000, base + 0x1000),
+            payload::vring_addr(index, 0, base, base + 0x2000, base + 0x1000),
             vec![],
         ),
         (
             FrontendReq::SET_VRING_BASE,
             true,
-            vring_state(index, 0),
+            payload::vring_state(index, 0),
             vec![],
         ),
         (
@@ -103,7 +91,7 @@ fn ring(index: u32, base: u64) -> Vec<Msg> {
         (
             FrontendReq::SET_VRING_ENABLE,
             true,
-            vring_state(index, 1),
+            payload::vring_state(index, 1),
             vec![],
         ),
     ]
@@ -190,13 +178,13 @@ fn main() -> std::io::Result<()> {
         (
             FrontendReq::GET_VRING_BASE,
             false,
-            vring_state(4, 0),
+            payload::vring_state(4, 0),
             vec![],
         ),
         (
             FrontendReq::SET_VRING_ENABLE,
             true,
-            vring_state(5, 0),
+            payload::vring_state(5, 0),
             vec![],
         ),
         (FrontendReq::RESET_OWNER, true, vec![], vec![]),

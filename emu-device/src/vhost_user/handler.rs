@@ -439,6 +439,7 @@ fn iotlb_update(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::payload;
     use crate::vhost_user::message::Header;
     use crate::DeviceConfig;
     use proptest::prelude::*;
@@ -579,26 +580,6 @@ mod tests {
         p
     }
 
-    fn ring_addr(index: u32, flags: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
-        let mut p = index.to_le_bytes().to_vec();
-        p.extend_from_slice(&flags.to_le_bytes());
-        for v in [desc, used, avail, 0] {
-            p.extend_from_slice(&v.to_le_bytes());
-        }
-        p
-    }
-
-    fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
-        let mut p = (regions.len() as u32).to_le_bytes().to_vec();
-        p.extend_from_slice(&[0; 4]);
-        for &(gpa, size, uaddr, off) in regions {
-            for v in [gpa, size, uaddr, off] {
-                p.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        p
-    }
-
     fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: VhostIotlbType) -> Vec<u8> {
         uapi::IotlbMessage {
             iova,
@@ -655,16 +636,16 @@ mod tests {
             (good.0, good.1, u64::MAX - 1),
         ];
         for (desc, used, avail) in cases {
-            let p = ring_addr(1, 0, desc, used, avail);
+            let p = payload::vring_addr(1, 0, desc, used, avail);
             assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
             assert_eq!(st.vrings[1].addrs, None, "refused addresses are not kept");
         }
         // Misaligned, or with logging asked for.
-        let p = ring_addr(1, 0, good.0 + 8, good.1, good.2);
+        let p = payload::vring_addr(1, 0, good.0 + 8, good.1, good.2);
         assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
-        let p = ring_addr(1, 1, good.0, good.1, good.2);
+        let p = payload::vring_addr(1, 1, good.0, good.1, good.2);
         assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 1);
-        let p = ring_addr(1, 0, good.0, good.1, good.2);
+        let p = payload::vring_addr(1, 0, good.0, good.1, good.2);
         assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 0);
         assert_eq!(
             status(
@@ -721,20 +702,24 @@ mod tests {
         let (mut st, stats) = with_memory();
         let file = || tempfile::tempfile_in("/dev/shm").unwrap();
         let cases: Vec<(u32, Vec<u8>, Vec<std::fs::File>)> = vec![
-            (2, vec![0; 7], vec![]),                            // SET_FEATURES truncated
-            (2, vec![0; 9], vec![]),                            // oversized
-            (2, vec![0; 8], vec![file()]),                      // with an fd
-            (3, vec![0; 0], vec![]),                            // SET_OWNER is fine...
-            (3, vec![0; 8], vec![]),                            // ...but takes no payload
-            (NUM, vec![0; 12], vec![]),                         // SET_VRING_NUM oversized
-            (ADDR, vec![0; 39], vec![]),                        // SET_VRING_ADDR truncated
-            (MEM, mem_table(&[]), vec![]),                      // zero regions
-            (MEM, mem_table(&[(0, 0x1000, 0, 0); 33]), vec![]), // too many
-            (MEM, mem_table(&[(0, 0x1000, 0, 0)]), vec![]),     // missing fd
-            (MEM, mem_table(&[(0, 0x1000, 0, 0)]), vec![file(), file()]), // extra fd
+            (2, vec![0; 7], vec![]),                // SET_FEATURES truncated
+            (2, vec![0; 9], vec![]),                // oversized
+            (2, vec![0; 8], vec![file()]),          // with an fd
+            (3, vec![0; 0], vec![]),                // SET_OWNER is fine...
+            (3, vec![0; 8], vec![]),                // ...but takes no payload
+            (NUM, vec![0; 12], vec![]),             // SET_VRING_NUM oversized
+            (ADDR, vec![0; 39], vec![]),            // SET_VRING_ADDR truncated
+            (MEM, payload::mem_table(&[]), vec![]), // zero regions
+            (MEM, payload::mem_table(&[(0, 0x1000, 0, 0); 33]), vec![]), // too many
+            (MEM, payload::mem_table(&[(0, 0x1000, 0, 0)]), vec![]), // missing fd
             (
                 MEM,
-                mem_table(&[(0, 0x1000, 0, 0)])[..30].to_vec(),
+                payload::mem_table(&[(0, 0x1000, 0, 0)]),
+                vec![file(), file()],
+            ), // extra fd
+            (
+                MEM,
+                payload::mem_table(&[(0, 0x1000, 0, 0)])[..30].to_vec(),
                 vec![file()],
             ),
             (KICK, 0x101u64.to_le_bytes().to_vec(), vec![file()]), // fd despite "no fd"
@@ -767,19 +752,19 @@ mod tests {
     #[test]
     fn memory_tables_beyond_the_bound_or_on_devices_are_refused() {
         let (mut st, stats) = with_memory();
-        let p = mem_table(&[(0, 0x1000, 0x1000, 0)]);
+        let p = payload::mem_table(&[(0, 0x1000, 0x1000, 0)]);
         let zero = std::fs::File::open("/dev/zero").unwrap();
         assert_eq!(status(&mut st, &stats, MEM, p.clone(), vec![zero]), 1);
         st.max_mapped_bytes = 0x8000;
         let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(0x10000).unwrap();
-        let p = mem_table(&[(0, 0x9000, 0x1000, 0)]);
+        let p = payload::mem_table(&[(0, 0x9000, 0x1000, 0)]);
         assert_eq!(
             status(&mut st, &stats, MEM, p, vec![f.try_clone().unwrap()]),
             1
         );
         assert_eq!(st.table.as_ref().unwrap().regions()[0].gpa, GPA);
-        let p = mem_table(&[(0, 0x8000, 0x1000, 0)]);
+        let p = payload::mem_table(&[(0, 0x8000, 0x1000, 0)]);
         assert_eq!(status(&mut st, &stats, MEM, p, vec![f]), 0);
         // The backend channel must be a socket.
         let file = tempfile::tempfile_in("/dev/shm").unwrap();
@@ -826,7 +811,7 @@ mod tests {
         use crate::queues::Pop;
         let (mut st, stats) = with_memory();
         assert_eq!(status(&mut st, &stats, NUM, state(1, 16), vec![]), 0);
-        let p = ring_addr(1, 0, UADDR, UADDR + 0x2000, UADDR + 0x1000);
+        let p = payload::vring_addr(1, 0, UADDR, UADDR + 0x2000, UADDR + 0x1000);
         assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 0);
         assert_eq!(
             status(
