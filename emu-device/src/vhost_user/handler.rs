@@ -574,12 +574,6 @@ mod tests {
         u64::from_le_bytes(reply[12..20].try_into().unwrap())
     }
 
-    fn state(index: u32, num: u32) -> Vec<u8> {
-        let mut p = index.to_le_bytes().to_vec();
-        p.extend_from_slice(&num.to_le_bytes());
-        p
-    }
-
     fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: VhostIotlbType) -> Vec<u8> {
         uapi::IotlbMessage {
             iova,
@@ -609,24 +603,54 @@ mod tests {
         let (mut st, stats) = with_memory();
         for bad in [0, 3, 100, 2048, u32::MAX] {
             assert_eq!(
-                status(&mut st, &stats, NUM, state(1, bad), vec![]),
+                status(&mut st, &stats, NUM, payload::vring_state(1, bad), vec![]),
                 1,
                 "{bad}"
             );
         }
         assert_eq!(st.vrings[1].size, 0, "refused sizes leave the ring alone");
-        assert_eq!(status(&mut st, &stats, NUM, state(1, 1024), vec![]), 0);
-        assert_eq!(status(&mut st, &stats, NUM, state(99, 16), vec![]), 1);
-        assert_eq!(status(&mut st, &stats, BASE, state(1, 0x1_0000), vec![]), 1);
-        assert_eq!(status(&mut st, &stats, BASE, state(1, 0xffff), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, NUM, payload::vring_state(1, 1024), vec![]),
+            0
+        );
+        assert_eq!(
+            status(&mut st, &stats, NUM, payload::vring_state(99, 16), vec![]),
+            1
+        );
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                BASE,
+                payload::vring_state(1, 0x1_0000),
+                vec![]
+            ),
+            1
+        );
+        assert_eq!(
+            status(
+                &mut st,
+                &stats,
+                BASE,
+                payload::vring_state(1, 0xffff),
+                vec![]
+            ),
+            0
+        );
         assert_eq!(st.vrings[1].base, 0xffff);
-        assert_eq!(status(&mut st, &stats, BASE, state(99, 0), vec![]), 1);
+        assert_eq!(
+            status(&mut st, &stats, BASE, payload::vring_state(99, 0), vec![]),
+            1
+        );
     }
 
     #[test]
     fn ring_addresses_outside_the_memory_table_are_refused() {
         let (mut st, stats) = with_memory();
-        assert_eq!(status(&mut st, &stats, NUM, state(1, 16), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, NUM, payload::vring_state(1, 16), vec![]),
+            0
+        );
         let good = (UADDR, UADDR + 0xe000, UADDR + 0x1000);
         // The descriptor table (256 bytes) would cross the end of the region.
         let cases = [
@@ -659,7 +683,10 @@ mod tests {
         );
         assert!(st.vrings[1].active());
         // A larger ring no longer fits: refused, and said so.
-        assert_eq!(status(&mut st, &stats, NUM, state(1, 1024), vec![]), 1);
+        assert_eq!(
+            status(&mut st, &stats, NUM, payload::vring_state(1, 1024), vec![]),
+            1
+        );
         assert!(!st.vrings[1].active());
     }
 
@@ -726,7 +753,7 @@ mod tests {
             (KICK, 0x1u64.to_le_bytes().to_vec(), vec![]),         // no fd without "no fd"
             (KICK, 0x1_0001u64.to_le_bytes().to_vec(), vec![]),    // reserved bits
             (IOTLB, vec![0; 26], vec![]),                          // short IOTLB message
-            (ENABLE, state(1, 2), vec![]),                         // enable is 0 or 1
+            (ENABLE, payload::vring_state(1, 2), vec![]),          // enable is 0 or 1
             (21, vec![], vec![]),                                  // SET_BACKEND_REQ_FD without fd
             (999, vec![1, 2, 3], vec![file()]),                    // unknown request
         ];
@@ -810,7 +837,10 @@ mod tests {
     fn a_ring_the_frontend_broke_stops_and_can_be_reset() {
         use crate::queues::Pop;
         let (mut st, stats) = with_memory();
-        assert_eq!(status(&mut st, &stats, NUM, state(1, 16), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, NUM, payload::vring_state(1, 16), vec![]),
+            0
+        );
         let p = payload::vring_addr(1, 0, UADDR, UADDR + 0x2000, UADDR + 0x1000);
         assert_eq!(status(&mut st, &stats, ADDR, p, vec![]), 0);
         assert_eq!(
@@ -831,11 +861,19 @@ mod tests {
         assert!(matches!(pop(&mut st), Pop::Broken(_)));
         assert!(st.vrings[1].broken && !st.vrings[1].active());
         // GET_VRING_BASE reports the offending chain's position.
-        let out = handle(&mut st, &stats, msg(GET_BASE, 0x1, state(1, 0), vec![])).unwrap();
-        assert_eq!(out.reply.unwrap()[12..], state(1, 0)[..]);
+        let out = handle(
+            &mut st,
+            &stats,
+            msg(GET_BASE, 0x1, payload::vring_state(1, 0), vec![]),
+        )
+        .unwrap();
+        assert_eq!(out.reply.unwrap()[12..], payload::vring_state(1, 0)[..]);
         // Repaired and restarted (base, kick): the chain is served.
         put_desc(&st, 0, GPA + 0x4000, 64, 0, 0);
-        assert_eq!(status(&mut st, &stats, BASE, state(1, 0), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, BASE, payload::vring_state(1, 0), vec![]),
+            0
+        );
         assert_eq!(
             status(
                 &mut st,
@@ -859,20 +897,32 @@ mod tests {
         put_avail(&st, 1, 3, 2);
         assert!(matches!(pop(&mut st), Pop::Broken(_)));
         // SET_VRING_ENABLE restarts it; still broken, it stops again.
-        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, ENABLE, payload::vring_state(1, 1), vec![]),
+            0
+        );
         assert!(st.vrings[1].active());
         assert!(matches!(pop(&mut st), Pop::Broken(_)));
         put_desc(&st, 3, GPA + 0x4000, 8, NEXT, 200);
-        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, ENABLE, payload::vring_state(1, 1), vec![]),
+            0
+        );
         assert!(matches!(pop(&mut st), Pop::Broken(_)));
 
         // An available index that jumps by more than the ring size.
         put_desc(&st, 3, GPA + 0x4000, 8, 0, 0);
         put_avail(&st, 1, 3, 40);
-        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, ENABLE, payload::vring_state(1, 1), vec![]),
+            0
+        );
         assert!(matches!(pop(&mut st), Pop::Broken(_)));
         put_avail(&st, 1, 3, 2);
-        assert_eq!(status(&mut st, &stats, ENABLE, state(1, 1), vec![]), 0);
+        assert_eq!(
+            status(&mut st, &stats, ENABLE, payload::vring_state(1, 1), vec![]),
+            0
+        );
         match pop(&mut st) {
             Pop::Chain(c) => assert_eq!((c.head, c.bufs.len()), (3, 1)),
             other => panic!("{other:?}"),
