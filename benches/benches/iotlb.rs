@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the device IOTLB (`emu_device::memory`): what an
+//! Criterion benchmarks of the device IOTLB (`pindown_emu_device::memory`): what an
 //! IOTLB UPDATE and a translation cost with 10, 1,000 and 100,000 entries,
 //! each beside a baseline timed in the same run.
 //!
@@ -26,7 +26,7 @@ use std::hint::black_box;
 use std::os::fd::FromRawFd;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use emu_device::memory::{IotlbTable, MemoryTable, PortMemory, RegionDesc};
+use pindown_emu_device::memory::{IotlbTable, MemoryTable, PortMemory, RegionDesc};
 use vm_memory::{Bytes, GuestAddress, Iotlb, Permissions};
 
 const SIZES: [usize; 3] = [10, 1_000, 100_000];

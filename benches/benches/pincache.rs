@@ -17,7 +17,7 @@
 //!   miss, without and with the eviction of an idle region.
 //! * `unmap/*`: one `munmap` of a one-page mapping, plain or mlocked, and of
 //!   one whose region the cache holds (idle), invalidated through the
-//!   `pincache::unmap` hook or caught by the userfaultfd monitor.
+//!   `pindown_pincache::unmap` hook or caught by the userfaultfd monitor.
 //!
 //! Targets (measured, not asserted): hit <= 15 ns, `miss_noop/1` <= 0.1 us.
 
@@ -26,10 +26,10 @@ use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Pinner, Policy};
 use pindown_benches::sys::{self, LockBudget, Mapping};
 use pindown_benches::traces::SplitMix64;
 use pindown_benches::unmap::{UnmapCase, UnmapRun};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Pinner, Policy};
 
 /// Sizes, in pages, of the `miss_mlock` and `raw_mlock_munlock` benchmarks.
 const MISS_PAGES: [usize; 5] = [1, 16, 256, 1024, 4096];

@@ -16,7 +16,7 @@
 //!
 //! The device is this executable again: started with
 //! [`DEVICE_ENV`](pindown_benches::rdma::DEVICE_ENV) set, it runs
-//! `emu_device::cli::main` instead of the benchmarks, so no separately built
+//! `pindown_emu_device::cli::main` instead of the benchmarks, so no separately built
 //! `emu-device` binary is needed.
 //!
 //! Targets (measured, not asserted): `write_*/16MiB` at least 80 % of
@@ -26,14 +26,14 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use emu_device::testing::DeviceProcess;
 use pindown_benches::rdma::{
     fill_pattern, run_device_if_asked, run_many, run_one, Mode, IN_FLIGHT,
 };
 use pindown_benches::replay::Memcpy;
 use pindown_driver::verbs::opcode::Write;
 use pindown_driver::verbs::Context;
-use uapi::Access;
+use pindown_emu_device::testing::DeviceProcess;
+use pindown_uapi::Access;
 
 /// Transfer sizes and their benchmark names.
 const SIZES: [(usize, &str); 3] = [(8, "8"), (1 << 20, "1MiB"), (16 << 20, "16MiB")];

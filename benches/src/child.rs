@@ -38,7 +38,7 @@ fn stop(child: &mut Child, timeout: Duration) {
 
 /// The emulated NIC running in a child process: `EXE FLAG --socket-dir DIR
 /// --ports N ARGS...`, where `EXE FLAG` runs the device (for instance a
-/// program that calls `emu_device::cli::main` when its first argument is
+/// program that calls `pindown_emu_device::cli::main` when its first argument is
 /// `--device`). Its log goes to `DIR/device.log`.
 #[derive(Debug)]
 pub struct DeviceChild {

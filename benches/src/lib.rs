@@ -1,7 +1,7 @@
 //! Shared pieces of the pindown benchmark programs.
 //!
 //! * [`traces`]: reproducible (seeded) access traces over numbered buffers.
-//! * [`replay`]: replays a trace against a [`pincache::PinCache`] and counts
+//! * [`replay`]: replays a trace against a [`pindown_pincache::PinCache`] and counts
 //!   hits, misses and evictions, optionally doing a transfer per access.
 //! * [`sys`]: anonymous memory, the lockable-memory budget and machine
 //!   facts.

@@ -16,7 +16,7 @@ use std::error::Error;
 use std::time::Instant;
 
 use clap::Parser;
-use pincache::{page_size, CacheConfig, MlockPinner, PinCache, Policy};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache, Policy};
 use serde::Serialize;
 
 use pindown_benches::output::OutputArgs;

@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pindown_driver::verbs::{Context, ContextConfig, Entry, VerbsError};
+use pindown_uapi::{Completion, ErrorDetail, Status};
 use serde::{Deserialize, Serialize};
-use uapi::{Completion, ErrorDetail, Status};
 
 use crate::traces::SplitMix64;
 
@@ -239,8 +239,9 @@ pub fn run_device<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
     let parent = std::os::unix::process::parent_id();
     die_with_parent();
     let args: Vec<OsString> = args.into_iter().collect();
-    let code =
-        emu_device::cli::main(std::iter::once(OsString::from("emu-device")).chain(args.clone()));
+    let code = pindown_emu_device::cli::main(
+        std::iter::once(OsString::from("pindown-emu-device")).chain(args.clone()),
+    );
     if std::os::unix::process::parent_id() != parent {
         let dir = args
             .iter()
@@ -270,7 +271,7 @@ fn remove_if_only_log(dir: &Path) {
 /// arguments and exits; otherwise returns at once, after setting
 /// [`DEVICE_ENV`] so that children started from
 /// [`std::env::current_exe`] (for instance through
-/// `emu_device::testing::DeviceProcess`) run the device. Call it first in
+/// `pindown_emu_device::testing::DeviceProcess`) run the device. Call it first in
 /// `main`, before any thread starts.
 pub fn run_device_if_asked() {
     if std::env::var_os(DEVICE_ENV).is_some() {

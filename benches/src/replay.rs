@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use pincache::{CacheError, CacheStats, PinCache, Pinner};
+use pindown_pincache::{CacheError, CacheStats, PinCache, Pinner};
 use serde::Serialize;
 
 use crate::sys::Mapping;

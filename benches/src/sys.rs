@@ -8,7 +8,7 @@
 
 use std::io;
 
-use pincache::{locked_bytes, memlock_limit, page_size, raise_memlock_limit};
+use pindown_pincache::{locked_bytes, memlock_limit, page_size, raise_memlock_limit};
 use serde::Serialize;
 
 /// Whether the process runs with effective user id 0.

@@ -9,7 +9,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use pincache::{page_size, CacheConfig, MlockPinner, PinCache};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache};
 
 use crate::sys::{self, Mapping};
 
@@ -20,7 +20,7 @@ pub enum UnmapCase {
     Munmap,
     /// `munmap` of an mlocked mapping.
     MunmapMlocked,
-    /// `pincache::unmap` (the in-process hook) of a region that a
+    /// `pindown_pincache::unmap` (the in-process hook) of a region that a
     /// `PinCache<MlockPinner>` holds idle.
     PincacheUnmap,
     /// As [`UnmapCase::PincacheUnmap`], with a cache created with
@@ -60,7 +60,7 @@ impl UnmapCase {
         )
     }
 
-    /// Whether the case unmaps through the `pincache::unmap` hook.
+    /// Whether the case unmaps through the `pindown_pincache::unmap` hook.
     fn through_hook(self) -> bool {
         matches!(
             self,
@@ -89,7 +89,10 @@ impl UnmapRun {
     /// Prepares `case`; a cache it needs may pin at most `max_pinned_bytes`.
     /// Fails if that cache cannot be created, for instance because the
     /// userfaultfd monitor cannot start.
-    pub fn new(case: UnmapCase, max_pinned_bytes: usize) -> Result<Self, pincache::CacheError> {
+    pub fn new(
+        case: UnmapCase,
+        max_pinned_bytes: usize,
+    ) -> Result<Self, pindown_pincache::CacheError> {
         let cache = if case.cached() {
             let config = CacheConfig {
                 max_pinned_bytes: Some(max_pinned_bytes),
@@ -176,9 +179,9 @@ fn plain_munmap(addr: usize, len: usize) -> io::Result<()> {
     unsafe { sys::munmap(addr, len) }
 }
 
-/// `pincache::unmap` of a mapping given up with [`Mapping::into_raw`].
+/// `pindown_pincache::unmap` of a mapping given up with [`Mapping::into_raw`].
 fn hook_unmap(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: as for `plain_munmap`; the cache's regions there are dropped
     // by the hook before the pages go.
-    unsafe { pincache::unmap(addr as *mut u8, len) }
+    unsafe { pindown_pincache::unmap(addr as *mut u8, len) }
 }

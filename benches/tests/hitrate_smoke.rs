@@ -1,10 +1,10 @@
 //! Properties of the hit-rate experiments that must hold exactly, checked
 //! with the cache that `pin-hitrate` drives.
 
-use pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Policy};
 use pindown_benches::replay::{replay, Copier, Layout};
 use pindown_benches::sys::Mapping;
 use pindown_benches::traces::{self, intended_misses};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, NoopPinner, PinCache, Policy};
 
 const TRANSFER: usize = 8 * 1024;
 

@@ -76,5 +76,5 @@ pub use virtqueue::{ChainElement, QueueError, QueueLayout, SplitQueue};
 /// The base page size of this process (the unit of mlock and of IOTLB
 /// entries installed by [`IotlbPinner`]).
 pub fn page_size() -> usize {
-    pincache::page_size()
+    pindown_pincache::page_size()
 }

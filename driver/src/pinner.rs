@@ -1,8 +1,8 @@
 //! Registration of memory for DMA: the pin-down cache's pinner for a device
 //! behind an IOTLB.
 //!
-//! [`IotlbPinner`] implements [`pincache::Pinner`]: pinning a page range
-//! locks it in memory (`mlock`, through [`pincache::MlockPinner`]) and
+//! [`IotlbPinner`] implements [`pindown_pincache::Pinner`]: pinning a page range
+//! locks it in memory (`mlock`, through [`pindown_pincache::MlockPinner`]) and
 //! installs a device IOTLB entry for it through the [`Transport`] (read and
 //! write access, identity IOVA); unpinning removes the entry first, so the
 //! device can no longer reach the pages, then unlocks them.
@@ -10,7 +10,7 @@
 //! The cache may pin a merged region over regions that are still pinned, so
 //! pins overlap. IOTLB entries do not nest (an INVALIDATE removes the
 //! translation whatever else still needs it), so the pinner counts references
-//! per page ([`pincache::RangeRefCounts`]) and installs an entry only for
+//! per page ([`pindown_pincache::RangeRefCounts`]) and installs an entry only for
 //! pages whose count goes from zero to one, and removes one only for pages
 //! whose count drops to zero. Device entries therefore never overlap.
 //!
@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use pincache::{MlockPinner, PageRange, PinError, Pinner, RangeRefCounts};
+use pindown_pincache::{MlockPinner, PageRange, PinError, Pinner, RangeRefCounts};
 
 use crate::transport::{Access, Transport};
 

@@ -13,7 +13,7 @@
 //! The device is a virtio-net device. With `P` queue pairs (what
 //! `GET_QUEUE_NUM` returns), rings `2i` and `2i + 1` are the receive and
 //! transmit queues of pair `i`, ring `2P` is the RDMA send queue and ring
-//! `2P + 1` the RDMA completion queue, as [`uapi::RingLayout`] says.
+//! `2P + 1` the RDMA completion queue, as [`pindown_uapi::RingLayout`] says.
 //!
 //! With `VIRTIO_F_ACCESS_PLATFORM` negotiated, every address the driver hands
 //! the device (ring addresses, buffer addresses) is an IOVA that the device
@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use uapi::{IotlbMessage, VhostAccess};
+use pindown_uapi::{IotlbMessage, VhostAccess};
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -40,7 +40,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::arena::MemoryRegion;
 use crate::virtqueue::QueueLayout;
 
-pub use uapi::features::{
+pub use pindown_uapi::features::{
     ACCESS_PLATFORM as F_ACCESS_PLATFORM, EVENT_IDX as F_EVENT_IDX, NET_MAC as F_NET_MAC,
     NET_MQ as F_NET_MQ, PROTOCOL_FEATURES as F_PROTOCOL_FEATURES, VERSION_1 as F_VERSION_1,
 };
@@ -614,7 +614,7 @@ impl VhostUserTransport {
         } else {
             None
         };
-        let num_queues = usize::from(uapi::RingLayout { queue_pairs }.ring_count());
+        let num_queues = usize::from(pindown_uapi::RingLayout { queue_pairs }.ring_count());
         Ok(Self {
             control: Mutex::new(control),
             device_features,
@@ -639,8 +639,8 @@ impl VhostUserTransport {
     }
 
     /// The device's rings, as the ABI lays them out.
-    pub fn ring_layout(&self) -> uapi::RingLayout {
-        uapi::RingLayout {
+    pub fn ring_layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
             queue_pairs: self.queue_pairs,
         }
     }

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use pincache::{CacheConfig, PageRange, PinCache, PinError, Pinner};
 use pindown_driver::transport::QueueIndex;
 use pindown_driver::{
     page_size, Access, CompletionEvent, DmaArena, IotlbPinner, MemoryRegion, QueueLayout,
     Transport, TransportError,
 };
+use pindown_pincache::{CacheConfig, PageRange, PinCache, PinError, Pinner};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Call {

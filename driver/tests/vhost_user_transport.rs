@@ -227,7 +227,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     assert_eq!(&seen, b"shared with the device");
 
     // Queue set-up of the RDMA send queue (ring 2P).
-    let sq_index = uapi::RingLayout { queue_pairs: 1 }.send_queue();
+    let sq_index = pindown_uapi::RingLayout { queue_pairs: 1 }.send_queue();
     assert_eq!(sq_index, transport.rdma_send_queue());
     let queue = SplitQueue::<u32>::new(&arena, 64, true).unwrap();
     let layout = queue.layout();
@@ -251,12 +251,12 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     assert_eq!(iotlb.body.len(), 32);
     assert_eq!(iotlb.flags, 0x9, "version 1 + NEED_REPLY");
     assert_eq!(
-        uapi::IotlbMessage::decode(&iotlb.body),
-        Ok(uapi::IotlbMessage::update(
+        pindown_uapi::IotlbMessage::decode(&iotlb.body),
+        Ok(pindown_uapi::IotlbMessage::update(
             layout.ring_start,
             layout.ring_len,
             layout.ring_start, // uaddr = iova
-            uapi::VhostAccess::ReadWrite
+            pindown_uapi::VhostAccess::ReadWrite
         ))
     );
     assert_eq!(setup[1].u32_at(0), sq_index as u32);
@@ -299,17 +299,17 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     let tlb = drain(&rx);
     assert_eq!(codes(&tlb), vec![FrontendReq::IOTLB_MSG as u32; 2]);
     assert_eq!(
-        uapi::IotlbMessage::decode(&tlb[0].body),
-        Ok(uapi::IotlbMessage::update(
+        pindown_uapi::IotlbMessage::decode(&tlb[0].body),
+        Ok(pindown_uapi::IotlbMessage::update(
             buffer.iova(),
             4096,
             buffer.iova(),
-            uapi::VhostAccess::ReadOnly
+            pindown_uapi::VhostAccess::ReadOnly
         ))
     );
     assert_eq!(
-        uapi::IotlbMessage::decode(&tlb[1].body),
-        Ok(uapi::IotlbMessage::invalidate(buffer.iova(), 4096))
+        pindown_uapi::IotlbMessage::decode(&tlb[1].body),
+        Ok(pindown_uapi::IotlbMessage::invalidate(buffer.iova(), 4096))
     );
 
     // Errors on bad indices and unset queues.
@@ -318,7 +318,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
         Err(TransportError::NoSuchQueue { index: 4, count: 4 })
     ));
     assert!(matches!(
-        transport.notify(uapi::RingLayout { queue_pairs: 1 }.completion_queue()),
+        transport.notify(pindown_uapi::RingLayout { queue_pairs: 1 }.completion_queue()),
         Err(TransportError::QueueNotSetUp(3))
     ));
 }

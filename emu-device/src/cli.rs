@@ -15,7 +15,7 @@ use signal_hook::iterator::Signals;
 
 /// Emulated NIC serving vhost-user frontends (QEMU or the pindown driver).
 #[derive(Debug, Parser)]
-#[command(name = "emu-device", version)]
+#[command(name = "pindown-emu-device", version)]
 struct Cli {
     /// Listen on this unix socket (repeatable; port i on the i-th socket).
     #[arg(long = "socket", value_name = "PATH")]

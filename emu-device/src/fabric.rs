@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use uapi::{DeviceInfo, ErrorDetail, WorkRequest};
+use pindown_uapi::{DeviceInfo, ErrorDetail, WorkRequest};
 use vm_memory::Permissions;
 
 use crate::memory::{Miss, PortMemory, TranslateError};

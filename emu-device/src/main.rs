@@ -1,5 +1,5 @@
 //! `emu-device`: the emulated pindown NIC, a vhost-user-net backend process.
 
 fn main() -> std::process::ExitCode {
-    emu_device::cli::main(std::env::args_os())
+    pindown_emu_device::cli::main(std::env::args_os())
 }

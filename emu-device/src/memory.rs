@@ -26,7 +26,7 @@ use std::os::unix::fs::MetadataExt;
 use thiserror::Error;
 
 use crate::sigbus::Guarded;
-use uapi::{IotlbMessage, VhostAccess};
+use pindown_uapi::{IotlbMessage, VhostAccess};
 use vm_memory::bitmap::BS;
 use vm_memory::guest_memory::{GuestMemorySliceIterator, Result as GuestMemoryResult};
 use vm_memory::iommu::{Error as IommuError, IovaRange};

@@ -20,7 +20,7 @@ use crate::DeviceConfig;
 /// The virtio feature bits the device offers (the masks are uapi's, the
 /// bit numbers virtio's).
 pub mod features {
-    pub use uapi::features::{
+    pub use pindown_uapi::features::{
         ACCESS_PLATFORM, EVENT_IDX, INDIRECT_DESC, NET_MAC as MAC, NET_MQ as MQ,
         NET_STATUS as STATUS, PROTOCOL_FEATURES, VERSION_1,
     };
@@ -475,7 +475,7 @@ impl PortState {
         cfg: &DeviceConfig,
         shared: Arc<PortShared>,
     ) -> PortState {
-        let layout = uapi::RingLayout {
+        let layout = pindown_uapi::RingLayout {
             queue_pairs: cfg.queue_pairs,
         };
         PortState {
@@ -499,8 +499,8 @@ impl PortState {
     }
 
     /// Which ring carries what.
-    pub fn layout(&self) -> uapi::RingLayout {
-        uapi::RingLayout {
+    pub fn layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
             queue_pairs: self.queue_pairs,
         }
     }

@@ -2,9 +2,9 @@
 //! directory, reads its status socket, and kills and cleans it up on drop.
 //!
 //! ```no_run
-//! # use emu_device::testing::DeviceProcess;
-//! // In an integration test: env!("CARGO_BIN_EXE_emu-device").
-//! let bin = std::path::Path::new("target/release/emu-device");
+//! # use pindown_emu_device::testing::DeviceProcess;
+//! // In an integration test: env!("CARGO_BIN_EXE_pindown-emu-device").
+//! let bin = std::path::Path::new("target/release/pindown-emu-device");
 //! let dev = DeviceProcess::start(bin, 2, &[]).unwrap();
 //! let status = dev.status().unwrap();
 //! assert_eq!(status[0].n("connected"), 0);
@@ -134,7 +134,7 @@ impl DeviceProcess {
         let mut command = match user {
             None => Command::new(bin),
             Some((uid, nproc)) => {
-                let copy = dir.join("emu-device");
+                let copy = dir.join("pindown-emu-device");
                 std::fs::copy(bin, &copy)?;
                 std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
                 std::os::unix::fs::chown(dir.join("device.log"), Some(uid), Some(uid))?;

@@ -58,12 +58,12 @@ use std::time::{Duration, Instant};
 
 use common::rank::{say, Rank};
 use common::DeviceProcess;
-use pincache::CacheConfig;
 use pindown_driver::transport::{Transport, DEFAULT_FEATURES};
 use pindown_driver::verbs::opcode::{Read, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, RemoteWindow};
 use pindown_driver::DmaBuffer;
-use uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_pincache::CacheConfig;
+use pindown_uapi::{Access, Completion, ErrorDetail, Status};
 use vm_memory::{Bytes, FileOffset, MmapRegion, VolatileMemory};
 
 /// Bytes of the owner's buffer under test, and of each transfer.

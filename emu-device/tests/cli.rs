@@ -3,7 +3,7 @@
 use std::process::Command;
 
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_emu-device"))
+    let out = Command::new(env!("CARGO_BIN_EXE_pindown-emu-device"))
         .args(args)
         .output()
         .expect("run emu-device");

@@ -114,7 +114,7 @@ fn unknown_requests_are_refused_and_malformed_ones_drop_only_that_connection() {
     let (req, _, body) = read_reply(&mut raw);
     assert_eq!(req, 1);
     assert_ne!(
-        u64::from_le_bytes(body.try_into().unwrap()) & uapi::features::VERSION_1,
+        u64::from_le_bytes(body.try_into().unwrap()) & pindown_uapi::features::VERSION_1,
         0
     );
     // Garbage: bad version bits. The device drops this connection only.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::guest::{kit, repo_root, Bed, GuestSpec};
 use pindown_driver::verbs::{Context, ContextConfig};
-use uapi::Access;
+use pindown_uapi::Access;
 
 /// How long a guest may take from start to power-off (TCG is slow).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
@@ -49,7 +49,8 @@ fn guest_pattern(offset: u64) -> u8 {
 /// The `pindown-guest` binary: next to emu-device when the workspace was
 /// built, else built now into a target directory of its own.
 fn guest_binary() -> PathBuf {
-    let beside = Path::new(env!("CARGO_BIN_EXE_emu-device")).with_file_name("pindown-guest");
+    let beside =
+        Path::new(env!("CARGO_BIN_EXE_pindown-emu-device")).with_file_name("pindown-guest");
     if beside.exists() {
         return beside;
     }

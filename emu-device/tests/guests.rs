@@ -97,7 +97,7 @@ fn two_guests_ping_and_transfer() {
             &format!("port {p}: tx errors"),
         );
         bed.check(
-            bed.port(p, "features") & uapi::features::ACCESS_PLATFORM != 0,
+            bed.port(p, "features") & pindown_uapi::features::ACCESS_PLATFORM != 0,
             "ACCESS_PLATFORM negotiated",
         );
     }
@@ -128,7 +128,7 @@ fn multiqueue_guest_uses_both_pairs() {
 
     let st = bed.dev.port(0);
     bed.check(
-        st.n("features") & uapi::features::NET_MQ != 0,
+        st.n("features") & pindown_uapi::features::NET_MQ != 0,
         "VIRTIO_NET_F_MQ negotiated",
     );
     let pairs: Vec<u64> = st

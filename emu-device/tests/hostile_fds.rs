@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
 use pindown_driver::verbs::{Context, ContextConfig, VerbsError};
-use uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_uapi::{Access, Completion, ErrorDetail, Status};
 use vhost::VhostBackend;
 use vmm_sys_util::eventfd::EventFd;
 

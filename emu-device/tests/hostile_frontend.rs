@@ -14,11 +14,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use emu_device::testing::payload;
 use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
 use pindown_driver::verbs::{Context, ContextConfig, MemoryWindow};
 use pindown_driver::DmaBuffer;
-use uapi::{Access, Completion, Status};
+use pindown_emu_device::testing::payload;
+use pindown_uapi::{Access, Completion, Status};
 use vhost::vhost_user::message::FrontendReq;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -343,7 +343,12 @@ fn rdma_config() -> ContextConfig {
 }
 
 fn wait_one(context: &Context) -> Completion {
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, uapi::ErrorDetail::None); 1];
+    let mut out = [Completion::error(
+        0,
+        None,
+        Status::InvalidRequest,
+        pindown_uapi::ErrorDetail::None,
+    ); 1];
     let n = context.wait(&mut out, T).expect("completion");
     assert_eq!(n, 1);
     out[0]
@@ -1008,7 +1013,7 @@ fn random_work_requests_get_answers_and_break_nothing() {
         raw.kicks[1].write(1).unwrap();
         for _ in 0..QSZ {
             let id = posted_sq % QSZ;
-            let mut wr = h.rng.bytes(uapi::WorkRequest::SIZE);
+            let mut wr = h.rng.bytes(pindown_uapi::WorkRequest::SIZE);
             if round % 2 == 1 {
                 // Mostly valid opcodes with random fields.
                 wr[0] = (h.rng.next() % 12) as u8;
@@ -1081,10 +1086,10 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     shared.avail(cq, 0, 0, 1);
     raw.kicks[1].write(1).unwrap();
     const WINDOW: u64 = 0x8000;
-    let bind = uapi::WorkRequest {
+    let bind = pindown_uapi::WorkRequest {
         user_data: 7,
-        flags: uapi::WrFlags::SIGNALED,
-        op: uapi::Operation::BindWindow {
+        flags: pindown_uapi::WrFlags::SIGNALED,
+        op: pindown_uapi::Operation::BindWindow {
             start: MEM_GPA + 0x1000,
             len: WINDOW,
             access: Access::REMOTE_READ | Access::REMOTE_WRITE,

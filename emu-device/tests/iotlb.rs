@@ -12,8 +12,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use uapi::features::ACCESS_PLATFORM;
-use uapi::{IotlbMessage, VhostAccess, VhostIotlbType};
+use pindown_uapi::features::ACCESS_PLATFORM;
+use pindown_uapi::{IotlbMessage, VhostAccess, VhostIotlbType};
 
 const A: [u8; 6] = [0x02, 0, 0, 0, 2, 0];
 const B: [u8; 6] = [0x02, 0, 0, 0, 2, 1];

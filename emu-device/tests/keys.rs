@@ -24,7 +24,7 @@ use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, RemoteWindow, VerbsError};
-use uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
+use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
 
 /// The victim's buffer (all windows lie inside it).
 const VICTIM_BYTES: usize = 1 << 20;

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
-use pincache::CacheConfig;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, Local, RemoteWindow};
 use pindown_driver::DmaBuffer;
-use uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_pincache::CacheConfig;
+use pindown_uapi::{Access, Completion, ErrorDetail, Status};
 
 /// The target's buffer: big enough for 16 MiB at an odd offset, plus room.
 const TARGET_BYTES: u64 = 36 << 20;
@@ -269,7 +269,7 @@ fn initiator_rank(socket: &str) {
                     }
                     "unknown-key" => {
                         let forged = RemoteWindow {
-                            key: uapi::RemoteKey(0x7fff_fff0),
+                            key: pindown_uapi::RemoteKey(0x7fff_fff0),
                             ..windows["rw"]
                         };
                         Write::new(local, forged.at(0)).build()

@@ -7,10 +7,15 @@ use std::time::Duration;
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
 use pindown_driver::verbs::{Context, ContextConfig};
-use uapi::{Access, Completion, Status};
+use pindown_uapi::{Access, Completion, Status};
 
 fn wait_one(context: &Context, timeout: Duration) -> Completion {
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, uapi::ErrorDetail::None); 1];
+    let mut out = [Completion::error(
+        0,
+        None,
+        Status::InvalidRequest,
+        pindown_uapi::ErrorDetail::None,
+    ); 1];
     let n = context.wait(&mut out, timeout).expect("completion");
     assert_eq!(n, 1);
     out[0]
@@ -98,7 +103,12 @@ fn a_full_completion_queue_holds_the_device_back_and_loses_nothing() {
     let context = Context::open(device.socket(0), config).unwrap();
     let total = 500u64;
     let (mut posted, mut seen) = (0u64, Vec::new());
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, uapi::ErrorDetail::None); 8];
+    let mut out = [Completion::error(
+        0,
+        None,
+        Status::InvalidRequest,
+        pindown_uapi::ErrorDetail::None,
+    ); 8];
     while (seen.len() as u64) < total {
         // Post until the rings are full, without reaping completions.
         while posted < total {

@@ -7,7 +7,7 @@
 //! process's locked-memory limit, or the device's translation-table entries.
 //!
 //! ```
-//! use pincache::{CacheConfig, MlockPinner, PinCache};
+//! use pindown_pincache::{CacheConfig, MlockPinner, PinCache};
 //!
 //! let cache = PinCache::new(MlockPinner::new(), CacheConfig::default())?;
 //! let buffer = vec![0u8; 64 * 1024];

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 
 use common::TrackingPinner;
-use pincache::{CacheConfig, CacheError, PinCache, Policy, Registration};
+use pindown_pincache::{CacheConfig, CacheError, PinCache, Policy, Registration};
 
 const PAGE: usize = 4096;
 const BASE: usize = 0x20_0000_0000;

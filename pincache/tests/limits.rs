@@ -3,7 +3,7 @@
 mod common;
 
 use common::TrackingPinner;
-use pincache::{CacheConfig, CacheError, Limit, NoopPinner, PageRange, PinCache, Policy};
+use pindown_pincache::{CacheConfig, CacheError, Limit, NoopPinner, PageRange, PinCache, Policy};
 
 const PAGE: usize = 4096;
 const BASE: usize = 0x30_0000_0000;

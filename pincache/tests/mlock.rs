@@ -3,7 +3,7 @@
 
 mod common;
 
-use pincache::{
+use pindown_pincache::{
     locked_bytes, memlock_limit, CacheConfig, CacheError, MlockPinner, PinCache, PinError,
 };
 
@@ -59,7 +59,7 @@ fn vmlck_rises_with_pins_merges_and_falls_back_on_unpin() {
         // Nothing idle is left: the limit is reported by name, nothing changes.
         match cache.pin(base, 8 * PAGE) {
             Err(CacheError::LimitReached { limit, .. }) => {
-                assert_eq!(limit, pincache::Limit::PinnedBytes)
+                assert_eq!(limit, pindown_pincache::Limit::PinnedBytes)
             }
             other => panic!("expected LimitReached, got {:?}", other.map(|r| r.region())),
         }

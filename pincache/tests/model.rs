@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use common::TrackingPinner;
 use parking_lot::Mutex;
-use pincache::{CacheConfig, CacheError, Limit, PageRange, PinCache, Policy, Registration};
+use pindown_pincache::{CacheConfig, CacheError, Limit, PageRange, PinCache, Policy, Registration};
 use proptest::prelude::*;
 
 const PAGE: usize = 4096;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use pincache::{CacheConfig, MemoryMonitor, MlockPinner, PinCache};
+use pindown_pincache::{CacheConfig, MemoryMonitor, MlockPinner, PinCache};
 
 const PAGE: usize = 4096;
 
@@ -59,7 +59,7 @@ fn plain_munmap_then_map_again_misses() {
     assert!(MemoryMonitor::global().unwrap().events_seen() > events_before);
     // The new mapping really is locked now (the stale bookkeeping is gone).
     assert_eq!(cache.pinner().locked_len(), len);
-    assert!(pincache::locked_bytes().unwrap() >= len as u64);
+    assert!(pindown_pincache::locked_bytes().unwrap() >= len as u64);
     drop(registration);
     drop(cache);
     common::unmap_plain(again, len);
@@ -75,7 +75,7 @@ fn the_unmap_hook_invalidates_before_the_pages_go() {
     drop(unmonitored.pin(addr, PAGE).unwrap());
 
     // SAFETY: nothing uses the mapping afterwards.
-    unsafe { pincache::unmap(buffer, len) }.unwrap();
+    unsafe { pindown_pincache::unmap(buffer, len) }.unwrap();
     assert_eq!(cache.stats().invalidations, 1);
     assert_eq!(
         unmonitored.stats().invalidations,

@@ -134,7 +134,7 @@ impl ErrorDetail {
             ErrorDetail::UnknownWindow => "this port has no live window with that key",
             ErrorDetail::WindowLimit => {
                 "the port holds as many windows as the device allows per port \
-                 (emu-device --max-windows-per-port); revoke one first"
+                 (pindown-emu-device --max-windows-per-port); revoke one first"
             }
             ErrorDetail::Misaligned => "atomic word not aligned to its width",
             ErrorDetail::Unregistered => "local memory not registered with the device",

@@ -1,10 +1,10 @@
 //! Round trips and hostile bytes.
 
-use proptest::prelude::*;
-use uapi::{
+use pindown_uapi::{
     Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, RemoteAddress,
     RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
 };
+use proptest::prelude::*;
 
 fn remote() -> impl Strategy<Value = RemoteAddress> {
     (any::<u16>(), any::<u64>(), any::<u64>()).prop_map(|(port, key, offset)| RemoteAddress {

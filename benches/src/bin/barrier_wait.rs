@@ -38,13 +38,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use emu_device::rdma::STEP_BYTES;
 use pindown_driver::transport::{Access as IotlbAccess, Transport, VhostUserTransport};
 use pindown_driver::verbs::opcode::Write;
 use pindown_driver::verbs::{Context, Local, MemoryRegion, MemoryWindow};
 use pindown_driver::DmaBuffer;
+use pindown_emu_device::rdma::STEP_BYTES;
+use pindown_uapi::{Access, Completion, ErrorDetail, Status};
 use serde::Serialize;
-use uapi::{Access, Completion, ErrorDetail, Status};
 
 use pindown_benches::child::DeviceChild;
 use pindown_benches::output::OutputArgs;

@@ -14,7 +14,7 @@ use std::error::Error;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pincache::{page_size, CacheConfig, MlockPinner, PinCache};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache};
 use serde::Serialize;
 
 use pindown_benches::output::OutputArgs;

@@ -33,8 +33,8 @@ use indicatif::ProgressBar;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
 use pindown_driver::verbs::{Context, RemoteWindow};
 use pindown_driver::DmaBuffer;
+use pindown_uapi::Access;
 use serde::{Deserialize, Serialize};
-use uapi::Access;
 
 use pindown_benches::child::{DeviceChild, LineChild};
 use pindown_benches::output::OutputArgs;

@@ -34,12 +34,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use pincache::{CacheConfig, PinCache};
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Write};
 use pindown_driver::verbs::Entry;
 use pindown_driver::verbs::{Context, ContextConfig, RemoteWindow, VerbsError};
 use pindown_driver::{VfioConfig, VfioTransport};
-use uapi::{Completion, ErrorDetail, Status};
+use pindown_pincache::{CacheConfig, PinCache};
+use pindown_uapi::{Completion, ErrorDetail, Status};
 
 /// The byte a window owner stores at `offset` before the guest runs.
 fn pattern(offset: u64) -> u8 {
@@ -485,7 +485,9 @@ fn serve() -> Result<(), String> {
             &region,
             SERVE_WINDOW_OFFSET as u64,
             SERVE_WINDOW_LEN as u64,
-            uapi::Access::REMOTE_READ | uapi::Access::REMOTE_WRITE | uapi::Access::REMOTE_ATOMIC,
+            pindown_uapi::Access::REMOTE_READ
+                | pindown_uapi::Access::REMOTE_WRITE
+                | pindown_uapi::Access::REMOTE_ATOMIC,
         )
         .map_err(|e| e.to_string())?;
     println!("PINDOWN-RESULT window={}", window.remote);

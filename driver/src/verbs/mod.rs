@@ -17,8 +17,8 @@
 //! predict, never reused while the device runs. A remote access that no live
 //! window grants (unknown or revoked key, a window bound to another port,
 //! outside the window, a missing right) completes with
-//! [`Status::RemoteAccessError`](uapi::Status) and
-//! [`ErrorDetail::NotGranted`](uapi::ErrorDetail), whatever the cause; the
+//! [`Status::RemoteAccessError`](pindown_uapi::Status) and
+//! [`ErrorDetail::NotGranted`](pindown_uapi::ErrorDetail), whatever the cause; the
 //! device counts the causes for the window's owner. A port holds a bounded
 //! number of windows: beyond it, binding fails with
 //! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
@@ -28,7 +28,7 @@
 //! memory outside the arena fails with [`VerbsError::NotInArena`] (no bounce
 //! buffer is used: every transfer is zero-copy). A request naming local memory
 //! that is not registered completes with
-//! [`Status::LocalProtectionError`](uapi::Status).
+//! [`Status::LocalProtectionError`](pindown_uapi::Status).
 
 pub mod opcode;
 
@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use pincache::{CacheConfig, CacheError, CacheStats, PinCache, Registration};
-use uapi::{
+use pindown_pincache::{CacheConfig, CacheError, CacheStats, PinCache, Registration};
+use pindown_uapi::{
     Access, Completion, DecodeError, DeviceInfo, Operation, RemoteAddress, RemoteKey, RingLayout,
     WorkRequest, WrFlags, ABI_VERSION,
 };
@@ -404,7 +404,7 @@ impl<T: Transport + 'static> Context<T> {
     /// port only.
     ///
     /// Fails with [`VerbsError::Refused`] carrying
-    /// [`ErrorDetail::WindowLimit`](uapi::ErrorDetail::WindowLimit) when the
+    /// [`ErrorDetail::WindowLimit`](pindown_uapi::ErrorDetail::WindowLimit) when the
     /// port already holds as many windows as the device allows.
     ///
     /// [`bind_window_for_peer`]: Context::bind_window_for_peer
@@ -650,7 +650,7 @@ impl<T: Transport + 'static> MemoryRegion<'_, T> {
     }
 
     /// The pinned range backing the region (page aligned, possibly larger).
-    pub fn pinned(&self) -> pincache::PageRange {
+    pub fn pinned(&self) -> pindown_pincache::PageRange {
         self.registration.region()
     }
 

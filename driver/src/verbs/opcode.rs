@@ -6,7 +6,7 @@
 //! ```
 //! use pindown_driver::verbs::opcode::{FetchAdd, Write};
 //! use pindown_driver::verbs::Local;
-//! use uapi::{RemoteAddress, RemoteKey};
+//! use pindown_uapi::{RemoteAddress, RemoteKey};
 //!
 //! let remote = RemoteAddress { port: 1, key: RemoteKey(42), offset: 0 };
 //! let write = Write::new(Local::new(0x1000, 512), remote).build().user_data(7).signaled();
@@ -15,7 +15,7 @@
 //! # let _ = add;
 //! ```
 
-use uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
+use pindown_uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
 
 use super::Local;
 

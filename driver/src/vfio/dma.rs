@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn pinner_overlapping_pins_unmap_exactly_the_freed_pages() {
-        use pincache::{PageRange, Pinner};
+        use pindown_pincache::{PageRange, Pinner};
 
         let (dma, backend) = fake();
         let pinner = super::super::VfioPinner::new(Arc::new(dma));

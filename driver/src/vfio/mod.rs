@@ -83,7 +83,7 @@ pub use pinner::VfioPinner;
 
 use pci::MappedBar;
 
-pub use uapi::features::NET_CTRL_VQ as F_NET_CTRL_VQ;
+pub use pindown_uapi::features::NET_CTRL_VQ as F_NET_CTRL_VQ;
 
 // Device status bits (virtio's, one byte in the common configuration).
 const STATUS_ACKNOWLEDGE: u8 = virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE as u8;
@@ -379,8 +379,8 @@ impl VfioTransport {
 
     /// The device's rings, as the ABI lays them out (the RDMA pair after
     /// the net queue pairs this transport uses).
-    pub fn ring_layout(&self) -> uapi::RingLayout {
-        uapi::RingLayout {
+    pub fn ring_layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
             queue_pairs: self.queue_pairs,
         }
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use pincache::{PageRange, PinError, Pinner, RangeRefCounts};
+use pindown_pincache::{PageRange, PinError, Pinner, RangeRefCounts};
 
 use super::VfioDma;
 

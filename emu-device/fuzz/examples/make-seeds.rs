@@ -10,14 +10,14 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use arbitrary::Unstructured;
-use emu_device::vhost_user::conn::RawMessage;
-use emu_device::vhost_user::handler;
-use emu_device::vhost_user::message::Header;
+use pindown_emu_device::vhost_user::conn::RawMessage;
+use pindown_emu_device::vhost_user::handler;
+use pindown_emu_device::vhost_user::message::Header;
 
-use emu_device::port::features;
-use emu_device::testing::payload;
-use uapi::{IotlbMessage, VhostIotlbType};
-use emu_device_fuzz::{
+use pindown_emu_device::port::features;
+use pindown_emu_device::testing::payload;
+use pindown_uapi::{IotlbMessage, VhostIotlbType};
+use pindown_emu_device_fuzz::{
     mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
     MEM_UADDR,
 };

@@ -7,10 +7,10 @@
 #![no_main]
 
 use arbitrary::Unstructured;
-use emu_device::vhost_user::conn::RawMessage;
-use emu_device::vhost_user::handler;
-use emu_device::vhost_user::message::{Header, HEADER_SIZE};
-use emu_device_fuzz::{init, next_message, port_with_memory, start_input};
+use pindown_emu_device::vhost_user::conn::RawMessage;
+use pindown_emu_device::vhost_user::handler;
+use pindown_emu_device::vhost_user::message::{Header, HEADER_SIZE};
+use pindown_emu_device_fuzz::{init, next_message, port_with_memory, start_input};
 use libfuzzer_sys::fuzz_target;
 use vhost::vhost_user::message::VhostUserHeaderFlag;
 

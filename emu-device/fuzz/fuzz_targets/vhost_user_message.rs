@@ -6,9 +6,9 @@
 #![no_main]
 
 use arbitrary::Unstructured;
-use emu_device::vhost_user::message::{self, Header, Request};
-use uapi::IotlbMessage;
-use emu_device_fuzz::{init, next_message, start_input};
+use pindown_emu_device::vhost_user::message::{self, Header, Request};
+use pindown_uapi::IotlbMessage;
+use pindown_emu_device_fuzz::{init, next_message, start_input};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(init: init(), |data: &[u8]| {

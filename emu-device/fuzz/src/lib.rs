@@ -21,11 +21,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use arbitrary::Unstructured;
-use emu_device::port::{PortState, PortStats};
-use emu_device::vhost_user::conn::RawMessage;
-use emu_device::vhost_user::handler;
-use emu_device::vhost_user::message::{Header, HEADER_SIZE};
-use emu_device::DeviceConfig;
+use pindown_emu_device::port::{PortState, PortStats};
+use pindown_emu_device::vhost_user::conn::RawMessage;
+use pindown_emu_device::vhost_user::handler;
+use pindown_emu_device::vhost_user::message::{Header, HEADER_SIZE};
+use pindown_emu_device::DeviceConfig;
 use vhost::vhost_user::message::{FrontendReq, MAX_MSG_SIZE};
 
 /// Guest physical address of the fresh port's memory.

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use uapi::{
+use pindown_uapi::{
     Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
     Status, WorkRequest,
 };

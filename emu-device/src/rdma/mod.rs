@@ -29,8 +29,8 @@ pub use windows::{
     DEFAULT_MAX_WINDOWS_PER_PORT,
 };
 
+use pindown_uapi::{Completion, ErrorDetail, Status};
 use smallvec::SmallVec;
-use uapi::{Completion, ErrorDetail, Status};
 
 /// A contiguous piece of a port's memory, mapped in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use uapi::{
+use pindown_uapi::{
     Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Operation, RemoteAddress, RemoteKey,
     Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };

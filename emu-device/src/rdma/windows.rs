@@ -48,7 +48,7 @@ use std::sync::OnceLock;
 use blowfish::cipher::{Array, BlockCipherEncrypt, KeyInit};
 use blowfish::Blowfish;
 use parking_lot::RwLock;
-use uapi::{Access, RemoteKey};
+use pindown_uapi::{Access, RemoteKey};
 
 /// Windows a port may hold at once unless the device is configured
 /// otherwise (`--max-windows-per-port`).

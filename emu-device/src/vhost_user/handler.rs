@@ -3,7 +3,7 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
-use uapi::VhostIotlbType;
+use pindown_uapi::VhostIotlbType;
 use vhost::vhost_user::message::FrontendReq;
 
 use super::conn::RawMessage;
@@ -535,12 +535,16 @@ mod tests {
         let out = handle(&mut st, &stats, msg(17, 0x1, vec![], vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 2u64.to_le_bytes());
         // IOTLB update inside the table is accepted, outside refused.
-        let m =
-            uapi::IotlbMessage::update(0x1000, 0x1000, 0x7f00_1000, uapi::VhostAccess::ReadWrite);
+        let m = pindown_uapi::IotlbMessage::update(
+            0x1000,
+            0x1000,
+            0x7f00_1000,
+            pindown_uapi::VhostAccess::ReadWrite,
+        );
         let out = handle(&mut st, &stats, msg(22, 0x9, m.encode().to_vec(), vec![])).unwrap();
         assert_eq!(out.reply.unwrap()[12..], 0u64.to_le_bytes());
         assert_eq!(st.iotlb_len(), 1);
-        let bad = uapi::IotlbMessage {
+        let bad = pindown_uapi::IotlbMessage {
             uaddr: 0x7f00_f800,
             ..m
         };
@@ -575,7 +579,7 @@ mod tests {
     }
 
     fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: VhostIotlbType) -> Vec<u8> {
-        uapi::IotlbMessage {
+        pindown_uapi::IotlbMessage {
             iova,
             size,
             uaddr,

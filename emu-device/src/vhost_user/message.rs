@@ -15,7 +15,7 @@ use vhost::vhost_user::message::{
     MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE,
 };
 
-use uapi::IotlbMessage;
+use pindown_uapi::IotlbMessage;
 use vhost::vhost_user::message::BackendReq;
 
 use crate::memory::{self, Miss, RegionDesc};
@@ -568,8 +568,14 @@ mod tests {
     #[test]
     fn decodes_common_requests() {
         let h = Header::decode(&hdr(2, 1, 8)).unwrap();
-        match decode(&h, &uapi::features::ACCESS_PLATFORM.to_le_bytes(), vec![]).unwrap() {
-            Request::SetFeatures(f) => assert_eq!(f, uapi::features::ACCESS_PLATFORM),
+        match decode(
+            &h,
+            &pindown_uapi::features::ACCESS_PLATFORM.to_le_bytes(),
+            vec![],
+        )
+        .unwrap()
+        {
+            Request::SetFeatures(f) => assert_eq!(f, pindown_uapi::features::ACCESS_PLATFORM),
             r => panic!("{r:?}"),
         }
         let h = Header::decode(&hdr(18, 1, 8)).unwrap();
@@ -609,7 +615,12 @@ mod tests {
 
     #[test]
     fn iotlb_messages_decode_and_misses_encode() {
-        let m = IotlbMessage::update(0x1000, 0x2000, 0x7f00_0000, uapi::VhostAccess::ReadWrite);
+        let m = IotlbMessage::update(
+            0x1000,
+            0x2000,
+            0x7f00_0000,
+            pindown_uapi::VhostAccess::ReadWrite,
+        );
         let h = Header::decode(&hdr(22, 1, 32)).unwrap();
         match decode(&h, &m.encode(), vec![]).unwrap() {
             Request::Iotlb(got) => assert_eq!(got, m),
@@ -628,9 +639,9 @@ mod tests {
         let body = IotlbMessage::decode(&miss[HEADER_SIZE..]).unwrap();
         assert_eq!(
             body,
-            IotlbMessage::miss(0x5123, uapi::VhostAccess::WriteOnly)
+            IotlbMessage::miss(0x5123, pindown_uapi::VhostAccess::WriteOnly)
         );
-        assert_eq!(body.iotlb_type(), Some(uapi::VhostIotlbType::Miss));
+        assert_eq!(body.iotlb_type(), Some(pindown_uapi::VhostIotlbType::Miss));
     }
 
     proptest! {

@@ -18,7 +18,7 @@ use vm_memory::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-pub use emu_device::testing::DeviceProcess;
+pub use pindown_emu_device::testing::DeviceProcess;
 
 pub mod rank;
 
@@ -31,10 +31,10 @@ pub const MEM_GPA: u64 = 0x1_0000_0000;
 /// Size of the test memory.
 pub const MEM_SIZE: usize = 1 << 20;
 
-use uapi::features::{ACCESS_PLATFORM, PROTOCOL_FEATURES, VERSION_1};
+use pindown_uapi::features::{ACCESS_PLATFORM, PROTOCOL_FEATURES, VERSION_1};
 
 pub fn device_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_emu-device"))
+    Path::new(env!("CARGO_BIN_EXE_pindown-emu-device"))
 }
 
 /// Driver side of one split ring in the test memory.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use pincache::{PageRange, PinError, Pinner};
+use pindown_pincache::{PageRange, PinError, Pinner};
 
 /// What a [`TrackingPinner`] has seen.
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use uapi::{
+use pindown_uapi::{
     Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
     RemoteKey, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };

@@ -10,7 +10,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use uapi::{Completion, DeviceInfo, Opcode, WorkRequest};
+use pindown_uapi::{Completion, DeviceInfo, Opcode, WorkRequest};
 
 #[derive(Debug)]
 enum Input<'a> {
