@@ -184,7 +184,7 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Takes the device's access to `[addr, addr + len)` away: every
     /// pin-down cache entry overlapping it is dropped and its IOTLB entries
-    /// removed (the pinner's unpin). An entry no [`MemoryRegion`] holds goes
+    /// removed (the pinner's unpin). An entry no [`MemoryRegion`](super::MemoryRegion) holds goes
     /// before this returns; one still held goes when its last region is
     /// dropped, and that drop returns only after the device has answered
     /// the INVALIDATE. Either way, once the unpin has returned the device

@@ -13,7 +13,7 @@
 //! blocking; [`Context::wait`] polls for a short while after activity and then
 //! sleeps on the completion queue's eventfd.
 //!
-//! **Windows.** A window's [`RemoteKey`] is 64 bits no one but the device can
+//! **Windows.** A window's [`RemoteKey`](pindown_uapi::RemoteKey) is 64 bits no one but the device can
 //! predict, never reused while the device runs. A remote access that no live
 //! window grants (unknown or revoked key, a window bound to another port,
 //! outside the window, a missing right) completes with
