@@ -33,7 +33,7 @@
 //! let device = VhostUserTransport::connect("/run/pindown/port0.sock", VhostUserConfig::default())?;
 //! let features = device.negotiate_features(DEFAULT_FEATURES)?;
 //! let arena = DmaArena::new(64 << 20)?;
-//! device.register_memory(&[arena.memory_region()])?;
+//! device.register_memory(&[arena.memory_table_region()])?;
 //!
 //! let sq = device.rdma_send_queue();
 //! let mut queue = SplitQueue::new(&arena, 256, features & pindown_driver::transport::F_EVENT_IDX != 0)?;
@@ -64,10 +64,10 @@ pub mod verbs;
 pub mod vfio;
 pub mod virtqueue;
 
-pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryRegion};
+pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryTableRegion};
 pub use pinner::IotlbPinner;
 pub use transport::{
-    Access, CompletionEvent, QueueIndex, Transport, TransportError, VhostUserConfig,
+    CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,
 };
 pub use vfio::{VfioConfig, VfioPinner, VfioTransport};

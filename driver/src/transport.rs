@@ -37,7 +37,7 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::arena::MemoryRegion;
+use crate::arena::MemoryTableRegion;
 use crate::virtqueue::QueueLayout;
 
 pub use pindown_uapi::features::{
@@ -53,7 +53,7 @@ pub type QueueIndex = u16;
 
 /// What the device may do with an IOTLB mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub enum IotlbAccess {
     /// The device may read.
     ReadOnly,
     /// The device may write.
@@ -62,12 +62,12 @@ pub enum Access {
     ReadWrite,
 }
 
-impl From<Access> for VhostAccess {
-    fn from(access: Access) -> Self {
+impl From<IotlbAccess> for VhostAccess {
+    fn from(access: IotlbAccess) -> Self {
         match access {
-            Access::ReadOnly => VhostAccess::ReadOnly,
-            Access::WriteOnly => VhostAccess::WriteOnly,
-            Access::ReadWrite => VhostAccess::ReadWrite,
+            IotlbAccess::ReadOnly => VhostAccess::ReadOnly,
+            IotlbAccess::WriteOnly => VhostAccess::WriteOnly,
+            IotlbAccess::ReadWrite => VhostAccess::ReadWrite,
         }
     }
 }
@@ -234,7 +234,7 @@ pub trait Transport: Send + Sync {
     /// Tells the device which memory it may map (replacing any earlier
     /// table). Every address the driver hands the device lies in one of
     /// these regions.
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError>;
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError>;
 
     /// Sets up ring `index` from `layout` (size, addresses, starting at index
     /// 0) and creates its doorbell and completion event. With
@@ -270,7 +270,7 @@ pub trait Transport: Send + Sync {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError>;
 
     /// Removes the device's translations of `[iova, iova + len)`.
@@ -725,7 +725,7 @@ impl Transport for VhostUserTransport {
         self.queue_pairs
     }
 
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         if regions.is_empty() || regions.len() > 8 {
             return Err(TransportError::InvalidArgument(format!(
                 "{} memory regions (1 to 8 allowed)",
@@ -755,7 +755,7 @@ impl Transport for VhostUserTransport {
                 layout.ring_start,
                 layout.ring_len,
                 layout.ring_start,
-                Access::ReadWrite,
+                IotlbAccess::ReadWrite,
             )?;
         }
         let eventfd = |operation| {
@@ -833,7 +833,7 @@ impl Transport for VhostUserTransport {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError> {
         check_iotlb_range(iova, len)?;
         if !self.iotlb_enabled() {
@@ -877,7 +877,7 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     fn queue_pairs(&self) -> u16 {
         (**self).queue_pairs()
     }
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         (**self).register_memory(regions)
     }
     fn setup_queue(&self, index: QueueIndex, layout: &QueueLayout) -> Result<(), TransportError> {
@@ -903,7 +903,7 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError> {
         (**self).iotlb_map(iova, len, uaddr, access)
     }

@@ -17,7 +17,8 @@ use pindown_driver::transport::{
     F_VERSION_1,
 };
 use pindown_driver::{
-    Access, DmaArena, SplitQueue, Transport, TransportError, VhostUserConfig, VhostUserTransport,
+    DmaArena, IotlbAccess, SplitQueue, Transport, TransportError, VhostUserConfig,
+    VhostUserTransport,
 };
 use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::VhostUserProtocolFeatures;
@@ -198,7 +199,9 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
 
     // Memory table: one region, the arena's memfd, identity addresses.
     let arena = DmaArena::new(4 << 20).unwrap();
-    transport.register_memory(&[arena.memory_region()]).unwrap();
+    transport
+        .register_memory(&[arena.memory_table_region()])
+        .unwrap();
     let mem = drain(&rx);
     assert_eq!(codes(&mem), vec![FrontendReq::SET_MEM_TABLE as u32]);
     let table = &mem[0];
@@ -293,7 +296,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
 
     // IOTLB map and unmap of a user range.
     transport
-        .iotlb_map(buffer.iova(), 4096, buffer.iova(), Access::ReadOnly)
+        .iotlb_map(buffer.iova(), 4096, buffer.iova(), IotlbAccess::ReadOnly)
         .unwrap();
     transport.iotlb_unmap(buffer.iova(), 4096).unwrap();
     let tlb = drain(&rx);
@@ -328,7 +331,7 @@ fn a_rejected_iotlb_update_is_an_error_and_the_connection_lives_on() {
     let (transport, rx, _backend) = start(IotlbBehaviour::Ack(1));
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let err = transport
-        .iotlb_map(0x10000, 4096, 0x10000, Access::ReadWrite)
+        .iotlb_map(0x10000, 4096, 0x10000, IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(
         matches!(
@@ -350,7 +353,7 @@ fn a_silent_backend_times_out() {
     let (transport, _rx, _backend) = start(IotlbBehaviour::Silent);
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let err = transport
-        .iotlb_map(0x10000, 4096, 0x10000, Access::ReadWrite)
+        .iotlb_map(0x10000, 4096, 0x10000, IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
     // The stream is out of step now: later requests refuse rather than hang.
@@ -366,12 +369,14 @@ fn a_vanished_backend_gives_errors_not_hangs() {
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let arena = DmaArena::new(1 << 20).unwrap();
     let err = transport
-        .iotlb_map(arena.addr(), 4096, arena.addr(), Access::ReadWrite)
+        .iotlb_map(arena.addr(), 4096, arena.addr(), IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(matches!(err, TransportError::Disconnected { .. }), "{err}");
     backend.join().unwrap();
     // Every later control request fails at once.
-    assert!(transport.register_memory(&[arena.memory_region()]).is_err());
+    assert!(transport
+        .register_memory(&[arena.memory_table_region()])
+        .is_err());
     assert!(transport.iotlb_unmap(arena.addr(), 4096).is_err());
 
     // A backend that is gone before the handshake.

@@ -38,7 +38,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pindown_driver::transport::{Access as IotlbAccess, Transport, VhostUserTransport};
+use pindown_driver::transport::{IotlbAccess, Transport, VhostUserTransport};
 use pindown_driver::verbs::opcode::Write;
 use pindown_driver::verbs::{Context, Local, MemoryRegion, MemoryWindow};
 use pindown_driver::DmaBuffer;

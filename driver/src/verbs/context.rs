@@ -81,7 +81,7 @@ impl<T: Transport + 'static> Context<T> {
         let features = transport.negotiate_features(transport::DEFAULT_FEATURES)?;
         let event_idx = features & transport::F_EVENT_IDX != 0;
         let arena = DmaArena::new(config.arena_bytes)?;
-        transport.register_memory(&[arena.memory_region()])?;
+        transport.register_memory(&[arena.memory_table_region()])?;
         let layout = RingLayout {
             queue_pairs: transport.queue_pairs(),
         };
@@ -92,7 +92,7 @@ impl<T: Transport + 'static> Context<T> {
             &*transport,
             &arena,
             usize::from(size) * WorkRequest::SIZE,
-            transport::Access::ReadOnly,
+            transport::IotlbAccess::ReadOnly,
         )?;
         transport.setup_queue(layout.send_queue(), &send_queue.layout())?;
 
@@ -101,7 +101,7 @@ impl<T: Transport + 'static> Context<T> {
             &*transport,
             &arena,
             usize::from(size) * Completion::SIZE,
-            transport::Access::ReadWrite,
+            transport::IotlbAccess::ReadWrite,
         )?;
         for slot in 0..size {
             let iova = completion_slots.iova() + (usize::from(slot) * Completion::SIZE) as u64;
@@ -273,7 +273,7 @@ fn device_slots<T: Transport>(
     transport: &T,
     arena: &Arc<DmaArena>,
     len: usize,
-    access: transport::Access,
+    access: transport::IotlbAccess,
 ) -> Result<DmaBuffer, VerbsError> {
     let slots = arena.alloc_pages(len)?;
     transport.iotlb_map(

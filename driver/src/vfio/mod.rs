@@ -51,7 +51,7 @@
 //! [`register_memory`](Transport::register_memory) has nothing to tell the
 //! device (it reaches guest memory through the IOMMU only) and accepts any
 //! table. IOTLB entries are VFIO DMA mappings ([`VfioDma`]) with identity
-//! IOVAs; `Access` is not expressible through VFIO type1 for user memory
+//! IOVAs; `IotlbAccess` is not expressible through VFIO type1 for user memory
 //! and every mapping is read/write. [`VfioPinner`] is the matching pin-down
 //! cache pinner.
 
@@ -70,10 +70,10 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 use virtio_bindings::{virtio_config, virtio_net};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::arena::{DmaArena, DmaBuffer, MemoryRegion};
+use crate::arena::{DmaArena, DmaBuffer, MemoryTableRegion};
 use crate::transport::{
-    Access, CompletionEvent, QueueIndex, Transport, TransportError, F_ACCESS_PLATFORM, F_NET_MQ,
-    F_VERSION_1,
+    CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, F_ACCESS_PLATFORM,
+    F_NET_MQ, F_VERSION_1,
 };
 use crate::virtqueue::{ChainElement, QueueLayout, SplitQueue};
 
@@ -749,7 +749,7 @@ impl Transport for VfioTransport {
         self.queue_pairs
     }
 
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         if regions.is_empty() {
             return Err(TransportError::InvalidArgument("no memory regions".into()));
         }
@@ -859,7 +859,7 @@ impl Transport for VfioTransport {
         iova: u64,
         len: u64,
         uaddr: u64,
-        _access: Access,
+        _access: IotlbAccess,
     ) -> Result<(), TransportError> {
         let (iova, len, uaddr) = page_round(iova, len, uaddr)?;
         self.dma.map(iova, len, uaddr)
