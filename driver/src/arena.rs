@@ -95,9 +95,9 @@ pub enum ArenaError {
     },
 }
 
-/// One region of the memory table: what a vhost-user `SET_MEM_TABLE` entry (or a VFIO DMA
-/// mapping) describes it: a file, an offset into it, a size, and where it is
-/// mapped in this process.
+/// One region of the memory table, as a vhost-user `SET_MEM_TABLE` entry (or
+/// a VFIO DMA mapping) describes it: a file, an offset into it, a size, and
+/// where it is mapped in this process.
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryTableRegion<'a> {
     /// The file backing the region (shared with the device).

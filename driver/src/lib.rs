@@ -22,8 +22,12 @@
 //!   host; [`vfio::VfioTransport`], the VFIO virtio-pci transport for use
 //!   inside a QEMU guest, implements the same trait.
 //!
-//! The verbs API (protection domains, memory regions, queue pairs, completion
-//! queues) is built on these layers and never names a concrete transport.
+//! The [`verbs`] API is built on these layers and never names a concrete
+//! transport: a context (an open port and its registrations, one protection
+//! domain), memory regions registered through the pin-down cache, memory
+//! windows, queue pairs (one per thread or communicator, posting without a
+//! lock) and completion queues (iterators over completions; one may serve
+//! several queue pairs).
 //!
 //! ```no_run
 //! use pindown_driver::transport::DEFAULT_FEATURES;
@@ -35,7 +39,7 @@
 //! let arena = DmaArena::new(64 << 20)?;
 //! device.register_memory(&[arena.memory_table_region()])?;
 //!
-//! let sq = device.rdma_send_queue();
+//! let sq = device.ring_layout().send_queue(pindown_uapi::ADMIN_QUEUE_PAIR);
 //! let mut queue = SplitQueue::new(&arena, 256, features & pindown_driver::transport::F_EVENT_IDX != 0)?;
 //! device.setup_queue(sq, &queue.layout())?; // IOTLB entry for the rings, then the vring
 //! device.enable_queue(sq, true)?;
@@ -70,7 +74,7 @@ pub use transport::{
     CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,
 };
-pub use vfio::{VfioConfig, VfioPinner, VfioTransport};
+pub use vfio::{VfioConfig, VfioPinner, VfioTransport, GUEST_RDMA_QUEUE_PAIRS};
 pub use virtqueue::{ChainElement, QueueError, QueueLayout, SplitQueue};
 
 /// The base page size of this process (the unit of mlock and of IOTLB

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use pindown_uapi::{IotlbMessage, VhostAccess};
+use pindown_uapi::{IotlbMessage, RingLayout, VhostAccess, MAX_RDMA_QUEUE_PAIRS};
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -225,11 +225,17 @@ pub trait Transport: Send + Sync {
     /// The features accepted by the last negotiation (0 before).
     fn features(&self) -> u64;
 
-    /// Number of rings the device has (net pairs plus RDMA queues).
-    fn num_queues(&self) -> u16;
+    /// The rings this transport reaches: the net queue pairs, then the
+    /// RDMA queue pairs it can set up (the device may serve fewer: it
+    /// reports its own count in [`DeviceInfo`](pindown_uapi::DeviceInfo)).
+    fn ring_layout(&self) -> RingLayout;
 
-    /// Number of virtio-net queue pairs.
-    fn queue_pairs(&self) -> u16;
+    /// Whether every ring must be set up before the device starts, none
+    /// later (virtio-pci: queues are enabled before `DRIVER_OK`). The
+    /// verbs layer then sets up all RDMA queue pairs at once.
+    fn rings_fixed_at_start(&self) -> bool {
+        false
+    }
 
     /// Tells the device which memory it may map (replacing any earlier
     /// table). Every address the driver hands the device lies in one of
@@ -614,7 +620,11 @@ impl VhostUserTransport {
         } else {
             None
         };
-        let num_queues = usize::from(pindown_uapi::RingLayout { queue_pairs }.ring_count());
+        let layout = RingLayout {
+            queue_pairs,
+            rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
+        };
+        let num_queues = usize::from(layout.ring_count());
         Ok(Self {
             control: Mutex::new(control),
             device_features,
@@ -638,23 +648,6 @@ impl VhostUserTransport {
         self.backend_channel.as_ref()
     }
 
-    /// The device's rings, as the ABI lays them out.
-    pub fn ring_layout(&self) -> pindown_uapi::RingLayout {
-        pindown_uapi::RingLayout {
-            queue_pairs: self.queue_pairs,
-        }
-    }
-
-    /// Ring index of the RDMA send queue.
-    pub fn rdma_send_queue(&self) -> QueueIndex {
-        self.ring_layout().send_queue()
-    }
-
-    /// Ring index of the RDMA completion queue.
-    pub fn rdma_completion_queue(&self) -> QueueIndex {
-        self.ring_layout().completion_queue()
-    }
-
     /// Sends `RESET_OWNER` and waits for the device's acknowledgement:
     /// the device forgets the port's memory, IOTLB, rings and windows, and
     /// once it has answered, no access to that memory is in flight. The
@@ -669,7 +662,7 @@ impl VhostUserTransport {
     }
 
     fn check_queue(&self, index: QueueIndex) -> Result<(), TransportError> {
-        let count = self.num_queues();
+        let count = self.ring_layout().ring_count();
         if index >= count {
             return Err(TransportError::NoSuchQueue { index, count });
         }
@@ -717,12 +710,14 @@ impl Transport for VhostUserTransport {
         self.acked.load(Ordering::Acquire)
     }
 
-    fn num_queues(&self) -> u16 {
-        self.ring_layout().ring_count()
-    }
-
-    fn queue_pairs(&self) -> u16 {
-        self.queue_pairs
+    /// The net queue pairs `GET_QUEUE_NUM` reported, and as many RDMA
+    /// queue pairs as the ABI allows: rings can be set up at any time, and
+    /// the device refuses those it does not have.
+    fn ring_layout(&self) -> RingLayout {
+        RingLayout {
+            queue_pairs: self.queue_pairs,
+            rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
+        }
     }
 
     fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
@@ -871,11 +866,11 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     fn features(&self) -> u64 {
         (**self).features()
     }
-    fn num_queues(&self) -> u16 {
-        (**self).num_queues()
+    fn ring_layout(&self) -> RingLayout {
+        (**self).ring_layout()
     }
-    fn queue_pairs(&self) -> u16 {
-        (**self).queue_pairs()
+    fn rings_fixed_at_start(&self) -> bool {
+        (**self).rings_fixed_at_start()
     }
     fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         (**self).register_memory(regions)

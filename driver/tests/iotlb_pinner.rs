@@ -56,11 +56,11 @@ impl Transport for Recorder {
     fn features(&self) -> u64 {
         0
     }
-    fn num_queues(&self) -> u16 {
-        0
-    }
-    fn queue_pairs(&self) -> u16 {
-        0
+    fn ring_layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
+            queue_pairs: 0,
+            rdma_queue_pairs: 0,
+        }
     }
     fn register_memory(&self, _regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         Ok(())

@@ -161,8 +161,15 @@ fn codes(records: &[Record]) -> Vec<u32> {
 fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     let (transport, rx, _backend) = start(IotlbBehaviour::Ack(0));
     assert_eq!(transport.device_features(), DEVICE_FEATURES);
-    assert_eq!(transport.queue_pairs(), 1);
-    assert_eq!(transport.num_queues(), 4);
+    let rings = transport.ring_layout();
+    assert_eq!(rings.queue_pairs, 1);
+    // Any RDMA pair the ABI allows may be set up; the device refuses those
+    // it does not have.
+    assert_eq!(rings.rdma_queue_pairs, pindown_uapi::MAX_RDMA_QUEUE_PAIRS);
+    assert_eq!(
+        rings.ring_count(),
+        2 + 2 * pindown_uapi::MAX_RDMA_QUEUE_PAIRS
+    );
     assert!(transport.backend_channel().is_some());
 
     let handshake = drain(&rx);
@@ -229,9 +236,9 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     };
     assert_eq!(&seen, b"shared with the device");
 
-    // Queue set-up of the RDMA send queue (ring 2P).
-    let sq_index = pindown_uapi::RingLayout { queue_pairs: 1 }.send_queue();
-    assert_eq!(sq_index, transport.rdma_send_queue());
+    // Queue set-up of the admin pair's send queue (ring 2P).
+    let sq_index = rings.send_queue(pindown_uapi::ADMIN_QUEUE_PAIR);
+    assert_eq!(sq_index, 2);
     let queue = SplitQueue::<u32>::new(&arena, 64, true).unwrap();
     let layout = queue.layout();
     transport.setup_queue(sq_index, &layout).unwrap();
@@ -316,12 +323,14 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     );
 
     // Errors on bad indices and unset queues.
+    let count = rings.ring_count();
     assert!(matches!(
-        transport.notify(4),
-        Err(TransportError::NoSuchQueue { index: 4, count: 4 })
+        transport.notify(count),
+        Err(TransportError::NoSuchQueue { index, count: reported })
+            if index == count && reported == count
     ));
     assert!(matches!(
-        transport.notify(pindown_uapi::RingLayout { queue_pairs: 1 }.completion_queue()),
+        transport.notify(rings.completion_queue(pindown_uapi::ADMIN_QUEUE_PAIR)),
         Err(TransportError::QueueNotSetUp(3))
     ));
 }

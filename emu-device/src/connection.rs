@@ -2,8 +2,8 @@
 //! frontend is connected. It waits (epoll) on the vhost-user socket, the
 //! kick eventfds of the port's rings, the port's inbox and the device's
 //! stop signal; applies each request through [`vhost_user`], moves frames
-//! through the [`switch`], serves the RDMA rings through its
-//! [`SendQueue`], and sends the port's IOTLB misses. When the frontend
+//! through the [`switch`], serves each RDMA queue pair through a
+//! [`SendQueue`] of its own, and sends the port's IOTLB misses. When the frontend
 //! leaves (or misbehaves, or the device stops) it resets the port for the
 //! next frontend.
 //!
@@ -90,8 +90,10 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, index);
-    let mut send_queue = SendQueue::new(Arc::clone(&port), ctx.config.poll);
-    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queue) {
+    let mut send_queues: Vec<SendQueue> = (0..ctx.config.rdma_queue_pairs)
+        .map(|pair| SendQueue::new(Arc::clone(&port), pair, ctx.config.poll))
+        .collect();
+    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queues) {
         tracing::info!(port = index, "connection ends: {e}");
     }
 }
@@ -135,7 +137,7 @@ struct Work {
 fn process_ring(
     ctx: Context<'_>,
     port: &Port,
-    send_queue: &mut SendQueue,
+    send_queues: &mut [SendQueue],
     i: usize,
     kicked: bool,
 ) -> Work {
@@ -143,10 +145,11 @@ fn process_ring(
     let mut work = Work::default();
     {
         let mut st = port.lock();
-        let net_rings = usize::from(st.layout().send_queue());
-        if i == st.rdma_sq() || i == st.rdma_cq() {
-            if st.vrings[i].active() {
-                if kicked && i == st.rdma_sq() {
+        let net_rings = 2 * usize::from(st.queue_pairs);
+        if let Some(ring) = st.rdma_ring(i) {
+            let send_queue = send_queues.get_mut(usize::from(ring.pair()));
+            if let (true, Some(send_queue)) = (st.vrings[i].active(), send_queue) {
+                if kicked && matches!(ring, pindown_uapi::RdmaRing::Send(_)) {
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
@@ -243,7 +246,7 @@ fn run(
     ctx: Context<'_>,
     port: &Port,
     stream: &mut UnixStream,
-    send_queue: &mut SendQueue,
+    send_queues: &mut [SendQueue],
 ) -> Result<(), String> {
     stream
         .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
@@ -397,7 +400,7 @@ fn run(
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
         }
         for &i in &rings {
-            let w = process_ring(ctx, port, send_queue, i, kicked.contains(&i));
+            let w = process_ring(ctx, port, send_queues, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
             }

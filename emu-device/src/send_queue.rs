@@ -1,8 +1,9 @@
-//! Serving a port's RDMA send and completion queues: takes work requests
-//! from the send queue, in order and one at a time (so a FENCE is always
+//! Serving one RDMA queue pair of a port (a port has several, each with a
+//! [`SendQueue`] of its own; their requests run independently): takes work
+//! requests from the pair's send queue, in order and one at a time (so a FENCE is always
 //! honoured), runs each with [`rdma::execute`](crate::rdma::execute)
 //! through the [`PortFabric`] over the device's ports, and writes the
-//! completions into the completion queue.
+//! completions into the pair's completion queue.
 //!
 //! Every port's memory and windows live once, in its
 //! [`PortShared`], behind the port's access gate; the ring work is one
@@ -42,10 +43,12 @@ struct Rings<'a> {
     polling: bool,
 }
 
-/// The RDMA send and completion queues of one port, while one frontend
-/// connection lasts.
+/// One RDMA queue pair (send and completion queue) of a port, while one
+/// frontend connection lasts.
 #[derive(Debug)]
 pub struct SendQueue {
+    /// The RDMA queue pair served (see [`pindown_uapi::RingLayout`]).
+    pair: u16,
     /// Completions waiting for a completion-queue buffer.
     pending: VecDeque<Completion>,
     /// The port served.
@@ -60,10 +63,12 @@ pub struct SendQueue {
 }
 
 impl SendQueue {
-    /// The queues of `port`, nothing pending (`polling`: the device
-    /// busy-polls the rings, see [`DeviceConfig::poll`](crate::DeviceConfig::poll)).
-    pub fn new(port: Arc<Port>, polling: bool) -> Self {
+    /// RDMA queue pair `pair` of `port`, nothing pending (`polling`: the
+    /// device busy-polls the rings, see
+    /// [`DeviceConfig::poll`](crate::DeviceConfig::poll)).
+    pub fn new(port: Arc<Port>, pair: u16, polling: bool) -> Self {
         SendQueue {
+            pair,
             pending: VecDeque::new(),
             port,
             polling,
@@ -311,7 +316,10 @@ impl SendQueue {
     /// access gates only, never their locks.
     pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> Served {
         let port = Arc::clone(&self.port);
-        let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
+        let layout = state.layout();
+        let sq = usize::from(layout.send_queue(self.pair));
+        let cq = usize::from(layout.completion_queue(self.pair));
+        let index = state.index;
         let PortState { vrings, guest, .. } = state;
         let mut rings = Rings {
             vrings,
@@ -325,6 +333,7 @@ impl SendQueue {
             port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
+            rdma_queue_pairs: layout.rdma_queue_pairs,
         };
         rings.vrings[sq].waiting_iotlb = false;
         if !rings.vrings[sq].active() {

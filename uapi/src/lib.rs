@@ -14,16 +14,26 @@
 //!
 //! The device is a virtio-net device. Queue pairs `0..P` carry Ethernet
 //! (receive ring `2i`, transmit ring `2i+1`); `P` is what `GET_QUEUE_NUM`
-//! reports. Two further rings carry RDMA (see [`RingLayout`]):
+//! reports to a host frontend. `R` RDMA queue pairs follow (see
+//! [`RingLayout`]); pair `q` has two rings:
 //!
-//! * the **send queue** (ring `2P`): each descriptor chain is one
+//! * its **send queue** (ring `2P+2q`): each descriptor chain is one
 //!   device-readable buffer holding one [`WorkRequest`]
 //!   ([`WorkRequest::SIZE`] bytes). The device returns the chain on the used
 //!   ring once it has executed the request.
-//! * the **completion queue** (ring `2P+1`): the driver keeps device-writable
-//!   buffers of [`Completion::SIZE`] bytes posted; the device writes one
-//!   [`Completion`] into the next buffer for every signalled request, and for
-//!   every request that fails, in execution order.
+//! * its **completion queue** (ring `2P+2q+1`): the driver keeps
+//!   device-writable buffers of [`Completion::SIZE`] bytes posted; the
+//!   device writes one [`Completion`] into the next buffer for every
+//!   signalled request of the pair, and for every request that fails, in
+//!   execution order.
+//!
+//! The device executes each send queue in order, and the pairs
+//! independently of each other. Pair 0 is the admin pair
+//! ([`ADMIN_QUEUE_PAIR`]), where a driver runs its own requests (QUERY,
+//! BIND_WINDOW, REVOKE_WINDOW); the others are I/O pairs. QUERY reports `R`
+//! ([`DeviceInfo::rdma_queue_pairs`]). A QEMU frontend (a guest driving the
+//! RDMA rings through VFIO) is told of `P + R` pairs by `GET_QUEUE_NUM`,
+//! since QEMU forwards only the rings of the pairs it knows.
 //!
 //! ## Addresses
 //!
@@ -74,9 +84,12 @@ mod keys;
 mod layout;
 mod request;
 
-pub use completion::{Completion, ErrorDetail, Status};
+pub use completion::{Completion, CompletionError, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
 pub use keys::{Access, RemoteAddress, RemoteKey};
-pub use layout::{rdma_features, DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
+pub use layout::{
+    rdma_features, DeviceInfo, RdmaRing, RingLayout, ABI_VERSION, ADMIN_QUEUE_PAIR,
+    MAX_RDMA_QUEUE_PAIRS, RDMA_FEATURES,
+};
 pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};

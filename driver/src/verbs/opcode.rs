@@ -1,86 +1,96 @@
 //! Typed builders for work requests, in the style of `io-uring`'s opcodes:
 //! a constructor with the required operands, setters for the optional ones,
 //! then [`build`](Write::build) into an [`Entry`] that carries the caller's
-//! `user_data` and flags.
+//! `user_data` and flags. An entry naming local memory borrows the
+//! [`MemoryRegion`](super::MemoryRegion) its [`Local`] range was taken
+//! from.
 //!
 //! ```
-//! use pindown_driver::verbs::opcode::{FetchAdd, Write};
-//! use pindown_driver::verbs::Local;
+//! use pindown_driver::verbs::opcode::{FetchAdd, Nop};
 //! use pindown_uapi::{RemoteAddress, RemoteKey};
 //!
 //! let remote = RemoteAddress { port: 1, key: RemoteKey(42), offset: 0 };
-//! let write = Write::new(Local::new(0x1000, 512), remote).build().user_data(7).signaled();
-//! let add = FetchAdd::new(remote, 1).build().user_data(8);
-//! assert_eq!(write.request().user_data, 7);
-//! # let _ = add;
+//! let add = FetchAdd::new(remote, 1).build().user_data(7).signaled();
+//! assert_eq!(add.request().user_data, 7);
+//! let fence = Nop::new().build().user_data(8).fence();
+//! # let _ = fence;
 //! ```
+
+use std::marker::PhantomData;
 
 use pindown_uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
 
 use super::Local;
 
-/// A work request ready to post.
+/// A work request ready to post; `'r` is the borrow of the memory region
+/// its local range belongs to (`'static` for requests naming no local
+/// memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry(WorkRequest);
+pub struct Entry<'r> {
+    request: WorkRequest,
+    local: PhantomData<&'r ()>,
+}
 
-impl Entry {
+impl<'r> Entry<'r> {
     fn new(op: Operation) -> Self {
-        Entry(WorkRequest {
-            user_data: 0,
-            flags: WrFlags::empty(),
-            op,
-        })
+        Entry {
+            request: WorkRequest {
+                user_data: 0,
+                flags: WrFlags::empty(),
+                op,
+            },
+            local: PhantomData,
+        }
     }
 
-    /// Sets the value returned in the completion. Values with bit 63 set are
-    /// reserved for the driver's own requests.
+    /// Sets the value returned in the completion (any value).
     pub fn user_data(mut self, user_data: u64) -> Self {
-        self.0.user_data = user_data;
+        self.request.user_data = user_data;
         self
     }
 
     /// Asks for a completion on success too (failures always complete).
     pub fn signaled(mut self) -> Self {
-        self.0.flags |= WrFlags::SIGNALED;
+        self.request.flags |= WrFlags::SIGNALED;
         self
     }
 
     /// Starts only after every earlier request has finished.
     pub fn fence(mut self) -> Self {
-        self.0.flags |= WrFlags::FENCE;
+        self.request.flags |= WrFlags::FENCE;
         self
     }
 
     /// The encoded request.
     pub fn request(&self) -> &WorkRequest {
-        &self.0
+        &self.request
     }
 }
 
-impl From<Entry> for WorkRequest {
-    fn from(entry: Entry) -> WorkRequest {
-        entry.0
+impl From<Entry<'_>> for WorkRequest {
+    fn from(entry: Entry<'_>) -> WorkRequest {
+        entry.request
     }
 }
 
 /// Copies local memory into a remote window.
 #[derive(Clone, Copy, Debug)]
-pub struct Write {
-    local: Local,
+pub struct Write<'r> {
+    local: Local<'r>,
     remote: RemoteAddress,
 }
 
-impl Write {
+impl<'r> Write<'r> {
     /// Writes `local` to `remote`.
-    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+    pub fn new(local: Local<'r>, remote: RemoteAddress) -> Self {
         Write { local, remote }
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'r> {
         Entry::new(Operation::Write {
-            local: self.local.iova,
-            len: self.local.len,
+            local: self.local.iova(),
+            len: self.local.len(),
             remote: self.remote,
         })
     }
@@ -88,22 +98,22 @@ impl Write {
 
 /// Copies a remote window's memory into local memory.
 #[derive(Clone, Copy, Debug)]
-pub struct Read {
-    local: Local,
+pub struct Read<'r> {
+    local: Local<'r>,
     remote: RemoteAddress,
 }
 
-impl Read {
+impl<'r> Read<'r> {
     /// Reads `local.len` bytes from `remote` into `local`.
-    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+    pub fn new(local: Local<'r>, remote: RemoteAddress) -> Self {
         Read { local, remote }
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'r> {
         Entry::new(Operation::Read {
-            local: self.local.iova,
-            len: self.local.len,
+            local: self.local.iova(),
+            len: self.local.len(),
             remote: self.remote,
         })
     }
@@ -136,7 +146,7 @@ impl CompareSwap {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::CompareSwap {
             remote: self.remote,
             width: self.width,
@@ -171,7 +181,7 @@ impl FetchAdd {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::FetchAdd {
             remote: self.remote,
             width: self.width,
@@ -205,7 +215,7 @@ impl Swap {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::Swap {
             remote: self.remote,
             width: self.width,
@@ -226,7 +236,7 @@ impl Nop {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::Nop)
     }
 }
