@@ -309,7 +309,7 @@ mod tests {
                 ErrorDetail::NotGranted.describe()
             )
         );
-        let undecoded = Completion::error(0, None, Status::InvalidRequest, ErrorDetail::Malformed);
+        let undecoded = Completion::error(5, None, Status::InvalidRequest, ErrorDetail::Malformed);
         assert!(undecoded
             .result()
             .unwrap_err()

@@ -14,6 +14,33 @@ use crate::transport::{Transport, VhostUserTransport};
 /// A local memory range a work request names: part of a
 /// [`MemoryRegion`], which it borrows (taken with [`MemoryRegion::local`]),
 /// so that no request can name memory whose registration is gone.
+///
+/// ```no_run
+/// # use pindown_driver::verbs::{opcode::Write, Context, QueuePair};
+/// # fn f(context: &Context, qp: &mut QueuePair<'_>, to: pindown_uapi::RemoteAddress)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let buffer = context.alloc(64, 64)?;
+/// let region = context.register_buffer(&buffer)?;
+/// let entry = Write::new(region.local(0, 64)?, to).build();
+/// qp.post(&[entry])?;
+/// region.deregister()?; // the request is posted: the region may go
+/// # Ok(()) }
+/// ```
+///
+/// Deregistering first does not compile, since the entry still borrows
+/// the region:
+///
+/// ```compile_fail,E0505
+/// # use pindown_driver::verbs::{opcode::Write, Context, QueuePair};
+/// # fn f(context: &Context, qp: &mut QueuePair<'_>, to: pindown_uapi::RemoteAddress)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let buffer = context.alloc(64, 64)?;
+/// let region = context.register_buffer(&buffer)?;
+/// let entry = Write::new(region.local(0, 64)?, to).build();
+/// region.deregister()?;
+/// qp.post(&[entry])?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Local<'r> {
     iova: u64,

@@ -224,7 +224,7 @@ impl<T: Transport + 'static> Context<T> {
             };
             (at, std::mem::replace(&mut pool.slots[at], held))
         };
-        let pair = at as u16 + 1;
+        let pair = u16::try_from(at + 1).expect("at most MAX_RDMA_QUEUE_PAIRS pairs");
         let prepared = match taken {
             PairSlot::Idle {
                 mut send,
