@@ -223,3 +223,24 @@ pub enum VerbsError {
     #[error("waiting for completions failed: {0}")]
     Wait(std::io::Error),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::VhostUserTransport;
+
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+
+    /// A context is shared between threads; queue pairs, completion
+    /// queues and windows move to the thread that uses them.
+    #[test]
+    fn threads_can_share_a_context_and_take_queue_pairs_along() {
+        sync::<Context<VhostUserTransport>>();
+        send::<QueuePair<'static, VhostUserTransport>>();
+        send::<CompletionQueue<'static, VhostUserTransport>>();
+        send::<MemoryWindow<'static, VhostUserTransport>>();
+        send::<Entry<'static>>();
+        send::<VerbsError>();
+    }
+}
