@@ -278,6 +278,7 @@ fn run(
             EpollEvent::new(EventSet::IN, TOKEN_SHUTDOWN),
         )
         .map_err(|e| e.to_string())?;
+    let layout = port.lock().layout();
     let mut registered = Vec::new();
     let mut generation = 0u32;
     let mut events = vec![EpollEvent::default(); 64];
@@ -400,6 +401,9 @@ fn run(
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
         }
         for &i in &rings {
+            if served_with_its_send_queue(port, &layout, &rings, &kicked, i) {
+                continue;
+            }
             let w = process_ring(ctx, port, send_queues, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
@@ -415,6 +419,34 @@ fn run(
             std::thread::yield_now();
         }
     }
+}
+
+/// Whether ring `i` is an RDMA completion queue that need not be looked at
+/// on its own in this pass: it was not kicked, and its pair's send queue is
+/// active and in the pass too, whose service writes the pair's
+/// completions. (Serving a pair once per pass, not once per ring, keeps a
+/// polling pass short.)
+fn served_with_its_send_queue(
+    port: &Port,
+    layout: &pindown_uapi::RingLayout,
+    rings: &HashSet<usize>,
+    kicked: &HashSet<usize>,
+    i: usize,
+) -> bool {
+    let Some(pindown_uapi::RdmaRing::Completion(pair)) = u16::try_from(i)
+        .ok()
+        .and_then(|ring| layout.rdma_ring(ring))
+    else {
+        return false;
+    };
+    let send = usize::from(layout.send_queue(pair));
+    !kicked.contains(&i)
+        && rings.contains(&send)
+        && port
+            .lock()
+            .vrings
+            .get(send)
+            .is_some_and(|ring| ring.active())
 }
 
 /// In busy-poll mode, passes over the rings between two looks at the
