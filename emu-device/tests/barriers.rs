@@ -85,7 +85,7 @@ const MAX_READ_DELAY_US: u64 = 4000;
 /// What the owner does to take access away while transfers are in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Barrier {
-    /// `Context::revoke_window`.
+    /// `MemoryWindow::revoke`.
     Revoke,
     /// `Context::invalidate` while the region is still held, then the
     /// region dropped: the drop unpins (IOTLB INVALIDATE) and returns.
