@@ -23,11 +23,17 @@
 //! number of windows: beyond it, binding fails with
 //! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
 //!
-//! **Memory.** The device reaches only the context's DMA arena (the memory
-//! table it was given). Buffers come from [`Context::alloc`]; registering
-//! memory outside the arena fails with [`VerbsError::NotInArena`] (no bounce
-//! buffer is used: every transfer is zero-copy). A request naming local memory
-//! that is not registered completes with
+//! **Memory.** Any memory this process maps can be registered, zero copy:
+//! buffers of the DMA arena ([`Context::alloc`]), a heap `Vec`, a stack
+//! array, memory a C library allocated, anonymous and file mappings. The
+//! first registration of private memory moves its pages into memory shared
+//! with the device at the same address; shared mappings of memory file
+//! systems are handed to the device as files (see [`crate::reach`]).
+//! Read-only memory registers read-only: binding a window that writes to
+//! it fails with [`VerbsError::ReadOnlyMemory`]. Holes, disk files mapped
+//! `MAP_SHARED` and memory without access fail with
+//! [`VerbsError::Unreachable`]. A request naming local memory that is not
+//! registered completes with
 //! [`Status::LocalProtectionError`](pindown_uapi::Status).
 
 pub mod opcode;
@@ -41,7 +47,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use pindown_pincache::{CacheConfig, CacheError, CacheStats, PinCache, Registration};
+use pindown_pincache::{CacheConfig, CacheError, CacheStats, PinCache, PinError, Registration};
 use pindown_uapi::{
     Access, Completion, DecodeError, DeviceInfo, Operation, RemoteAddress, RemoteKey, RingLayout,
     WorkRequest, WrFlags, ABI_VERSION,
@@ -49,6 +55,7 @@ use pindown_uapi::{
 
 use crate::arena::{ArenaError, DmaArena, DmaBuffer};
 use crate::pinner::IotlbPinner;
+use crate::reach::{DeviceReach, ReachError, ReachStats};
 use crate::transport::{
     self, CompletionEvent, Transport, TransportError, VhostUserConfig, VhostUserTransport,
 };
@@ -99,12 +106,20 @@ pub enum VerbsError {
         /// Requests in the batch.
         wanted: usize,
     },
-    /// Memory outside the DMA arena cannot be reached by the device.
-    #[error("[{addr:#x}, +{len}) is outside the DMA arena; allocate buffers with Context::alloc")]
-    NotInArena {
-        /// Start of the range.
+    /// The memory cannot be made reachable by the device (a hole, a disk
+    /// file mapped `MAP_SHARED`, memory without access, ...).
+    #[error(transparent)]
+    Unreachable(#[from] ReachError),
+    /// A window granting writes or atomics over memory that is registered
+    /// read-only (mapped without `PROT_WRITE`).
+    #[error(
+        "[{addr:#x}, +{len}) is read-only memory: windows over it may grant remote reads only \
+         (atomics and writes need memory mapped writable)"
+    )]
+    ReadOnlyMemory {
+        /// Start of the window.
         addr: u64,
-        /// Length.
+        /// Its length.
         len: u64,
     },
     /// A range beyond the end of the memory region it was taken from.
@@ -223,12 +238,16 @@ impl CompletionRing {
     }
 }
 
+/// The pinner of a context: mlock plus IOTLB entries wherever its
+/// [`DeviceReach`] places the memory.
+type ContextPinner<T> = IotlbPinner<Arc<T>, DeviceReach<Arc<T>>>;
+
 /// An open port of the device: its rings, its DMA arena and its pin-down
 /// cache.
 pub struct Context<T: Transport + 'static = VhostUserTransport> {
     transport: Arc<T>,
     arena: Arc<DmaArena>,
-    cache: PinCache<IotlbPinner<Arc<T>>>,
+    cache: PinCache<ContextPinner<T>>,
     info: DeviceInfo,
     layout: RingLayout,
     send: Mutex<SendRing>,
@@ -302,7 +321,11 @@ impl<T: Transport + 'static> Context<T> {
             max_entries,
             ..config.cache.clone()
         };
-        let cache = PinCache::new(IotlbPinner::new(Arc::clone(&transport)), cache_config)?;
+        let reach = DeviceReach::new(Arc::clone(&transport), Arc::clone(&arena))
+            .map_err(|e| VerbsError::Unreachable(ReachError::Maps(e)))?;
+        let pinner =
+            IotlbPinner::with_locate(Arc::clone(&transport), reach, transport::Access::ReadWrite);
+        let cache = PinCache::new(pinner, cache_config)?;
         let mut context = Context {
             transport,
             arena,
@@ -356,18 +379,24 @@ impl<T: Transport + 'static> Context<T> {
         Ok(self.arena.alloc(len, align)?)
     }
 
-    /// Registers `[addr, addr + len)` of the arena with the device (a
-    /// pin-down cache hit if it is registered already).
+    /// Registers `[addr, addr + len)`, any memory this process maps, with
+    /// the device (a pin-down cache hit if it is registered already; see
+    /// the module documentation for what a first registration does).
     pub fn register(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        if len == 0 || !self.arena.contains(addr, len as usize) {
-            return Err(VerbsError::NotInArena { addr, len });
-        }
-        let registration = self.cache.pin(addr as usize, len as usize)?;
+        let (Ok(start), Ok(bytes)) = (usize::try_from(addr), usize::try_from(len)) else {
+            return Err(ReachError::Unmapped { addr }.into());
+        };
+        let registration = self.cache.pin(start, bytes).map_err(registration_error)?;
         Ok(MemoryRegion {
             registration,
             addr,
             len,
         })
+    }
+
+    /// Where registered memory lives: pool and memory-table counters.
+    pub fn reach_stats(&self) -> ReachStats {
+        self.cache.pinner().locator().stats()
     }
 
     /// Registers a whole buffer.
@@ -446,6 +475,11 @@ impl<T: Transport + 'static> Context<T> {
         peer: Option<u16>,
     ) -> Result<MemoryWindow, VerbsError> {
         let start = region.iova_at(offset, len)?;
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !self.cache.pinner().writable(start, len)
+        {
+            return Err(VerbsError::ReadOnlyMemory { addr: start, len });
+        }
         let done = self.run_internal(
             Operation::BindWindow {
                 start,
@@ -607,6 +641,23 @@ impl<T: Transport + 'static> Context<T> {
     }
 }
 
+/// A registration failure, with the reason memory is unreachable brought
+/// out of the pinner's error.
+fn registration_error(error: CacheError) -> VerbsError {
+    match error {
+        CacheError::Pin(PinError::Unreachable { source, range }) => {
+            match source.downcast::<ReachError>() {
+                Ok(reach) => VerbsError::Unreachable(*reach),
+                Err(source) => VerbsError::Registration(CacheError::Pin(PinError::Unreachable {
+                    range,
+                    source,
+                })),
+            }
+        }
+        other => VerbsError::Registration(other),
+    }
+}
+
 /// Page-exclusive arena memory for the driver's own request or completion
 /// slots, mapped for the device for the context's life (never through the
 /// pin-down cache, whose unpins would remove the mapping).
@@ -628,7 +679,7 @@ fn device_slots<T: Transport>(
 
 /// Registered memory: the device may reach it while this lives.
 pub struct MemoryRegion<'c, T: Transport + 'static> {
-    registration: Registration<'c, IotlbPinner<Arc<T>>>,
+    registration: Registration<'c, ContextPinner<T>>,
     addr: u64,
     len: u64,
 }
