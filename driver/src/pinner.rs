@@ -170,6 +170,9 @@ impl Installed {
                 cursor = at + entry.len;
             }
         }
+        if cursor >= end {
+            return true;
+        }
         for (&at, entry) in self.0.range(cursor..end) {
             if at != cursor || !entry.writable {
                 return false;
@@ -393,6 +396,7 @@ mod tests {
         assert!(installed.writable(0x1000, 0x4000));
         assert!(!installed.writable(0x1000, 0x5000));
         assert!(!installed.writable(0x800, 0x2000), "no entry below 0x1000");
+        assert!(installed.writable(0x1800, 0x2000), "inside one entry");
         let removed = installed.remove(0x2000, 0x4800);
         assert_eq!(
             removed,
