@@ -10,6 +10,9 @@
 //!   buffers. IOVAs are identity: the device address of a byte is its virtual
 //!   address here. [`pinner`]: registration of memory for DMA through the
 //!   `pincache` pin-down cache: mlock plus a device IOTLB entry.
+//!   [`reach`]: any mapped memory of the process made reachable by the
+//!   device (private pages moved into shared memory at the same address,
+//!   shared memory-file-system mappings handed over as files).
 //! * **Queues** — [`virtqueue`]: the driver side of split virtqueues (virtio
 //!   1.x, with `VIRTIO_F_EVENT_IDX`) laid out in arena memory: descriptor
 //!   chains in, completions out, doorbell and interrupt suppression decided
@@ -63,13 +66,14 @@
 
 pub mod arena;
 pub mod pinner;
+pub mod reach;
 pub mod transport;
 pub mod verbs;
 pub mod vfio;
 pub mod virtqueue;
 
 pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryTableRegion};
-pub use pinner::IotlbPinner;
+pub use pinner::{Identity, IotlbPinner, Locate, Placement};
 pub use transport::{
     CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,

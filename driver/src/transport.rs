@@ -262,6 +262,14 @@ pub trait Transport: Send + Sync {
     /// and [`iotlb_unmap`](Self::iotlb_unmap) succeed without doing anything.
     fn iotlb_enabled(&self) -> bool;
 
+    /// Whether the device reaches any memory of this process through
+    /// [`iotlb_map`](Self::iotlb_map) alone (an IOMMU that maps process
+    /// pages, as VFIO does). If not, the device reaches only the files of
+    /// the memory table ([`register_memory`](Self::register_memory)).
+    fn maps_process_memory(&self) -> bool {
+        false
+    }
+
     /// How many more [`iotlb_map`](Self::iotlb_map) entries the mechanism
     /// underneath can hold, if it has a limit (VFIO's per-container DMA
     /// entry limit). The pin-down cache keeps its entry count below it.
@@ -721,9 +729,10 @@ impl Transport for VhostUserTransport {
     }
 
     fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
-        if regions.is_empty() || regions.len() > 8 {
+        let most = crate::reach::MAX_REGIONS;
+        if regions.is_empty() || regions.len() > most {
             return Err(TransportError::InvalidArgument(format!(
-                "{} memory regions (1 to 8 allowed)",
+                "{} memory regions (1 to {most} allowed)",
                 regions.len()
             )));
         }
@@ -889,6 +898,9 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn mapping_budget(&self) -> Option<usize> {
         (**self).mapping_budget()
+    }
+    fn maps_process_memory(&self) -> bool {
+        (**self).maps_process_memory()
     }
     fn iotlb_enabled(&self) -> bool {
         (**self).iotlb_enabled()

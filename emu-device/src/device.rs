@@ -325,6 +325,23 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
         return;
     }
     let port = dev.ports.allocate(socket, &dev.config);
+    // The kernel's word on who connected: the memory this frontend hands
+    // over is the memory that process could pass over its own socket.
+    match peer_credentials(&stream) {
+        Ok(peer) => tracing::info!(
+            port = port.index,
+            socket,
+            pid = peer.pid,
+            uid = peer.uid,
+            gid = peer.gid,
+            "frontend connected"
+        ),
+        Err(e) => tracing::warn!(
+            port = port.index,
+            socket,
+            "frontend connected; its credentials are unknown: {e}"
+        ),
+    }
     let (d, p) = (dev.clone(), port.clone());
     let spawned = thread::Builder::new()
         .name(format!("port{}", port.index))
@@ -343,6 +360,33 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
         );
         release(dev, &port);
     }
+}
+
+/// The process at the other end of `stream`, as the kernel recorded it
+/// when it connected (`SO_PEERCRED`).
+fn peer_credentials(stream: &UnixStream) -> std::io::Result<libc::ucred> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we
+    // own, and only reads the descriptor.
+    let done = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if done != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred)
 }
 
 /// Resets a port whose connection never started and frees its

@@ -126,6 +126,9 @@ pub struct MemoryTable {
     mapped_bytes: u64,
     /// The file behind each region: (device, inode).
     files: Vec<(u64, u64)>,
+    /// The mapping of each region (shared with a later table that keeps
+    /// the region).
+    mappings: Vec<std::sync::Arc<MmapRegion>>,
 }
 
 impl Drop for MemoryTable {
@@ -240,7 +243,20 @@ impl MemoryTable {
     }
 
     /// Maps `files[i]` for `regions[i]` (shared, read-write), mapping at
-    /// most `max_bytes` in all.
+    /// most `max_bytes` in all. See [`MemoryTable::map_after`].
+    pub fn map_limited(
+        regions: &[RegionDesc],
+        files: Vec<File>,
+        max_bytes: u64,
+    ) -> Result<Self, MemError> {
+        Self::map_after(regions, files, max_bytes, None)
+    }
+
+    /// Maps `files[i]` for `regions[i]` (shared, read-write), mapping at
+    /// most `max_bytes` in all. A region that `previous` has too, with the
+    /// same description and the same file (device and inode), keeps its
+    /// mapping (and its SIGBUS guard): a table that grows by one region
+    /// maps one region, and the pages the device faulted in stay.
     ///
     /// Refuses a table with no region, more than [`MAX_REGIONS`], or not
     /// exactly one file per region; regions that are empty, overflow,
@@ -248,10 +264,11 @@ impl MemoryTable {
     /// at a file offset that is not page aligned, or reach past the end of
     /// their file; files that are not regular files; and tables larger
     /// than `max_bytes`. Nothing is mapped unless everything is accepted.
-    pub fn map_limited(
+    pub fn map_after(
         regions: &[RegionDesc],
         files: Vec<File>,
         max_bytes: u64,
+        previous: Option<&MemoryTable>,
     ) -> Result<Self, MemError> {
         if regions.is_empty() {
             return Err(MemError::Table("no regions".into()));
@@ -337,26 +354,43 @@ impl MemoryTable {
         }
         let mut mapped = Vec::with_capacity(regions.len());
         let mut guards = Vec::with_capacity(regions.len());
+        let mut mappings = Vec::with_capacity(regions.len());
         for (index, ((r, file), b)) in regions.iter().zip(files).zip(&backings).enumerate() {
             let map_error = |reason: String| MemError::Map { index, reason };
-            // Checked above: the size fits usize.
-            let size = r.size as usize;
-            let region = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
-                .map_err(|e| map_error(e.to_string()))?;
-            let region = std::sync::Arc::new(region);
-            guards.push(if b.shrinkable {
-                let page = usize::try_from(b.page).unwrap_or(usize::MAX);
-                Some(
-                    crate::sigbus::guard(std::sync::Arc::clone(&region), page)
-                        .map_err(|e| map_error(e.to_string()))?,
-                )
-            } else {
-                None
+            let kept = previous.and_then(|old| {
+                (0..old.regions.len())
+                    .find(|&j| old.regions[j] == *r && old.files[j] == file_ids[index])
+                    .map(|j| (old.mappings[j].clone(), old.guards[j].clone()))
             });
+            let (region, guard) = match kept {
+                Some(kept) => kept,
+                None => {
+                    // Checked above: the size fits usize.
+                    let size = r.size as usize;
+                    let region = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
+                        .map_err(|e| map_error(e.to_string()))?;
+                    let region = std::sync::Arc::new(region);
+                    let guard = if b.shrinkable {
+                        let page = usize::try_from(b.page).unwrap_or(usize::MAX);
+                        Some(
+                            crate::sigbus::guard(std::sync::Arc::clone(&region), page)
+                                .map_err(|e| map_error(e.to_string()))?,
+                        )
+                    } else {
+                        None
+                    };
+                    (region, guard)
+                }
+            };
+            guards.push(guard);
+            mappings.push(std::sync::Arc::clone(&region));
             let region = GuestRegionMmap::with_arc(region, GuestAddress(r.gpa))
                 .ok_or_else(|| map_error("region does not fit the guest address space".into()))?;
             mapped.push(region);
         }
+        // The frontend may list regions in any order; the memory map wants
+        // them by guest physical address.
+        mapped.sort_by_key(|region| region.start_addr());
         let mmap = GuestMemoryMmap::from_regions(mapped)
             .map_err(|e| MemError::Table(format!("regions rejected by the memory map: {e}")))?;
         Ok(MemoryTable {
@@ -365,6 +399,21 @@ impl MemoryTable {
             guards,
             mapped_bytes: total,
             files: file_ids,
+            mappings,
+        })
+    }
+
+    /// Whether `regions` backed by `files` keep every region of this table
+    /// (same description, same file), adding others or not.
+    pub fn is_kept_by(&self, regions: &[RegionDesc], files: &[File]) -> bool {
+        let Ok(ids) = files_of(files) else {
+            return false;
+        };
+        self.regions.iter().zip(&self.files).all(|(old, id)| {
+            regions
+                .iter()
+                .zip(&ids)
+                .any(|(new, new_id)| new == old && new_id == id)
         })
     }
 

@@ -563,6 +563,30 @@ impl PortState {
         }
     }
 
+    /// Puts the new memory table in place, once no access is in flight,
+    /// keeping the IOTLB and the windows (a table that only adds or drops
+    /// regions, or one behind the IOTLB), then re-resolves every ring
+    /// (running rings keep their positions). Accesses to memory the new
+    /// table no longer holds fail; every other access goes on.
+    pub fn replace_memory_table(&mut self) {
+        {
+            let mut shared = self.shared.barrier();
+            let iotlb = shared
+                .memory
+                .take()
+                .map(PortMemory::into_iotlb)
+                .unwrap_or_else(|| IotlbTable::new(self.iotlb_entries_max));
+            shared.memory = self
+                .table
+                .clone()
+                .map(|t| PortMemory::new(t, self.iommu(), iotlb));
+        }
+        for i in 0..self.vrings.len() {
+            // Logged; the request that changed the memory stands.
+            let _ = self.activate_ring(i);
+        }
+    }
+
     /// Maps `[iova, iova + len)` to the frontend's `[uaddr, uaddr + len)`
     /// in the port's IOTLB (an UPDATE), once no access is in flight.
     /// Returns how many old entries were evicted.

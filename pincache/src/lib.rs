@@ -36,11 +36,14 @@
 //! * Invalidation: explicit ([`PinCache::invalidate`]), through the hook
 //!   ([`unmap`]), or automatic through the userfaultfd monitor
 //!   ([`CacheConfig::monitor`]).
+//! * [`WriteFence`]: holds writers off a range while a driver replaces its
+//!   mapping (moving private pages into memory shared with a device).
 
 #![warn(missing_docs)]
 
 mod cache;
 mod config;
+mod fence;
 mod index;
 mod mlock;
 pub mod monitor;
@@ -54,6 +57,7 @@ mod uffd;
 
 pub use cache::{page_size, PinCache, Registration};
 pub use config::{CacheConfig, CacheError, Limit};
+pub use fence::WriteFence;
 pub use mlock::{locked_bytes, memlock_limit, raise_memlock_limit, MlockPinner};
 pub use monitor::{madvise_dontneed, unmap, MemoryMonitor};
 pub use page_refs::RangeRefCounts;

@@ -122,6 +122,22 @@ impl RangeRefCounts {
         self.runs.is_empty()
     }
 
+    /// The ranges with at least one reference, in order (adjacent runs of
+    /// different counts are listed apart).
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        self.runs.iter().map(|(&s, &(e, _))| s..e).collect()
+    }
+
+    /// Whether any address of `range` holds a reference.
+    pub fn overlaps(&self, range: Range<usize>) -> bool {
+        !range.is_empty()
+            && self
+                .runs
+                .range(..range.end)
+                .next_back()
+                .is_some_and(|(_, &(end, _))| end > range.start)
+    }
+
     /// Total length of the ranges with at least one reference.
     pub fn covered_len(&self) -> usize {
         self.runs.iter().map(|(s, (e, _))| e - s).sum()

@@ -68,6 +68,15 @@ pub enum PinError {
         /// The error the kernel returned.
         source: io::Error,
     },
+    /// The memory cannot be made reachable by the device (the pinner says
+    /// why; a driver can downcast `source` to its own error type).
+    #[error("cannot pin {range}: {source}")]
+    Unreachable {
+        /// The range that was to be pinned.
+        range: PageRange,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A device-specific failure (translation table full, device gone, ...).
     #[error("cannot pin {range}: {reason}")]
     Device {

@@ -11,15 +11,21 @@ const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
 const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
 const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
+const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
 
 /// Register mode: deliver write-protect faults (none happen unless pages
 /// are write-protected, which the monitor never does).
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 
-const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+/// `UFFDIO_WRITEPROTECT` mode: protect (without it: unprotect and wake).
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+pub(crate) const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const UFFD_FEATURE_EVENT_REMAP: u64 = 1 << 2;
 const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// Write-protection also covers pages not populated yet (Linux 6.4).
+pub(crate) const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 
 /// Event codes of `uffd_msg.event`.
 pub(crate) const EVENT_REMAP: u8 = 0x14;
@@ -38,6 +44,12 @@ struct UffdioApi {
 struct UffdioRange {
     start: u64,
     len: u64,
+}
+
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
 }
 
 #[repr(C)]
@@ -100,6 +112,17 @@ pub(crate) struct Userfaultfd {
 impl Userfaultfd {
     /// Opens a non-blocking userfaultfd and negotiates the events.
     pub(crate) fn open() -> io::Result<Self> {
+        let wanted = UFFD_FEATURE_EVENT_UNMAP
+            | UFFD_FEATURE_EVENT_REMOVE
+            | UFFD_FEATURE_EVENT_REMAP
+            | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+        Self::open_with(wanted, 0).map(|(uffd, _)| uffd)
+    }
+
+    /// Opens a non-blocking userfaultfd with the features `required` and
+    /// as many of `optional` as the kernel has; returns it with the
+    /// features granted.
+    pub(crate) fn open_with(required: u64, optional: u64) -> io::Result<(Self, u64)> {
         // SAFETY: userfaultfd takes flags only and returns a new descriptor.
         let raw =
             unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
@@ -108,10 +131,37 @@ impl Userfaultfd {
         }
         // SAFETY: the descriptor is new and owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
-        let wanted = UFFD_FEATURE_EVENT_UNMAP
-            | UFFD_FEATURE_EVENT_REMOVE
-            | UFFD_FEATURE_EVENT_REMAP
-            | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+        // UFFDIO_API with features 0 reports what the kernel offers; the
+        // handshake is then made once more, on a fresh descriptor, with the
+        // features wanted (it can be made only once per descriptor).
+        let offered = if optional == 0 {
+            required
+        } else {
+            let mut probe = UffdioApi {
+                api: UFFD_API,
+                features: 0,
+                ioctls: 0,
+            };
+            // SAFETY: UFFDIO_API reads and writes one UffdioApi we own.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut probe) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            probe.features
+        };
+        let fd = if optional == 0 {
+            fd
+        } else {
+            drop(fd);
+            // SAFETY: as above.
+            let raw =
+                unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            if raw < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            unsafe { OwnedFd::from_raw_fd(raw as i32) }
+        };
+        let wanted = required | (optional & offered);
         let mut api = UffdioApi {
             api: UFFD_API,
             features: wanted,
@@ -121,21 +171,28 @@ impl Userfaultfd {
         if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        if api.features & wanted != wanted {
+        if api.features & required != required {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "userfaultfd lacks unmap/remove/remap events or write-protect mode \
-                     (features {:#x})",
+                    "userfaultfd lacks features {:#x} (it offers {:#x})",
+                    required & !api.features,
                     api.features
                 ),
             ));
         }
-        Ok(Userfaultfd { fd })
+        Ok((Userfaultfd { fd }, api.features & wanted))
     }
 
     /// Starts receiving events for `[start, start + len)`.
     pub(crate) fn register(&self, start: usize, len: usize) -> io::Result<()> {
+        self.register_write_protect(start, len)
+    }
+
+    /// Registers `[start, start + len)` in write-protect mode: its events,
+    /// and the faults of writes to pages [`write_protect`](Self::write_protect)
+    /// protected.
+    pub(crate) fn register_write_protect(&self, start: usize, len: usize) -> io::Result<()> {
         let mut register = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
@@ -146,6 +203,24 @@ impl Userfaultfd {
         };
         // SAFETY: UFFDIO_REGISTER reads and writes one UffdioRegister we own.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut register) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Write-protects `[start, start + len)` (registered in write-protect
+    /// mode): a thread that writes there blocks until the protection is
+    /// lifted or the descriptor closed.
+    pub(crate) fn write_protect(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut protect = UffdioWriteprotect {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: UFFDIO_WRITEPROTECT_MODE_WP,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads one UffdioWriteprotect we own.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut protect) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
@@ -210,6 +285,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawMessage>(), 32);
         assert_eq!(std::mem::size_of::<UffdioApi>(), 24);
         assert_eq!(std::mem::size_of::<UffdioRegister>(), 32);
+        assert_eq!(std::mem::size_of::<UffdioWriteprotect>(), 24);
         let remap = RawMessage {
             event: EVENT_REMAP,
             args: [0x1000, 0x9000, 0x2000],

@@ -21,7 +21,12 @@ use super::wait::{wait_for, Awaiting};
 use super::VerbsError;
 use crate::arena::{DmaArena, DmaBuffer};
 use crate::pinner::IotlbPinner;
+use crate::reach::{DeviceReach, ReachError, ReachStats};
 use crate::transport::{self, Transport, VhostUserConfig, VhostUserTransport};
+
+/// The pinner of a context: mlock plus IOTLB entries wherever its
+/// [`DeviceReach`] places the memory.
+pub(super) type ContextPinner<T> = IotlbPinner<Arc<T>, DeviceReach<Arc<T>>>;
 
 /// How a [`Context`] is set up.
 #[derive(Clone, Debug)]
@@ -75,7 +80,7 @@ struct AdminPair {
 pub struct Context<T: Transport + 'static = VhostUserTransport> {
     pub(super) transport: Arc<T>,
     pub(super) arena: Arc<DmaArena>,
-    pub(super) cache: PinCache<IotlbPinner<Arc<T>>>,
+    pub(super) cache: PinCache<ContextPinner<T>>,
     pub(super) info: DeviceInfo,
     pub(super) layout: RingLayout,
     pub(super) queue_size: u16,
@@ -139,7 +144,14 @@ impl<T: Transport + 'static> Context<T> {
             max_entries,
             ..config.cache.clone()
         };
-        let cache = PinCache::new(IotlbPinner::new(Arc::clone(&transport)), cache_config)?;
+        let reach = DeviceReach::new(Arc::clone(&transport), Arc::clone(&arena))
+            .map_err(|e| VerbsError::Unreachable(ReachError::Maps(e)))?;
+        let pinner = IotlbPinner::with_locate(
+            Arc::clone(&transport),
+            reach,
+            transport::IotlbAccess::ReadWrite,
+        );
+        let cache = PinCache::new(pinner, cache_config)?;
         let mut context = Context {
             transport,
             arena,
@@ -231,6 +243,11 @@ impl<T: Transport + 'static> Context<T> {
             return 0;
         };
         self.cache.invalidate(addr, len)
+    }
+
+    /// Where registered memory lives: pool and memory-table counters.
+    pub fn reach_stats(&self) -> ReachStats {
+        self.cache.pinner().locator().stats()
     }
 
     /// Pin-down cache statistics: registration hits, misses, evictions.

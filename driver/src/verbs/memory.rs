@@ -2,13 +2,13 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
-use pindown_pincache::Registration;
+use pindown_pincache::{CacheError, PinError, Registration};
 
+use super::context::ContextPinner;
 use super::{Context, VerbsError};
 use crate::arena::DmaBuffer;
-use crate::pinner::IotlbPinner;
+use crate::reach::ReachError;
 use crate::transport::{Transport, VhostUserTransport};
 
 /// A local memory range a work request names: part of a
@@ -85,18 +85,16 @@ impl Local<'_> {
 }
 
 impl<T: Transport + 'static> Context<T> {
-    /// Registers `[addr, addr + len)` of the arena with the device (a
-    /// pin-down cache hit if it is registered already). The region borrows
-    /// the context; it is deregistered by
+    /// Registers `[addr, addr + len)`, any memory this process maps, with
+    /// the device (a pin-down cache hit if it is registered already; see
+    /// the module documentation for what a first registration does). The
+    /// region borrows the context; it is deregistered by
     /// [`MemoryRegion::deregister`] or when dropped.
     pub fn register(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        let outside = || VerbsError::NotInArena { addr, len };
-        let start = usize::try_from(addr).map_err(|_| outside())?;
-        let bytes = usize::try_from(len).map_err(|_| outside())?;
-        if bytes == 0 || !self.arena.contains(addr, bytes) {
-            return Err(outside());
-        }
-        let registration = self.cache.pin(start, bytes)?;
+        let (Ok(start), Ok(bytes)) = (usize::try_from(addr), usize::try_from(len)) else {
+            return Err(ReachError::Unmapped { addr }.into());
+        };
+        let registration = self.cache.pin(start, bytes).map_err(registration_error)?;
         Ok(MemoryRegion {
             context: self,
             registration,
@@ -107,11 +105,7 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Registers a whole buffer.
     pub fn register_buffer(&self, buffer: &DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        let len = u64::try_from(buffer.len()).map_err(|_| VerbsError::NotInArena {
-            addr: buffer.iova(),
-            len: u64::MAX,
-        })?;
-        self.register(buffer.iova(), len)
+        self.register(buffer.iova(), buffer.len() as u64)
     }
 }
 
@@ -121,7 +115,7 @@ impl<T: Transport + 'static> Context<T> {
 /// when they are invalidated).
 pub struct MemoryRegion<'c, T: Transport + 'static = VhostUserTransport> {
     context: &'c Context<T>,
-    registration: Registration<'c, IotlbPinner<Arc<T>>>,
+    registration: Registration<'c, ContextPinner<T>>,
     addr: u64,
     len: u64,
 }
@@ -205,5 +199,22 @@ impl<T: Transport + 'static> fmt::Debug for MemoryRegion<'_, T> {
             .field("iova", &format_args!("{:#x}", self.addr))
             .field("len", &self.len)
             .finish()
+    }
+}
+
+/// A registration failure, with the reason memory is unreachable brought
+/// out of the pinner's error.
+fn registration_error(error: CacheError) -> VerbsError {
+    match error {
+        CacheError::Pin(PinError::Unreachable { source, range }) => {
+            match source.downcast::<ReachError>() {
+                Ok(reach) => VerbsError::Unreachable(*reach),
+                Err(source) => VerbsError::Registration(CacheError::Pin(PinError::Unreachable {
+                    range,
+                    source,
+                })),
+            }
+        }
+        other => VerbsError::Registration(other),
     }
 }

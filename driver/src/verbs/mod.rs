@@ -85,11 +85,17 @@
 //! a bounded number of windows: beyond it, binding fails with
 //! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
 //!
-//! **Memory.** The device reaches only the context's DMA arena (the memory
-//! table it was given). Buffers come from [`Context::alloc`]; registering
-//! memory outside the arena fails with [`VerbsError::NotInArena`] (no bounce
-//! buffer is used: every transfer is zero-copy). A request naming local memory
-//! that is not registered completes with
+//! **Memory.** Any memory this process maps can be registered, zero copy:
+//! buffers of the DMA arena ([`Context::alloc`]), a heap `Vec`, a stack
+//! array, memory a C library allocated, anonymous and file mappings. The
+//! first registration of private memory moves its pages into memory shared
+//! with the device at the same address; shared mappings of memory file
+//! systems are handed to the device as files (see [`crate::reach`]).
+//! Read-only memory registers read-only: binding a window that writes to
+//! it fails with [`VerbsError::ReadOnlyMemory`]. Holes, disk files mapped
+//! `MAP_SHARED` and memory without access fail with
+//! [`VerbsError::Unreachable`]. A request naming local memory that is not
+//! registered completes with
 //! [`Status::LocalProtectionError`](pindown_uapi::Status).
 //!
 //! **Timeouts.** The context's own requests (query, bind, revoke, and
@@ -112,6 +118,7 @@ use pindown_pincache::CacheError;
 use pindown_uapi::{CompletionError, DecodeError, Opcode};
 
 use crate::arena::ArenaError;
+use crate::reach::ReachError;
 use crate::transport::TransportError;
 use crate::virtqueue::QueueError;
 
@@ -165,12 +172,20 @@ pub enum VerbsError {
         /// What was passed.
         what: &'static str,
     },
-    /// Memory outside the DMA arena cannot be reached by the device.
-    #[error("[{addr:#x}, +{len}) is outside the DMA arena; allocate buffers with Context::alloc")]
-    NotInArena {
-        /// Start of the range.
+    /// The memory cannot be made reachable by the device (a hole, a disk
+    /// file mapped `MAP_SHARED`, memory without access, ...).
+    #[error(transparent)]
+    Unreachable(#[from] ReachError),
+    /// A window granting writes or atomics over memory that is registered
+    /// read-only (mapped without `PROT_WRITE`).
+    #[error(
+        "[{addr:#x}, +{len}) is read-only memory: windows over it may grant remote reads only \
+         (atomics and writes need memory mapped writable)"
+    )]
+    ReadOnlyMemory {
+        /// Start of the window.
         addr: u64,
-        /// Length.
+        /// Its length.
         len: u64,
     },
     /// A range beyond the end of the memory region it was taken from.

@@ -87,6 +87,11 @@ impl<T: Transport + 'static> Context<T> {
             });
         }
         let start = region.iova_at(offset, len)?;
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !self.cache.pinner().writable(start, len)
+        {
+            return Err(VerbsError::ReadOnlyMemory { addr: start, len });
+        }
         self.bind_range(start, len, access, peer)
     }
 

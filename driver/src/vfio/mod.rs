@@ -851,6 +851,10 @@ impl Transport for VfioTransport {
         true
     }
 
+    fn maps_process_memory(&self) -> bool {
+        true
+    }
+
     fn mapping_budget(&self) -> Option<usize> {
         VfioDma::entry_limit().map(|limit| limit.saturating_sub(self.dma.entries()))
     }

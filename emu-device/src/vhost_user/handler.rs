@@ -178,8 +178,17 @@ fn serve(
                 PortStats::bump(&stats.set_mem_table);
                 return Ok(());
             }
-            let t = MemoryTable::map_limited(&descs, files, state.max_mapped_bytes)
-                .map_err(|e| e.to_string())?;
+            // Windows name IOVAs when ACCESS_PLATFORM is on: the IOTLB,
+            // which carries over, decides what they reach, so they stay.
+            // Without it they name guest physical addresses: they stay
+            // only when every old region stays.
+            let keep_windows = state
+                .table
+                .as_ref()
+                .is_some_and(|old| state.iommu() || old.is_kept_by(&descs, &files));
+            let t =
+                MemoryTable::map_after(&descs, files, state.max_mapped_bytes, state.table.as_ref())
+                    .map_err(|e| e.to_string())?;
             tracing::info!(
                 port = state.index,
                 regions = descs.len(),
@@ -189,7 +198,11 @@ fn serve(
             );
             PortStats::bump(&stats.set_mem_table);
             state.table = Some(t);
-            state.rebuild_memory();
+            if keep_windows {
+                state.replace_memory_table();
+            } else {
+                state.rebuild_memory();
+            }
             // The old table is unused now: unmap it.
             crate::sigbus::release_unused();
             out.retry = true;

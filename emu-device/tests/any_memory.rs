@@ -1,0 +1,452 @@
+//! Registration of any mapped memory, in one driver process with two ports
+//! of a real device process: stack arrays, `libc::malloc` buffers,
+//! anonymous and read-only mappings, a writer on the same pages while they
+//! move into shared memory, `fork` after the move, and the errors for
+//! holes, memory without access and disk files mapped `MAP_SHARED`.
+//! (`any_memory_ranks.rs` moves bytes between two processes.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::rank::pattern;
+use common::DeviceProcess;
+use pindown_driver::reach::ReachError;
+use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
+use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, VerbsError};
+use pindown_pincache::CacheConfig;
+use pindown_uapi::{Access, Completion, Status};
+
+const ALL: Access = Access::REMOTE_READ
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_ATOMIC);
+
+fn config() -> ContextConfig {
+    ContextConfig {
+        arena_bytes: 8 << 20,
+        cache: CacheConfig {
+            max_pinned_bytes: Some(256 << 20),
+            ..CacheConfig::default()
+        },
+        ..ContextConfig::default()
+    }
+}
+
+/// A device with two ports and a context on each: `owner` owns the
+/// memory under test, `peer` reaches it through windows.
+struct Pair {
+    _device: DeviceProcess,
+    owner: Context,
+    peer: Context,
+}
+
+fn pair() -> Pair {
+    let device = DeviceProcess::start(common::device_bin(), 2, &[]).unwrap();
+    let owner = Context::open(device.socket(0), config()).unwrap();
+    let peer = Context::open(device.socket(1), config()).unwrap();
+    Pair {
+        _device: device,
+        owner,
+        peer,
+    }
+}
+
+/// Posts one request on a queue pair of its own and waits for its
+/// completion.
+fn run(context: &Context, entry: Entry<'_>) -> Completion {
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    qp.post(&[entry.signaled()]).unwrap();
+    let mut ready = cq.wait(Duration::from_secs(20)).unwrap();
+    ready.next().unwrap()
+}
+
+/// Writes `data` from the peer's arena into `window` at `offset`.
+fn peer_writes(pair: &Pair, window: &MemoryWindow, offset: u64, data: &[u8]) {
+    let source = pair.peer.alloc(data.len(), 4096).unwrap();
+    source.write_at(0, data);
+    let region = pair.peer.register_buffer(&source).unwrap();
+    let local = region.local(0, data.len() as u32).unwrap();
+    let done = run(
+        &pair.peer,
+        Write::new(local, window.remote().at(offset)).build(),
+    );
+    assert!(done.is_success(), "{done:?}");
+}
+
+/// Reads `len` bytes of `window` at `offset` into the peer's arena.
+fn peer_reads(pair: &Pair, window: &MemoryWindow, offset: u64, len: usize) -> Vec<u8> {
+    let sink = pair.peer.alloc(len, 4096).unwrap();
+    let region = pair.peer.register_buffer(&sink).unwrap();
+    let local = region.local(0, len as u32).unwrap();
+    let done = run(
+        &pair.peer,
+        Read::new(local, window.remote().at(offset)).build(),
+    );
+    assert!(done.is_success(), "{done:?}");
+    let mut out = vec![0u8; len];
+    sink.read_at(0, &mut out);
+    out
+}
+
+/// A fresh private anonymous mapping of `len` bytes.
+fn anonymous(len: usize, prot: libc::c_int) -> *mut u8 {
+    // SAFETY: a new private anonymous mapping placed by the kernel.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(at, libc::MAP_FAILED);
+    at.cast()
+}
+
+/// Whether `/proc/self/maps` shows `addr` in a shared mapping, and its
+/// permissions.
+fn mapping_of(addr: usize) -> (bool, String) {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in text.lines() {
+        let (range, rest) = line.split_once(' ').unwrap();
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (
+            usize::from_str_radix(start, 16).unwrap(),
+            usize::from_str_radix(end, 16).unwrap(),
+        );
+        if start <= addr && addr < end {
+            let perms = &rest[..4];
+            return (perms.ends_with('s'), perms[..3].to_owned());
+        }
+    }
+    panic!("{addr:#x} is not mapped");
+}
+
+#[inline(never)]
+fn stack_array_round_trip(pair: &Pair) {
+    let mut array = [0x11u8; 3 * 4096 + 123];
+    let addr = array.as_ptr() as u64 + 7;
+    let len = array.len() as u64 - 14;
+    let region = pair.owner.register(addr, len).unwrap();
+    let window = pair.owner.bind_window(&region, 0, len, ALL).unwrap();
+    let data = pattern(1, len as usize);
+    peer_writes(pair, &window, 0, &data);
+    // SAFETY: the device has finished (the completion arrived); volatile
+    // reads, since the compiler does not know the device wrote there.
+    let landed: Vec<u8> = (0..array.len())
+        .map(|i| unsafe { std::ptr::read_volatile(array.as_ptr().add(i)) })
+        .collect();
+    assert_eq!(&landed[7..7 + len as usize], &data[..]);
+    assert!(landed[..7].iter().all(|&b| b == 0x11));
+    assert!(landed[7 + len as usize..].iter().all(|&b| b == 0x11));
+    // The thread's own frames live in these pages too, and it goes on.
+    array[3] = 0x99;
+    assert_eq!(peer_reads(pair, &window, 0, 64), data[..64]);
+    window.revoke().unwrap();
+    drop(region);
+    assert_eq!(pair.owner.invalidate(addr, len), 1);
+    assert!(mapping_of(addr as usize).0, "the stack pages were rehomed");
+    std::hint::black_box(&mut array);
+}
+
+#[test]
+fn stack_arrays_and_c_heap_buffers_are_reached_in_place() {
+    let pair = pair();
+    stack_array_round_trip(&pair);
+
+    let len = (1 << 20) + 4096 * 3 + 5;
+    // SAFETY: a C allocation we free below.
+    let buffer = unsafe { libc::malloc(len) }.cast::<u8>();
+    assert!(!buffer.is_null());
+    // SAFETY: `len` bytes we own.
+    unsafe { std::ptr::write_bytes(buffer, 0x22, len) };
+    let region = pair.owner.register(buffer as u64, len as u64).unwrap();
+    let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
+    let data = pattern(2, len - 10);
+    peer_writes(&pair, &window, 5, &data);
+    // SAFETY: `len` bytes we own; the device is done.
+    let landed = unsafe { std::slice::from_raw_parts(buffer, len) }.to_vec();
+    assert_eq!(&landed[5..len - 5], &data[..]);
+    assert_eq!(&landed[..5], &[0x22; 5]);
+    assert_eq!(&landed[len - 5..], &[0x22; 5]);
+    // A device atomic next to the owner's CPU atomics on the same word.
+    let word = (buffer as usize + 64).next_multiple_of(8);
+    // SAFETY: an aligned word inside the buffer, touched only atomically
+    // from here on.
+    let counter = unsafe { AtomicU64::from_ptr(word as *mut u64) };
+    counter.store(0, Ordering::SeqCst);
+    for _ in 0..100 {
+        let add = FetchAdd::new(window.remote().at((word - buffer as usize) as u64), 3).build();
+        assert!(run(&pair.peer, add).is_success());
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 400);
+    window.revoke().unwrap();
+    drop(region);
+    pair.owner.invalidate(buffer as u64, len as u64);
+    // SAFETY: the buffer was allocated above and is no longer used.
+    unsafe { libc::free(buffer.cast()) };
+}
+
+/// Slots a writer thread fills round after round; a slot that does not
+/// hold what the writer left there in the previous round lost a write.
+struct Hammer {
+    slots: *mut u64,
+    count: usize,
+    stop: AtomicBool,
+    lost: AtomicU64,
+    rounds: AtomicU64,
+}
+
+// SAFETY: the slots are only touched through volatile accesses by the
+// writer thread; the raw pointer is an address.
+unsafe impl Send for Hammer {}
+// SAFETY: as above.
+unsafe impl Sync for Hammer {}
+
+impl Hammer {
+    fn run(&self) {
+        let mut round = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            for k in 0..self.count {
+                // SAFETY: slot `k` lies in the mapping the test keeps alive
+                // until this thread is joined.
+                unsafe {
+                    let slot = self.slots.add(k);
+                    let expected = if round == 0 {
+                        0
+                    } else {
+                        (round - 1) * self.count as u64 + k as u64 + 1
+                    };
+                    if std::ptr::read_volatile(slot) != expected {
+                        self.lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::ptr::write_volatile(slot, round * self.count as u64 + k as u64 + 1);
+                }
+            }
+            round += 1;
+            self.rounds.store(round, Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn a_neighbour_writing_while_its_pages_move_loses_no_write() {
+    let pair = pair();
+    let page = pindown_driver::page_size();
+    let mut total_rounds = 0;
+    for round in 0..100 {
+        // Three pages: the registered buffer ends one page in, and the
+        // writer's slots fill the rest of its page and the next.
+        let base = anonymous(3 * page, libc::PROT_READ | libc::PROT_WRITE);
+        let buffer = base as u64 + 64;
+        let buffer_len = page as u64;
+        let slots_at = base as usize + 64 + page;
+        let hammer = Arc::new(Hammer {
+            slots: slots_at as *mut u64,
+            count: (3 * page - 64 - page) / 8,
+            stop: AtomicBool::new(false),
+            lost: AtomicU64::new(0),
+            rounds: AtomicU64::new(0),
+        });
+        let writer = {
+            let hammer = Arc::clone(&hammer);
+            std::thread::spawn(move || hammer.run())
+        };
+        // Register while the writer runs: after its first round, and let
+        // it run two more rounds afterwards.
+        let rounds_done = || hammer.rounds.load(Ordering::Relaxed);
+        while rounds_done() < 1 + round % 3 {
+            std::hint::spin_loop();
+        }
+        let region = pair.owner.register(buffer, buffer_len).unwrap();
+        let after = rounds_done();
+        while rounds_done() < after + 2 {
+            std::hint::spin_loop();
+        }
+        hammer.stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert_eq!(hammer.lost.load(Ordering::Relaxed), 0, "round {round}");
+        total_rounds += hammer.rounds.load(Ordering::Relaxed);
+        assert!(mapping_of(buffer as usize).0, "the pages moved");
+        // The slots hold the writer's last round.
+        let rounds = hammer.rounds.load(Ordering::Relaxed);
+        for k in 0..hammer.count {
+            // SAFETY: the mapping is alive; the writer has finished.
+            let value = unsafe { std::ptr::read_volatile((slots_at as *const u64).add(k)) };
+            assert_eq!(value, (rounds - 1) * hammer.count as u64 + k as u64 + 1);
+        }
+        drop(region);
+        pair.owner.invalidate(buffer, buffer_len);
+        // SAFETY: unmapping the test's own mapping, no longer used.
+        unsafe { libc::munmap(base.cast(), 3 * page) };
+    }
+    assert!(total_rounds > 100, "the writer ran ({total_rounds} rounds)");
+    assert!(pair.owner.reach_stats().rehomed >= 100);
+}
+
+#[test]
+fn read_only_memory_registers_read_only() {
+    let pair = pair();
+    let len = 4 * 4096;
+    let base = anonymous(len, libc::PROT_READ | libc::PROT_WRITE);
+    let data = pattern(3, len);
+    // SAFETY: `len` bytes of the fresh mapping.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base, len) };
+    // SAFETY: the mapping made above.
+    assert_eq!(
+        unsafe { libc::mprotect(base.cast(), len, libc::PROT_READ) },
+        0
+    );
+    let region = pair.owner.register(base as u64, len as u64).unwrap();
+    assert_eq!(mapping_of(base as usize), (true, "r--".to_owned()));
+    for access in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC, ALL] {
+        match pair.owner.bind_window(&region, 0, len as u64, access) {
+            Err(VerbsError::ReadOnlyMemory { addr, len: l }) => {
+                assert_eq!((addr, l), (base as u64, len as u64))
+            }
+            other => panic!("a {access:?} window over read-only memory: {other:?}"),
+        }
+    }
+    let window = pair
+        .owner
+        .bind_window(&region, 0, len as u64, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(peer_reads(&pair, &window, 5, len - 5), data[5..]);
+    // As a local destination, it is refused by the device.
+    let local = region.local(0, 64).unwrap();
+    let target = pair.peer.alloc(4096, 4096).unwrap();
+    let target_region = pair.peer.register_buffer(&target).unwrap();
+    let open = pair
+        .peer
+        .bind_window(&target_region, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    let done = run(&pair.owner, Read::new(local, open.remote().at(0)).build());
+    assert_eq!(done.status, Status::LocalProtectionError, "{done:?}");
+    // SAFETY: the mapping is alive and readable.
+    let now = unsafe { std::slice::from_raw_parts(base, len) };
+    assert_eq!(now, &data[..], "unchanged");
+}
+
+#[test]
+fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
+    let pair = pair();
+    let page = pindown_driver::page_size();
+    // A hole: three pages with the middle one unmapped.
+    let base = anonymous(3 * page, libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: unmapping a page of our own mapping.
+    unsafe { libc::munmap(base.add(page).cast(), page) };
+    match pair.owner.register(base as u64, 3 * page as u64) {
+        Err(VerbsError::Unreachable(ReachError::Unmapped { addr })) => {
+            assert_eq!(addr, base as u64 + page as u64)
+        }
+        other => panic!("a hole: {other:?}"),
+    }
+    let error = pair
+        .owner
+        .register(base as u64, 3 * page as u64)
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("{:#x}", base as usize + page)),
+        "{error}"
+    );
+    // No access.
+    let none = anonymous(page, libc::PROT_NONE);
+    assert!(matches!(
+        pair.owner.register(none as u64, 8),
+        Err(VerbsError::Unreachable(ReachError::NoAccess { .. }))
+    ));
+    // A disk file mapped shared.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("shared-on-disk");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(4 * page as u64).unwrap();
+    // SAFETY: a new shared mapping of the file, placed by the kernel.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(mapped, libc::MAP_FAILED);
+    match pair.owner.register(mapped as u64 + 10, 100) {
+        Err(VerbsError::Unreachable(error @ ReachError::DiskFile { .. })) => {
+            let text = error.to_string();
+            assert!(text.contains(path.to_str().unwrap()), "{text}");
+            assert!(text.contains("memory file systems"), "{text}");
+        }
+        other => panic!("a shared disk file: {other:?}"),
+    }
+    // The device still serves this port.
+    let mut heap = vec![0u8; 1000];
+    let region = pair.owner.register(heap.as_ptr() as u64, 1000).unwrap();
+    let window = pair.owner.bind_window(&region, 0, 1000, ALL).unwrap();
+    peer_writes(&pair, &window, 0, &pattern(4, 1000));
+    heap.iter_mut().for_each(|b| *b = std::hint::black_box(*b));
+    assert_eq!(heap, pattern(4, 1000));
+}
+
+#[test]
+fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
+    let pair = pair();
+    let mut buffer = vec![0x44u8; 64 << 10];
+    let region = pair
+        .owner
+        .register(buffer.as_ptr() as u64, buffer.len() as u64)
+        .unwrap();
+    assert!(mapping_of(buffer.as_ptr() as usize).0);
+    let window = pair
+        .owner
+        .bind_window(&region, 0, buffer.len() as u64, ALL)
+        .unwrap();
+    // SAFETY: the child only reads and writes its own copy of the buffer
+    // and ends with _exit, calling no allocator or lock of the parent.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let p = buffer.as_mut_ptr();
+        // SAFETY: the child's copy of the buffer; _exit ends the child.
+        unsafe {
+            let sees_parent = std::ptr::read_volatile(p.add(100)) == 0x44;
+            std::ptr::write_bytes(p, 0x55, 64 << 10);
+            libc::_exit(if sees_parent { 0 } else { 3 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    buffer
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert!(
+        buffer.iter().all(|&b| b == 0x44),
+        "the child wrote into the parent"
+    );
+    // The device still reaches the parent's pages.
+    peer_writes(&pair, &window, 8, &pattern(5, 1000));
+    buffer
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert_eq!(&buffer[8..1008], &pattern(5, 1000)[..]);
+}
