@@ -110,6 +110,7 @@ fn check_rdma_console(bed: &Bed, g: usize) {
         "read 8192 bytes verified",
         "write 12288 bytes verified",
         "atomics verified",
+        "heap Vec write and read of 9000 bytes verified",
         "out-of-window write and read refused",
     ] {
         bed.check(console.contains(step), &format!("missing {step:?}"));
@@ -160,6 +161,11 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
     let mut expected = initial;
     for i in 0..12288u64 {
         expected[WINDOW_OFFSET + 16384 + i as usize] = guest_pattern(16384 + i);
+    }
+    // Written from a heap Vec of the guest process (HEAP_AT, HEAP_LEN in
+    // pindown-guest).
+    for i in 36864..36864 + 9000u64 {
+        expected[WINDOW_OFFSET + i as usize] = guest_pattern(i);
     }
     let atomic = WINDOW_OFFSET + 32768;
     expected[atomic..atomic + 8].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());

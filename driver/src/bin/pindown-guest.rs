@@ -4,7 +4,8 @@
 //! pindown-guest bind                 load the VFIO modules, bind the virtio-net
 //!                                    function to vfio-pci, print its sysfs path
 //! pindown-guest rdma WINDOW          writes, reads and atomics against a peer's
-//!                                    window (port:key:len), bytes verified; an
+//!                                    window (port:key:len), from arena memory
+//!                                    and from heap Vecs, bytes verified; an
 //!                                    out-of-window access must fail
 //! pindown-guest serve               the other side of `rdma`: a window over a
 //!                                    buffer of its own, printed as
@@ -58,6 +59,10 @@ const READ_LEN: u32 = 8192;
 const WRITE_AT: u64 = 16384;
 const WRITE_LEN: u32 = 12288;
 const ATOMIC_AT: u64 = 32768;
+/// Where the guest writes from (and reads back into) heap `Vec`s of its
+/// own: process memory VFIO maps as it is.
+const HEAP_AT: u64 = 36864;
+const HEAP_LEN: u32 = 9000;
 /// What the atomics leave in the word at [`ATOMIC_AT`].
 const ATOMIC_RESULT: u64 = 0x1122_3344_5566_7788;
 /// Window offset of the word the `rdma` role writes last.
@@ -432,6 +437,48 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     }
     say("atomics verified: 3 fetch-adds, compare-swap hit and miss");
 
+    // From and into heap memory of this process, registered where it is:
+    // VFIO maps any memory, so no copy and no arena.
+    let skew = 4093;
+    let mut source = vec![0u8; skew + HEAP_LEN as usize + 5];
+    for i in 0..HEAP_LEN as usize {
+        source[skew + i] = guest_pattern(HEAP_AT + i as u64);
+    }
+    let source_region = context
+        .register(source.as_ptr() as u64, source.len() as u64)
+        .map_err(|e| e.to_string())?;
+    let write = Write::new(
+        source_region
+            .local(skew as u64, HEAP_LEN)
+            .map_err(|e| e.to_string())?,
+        window.at(HEAP_AT),
+    )
+    .build()
+    .user_data(25)
+    .signaled();
+    expect_success(run(&context, write)?, "write from a heap Vec")?;
+    let mut sink = vec![0u8; HEAP_LEN as usize + 1];
+    let sink_region = context
+        .register(sink.as_ptr() as u64, sink.len() as u64)
+        .map_err(|e| e.to_string())?;
+    let read = Read::new(
+        sink_region.local(1, HEAP_LEN).map_err(|e| e.to_string())?,
+        window.at(HEAP_AT),
+    )
+    .build()
+    .user_data(26)
+    .signaled();
+    expect_success(run(&context, read)?, "read into a heap Vec")?;
+    // The device wrote behind the compiler's back.
+    std::hint::black_box(&mut sink);
+    if sink[0] != 0 || sink[1..] != source[skew..skew + HEAP_LEN as usize] {
+        return Err("heap Vec: the bytes read back differ".into());
+    }
+    drop((source_region, sink_region));
+    say(format!(
+        "heap Vec write and read of {HEAP_LEN} bytes verified"
+    ));
+
     // Out of the window: a write straddling its end, a read past it.
     buffer.fill(0xee);
     let outside = Write::new(local(0, 64)?, window.at(window.len - 32))
@@ -528,6 +575,9 @@ fn serve() -> Result<(), String> {
     for i in 0..WRITE_LEN as u64 {
         expected[SERVE_WINDOW_OFFSET + (WRITE_AT + i) as usize] = guest_pattern(WRITE_AT + i);
     }
+    for i in 0..HEAP_LEN as u64 {
+        expected[SERVE_WINDOW_OFFSET + (HEAP_AT + i) as usize] = guest_pattern(HEAP_AT + i);
+    }
     let atomic = SERVE_WINDOW_OFFSET + ATOMIC_AT as usize;
     expected[atomic..atomic + 8].copy_from_slice(&ATOMIC_RESULT.to_le_bytes());
     expected[flag_at..flag_at + 8].copy_from_slice(&DONE_FLAG.to_le_bytes());
@@ -540,9 +590,9 @@ fn serve() -> Result<(), String> {
         ));
     }
     say(format!(
-        "write {WRITE_LEN} bytes, atomic word and done flag verified; \
-         the other {} bytes unchanged",
-        SERVE_BUFFER_LEN - WRITE_LEN as usize - 16
+        "write {WRITE_LEN} bytes, heap write {HEAP_LEN} bytes, atomic word and done flag \
+         verified; the other {} bytes unchanged",
+        SERVE_BUFFER_LEN - WRITE_LEN as usize - HEAP_LEN as usize - 16
     ));
     println!("PINDOWN-RESULT serve=ok");
     Ok(())

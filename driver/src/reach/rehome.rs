@@ -106,6 +106,17 @@ pub fn run(job: Move) -> Result<Moved, MoveError> {
 /// The move itself, on the rehoming thread (see the module documentation
 /// for what it may touch while the fence is up).
 fn move_range(job: &Move) -> Result<Moved, MoveError> {
+    // Allocate the chunk's pages before writers are held off: the fence
+    // then lasts only as long as the copy and the remap.
+    // SAFETY: advice on the chunk of the pool view reserved for this move;
+    // populating writes nothing.
+    unsafe {
+        libc::madvise(
+            job.destination as *mut libc::c_void,
+            job.len,
+            libc::MADV_POPULATE_WRITE,
+        )
+    };
     let (fence, moved) = if job.fence {
         match WriteFence::raise(job.start, job.len) {
             Ok(fence) => (Some(fence), Moved::Fenced),
