@@ -51,41 +51,34 @@ fn config(monitor: bool) -> ContextConfig {
     }
 }
 
-/// Posts one request and waits for its completion.
-fn run(context: &Context, entry: Entry) -> Completion {
-    context.post(&[entry.signaled()]).expect("post");
-    let mut out = [Completion::error(
-        0,
-        None,
-        Status::InvalidRequest,
-        ErrorDetail::None,
-    )];
-    context
-        .wait(&mut out, Duration::from_secs(30))
-        .expect("completion");
-    out[0]
+/// Posts one request on a queue pair of its own and waits for its
+/// completion.
+fn run(context: &Context, entry: Entry<'_>) -> Completion {
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).expect("queue pair");
+    qp.post(&[entry.signaled()]).expect("post");
+    let mut ready = cq.wait(Duration::from_secs(30)).expect("completion");
+    ready.next().expect("one completion")
 }
 
 /// Runs `count` requests made by `make`, 64 in flight, all successful.
-fn run_many(context: &Context, count: u64, make: impl Fn(u64) -> Entry) {
+fn run_many(context: &Context, count: u64, make: impl Fn(u64) -> Entry<'static>) {
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).expect("queue pair");
     let (mut posted, mut done) = (0u64, 0u64);
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None); 64];
     while done < count {
         while posted < count && posted - done < 64 {
             let batch = (count - posted).min(64 - (posted - done)).min(16);
             let entries: Vec<Entry> = (posted..posted + batch)
                 .map(|i| make(i).signaled())
                 .collect();
-            context.post(&entries).expect("post");
+            qp.post(&entries).expect("post");
             posted += batch;
         }
-        let n = context
-            .wait(&mut out, Duration::from_secs(30))
-            .expect("completions");
-        for completion in &out[..n] {
+        for completion in cq.wait(Duration::from_secs(30)).expect("completions") {
             assert!(completion.is_success(), "{completion:?}");
+            done += 1;
         }
-        done += n as u64;
     }
 }
 
@@ -307,7 +300,7 @@ fn buffer_rank(socket: &str, kind: &str) {
         .bind_window(&whole, 0, BUFFER_BYTES as u64, ALL)
         .unwrap();
     let stats = context.reach_stats();
-    say(format!("window {}", window.remote));
+    say(format!("window {}", window.remote()));
     say(format!(
         "rehomed {} segments {} files {}",
         stats.rehomed, stats.segments, stats.file_regions
@@ -326,7 +319,9 @@ fn buffer_rank(socket: &str, kind: &str) {
                 let (remote, len, seed, local) = (number(1), number(2), number(3), number(4));
                 buffer.write(local, &pattern(seed as u64, len));
                 let entry = Write::new(
-                    Local::new(buffer.addr(local), len as u32),
+                    // SAFETY: the range is registered (or deliberately not, to test the
+                    // device's check); the device never writes outside registered memory.
+                    unsafe { Local::from_raw(buffer.addr(local), len as u32) },
                     peer.unwrap().at(remote as u64),
                 );
                 say(status_text(&run(&context, entry.build())));
@@ -342,7 +337,9 @@ fn buffer_rank(socket: &str, kind: &str) {
             Some("get") => {
                 let (remote, len, local) = (number(1), number(2), number(3));
                 let entry = Read::new(
-                    Local::new(buffer.addr(local), len as u32),
+                    // SAFETY: the range is registered (or deliberately not, to test the
+                    // device's check); the device never writes outside registered memory.
+                    unsafe { Local::from_raw(buffer.addr(local), len as u32) },
                     peer.unwrap().at(remote as u64),
                 );
                 let done = run(&context, entry.build());
@@ -446,17 +443,22 @@ fn reuse_rank(socket: &str, hook: bool) {
     };
     let register = |at: *mut u8| {
         let region = context.register(at as u64, LEN as u64).unwrap();
-        let window = context.bind_window(&region, 0, LEN as u64, ALL).unwrap();
+        // SAFETY: the window is meant to outlive its registration: what the
+        // device does when the memory under it is freed is what is tested.
+        let window =
+            unsafe { context.bind_window_raw(region.iova(), LEN as u64, ALL, None) }.unwrap();
         (region, window)
     };
     let mut current = allocate(0);
     fill(current, 0x11);
-    let (region, mut window) = register(current);
+    let (region, window) = register(current);
     drop(region);
     say(format!(
         "window {} at {:#x}",
-        window.remote, current as usize
+        window.remote(),
+        current as usize
     ));
+    let mut window = Some(window);
     let mut shadow = vec![0x11u8; LEN];
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -468,7 +470,7 @@ fn reuse_rank(socket: &str, hook: bool) {
                 say("ok");
             }
             Some("revoke") => {
-                context.revoke_window(window).unwrap();
+                window.take().expect("a bound window").revoke().unwrap();
                 say("ok");
             }
             Some("again") => {
@@ -481,16 +483,16 @@ fn reuse_rank(socket: &str, hook: bool) {
                 let rehomed = context.reach_stats().rehomed;
                 let (region, fresh_window) = register(fresh);
                 drop(region);
-                window = fresh_window;
                 let stats = context.reach_stats();
                 say(format!(
                     "window {} at {:#x} rehomed {} released {}",
-                    window.remote,
+                    fresh_window.remote(),
                     fresh as usize,
                     stats.rehomed - rehomed,
                     stats.released_bytes
                 ));
                 current = fresh;
+                window = Some(fresh_window);
             }
             Some("expect") => {
                 let (at, len, seed) = (number(1), number(2), number(3));
@@ -523,9 +525,13 @@ fn vanish_rank(socket: &str, hook: bool) {
                 // SAFETY: LEN bytes we own.
                 unsafe { std::ptr::write_bytes(at, 0x11, LEN) };
                 let region = context.register(at as u64, LEN as u64).unwrap();
-                let window = context.bind_window(&region, 0, LEN as u64, ALL).unwrap();
+                // SAFETY: the window is meant to outlive its registration:
+                // what the device does when the memory under it is unmapped
+                // is what is tested.
+                let window =
+                    unsafe { context.bind_window_raw(at as u64, LEN as u64, ALL, None) }.unwrap();
                 drop(region);
-                say(format!("window {}", window.remote));
+                say(format!("window {}", window.remote()));
                 // "go <delay_us>": unmap after the delay, map new memory
                 // there, report, then check it once told the transfer is
                 // over.
@@ -556,7 +562,7 @@ fn vanish_rank(socket: &str, hook: bool) {
                     None => say("untouched"),
                     Some(i) => say(format!("written at {i}")),
                 }
-                context.revoke_window(window).unwrap();
+                window.revoke().unwrap();
                 // SAFETY: our own mapping.
                 unsafe { libc::munmap(fresh.cast(), LEN) };
             }
@@ -591,7 +597,9 @@ fn writer_rank(socket: &str) {
                     while !st.load(Ordering::Relaxed) {
                         let len = 256 << 10;
                         let offset = (round % 16) * len;
-                        let local = Local::new(source_addr, len as u32);
+                        let local = // SAFETY: the range is registered (or deliberately not, to test the
+                    // device's check); the device never writes outside registered memory.
+                    unsafe { Local::from_raw(source_addr, len as u32) };
                         let done = run(&c, Write::new(local, window.at(offset)).build());
                         let slot = match (done.status, done.detail) {
                             (Status::Success, _) => 0,
@@ -618,7 +626,9 @@ fn writer_rank(socket: &str) {
                 // What the source holds, as it is.
                 let window: RemoteWindow = words[1].parse().unwrap();
                 let (remote, len) = (number(2), number(3));
-                let local = Local::new(source_addr, len as u32);
+                let local = // SAFETY: the range is registered (or deliberately not, to test the
+                    // device's check); the device never writes outside registered memory.
+                    unsafe { Local::from_raw(source_addr, len as u32) };
                 say(status_text(&run(
                     &context,
                     Write::new(local, window.at(remote as u64)).build(),
@@ -628,7 +638,9 @@ fn writer_rank(socket: &str) {
                 let window: RemoteWindow = words[1].parse().unwrap();
                 let (remote, len, seed, skew) = (number(2), number(3), number(4), number(5));
                 source[skew..skew + len].copy_from_slice(&pattern(seed as u64, len));
-                let local = Local::new(source_addr + skew as u64, len as u32);
+                let local = // SAFETY: the range is registered (or deliberately not, to test the
+                    // device's check); the device never writes outside registered memory.
+                    unsafe { Local::from_raw(source_addr + skew as u64, len as u32) };
                 say(status_text(&run(
                     &context,
                     Write::new(local, window.at(remote as u64)).build(),

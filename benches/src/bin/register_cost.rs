@@ -34,16 +34,16 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pindown_driver::transport::{Access as IotlbAccess, Transport};
+use pindown_driver::transport::{IotlbAccess, Transport};
 use pindown_driver::verbs::opcode::Write;
-use pindown_driver::verbs::{Context, ContextConfig, Local, MemoryWindow};
+use pindown_driver::verbs::{Context, ContextConfig, MemoryWindow};
 use pindown_pincache::CacheConfig;
 use pindown_uapi::Access;
 use serde::Serialize;
 
 use pindown_benches::child::{DeviceChild, LineChild};
 use pindown_benches::output::OutputArgs;
-use pindown_benches::rdma::{gb_per_s, pattern, run_device, run_many, RdmaError, IN_FLIGHT};
+use pindown_benches::rdma::{gb_per_s, pattern, run_device, run_many, IN_FLIGHT};
 use pindown_benches::stats::median;
 use pindown_benches::sys::{mlock, munlock, LockBudget, Machine, Mapping};
 
@@ -241,20 +241,26 @@ fn registration(
 fn rdma_gbps(
     context: &Context,
     source: u64,
-    window: &MemoryWindow,
+    window: &MemoryWindow<'_>,
     bytes: usize,
     count: u64,
 ) -> Result<f64, Box<dyn Error>> {
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq)?;
     let start = Instant::now();
-    run_many(context, count, IN_FLIGHT, |i| {
-        let offset = (i as usize * bytes) % (BUFFER_BYTES - bytes + 1);
-        let entry = Write::new(
-            Local::new(source + offset as u64, bytes as u32),
-            window.remote.at(offset as u64),
-        )
-        .build();
-        Ok::<_, RdmaError>((entry, ()))
-    })?;
+    run_many(
+        &mut qp,
+        &mut cq,
+        count,
+        IN_FLIGHT,
+        |i| {
+            let offset = ((i as usize * bytes) % (BUFFER_BYTES - bytes + 1)) as u64;
+            Ok((offset, context.register(source + offset, bytes as u64)?))
+        },
+        |(offset, region)| {
+            Ok(Write::new(region.local(0, bytes as u32)?, window.remote().at(*offset)).build())
+        },
+    )?;
     Ok(gb_per_s(
         (bytes as u64 * count) as f64,
         start.elapsed().as_secs_f64(),
@@ -452,6 +458,7 @@ fn measure(args: &Args, device: &DeviceChild) -> Result<Report, Box<dyn Error>> 
         });
     }
     target.finish(Duration::from_secs(5))?;
+    drop(heap_window);
     drop(heap_target_region);
     Ok(Report {
         machine,

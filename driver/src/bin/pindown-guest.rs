@@ -456,7 +456,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     .build()
     .user_data(25)
     .signaled();
-    expect_success(run(&context, write)?, "write from a heap Vec")?;
+    expect_success(link.run(write)?, "write from a heap Vec")?;
     let mut sink = vec![0u8; HEAP_LEN as usize + 1];
     let sink_region = context
         .register(sink.as_ptr() as u64, sink.len() as u64)
@@ -468,7 +468,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     .build()
     .user_data(26)
     .signaled();
-    expect_success(run(&context, read)?, "read into a heap Vec")?;
+    expect_success(link.run(read)?, "read into a heap Vec")?;
     // The device wrote behind the compiler's back.
     std::hint::black_box(&mut sink);
     if sink[0] != 0 || sink[1..] != source[skew..skew + HEAP_LEN as usize] {
