@@ -453,3 +453,80 @@ fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
         .for_each(|b| *b = std::hint::black_box(*b));
     assert_eq!(&buffer[8..1008], &pattern(5, 1000)[..]);
 }
+
+#[test]
+fn a_growing_memory_table_keeps_windows_and_transfers_going() {
+    let pair = Arc::new(pair());
+    let len = 16 << 20;
+    let mut target = vec![0u8; len];
+    let region = pair
+        .owner
+        .register(target.as_ptr() as u64, len as u64)
+        .unwrap();
+    let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
+    let tables_before = pair.owner.reach_stats().tables_sent;
+    // The peer streams 16 MiB writes into the window...
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = {
+        let (pair, stop) = (Arc::clone(&pair), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let source = pattern(6, len);
+            let source_region = pair
+                .peer
+                .register(source.as_ptr() as u64, len as u64)
+                .unwrap();
+            let local = source_region.local(0, len as u32).unwrap();
+            let mut writes = 0;
+            while !stop.load(Ordering::Relaxed) || writes < 3 {
+                let done = run(&pair.peer, Write::new(local, window.remote.at(0)).build());
+                assert!(done.is_success(), "write {writes}: {done:?}");
+                writes += 1;
+            }
+            writes
+        })
+    };
+    // ...while the owner's memory table grows: pool segments for new
+    // private memory, and a shared memory file.
+    let mut kept = Vec::new();
+    for size in [40 << 20, 70 << 20, 100 << 20] {
+        let buffer = vec![1u8; size];
+        let region = pair
+            .owner
+            .register(buffer.as_ptr() as u64, size as u64)
+            .unwrap();
+        kept.push((buffer, region));
+    }
+    let shm = tempfile::tempfile_in("/dev/shm").unwrap();
+    shm.set_len(1 << 20).unwrap();
+    // SAFETY: a new shared mapping of the file, placed by the kernel.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&shm),
+            0,
+        )
+    };
+    assert_ne!(mapped, libc::MAP_FAILED);
+    let shm_region = pair.owner.register(mapped as u64, 1 << 20).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let writes = stream.join().unwrap();
+    let stats = pair.owner.reach_stats();
+    assert!(
+        stats.tables_sent >= tables_before + 3 && stats.segments >= 3 && stats.file_regions == 1,
+        "{stats:?}"
+    );
+    // Every write arrived whole, and the window still works.
+    target
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert!(target == pattern(6, len), "after {writes} writes");
+    peer_writes(&pair, &window, 3, &pattern(7, 5000));
+    target
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert_eq!(&target[3..5003], &pattern(7, 5000)[..]);
+    drop((shm_region, kept, region));
+}
