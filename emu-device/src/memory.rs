@@ -1348,6 +1348,63 @@ mod tests {
     }
 
     #[test]
+    fn a_table_that_keeps_regions_keeps_their_mappings_in_any_order() {
+        let file = |fill: u8| {
+            let mut f = tempfile::tempfile_in("/dev/shm").unwrap();
+            f.write_all(&[fill; 0x2000]).unwrap();
+            f
+        };
+        let desc = |gpa: u64| RegionDesc {
+            gpa,
+            size: 0x2000,
+            uaddr: gpa,
+            mmap_offset: 0,
+        };
+        let (a, b) = (file(1), file(2));
+        let dup = |f: &File| f.try_clone().unwrap();
+        let first = MemoryTable::map(&[desc(0x10_0000)], vec![dup(&a)]).unwrap();
+        // One region more, listed first (tables need not be sorted).
+        let regions = [desc(0x8_0000), desc(0x10_0000)];
+        assert!(first.is_kept_by(&regions, &[dup(&b), dup(&a)]));
+        let second =
+            MemoryTable::map_after(&regions, vec![dup(&b), dup(&a)], u64::MAX, Some(&first))
+                .unwrap();
+        assert!(std::sync::Arc::ptr_eq(
+            &first.mappings[0],
+            &second.mappings[1]
+        ));
+        let mut byte = [0u8];
+        second
+            .mmap()
+            .read_slice(&mut byte, GuestAddress(0x8_0000))
+            .unwrap();
+        assert_eq!(byte, [2]);
+        second
+            .mmap()
+            .read_slice(&mut byte, GuestAddress(0x10_1fff))
+            .unwrap();
+        assert_eq!(byte, [1]);
+        // Another file at the same place is not the same region: mapped
+        // anew, and the old table is not kept.
+        let c = file(3);
+        assert!(!second.is_kept_by(&regions, &[dup(&b), dup(&c)]));
+        let third =
+            MemoryTable::map_after(&regions, vec![dup(&b), dup(&c)], u64::MAX, Some(&second))
+                .unwrap();
+        assert!(!std::sync::Arc::ptr_eq(
+            &second.mappings[1],
+            &third.mappings[1]
+        ));
+        third
+            .mmap()
+            .read_slice(&mut byte, GuestAddress(0x10_0000))
+            .unwrap();
+        assert_eq!(byte, [3]);
+        // Dropping a region is not keeping it.
+        assert!(!third.is_kept_by(&regions[..1], &[dup(&b)]));
+    }
+
+    #[test]
     fn memory_table_refuses_bad_regions() {
         let f = tempfile::tempfile_in("/dev/shm").unwrap();
         f.set_len(0x1000).unwrap();

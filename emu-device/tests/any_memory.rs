@@ -450,3 +450,157 @@ fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
         .for_each(|b| *b = std::hint::black_box(*b));
     assert_eq!(&buffer[8..1008], &pattern(5, 1000)[..]);
 }
+
+#[test]
+fn a_growing_memory_table_keeps_windows_and_transfers_going() {
+    let pair = Arc::new(pair());
+    let len = 16 << 20;
+    let mut target = vec![0u8; len];
+    let region = pair
+        .owner
+        .register(target.as_ptr() as u64, len as u64)
+        .unwrap();
+    let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
+    let tables_before = pair.owner.reach_stats().tables_sent;
+    // The peer streams 16 MiB writes into the window...
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = {
+        let (pair, stop) = (Arc::clone(&pair), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let source = pattern(6, len);
+            let source_region = pair
+                .peer
+                .register(source.as_ptr() as u64, len as u64)
+                .unwrap();
+            let local = source_region.local(0, len as u32).unwrap();
+            let mut writes = 0;
+            while !stop.load(Ordering::Relaxed) || writes < 3 {
+                let done = run(&pair.peer, Write::new(local, window.remote.at(0)).build());
+                assert!(done.is_success(), "write {writes}: {done:?}");
+                writes += 1;
+            }
+            writes
+        })
+    };
+    // ...while the owner's memory table grows: pool segments for new
+    // private memory, and a shared memory file.
+    let mut kept = Vec::new();
+    for size in [40 << 20, 70 << 20, 100 << 20] {
+        let buffer = vec![1u8; size];
+        let region = pair
+            .owner
+            .register(buffer.as_ptr() as u64, size as u64)
+            .unwrap();
+        kept.push((buffer, region));
+    }
+    let shm = tempfile::tempfile_in("/dev/shm").unwrap();
+    shm.set_len(1 << 20).unwrap();
+    // SAFETY: a new shared mapping of the file, placed by the kernel.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&shm),
+            0,
+        )
+    };
+    assert_ne!(mapped, libc::MAP_FAILED);
+    let shm_region = pair.owner.register(mapped as u64, 1 << 20).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let writes = stream.join().unwrap();
+    let stats = pair.owner.reach_stats();
+    assert!(
+        stats.tables_sent >= tables_before + 3 && stats.segments >= 3 && stats.file_regions == 1,
+        "{stats:?}"
+    );
+    // Every write arrived whole, and the window still works.
+    target
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert!(target == pattern(6, len), "after {writes} writes");
+    peer_writes(&pair, &window, 3, &pattern(7, 5000));
+    target
+        .iter_mut()
+        .for_each(|b| *b = std::hint::black_box(*b));
+    assert_eq!(&target[3..5003], &pattern(7, 5000)[..]);
+    drop((shm_region, kept, region));
+}
+
+#[test]
+fn shared_anonymous_memory_and_memfds_stay_shared() {
+    let pair = pair();
+    let len = 64 << 10;
+    // A memfd mapped twice: the device writes through one mapping's
+    // registration, the other mapping sees it.
+    // SAFETY: memfd_create with a valid name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"any-memory-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is new and owned by nobody else.
+    let memfd = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    memfd.set_len(len as u64).unwrap();
+    let map_shared = |fd: libc::c_int, flags: libc::c_int| {
+        // SAFETY: a new shared mapping placed by the kernel.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | flags,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        at.cast::<u8>()
+    };
+    let (one, two) = (map_shared(fd, 0), map_shared(fd, 0));
+    let region = pair.owner.register(one as u64 + 100, 5000).unwrap();
+    let window = pair.owner.bind_window(&region, 0, 5000, ALL).unwrap();
+    peer_writes(&pair, &window, 0, &pattern(8, 5000));
+    // SAFETY: live mappings of `len` bytes; the device is done.
+    let seen = unsafe { std::slice::from_raw_parts(two.add(100), 5000) };
+    assert_eq!(seen, &pattern(8, 5000)[..]);
+    assert_eq!(pair.owner.reach_stats().file_regions, 1);
+    assert_eq!(pair.owner.reach_stats().rehomed, 0);
+
+    // MAP_SHARED | MAP_ANONYMOUS shared with a child: the child sees what
+    // the device wrote into the parent's registration.
+    let anon = map_shared(-1, libc::MAP_ANONYMOUS);
+    let mut ready = [0 as libc::c_int; 2];
+    // SAFETY: a pipe into an array of two descriptors.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+    // SAFETY: the child only waits on the pipe, reads the shared memory and
+    // ends with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let mut byte = [0u8];
+        // SAFETY: reading one byte from our end of the pipe; then the
+        // shared mapping, which the child inherited.
+        unsafe {
+            libc::read(ready[0], byte.as_mut_ptr().cast(), 1);
+            let seen = std::slice::from_raw_parts(anon.add(8), 1000);
+            let expected = pattern(9, 1000);
+            libc::_exit(if seen == &expected[..] { 0 } else { 4 });
+        }
+    }
+    let region = pair.owner.register(anon as u64 + 8, 1000).unwrap();
+    let window = pair.owner.bind_window(&region, 0, 1000, ALL).unwrap();
+    peer_writes(&pair, &window, 0, &pattern(9, 1000));
+    // SAFETY: writing one byte to our end of the pipe.
+    assert_eq!(
+        unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) },
+        1
+    );
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child does not see the device's write: {status:#x}"
+    );
+    assert_eq!(pair.owner.reach_stats().file_regions, 2);
+    assert_eq!(pair.owner.reach_stats().rehomed, 0);
+}
