@@ -461,6 +461,7 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
         .register(target.as_ptr() as u64, len as u64)
         .unwrap();
     let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
+    let remote = window.remote();
     let tables_before = pair.owner.reach_stats().tables_sent;
     // The peer streams 16 MiB writes into the window...
     let stop = Arc::new(AtomicBool::new(false));
@@ -475,7 +476,7 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
             let local = source_region.local(0, len as u32).unwrap();
             let mut writes = 0;
             while !stop.load(Ordering::Relaxed) || writes < 3 {
-                let done = run(&pair.peer, Write::new(local, window.remote.at(0)).build());
+                let done = run(&pair.peer, Write::new(local, remote.at(0)).build());
                 assert!(done.is_success(), "write {writes}: {done:?}");
                 writes += 1;
             }
@@ -525,6 +526,7 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
         .iter_mut()
         .for_each(|b| *b = std::hint::black_box(*b));
     assert_eq!(&target[3..5003], &pattern(7, 5000)[..]);
+    drop(window);
     drop((shm_region, kept, region));
 }
 
