@@ -55,9 +55,9 @@ impl WriteFence {
     /// write-protected (`EINVAL`: a private mapping of a disk file), or
     /// when another userfaultfd already watches part of it (`EBUSY`).
     pub fn raise(start: usize, len: usize) -> io::Result<WriteFence> {
-        let (uffd, features) =
-            Userfaultfd::open_with(UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFD_FEATURE_WP_UNPOPULATED)?;
-        if features & UFFD_FEATURE_WP_UNPOPULATED == 0 {
+        let unpopulated = Userfaultfd::offered_features()? & UFFD_FEATURE_WP_UNPOPULATED;
+        let uffd = Userfaultfd::open_with(UFFD_FEATURE_PAGEFAULT_FLAG_WP | unpopulated)?;
+        if unpopulated == 0 {
             // SAFETY: MADV_POPULATE_WRITE faults the pages in as a write
             // would, without changing their contents; the caller vouches
             // that the range is mapped writable.

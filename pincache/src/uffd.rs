@@ -116,55 +116,15 @@ impl Userfaultfd {
             | UFFD_FEATURE_EVENT_REMOVE
             | UFFD_FEATURE_EVENT_REMAP
             | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-        Self::open_with(wanted, 0).map(|(uffd, _)| uffd)
+        Self::open_with(wanted)
     }
 
-    /// Opens a non-blocking userfaultfd with the features `required` and
-    /// as many of `optional` as the kernel has; returns it with the
-    /// features granted.
-    pub(crate) fn open_with(required: u64, optional: u64) -> io::Result<(Self, u64)> {
-        // SAFETY: userfaultfd takes flags only and returns a new descriptor.
-        let raw =
-            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the descriptor is new and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
-        // UFFDIO_API with features 0 reports what the kernel offers; the
-        // handshake is then made once more, on a fresh descriptor, with the
-        // features wanted (it can be made only once per descriptor).
-        let offered = if optional == 0 {
-            required
-        } else {
-            let mut probe = UffdioApi {
-                api: UFFD_API,
-                features: 0,
-                ioctls: 0,
-            };
-            // SAFETY: UFFDIO_API reads and writes one UffdioApi we own.
-            if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut probe) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            probe.features
-        };
-        let fd = if optional == 0 {
-            fd
-        } else {
-            drop(fd);
-            // SAFETY: as above.
-            let raw =
-                unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
-            if raw < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: as above.
-            unsafe { OwnedFd::from_raw_fd(raw as i32) }
-        };
-        let wanted = required | (optional & offered);
+    /// Opens a non-blocking userfaultfd with the features `required`.
+    pub(crate) fn open_with(required: u64) -> io::Result<Self> {
+        let fd = Self::descriptor()?;
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: wanted,
+            features: required,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API reads and writes one UffdioApi we own.
@@ -181,7 +141,41 @@ impl Userfaultfd {
                 ),
             ));
         }
-        Ok((Userfaultfd { fd }, api.features & wanted))
+        Ok(Userfaultfd { fd })
+    }
+
+    /// The features the kernel offers (asked once per process: the
+    /// handshake that reports them can be made only once per descriptor).
+    pub(crate) fn offered_features() -> io::Result<u64> {
+        static OFFERED: std::sync::OnceLock<Result<u64, i32>> = std::sync::OnceLock::new();
+        let offered = OFFERED.get_or_init(|| {
+            let fd = Self::descriptor().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+            let mut probe = UffdioApi {
+                api: UFFD_API,
+                features: 0,
+                ioctls: 0,
+            };
+            // SAFETY: UFFDIO_API reads and writes one UffdioApi we own.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut probe) } != 0 {
+                return Err(io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EINVAL));
+            }
+            Ok(probe.features)
+        });
+        offered.map_err(io::Error::from_raw_os_error)
+    }
+
+    /// A new non-blocking userfaultfd, before its handshake.
+    fn descriptor() -> io::Result<OwnedFd> {
+        // SAFETY: userfaultfd takes flags only and returns a new descriptor.
+        let raw =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor is new and owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
     }
 
     /// Starts receiving events for `[start, start + len)`.

@@ -96,6 +96,11 @@ impl RangeSet {
         out
     }
 
+    /// The start of the first range at or after `at`, if any.
+    pub fn next_start(&self, at: usize) -> Option<usize> {
+        self.0.range(at..).next().map(|(&s, _)| s)
+    }
+
     /// The first free offset `o` below `limit` (a multiple of `align`) such
     /// that `[o, o + len)` touches nothing in the set.
     pub fn first_fit(&self, len: usize, align: usize, limit: usize) -> Option<usize> {
@@ -230,6 +235,8 @@ pub struct Chunk {
     pub offset: usize,
     /// Length in bytes.
     pub len: usize,
+    /// End of the space reserved with it (its headroom included).
+    pub reserved_end: usize,
 }
 
 /// The segments.
@@ -273,13 +280,17 @@ impl Pool {
                 .first_fit(len.saturating_mul(2), page, segment.size)
                 .or_else(|| segment.reserved.first_fit(len, page, segment.size));
             if let Some(offset) = offset {
-                let window = offset..(offset + 2 * len).min(segment.size);
-                segment.reserved.insert(window);
+                // The headroom ends where the next reservation starts.
+                let end = (offset + 2 * len)
+                    .min(segment.size)
+                    .min(segment.reserved.next_start(offset).unwrap_or(usize::MAX));
+                segment.reserved.insert(offset..end);
                 segment.pending.insert(offset..offset + len);
                 return Some(Chunk {
                     segment: index,
                     offset,
                     len,
+                    reserved_end: end,
                 });
             }
         }
@@ -298,7 +309,7 @@ impl Pool {
     pub fn cancel(&mut self, chunk: Chunk) {
         let segment = &mut self.segments[chunk.segment];
         let mut gone = RangeSet::default();
-        gone.insert(chunk.offset..(chunk.offset + 2 * chunk.len).min(segment.size));
+        gone.insert(chunk.offset..chunk.reserved_end);
         segment.pending = segment.pending.minus(&gone);
         segment.reserved = segment.reserved.minus(&gone);
         punch(&segment.file, chunk.offset..chunk.offset + chunk.len);
@@ -436,5 +447,36 @@ mod tests {
         // Nothing needs them any more.
         assert_eq!(pool.collect(&[], &[]), 9 * page);
         assert_eq!(pool.reserve(4 * page, page).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn headroom_stops_at_the_next_reservation() {
+        let page = crate::page_size();
+        let mut pool = Pool::default();
+        pool.grow(page, page).unwrap();
+        let size = pool.segments()[0].size();
+        let a = pool.reserve(page, page).unwrap();
+        let b = pool.reserve(page, page).unwrap();
+        let big = pool.reserve(size - 4 * page, page).unwrap();
+        assert_eq!((a.offset, b.offset, big.offset), (0, 2 * page, 4 * page));
+        for chunk in [a, b, big] {
+            pool.placed(chunk);
+        }
+        // Only the device still reaches b and big.
+        let view = pool.segments()[0].view();
+        let targets = [
+            view + 2 * page..view + 3 * page,
+            view + 4 * page..view + size,
+        ];
+        pool.collect(&[], &targets);
+        // Two pages fit in front of b, without headroom.
+        let squeezed = pool.reserve(2 * page, page).unwrap();
+        assert_eq!((squeezed.offset, squeezed.reserved_end), (0, 2 * page));
+        pool.cancel(squeezed);
+        assert_eq!(
+            pool.segments()[0].reserved_bytes(),
+            page + size - 4 * page,
+            "cancelling it leaves b and big reserved"
+        );
     }
 }
