@@ -59,6 +59,7 @@
 
 pub mod arena;
 pub mod pinner;
+pub mod rdma_queue;
 pub mod transport;
 pub mod verbs;
 pub mod vfio;

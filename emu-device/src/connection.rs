@@ -90,7 +90,7 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, index);
-    let mut send_queue = SendQueue::new(Arc::clone(&port), ctx.config.poll);
+    let mut send_queue = SendQueue::new(Arc::clone(&port));
     if let Err(e) = run(ctx, &port, &mut stream, &mut send_queue) {
         tracing::info!(port = index, "connection ends: {e}");
     }
@@ -287,7 +287,7 @@ fn run(
     let mut last_work: Option<Instant> = None;
     let mut rings: HashSet<usize> = HashSet::new();
     let mut kicked: HashSet<usize> = HashSet::new();
-    let mut pass: u32 = 0;
+    let mut looked = Instant::now();
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -307,22 +307,34 @@ fn run(
             }
             st.vrings.iter().any(|r| r.waiting_iotlb)
         };
-        let spinning = last_work.is_some_and(|t| t.elapsed() < spin);
-        let timeout = if poll || spinning || !again.is_empty() {
+        let now = Instant::now();
+        let spinning = last_work.is_some_and(|t| now.duration_since(t) < spin);
+        // Busy-poll mode polls while traffic flows; a port idle for
+        // POLL_IDLE sleeps on its kicks like an event-driven one, so that
+        // idle ports leave the cores to the busy ones.
+        let polling = poll && last_work.is_some_and(|t| now.duration_since(t) < POLL_IDLE);
+        let mut timeout = if polling || spinning || !again.is_empty() {
             0
         } else if waiting {
             50
         } else {
             -1
         };
+        if timeout != 0 && send_queue.arm(&mut port.lock()) {
+            // A request came in while the doorbell was being armed.
+            timeout = 0;
+            again.insert(port.lock().rdma_sq());
+        }
         // While polling, every ring is looked at on every pass anyway: ask
-        // the kernel about the socket and the kicks only every few passes.
-        // Not while work is left over from the last pass (a transfer
-        // between two turns): its frontend is answered between turns.
-        pass = pass.wrapping_add(1);
-        let n = if timeout == 0 && again.is_empty() && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
+        // the kernel about the socket and the kicks only every
+        // LOOK_INTERVAL. Not while work is left over from the last pass (a
+        // transfer between two turns): its frontend is answered between
+        // turns.
+        let look = timeout != 0 || !again.is_empty() || now.duration_since(looked) >= LOOK_INTERVAL;
+        let n = if !look {
             0
         } else {
+            looked = now;
             match epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
@@ -332,7 +344,7 @@ fn run(
         rings.clear();
         rings.extend(again.drain());
         kicked.clear();
-        let mut all = poll || spinning || (n == 0 && waiting);
+        let mut all = polling || spinning || (n == 0 && waiting);
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_SHUTDOWN => return Err("device shutting down".into()),
@@ -405,18 +417,57 @@ fn run(
                 last_work = Some(Instant::now());
             }
         }
-        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE) {
-            // Idle in busy-poll mode: keep polling without waiting for kicks,
-            // but yield between passes so that busy threads (another port's
-            // copy, a spinning driver) get the core first.
-            std::thread::yield_now();
+        if (polling || spinning) && again.is_empty() {
+            // Between two passes over everything, poll the RDMA send queue
+            // alone: the one ring whose latency is measured in
+            // microseconds.
+            if let Some(worked) = poll_rdma(ctx, port, send_queue, &mut again) {
+                last_work = Some(worked);
+            }
         }
     }
 }
 
-/// In busy-poll mode, passes over the rings between two looks at the
-/// socket and the kick eventfds.
-const POLL_PASSES_PER_WAIT: u32 = 64;
+/// Polls the RDMA queues of `port` alone, up to [`RDMA_POLLS_PER_PASS`]
+/// times or until something needs a full pass (a transfer paused between
+/// turns, an IOTLB miss to send, a ring stopped). Returns when work was
+/// last done, if any.
+fn poll_rdma(
+    ctx: Context<'_>,
+    port: &Port,
+    send_queue: &mut SendQueue,
+    again: &mut HashSet<usize>,
+) -> Option<Instant> {
+    let mut worked = None;
+    for _ in 0..RDMA_POLLS_PER_PASS {
+        let mut st = port.lock();
+        let sq = st.rdma_sq();
+        if !st.vrings[sq].active() {
+            break;
+        }
+        let served = send_queue.serve(&mut st, ctx.ports);
+        if served.worked {
+            worked = Some(Instant::now());
+        }
+        if served.more {
+            again.insert(sq);
+            break;
+        }
+        if st.vrings[sq].waiting_iotlb || !st.vrings[sq].active() {
+            break;
+        }
+        drop(st);
+        std::hint::spin_loop();
+    }
+    worked
+}
 
-/// In busy-poll mode, idle time after which passes yield the CPU.
+/// Polls of the RDMA queues alone between two passes over everything
+/// (rings, socket, inbox) while a port polls.
+const RDMA_POLLS_PER_PASS: u32 = 256;
+
+/// While a port polls, how often it looks at its socket and kick eventfds.
+const LOOK_INTERVAL: Duration = Duration::from_micros(50);
+
+/// In busy-poll mode, idle time after which a port sleeps on its kicks.
 const POLL_IDLE: Duration = Duration::from_millis(1);

@@ -24,6 +24,8 @@
 //! - [`port`]: per-port state, the access gate every data path goes
 //!   through, counters, and the table of all ports.
 //! - [`inbox`]: frames other ports sent to a port.
+//! - [`rdma_rings`]: the device side of the RDMA queue format, its ring
+//!   memory translated once per generation of the port's memory.
 //! - [`queues`]: the device side of split virtqueues.
 //! - [`rdma`]: the RDMA engine proper: executing one work request in
 //!   guarded steps, windows and keys; it sees ports only through its
@@ -42,6 +44,7 @@ pub mod memory;
 pub mod port;
 pub mod queues;
 pub mod rdma;
+pub mod rdma_rings;
 pub mod send_queue;
 pub mod sigbus;
 pub mod switch;

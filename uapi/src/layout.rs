@@ -5,7 +5,11 @@
 /// Version 2: 64-bit remote keys, windows bound to one peer port, one
 /// answer ([`ErrorDetail::NotGranted`](crate::ErrorDetail)) for every
 /// refused remote access, and a per-port window limit.
-pub const ABI_VERSION: u16 = 2;
+///
+/// Version 3: the RDMA queues are stamped slots the other side polls, with
+/// completions written in place and event records instead of split
+/// virtqueues ([`queue`](crate::queue)), and WRITE_INLINE.
+pub const ABI_VERSION: u16 = 3;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).
@@ -16,11 +20,15 @@ pub mod rdma_features {
     pub const ATOMICS: u32 = 1 << 1;
     /// Window bind and revoke.
     pub const WINDOWS: u32 = 1 << 2;
+    /// WRITE_INLINE of up to [`MAX_INLINE`](crate::queue::MAX_INLINE) bytes.
+    pub const INLINE: u32 = 1 << 3;
 }
 
 /// Every feature of this version.
-pub const RDMA_FEATURES: u32 =
-    rdma_features::READ_WRITE | rdma_features::ATOMICS | rdma_features::WINDOWS;
+pub const RDMA_FEATURES: u32 = rdma_features::READ_WRITE
+    | rdma_features::ATOMICS
+    | rdma_features::WINDOWS
+    | rdma_features::INLINE;
 
 /// The rings of a device with `queue_pairs` Ethernet queue pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +48,12 @@ impl RingLayout {
         2 * pair + 1
     }
 
-    /// The RDMA send queue: work requests in, executed requests back.
+    /// The RDMA send queue: stamped work requests in (see [`queue`](crate::queue)).
     pub fn send_queue(&self) -> u16 {
         2 * self.queue_pairs
     }
 
-    /// The RDMA completion queue: empty buffers in, completions back.
+    /// The RDMA completion queue: stamped completions back (see [`queue`](crate::queue)).
     pub fn completion_queue(&self) -> u16 {
         2 * self.queue_pairs + 1
     }

@@ -14,16 +14,16 @@
 //!
 //! The device is a virtio-net device. Queue pairs `0..P` carry Ethernet
 //! (receive ring `2i`, transmit ring `2i+1`); `P` is what `GET_QUEUE_NUM`
-//! reports. Two further rings carry RDMA (see [`RingLayout`]):
+//! reports. Two further rings carry RDMA (see [`RingLayout`]), set up like
+//! virtio rings but laid out as [`queue`] says, not as split virtqueues:
 //!
-//! * the **send queue** (ring `2P`): each descriptor chain is one
-//!   device-readable buffer holding one [`WorkRequest`]
-//!   ([`WorkRequest::SIZE`] bytes). The device returns the chain on the used
-//!   ring once it has executed the request.
-//! * the **completion queue** (ring `2P+1`): the driver keeps device-writable
-//!   buffers of [`Completion::SIZE`] bytes posted; the device writes one
-//!   [`Completion`] into the next buffer for every signalled request, and for
-//!   every request that fails, in execution order.
+//! * the **send queue** (ring `2P`): slots of one [`WorkRequest`]
+//!   ([`WorkRequest::SIZE`] bytes) each, stamped with their position, which
+//!   the device polls; small writes carry their bytes inline.
+//! * the **completion queue** (ring `2P+1`): slots of one [`Completion`]
+//!   ([`Completion::SIZE`] bytes) each, which the device writes in place,
+//!   stamped, for every signalled request and for every request that fails,
+//!   in execution order; the driver polls them.
 //!
 //! ## Addresses
 //!
@@ -72,6 +72,7 @@ pub mod features;
 mod iotlb;
 mod keys;
 mod layout;
+pub mod queue;
 mod request;
 
 pub use completion::{Completion, ErrorDetail, Status};

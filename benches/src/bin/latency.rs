@@ -41,6 +41,7 @@ use pindown_benches::sys::{LockBudget, Machine};
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
 use pindown_driver::verbs::{Context, Entry, Local, RemoteWindow};
 use pindown_emu_device::testing::DeviceProcess;
+use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::Access;
 use serde::Serialize;
 
@@ -81,8 +82,14 @@ struct Args {
 /// The operations of the latency figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Op {
+    /// WRITE: the device reads the source (DMA).
     Write,
+    /// WRITE sent inline: the bytes travel in the send queue (sizes up to
+    /// `pindown_uapi::queue::MAX_INLINE`).
+    WriteInline,
+    /// READ.
     Read,
+    /// 8-byte FETCH_ADD.
     FetchAdd,
 }
 
@@ -134,7 +141,7 @@ impl Plan {
         let latency_samples = args.samples.unwrap_or(samples).max(1);
         let or_all = |chosen: &[Op]| {
             if chosen.is_empty() {
-                vec![Op::Write, Op::Read, Op::FetchAdd]
+                vec![Op::Write, Op::WriteInline, Op::Read, Op::FetchAdd]
             } else {
                 chosen.to_vec()
             }
@@ -154,7 +161,7 @@ impl Plan {
             },
             latency_samples,
             latency_warmup: latency_samples / 10,
-            ping_pong_samples: latency_samples * 5,
+            ping_pong_samples: latency_samples,
             bandwidth_bytes_per_round,
             bandwidth_rounds,
             in_flight: IN_FLIGHT,
@@ -173,7 +180,11 @@ struct LatencyFigure {
     bytes: u32,
     /// Post to completion seen, in microseconds.
     us: Summary,
-    /// Median over the median cache-line round trip of the mode.
+    /// The cache-line round trip measured just before (device and driver
+    /// idle), in microseconds: the two cores' distance may change between
+    /// figures on a virtual machine.
+    ping_pong_us: Summary,
+    /// Median over the median cache-line round trip.
     median_over_ping_pong: f64,
     /// p99 over median.
     p99_over_median: f64,
@@ -209,7 +220,8 @@ struct ModeReport {
     mode: Mode,
     device_args: Vec<&'static str>,
     /// Cache-line round trip between the two cores, in microseconds,
-    /// measured just before the mode's device started.
+    /// measured just before the mode's device started (each latency figure
+    /// has its own, measured just before it).
     ping_pong_us: Summary,
     kinds: Vec<KindReport>,
 }
@@ -261,7 +273,11 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
     let started = Instant::now();
     let plan = Plan::new(args);
-    if let Some(bad) = plan.latency_bytes.iter().find(|&&b| b == 0 || b > MAX_LATENCY_BYTES) {
+    if let Some(bad) = plan
+        .latency_bytes
+        .iter()
+        .find(|&&b| b == 0 || b > MAX_LATENCY_BYTES)
+    {
         return Err(format!("--sizes: {bad} is not between 1 and {MAX_LATENCY_BYTES}").into());
     }
     let modes = args.mode.map_or(Mode::ALL.to_vec(), |m| vec![m]);
@@ -299,7 +315,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
         for &kind in &kinds {
             bar.set_message(format!("{mode}: {kind}"));
             let report = match Bench::new(&device, mode, kind) {
-                Ok(bench) => bench.measure(&plan, ping_pong_us.median, &memcpy_idle),
+                Ok(bench) => bench.measure(&plan, &memcpy_idle),
                 Err(e) => KindReport {
                     memory: kind,
                     error: Some(e.to_string()),
@@ -408,13 +424,14 @@ fn summarize(report: &Report) {
         for kind in &mode.kinds {
             for f in &kind.latency {
                 eprintln!(
-                    "{} {} {:>9} {:>5} B: median {:.3} us ({:.1}x), p99 {:.3} us",
+                    "{} {} {:>12} {:>5} B: median {:.3} us ({:.1}x a {:.3} us round trip), p99 {:.3} us",
                     mode.mode,
                     kind.memory,
                     f.op,
                     f.bytes,
                     f.us.median,
                     f.median_over_ping_pong,
+                    f.ping_pong_us.median,
                     f.us.p99
                 );
             }
@@ -433,6 +450,14 @@ fn summarize(report: &Report) {
             t.what, t.measured, t.target
         );
     }
+}
+
+/// A timed latency figure before it is checked.
+struct Timed {
+    us: Summary,
+    ping_pong: Summary,
+    /// Every completion carried the value expected.
+    values_ok: bool,
 }
 
 /// Two ports of one device: port 0 posts, port 1 owns the window.
@@ -478,7 +503,7 @@ impl Bench {
         })
     }
 
-    fn measure(self, plan: &Plan, ping_pong_us: f64, idle: &[IdleMemcpy]) -> KindReport {
+    fn measure(self, plan: &Plan, idle: &[IdleMemcpy]) -> KindReport {
         let mut report = KindReport {
             memory: self.kind,
             error: None,
@@ -488,20 +513,17 @@ impl Bench {
         let result = (|| -> Result<(), Box<dyn Error>> {
             for &bytes in &plan.latency_bytes {
                 if plan.ops.contains(&Op::Write) {
-                    report
-                        .latency
-                        .push(self.write_latency(plan, ping_pong_us, bytes)?);
+                    report.latency.push(self.write_latency(plan, bytes, false)?);
+                }
+                if plan.ops.contains(&Op::WriteInline) && bytes <= MAX_INLINE {
+                    report.latency.push(self.write_latency(plan, bytes, true)?);
                 }
                 if plan.ops.contains(&Op::Read) {
-                    report
-                        .latency
-                        .push(self.read_latency(plan, ping_pong_us, bytes)?);
+                    report.latency.push(self.read_latency(plan, bytes)?);
                 }
             }
             if plan.ops.contains(&Op::FetchAdd) {
-                report
-                    .latency
-                    .push(self.fetch_add_latency(plan, ping_pong_us)?);
+                report.latency.push(self.fetch_add_latency(plan)?);
             }
             for &bytes in &plan.bandwidth_bytes {
                 let idle = idle
@@ -520,13 +542,16 @@ impl Bench {
 
     /// Times `entry` (built anew for every sample by `make`) one at a
     /// time: `plan.latency_warmup` untimed, then `plan.latency_samples`
-    /// timed, in microseconds.
+    /// timed, in microseconds; `check(i, value)` checks the value of
+    /// completion `i`. First measures the cache-line round trip, once the
+    /// device and the driver are idle.
     fn time(
         &self,
         plan: &Plan,
         mut make: impl FnMut(u64) -> Entry,
         mut check: impl FnMut(u64, u64) -> bool,
-    ) -> Result<(Summary, bool), Box<dyn Error>> {
+    ) -> Result<Timed, Box<dyn Error>> {
+        let ping_pong = quiet_ping_pong(plan);
         let mut samples = Vec::with_capacity(plan.latency_samples);
         let mut ok = true;
         for i in 0..(plan.latency_warmup + plan.latency_samples) as u64 {
@@ -539,31 +564,32 @@ impl Bench {
                 samples.push(micros(elapsed));
             }
         }
-        Ok((Summary::of(&mut samples), ok))
+        Ok(Timed {
+            us: Summary::of(&mut samples),
+            ping_pong,
+            values_ok: ok,
+        })
     }
 
-    fn figure(
-        op: &'static str,
-        bytes: u32,
-        us: Summary,
-        ping_pong: f64,
-        ok: bool,
-    ) -> LatencyFigure {
+    fn figure(op: &'static str, bytes: u32, timed: Timed, ok: bool) -> LatencyFigure {
         LatencyFigure {
             op,
             bytes,
-            median_over_ping_pong: us.median / ping_pong,
-            p99_over_median: us.p99 / us.median,
-            us,
-            verified: ok,
+            median_over_ping_pong: timed.us.median / timed.ping_pong.median,
+            p99_over_median: timed.us.p99 / timed.us.median,
+            us: timed.us,
+            ping_pong_us: timed.ping_pong,
+            verified: ok && timed.values_ok,
         }
     }
 
+    /// Writes from the source (inline: the bytes travel in the send
+    /// queue; only arena memory is sent inline).
     fn write_latency(
         &self,
         plan: &Plan,
-        ping_pong: f64,
         bytes: u32,
+        inline: bool,
     ) -> Result<LatencyFigure, Box<dyn Error>> {
         self.target.write_at(WRITE_BASE, &vec![0u8; bytes as usize]);
         let region = self
@@ -571,19 +597,23 @@ impl Bench {
             .register(self.source.addr(), u64::from(bytes))?;
         let local = region.local(0, bytes)?;
         let at = self.window.at(WRITE_BASE as u64);
-        let (us, _) = self.time(plan, |_| Write::new(local, at).build(), |_, _| true)?;
+        let build = |_| {
+            let entry = Write::new(local, at).build();
+            if inline {
+                entry.inline()
+            } else {
+                entry
+            }
+        };
+        let timed = self.time(plan, build, |_, _| true)?;
         let mut landed = vec![0u8; bytes as usize];
         self.target.read_at(WRITE_BASE, &mut landed);
         let ok = first_difference(WRITE_SEED, 0, &landed).is_none();
-        Ok(Self::figure("write", bytes, us, ping_pong, ok))
+        let op = if inline { "write_inline" } else { "write" };
+        Ok(Self::figure(op, bytes, timed, ok))
     }
 
-    fn read_latency(
-        &self,
-        plan: &Plan,
-        ping_pong: f64,
-        bytes: u32,
-    ) -> Result<LatencyFigure, Box<dyn Error>> {
+    fn read_latency(&self, plan: &Plan, bytes: u32) -> Result<LatencyFigure, Box<dyn Error>> {
         self.sink.write_at(0, &vec![0u8; bytes as usize]);
         let region = self
             .initiator
@@ -592,31 +622,27 @@ impl Bench {
         // A different part of the read region for each size.
         let offset = READ_BASE as u64 + u64::from(bytes) * 3;
         let at = self.window.at(offset);
-        let (us, _) = self.time(plan, |_| Read::new(local, at).build(), |_, _| true)?;
+        let timed = self.time(plan, |_| Read::new(local, at).build(), |_, _| true)?;
         let mut landed = vec![0u8; bytes as usize];
         self.sink.read_at(0, &mut landed);
         let ok = first_difference(READ_SEED, offset, &landed).is_none();
-        Ok(Self::figure("read", bytes, us, ping_pong, ok))
+        Ok(Self::figure("read", bytes, timed, ok))
     }
 
-    fn fetch_add_latency(
-        &self,
-        plan: &Plan,
-        ping_pong: f64,
-    ) -> Result<LatencyFigure, Box<dyn Error>> {
+    fn fetch_add_latency(&self, plan: &Plan) -> Result<LatencyFigure, Box<dyn Error>> {
         let mut word = [0u8; 8];
         self.target.read_at(COUNTER_OFFSET, &mut word);
         let start = u64::from_le_bytes(word);
         let at = self.window.at(COUNTER_OFFSET as u64);
-        let (us, in_order) = self.time(
+        let timed = self.time(
             plan,
             |_| FetchAdd::new(at, 1).build(),
             |i, old| old == start + i,
         )?;
         self.target.read_at(COUNTER_OFFSET, &mut word);
         let count = (plan.latency_warmup + plan.latency_samples) as u64;
-        let ok = in_order && u64::from_le_bytes(word) == start + count;
-        Ok(Self::figure("fetch_add", 8, us, ping_pong, ok))
+        let ok = u64::from_le_bytes(word) == start + count;
+        Ok(Self::figure("fetch_add", 8, timed, ok))
     }
 
     fn bandwidth(
@@ -660,6 +686,17 @@ impl Bench {
         })
     }
 }
+
+/// The cache-line round trip once the device's threads have gone to
+/// sleep (a port that polls sleeps after a millisecond without work).
+fn quiet_ping_pong(plan: &Plan) -> Summary {
+    std::thread::sleep(QUIET);
+    let samples = plan.ping_pong_samples;
+    ping_pong::round_trips(samples / 10, samples)
+}
+
+/// How long the device and the driver are left idle before a ping-pong.
+const QUIET: Duration = Duration::from_millis(5);
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6

@@ -1,4 +1,4 @@
-//! The completion side of the context's queue pair: the completion ring,
+//! The completion side of the context's queue pair: the completion queue,
 //! polling and waiting.
 
 use std::collections::{HashMap, VecDeque};
@@ -7,14 +7,12 @@ use std::time::Duration;
 use pindown_uapi::Completion;
 
 use super::{Context, VerbsError, INTERNAL};
-use crate::arena::DmaBuffer;
+use crate::rdma_queue::CompletionQueue;
 use crate::transport::Transport;
-use crate::virtqueue::{ChainElement, SplitQueue};
 
-/// Completion buffers lent to the device, and completions already reaped.
+/// The completion queue, and completions already taken from it.
 pub(super) struct CompletionRing {
-    pub(super) queue: SplitQueue<u16>,
-    pub(super) slots: DmaBuffer,
+    pub(super) queue: CompletionQueue,
     /// The caller's completions, in order.
     pub(super) ready: VecDeque<Completion>,
     /// Completions of the driver's own requests, by user data.
@@ -23,19 +21,11 @@ pub(super) struct CompletionRing {
 
 impl CompletionRing {
     /// Moves every completion the device has written into `ready` or
-    /// `internal`, and lends the buffers back. Returns how many arrived.
+    /// `internal`. Returns how many arrived.
     pub(super) fn pump(&mut self) -> Result<usize, VerbsError> {
         let mut arrived = 0;
-        while let Some((slot, _written)) = self.queue.pop_used()? {
-            let mut bytes = [0u8; Completion::SIZE];
-            self.slots
-                .read_at(usize::from(slot) * Completion::SIZE, &mut bytes);
-            let iova = self.slots.iova() + (usize::from(slot) * Completion::SIZE) as u64;
-            self.queue.add(
-                &[ChainElement::writable(iova, Completion::SIZE as u32)],
-                slot,
-            )?;
-            let completion = Completion::decode(&bytes).map_err(VerbsError::BadCompletion)?;
+        while let Some(completion) = self.queue.pop() {
+            let completion = completion.map_err(VerbsError::BadCompletion)?;
             if completion.user_data & INTERNAL != 0 {
                 self.internal.insert(completion.user_data, completion);
             } else {
@@ -68,10 +58,10 @@ impl<T: Transport + 'static> Context<T> {
         self.wait_until(timeout, |context| context.poll(out))
     }
 
-    /// Takes the completions the device wrote and lends their buffers back,
-    /// with a doorbell if the device waits for buffers.
+    /// Takes the completions the device wrote and tells it how far the
+    /// driver has read, with a doorbell if the device waits for room.
     pub(super) fn reap(&self, ring: &mut CompletionRing) -> Result<(), VerbsError> {
-        if ring.pump()? > 0 && ring.queue.kick_needed() {
+        if ring.pump()? > 0 && ring.queue.publish() {
             self.transport.notify(self.layout.completion_queue())?;
         }
         Ok(())

@@ -18,8 +18,8 @@ use super::queue_pair::SendRing;
 use super::{VerbsError, INTERNAL};
 use crate::arena::{DmaArena, DmaBuffer};
 use crate::pinner::IotlbPinner;
+use crate::rdma_queue::{CompletionQueue, SendQueue};
 use crate::transport::{self, CompletionEvent, Transport, VhostUserConfig, VhostUserTransport};
-use crate::virtqueue::{ChainElement, SplitQueue};
 
 /// How a [`Context`] is set up.
 #[derive(Clone, Debug)]
@@ -78,8 +78,7 @@ impl<T: Transport + 'static> Context<T> {
     /// Sets up a port over an already connected transport.
     pub fn with_transport(transport: T, config: ContextConfig) -> Result<Self, VerbsError> {
         let transport = Arc::new(transport);
-        let features = transport.negotiate_features(transport::DEFAULT_FEATURES)?;
-        let event_idx = features & transport::F_EVENT_IDX != 0;
+        transport.negotiate_features(transport::DEFAULT_FEATURES)?;
         let arena = DmaArena::new(config.arena_bytes)?;
         transport.register_memory(&[arena.memory_region()])?;
         let layout = RingLayout {
@@ -87,34 +86,15 @@ impl<T: Transport + 'static> Context<T> {
         };
         let size = config.queue_size;
 
-        let send_queue = SplitQueue::new(&arena, size, event_idx)?;
-        let send_slots = device_slots(
-            &*transport,
-            &arena,
-            usize::from(size) * WorkRequest::SIZE,
-            transport::Access::ReadOnly,
-        )?;
+        // The RDMA queues (pindown_uapi::queue): each in a page-aligned
+        // chunk of the arena, mapped for the device by setup_queue.
+        let send_queue = SendQueue::new(&arena, size)?;
         transport.setup_queue(layout.send_queue(), &send_queue.layout())?;
-
-        let mut completion_queue = SplitQueue::new(&arena, size, event_idx)?;
-        let completion_slots = device_slots(
-            &*transport,
-            &arena,
-            usize::from(size) * Completion::SIZE,
-            transport::Access::ReadWrite,
-        )?;
-        for slot in 0..size {
-            let iova = completion_slots.iova() + (usize::from(slot) * Completion::SIZE) as u64;
-            completion_queue.add(
-                &[ChainElement::writable(iova, Completion::SIZE as u32)],
-                slot,
-            )?;
-        }
+        let completion_queue = CompletionQueue::new(&arena, size)?;
         transport.setup_queue(layout.completion_queue(), &completion_queue.layout())?;
         let completion_event = transport.completion_event(layout.completion_queue())?;
         transport.enable_queue(layout.completion_queue(), true)?;
         transport.enable_queue(layout.send_queue(), true)?;
-        transport.notify(layout.completion_queue())?;
 
         // Each cached region is one device mapping: stay within the
         // mechanism's limit (VFIO's DMA entry limit in a guest).
@@ -141,12 +121,10 @@ impl<T: Transport + 'static> Context<T> {
             layout,
             send: Mutex::new(SendRing {
                 queue: send_queue,
-                slots: send_slots,
-                free: (0..size).rev().collect(),
+                inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
             }),
             completion: Mutex::new(CompletionRing {
                 queue: completion_queue,
-                slots: completion_slots,
                 ready: VecDeque::new(),
                 internal: HashMap::new(),
             }),
@@ -213,13 +191,19 @@ impl<T: Transport + 'static> Context<T> {
     ) -> Result<usize, VerbsError> {
         let start = Instant::now();
         loop {
-            let spin_until = Instant::now() + self.spin.min(timeout);
+            // Spin: the clock is read once every few attempts only, so
+            // that a completion is seen within a few nanoseconds of its
+            // arrival.
+            let spin = self.spin.min(timeout.saturating_sub(start.elapsed()));
+            let spin_from = Instant::now();
+            let mut attempts = 0u32;
             loop {
                 let found = attempt(self)?;
                 if found > 0 {
                     return Ok(found);
                 }
-                if Instant::now() >= spin_until {
+                attempts = attempts.wrapping_add(1);
+                if attempts.is_multiple_of(SPIN_ATTEMPTS_PER_CLOCK) && spin_from.elapsed() >= spin {
                     break;
                 }
                 std::hint::spin_loop();
@@ -228,13 +212,15 @@ impl<T: Transport + 'static> Context<T> {
             if elapsed >= timeout {
                 return Err(VerbsError::Timeout(timeout));
             }
-            let pending = self.completion.lock().queue.enable_interrupts();
+            // Ask for a signal, then sleep unless a completion slipped in
+            // meanwhile. The request stays until its position passes: no
+            // need to withdraw it after waking.
+            let pending = self.completion.lock().queue.arm();
             if !pending {
                 self.completion_event
                     .wait(Some(timeout - elapsed))
                     .map_err(VerbsError::Wait)?;
             }
-            self.completion.lock().queue.disable_interrupts();
         }
     }
 
@@ -245,11 +231,12 @@ impl<T: Transport + 'static> Context<T> {
         timeout: Duration,
     ) -> Result<Completion, VerbsError> {
         let user_data = INTERNAL | self.next_internal.fetch_add(1, Ordering::Relaxed);
-        self.post_requests(std::iter::once(WorkRequest {
+        let request = WorkRequest {
             user_data,
             flags: WrFlags::SIGNALED,
             op,
-        }))?;
+        };
+        self.post_with(1, |_| (request, false))?;
         let mut done = None;
         self.wait_until(timeout, |context| {
             let mut ring = context.completion.lock();
@@ -266,21 +253,5 @@ impl<T: Transport + 'static> Context<T> {
     }
 }
 
-/// Page-exclusive arena memory for the driver's own request or completion
-/// slots, mapped for the device for the context's life (never through the
-/// pin-down cache, whose unpins would remove the mapping).
-fn device_slots<T: Transport>(
-    transport: &T,
-    arena: &Arc<DmaArena>,
-    len: usize,
-    access: transport::Access,
-) -> Result<DmaBuffer, VerbsError> {
-    let slots = arena.alloc_pages(len)?;
-    transport.iotlb_map(
-        slots.iova(),
-        slots.len() as u64,
-        slots.as_ptr() as u64,
-        access,
-    )?;
-    Ok(slots)
-}
+/// Polling attempts between two looks at the clock while spinning.
+const SPIN_ATTEMPTS_PER_CLOCK: u32 = 64;

@@ -21,45 +21,70 @@ use super::Local;
 
 /// A work request ready to post.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry(WorkRequest);
+pub struct Entry {
+    request: WorkRequest,
+    inline: bool,
+}
 
 impl Entry {
     fn new(op: Operation) -> Self {
-        Entry(WorkRequest {
-            user_data: 0,
-            flags: WrFlags::empty(),
-            op,
-        })
+        Entry {
+            request: WorkRequest {
+                user_data: 0,
+                flags: WrFlags::empty(),
+                op,
+            },
+            inline: false,
+        }
+    }
+
+    /// Sends a write's bytes inside the send queue, as a NIC's inline send
+    /// does (the programmed-I/O path of small transfers): the driver copies
+    /// them into the queue when the request is posted, so the source may
+    /// change as soon as [`post`](super::Context::post) returns, and the
+    /// device neither reads the source memory nor checks that it is
+    /// registered. Only writes of at most
+    /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes from the
+    /// context's DMA arena travel inline; other requests are posted as
+    /// usual.
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
+
+    /// Whether [`inline`](Self::inline) was asked for.
+    pub fn wants_inline(&self) -> bool {
+        self.inline
     }
 
     /// Sets the value returned in the completion. Values with bit 63 set are
     /// reserved for the driver's own requests.
     pub fn user_data(mut self, user_data: u64) -> Self {
-        self.0.user_data = user_data;
+        self.request.user_data = user_data;
         self
     }
 
     /// Asks for a completion on success too (failures always complete).
     pub fn signaled(mut self) -> Self {
-        self.0.flags |= WrFlags::SIGNALED;
+        self.request.flags |= WrFlags::SIGNALED;
         self
     }
 
     /// Starts only after every earlier request has finished.
     pub fn fence(mut self) -> Self {
-        self.0.flags |= WrFlags::FENCE;
+        self.request.flags |= WrFlags::FENCE;
         self
     }
 
     /// The encoded request.
     pub fn request(&self) -> &WorkRequest {
-        &self.0
+        &self.request
     }
 }
 
 impl From<Entry> for WorkRequest {
     fn from(entry: Entry) -> WorkRequest {
-        entry.0
+        entry.request
     }
 }
 

@@ -1,32 +1,22 @@
-//! The send side of the context's queue pair: the send ring and posting.
+//! The send side of the context's queue pair: the send queue and posting.
 
-use pindown_uapi::WorkRequest;
+use pindown_uapi::queue::{INLINE_IN_REQUEST, MAX_INLINE};
+use pindown_uapi::{Operation, WorkRequest};
 
 use super::{Context, Entry, VerbsError, INTERNAL};
-use crate::arena::DmaBuffer;
+use crate::rdma_queue::SendQueue;
 use crate::transport::Transport;
-use crate::virtqueue::{ChainElement, QueueError, SplitQueue};
 
-/// Work requests in flight: the ring and the request slots it points at.
+/// The send queue and the room to gather inline bytes in.
 pub(super) struct SendRing {
-    pub(super) queue: SplitQueue<u16>,
-    pub(super) slots: DmaBuffer,
-    pub(super) free: Vec<u16>,
-}
-
-impl SendRing {
-    /// Takes back the slots of requests the device has executed.
-    pub(super) fn reap(&mut self) -> Result<(), QueueError> {
-        while let Some((slot, _)) = self.queue.pop_used()? {
-            self.free.push(slot);
-        }
-        Ok(())
-    }
+    pub(super) queue: SendQueue,
+    /// Inline bytes of the request being posted.
+    pub(super) inline: Vec<u8>,
 }
 
 impl<T: Transport + 'static> Context<T> {
     /// Posts a batch of requests with one doorbell (none if the device is
-    /// busy and needs no kick). All or nothing: fails with
+    /// polling and needs no kick). All or nothing: fails with
     /// [`VerbsError::QueueFull`] when the batch does not fit.
     pub fn post(&self, entries: &[Entry]) -> Result<(), VerbsError> {
         if let Some(bad) = entries
@@ -35,34 +25,64 @@ impl<T: Transport + 'static> Context<T> {
         {
             return Err(VerbsError::ReservedUserData(bad.request().user_data));
         }
-        self.post_requests(entries.iter().map(|entry| *entry.request()))
+        self.post_with(entries.len(), |i| {
+            (*entries[i].request(), entries[i].wants_inline())
+        })
     }
 
-    pub(super) fn post_requests(
+    /// The bytes a write asked to go inline carries, if it may: at most
+    /// [`MAX_INLINE`], all of them in the arena.
+    fn inline_len(&self, request: &WorkRequest, inline: bool) -> Option<u32> {
+        match request.op {
+            Operation::Write { local, len, .. }
+                if inline && len <= MAX_INLINE && self.arena.contains(local, len as usize) =>
+            {
+                Some(len)
+            }
+            _ => None,
+        }
+    }
+
+    /// Posts `count` requests, request `i` being `request(i)` (with
+    /// whether it asked to go inline).
+    pub(super) fn post_with(
         &self,
-        requests: impl ExactSizeIterator<Item = WorkRequest>,
+        count: usize,
+        request: impl Fn(usize) -> (WorkRequest, bool),
     ) -> Result<(), VerbsError> {
         let mut send = self.send.lock();
-        if send.free.len() < requests.len() {
-            send.reap()?;
-        }
-        if send.free.len() < requests.len() {
+        let slots: usize = (0..count)
+            .map(|i| {
+                let (request, inline) = request(i);
+                match self.inline_len(&request, inline) {
+                    Some(len) => 1 + pindown_uapi::queue::inline_slots(len),
+                    None => 1,
+                }
+            })
+            .sum();
+        if !send.queue.has_room(slots)? {
             return Err(VerbsError::QueueFull {
-                free: send.free.len(),
-                wanted: requests.len(),
+                free: send.queue.free()?,
+                wanted: slots,
             });
         }
-        for request in requests {
-            let slot = send.free.pop().expect("room checked above");
-            let offset = usize::from(slot) * WorkRequest::SIZE;
-            send.slots.write_at(offset, &request.encode());
-            let iova = send.slots.iova() + offset as u64;
-            send.queue.add(
-                &[ChainElement::readable(iova, WorkRequest::SIZE as u32)],
-                slot,
-            )?;
+        let SendRing { queue, inline } = &mut *send;
+        for i in 0..count {
+            let (mut request, wants_inline) = request(i);
+            inline.clear();
+            if let (Some(len), Operation::Write { local, remote, .. }) =
+                (self.inline_len(&request, wants_inline), request.op)
+            {
+                inline.resize(len as usize, 0);
+                self.arena.read(local, inline);
+                let mut head = [0u8; INLINE_IN_REQUEST];
+                let carried = inline.len().min(INLINE_IN_REQUEST);
+                head[..carried].copy_from_slice(&inline[..carried]);
+                request.op = Operation::WriteInline { len, head, remote };
+            }
+            queue.push(&request, inline);
         }
-        if send.queue.kick_needed() {
+        if queue.kick_needed() {
             self.transport.notify(self.layout.send_queue())?;
         }
         Ok(())

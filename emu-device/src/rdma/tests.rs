@@ -195,7 +195,7 @@ impl Device {
             flags: WrFlags::SIGNALED,
             op,
         };
-        execute(info, &request, self, progress)
+        execute(info, &request, &[], self, progress)
     }
 
     fn bind(&self, port: u16, start: u64, len: u64, access: Access) -> RemoteKey {
