@@ -72,6 +72,48 @@ pub fn round_trips(warmup: usize, samples: usize) -> Summary {
     Summary::of(&mut times)
 }
 
+/// The time of `count` round trips in a row (for benchmarks that time
+/// batches: criterion's `iter_custom`), between threads pinned as in
+/// [`round_trips`], after one untimed round trip that makes sure both
+/// threads run.
+pub fn time_round_trips(count: u64) -> std::time::Duration {
+    if count == 0 {
+        return std::time::Duration::ZERO;
+    }
+    let line = Arc::new(Line::default());
+    let echo = {
+        let line = Arc::clone(&line);
+        std::thread::spawn(move || {
+            pin_to_cpu(1);
+            for i in 0..=count {
+                let ping = 2 * i + 1;
+                while line.0.load(Ordering::Acquire) != ping {
+                    std::hint::spin_loop();
+                }
+                line.0.store(ping + 1, Ordering::Release);
+            }
+        })
+    };
+    let pinned = pin_to_cpu(0);
+    let mut start = Instant::now();
+    for i in 0..=count {
+        if i == 1 {
+            start = Instant::now();
+        }
+        let ping = 2 * i + 1;
+        line.0.store(ping, Ordering::Release);
+        while line.0.load(Ordering::Acquire) != ping + 1 {
+            std::hint::spin_loop();
+        }
+    }
+    let elapsed = start.elapsed();
+    echo.join().expect("the echo thread does not panic");
+    if pinned {
+        unpin();
+    }
+    elapsed
+}
+
 /// Lets the calling thread run on every CPU again.
 fn unpin() {
     // SAFETY: as in `pin_to_cpu`; CPU_SET is called for indices below
@@ -95,5 +137,6 @@ mod tests {
         assert_eq!(summary.samples, 200);
         assert!(summary.min > 0.0);
         assert!(summary.min <= summary.median && summary.median <= summary.max);
+        assert!(time_round_trips(1000) > std::time::Duration::ZERO);
     }
 }

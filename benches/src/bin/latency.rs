@@ -33,7 +33,7 @@ use pindown_benches::output::OutputArgs;
 use pindown_benches::ping_pong;
 use pindown_benches::rdma::{
     fill_pattern, first_difference, gb_per_s, pattern, run_device_if_asked, run_many, run_one,
-    Mode, IN_FLIGHT,
+    targets, Mode, IN_FLIGHT,
 };
 use pindown_benches::replay::Memcpy;
 use pindown_benches::stats::Summary;
@@ -384,8 +384,8 @@ fn targets(modes: &[ModeReport]) -> Vec<Target> {
                 .filter(|f| f.bytes == 8 && f.op != "read")
             {
                 let limit = match mode.mode {
-                    Mode::Poll => 1.0,
-                    Mode::Event => 1.3,
+                    Mode::Poll => targets::POLL_MEDIAN_US,
+                    Mode::Event => targets::EVENT_MEDIAN_US,
                 };
                 targets.push(Target {
                     what: label(&format!("{} 8 B median us", figure.op)),
@@ -396,18 +396,18 @@ fn targets(modes: &[ModeReport]) -> Vec<Target> {
                 if mode.mode == Mode::Poll {
                     targets.push(Target {
                         what: label(&format!("{} 8 B p99 over median", figure.op)),
-                        target: 2.0,
+                        target: targets::POLL_P99_OVER_MEDIAN,
                         measured: figure.p99_over_median,
-                        met: figure.p99_over_median <= 2.0,
+                        met: figure.p99_over_median <= targets::POLL_P99_OVER_MEDIAN,
                     });
                 }
             }
             for figure in kind.bandwidth.iter().filter(|f| f.bytes >= 1 << 20) {
                 targets.push(Target {
                     what: label(&format!("{} B writes over idle memcpy", figure.bytes)),
-                    target: 0.9,
+                    target: targets::BANDWIDTH_OVER_MEMCPY,
                     measured: figure.over_idle_memcpy,
-                    met: figure.over_idle_memcpy >= 0.9,
+                    met: figure.over_idle_memcpy >= targets::BANDWIDTH_OVER_MEMCPY,
                 });
             }
         }

@@ -7,11 +7,14 @@
 //! context's queue pair posts work requests built with [`opcode`] and its
 //! completion queue reports them.
 //!
-//! Posting never blocks: [`Context::post`] puts a batch of requests on the
-//! send ring and rings the doorbell once, only if the device asked for it
-//! (`VIRTIO_F_EVENT_IDX`). [`Context::poll`] reaps completions without
-//! blocking; [`Context::wait`] polls for a short while after activity and then
-//! sleeps on the completion queue's eventfd.
+//! Posting never blocks: [`Context::post`] writes a batch of requests into
+//! the send queue's slots, which the device polls, and rings the doorbell
+//! once, only if the device asked for it before it went to sleep.
+//! [`Context::poll`] reads completions the device wrote in place without
+//! blocking; [`Context::wait`] polls for [`ContextConfig::spin`] and then
+//! sleeps on the completion queue's eventfd. While both sides poll, a
+//! request makes no system call. Small writes from the arena can travel
+//! inside the send queue ([`Entry::inline`]).
 //!
 //! **Windows.** A window's [`RemoteKey`](pindown_uapi::RemoteKey) is 64 bits no one but the device can
 //! predict, never reused while the device runs. A remote access that no live
@@ -69,13 +72,14 @@ pub enum VerbsError {
     /// The pin-down cache could not register the memory.
     #[error(transparent)]
     Registration(#[from] CacheError),
-    /// The send ring has room for fewer requests than were posted; nothing
-    /// was posted. Reap completions and post again.
-    #[error("send queue full: room for {free} requests, {wanted} posted")]
+    /// The send queue has fewer free slots than the batch needs (one per
+    /// request, more for inline bytes); nothing was posted. Wait for
+    /// completions and post again.
+    #[error("send queue full: {free} slots free, the batch needs {wanted}")]
     QueueFull {
         /// Free slots.
         free: usize,
-        /// Requests in the batch.
+        /// Slots the batch needs.
         wanted: usize,
     },
     /// Memory outside the DMA arena cannot be reached by the device.
