@@ -428,18 +428,18 @@ fn run(
     }
 }
 
-/// Polls the RDMA queues of `port` alone, up to [`RDMA_POLLS_PER_PASS`]
-/// times or until something needs a full pass (a transfer paused between
-/// turns, an IOTLB miss to send, a ring stopped). Returns when work was
-/// last done, if any.
+/// Polls the RDMA queues of `port` alone for [`RDMA_POLL_TIME`], or until
+/// something needs a full pass (a transfer paused between turns, an IOTLB
+/// miss to send, a ring stopped). Returns when work was last done, if any.
 fn poll_rdma(
     ctx: Context<'_>,
     port: &Port,
     send_queue: &mut SendQueue,
     again: &mut HashSet<usize>,
 ) -> Option<Instant> {
+    let started = Instant::now();
     let mut worked = None;
-    for _ in 0..RDMA_POLLS_PER_PASS {
+    for polls in 1u32.. {
         let mut st = port.lock();
         let sq = st.rdma_sq();
         if !st.vrings[sq].active() {
@@ -457,17 +457,25 @@ fn poll_rdma(
             break;
         }
         drop(st);
+        if polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) && started.elapsed() >= RDMA_POLL_TIME {
+            break;
+        }
         std::hint::spin_loop();
     }
     worked
 }
 
-/// Polls of the RDMA queues alone between two passes over everything
-/// (rings, socket, inbox) while a port polls.
-const RDMA_POLLS_PER_PASS: u32 = 256;
+/// How long a polling port polls its RDMA queues alone between two passes
+/// over everything (rings, socket, inbox): a pass costs microseconds, and
+/// a request arriving during one waits for it.
+const RDMA_POLL_TIME: Duration = Duration::from_micros(200);
 
-/// While a port polls, how often it looks at its socket and kick eventfds.
-const LOOK_INTERVAL: Duration = Duration::from_micros(50);
+/// RDMA polls between two looks at the clock.
+const RDMA_POLLS_PER_CLOCK: u32 = 32;
 
 /// In busy-poll mode, idle time after which a port sleeps on its kicks.
 const POLL_IDLE: Duration = Duration::from_millis(1);
+
+/// While a port polls, how often it looks at its socket and kick eventfds
+/// (at most: once per pass over everything).
+const LOOK_INTERVAL: Duration = Duration::from_micros(50);

@@ -60,7 +60,8 @@ pub struct DeviceConfig {
     pub queue_size_max: u16,
     /// IOTLB entries per port.
     pub iotlb_entries_max: usize,
-    /// Busy-poll the rings instead of waiting for kicks.
+    /// Busy-poll the rings of a port while its traffic flows, without
+    /// doorbells; a port idle for a millisecond sleeps on its kicks.
     pub poll: bool,
     /// After work, keep polling this many microseconds before sleeping.
     pub spin_us: u64,

@@ -153,6 +153,11 @@ impl SendQueue {
             self.rings.clear();
             return Served::default();
         }
+        if !vrings[cq].active() {
+            // Completions would have nowhere to go: requests wait until the
+            // frontend starts (or restarts) the completion queue.
+            return Served::default();
+        }
         let fabric = PortFabric::new(ports, &port);
         let mut served = Served::default();
         let mut budget = REQUESTS_PER_TURN;
@@ -221,9 +226,7 @@ impl SendQueue {
         budget: &mut usize,
     ) -> Next {
         loop {
-            if vrings[cq].active() {
-                served.worked |= self.flush(view, &mut vrings[cq]);
-            }
+            served.worked |= self.flush(view, &mut vrings[cq]);
             if !self.pending.is_empty() {
                 // The completion queue is full (the driver was asked to
                 // kick it when it has consumed some), or stopped.
@@ -348,7 +351,7 @@ impl SendQueue {
             return false;
         }
         let (sq, cq) = (state.rdma_sq(), state.rdma_cq());
-        if !state.vrings[sq].active() {
+        if !state.vrings[sq].active() || !state.vrings[cq].active() {
             return false;
         }
         let port = Arc::clone(&self.port);

@@ -1045,6 +1045,73 @@ fn wait_log(h: &Harness, n: usize) {
     }
 }
 
+/// Waits for completion `position` of completion queue `cq`.
+fn wait_completion(h: &Harness, shared: &Shared, cq: u32, position: u16) -> Completion {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(bytes) = shared.completion(cq, position) {
+            return queue::decode_completion_slot(&bytes).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no completion {position}: {}",
+            h.dev.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    let (sq, cq) = (4u32, 5u32);
+    raw.ring(&shared, sq, false);
+    raw.ring(&shared, cq, false);
+    let nop = |user_data| pindown_uapi::WorkRequest {
+        user_data,
+        flags: pindown_uapi::WrFlags::SIGNALED,
+        op: pindown_uapi::Operation::Nop,
+    };
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(1), 0));
+    raw.kicks[0].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 1);
+
+    // Slots 16-byte aligned (enough for a split ring's descriptors), not
+    // 64: the send queue stops, the device serves on.
+    let base = shared.host + Shared::ring_base(sq);
+    let set_addr = |raw: &mut Raw, slots: u64| {
+        raw.ok(
+            code(FrontendReq::SET_VRING_ADDR),
+            &payload::vring_addr(sq, 0, slots, base + 0x2000, base + 0x1000),
+            &[],
+        );
+    };
+    set_addr(&mut raw, base + 16);
+    shared.post_slot(sq, 1, &queue::request_slot(&nop(2), 1));
+    raw.kicks[0].write(1).unwrap();
+    wait_log(&h, 1);
+    assert!(
+        h.dev.log().contains("not 64-byte aligned"),
+        "{}",
+        h.dev.log()
+    );
+    assert!(
+        shared.completion(cq, 1).is_none(),
+        "a broken queue runs nothing"
+    );
+
+    // Set right again, the queue goes on where it stood.
+    set_addr(&mut raw, base);
+    raw.kicks[0].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 1).user_data, 2);
+    assert_eq!(shared.head(sq), 2);
+    h.after("unusable RDMA queues", Some(raw));
+}
+
 #[test]
 fn random_work_requests_get_answers_and_break_nothing() {
     let mut h = Harness::start(&[]);
