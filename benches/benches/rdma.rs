@@ -37,13 +37,13 @@ use std::time::Instant;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use pindown_benches::ping_pong;
 use pindown_benches::rdma::{
-    fill_pattern, run_device_if_asked, run_many, run_one, Mode, IN_FLIGHT,
+    fill_pattern, run_device_if_asked, run_many, run_one, Mode, RdmaError, IN_FLIGHT,
 };
 use pindown_benches::replay::Memcpy;
 use pindown_driver::verbs::opcode::{FetchAdd, Write};
-use pindown_driver::verbs::Context;
+use pindown_driver::verbs::{Context, Entry, MemoryRegion};
 use pindown_emu_device::testing::DeviceProcess;
-use pindown_uapi::Access;
+use pindown_uapi::{Access, RemoteAddress};
 
 /// Transfer sizes and their benchmark names.
 const SIZES: [(usize, &str); 3] = [(8, "8"), (1 << 20, "1MiB"), (16 << 20, "16MiB")];
@@ -83,15 +83,17 @@ fn bench_writes(c: &mut Criterion, mode: Mode) {
     let target = owner.alloc(BUFFER_BYTES, 4096).expect("target buffer");
     target.fill(0);
     let target_region = owner.register_buffer(&target).expect("register target");
-    let window = owner
+    let bound = owner
         .bind_window(
             &target_region,
             0,
             BUFFER_BYTES as u64,
             Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
         )
-        .expect("window")
-        .remote;
+        .expect("window");
+    let window = bound.remote();
+    let mut cq = initiator.create_completion_queue();
+    let mut qp = initiator.create_queue_pair(&mut cq).expect("queue pair");
     let source = initiator.alloc(BUFFER_BYTES, 4096).expect("source buffer");
     let mut bytes = vec![0u8; BUFFER_BYTES];
     fill_pattern(7, 0, &mut bytes);
@@ -104,29 +106,32 @@ fn bench_writes(c: &mut Criterion, mode: Mode) {
         window.at(0),
     )
     .build();
-    run_one(&initiator, whole).expect("16 MiB write");
+    run_one(&mut qp, &mut cq, whole).expect("16 MiB write");
     let mut landed = vec![0u8; BUFFER_BYTES];
     target.read_at(0, &mut landed);
     assert!(landed == bytes, "the 16 MiB write did not arrive intact");
 
     let mut group = c.benchmark_group(format!("write_{mode}"));
     for (bytes, name) in SIZES {
-        let entry = Write::new(
-            source_region.local(0, bytes as u32).expect("local"),
-            window.at(0),
-        )
-        .build();
+        let to = window.at(0);
         group.throughput(Throughput::Bytes(bytes as u64));
         if bytes >= 1 << 20 {
             group.sample_size(30);
         }
         group.bench_function(BenchmarkId::from_parameter(name), |b| {
             if bytes <= 8 {
-                b.iter(|| black_box(run_one(&initiator, entry).expect("write")));
+                b.iter(|| {
+                    let entry = write_from(&source_region, bytes, to).expect("local");
+                    black_box(run_one(&mut qp, &mut cq, entry).expect("write"))
+                });
             } else {
                 b.iter_custom(|iters| {
                     let start = Instant::now();
-                    run_many(&initiator, iters, IN_FLIGHT, |_| Ok((entry, ()))).expect("writes");
+                    let region = |_| Ok(&source_region);
+                    run_many(&mut qp, &mut cq, iters, IN_FLIGHT, region, |region| {
+                        write_from(region, bytes, to)
+                    })
+                    .expect("writes");
                     start.elapsed()
                 });
             }
@@ -134,18 +139,30 @@ fn bench_writes(c: &mut Criterion, mode: Mode) {
     }
     group.finish();
 
-    let small = Write::new(source_region.local(0, 8).expect("local"), window.at(0)).build();
+    let to = window.at(0);
     let mut group = c.benchmark_group(format!("write_inline_{mode}"));
     group.bench_function(BenchmarkId::from_parameter(8), |b| {
-        b.iter(|| black_box(run_one(&initiator, small.inline()).expect("inline write")))
+        b.iter(|| {
+            let entry = write_from(&source_region, 8, to).expect("local").inline();
+            black_box(run_one(&mut qp, &mut cq, entry).expect("inline write"))
+        })
     });
     group.finish();
     let add = FetchAdd::new(window.at(BUFFER_BYTES as u64 - 8), 1).build();
     let mut group = c.benchmark_group(format!("fetch_add_{mode}"));
     group.bench_function(BenchmarkId::from_parameter(8), |b| {
-        b.iter(|| black_box(run_one(&initiator, add).expect("fetch-add")))
+        b.iter(|| black_box(run_one(&mut qp, &mut cq, add).expect("fetch-add")))
     });
     group.finish();
+}
+
+/// A write of the first `bytes` of `region` to `to`.
+fn write_from<'r>(
+    region: &'r MemoryRegion<'_>,
+    bytes: usize,
+    to: RemoteAddress,
+) -> Result<Entry<'r>, RdmaError> {
+    Ok(Write::new(region.local(0, bytes as u32)?, to).build())
 }
 
 fn main() {

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pindown_driver::verbs::{Context, ContextConfig, Entry, VerbsError};
-use pindown_uapi::{Completion, ErrorDetail, Status};
+use pindown_driver::verbs::{CompletionQueue, ContextConfig, Entry, QueuePair, VerbsError};
+use pindown_uapi::{Completion, CompletionError};
 use serde::{Deserialize, Serialize};
 
 use crate::traces::SplitMix64;
@@ -99,18 +99,14 @@ pub enum RdmaError {
     /// The driver failed (or the device went away).
     Verbs(VerbsError),
     /// The request completed with an error.
-    Failed(Completion),
+    Failed(CompletionError),
 }
 
 impl fmt::Display for RdmaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RdmaError::Verbs(e) => write!(f, "{e}"),
-            RdmaError::Failed(c) => write!(
-                f,
-                "request {} completed with {:?} ({:?})",
-                c.user_data, c.status, c.detail
-            ),
+            RdmaError::Failed(e) => write!(f, "{e}"),
         }
     }
 }
@@ -123,60 +119,58 @@ impl From<VerbsError> for RdmaError {
     }
 }
 
-/// A placeholder for completion arrays about to be filled.
-fn blank() -> Completion {
-    Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None)
+/// Posts `entry` (signaled) on `qp` and waits for its completion on `cq`
+/// (the queue pair's completion queue, holding nothing else): the time of
+/// this call is the latency from post to completion seen. An error
+/// completion is returned as [`RdmaError::Failed`].
+pub fn run_one(
+    qp: &mut QueuePair<'_>,
+    cq: &mut CompletionQueue<'_>,
+    entry: Entry<'_>,
+) -> Result<Completion, RdmaError> {
+    qp.post(&[entry.signaled()])?;
+    let completion = cq
+        .wait(TIMEOUT)?
+        .next()
+        .expect("wait yields at least one completion");
+    completion.result().map_err(RdmaError::Failed)?;
+    Ok(completion)
 }
 
-/// Posts `entry` (signaled) and waits for its completion: the time of this
-/// call is the latency from post to completion seen. An error completion is
-/// returned as [`RdmaError::Failed`].
-pub fn run_one(context: &Context, entry: Entry) -> Result<Completion, RdmaError> {
-    context.post(&[entry.signaled()])?;
-    let mut out = [blank()];
-    while context.wait(&mut out, TIMEOUT)? == 0 {}
-    if out[0].is_success() {
-        Ok(out[0])
-    } else {
-        Err(RdmaError::Failed(out[0]))
-    }
-}
-
-/// Runs `count` requests with at most `depth` in flight. `make(i)` builds
-/// request `i` (its `user_data` is set to `i`) together with a value held
-/// until that request has completed, such as the registration of its local
-/// memory. Requests complete in the order they were posted.
+/// Runs `count` requests on `qp` with at most `depth` in flight, reaping
+/// them from `cq`. `hold(i)` makes a value held until request `i` has
+/// completed, such as the registration of its local memory, and
+/// `build(&held)` builds the request from it (its `user_data` is set to
+/// `i`). Requests complete in the order they were posted.
 pub fn run_many<G>(
-    context: &Context,
+    qp: &mut QueuePair<'_>,
+    cq: &mut CompletionQueue<'_>,
     count: u64,
     depth: usize,
-    mut make: impl FnMut(u64) -> Result<(Entry, G), RdmaError>,
+    mut hold: impl FnMut(u64) -> Result<G, RdmaError>,
+    build: impl for<'g> Fn(&'g G) -> Result<Entry<'g>, RdmaError>,
 ) -> Result<(), RdmaError> {
     let depth = depth.max(1);
     let mut held: VecDeque<(u64, G)> = VecDeque::with_capacity(depth);
-    let mut out = vec![blank(); depth];
     let mut posted = 0u64;
     let mut done = 0u64;
     while done < count {
         while posted < count && held.len() < depth {
-            let (entry, guard) = make(posted)?;
-            context.post(&[entry.user_data(posted).signaled()])?;
+            let guard = hold(posted)?;
+            qp.post(&[build(&guard)?.user_data(posted).signaled()])?;
             held.push_back((posted, guard));
             posted += 1;
         }
-        let n = context.wait(&mut out, TIMEOUT)?;
-        for completion in &out[..n] {
-            if !completion.is_success() {
-                return Err(RdmaError::Failed(*completion));
-            }
+        for completion in cq.wait(TIMEOUT)? {
+            completion.result().map_err(RdmaError::Failed)?;
             while held
                 .front()
                 .is_some_and(|(i, _)| *i <= completion.user_data)
             {
                 held.pop_front();
             }
+            done += 1;
         }
-        done += n as u64;
     }
     Ok(())
 }

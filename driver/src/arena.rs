@@ -10,7 +10,7 @@
 //! The driver uses *identity IOVAs*: the I/O virtual address of a byte in the
 //! arena is its virtual address in this process. Addresses placed in
 //! descriptors are therefore plain pointers, and the transport describes the
-//! arena to the device as one memory region ([`MemoryRegion`]) whose guest
+//! arena to the device as one memory region ([`MemoryTableRegion`]) whose guest
 //! address, userspace address and IOVA all coincide.
 
 use std::collections::BTreeMap;
@@ -95,11 +95,11 @@ pub enum ArenaError {
     },
 }
 
-/// One memory region as a vhost-user `SET_MEM_TABLE` entry (or a VFIO DMA
-/// mapping) describes it: a file, an offset into it, a size, and where it is
-/// mapped in this process.
+/// One region of the memory table, as a vhost-user `SET_MEM_TABLE` entry (or
+/// a VFIO DMA mapping) describes it: a file, an offset into it, a size, and
+/// where it is mapped in this process.
 #[derive(Debug, Clone, Copy)]
-pub struct MemoryRegion<'a> {
+pub struct MemoryTableRegion<'a> {
     /// The file backing the region (shared with the device).
     pub fd: BorrowedFd<'a>,
     /// Offset of the region in the file.
@@ -254,8 +254,8 @@ impl DmaArena {
     }
 
     /// The arena as one memory region for the transport.
-    pub fn memory_region(&self) -> MemoryRegion<'_> {
-        MemoryRegion {
+    pub fn memory_table_region(&self) -> MemoryTableRegion<'_> {
+        MemoryTableRegion {
             fd: self.fd(),
             file_offset: 0,
             size: self.size as u64,

@@ -25,8 +25,12 @@
 //!   host; [`vfio::VfioTransport`], the VFIO virtio-pci transport for use
 //!   inside a QEMU guest, implements the same trait.
 //!
-//! The verbs API (protection domains, memory regions, queue pairs, completion
-//! queues) is built on these layers and never names a concrete transport.
+//! The [`verbs`] API is built on these layers and never names a concrete
+//! transport: a context (an open port and its registrations, one protection
+//! domain), memory regions registered through the pin-down cache, memory
+//! windows, queue pairs (one per thread or communicator, posting without a
+//! lock) and completion queues (iterators over completions; one may serve
+//! several queue pairs).
 //!
 //! ```no_run
 //! use pindown_driver::rdma_queue::{CompletionQueue, SendQueue};
@@ -37,9 +41,11 @@
 //! let device = VhostUserTransport::connect("/run/pindown/port0.sock", VhostUserConfig::default())?;
 //! device.negotiate_features(DEFAULT_FEATURES)?;
 //! let arena = DmaArena::new(64 << 20)?;
-//! device.register_memory(&[arena.memory_region()])?;
+//! device.register_memory(&[arena.memory_table_region()])?;
 //!
-//! let (sq, cq) = (device.rdma_send_queue(), device.rdma_completion_queue());
+//! let layout = device.ring_layout();
+//! let pair = pindown_uapi::ADMIN_QUEUE_PAIR;
+//! let (sq, cq) = (layout.send_queue(pair), layout.completion_queue(pair));
 //! let mut requests = SendQueue::new(&arena, 256)?;
 //! let mut completions = CompletionQueue::new(&arena, 256)?;
 //! device.setup_queue(sq, &requests.layout())?; // IOTLB entry for the queue, then the ring
@@ -76,13 +82,13 @@ pub mod verbs;
 pub mod vfio;
 pub mod virtqueue;
 
-pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryRegion};
+pub use arena::{ArenaError, ArenaOptions, DmaArena, DmaBuffer, HugePages, MemoryTableRegion};
 pub use pinner::IotlbPinner;
 pub use transport::{
-    Access, CompletionEvent, QueueIndex, Transport, TransportError, VhostUserConfig,
+    CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,
 };
-pub use vfio::{VfioConfig, VfioPinner, VfioTransport};
+pub use vfio::{VfioConfig, VfioPinner, VfioTransport, GUEST_RDMA_QUEUE_PAIRS};
 pub use virtqueue::{ChainElement, QueueError, QueueLayout, SplitQueue};
 
 /// The base page size of this process (the unit of mlock and of IOTLB

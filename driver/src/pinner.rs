@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use pindown_pincache::{MlockPinner, PageRange, PinError, Pinner, RangeRefCounts};
 
-use crate::transport::{Access, Transport};
+use crate::transport::{IotlbAccess, Transport};
 
 /// Pins with `mlock` plus a device IOTLB entry. The token is the IOVA of
 /// the range's first byte (its virtual address).
@@ -34,7 +34,7 @@ pub struct IotlbPinner<T: Transport> {
     transport: T,
     mlock: MlockPinner,
     mapped: Mutex<RangeRefCounts>,
-    access: Access,
+    access: IotlbAccess,
     unmap_failures: AtomicU64,
 }
 
@@ -42,11 +42,11 @@ impl<T: Transport> IotlbPinner<T> {
     /// A pinner installing read/write entries through `transport` (pass an
     /// `Arc` of the transport to share it).
     pub fn new(transport: T) -> Self {
-        Self::with_access(transport, Access::ReadWrite)
+        Self::with_access(transport, IotlbAccess::ReadWrite)
     }
 
     /// A pinner installing entries with the given access.
-    pub fn with_access(transport: T, access: Access) -> Self {
+    pub fn with_access(transport: T, access: IotlbAccess) -> Self {
         Self {
             transport,
             mlock: MlockPinner::new(),

@@ -31,13 +31,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use pindown_uapi::{IotlbMessage, VhostAccess};
+use pindown_uapi::{IotlbMessage, RingLayout, VhostAccess, MAX_RDMA_QUEUE_PAIRS};
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::arena::MemoryRegion;
+use crate::arena::MemoryTableRegion;
 use crate::virtqueue::QueueLayout;
 
 pub use pindown_uapi::features::{
@@ -53,7 +53,7 @@ pub type QueueIndex = u16;
 
 /// What the device may do with an IOTLB mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub enum IotlbAccess {
     /// The device may read.
     ReadOnly,
     /// The device may write.
@@ -62,12 +62,12 @@ pub enum Access {
     ReadWrite,
 }
 
-impl From<Access> for VhostAccess {
-    fn from(access: Access) -> Self {
+impl From<IotlbAccess> for VhostAccess {
+    fn from(access: IotlbAccess) -> Self {
         match access {
-            Access::ReadOnly => VhostAccess::ReadOnly,
-            Access::WriteOnly => VhostAccess::WriteOnly,
-            Access::ReadWrite => VhostAccess::ReadWrite,
+            IotlbAccess::ReadOnly => VhostAccess::ReadOnly,
+            IotlbAccess::WriteOnly => VhostAccess::WriteOnly,
+            IotlbAccess::ReadWrite => VhostAccess::ReadWrite,
         }
     }
 }
@@ -225,16 +225,22 @@ pub trait Transport: Send + Sync {
     /// The features accepted by the last negotiation (0 before).
     fn features(&self) -> u64;
 
-    /// Number of rings the device has (net pairs plus RDMA queues).
-    fn num_queues(&self) -> u16;
+    /// The rings this transport reaches: the net queue pairs, then the
+    /// RDMA queue pairs it can set up (the device may serve fewer: it
+    /// reports its own count in [`DeviceInfo`](pindown_uapi::DeviceInfo)).
+    fn ring_layout(&self) -> RingLayout;
 
-    /// Number of virtio-net queue pairs.
-    fn queue_pairs(&self) -> u16;
+    /// Whether every ring must be set up before the device starts, none
+    /// later (virtio-pci: queues are enabled before `DRIVER_OK`). The
+    /// verbs layer then sets up all RDMA queue pairs at once.
+    fn rings_fixed_at_start(&self) -> bool {
+        false
+    }
 
     /// Tells the device which memory it may map (replacing any earlier
     /// table). Every address the driver hands the device lies in one of
     /// these regions.
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError>;
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError>;
 
     /// Sets up ring `index` from `layout` (size, addresses, starting at index
     /// 0) and creates its doorbell and completion event. With
@@ -270,7 +276,7 @@ pub trait Transport: Send + Sync {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError>;
 
     /// Removes the device's translations of `[iova, iova + len)`.
@@ -614,7 +620,11 @@ impl VhostUserTransport {
         } else {
             None
         };
-        let num_queues = usize::from(pindown_uapi::RingLayout { queue_pairs }.ring_count());
+        let layout = RingLayout {
+            queue_pairs,
+            rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
+        };
+        let num_queues = usize::from(layout.ring_count());
         Ok(Self {
             control: Mutex::new(control),
             device_features,
@@ -638,23 +648,6 @@ impl VhostUserTransport {
         self.backend_channel.as_ref()
     }
 
-    /// The device's rings, as the ABI lays them out.
-    pub fn ring_layout(&self) -> pindown_uapi::RingLayout {
-        pindown_uapi::RingLayout {
-            queue_pairs: self.queue_pairs,
-        }
-    }
-
-    /// Ring index of the RDMA send queue.
-    pub fn rdma_send_queue(&self) -> QueueIndex {
-        self.ring_layout().send_queue()
-    }
-
-    /// Ring index of the RDMA completion queue.
-    pub fn rdma_completion_queue(&self) -> QueueIndex {
-        self.ring_layout().completion_queue()
-    }
-
     /// Sends `RESET_OWNER` and waits for the device's acknowledgement:
     /// the device forgets the port's memory, IOTLB, rings and windows, and
     /// once it has answered, no access to that memory is in flight. The
@@ -669,7 +662,7 @@ impl VhostUserTransport {
     }
 
     fn check_queue(&self, index: QueueIndex) -> Result<(), TransportError> {
-        let count = self.num_queues();
+        let count = self.ring_layout().ring_count();
         if index >= count {
             return Err(TransportError::NoSuchQueue { index, count });
         }
@@ -717,15 +710,17 @@ impl Transport for VhostUserTransport {
         self.acked.load(Ordering::Acquire)
     }
 
-    fn num_queues(&self) -> u16 {
-        self.ring_layout().ring_count()
+    /// The net queue pairs `GET_QUEUE_NUM` reported, and as many RDMA
+    /// queue pairs as the ABI allows: rings can be set up at any time, and
+    /// the device refuses those it does not have.
+    fn ring_layout(&self) -> RingLayout {
+        RingLayout {
+            queue_pairs: self.queue_pairs,
+            rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
+        }
     }
 
-    fn queue_pairs(&self) -> u16 {
-        self.queue_pairs
-    }
-
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         if regions.is_empty() || regions.len() > 8 {
             return Err(TransportError::InvalidArgument(format!(
                 "{} memory regions (1 to 8 allowed)",
@@ -755,7 +750,7 @@ impl Transport for VhostUserTransport {
                 layout.ring_start,
                 layout.ring_len,
                 layout.ring_start,
-                Access::ReadWrite,
+                IotlbAccess::ReadWrite,
             )?;
         }
         let eventfd = |operation| {
@@ -833,7 +828,7 @@ impl Transport for VhostUserTransport {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError> {
         check_iotlb_range(iova, len)?;
         if !self.iotlb_enabled() {
@@ -871,13 +866,13 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     fn features(&self) -> u64 {
         (**self).features()
     }
-    fn num_queues(&self) -> u16 {
-        (**self).num_queues()
+    fn ring_layout(&self) -> RingLayout {
+        (**self).ring_layout()
     }
-    fn queue_pairs(&self) -> u16 {
-        (**self).queue_pairs()
+    fn rings_fixed_at_start(&self) -> bool {
+        (**self).rings_fixed_at_start()
     }
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         (**self).register_memory(regions)
     }
     fn setup_queue(&self, index: QueueIndex, layout: &QueueLayout) -> Result<(), TransportError> {
@@ -903,7 +898,7 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError> {
         (**self).iotlb_map(iova, len, uaddr, access)
     }

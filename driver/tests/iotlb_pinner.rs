@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pindown_driver::transport::QueueIndex;
 use pindown_driver::{
-    page_size, Access, CompletionEvent, DmaArena, IotlbPinner, MemoryRegion, QueueLayout,
+    page_size, CompletionEvent, DmaArena, IotlbAccess, IotlbPinner, MemoryTableRegion, QueueLayout,
     Transport, TransportError,
 };
 use pindown_pincache::{CacheConfig, PageRange, PinCache, PinError, Pinner};
@@ -19,7 +19,7 @@ enum Call {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     },
     Unmap {
         iova: u64,
@@ -56,13 +56,13 @@ impl Transport for Recorder {
     fn features(&self) -> u64 {
         0
     }
-    fn num_queues(&self) -> u16 {
-        0
+    fn ring_layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
+            queue_pairs: 0,
+            rdma_queue_pairs: 0,
+        }
     }
-    fn queue_pairs(&self) -> u16 {
-        0
-    }
-    fn register_memory(&self, _regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, _regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         Ok(())
     }
     fn setup_queue(&self, index: QueueIndex, _layout: &QueueLayout) -> Result<(), TransportError> {
@@ -85,7 +85,7 @@ impl Transport for Recorder {
         iova: u64,
         len: u64,
         uaddr: u64,
-        access: Access,
+        access: IotlbAccess,
     ) -> Result<(), TransportError> {
         if *self.fail_map_at.lock() == Some(iova) {
             return Err(TransportError::Rejected {
@@ -140,7 +140,7 @@ fn pin_locks_and_maps_unpin_invalidates_and_unlocks() {
             iova: range.start as u64,
             len: range.len as u64,
             uaddr: range.start as u64,
-            access: Access::ReadWrite
+            access: IotlbAccess::ReadWrite
         }]
     );
     assert_eq!(pinner.locked_len(), range.len);
@@ -177,19 +177,19 @@ fn overlapping_pins_share_entries_per_page() {
                 iova: base,
                 len: 4 * p,
                 uaddr: base,
-                access: Access::ReadWrite
+                access: IotlbAccess::ReadWrite
             },
             Call::Map {
                 iova: base + 4 * p,
                 len: 2 * p,
                 uaddr: base + 4 * p,
-                access: Access::ReadWrite
+                access: IotlbAccess::ReadWrite
             },
             Call::Map {
                 iova: base + 6 * p,
                 len: 2 * p,
                 uaddr: base + 6 * p,
-                access: Access::ReadWrite
+                access: IotlbAccess::ReadWrite
             },
         ],
         "only pages without an entry get one"
@@ -234,7 +234,7 @@ fn a_failed_map_rolls_everything_back() {
                 iova: base,
                 len: 2 * p,
                 uaddr: base,
-                access: Access::ReadWrite
+                access: IotlbAccess::ReadWrite
             },
             Call::Unmap {
                 iova: base,

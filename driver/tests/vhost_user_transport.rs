@@ -17,7 +17,8 @@ use pindown_driver::transport::{
     F_VERSION_1,
 };
 use pindown_driver::{
-    Access, DmaArena, SplitQueue, Transport, TransportError, VhostUserConfig, VhostUserTransport,
+    DmaArena, IotlbAccess, SplitQueue, Transport, TransportError, VhostUserConfig,
+    VhostUserTransport,
 };
 use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::VhostUserProtocolFeatures;
@@ -160,8 +161,15 @@ fn codes(records: &[Record]) -> Vec<u32> {
 fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     let (transport, rx, _backend) = start(IotlbBehaviour::Ack(0));
     assert_eq!(transport.device_features(), DEVICE_FEATURES);
-    assert_eq!(transport.queue_pairs(), 1);
-    assert_eq!(transport.num_queues(), 4);
+    let rings = transport.ring_layout();
+    assert_eq!(rings.queue_pairs, 1);
+    // Any RDMA pair the ABI allows may be set up; the device refuses those
+    // it does not have.
+    assert_eq!(rings.rdma_queue_pairs, pindown_uapi::MAX_RDMA_QUEUE_PAIRS);
+    assert_eq!(
+        rings.ring_count(),
+        2 + 2 * pindown_uapi::MAX_RDMA_QUEUE_PAIRS
+    );
     assert!(transport.backend_channel().is_some());
 
     let handshake = drain(&rx);
@@ -198,7 +206,9 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
 
     // Memory table: one region, the arena's memfd, identity addresses.
     let arena = DmaArena::new(4 << 20).unwrap();
-    transport.register_memory(&[arena.memory_region()]).unwrap();
+    transport
+        .register_memory(&[arena.memory_table_region()])
+        .unwrap();
     let mem = drain(&rx);
     assert_eq!(codes(&mem), vec![FrontendReq::SET_MEM_TABLE as u32]);
     let table = &mem[0];
@@ -226,9 +236,9 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     };
     assert_eq!(&seen, b"shared with the device");
 
-    // Queue set-up of the RDMA send queue (ring 2P).
-    let sq_index = pindown_uapi::RingLayout { queue_pairs: 1 }.send_queue();
-    assert_eq!(sq_index, transport.rdma_send_queue());
+    // Queue set-up of the admin pair's send queue (ring 2P).
+    let sq_index = rings.send_queue(pindown_uapi::ADMIN_QUEUE_PAIR);
+    assert_eq!(sq_index, 2);
     let queue = SplitQueue::<u32>::new(&arena, 64, true).unwrap();
     let layout = queue.layout();
     transport.setup_queue(sq_index, &layout).unwrap();
@@ -293,7 +303,7 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
 
     // IOTLB map and unmap of a user range.
     transport
-        .iotlb_map(buffer.iova(), 4096, buffer.iova(), Access::ReadOnly)
+        .iotlb_map(buffer.iova(), 4096, buffer.iova(), IotlbAccess::ReadOnly)
         .unwrap();
     transport.iotlb_unmap(buffer.iova(), 4096).unwrap();
     let tlb = drain(&rx);
@@ -313,12 +323,14 @@ fn handshake_memory_queues_doorbells_and_iotlb_reach_the_backend() {
     );
 
     // Errors on bad indices and unset queues.
+    let count = rings.ring_count();
     assert!(matches!(
-        transport.notify(4),
-        Err(TransportError::NoSuchQueue { index: 4, count: 4 })
+        transport.notify(count),
+        Err(TransportError::NoSuchQueue { index, count: reported })
+            if index == count && reported == count
     ));
     assert!(matches!(
-        transport.notify(pindown_uapi::RingLayout { queue_pairs: 1 }.completion_queue()),
+        transport.notify(rings.completion_queue(pindown_uapi::ADMIN_QUEUE_PAIR)),
         Err(TransportError::QueueNotSetUp(3))
     ));
 }
@@ -328,7 +340,7 @@ fn a_rejected_iotlb_update_is_an_error_and_the_connection_lives_on() {
     let (transport, rx, _backend) = start(IotlbBehaviour::Ack(1));
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let err = transport
-        .iotlb_map(0x10000, 4096, 0x10000, Access::ReadWrite)
+        .iotlb_map(0x10000, 4096, 0x10000, IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(
         matches!(
@@ -350,7 +362,7 @@ fn a_silent_backend_times_out() {
     let (transport, _rx, _backend) = start(IotlbBehaviour::Silent);
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let err = transport
-        .iotlb_map(0x10000, 4096, 0x10000, Access::ReadWrite)
+        .iotlb_map(0x10000, 4096, 0x10000, IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
     // The stream is out of step now: later requests refuse rather than hang.
@@ -366,12 +378,14 @@ fn a_vanished_backend_gives_errors_not_hangs() {
     transport.negotiate_features(DEFAULT_FEATURES).unwrap();
     let arena = DmaArena::new(1 << 20).unwrap();
     let err = transport
-        .iotlb_map(arena.addr(), 4096, arena.addr(), Access::ReadWrite)
+        .iotlb_map(arena.addr(), 4096, arena.addr(), IotlbAccess::ReadWrite)
         .unwrap_err();
     assert!(matches!(err, TransportError::Disconnected { .. }), "{err}");
     backend.join().unwrap();
     // Every later control request fails at once.
-    assert!(transport.register_memory(&[arena.memory_region()]).is_err());
+    assert!(transport
+        .register_memory(&[arena.memory_table_region()])
+        .is_err());
     assert!(transport.iotlb_unmap(arena.addr(), 4096).is_err());
 
     // A backend that is gone before the handshake.

@@ -26,9 +26,14 @@ struct Cli {
     /// Number of sockets to create in --socket-dir.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=1024))]
     ports: u16,
-    /// Net queue pairs per port (rings 2P and 2P+1 are the RDMA queues).
+    /// Net queue pairs per port (P; the RDMA rings follow from ring 2P on).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=127))]
     queue_pairs: u16,
+    /// RDMA queue pairs per port, the admin pair included (pair q: send
+    /// queue 2P+2q, completion queue 2P+2q+1).
+    #[arg(long, default_value_t = crate::DEFAULT_RDMA_QUEUE_PAIRS,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(pindown_uapi::MAX_RDMA_QUEUE_PAIRS)))]
+    rdma_queue_pairs: u16,
     /// Largest ring size accepted (power of two).
     #[arg(long, default_value_t = 1024)]
     queue_size_max: u16,
@@ -63,8 +68,9 @@ struct Cli {
     #[arg(long, default_value = "52:54:00:12:34:00", value_parser = parse_mac)]
     mac_base: [u8; 6],
     /// A port whose frontend is QEMU for a guest that drives the RDMA rings
-    /// itself through VFIO (repeatable): it reports one more queue pair, the
-    /// RDMA send and completion queues, so that QEMU forwards them.
+    /// itself through VFIO (repeatable): GET_QUEUE_NUM counts the RDMA queue
+    /// pairs too, so that QEMU forwards them (as many as its `queues=`
+    /// allows beyond the net pairs).
     #[arg(long = "guest-port", value_name = "PORT")]
     guest_ports: Vec<usize>,
     /// Windows one port may hold at once; a bind beyond fails (completion
@@ -247,6 +253,7 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let mut config = DeviceConfig {
         queue_pairs: cli.queue_pairs,
+        rdma_queue_pairs: cli.rdma_queue_pairs,
         queue_size_max: cli.queue_size_max,
         iotlb_entries_max: cli.iotlb_entries_max,
         poll: cli.poll,

@@ -2,8 +2,8 @@
 //! frontend is connected. It waits (epoll) on the vhost-user socket, the
 //! kick eventfds of the port's rings, the port's inbox and the device's
 //! stop signal; applies each request through [`vhost_user`], moves frames
-//! through the [`switch`], serves the RDMA rings through its
-//! [`SendQueue`], and sends the port's IOTLB misses. When the frontend
+//! through the [`switch`], serves each RDMA queue pair through a
+//! [`SendQueue`] of its own, and sends the port's IOTLB misses. When the frontend
 //! leaves (or misbehaves, or the device stops) it resets the port for the
 //! next frontend.
 //!
@@ -90,8 +90,10 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, index);
-    let mut send_queue = SendQueue::new(Arc::clone(&port));
-    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queue) {
+    let mut send_queues: Vec<SendQueue> = (0..ctx.config.rdma_queue_pairs)
+        .map(|pair| SendQueue::new(Arc::clone(&port), pair))
+        .collect();
+    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queues) {
         tracing::info!(port = index, "connection ends: {e}");
     }
 }
@@ -135,7 +137,7 @@ struct Work {
 fn process_ring(
     ctx: Context<'_>,
     port: &Port,
-    send_queue: &mut SendQueue,
+    send_queues: &mut [SendQueue],
     i: usize,
     kicked: bool,
 ) -> Work {
@@ -143,10 +145,11 @@ fn process_ring(
     let mut work = Work::default();
     {
         let mut st = port.lock();
-        let net_rings = usize::from(st.layout().send_queue());
-        if i == st.rdma_sq() || i == st.rdma_cq() {
-            if st.vrings[i].active() {
-                if kicked && i == st.rdma_sq() {
+        let net_rings = 2 * usize::from(st.queue_pairs);
+        if let Some(ring) = st.rdma_ring(i) {
+            let send_queue = send_queues.get_mut(usize::from(ring.pair()));
+            if let (true, Some(send_queue)) = (st.vrings[i].active(), send_queue) {
+                if kicked && matches!(ring, pindown_uapi::RdmaRing::Send(_)) {
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
@@ -243,7 +246,7 @@ fn run(
     ctx: Context<'_>,
     port: &Port,
     stream: &mut UnixStream,
-    send_queue: &mut SendQueue,
+    send_queues: &mut [SendQueue],
 ) -> Result<(), String> {
     stream
         .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
@@ -320,10 +323,15 @@ fn run(
         } else {
             -1
         };
-        if timeout != 0 && send_queue.arm(&mut port.lock()) {
-            // A request came in while the doorbell was being armed.
-            timeout = 0;
-            again.insert(port.lock().rdma_sq());
+        if timeout != 0 {
+            let mut st = port.lock();
+            for send_queue in send_queues.iter_mut() {
+                if send_queue.arm(&mut st) {
+                    // A request came in while the doorbell was being armed.
+                    timeout = 0;
+                    again.insert(send_queue.rings_of(&st).0);
+                }
+            }
         }
         // While polling, every ring is looked at on every pass anyway: ask
         // the kernel about the socket and the kicks only every
@@ -409,7 +417,7 @@ fn run(
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));
         }
         for &i in &rings {
-            let w = process_ring(ctx, port, send_queue, i, kicked.contains(&i));
+            let w = process_ring(ctx, port, send_queues, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
             }
@@ -421,43 +429,50 @@ fn run(
             // Between two passes over everything, poll the RDMA send queue
             // alone: the one ring whose latency is measured in
             // microseconds.
-            if let Some(worked) = poll_rdma(ctx, port, send_queue, &mut again) {
+            if let Some(worked) = poll_rdma(ctx, port, send_queues, &mut again) {
                 last_work = Some(worked);
             }
         }
     }
 }
 
-/// Polls the RDMA queues of `port` alone for [`RDMA_POLL_TIME`], or until
-/// something needs a full pass (a transfer paused between turns, an IOTLB
-/// miss to send, a ring stopped). Returns when work was last done, if any.
+/// Polls the RDMA queue pairs of `port` alone for [`RDMA_POLL_TIME`], or
+/// until something needs a full pass (a transfer paused between turns, an
+/// IOTLB miss to send, a ring stopped). Returns when work was last done,
+/// if any.
 fn poll_rdma(
     ctx: Context<'_>,
     port: &Port,
-    send_queue: &mut SendQueue,
+    send_queues: &mut [SendQueue],
     again: &mut HashSet<usize>,
 ) -> Option<Instant> {
     let started = Instant::now();
     let mut worked = None;
     for polls in 1u32.. {
         let mut st = port.lock();
-        let sq = st.rdma_sq();
-        if !st.vrings[sq].active() {
-            break;
-        }
-        let served = send_queue.serve(&mut st, ctx.ports);
-        if served.worked {
-            worked = Some(Instant::now());
-        }
-        if served.more {
-            again.insert(sq);
-            break;
-        }
-        if st.vrings[sq].waiting_iotlb || !st.vrings[sq].active() {
-            break;
+        let mut live = false;
+        for send_queue in send_queues.iter_mut() {
+            let sq = send_queue.rings_of(&st).0;
+            if !st.vrings[sq].active() {
+                continue;
+            }
+            let served = send_queue.serve(&mut st, ctx.ports);
+            if served.worked {
+                worked = Some(Instant::now());
+            }
+            if served.more {
+                again.insert(sq);
+                return worked;
+            }
+            if st.vrings[sq].waiting_iotlb || !st.vrings[sq].active() {
+                return worked;
+            }
+            live = true;
         }
         drop(st);
-        if polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) && started.elapsed() >= RDMA_POLL_TIME {
+        if !live
+            || (polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) && started.elapsed() >= RDMA_POLL_TIME)
+        {
             break;
         }
         std::hint::spin_loop();

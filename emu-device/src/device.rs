@@ -41,7 +41,7 @@ pub const FDS_RESERVED: u64 = 32;
 /// its epoll registration; a memory table's fds, and as many again in a
 /// message being handled (a new table is mapped while the old one lives).
 pub fn fds_per_connection(config: &DeviceConfig) -> u64 {
-    let rings = 2 * u64::from(config.queue_pairs) + 2;
+    let rings = 2 * u64::from(config.queue_pairs) + 2 * u64::from(config.rdma_queue_pairs);
     let table = vhost::vhost_user::message::MAX_ATTACHED_FD_ENTRIES as u64;
     4 + 4 * rings + 2 * table
 }

@@ -51,11 +51,19 @@ pub mod switch;
 pub mod testing;
 pub mod vhost_user;
 
+/// RDMA queue pairs per port unless configured: the admin pair and seven
+/// I/O pairs.
+pub const DEFAULT_RDMA_QUEUE_PAIRS: u16 = 8;
+
 /// Device-wide settings.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
-    /// Net queue pairs per port (GET_QUEUE_NUM).
+    /// Net queue pairs per port (GET_QUEUE_NUM of a host frontend).
     pub queue_pairs: u16,
+    /// RDMA queue pairs per port, the admin pair included (1 to
+    /// [`MAX_RDMA_QUEUE_PAIRS`](pindown_uapi::MAX_RDMA_QUEUE_PAIRS)); each
+    /// is a send queue and its completion queue, served on its own.
+    pub rdma_queue_pairs: u16,
     /// Largest ring size accepted.
     pub queue_size_max: u16,
     /// IOTLB entries per port.
@@ -69,8 +77,8 @@ pub struct DeviceConfig {
     pub mac_base: [u8; 6],
     /// Ports whose frontend is QEMU serving a guest that drives the RDMA
     /// rings itself (through VFIO): QEMU forwards only the rings of the
-    /// queue pairs it is told of, so these ports report one more pair, whose
-    /// two rings are the RDMA send and completion queues.
+    /// queue pairs it is told of, so these ports report the RDMA queue pairs
+    /// too (`queue_pairs + rdma_queue_pairs`).
     pub guest_ports: Vec<usize>,
     /// Bound on the bytes one port's memory table may map
     /// (`--max-mapped-bytes-per-port`); a larger SET_MEM_TABLE is refused.
@@ -92,6 +100,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             queue_pairs: 2,
+            rdma_queue_pairs: DEFAULT_RDMA_QUEUE_PAIRS,
             queue_size_max: 1024,
             iotlb_entries_max: 2048,
             poll: false,

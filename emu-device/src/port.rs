@@ -445,8 +445,10 @@ pub struct PortState {
     pub mac: [u8; 6],
     /// Number of net queue pairs.
     pub queue_pairs: u16,
+    /// Number of RDMA queue pairs, the admin pair included.
+    pub rdma_queue_pairs: u16,
     /// The frontend is QEMU for a guest driving the RDMA rings itself: the
-    /// RDMA rings are announced as one more queue pair.
+    /// RDMA queue pairs are announced as queue pairs too.
     pub guest: bool,
     /// Acknowledged virtio features.
     pub features: u64,
@@ -464,7 +466,8 @@ pub struct PortState {
     pub shared: Arc<PortShared>,
     /// Entries the port's IOTLB holds at most.
     pub iotlb_entries_max: usize,
-    /// Rings: net pairs (rx 2i, tx 2i+1), then the RDMA send and completion queues.
+    /// Rings: net pairs (rx 2i, tx 2i+1), then the RDMA queue pairs (send
+    /// queue, completion queue), as [`layout`](Self::layout) says.
     pub vrings: Vec<Vring>,
     /// Backend-to-frontend channel (SET_BACKEND_REQ_FD).
     pub backend: Option<UnixStream>,
@@ -484,11 +487,13 @@ impl PortState {
     ) -> PortState {
         let layout = pindown_uapi::RingLayout {
             queue_pairs: cfg.queue_pairs,
+            rdma_queue_pairs: cfg.rdma_queue_pairs,
         };
         PortState {
             index,
             mac,
             queue_pairs: cfg.queue_pairs,
+            rdma_queue_pairs: cfg.rdma_queue_pairs,
             guest: cfg.guest_ports.contains(&index),
             features: 0,
             protocol_features: 0,
@@ -509,22 +514,20 @@ impl PortState {
     pub fn layout(&self) -> pindown_uapi::RingLayout {
         pindown_uapi::RingLayout {
             queue_pairs: self.queue_pairs,
+            rdma_queue_pairs: self.rdma_queue_pairs,
         }
     }
 
-    /// Index of the RDMA send queue.
-    pub fn rdma_sq(&self) -> usize {
-        usize::from(self.layout().send_queue())
+    /// The RDMA ring ring `i` is, if it is one.
+    pub fn rdma_ring(&self, i: usize) -> Option<pindown_uapi::RdmaRing> {
+        self.layout().rdma_ring(u16::try_from(i).ok()?)
     }
 
-    /// Index of the RDMA completion queue.
-    pub fn rdma_cq(&self) -> usize {
-        usize::from(self.layout().completion_queue())
-    }
-
-    /// Whether ring `i` is one of the RDMA rings.
-    pub fn is_rdma_ring(&self, i: usize) -> bool {
-        i == self.rdma_sq() || i == self.rdma_cq()
+    /// Whether ring `i` is a ring of the admin queue pair, whose stop
+    /// revokes the port's windows (they were bound through it).
+    pub fn is_admin_ring(&self, i: usize) -> bool {
+        self.rdma_ring(i)
+            .is_some_and(|ring| ring.pair() == pindown_uapi::ADMIN_QUEUE_PAIR)
     }
 
     /// Whether ACCESS_PLATFORM is negotiated (addresses are IOVAs).

@@ -1,8 +1,10 @@
-//! Serving a port's RDMA send and completion queues (the format of
-//! [`pindown_uapi::queue`]): takes work requests from the send queue, in
-//! order and one at a time (so a FENCE is always honoured), runs each with
+//! Serving one RDMA queue pair of a port (the format of
+//! [`pindown_uapi::queue`]; a port has several pairs, each with a
+//! [`SendQueue`] of its own, and their requests run independently): takes
+//! work requests from the pair's send queue, in order and one at a time
+//! (so a FENCE is always honoured), runs each with
 //! [`rdma::execute`](crate::rdma::execute) through the [`PortFabric`] over
-//! the device's ports, and writes the completions in place into the
+//! the device's ports, and writes the completions in place into the pair's
 //! completion queue.
 //!
 //! Every port's memory and windows live once, in its [`PortShared`],
@@ -36,10 +38,12 @@ use crate::rdma_rings::{RingCache, RingFault, RingsView, Slot};
 /// before it completes with a local protection error.
 const MISS_PATIENCE: Duration = Duration::from_millis(500);
 
-/// The RDMA send and completion queues of one port, while one frontend
-/// connection lasts.
+/// One RDMA queue pair (send and completion queue) of a port, while one
+/// frontend connection lasts.
 #[derive(Debug)]
 pub struct SendQueue {
+    /// The RDMA queue pair served (see [`pindown_uapi::RingLayout`]).
+    pair: u16,
     /// Completions waiting for room in the completion queue.
     pending: VecDeque<Completion>,
     /// The port served.
@@ -112,9 +116,10 @@ enum Next {
 }
 
 impl SendQueue {
-    /// The queues of `port`, nothing pending.
-    pub fn new(port: Arc<Port>) -> Self {
+    /// RDMA queue pair `pair` of `port`, nothing pending.
+    pub fn new(port: Arc<Port>, pair: u16) -> Self {
         SendQueue {
+            pair,
             pending: VecDeque::new(),
             port,
             rings: RingCache::default(),
@@ -124,6 +129,15 @@ impl SendQueue {
             running: None,
             inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
         }
+    }
+
+    /// The indices of the pair's send and completion queues.
+    pub fn rings_of(&self, state: &PortState) -> (usize, usize) {
+        let layout = state.layout();
+        (
+            usize::from(layout.send_queue(self.pair)),
+            usize::from(layout.completion_queue(self.pair)),
+        )
     }
 
     /// Serves the queues after a kick of either ring (or a polling pass):
@@ -136,12 +150,14 @@ impl SendQueue {
     /// access gates only, never their locks.
     pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> Served {
         let port = Arc::clone(&self.port);
-        let (sq, cq, index) = (state.rdma_sq(), state.rdma_cq(), state.index);
+        let (sq, cq) = self.rings_of(state);
+        let index = state.index;
         let lazy_iotlb = state.guest;
         let info = DeviceInfo {
             port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
+            rdma_queue_pairs: state.rdma_queue_pairs,
         };
         let vrings = &mut state.vrings;
         vrings[sq].waiting_iotlb = false;
@@ -350,7 +366,7 @@ impl SendQueue {
             // own next turn; nothing to arm on the send queue.
             return false;
         }
-        let (sq, cq) = (state.rdma_sq(), state.rdma_cq());
+        let (sq, cq) = self.rings_of(state);
         if !state.vrings[sq].active() || !state.vrings[cq].active() {
             return false;
         }

@@ -60,10 +60,12 @@ use common::rank::{say, Rank};
 use common::DeviceProcess;
 use pindown_driver::transport::{Transport, DEFAULT_FEATURES};
 use pindown_driver::verbs::opcode::{Read, Write};
-use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, RemoteWindow};
+use pindown_driver::verbs::{
+    CompletionQueue, Context, ContextConfig, Entry, MemoryWindow, RemoteWindow,
+};
 use pindown_driver::DmaBuffer;
 use pindown_pincache::CacheConfig;
-use pindown_uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_uapi::{Access, Status, ADMIN_QUEUE_PAIR};
 use vm_memory::{Bytes, FileOffset, MmapRegion, VolatileMemory};
 
 /// Bytes of the owner's buffer under test, and of each transfer.
@@ -206,10 +208,6 @@ impl Rng {
 
 // ---------------------------------------------------------------- ranks
 
-fn no_completion() -> Completion {
-    Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None)
-}
-
 /// Polls `done` until it holds (yielding the CPU between looks, so that
 /// the device's threads run first when the cores are busy).
 fn spin_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -320,19 +318,23 @@ fn owner_round(
     target.write_at(0, old);
     target.write_at(FLAG_OFFSET, &0u64.to_le_bytes());
     let mut region = Some(context.register_buffer(target).expect("owner: register"));
-    let window: MemoryWindow = context
-        .bind_window(
-            region.as_ref().unwrap(),
-            0,
+    // SAFETY: the window exposes the test's own buffer, which lives as long
+    // as the owner; some barriers unregister it under the bound window on
+    // purpose, which is what the window checks must withstand.
+    let window: MemoryWindow = unsafe {
+        context.bind_window_raw(
+            target.iova(),
             WINDOW as u64,
             Access::REMOTE_READ | Access::REMOTE_WRITE,
+            None,
         )
-        .expect("owner: bind");
+    }
+    .expect("owner: bind");
     if matches!(barrier, Barrier::Invalidate | Barrier::Evict) {
         // Idle in the cache, still mapped for the device.
         region = None;
     }
-    say(format!("window {}", window.remote));
+    say(format!("window {}", window.remote()));
 
     // Wait until the first transfer is under way.
     if write {
@@ -351,11 +353,11 @@ fn owner_round(
     let transport = context.transport();
     let layout = transport.ring_layout();
     let mut held = Vec::new();
-    let mut revoked = false;
+    let mut window = Some(window);
     match barrier {
         Barrier::Revoke => {
-            context.revoke_window(window).expect("owner: revoke");
-            revoked = true;
+            let window = window.take().unwrap();
+            window.revoke().expect("owner: revoke");
         }
         Barrier::Unregister => {
             assert_eq!(
@@ -387,10 +389,10 @@ fn owner_round(
         Barrier::ResetOwner => transport.reset_owner().expect("owner: RESET_OWNER"),
         Barrier::RingDisable => {
             transport
-                .enable_queue(layout.send_queue(), false)
+                .enable_queue(layout.send_queue(ADMIN_QUEUE_PAIR), false)
                 .expect("owner: disable the send queue");
             transport
-                .enable_queue(layout.completion_queue(), false)
+                .enable_queue(layout.completion_queue(ADMIN_QUEUE_PAIR), false)
                 .expect("owner: disable the completion queue");
         }
         Barrier::SetFeatures => {
@@ -426,11 +428,14 @@ fn owner_round(
         }
     };
     // Clean up for the next round on the same port.
-    if !barrier.resets_port() {
+    if barrier.resets_port() {
+        // The port's windows went with it: nothing to revoke.
+        std::mem::forget(window);
+    } else {
         drop(held);
         drop(region);
-        if !revoked {
-            context.revoke_window(window).expect("owner: revoke");
+        if let Some(window) = window {
+            window.revoke().expect("owner: revoke");
         }
         // The next round maps the buffer again (after Unpin the cache still
         // believes it is mapped).
@@ -476,6 +481,8 @@ fn peer_rank(socket: &str) {
         .map(|sink| me.context.register_buffer(sink).unwrap())
         .collect();
     let flag = me.context.register_buffer(&me.flag).unwrap();
+    let mut cq = me.context.create_completion_queue();
+    let mut qp = me.context.create_queue_pair(&mut cq).unwrap();
     let before = pattern(Class::Before, BUFFER);
     let old = pattern(Class::Old, BUFFER);
     say("ready");
@@ -523,14 +530,23 @@ fn peer_rank(socket: &str) {
                 };
                 let entries: Vec<Entry> = entries.into_iter().map(Entry::signaled).collect();
                 posted = entries.iter().map(|e| e.request().user_data).collect();
-                me.context.post(&entries).expect("peer: post");
+                qp.post(&entries).expect("peer: post");
                 say("posted");
             }
-            ["drain"] => say(drain(&me, &mut posted, &reads, &mut dirty, &before, &old)),
+            ["drain"] => say(drain(
+                &me,
+                &mut cq,
+                &mut posted,
+                &reads,
+                &mut dirty,
+                &before,
+                &old,
+            )),
             ["exit"] => break,
             other => panic!("peer: unknown command {other:?}"),
         }
     }
+    drop((qp, cq));
     drop((source, sinks, flag));
 }
 
@@ -538,6 +554,7 @@ fn peer_rank(socket: &str) {
 /// destinations; returns `drained OK FAILED CUT` or what went wrong.
 fn drain(
     me: &Peer,
+    cq: &mut CompletionQueue<'_>,
     posted: &mut HashSet<u64>,
     reads: &[u64],
     dirty: &mut [bool],
@@ -546,13 +563,12 @@ fn drain(
 ) -> String {
     let expected = posted.len();
     let mut outcome = std::collections::HashMap::new();
-    let mut out = [no_completion(); 16];
     while outcome.len() < expected {
-        let n = match me.context.wait(&mut out, Duration::from_secs(30)) {
-            Ok(n) => n,
+        let ready = match cq.wait(Duration::from_secs(30)) {
+            Ok(ready) => ready,
             Err(e) => return format!("bad: {} of {expected} completions: {e}", outcome.len()),
         };
-        for completion in &out[..n] {
+        for completion in ready {
             if !posted.remove(&completion.user_data) {
                 return format!("bad: unexpected or repeated completion {completion:?}");
             }
@@ -605,7 +621,7 @@ fn victim_rank(socket: &str) {
             Access::REMOTE_READ | Access::REMOTE_WRITE,
         )
         .expect("victim: bind");
-    say(format!("window {} {}", window.remote, me.target.offset()));
+    say(format!("window {} {}", window.remote(), me.target.offset()));
     // The parent kills this process: any line (or the end of input) before
     // that is the parent's mistake.
     let mut line = String::new();

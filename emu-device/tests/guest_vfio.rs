@@ -5,11 +5,12 @@
 //! second guest (both ports offered to QEMU).
 //!
 //! The guest's initramfs carries the VFIO modules and the `pindown-guest`
-//! binary; it is started with `queues=P+1` (QEMU forwards the RDMA rings as
-//! its last queue pair) and a 48-bit guest IOMMU (identity IOVAs), through
-//! the shared harness (`common::guest`). A missing tool, a guest past its
-//! time limit, and QEMU refusing `queues=P+1` ("more queues than
-//! supported": the device did not count the RDMA pair in GET_QUEUE_NUM)
+//! binary; it is started with `queues=P+2` (QEMU forwards the RDMA admin
+//! pair and one I/O pair as its last two queue pairs) and a 48-bit guest
+//! IOMMU (identity IOVAs), through the shared harness (`common::guest`). A
+//! missing tool, a guest past its time limit, and QEMU refusing
+//! `queues=P+2` ("more queues than supported": the device did not count
+//! the RDMA pairs in GET_QUEUE_NUM)
 //! fail the test; nothing is skipped.
 
 mod common;
@@ -24,7 +25,8 @@ use pindown_uapi::Access;
 
 /// How long a guest may take from start to power-off (TCG is slow).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
-/// Net queue pairs of the device; QEMU gets one more.
+/// Net queue pairs of the device; QEMU gets two more (the RDMA admin pair
+/// and one I/O pair, `pindown_driver::GUEST_RDMA_QUEUE_PAIRS`).
 const PAIRS: u16 = 2;
 /// Window placement inside the host buffer (bytes before it stay unreachable).
 const WINDOW_OFFSET: usize = 4096;
@@ -73,8 +75,8 @@ fn guest_binary() -> PathBuf {
     target.join("release/pindown-guest")
 }
 
-/// A device with two sockets, ports `guests` offered to guests (one extra
-/// pair each) and the others for host-side drivers; its guests boot the
+/// A device with two sockets, ports `guests` offered to guests (their RDMA
+/// pairs counted as queue pairs) and the others for host-side drivers; its guests boot the
 /// VFIO kit.
 fn bed(guests: &[u16]) -> Bed {
     let kit = kit("vfio", &[guest_binary()], &["vfio-pci", "vfio_iommu_type1"]);
@@ -90,7 +92,7 @@ fn bed(guests: &[u16]) -> Bed {
 /// A guest running `pindown-guest` with `args` (`pindown.KEY=VALUE`).
 fn vfio_guest(name: &'static str, args: Vec<String>) -> GuestSpec {
     let mut spec = GuestSpec::new(name, 1, "vfio");
-    spec.queues = u32::from(PAIRS) + 1;
+    spec.queues = u32::from(PAIRS + pindown_driver::GUEST_RDMA_QUEUE_PAIRS);
     spec.aw_bits = Some(48);
     spec.limit = GUEST_TIMEOUT;
     spec.args = args;
@@ -146,7 +148,7 @@ fn guest_driver_writes_reads_and_atomics_over_vfio() {
 
     let g = bed.start(&vfio_guest(
         "rdma",
-        vec!["role=rdma".into(), format!("window={}", window.remote)],
+        vec!["role=rdma".into(), format!("window={}", window.remote())],
     ));
     bed.wait_done(g);
     println!("{}", bed.guests[g].console());

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
-use pindown_driver::verbs::{Context, ContextConfig, VerbsError};
-use pindown_uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig, VerbsError};
+use pindown_uapi::{Access, Completion, Status};
 use vhost::VhostBackend;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -89,11 +89,11 @@ fn context(dev: &DeviceProcess, socket: usize) -> Context {
         .unwrap_or_else(|e| panic!("driver on socket {socket}: {e}\n{}", dev.log()))
 }
 
-fn wait_one(context: &Context) -> Completion {
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None); 1];
-    let n = context.wait(&mut out, T).expect("completion");
-    assert_eq!(n, 1);
-    out[0]
+/// The one completion `cq` has (or gets within `T`).
+fn wait_one(cq: &mut CompletionQueue<'_>) -> Completion {
+    let mut ready = cq.wait(T).expect("completion");
+    assert_eq!(ready.len(), 1);
+    ready.next().unwrap()
 }
 
 /// Two well-behaved drivers: one on `from`'s socket, one on `to`'s. The
@@ -120,15 +120,17 @@ fn drivers_move_bytes(dev: &DeviceProcess, from: usize, to: usize, seed: u8) -> 
     let source = a.alloc(LEN, 64).unwrap();
     source.write_at(0, &pattern);
     let source_region = a.register_buffer(&source).unwrap();
-    a.post(&[RdmaWrite::new(
+    let mut cq = a.create_completion_queue();
+    let mut qp = a.create_queue_pair(&mut cq).unwrap();
+    qp.post(&[RdmaWrite::new(
         source_region.local(0, LEN as u32).unwrap(),
-        window.remote.at(0),
+        window.remote().at(0),
     )
     .build()
     .user_data(1)
     .signaled()])
         .unwrap();
-    let done = wait_one(&a);
+    let done = wait_one(&mut cq);
     assert_eq!((done.status, done.byte_len), (Status::Success, LEN as u32));
     let mut landed = vec![0u8; LEN];
     target.read_at(0, &mut landed);
@@ -137,15 +139,15 @@ fn drivers_move_bytes(dev: &DeviceProcess, from: usize, to: usize, seed: u8) -> 
     let back = a.alloc(LEN, 64).unwrap();
     back.write_at(0, &vec![0u8; LEN]);
     let back_region = a.register_buffer(&back).unwrap();
-    a.post(&[RdmaRead::new(
+    qp.post(&[RdmaRead::new(
         back_region.local(0, LEN as u32).unwrap(),
-        window.remote.at(0),
+        window.remote().at(0),
     )
     .build()
     .user_data(2)
     .signaled()])
         .unwrap();
-    assert!(wait_one(&a).is_success());
+    assert!(wait_one(&mut cq).is_success());
     let mut read_back = vec![0u8; LEN];
     back.read_at(0, &mut read_back);
     assert!(read_back == pattern, "read bytes differ");
@@ -658,14 +660,16 @@ fn never_reap(dev: &DeviceProcess, hostile: &Context, peer: &Context) {
     let source = hostile.alloc(4096, 64).unwrap();
     source.write_at(0, &[0x5a; 4096]);
     let source_region = hostile.register_buffer(&source).unwrap();
+    let mut cq = hostile.create_completion_queue();
+    let mut qp = hostile.create_queue_pair(&mut cq).unwrap();
     // Post signaled writes until the rings are full; never reap.
     let mut posted = 0u64;
     loop {
-        let wr = RdmaWrite::new(source_region.local(0, 4096).unwrap(), window.remote.at(0))
+        let wr = RdmaWrite::new(source_region.local(0, 4096).unwrap(), window.remote().at(0))
             .build()
             .user_data(posted)
             .signaled();
-        match hostile.post(&[wr]) {
+        match qp.post(&[wr]) {
             Ok(()) => posted += 1,
             Err(VerbsError::QueueFull { .. }) => break,
             Err(other) => panic!("{other}"),
@@ -704,19 +708,20 @@ fn sigstop_child() {
     let window = context
         .bind_window(&region, 0, 1 << 19, Access::REMOTE_WRITE)
         .unwrap();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
     let mut stdout = std::io::stdout();
     for round in 0u64.. {
         for i in 0..16 {
-            context
-                .post(&[RdmaWrite::new(
-                    region.local(1 << 19, 1 << 19).unwrap(),
-                    window.remote.at(0),
-                )
-                .build()
-                .user_data(round * 16 + i)
-                .signaled()])
+            qp.post(&[RdmaWrite::new(
+                region.local(1 << 19, 1 << 19).unwrap(),
+                window.remote().at(0),
+            )
+            .build()
+            .user_data(round * 16 + i)
+            .signaled()])
                 .unwrap();
-            assert!(wait_one(&context).is_success());
+            assert!(wait_one(&mut cq).is_success());
         }
         writeln!(stdout, "round {round}").unwrap();
         stdout.flush().unwrap();

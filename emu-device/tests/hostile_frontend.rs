@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
-use pindown_driver::verbs::{Context, ContextConfig, MemoryWindow};
+use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig, MemoryWindow};
 use pindown_driver::DmaBuffer;
 use pindown_emu_device::testing::payload;
 use pindown_uapi::{queue, Access, Completion, Status};
@@ -380,8 +380,8 @@ struct Harness {
     f1: TestFrontend,
     f2: TestFrontend,
     /// Port 3, holding the window (kept open for the whole test).
-    _rdma: Context,
-    window: MemoryWindow,
+    rdma: &'static Context,
+    window: MemoryWindow<'static>,
     target: DmaBuffer,
     round: u16,
     rng: Rng,
@@ -400,16 +400,11 @@ fn rdma_config() -> ContextConfig {
     }
 }
 
-fn wait_one(context: &Context) -> Completion {
-    let mut out = [Completion::error(
-        0,
-        None,
-        Status::InvalidRequest,
-        pindown_uapi::ErrorDetail::None,
-    ); 1];
-    let n = context.wait(&mut out, T).expect("completion");
-    assert_eq!(n, 1);
-    out[0]
+/// The one completion `cq` has (or gets within `T`).
+fn wait_one(cq: &mut CompletionQueue<'_>) -> Completion {
+    let mut ready = cq.wait(T).expect("completion");
+    assert_eq!(ready.len(), 1);
+    ready.next().unwrap()
 }
 
 impl Harness {
@@ -417,25 +412,27 @@ impl Harness {
         let dev = DeviceProcess::start(device_bin(), 4, args).unwrap();
         let f1 = TestFrontend::connect(&dev.socket(1), 2);
         let f2 = TestFrontend::connect(&dev.socket(2), 2);
-        let rdma = Context::open(dev.socket(3), rdma_config()).expect("port 3");
+        // Port 3's context, its region and its window live for the whole
+        // test (the device process ends with the test).
+        let rdma: &'static Context = Box::leak(Box::new(
+            Context::open(dev.socket(3), rdma_config()).expect("port 3"),
+        ));
         let target = rdma.alloc(RDMA_BYTES, 64).unwrap();
-        let region = rdma.register_buffer(&target).unwrap();
+        let region: &'static _ = Box::leak(Box::new(rdma.register_buffer(&target).unwrap()));
         let window = rdma
             .bind_window(
-                &region,
+                region,
                 0,
                 RDMA_BYTES as u64,
                 Access::REMOTE_READ | Access::REMOTE_WRITE,
             )
             .unwrap();
-        // The registration stays for the whole test (the window needs it).
-        std::mem::forget(region);
         assert!(dev.wait_for(T, |s| (1..4).all(|p| s[p].n("connected") == 1)));
         Harness {
             dev,
             f1,
             f2,
-            _rdma: rdma,
+            rdma,
             window,
             target,
             round: 0,
@@ -489,33 +486,35 @@ impl Harness {
         let source = c0.alloc(RDMA_BYTES, 64).unwrap();
         source.write_at(0, &pattern);
         let src = c0.register_buffer(&source).unwrap();
-        c0.post(&[RdmaWrite::new(
+        let mut cq = c0.create_completion_queue();
+        let mut qp = c0.create_queue_pair(&mut cq).unwrap();
+        qp.post(&[RdmaWrite::new(
             src.local(0, RDMA_BYTES as u32).unwrap(),
-            self.window.remote.at(0),
+            self.window.remote().at(0),
         )
         .build()
         .user_data(1)
         .signaled()])
             .unwrap();
-        assert_eq!(wait_one(&c0).status, Status::Success);
+        assert_eq!(wait_one(&mut cq).status, Status::Success);
         let mut landed = vec![0u8; RDMA_BYTES];
         self.target.read_at(0, &mut landed);
         assert!(landed == pattern, "RDMA write bytes");
         let back = c0.alloc(RDMA_BYTES, 64).unwrap();
         let back_region = c0.register_buffer(&back).unwrap();
-        c0.post(&[RdmaRead::new(
+        qp.post(&[RdmaRead::new(
             back_region.local(0, RDMA_BYTES as u32).unwrap(),
-            self.window.remote.at(0),
+            self.window.remote().at(0),
         )
         .build()
         .user_data(2)
         .signaled()])
             .unwrap();
-        assert_eq!(wait_one(&c0).status, Status::Success);
+        assert_eq!(wait_one(&mut cq).status, Status::Success);
         let mut read = vec![0u8; RDMA_BYTES];
         back.read_at(0, &mut read);
         assert!(read == pattern, "RDMA read bytes");
-        drop((src, back_region));
+        drop((qp, cq, src, back_region));
         drop(c0);
         self.port0_free();
     }
@@ -1259,30 +1258,32 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
 
     // Port 3 reads and writes through the window: errors, never success
     // with bytes that were never there.
-    let peer = &h._rdma;
+    let peer = h.rdma;
     let sink = peer.alloc(WINDOW as usize, 64).unwrap();
     let sink_region = peer.register_buffer(&sink).unwrap();
-    peer.post(&[
+    let mut cq = peer.create_completion_queue();
+    let mut qp = peer.create_queue_pair(&mut cq).unwrap();
+    qp.post(&[
         RdmaRead::new(sink_region.local(0, WINDOW as u32).unwrap(), window.at(0))
             .build()
             .user_data(1)
             .signaled(),
     ])
     .unwrap();
-    let read = wait_one(peer);
+    let read = wait_one(&mut cq);
     assert_ne!(
         read.status,
         Status::Success,
         "a read of lost pages: {read:?}"
     );
-    peer.post(&[
+    qp.post(&[
         RdmaWrite::new(sink_region.local(0, WINDOW as u32).unwrap(), window.at(0))
             .build()
             .user_data(2)
             .signaled(),
     ])
     .unwrap();
-    let written = wait_one(peer);
+    let written = wait_one(&mut cq);
     assert_ne!(
         written.status,
         Status::Success,

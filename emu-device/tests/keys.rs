@@ -23,7 +23,9 @@ use std::time::Duration;
 use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
-use pindown_driver::verbs::{Context, ContextConfig, Entry, RemoteWindow, VerbsError};
+use pindown_driver::verbs::{
+    CompletionQueue, Context, ContextConfig, Entry, QueuePair, RemoteWindow, VerbsError,
+};
 use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
 
 /// The victim's buffer (all windows lie inside it).
@@ -66,17 +68,13 @@ fn config() -> ContextConfig {
     }
 }
 
-fn blank() -> Completion {
-    Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None)
-}
-
-fn run(context: &Context, entry: Entry) -> Completion {
-    context.post(&[entry.signaled()]).expect("post");
-    let mut out = [blank()];
-    context
-        .wait(&mut out, Duration::from_secs(20))
-        .expect("completion");
-    out[0]
+/// Posts `entry` on `qp` and waits for its completion on `cq`.
+fn run(qp: &mut QueuePair<'_>, cq: &mut CompletionQueue<'_>, entry: Entry<'_>) -> Completion {
+    qp.post(&[entry.signaled()]).expect("post");
+    cq.wait(Duration::from_secs(20))
+        .expect("completion")
+        .next()
+        .unwrap()
 }
 
 // ---------------------------------------------------------------- ranks
@@ -94,14 +92,16 @@ fn victim_rank(socket: &str) {
     let for_peer = context
         .bind_window_for_peer(&region, 2 << 16, 1 << 16, all, 2)
         .unwrap();
-    for i in 0..SECRET_WINDOWS as u64 {
-        context
-            .bind_window(&region, (i * 997) % (VICTIM_BYTES as u64 - 4096), 4096, all)
-            .unwrap();
-    }
-    say(format!("window open {}", open.remote));
-    say(format!("window read-only {}", read_only.remote));
-    say(format!("window peer {}", for_peer.remote));
+    let secret: Vec<_> = (0..SECRET_WINDOWS as u64)
+        .map(|i| {
+            context
+                .bind_window(&region, (i * 997) % (VICTIM_BYTES as u64 - 4096), 4096, all)
+                .unwrap()
+        })
+        .collect();
+    say(format!("window open {}", open.remote()));
+    say(format!("window read-only {}", read_only.remote()));
+    say(format!("window peer {}", for_peer.remote()));
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -125,6 +125,7 @@ fn victim_rank(socket: &str) {
             Some(other) => panic!("unknown command {other}"),
         }
     }
+    drop(secret);
 }
 
 fn peer_rank(socket: &str) {
@@ -132,6 +133,8 @@ fn peer_rank(socket: &str) {
     assert_eq!(context.info().port, 2, "the peer the window is bound to");
     let source = context.alloc(4096, 4096).unwrap();
     let region = context.register_buffer(&source).unwrap();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
     let mut window = None;
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -143,7 +146,8 @@ fn peer_rank(socket: &str) {
                 source.write_at(0, &pattern(seed, 4096));
                 let remote = window.expect("window given").at(0);
                 let done = run(
-                    &context,
+                    &mut qp,
+                    &mut cq,
                     Write::new(region.local(0, 4096).unwrap(), remote).build(),
                 );
                 say(format!("status {:?} {:?}", done.status, done.detail));
@@ -224,15 +228,16 @@ fn attacker_rank(socket: &str) {
     let source_region = context.register_buffer(&source).unwrap();
     let sink_region = context.register_buffer(&sink).unwrap();
     // Windows of its own, to try keys near them on the victim's port.
-    let own: Vec<RemoteKey> = (0..16)
+    let own_windows: Vec<_> = (0..16)
         .map(|_| {
             context
                 .bind_window(&source_region, 0, 4096, Access::REMOTE_READ)
                 .unwrap()
-                .remote
-                .key
         })
         .collect();
+    let own: Vec<RemoteKey> = own_windows.iter().map(|w| w.remote().key).collect();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
     let mut victim = HashMap::new();
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -261,13 +266,12 @@ fn attacker_rank(socket: &str) {
                 let mut causes: HashMap<Cause, u64> = HashMap::new();
                 let (mut posted, mut done, mut same) = (0u64, 0u64, 0u64);
                 let mut other: Option<Completion> = None;
-                let mut out = vec![blank(); BATCH as usize];
                 while done < ATTEMPTS {
                     while posted < ATTEMPTS && posted - done + BATCH <= IN_FLIGHT {
                         let count = BATCH.min(ATTEMPTS - posted);
                         let (entries, batch_causes): (Vec<Entry>, Vec<Cause>) =
                             (posted..posted + count).map(entry).unzip();
-                        match context.post(&entries) {
+                        match qp.post(&entries) {
                             Ok(()) => {
                                 posted += count;
                                 for cause in batch_causes {
@@ -279,10 +283,8 @@ fn attacker_rank(socket: &str) {
                             Err(error) => panic!("post: {error}"),
                         }
                     }
-                    let n = context
-                        .wait(&mut out, Duration::from_secs(20))
-                        .expect("completions");
-                    for completion in &out[..n] {
+                    let ready = cq.wait(Duration::from_secs(20)).expect("completions");
+                    for completion in ready {
                         let refused =
                             (
                                 completion.status,
@@ -293,10 +295,10 @@ fn attacker_rank(socket: &str) {
                         if refused {
                             same += 1;
                         } else {
-                            other.get_or_insert(*completion);
+                            other.get_or_insert(completion);
                         }
+                        done += 1;
                     }
-                    done += n as u64;
                 }
                 let mut landed = vec![0u8; 4096];
                 sink.read_at(0, &mut landed);
@@ -343,19 +345,25 @@ fn binder_rank(socket: &str) {
     let source = context.alloc(4096, 4096).unwrap();
     source.write_at(0, &pattern(6, 8));
     let source_region = context.register_buffer(&source).unwrap();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
     let through_first = run(
-        &context,
-        Write::new(source_region.local(0, 8).unwrap(), windows[0].remote.at(0)).build(),
+        &mut qp,
+        &mut cq,
+        Write::new(
+            source_region.local(0, 8).unwrap(),
+            windows[0].remote().at(0),
+        )
+        .build(),
     );
     let mut landed = [0u8; 8];
     buffer.read_at(0, &mut landed);
-    context.revoke_window(windows.pop().unwrap()).unwrap();
-    let again = context
-        .bind_window(&region, 0, 8, Access::REMOTE_READ)
-        .is_ok();
+    windows.pop().unwrap().revoke().unwrap();
+    let rebound = context.bind_window(&region, 0, 8, Access::REMOTE_READ);
     let full_again = context
         .bind_window(&region, 0, 8, Access::REMOTE_READ)
         .is_err();
+    let again = rebound.is_ok();
     say(format!(
         "bound {} status {:?} detail {:?} first {:?} landed {} rebind {again} full {full_again}",
         windows.len() + 1,

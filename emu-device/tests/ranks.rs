@@ -15,10 +15,12 @@ use std::time::Duration;
 use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
-use pindown_driver::verbs::{Context, ContextConfig, Entry, Local, RemoteWindow};
+use pindown_driver::verbs::{
+    CompletionQueue, Context, ContextConfig, Entry, Local, QueuePair, RemoteWindow,
+};
 use pindown_driver::DmaBuffer;
 use pindown_pincache::CacheConfig;
-use pindown_uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_uapi::{Access, Completion, Status};
 
 /// The target's buffer: big enough for 16 MiB at an odd offset, plus room.
 const TARGET_BYTES: u64 = 36 << 20;
@@ -45,46 +47,48 @@ fn config(arena_bytes: usize) -> ContextConfig {
     }
 }
 
-fn wait_one(context: &Context, what: &str) -> Completion {
-    let mut out = [Completion::error(
-        0,
-        None,
-        Status::InvalidRequest,
-        ErrorDetail::None,
-    )];
-    context
-        .wait(&mut out, Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    out[0]
+/// A queue pair and its completion queue.
+struct Link<'c> {
+    qp: QueuePair<'c>,
+    cq: CompletionQueue<'c>,
 }
 
-fn run(context: &Context, entry: Entry, what: &str) -> Completion {
-    context
-        .post(&[entry.signaled()])
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    wait_one(context, what)
-}
+impl<'c> Link<'c> {
+    fn new(context: &'c Context) -> Self {
+        let mut cq = context.create_completion_queue();
+        let qp = context.create_queue_pair(&mut cq).expect("queue pair");
+        Link { qp, cq }
+    }
 
-/// Posts `count` requests made by `make`, keeping up to 64 in flight.
-fn run_many(context: &Context, count: u64, make: impl Fn(u64) -> Entry) {
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None); 64];
-    while done < count {
-        while posted < count && posted - done < 64 {
-            let batch = (count - posted).min(64 - (posted - done)).min(16);
-            let entries: Vec<Entry> = (posted..posted + batch)
-                .map(|i| make(i).signaled())
-                .collect();
-            context.post(&entries).expect("post");
-            posted += batch;
+    /// Posts `entry` and waits for its completion.
+    fn run(&mut self, entry: Entry<'_>, what: &str) -> Completion {
+        self.qp
+            .post(&[entry.signaled()])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        self.cq
+            .wait(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .next()
+            .unwrap()
+    }
+
+    /// Posts `count` requests made by `make`, keeping up to 64 in flight.
+    fn run_many<'r>(&mut self, count: u64, make: impl Fn(u64) -> Entry<'r>) {
+        let (mut posted, mut done) = (0u64, 0u64);
+        while done < count {
+            while posted < count && posted - done < 64 {
+                let batch = (count - posted).min(64 - (posted - done)).min(16);
+                let entries: Vec<Entry> = (posted..posted + batch)
+                    .map(|i| make(i).signaled())
+                    .collect();
+                self.qp.post(&entries).expect("post");
+                posted += batch;
+            }
+            for completion in self.cq.wait(Duration::from_secs(20)).expect("completions") {
+                assert!(completion.is_success(), "{completion:?}");
+                done += 1;
+            }
         }
-        let n = context
-            .wait(&mut out, Duration::from_secs(20))
-            .expect("completions");
-        for completion in &out[..n] {
-            assert!(completion.is_success(), "{completion:?}");
-        }
-        done += n as u64;
     }
 }
 
@@ -100,10 +104,11 @@ fn target_rank(socket: &str) {
     let small = context
         .bind_window(&region, SMALL_OFFSET, SMALL_LEN, Access::REMOTE_WRITE)
         .unwrap();
-    say(format!("window rw {}", rw.remote));
-    say(format!("window ro {}", ro.remote));
-    say(format!("window small {}", small.remote));
+    say(format!("window rw {}", rw.remote()));
+    say(format!("window ro {}", ro.remote()));
+    say(format!("window small {}", small.remote()));
     let mut small = Some(small);
+    let mut link = Link::new(&context);
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -129,7 +134,7 @@ fn target_rank(socket: &str) {
                 say(format!("fingerprint {}", fingerprint(&bytes)));
             }
             Some("revoke-small") => {
-                context.revoke_window(small.take().expect("bound")).unwrap();
+                small.take().expect("bound").revoke().unwrap();
                 say("ok");
             }
             Some("counter") => {
@@ -139,8 +144,8 @@ fn target_rank(socket: &str) {
             }
             Some("add") => {
                 // Through the device, on our own window: the same path as a peer's.
-                run_many(&context, number(1), |i| {
-                    FetchAdd::new(rw.remote.at(COUNTER_OFFSET), 1)
+                link.run_many(number(1), |i| {
+                    FetchAdd::new(rw.remote().at(COUNTER_OFFSET), 1)
                         .build()
                         .user_data(i)
                 });
@@ -181,6 +186,7 @@ fn initiator_rank(socket: &str) {
         }
     }
     say(format!("port {}", me.context.info().port));
+    let mut link = Link::new(&me.context);
     let mut windows = std::collections::HashMap::new();
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -197,9 +203,10 @@ fn initiator_rank(socket: &str) {
                 let (offset, len, seed, skew) = (number(1), number(2) as u32, number(3), number(4));
                 me.source
                     .write_at(skew as usize, &pattern(seed, len as usize));
-                let local = Local::new(me.source.iova() + skew, len);
-                let done = run(
-                    &me.context,
+                // SAFETY: the pieces registered above cover the source and
+                // stay registered until the end of this function.
+                let local = unsafe { Local::from_raw(me.source.iova() + skew, len) };
+                let done = link.run(
                     Write::new(local, windows["rw"].at(offset))
                         .build()
                         .user_data(seed),
@@ -214,9 +221,9 @@ fn initiator_rank(socket: &str) {
             }
             Some("read") => {
                 let (offset, len, seed, skew) = (number(1), number(2) as u32, number(3), number(4));
-                let local = Local::new(me.sink.iova() + skew, len);
-                let done = run(
-                    &me.context,
+                // SAFETY: as for writes, with the sink.
+                let local = unsafe { Local::from_raw(me.sink.iova() + skew, len) };
+                let done = link.run(
                     Read::new(local, windows["rw"].at(offset))
                         .build()
                         .user_data(seed),
@@ -232,7 +239,7 @@ fn initiator_rank(socket: &str) {
                 });
             }
             Some("add") => {
-                run_many(&me.context, number(1), |i| {
+                link.run_many(number(1), |i| {
                     FetchAdd::new(windows["rw"].at(COUNTER_OFFSET), 1)
                         .build()
                         .user_data(i)
@@ -242,13 +249,9 @@ fn initiator_rank(socket: &str) {
             Some("atomics") => {
                 let word = windows["rw"].at(COUNTER_OFFSET);
                 let current = number(1);
-                let swapped = run(
-                    &me.context,
-                    CompareSwap::new(word, current, 7).build(),
-                    "cas",
-                );
-                let refused = run(&me.context, CompareSwap::new(word, 1, 9).build(), "cas");
-                let exchanged = run(&me.context, Swap::new(word, 11).build(), "swap");
+                let swapped = link.run(CompareSwap::new(word, current, 7).build(), "cas");
+                let refused = link.run(CompareSwap::new(word, 1, 9).build(), "cas");
+                let exchanged = link.run(Swap::new(word, 11).build(), "swap");
                 say(format!(
                     "old {} {} {}",
                     swapped.value, refused.value, exchanged.value
@@ -256,7 +259,8 @@ fn initiator_rank(socket: &str) {
             }
             Some("bad") => {
                 let what = words[1];
-                let local = Local::new(me.source.iova(), 64);
+                // SAFETY: as for writes.
+                let local = unsafe { Local::from_raw(me.source.iova(), 64) };
                 let entry = match what {
                     "read-only" => Write::new(local, windows["ro"].at(0)).build(),
                     "out-of-window" => {
@@ -264,8 +268,10 @@ fn initiator_rank(socket: &str) {
                     }
                     "revoked" => Write::new(local, windows["small"].at(0)).build(),
                     "unregistered" => {
-                        Write::new(Local::new(me.unregistered.iova(), 64), windows["rw"].at(0))
-                            .build()
+                        // SAFETY: nothing registers this buffer: the device
+                        // must refuse the request and touch nothing.
+                        let unregistered = unsafe { Local::from_raw(me.unregistered.iova(), 64) };
+                        Write::new(unregistered, windows["rw"].at(0)).build()
                     }
                     "unknown-key" => {
                         let forged = RemoteWindow {
@@ -276,7 +282,7 @@ fn initiator_rank(socket: &str) {
                     }
                     other => panic!("unknown error case {other}"),
                 };
-                let done = run(&me.context, entry.user_data(99), what);
+                let done = link.run(entry.user_data(99), what);
                 say(format!(
                     "status {:?} {:?} {}",
                     done.status, done.detail, done.user_data
@@ -284,10 +290,10 @@ fn initiator_rank(socket: &str) {
             }
             Some("stream") => {
                 say("streaming");
-                let local = Local::new(me.source.iova(), 1 << 20);
+                // SAFETY: as for writes.
+                let local = unsafe { Local::from_raw(me.source.iova(), 1 << 20) };
                 loop {
-                    run(
-                        &me.context,
+                    link.run(
                         Write::new(local, windows["rw"].at(8 << 20)).build(),
                         "stream",
                     );

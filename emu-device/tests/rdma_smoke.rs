@@ -6,19 +6,14 @@ use std::time::Duration;
 
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
-use pindown_driver::verbs::{Context, ContextConfig};
+use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
 use pindown_uapi::{Access, Completion, Status};
 
-fn wait_one(context: &Context, timeout: Duration) -> Completion {
-    let mut out = [Completion::error(
-        0,
-        None,
-        Status::InvalidRequest,
-        pindown_uapi::ErrorDetail::None,
-    ); 1];
-    let n = context.wait(&mut out, timeout).expect("completion");
-    assert_eq!(n, 1);
-    out[0]
+/// The one completion `cq` has (or gets within `timeout`).
+fn wait_one(cq: &mut CompletionQueue<'_>, timeout: Duration) -> Completion {
+    let mut ready = cq.wait(timeout).expect("completion");
+    assert_eq!(ready.len(), 1);
+    ready.next().unwrap()
 }
 
 #[test]
@@ -47,15 +42,17 @@ fn write_read_and_add_between_two_ports_of_one_process() {
     let pattern: Vec<u8> = (0..10_000u32).map(|i| (i * 13 + 1) as u8).collect();
     source.write_at(0, &pattern);
     let source_region = a.register_buffer(&source).unwrap();
+    let mut cq = a.create_completion_queue();
+    let mut qp = a.create_queue_pair(&mut cq).unwrap();
     let write = Write::new(
         source_region.local(3, 9_000).unwrap(),
-        window.remote.at(101),
+        window.remote().at(101),
     )
     .build()
     .user_data(1)
     .signaled();
-    a.post(&[write]).unwrap();
-    let done = wait_one(&a, Duration::from_secs(5));
+    qp.post(&[write]).unwrap();
+    let done = wait_one(&mut cq, Duration::from_secs(5));
     assert_eq!(
         (done.status, done.user_data, done.byte_len),
         (Status::Success, 1, 9_000),
@@ -67,25 +64,26 @@ fn write_read_and_add_between_two_ports_of_one_process() {
 
     let back = a.alloc(9_000, 64).unwrap();
     let back_region = a.register_buffer(&back).unwrap();
-    a.post(&[
-        Read::new(back_region.local(0, 9_000).unwrap(), window.remote.at(101))
-            .build()
-            .user_data(2)
-            .signaled(),
-    ])
-    .unwrap();
-    assert!(wait_one(&a, Duration::from_secs(5)).is_success());
+    qp.post(&[Read::new(
+        back_region.local(0, 9_000).unwrap(),
+        window.remote().at(101),
+    )
+    .build()
+    .user_data(2)
+    .signaled()])
+        .unwrap();
+    assert!(wait_one(&mut cq, Duration::from_secs(5)).is_success());
     let mut read_back = vec![0u8; 9_000];
     back.read_at(0, &mut read_back);
     assert_eq!(read_back, pattern[3..9_003]);
 
     for expected in 0..10u64 {
-        a.post(&[FetchAdd::new(window.remote.at(16_384), 3)
+        qp.post(&[FetchAdd::new(window.remote().at(16_384), 3)
             .build()
             .user_data(10 + expected)
             .signaled()])
             .unwrap();
-        let done = wait_one(&a, Duration::from_secs(5));
+        let done = wait_one(&mut cq, Duration::from_secs(5));
         assert_eq!(done.value, expected * 3);
     }
 }
@@ -101,27 +99,23 @@ fn a_full_completion_queue_holds_the_device_back_and_loses_nothing() {
         ..ContextConfig::default()
     };
     let context = Context::open(device.socket(0), config).unwrap();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
     let total = 500u64;
     let (mut posted, mut seen) = (0u64, Vec::new());
-    let mut out = [Completion::error(
-        0,
-        None,
-        Status::InvalidRequest,
-        pindown_uapi::ErrorDetail::None,
-    ); 8];
     while (seen.len() as u64) < total {
         // Post until the rings are full, without reaping completions.
         while posted < total {
-            match context.post(&[Nop::new().build().user_data(posted).signaled()]) {
+            match qp.post(&[Nop::new().build().user_data(posted).signaled()]) {
                 Ok(()) => posted += 1,
                 Err(VerbsError::QueueFull { .. }) => break,
                 Err(other) => panic!("{other}"),
             }
         }
-        let n = context
-            .wait(&mut out, Duration::from_secs(5))
+        let ready = cq
+            .wait(Duration::from_secs(5))
             .expect("completions keep coming");
-        seen.extend(out[..n].iter().map(|c| c.user_data));
+        seen.extend(ready.map(|c| c.user_data));
     }
     assert_eq!(
         seen,

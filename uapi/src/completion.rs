@@ -171,6 +171,26 @@ pub struct Completion {
 
 const UNDECODED_OPCODE: u8 = 0xff;
 
+/// A request that failed, as its completion reports it. Its text names the
+/// request (user data and opcode), the status and the detail, e.g.
+/// `request 0x7 (WRITE) failed: remote access refused (no live window of
+/// the target grants this access to this port)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[error(
+    "request {user_data:#x} ({}) failed: {status} ({detail})",
+    opcode.map_or("undecodable", Opcode::name)
+)]
+pub struct CompletionError {
+    /// The request's user data.
+    pub user_data: u64,
+    /// The request's opcode; `None` when the request did not decode.
+    pub opcode: Option<Opcode>,
+    /// How it ended (never [`Status::Success`]).
+    pub status: Status,
+    /// Why.
+    pub detail: ErrorDetail,
+}
+
 impl Completion {
     /// Encoded size in bytes.
     pub const SIZE: usize = 32;
@@ -209,6 +229,22 @@ impl Completion {
         self.status == Status::Success
     }
 
+    /// The request's outcome: its value (the old word of an atomic, the key
+    /// of a BIND, the device information of a QUERY, else 0) on success,
+    /// else what went wrong.
+    pub fn result(&self) -> Result<u64, CompletionError> {
+        if self.is_success() {
+            Ok(self.value)
+        } else {
+            Err(CompletionError {
+                user_data: self.user_data,
+                opcode: self.opcode,
+                status: self.status,
+                detail: self.detail,
+            })
+        }
+    }
+
     /// Encodes the completion.
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut bytes = [0u8; Self::SIZE];
@@ -238,5 +274,46 @@ impl Completion {
             byte_len: le_u32(bytes, 12),
             value: le_u64(bytes, 16),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_gives_the_value_or_an_error_naming_request_status_and_detail() {
+        let done = Completion::success(7, Opcode::FetchAdd, 8, 41);
+        assert_eq!(done.result(), Ok(41));
+        let failed = Completion::error(
+            9,
+            Some(Opcode::Write),
+            Status::RemoteAccessError,
+            ErrorDetail::NotGranted,
+        );
+        let error = failed.result().unwrap_err();
+        assert_eq!(
+            (error.user_data, error.opcode, error.status, error.detail),
+            (
+                9,
+                Some(Opcode::Write),
+                Status::RemoteAccessError,
+                ErrorDetail::NotGranted
+            )
+        );
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "request 0x9 (WRITE) failed: {} ({})",
+                Status::RemoteAccessError.describe(),
+                ErrorDetail::NotGranted.describe()
+            )
+        );
+        let undecoded = Completion::error(5, None, Status::InvalidRequest, ErrorDetail::Malformed);
+        assert!(undecoded
+            .result()
+            .unwrap_err()
+            .to_string()
+            .contains("(undecodable)"));
     }
 }

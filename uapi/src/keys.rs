@@ -27,6 +27,21 @@ bitflags::bitflags! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RemoteKey(pub u64);
 
+impl TryFrom<u64> for RemoteKey {
+    type Error = crate::DecodeError;
+
+    /// The key with value `value`; zero is never a key.
+    fn try_from(value: u64) -> Result<Self, Self::Error> {
+        match value {
+            0 => Err(crate::DecodeError::OutOfRange {
+                field: "remote key",
+                value,
+            }),
+            key => Ok(RemoteKey(key)),
+        }
+    }
+}
+
 impl fmt::Display for RemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "rkey {:#018x}", self.0)

@@ -6,35 +6,71 @@
 /// answer ([`ErrorDetail::NotGranted`](crate::ErrorDetail)) for every
 /// refused remote access, and a per-port window limit.
 ///
-/// Version 3: the RDMA queues are stamped slots the other side polls, with
+/// Version 3: several RDMA queue pairs per port (the admin pair and I/O
+/// pairs, see [`RingLayout`]); [`DeviceInfo`] reports how many.
+///
+/// Version 4: the RDMA queues are stamped slots the other side polls, with
 /// completions written in place and event records instead of split
 /// virtqueues ([`queue`](crate::queue)), and WRITE_INLINE.
-pub const ABI_VERSION: u16 = 3;
+pub const ABI_VERSION: u16 = 4;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).
 pub mod rdma_features {
     /// WRITE and READ of any length and alignment.
-    pub const READ_WRITE: u32 = 1 << 0;
+    pub const READ_WRITE: u16 = 1 << 0;
     /// Compare-and-swap, fetch-and-add and swap on 4- and 8-byte words.
-    pub const ATOMICS: u32 = 1 << 1;
+    pub const ATOMICS: u16 = 1 << 1;
     /// Window bind and revoke.
-    pub const WINDOWS: u32 = 1 << 2;
+    pub const WINDOWS: u16 = 1 << 2;
     /// WRITE_INLINE of up to [`MAX_INLINE`](crate::queue::MAX_INLINE) bytes.
-    pub const INLINE: u32 = 1 << 3;
+    pub const INLINE: u16 = 1 << 3;
 }
 
 /// Every feature of this version.
-pub const RDMA_FEATURES: u32 = rdma_features::READ_WRITE
+pub const RDMA_FEATURES: u16 = rdma_features::READ_WRITE
     | rdma_features::ATOMICS
     | rdma_features::WINDOWS
     | rdma_features::INLINE;
 
-/// The rings of a device with `queue_pairs` Ethernet queue pairs.
+/// The RDMA queue pair the device executes the driver's own requests on
+/// (QUERY, BIND_WINDOW, REVOKE_WINDOW): the admin pair, as NVMe has an admin
+/// queue pair beside its I/O queues. Windows a port bound are revoked when
+/// this pair's rings stop.
+pub const ADMIN_QUEUE_PAIR: u16 = 0;
+
+/// The most RDMA queue pairs a port can have (the admin pair included).
+pub const MAX_RDMA_QUEUE_PAIRS: u16 = 64;
+
+/// Which ring carries what: `queue_pairs` Ethernet queue pairs, then
+/// `rdma_queue_pairs` RDMA queue pairs (each a send queue and the
+/// completion queue its requests complete on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
-    /// Ethernet queue pairs (what `GET_QUEUE_NUM` reports).
+    /// Ethernet queue pairs (`P`).
     pub queue_pairs: u16,
+    /// RDMA queue pairs (`R`), the admin pair
+    /// ([`ADMIN_QUEUE_PAIR`]) included; at most
+    /// [`MAX_RDMA_QUEUE_PAIRS`].
+    pub rdma_queue_pairs: u16,
+}
+
+/// One of the two rings of an RDMA queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RdmaRing {
+    /// The send queue of the pair: stamped work requests in.
+    Send(u16),
+    /// The completion queue of the pair: stamped completions back.
+    Completion(u16),
+}
+
+impl RdmaRing {
+    /// The queue pair the ring belongs to.
+    pub fn pair(self) -> u16 {
+        match self {
+            RdmaRing::Send(pair) | RdmaRing::Completion(pair) => pair,
+        }
+    }
 }
 
 impl RingLayout {
@@ -48,19 +84,35 @@ impl RingLayout {
         2 * pair + 1
     }
 
-    /// The RDMA send queue: stamped work requests in (see [`queue`](crate::queue)).
-    pub fn send_queue(&self) -> u16 {
-        2 * self.queue_pairs
+    /// The send queue of RDMA queue pair `pair` (ring `2P + 2 pair`):
+    /// stamped work requests in (see [`queue`](crate::queue)).
+    pub fn send_queue(&self, pair: u16) -> u16 {
+        2 * self.queue_pairs + 2 * pair
     }
 
-    /// The RDMA completion queue: stamped completions back (see [`queue`](crate::queue)).
-    pub fn completion_queue(&self) -> u16 {
-        2 * self.queue_pairs + 1
+    /// The completion queue of RDMA queue pair `pair` (ring `2P + 2 pair +
+    /// 1`): stamped completions back (see [`queue`](crate::queue)).
+    pub fn completion_queue(&self, pair: u16) -> u16 {
+        2 * self.queue_pairs + 2 * pair + 1
+    }
+
+    /// The RDMA ring `ring` is, if it is one.
+    pub fn rdma_ring(&self, ring: u16) -> Option<RdmaRing> {
+        let offset = ring.checked_sub(2 * self.queue_pairs)?;
+        let pair = offset / 2;
+        if pair >= self.rdma_queue_pairs {
+            return None;
+        }
+        Some(if offset % 2 == 0 {
+            RdmaRing::Send(pair)
+        } else {
+            RdmaRing::Completion(pair)
+        })
     }
 
     /// Number of rings in all.
     pub fn ring_count(&self) -> u16 {
-        2 * self.queue_pairs + 2
+        2 * self.queue_pairs + 2 * self.rdma_queue_pairs
     }
 }
 
@@ -72,13 +124,18 @@ pub struct DeviceInfo {
     /// The device's ABI version.
     pub abi_version: u16,
     /// Bits of [`rdma_features`].
-    pub features: u32,
+    pub features: u16,
+    /// RDMA queue pairs the port serves, the admin pair included.
+    pub rdma_queue_pairs: u16,
 }
 
 impl DeviceInfo {
     /// Packs the information into a completion value.
     pub fn to_value(&self) -> u64 {
-        u64::from(self.port) | u64::from(self.abi_version) << 16 | u64::from(self.features) << 32
+        u64::from(self.port)
+            | u64::from(self.abi_version) << 16
+            | u64::from(self.features) << 32
+            | u64::from(self.rdma_queue_pairs) << 48
     }
 
     /// Unpacks a completion value.
@@ -86,7 +143,8 @@ impl DeviceInfo {
         DeviceInfo {
             port: value as u16,
             abi_version: (value >> 16) as u16,
-            features: (value >> 32) as u32,
+            features: (value >> 32) as u16,
+            rdma_queue_pairs: (value >> 48) as u16,
         }
     }
 }
@@ -97,10 +155,24 @@ mod tests {
 
     #[test]
     fn rdma_rings_follow_the_ethernet_pairs() {
-        let layout = RingLayout { queue_pairs: 2 };
+        let layout = RingLayout {
+            queue_pairs: 2,
+            rdma_queue_pairs: 3,
+        };
         assert_eq!((layout.net_rx(1), layout.net_tx(1)), (2, 3));
-        assert_eq!((layout.send_queue(), layout.completion_queue()), (4, 5));
-        assert_eq!(layout.ring_count(), 6);
+        assert_eq!((layout.send_queue(0), layout.completion_queue(0)), (4, 5));
+        assert_eq!((layout.send_queue(2), layout.completion_queue(2)), (8, 9));
+        assert_eq!(layout.ring_count(), 10);
+        let rings: Vec<_> = (0..12).map(|ring| layout.rdma_ring(ring)).collect();
+        assert_eq!(&rings[..4], &[None; 4]);
+        assert_eq!(rings[4], Some(RdmaRing::Send(0)));
+        assert_eq!(rings[7], Some(RdmaRing::Completion(1)));
+        assert_eq!(rings[9], Some(RdmaRing::Completion(2)));
+        assert_eq!(&rings[10..], &[None; 2]);
+        for ring in 4..10 {
+            let pair = layout.rdma_ring(ring).unwrap().pair();
+            assert!(ring == layout.send_queue(pair) || ring == layout.completion_queue(pair));
+        }
     }
 
     #[test]
@@ -109,6 +181,7 @@ mod tests {
             port: 7,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
+            rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
         };
         assert_eq!(DeviceInfo::from_value(info.to_value()), info);
     }

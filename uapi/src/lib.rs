@@ -14,16 +14,25 @@
 //!
 //! The device is a virtio-net device. Queue pairs `0..P` carry Ethernet
 //! (receive ring `2i`, transmit ring `2i+1`); `P` is what `GET_QUEUE_NUM`
-//! reports. Two further rings carry RDMA (see [`RingLayout`]), set up like
-//! virtio rings but laid out as [`queue`] says, not as split virtqueues:
+//! reports to a host frontend. `R` RDMA queue pairs follow (see
+//! [`RingLayout`]); pair `q` has two rings, set up like virtio rings but
+//! laid out as [`queue`] says, not as split virtqueues:
 //!
-//! * the **send queue** (ring `2P`): slots of one [`WorkRequest`]
+//! * its **send queue** (ring `2P+2q`): slots of one [`WorkRequest`]
 //!   ([`WorkRequest::SIZE`] bytes) each, stamped with their position, which
 //!   the device polls; small writes carry their bytes inline.
-//! * the **completion queue** (ring `2P+1`): slots of one [`Completion`]
+//! * its **completion queue** (ring `2P+2q+1`): slots of one [`Completion`]
 //!   ([`Completion::SIZE`] bytes) each, which the device writes in place,
-//!   stamped, for every signalled request and for every request that fails,
-//!   in execution order; the driver polls them.
+//!   stamped, for every signalled request of the pair and for every request
+//!   that fails, in execution order; the driver polls them.
+//!
+//! The device executes each send queue in order, and the pairs
+//! independently of each other. Pair 0 is the admin pair
+//! ([`ADMIN_QUEUE_PAIR`]), where a driver runs its own requests (QUERY,
+//! BIND_WINDOW, REVOKE_WINDOW); the others are I/O pairs. QUERY reports `R`
+//! ([`DeviceInfo::rdma_queue_pairs`]). A QEMU frontend (a guest driving the
+//! RDMA rings through VFIO) is told of `P + R` pairs by `GET_QUEUE_NUM`,
+//! since QEMU forwards only the rings of the pairs it knows.
 //!
 //! ## Addresses
 //!
@@ -75,9 +84,12 @@ mod layout;
 pub mod queue;
 mod request;
 
-pub use completion::{Completion, ErrorDetail, Status};
+pub use completion::{Completion, CompletionError, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
 pub use keys::{Access, RemoteAddress, RemoteKey};
-pub use layout::{rdma_features, DeviceInfo, RingLayout, ABI_VERSION, RDMA_FEATURES};
+pub use layout::{
+    rdma_features, DeviceInfo, RdmaRing, RingLayout, ABI_VERSION, ADMIN_QUEUE_PAIR,
+    MAX_RDMA_QUEUE_PAIRS, RDMA_FEATURES,
+};
 pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};

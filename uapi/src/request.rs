@@ -64,6 +64,22 @@ impl Opcode {
     /// Reserved for messaging: sends, receives and active messages.
     pub const MESSAGING_RANGE: std::ops::RangeInclusive<u8> = 0x30..=0x3f;
 
+    /// The opcode's name as the ABI spells it (`WRITE`, `FETCH_ADD`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::Nop => "NOP",
+            Opcode::Write => "WRITE",
+            Opcode::Read => "READ",
+            Opcode::CompareSwap => "COMPARE_SWAP",
+            Opcode::FetchAdd => "FETCH_ADD",
+            Opcode::Swap => "SWAP",
+            Opcode::BindWindow => "BIND_WINDOW",
+            Opcode::RevokeWindow => "REVOKE_WINDOW",
+            Opcode::Query => "QUERY",
+            Opcode::WriteInline => "WRITE_INLINE",
+        }
+    }
+
     /// The opcode with code `code`.
     pub fn from_u8(code: u8) -> Result<Opcode, DecodeError> {
         Ok(match code {

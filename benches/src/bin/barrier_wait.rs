@@ -13,7 +13,7 @@
 //! half of the target (so the copy is under way, with at least 8 MiB still
 //! to go), then times, on port 1:
 //!
-//! * `revoke`: `Context::revoke_window` of the window the write goes
+//! * `revoke`: `MemoryWindow::revoke` of the window the write goes
 //!   through (post, the device's barrier, completion seen);
 //! * `invalidate`: the IOTLB INVALIDATE of the target's pages that the
 //!   driver's pinner sends on unpin (`Transport::iotlb_unmap`, sent and
@@ -38,12 +38,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pindown_driver::transport::{Access as IotlbAccess, Transport, VhostUserTransport};
+use pindown_driver::transport::{IotlbAccess, Transport};
 use pindown_driver::verbs::opcode::Write;
-use pindown_driver::verbs::{Context, Local, MemoryRegion, MemoryWindow};
+use pindown_driver::verbs::{CompletionQueue, Context, MemoryRegion, MemoryWindow, QueuePair};
 use pindown_driver::DmaBuffer;
 use pindown_emu_device::rdma::STEP_BYTES;
-use pindown_uapi::{Access, Completion, ErrorDetail, Status};
+use pindown_uapi::Access;
 use serde::Serialize;
 
 use pindown_benches::child::DeviceChild;
@@ -140,35 +140,54 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// A port's queue pair and its completion queue.
+struct Endpoint<'a> {
+    qp: QueuePair<'a>,
+    cq: CompletionQueue<'a>,
+}
+
+impl<'a> Endpoint<'a> {
+    fn new(context: &'a Context) -> Result<Self, Box<dyn Error>> {
+        let mut cq = context.create_completion_queue();
+        let qp = context.create_queue_pair(&mut cq)?;
+        Ok(Endpoint { qp, cq })
+    }
+}
+
 /// The two ports and their buffers.
 struct Bench<'a> {
-    initiator: &'a Context,
     owner: &'a Context,
+    /// Port 0's queue pair.
+    initiator: Endpoint<'a>,
+    /// Port 1's queue pair.
+    own: Endpoint<'a>,
     /// Port 1's buffer: where port 0 writes, and the source of port 1's
     /// own writes.
     target: &'a DmaBuffer,
+    target_region: &'a MemoryRegion<'a>,
     /// Port 0's buffer: the source of its writes, and where port 1 writes.
     source: &'a DmaBuffer,
+    source_region: &'a MemoryRegion<'a>,
     random: SplitMix64,
 }
 
-impl Bench<'_> {
-    /// Posts, on `initiator`, [`WRITES`] 16 MiB writes from `from` into
-    /// `window`, which covers `landing`, and waits until the first one's
-    /// bytes reach a random offset in the first half of `landing`. `from`
-    /// must hold no zero byte.
+impl<'a> Bench<'a> {
+    /// Posts on `qp` [`WRITES`] 16 MiB writes from `from` into `window`,
+    /// which covers `landing`, and waits until the first one's bytes reach
+    /// a random offset in the first half of `landing`. `from` must hold no
+    /// zero byte.
     fn start_writes(
-        &mut self,
-        initiator: &Context,
-        from: &DmaBuffer,
-        window: &MemoryWindow,
+        random: &mut SplitMix64,
+        qp: &mut QueuePair<'_>,
+        from: &MemoryRegion<'_>,
+        window: &MemoryWindow<'_>,
         landing: &DmaBuffer,
     ) -> Result<(), Box<dyn Error>> {
-        let watch = self.random.below(TRANSFER_BYTES / 2);
+        let watch = random.below(TRANSFER_BYTES / 2);
         landing.write_at(watch, &[0]);
-        let local = Local::new(from.iova(), TRANSFER_BYTES as u32);
-        let write = Write::new(local, window.remote.at(0)).build().signaled();
-        initiator.post(&[write; WRITES])?;
+        let local = from.local(0, TRANSFER_BYTES as u32)?;
+        let write = Write::new(local, window.remote().at(0)).build().signaled();
+        qp.post(&[write; WRITES])?;
         let deadline = Instant::now() + TIMEOUT;
         let mut byte = [0u8];
         loop {
@@ -184,39 +203,49 @@ impl Bench<'_> {
     }
 
     /// Port 0's writes into port 1's window `window`.
-    fn start_peer_writes(&mut self, window: &MemoryWindow) -> Result<(), Box<dyn Error>> {
-        let (initiator, source, target) = (self.initiator, self.source, self.target);
-        self.start_writes(initiator, source, window, target)
+    fn start_peer_writes(&mut self, window: &MemoryWindow<'_>) -> Result<(), Box<dyn Error>> {
+        Self::start_writes(
+            &mut self.random,
+            &mut self.initiator.qp,
+            self.source_region,
+            window,
+            self.target,
+        )
     }
 
-    /// Waits for the completions of the writes `initiator` posted; whether
-    /// they all failed (the barrier cut the first short).
-    fn finish_writes(initiator: &Context) -> Result<bool, Box<dyn Error>> {
-        let blank = Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None);
-        let mut out = [blank; WRITES];
+    /// Port 1's writes from the pages it invalidates into port 0's window
+    /// `window`.
+    fn start_own_writes(&mut self, window: &MemoryWindow<'_>) -> Result<(), Box<dyn Error>> {
+        Self::start_writes(
+            &mut self.random,
+            &mut self.own.qp,
+            self.target_region,
+            window,
+            self.source,
+        )
+    }
+
+    /// Waits for the completions of the writes posted on `endpoint`;
+    /// whether they all failed (the barrier cut the first short).
+    fn finish_writes(endpoint: &mut Endpoint<'_>) -> Result<bool, Box<dyn Error>> {
         let mut seen = 0;
         let mut failed = 0;
         while seen < WRITES {
-            let n = initiator.wait(&mut out[seen..], TIMEOUT)?;
-            if n == 0 {
-                return Err("no completion for a write".into());
+            for completion in endpoint.cq.wait(TIMEOUT)? {
+                failed += usize::from(!completion.is_success());
+                seen += 1;
             }
-            failed += out[seen..seen + n]
-                .iter()
-                .filter(|c| !c.is_success())
-                .count();
-            seen += n;
         }
         Ok(failed == WRITES)
     }
 
-    fn bind(
-        &self,
-        region: &MemoryRegion<'_, VhostUserTransport>,
-    ) -> Result<MemoryWindow, Box<dyn Error>> {
-        Ok(self
-            .owner
-            .bind_window(region, 0, TRANSFER_BYTES as u64, Access::REMOTE_WRITE)?)
+    fn bind(&self) -> Result<MemoryWindow<'a>, Box<dyn Error>> {
+        Ok(self.owner.bind_window(
+            self.target_region,
+            0,
+            TRANSFER_BYTES as u64,
+            Access::REMOTE_WRITE,
+        )?)
     }
 
     /// The IOTLB INVALIDATE of port 1's buffer, timed.
@@ -281,20 +310,23 @@ fn measure(args: &Args, device: &DeviceChild) -> Result<Report, Box<dyn Error>> 
         Access::REMOTE_WRITE,
     )?;
     let mut bench = Bench {
-        initiator: &initiator,
         owner: &owner,
+        initiator: Endpoint::new(&initiator)?,
+        own: Endpoint::new(&owner)?,
         target: &target,
+        target_region: &target_region,
         source: &source,
+        source_region: &source_region,
         random: SplitMix64::new(0xba44_1e45),
     };
 
     // A first write, to fault every page in on both sides.
-    let window = bench.bind(&target_region)?;
+    let window = bench.bind()?;
     bench.start_peer_writes(&window)?;
-    if Bench::finish_writes(&initiator)? {
+    if Bench::finish_writes(&mut bench.initiator)? {
         return Err("writes with no barrier in their way failed".into());
     }
-    owner.revoke_window(window)?;
+    window.revoke()?;
 
     let mut revoke = (Vec::new(), Vec::new(), 0usize);
     let mut invalidate = (Vec::new(), Vec::new(), 0usize);
@@ -302,42 +334,44 @@ fn measure(args: &Args, device: &DeviceChild) -> Result<Report, Box<dyn Error>> 
     let bar = args.output.progress_bar(trials as u64);
     for _ in 0..trials {
         // Revoke, in flight.
-        let window = bench.bind(&target_region)?;
+        let window = bench.bind()?;
         bench.start_peer_writes(&window)?;
         let start = Instant::now();
-        owner.revoke_window(window)?;
+        window.revoke()?;
         revoke.0.push(us(start.elapsed()));
-        revoke.2 += usize::from(Bench::finish_writes(&initiator)?);
+        revoke.2 += usize::from(Bench::finish_writes(&mut bench.initiator)?);
         // Revoke, idle.
-        let window = bench.bind(&target_region)?;
+        let window = bench.bind()?;
         let start = Instant::now();
-        owner.revoke_window(window)?;
+        window.revoke()?;
         revoke.1.push(us(start.elapsed()));
 
         // Invalidate, in flight.
-        let window = bench.bind(&target_region)?;
+        let window = bench.bind()?;
         bench.start_peer_writes(&window)?;
         invalidate.0.push(us(bench.invalidate()?));
-        invalidate.2 += usize::from(Bench::finish_writes(&initiator)?);
+        invalidate.2 += usize::from(Bench::finish_writes(&mut bench.initiator)?);
         bench.restore()?;
         // Invalidate, idle.
         invalidate.1.push(us(bench.invalidate()?));
         bench.restore()?;
-        owner.revoke_window(window)?;
+        window.revoke()?;
 
         // Invalidate behind port 1's own write from the pages it
         // invalidates (into port 0's window).
         target.fill(0xa5);
-        bench.start_writes(&owner, &target, &source_window, &source)?;
+        bench.start_own_writes(&source_window)?;
         own.0.push(us(bench.invalidate()?));
-        own.1 += usize::from(Bench::finish_writes(&owner)?);
+        own.1 += usize::from(Bench::finish_writes(&mut bench.own)?);
         bench.restore()?;
         source.fill(0xa5);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    drop(target_region);
-    drop(source_region);
+    drop(bench);
+    drop(source_window);
+    target_region.deregister()?;
+    source_region.deregister()?;
 
     let (mut step_us, mut whole_us) = memcpy_steps(trials.clamp(10, 100));
     let memcpy_step_us = Summary::of(&mut step_us);

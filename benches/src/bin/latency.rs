@@ -39,7 +39,7 @@ use pindown_benches::replay::Memcpy;
 use pindown_benches::stats::Summary;
 use pindown_benches::sys::{LockBudget, Machine};
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
-use pindown_driver::verbs::{Context, Entry, Local, RemoteWindow};
+use pindown_driver::verbs::{CompletionQueue, Context, Entry, QueuePair, RemoteWindow};
 use pindown_emu_device::testing::DeviceProcess;
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::Access;
@@ -314,15 +314,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
         let mut kind_reports = Vec::new();
         for &kind in &kinds {
             bar.set_message(format!("{mode}: {kind}"));
-            let report = match Bench::new(&device, mode, kind) {
-                Ok(bench) => bench.measure(&plan, &memcpy_idle),
-                Err(e) => KindReport {
-                    memory: kind,
-                    error: Some(e.to_string()),
-                    latency: Vec::new(),
-                    bandwidth: Vec::new(),
-                },
-            };
+            let report = measure_kind(&device, mode, kind, &plan, &memcpy_idle);
             if let Some(e) = &report.error {
                 bar.suspend(|| eprintln!("latency: {mode}, {kind}: {e}"));
             }
@@ -452,6 +444,76 @@ fn summarize(report: &Report) {
     }
 }
 
+/// The figures of one memory kind: two ports of `device`, port 0 posting,
+/// port 1 owning a window over its buffer.
+fn measure_kind(
+    device: &DeviceProcess,
+    mode: Mode,
+    kind: MemoryKind,
+    plan: &Plan,
+    idle: &[IdleMemcpy],
+) -> KindReport {
+    let mut report = KindReport {
+        memory: kind,
+        error: None,
+        latency: Vec::new(),
+        bandwidth: Vec::new(),
+    };
+    let result = (|| -> Result<(), Box<dyn Error>> {
+        let owner = Context::open(device.socket(1), mode.context_config(ARENA_BYTES))?;
+        let initiator = Context::open(device.socket(0), mode.context_config(ARENA_BYTES))?;
+        let target = TestBuffer::new(&owner, kind, WINDOW_BYTES)?;
+        target.write_at(READ_BASE, &pattern(READ_SEED, 0, 16 << 20));
+        let target_region = owner.register(target.addr(), target.len() as u64)?;
+        let access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let bound = owner.bind_window(&target_region, 0, target.len() as u64, access)?;
+        let source = TestBuffer::new(&initiator, kind, SOURCE_BYTES)?;
+        let mut bytes = vec![0u8; SOURCE_BYTES];
+        fill_pattern(WRITE_SEED, 0, &mut bytes);
+        source.write_at(0, &bytes);
+        let sink = TestBuffer::new(&initiator, kind, SOURCE_BYTES)?;
+        let mut cq = initiator.create_completion_queue();
+        let qp = initiator.create_queue_pair(&mut cq)?;
+        let mut bench = Bench {
+            initiator: &initiator,
+            qp,
+            cq,
+            window: bound.remote(),
+            target: &target,
+            source: &source,
+            sink: &sink,
+        };
+        for &bytes in &plan.latency_bytes {
+            if plan.ops.contains(&Op::Write) {
+                report
+                    .latency
+                    .push(bench.write_latency(plan, bytes, false)?);
+            }
+            if plan.ops.contains(&Op::WriteInline) && bytes <= MAX_INLINE {
+                report.latency.push(bench.write_latency(plan, bytes, true)?);
+            }
+            if plan.ops.contains(&Op::Read) {
+                report.latency.push(bench.read_latency(plan, bytes)?);
+            }
+        }
+        if plan.ops.contains(&Op::FetchAdd) {
+            report.latency.push(bench.fetch_add_latency(plan)?);
+        }
+        for &bytes in &plan.bandwidth_bytes {
+            let idle = idle
+                .iter()
+                .find(|m| m.bytes == bytes)
+                .map_or(f64::NAN, |m| m.gb_per_s.median);
+            report.bandwidth.push(bench.bandwidth(plan, bytes, idle)?);
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        report.error = Some(format!("{kind} memory in {mode} mode: {e}"));
+    }
+    report
+}
+
 /// A timed latency figure before it is checked.
 struct Timed {
     us: Summary,
@@ -460,104 +522,36 @@ struct Timed {
     values_ok: bool,
 }
 
-/// Two ports of one device: port 0 posts, port 1 owns the window.
-struct Bench {
-    kind: MemoryKind,
-    mode: Mode,
-    initiator: Context,
-    /// Kept open: the window lives while its owner's port does.
-    _owner: Context,
-    target: TestBuffer,
+/// Port 0's queue pair and the buffers of both ports.
+struct Bench<'a, 'c> {
+    initiator: &'c Context,
+    qp: QueuePair<'c>,
+    cq: CompletionQueue<'c>,
     window: RemoteWindow,
-    source: TestBuffer,
-    sink: TestBuffer,
+    target: &'a TestBuffer,
+    source: &'a TestBuffer,
+    sink: &'a TestBuffer,
 }
 
-impl Bench {
-    fn new(device: &DeviceProcess, mode: Mode, kind: MemoryKind) -> Result<Bench, Box<dyn Error>> {
-        let owner = Context::open(device.socket(1), mode.context_config(ARENA_BYTES))?;
-        let initiator = Context::open(device.socket(0), mode.context_config(ARENA_BYTES))?;
-        let target = TestBuffer::new(&owner, kind, WINDOW_BYTES)?;
-        target.write_at(READ_BASE, &pattern(READ_SEED, 0, 16 << 20));
-        let window = {
-            let region = owner.register(target.addr(), target.len() as u64)?;
-            let access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-            owner
-                .bind_window(&region, 0, target.len() as u64, access)?
-                .remote
-        };
-        let source = TestBuffer::new(&initiator, kind, SOURCE_BYTES)?;
-        let mut bytes = vec![0u8; SOURCE_BYTES];
-        fill_pattern(WRITE_SEED, 0, &mut bytes);
-        source.write_at(0, &bytes);
-        let sink = TestBuffer::new(&initiator, kind, SOURCE_BYTES)?;
-        Ok(Bench {
-            kind,
-            mode,
-            initiator,
-            _owner: owner,
-            target,
-            window,
-            source,
-            sink,
-        })
-    }
-
-    fn measure(self, plan: &Plan, idle: &[IdleMemcpy]) -> KindReport {
-        let mut report = KindReport {
-            memory: self.kind,
-            error: None,
-            latency: Vec::new(),
-            bandwidth: Vec::new(),
-        };
-        let result = (|| -> Result<(), Box<dyn Error>> {
-            for &bytes in &plan.latency_bytes {
-                if plan.ops.contains(&Op::Write) {
-                    report.latency.push(self.write_latency(plan, bytes, false)?);
-                }
-                if plan.ops.contains(&Op::WriteInline) && bytes <= MAX_INLINE {
-                    report.latency.push(self.write_latency(plan, bytes, true)?);
-                }
-                if plan.ops.contains(&Op::Read) {
-                    report.latency.push(self.read_latency(plan, bytes)?);
-                }
-            }
-            if plan.ops.contains(&Op::FetchAdd) {
-                report.latency.push(self.fetch_add_latency(plan)?);
-            }
-            for &bytes in &plan.bandwidth_bytes {
-                let idle = idle
-                    .iter()
-                    .find(|m| m.bytes == bytes)
-                    .map_or(f64::NAN, |m| m.gb_per_s.median);
-                report.bandwidth.push(self.bandwidth(plan, bytes, idle)?);
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            report.error = Some(format!("{} memory in {} mode: {e}", self.kind, self.mode));
-        }
-        report
-    }
-
-    /// Times `entry` (built anew for every sample by `make`) one at a
-    /// time: `plan.latency_warmup` untimed, then `plan.latency_samples`
-    /// timed, in microseconds; `check(i, value)` checks the value of
-    /// completion `i`. First measures the cache-line round trip, once the
-    /// device and the driver are idle.
-    fn time(
-        &self,
+impl Bench<'_, '_> {
+    /// Times the request `make(i)` builds (through `region`, the local
+    /// memory it names), one at a time: `plan.latency_warmup` untimed, then
+    /// `plan.latency_samples` timed, in microseconds; `check(i, value)`
+    /// checks the value of completion `i`. First measures the cache-line
+    /// round trip, once the device and the driver are idle.
+    fn time<'r>(
+        &mut self,
         plan: &Plan,
-        mut make: impl FnMut(u64) -> Entry,
+        mut make: impl FnMut(u64) -> Result<Entry<'r>, Box<dyn Error>>,
         mut check: impl FnMut(u64, u64) -> bool,
     ) -> Result<Timed, Box<dyn Error>> {
         let ping_pong = quiet_ping_pong(plan);
         let mut samples = Vec::with_capacity(plan.latency_samples);
         let mut ok = true;
         for i in 0..(plan.latency_warmup + plan.latency_samples) as u64 {
-            let entry = make(i).user_data(i);
+            let entry = make(i)?.user_data(i);
             let start = Instant::now();
-            let done = run_one(&self.initiator, entry)?;
+            let done = run_one(&mut self.qp, &mut self.cq, entry)?;
             let elapsed = start.elapsed();
             ok &= check(i, done.value);
             if i >= plan.latency_warmup as u64 {
@@ -586,24 +580,18 @@ impl Bench {
     /// Writes from the source (inline: the bytes travel in the send
     /// queue; only arena memory is sent inline).
     fn write_latency(
-        &self,
+        &mut self,
         plan: &Plan,
         bytes: u32,
         inline: bool,
     ) -> Result<LatencyFigure, Box<dyn Error>> {
         self.target.write_at(WRITE_BASE, &vec![0u8; bytes as usize]);
-        let region = self
-            .initiator
-            .register(self.source.addr(), u64::from(bytes))?;
-        let local = region.local(0, bytes)?;
+        let initiator = self.initiator;
+        let region = initiator.register(self.source.addr(), u64::from(bytes))?;
         let at = self.window.at(WRITE_BASE as u64);
         let build = |_| {
-            let entry = Write::new(local, at).build();
-            if inline {
-                entry.inline()
-            } else {
-                entry
-            }
+            let entry = Write::new(region.local(0, bytes)?, at).build();
+            Ok(if inline { entry.inline() } else { entry })
         };
         let timed = self.time(plan, build, |_, _| true)?;
         let mut landed = vec![0u8; bytes as usize];
@@ -613,30 +601,29 @@ impl Bench {
         Ok(Self::figure(op, bytes, timed, ok))
     }
 
-    fn read_latency(&self, plan: &Plan, bytes: u32) -> Result<LatencyFigure, Box<dyn Error>> {
+    fn read_latency(&mut self, plan: &Plan, bytes: u32) -> Result<LatencyFigure, Box<dyn Error>> {
         self.sink.write_at(0, &vec![0u8; bytes as usize]);
-        let region = self
-            .initiator
-            .register(self.sink.addr(), u64::from(bytes))?;
-        let local: Local = region.local(0, bytes)?;
+        let initiator = self.initiator;
+        let region = initiator.register(self.sink.addr(), u64::from(bytes))?;
         // A different part of the read region for each size.
         let offset = READ_BASE as u64 + u64::from(bytes) * 3;
         let at = self.window.at(offset);
-        let timed = self.time(plan, |_| Read::new(local, at).build(), |_, _| true)?;
+        let build = |_| Ok(Read::new(region.local(0, bytes)?, at).build());
+        let timed = self.time(plan, build, |_, _| true)?;
         let mut landed = vec![0u8; bytes as usize];
         self.sink.read_at(0, &mut landed);
         let ok = first_difference(READ_SEED, offset, &landed).is_none();
         Ok(Self::figure("read", bytes, timed, ok))
     }
 
-    fn fetch_add_latency(&self, plan: &Plan) -> Result<LatencyFigure, Box<dyn Error>> {
+    fn fetch_add_latency(&mut self, plan: &Plan) -> Result<LatencyFigure, Box<dyn Error>> {
         let mut word = [0u8; 8];
         self.target.read_at(COUNTER_OFFSET, &mut word);
         let start = u64::from_le_bytes(word);
         let at = self.window.at(COUNTER_OFFSET as u64);
         let timed = self.time(
             plan,
-            |_| FetchAdd::new(at, 1).build(),
+            |_| Ok(FetchAdd::new(at, 1).build()),
             |i, old| old == start + i,
         )?;
         self.target.read_at(COUNTER_OFFSET, &mut word);
@@ -646,20 +633,27 @@ impl Bench {
     }
 
     fn bandwidth(
-        &self,
+        &mut self,
         plan: &Plan,
         bytes: u32,
         idle: f64,
     ) -> Result<BandwidthFigure, Box<dyn Error>> {
         let writes = plan.writes_per_round(bytes);
         self.target.write_at(WRITE_BASE, &vec![0u8; bytes as usize]);
-        let region = self
-            .initiator
-            .register(self.source.addr(), u64::from(bytes))?;
-        let entry = Write::new(region.local(0, bytes)?, self.window.at(WRITE_BASE as u64)).build();
-        let stream = || -> Result<Duration, Box<dyn Error>> {
+        let initiator = self.initiator;
+        let region = initiator.register(self.source.addr(), u64::from(bytes))?;
+        let at = self.window.at(WRITE_BASE as u64);
+        let (qp, cq) = (&mut self.qp, &mut self.cq);
+        let mut stream = || -> Result<Duration, Box<dyn Error>> {
             let start = Instant::now();
-            run_many(&self.initiator, writes, plan.in_flight, |_| Ok((entry, ())))?;
+            run_many(
+                qp,
+                cq,
+                writes,
+                plan.in_flight,
+                |_| Ok(&region),
+                |region| Ok(Write::new(region.local(0, bytes)?, at).build()),
+            )?;
             Ok(start.elapsed())
         };
         let mut memcpy = Memcpy::new(bytes as usize)?;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use indicatif::ProgressBar;
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
-use pindown_driver::verbs::{Context, RemoteWindow};
+use pindown_driver::verbs::{CompletionQueue, Context, QueuePair, RemoteWindow};
 use pindown_driver::DmaBuffer;
 use pindown_uapi::Access;
 use serde::{Deserialize, Serialize};
@@ -648,7 +648,7 @@ fn target(socket: &Path, mode: Mode) -> Result<(), Box<dyn Error>> {
     let region = context.register_buffer(&buffer)?;
     let access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
     let window = context.bind_window(&region, 0, TARGET_BYTES as u64, access)?;
-    say(format_args!("window {}", window.remote));
+    say(format_args!("window {}", window.remote()));
     loop {
         let line = hear()?;
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -677,10 +677,12 @@ fn target(socket: &Path, mode: Mode) -> Result<(), Box<dyn Error>> {
     }
 }
 
-/// Rank 0's state: its port, its buffers, the peer's window and the checks
-/// so far.
-struct Initiator {
-    context: Context,
+/// Rank 0's state: its port, queue pair and completion queue, its buffers,
+/// the peer's window and the checks so far.
+struct Initiator<'c> {
+    context: &'c Context,
+    qp: QueuePair<'c>,
+    cq: CompletionQueue<'c>,
     source: DmaBuffer,
     sink: DmaBuffer,
     window: RemoteWindow,
@@ -698,10 +700,14 @@ fn initiator(socket: &Path, mode: Mode, plan: &Plan) -> Result<(), Box<dyn Error
         .strip_prefix("window ")
         .ok_or_else(|| format!("expected the window, got {line:?}"))?
         .parse()?;
+    let mut cq = context.create_completion_queue();
+    let qp = context.create_queue_pair(&mut cq)?;
     let mut me = Initiator {
         source: context.alloc(REGION_BYTES, 4096)?,
         sink: context.alloc(REGION_BYTES, 4096)?,
-        context,
+        context: &context,
+        qp,
+        cq,
         window,
         checks: Verification::default(),
     };
@@ -752,7 +758,7 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-impl Initiator {
+impl Initiator<'_> {
     /// Writes `len` bytes of a pattern from an odd offset of the source to
     /// an odd offset of the write region; rank 1 checks them.
     fn verified_write(&mut self, i: u64, len: u32) -> Result<TransferReport, Box<dyn Error>> {
@@ -765,7 +771,7 @@ impl Initiator {
             .register(self.source.iova() + skew, u64::from(len))?;
         let entry = Write::new(region.local(0, len)?, self.window.at(offset)).build();
         let start = Instant::now();
-        let done = run_one(&self.context, entry.user_data(i))?;
+        let done = run_one(&mut self.qp, &mut self.cq, entry.user_data(i))?;
         let us = micros(start.elapsed());
         drop(region);
         self.checks.record(done.byte_len == len, || {
@@ -795,7 +801,7 @@ impl Initiator {
             .register(self.sink.iova() + skew, u64::from(len))?;
         let entry = Read::new(region.local(0, len)?, self.window.at(offset)).build();
         let start = Instant::now();
-        let done = run_one(&self.context, entry.user_data(100 + i))?;
+        let done = run_one(&mut self.qp, &mut self.cq, entry.user_data(100 + i))?;
         let us = micros(start.elapsed());
         drop(region);
         self.checks.record(done.byte_len == len, || {
@@ -835,7 +841,11 @@ impl Initiator {
         let mut latency = Vec::with_capacity(adds as usize);
         for k in 0..adds {
             let start = Instant::now();
-            let done = run_one(&self.context, FetchAdd::new(word, ADD).build().user_data(k))?;
+            let done = run_one(
+                &mut self.qp,
+                &mut self.cq,
+                FetchAdd::new(word, ADD).build().user_data(k),
+            )?;
             latency.push(micros(start.elapsed()));
             in_order &= done.value == k * ADD;
         }
@@ -846,9 +856,19 @@ impl Initiator {
         self.checks.record(after_adds == Some(sum), || {
             format!("counter after {adds} fetch-adds is {after_adds:?}, not {sum}")
         });
-        let cas = run_one(&self.context, CompareSwap::new(word, sum, 7).build())?.value;
-        let refused = run_one(&self.context, CompareSwap::new(word, 1, 9).build())?.value;
-        let swap = run_one(&self.context, Swap::new(word, 11).build())?.value;
+        let cas = run_one(
+            &mut self.qp,
+            &mut self.cq,
+            CompareSwap::new(word, sum, 7).build(),
+        )?
+        .value;
+        let refused = run_one(
+            &mut self.qp,
+            &mut self.cq,
+            CompareSwap::new(word, 1, 9).build(),
+        )?
+        .value;
+        let swap = run_one(&mut self.qp, &mut self.cq, Swap::new(word, 11).build())?.value;
         let final_value = self.counter()?;
         let swaps_ok = (cas, refused, swap, final_value) == (sum, 7, 7, Some(11));
         self.checks.record(swaps_ok, || {
@@ -882,7 +902,7 @@ impl Initiator {
             let region = self.context.register(self.source.iova(), 8)?;
             let entry = Write::new(region.local(0, 8)?, target).build();
             let start = Instant::now();
-            run_one(&self.context, entry.user_data(i as u64))?;
+            run_one(&mut self.qp, &mut self.cq, entry.user_data(i as u64))?;
             let elapsed = start.elapsed();
             drop(region);
             if i >= plan.latency_warmup {
@@ -911,14 +931,19 @@ impl Initiator {
         let seed = WRITE_SEED + 600 + u64::from(bytes.trailing_zeros());
         self.source.write_at(0, &pattern(seed, 0, bytes as usize));
         let target = self.window.at(WRITE_BASE);
-        let context = &self.context;
+        let context = self.context;
+        let (qp, cq) = (&mut self.qp, &mut self.cq);
         let source = self.source.iova();
-        let stream = || {
+        let mut stream = || {
             let start = Instant::now();
-            run_many(context, writes, plan.in_flight, |_| {
-                let region = context.register(source, u64::from(bytes))?;
-                Ok((Write::new(region.local(0, bytes)?, target).build(), region))
-            })?;
+            run_many(
+                qp,
+                cq,
+                writes,
+                plan.in_flight,
+                |_| Ok(context.register(source, u64::from(bytes))?),
+                |region| Ok(Write::new(region.local(0, bytes)?, target).build()),
+            )?;
             Ok::<_, Box<dyn Error>>(start.elapsed())
         };
         let mut memcpy = Memcpy::new(bytes as usize)?;

@@ -35,11 +35,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Write};
-use pindown_driver::verbs::Entry;
-use pindown_driver::verbs::{Context, ContextConfig, RemoteWindow, VerbsError};
-use pindown_driver::{VfioConfig, VfioTransport};
+use pindown_driver::verbs::{
+    CompletionQueue, Context, ContextConfig, Entry, QueuePair, RemoteWindow, VerbsError,
+};
+use pindown_driver::{Transport, VfioConfig, VfioTransport};
 use pindown_pincache::{CacheConfig, PinCache};
-use pindown_uapi::{Completion, ErrorDetail, Status};
+use pindown_uapi::{Completion, Status};
 
 /// The byte a window owner stores at `offset` before the guest runs.
 fn pattern(offset: u64) -> u8 {
@@ -277,43 +278,59 @@ fn open_context(config: ContextConfig) -> Result<Context<VfioTransport>, String>
     }
     let transport = VfioTransport::open(vfio).map_err(|e| e.to_string())?;
     say(format!(
-        "transport caps={:?} max_pairs={} rdma_sq={} features={:#x}",
+        "transport caps={:?} max_pairs={} rings={:?} features={:#x}",
         transport.capabilities(),
         transport.max_queue_pairs(),
-        transport.rdma_send_queue(),
-        pindown_driver::Transport::device_features(&transport)
+        transport.ring_layout(),
+        transport.device_features()
     ));
     let context = Context::with_transport(transport, config).map_err(|e| e.to_string())?;
     say(format!("context open: port {}", context.info().port));
     Ok(context)
 }
 
-fn wait_one(context: &Context<VfioTransport>) -> Result<Completion, String> {
-    let mut out = [Completion::error(0, None, Status::InvalidRequest, ErrorDetail::None); 1];
-    match context.wait(&mut out, Duration::from_secs(20)) {
-        Ok(1) => Ok(out[0]),
-        Ok(n) => Err(format!("{n} completions")),
-        Err(VerbsError::Timeout(t)) => Err(format!("no completion within {t:?}")),
-        Err(e) => Err(e.to_string()),
-    }
+/// A queue pair of the guest's context and its completion queue.
+struct Link<'c> {
+    context: &'c Context<VfioTransport>,
+    qp: QueuePair<'c, VfioTransport>,
+    cq: CompletionQueue<'c, VfioTransport>,
 }
 
-/// Posts `entry` and waits for its completion. The device learns a guest
-/// buffer's translation on demand: the first access to a freshly pinned
-/// buffer misses in its IOTLB, and the device holds the request until QEMU
-/// answers its miss from the vIOMMU's tables.
-fn run(context: &Context<VfioTransport>, entry: Entry) -> Result<Completion, String> {
-    context.post(&[entry]).map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    let done = wait_one(context)?;
-    let (reads, hits, ticks) = context.transport().isr_stats();
-    say(format!(
-        "op {:?} {:?} in {:.3} ms (isr reads={reads} raised={hits} ticks={ticks})",
-        done.opcode,
-        done.status,
-        started.elapsed().as_secs_f64() * 1e3
-    ));
-    Ok(done)
+impl<'c> Link<'c> {
+    fn new(context: &'c Context<VfioTransport>) -> Result<Self, String> {
+        let mut cq = context.create_completion_queue();
+        let qp = context
+            .create_queue_pair(&mut cq)
+            .map_err(|e| e.to_string())?;
+        Ok(Link { context, qp, cq })
+    }
+
+    fn wait_one(&mut self) -> Result<Completion, String> {
+        match self.cq.wait(Duration::from_secs(20)) {
+            Ok(mut ready) if ready.len() == 1 => Ok(ready.next().expect("one completion")),
+            Ok(ready) => Err(format!("{} completions", ready.len())),
+            Err(VerbsError::Timeout(t)) => Err(format!("no completion within {t:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Posts `entry` and waits for its completion. The device learns a
+    /// guest buffer's translation on demand: the first access to a freshly
+    /// pinned buffer misses in its IOTLB, and the device holds the request
+    /// until QEMU answers its miss from the vIOMMU's tables.
+    fn run(&mut self, entry: Entry<'_>) -> Result<Completion, String> {
+        self.qp.post(&[entry]).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let done = self.wait_one()?;
+        let (reads, hits, ticks) = self.context.transport().isr_stats();
+        say(format!(
+            "op {:?} {:?} in {:.3} ms (isr reads={reads} raised={hits} ticks={ticks})",
+            done.opcode,
+            done.status,
+            started.elapsed().as_secs_f64() * 1e3
+        ));
+        Ok(done)
+    }
 }
 
 fn expect_success(done: Completion, what: &str) -> Result<Completion, String> {
@@ -336,6 +353,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .register_buffer(&buffer)
         .map_err(|e| e.to_string())?;
     let local = |offset: u64, len: u32| region.local(offset, len).map_err(|e| e.to_string());
+    let mut link = Link::new(&context)?;
 
     // Read: the owner's pattern arrives.
     buffer.fill(0);
@@ -343,7 +361,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(1)
         .signaled();
-    let done = expect_success(run(&context, read)?, "read")?;
+    let done = expect_success(link.run(read)?, "read")?;
     let mut got = vec![0u8; READ_LEN as usize];
     buffer.read_at(0, &mut got);
     let bad = (0..READ_LEN as u64).find(|&i| got[i as usize] != pattern(READ_AT + i));
@@ -361,13 +379,13 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(2)
         .signaled();
-    expect_success(run(&context, write)?, "write")?;
+    expect_success(link.run(write)?, "write")?;
     buffer.fill(0);
     let back = Read::new(local(32768, WRITE_LEN)?, window.at(WRITE_AT))
         .build()
         .user_data(3)
         .signaled();
-    expect_success(run(&context, back)?, "read back")?;
+    expect_success(link.run(back)?, "read back")?;
     let mut got = vec![0u8; WRITE_LEN as usize];
     buffer.read_at(32768, &mut got);
     if got != data {
@@ -387,7 +405,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
             .build()
             .user_data(10 + round)
             .signaled();
-        let done = expect_success(run(&context, add)?, "fetch-add")?;
+        let done = expect_success(link.run(add)?, "fetch-add")?;
         if done.value != expected {
             return Err(format!(
                 "fetch-add {round}: old {:#x}, expected {expected:#x}",
@@ -400,7 +418,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(20)
         .signaled();
-    let done = expect_success(run(&context, cas)?, "compare-swap")?;
+    let done = expect_success(link.run(cas)?, "compare-swap")?;
     if done.value != expected {
         return Err(format!("compare-swap: old {:#x}", done.value));
     }
@@ -408,7 +426,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(21)
         .signaled();
-    let done = expect_success(run(&context, failed_cas)?, "compare-swap (no match)")?;
+    let done = expect_success(link.run(failed_cas)?, "compare-swap (no match)")?;
     if done.value != ATOMIC_RESULT {
         return Err(format!("compare-swap (no match): old {:#x}", done.value));
     }
@@ -420,7 +438,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(30)
         .signaled();
-    let done = run(&context, outside)?;
+    let done = link.run(outside)?;
     if done.status != Status::RemoteAccessError {
         return Err(format!("out-of-window write: {done:?}"));
     }
@@ -428,7 +446,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(31)
         .signaled();
-    let done = run(&context, outside)?;
+    let done = link.run(outside)?;
     if done.status != Status::RemoteAccessError {
         return Err(format!("out-of-window read: {done:?}"));
     }
@@ -444,7 +462,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(40)
         .signaled();
-    expect_success(run(&context, again)?, "read after errors")?;
+    expect_success(link.run(again)?, "read after errors")?;
 
     // Last: the done flag, so a waiting owner knows every write landed.
     buffer.write_at(0, &DONE_FLAG.to_le_bytes());
@@ -452,7 +470,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         .build()
         .user_data(50)
         .signaled();
-    expect_success(run(&context, done)?, "done flag")?;
+    expect_success(link.run(done)?, "done flag")?;
     let (reads, hits, ticks) = context.transport().isr_stats();
     say(format!("isr reads={reads} raised={hits} ticks={ticks}"));
     say("RDMA DONE");
@@ -490,7 +508,7 @@ fn serve() -> Result<(), String> {
                 | pindown_uapi::Access::REMOTE_ATOMIC,
         )
         .map_err(|e| e.to_string())?;
-    println!("PINDOWN-RESULT window={}", window.remote);
+    println!("PINDOWN-RESULT window={}", window.remote());
 
     let flag_at = SERVE_WINDOW_OFFSET + DONE_AT as usize;
     let deadline = Instant::now() + SERVE_WAIT;

@@ -1,41 +1,53 @@
-//! The context: an open port with its DMA arena, pin-down cache and device
-//! description, and the driver's own requests (query, bind, revoke).
+//! The context: an open port with its DMA arena, pin-down cache, device
+//! description and admin queue pair, on which the driver runs its own
+//! requests (query, bind, revoke).
 
-use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pindown_pincache::{CacheConfig, CacheStats, PinCache};
 use pindown_uapi::{
     Completion, DeviceInfo, Operation, RingLayout, WorkRequest, WrFlags, ABI_VERSION,
+    ADMIN_QUEUE_PAIR,
 };
 
 use super::completion::CompletionRing;
+use super::pairs::{set_up_pair, start_pair, PairPool, PairSlot};
 use super::queue_pair::SendRing;
-use super::{VerbsError, INTERNAL};
+use super::wait::{wait_for, Awaiting};
+use super::VerbsError;
 use crate::arena::{DmaArena, DmaBuffer};
 use crate::pinner::IotlbPinner;
-use crate::rdma_queue::{CompletionQueue, SendQueue};
-use crate::transport::{self, CompletionEvent, Transport, VhostUserConfig, VhostUserTransport};
+use crate::transport::{self, Transport, VhostUserConfig, VhostUserTransport};
 
 /// How a [`Context`] is set up.
 #[derive(Clone, Debug)]
 pub struct ContextConfig {
     /// Size of the DMA arena: all memory the device may reach.
     pub arena_bytes: usize,
-    /// Entries in the send and completion rings.
+    /// Entries in each send and completion ring (a power of two): how many
+    /// requests a queue pair can have posted and not yet executed, and how
+    /// many completions a queue pair's completion ring holds unreaped.
     pub queue_size: u16,
     /// The pin-down cache; `max_pinned_bytes: None` means the arena size.
     /// `max_entries` is lowered to what the transport can map
     /// ([`Transport::mapping_budget`]).
     pub cache: CacheConfig,
-    /// How long [`Context::wait`] keeps polling after the last completion
-    /// before it sleeps on the eventfd. `Duration::MAX`: never sleep (busy
-    /// polling).
+    /// How long waiting ([`CompletionQueue::wait`](super::CompletionQueue::wait),
+    /// and the context's own requests) keeps polling after the last
+    /// completion before it sleeps on the eventfds. `Duration::MAX`: never
+    /// sleep (busy polling).
     pub spin: Duration,
+    /// How long the context's own requests may take: the QUERY when it
+    /// opens, window binds and revokes, and the flush that hands an earlier
+    /// queue pair's rings to a new one. Beyond it they fail with
+    /// [`VerbsError::ControlTimeout`]. The device answers them in
+    /// microseconds unless it is gone or stuck, or (inside a guest) waits
+    /// for QEMU to map memory.
+    pub control_timeout: Duration,
 }
 
 impl Default for ContextConfig {
@@ -45,29 +57,41 @@ impl Default for ContextConfig {
             queue_size: 256,
             cache: CacheConfig::default(),
             spin: Duration::from_micros(50),
+            control_timeout: Duration::from_secs(10),
         }
     }
 }
 
-/// An open port of the device: its rings, its DMA arena and its pin-down
-/// cache.
+/// The admin queue pair: the driver's own requests and their completions.
+struct AdminPair {
+    send: SendRing,
+    completion: CompletionRing,
+    next_user_data: u64,
+}
+
+/// An open port of the device: its DMA arena, its pin-down cache (the
+/// registrations every queue pair of the context shares), its admin queue
+/// pair and the I/O queue pairs it hands out.
 pub struct Context<T: Transport + 'static = VhostUserTransport> {
     pub(super) transport: Arc<T>,
     pub(super) arena: Arc<DmaArena>,
     pub(super) cache: PinCache<IotlbPinner<Arc<T>>>,
     pub(super) info: DeviceInfo,
     pub(super) layout: RingLayout,
-    pub(super) send: Mutex<SendRing>,
-    pub(super) completion: Mutex<CompletionRing>,
-    pub(super) completion_event: CompletionEvent,
-    pub(super) next_internal: AtomicU64,
+    pub(super) queue_size: u16,
+    admin: Mutex<AdminPair>,
+    pub(super) pairs: Mutex<PairPool>,
+    /// Counter of the marker values of retired queue pairs.
+    pub(super) markers: AtomicU64,
     pub(super) spin: Duration,
+    pub(super) control_timeout: Duration,
+    pub(super) window_revoke_failures: AtomicU64,
 }
 
 impl Context<VhostUserTransport> {
     /// Connects to the device's vhost-user socket at `path` and sets up a
-    /// port: features, memory table, rings, pin-down cache, and the device's
-    /// description of the port.
+    /// port: features, memory table, admin queue pair, pin-down cache, and
+    /// the device's description of the port.
     pub fn open(path: impl AsRef<Path>, config: ContextConfig) -> Result<Self, VerbsError> {
         let transport = VhostUserTransport::connect(path, VhostUserConfig::default())?;
         Self::with_transport(transport, config)
@@ -76,25 +100,30 @@ impl Context<VhostUserTransport> {
 
 impl<T: Transport + 'static> Context<T> {
     /// Sets up a port over an already connected transport.
+    ///
+    /// The admin queue pair's rings are set up now; an I/O pair's when a
+    /// queue pair first needs them, or all now when the transport cannot
+    /// add rings once the device runs (VFIO inside a guest).
     pub fn with_transport(transport: T, config: ContextConfig) -> Result<Self, VerbsError> {
         let transport = Arc::new(transport);
         transport.negotiate_features(transport::DEFAULT_FEATURES)?;
         let arena = DmaArena::new(config.arena_bytes)?;
-        transport.register_memory(&[arena.memory_region()])?;
-        let layout = RingLayout {
-            queue_pairs: transport.queue_pairs(),
-        };
+        transport.register_memory(&[arena.memory_table_region()])?;
+        let layout = transport.ring_layout();
         let size = config.queue_size;
+        let set_up = |pair| set_up_pair(&*transport, &arena, layout, pair, size);
 
-        // The RDMA queues (pindown_uapi::queue): each in a page-aligned
-        // chunk of the arena, mapped for the device by setup_queue.
-        let send_queue = SendQueue::new(&arena, size)?;
-        transport.setup_queue(layout.send_queue(), &send_queue.layout())?;
-        let completion_queue = CompletionQueue::new(&arena, size)?;
-        transport.setup_queue(layout.completion_queue(), &completion_queue.layout())?;
-        let completion_event = transport.completion_event(layout.completion_queue())?;
-        transport.enable_queue(layout.completion_queue(), true)?;
-        transport.enable_queue(layout.send_queue(), true)?;
+        let (admin_send, admin_completion) = set_up(ADMIN_QUEUE_PAIR)?;
+        let mut io_pairs = Vec::new();
+        if transport.rings_fixed_at_start() {
+            for pair in 1..layout.rdma_queue_pairs {
+                io_pairs.push(set_up(pair)?);
+            }
+        }
+        start_pair(&*transport, &admin_send, &admin_completion)?;
+        for (send, completion) in &io_pairs {
+            start_pair(&*transport, send, completion)?;
+        }
 
         // Each cached region is one device mapping: stay within the
         // mechanism's limit (VFIO's DMA entry limit in a guest).
@@ -117,22 +146,22 @@ impl<T: Transport + 'static> Context<T> {
                 port: 0,
                 abi_version: 0,
                 features: 0,
+                rdma_queue_pairs: 0,
             },
             layout,
-            send: Mutex::new(SendRing {
-                queue: send_queue,
-                inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
+            queue_size: size,
+            admin: Mutex::new(AdminPair {
+                send: admin_send,
+                completion: admin_completion,
+                next_user_data: 1,
             }),
-            completion: Mutex::new(CompletionRing {
-                queue: completion_queue,
-                ready: VecDeque::new(),
-                internal: HashMap::new(),
-            }),
-            completion_event,
-            next_internal: AtomicU64::new(0),
+            pairs: Mutex::new(PairPool { slots: Vec::new() }),
+            markers: AtomicU64::new(0),
             spin: config.spin,
+            control_timeout: config.control_timeout,
+            window_revoke_failures: AtomicU64::new(0),
         };
-        let query = context.run_internal(Operation::Query, Duration::from_secs(10))?;
+        let query = context.run_admin(Operation::Query)?;
         context.info = DeviceInfo::from_value(query.value);
         if context.info.abi_version != ABI_VERSION {
             return Err(VerbsError::AbiMismatch {
@@ -140,6 +169,23 @@ impl<T: Transport + 'static> Context<T> {
                 driver: ABI_VERSION,
             });
         }
+        // The I/O pairs both the device serves and the transport reaches.
+        let usable = context
+            .info
+            .rdma_queue_pairs
+            .min(layout.rdma_queue_pairs)
+            .saturating_sub(1);
+        let mut prepared = io_pairs.into_iter();
+        context.pairs.get_mut().slots = (0..usable)
+            .map(|_| match prepared.next() {
+                Some((send, completion)) => PairSlot::Idle {
+                    send,
+                    completion,
+                    fresh: true,
+                },
+                None => PairSlot::Unused,
+            })
+            .collect();
         Ok(context)
     }
 
@@ -147,6 +193,11 @@ impl<T: Transport + 'static> Context<T> {
     /// [`DeviceInfo::port`].
     pub fn info(&self) -> DeviceInfo {
         self.info
+    }
+
+    /// How many I/O queue pairs this context can hold at once.
+    pub fn queue_pair_limit(&self) -> u16 {
+        u16::try_from(self.pairs.lock().slots.len()).unwrap_or(u16::MAX)
     }
 
     /// The transport underneath.
@@ -162,9 +213,10 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Takes the device's access to `[addr, addr + len)` away: every
     /// pin-down cache entry overlapping it is dropped and its IOTLB entries
-    /// removed (the pinner's unpin). An entry no [`MemoryRegion`](super::MemoryRegion) holds goes
-    /// before this returns; one still held goes when its last region is
-    /// dropped, and that drop returns only after the device has answered
+    /// removed (the pinner's unpin). An entry no
+    /// [`MemoryRegion`](super::MemoryRegion) holds goes before this
+    /// returns; one still held goes when its last region is deregistered,
+    /// and that deregistration returns only after the device has answered
     /// the INVALIDATE. Either way, once the unpin has returned the device
     /// has finished every access to those pages and starts no new one (a
     /// window over them stays bound, but accesses through it fail). A later
@@ -183,75 +235,70 @@ impl<T: Transport + 'static> Context<T> {
         self.cache.stats()
     }
 
-    /// then sleeping on the completion eventfd.
-    pub(super) fn wait_until(
-        &self,
-        timeout: Duration,
-        mut attempt: impl FnMut(&Self) -> Result<usize, VerbsError>,
-    ) -> Result<usize, VerbsError> {
-        let start = Instant::now();
-        loop {
-            // Spin: the clock is read once every few attempts only, so
-            // that a completion is seen within a few nanoseconds of its
-            // arrival.
-            let spin = self.spin.min(timeout.saturating_sub(start.elapsed()));
-            let spin_from = Instant::now();
-            let mut attempts = 0u32;
-            loop {
-                let found = attempt(self)?;
-                if found > 0 {
-                    return Ok(found);
-                }
-                attempts = attempts.wrapping_add(1);
-                if attempts.is_multiple_of(SPIN_ATTEMPTS_PER_CLOCK) && spin_from.elapsed() >= spin {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-            let elapsed = start.elapsed();
-            if elapsed >= timeout {
-                return Err(VerbsError::Timeout(timeout));
-            }
-            // Ask for a signal, then sleep unless a completion slipped in
-            // meanwhile. The request stays until its position passes: no
-            // need to withdraw it after waking.
-            let pending = self.completion.lock().queue.arm();
-            if !pending {
-                self.completion_event
-                    .wait(Some(timeout - elapsed))
-                    .map_err(VerbsError::Wait)?;
-            }
-        }
+    /// How many windows dropped without [`MemoryWindow::revoke`] the device
+    /// could not be told to revoke (it was gone); each is logged too.
+    ///
+    /// [`MemoryWindow::revoke`]: super::MemoryWindow::revoke
+    pub fn window_revoke_failures(&self) -> u64 {
+        self.window_revoke_failures.load(Ordering::Relaxed)
     }
 
-    /// Posts one request of the driver's own and waits for its completion.
-    pub(super) fn run_internal(
-        &self,
-        op: Operation,
-        timeout: Duration,
-    ) -> Result<Completion, VerbsError> {
-        let user_data = INTERNAL | self.next_internal.fetch_add(1, Ordering::Relaxed);
+    /// Runs one request of the driver's own on the admin queue pair and
+    /// waits for its completion (at most the configured
+    /// [`control_timeout`](ContextConfig::control_timeout)).
+    pub(super) fn run_admin(&self, op: Operation) -> Result<Completion, VerbsError> {
+        let mut admin = self.admin.lock();
+        let admin = &mut *admin;
+        let user_data = admin.next_user_data;
+        admin.next_user_data += 1;
         let request = WorkRequest {
             user_data,
             flags: WrFlags::SIGNALED,
             op,
         };
-        self.post_with(1, |_| (request, false))?;
-        let mut done = None;
-        self.wait_until(timeout, |context| {
-            let mut ring = context.completion.lock();
-            context.reap(&mut ring)?;
-            done = ring.internal.remove(&user_data);
-            Ok(usize::from(done.is_some()))
+        admin
+            .send
+            .post(&*self.transport, &self.arena, 1, |_| (request, false))?;
+        let mut awaiting = AdminAnswer {
+            transport: &*self.transport,
+            ring: &mut admin.completion,
+            user_data,
+            answer: None,
+        };
+        wait_for(&mut awaiting, self.spin, self.control_timeout).map_err(|err| match err {
+            VerbsError::Timeout(timeout) => VerbsError::ControlTimeout {
+                operation: op.opcode(),
+                timeout,
+            },
+            other => other,
         })?;
-        let completion = done.expect("wait_until returns once found");
-        if completion.is_success() {
-            Ok(completion)
-        } else {
-            Err(VerbsError::Refused(completion))
-        }
+        let completion = awaiting.answer.expect("wait_for returns once answered");
+        completion.result().map_err(VerbsError::Refused)?;
+        Ok(completion)
     }
 }
 
-/// Polling attempts between two looks at the clock while spinning.
-const SPIN_ATTEMPTS_PER_CLOCK: u32 = 64;
+/// The admin request being waited for. Completions of earlier requests
+/// whose wait timed out are discarded.
+struct AdminAnswer<'a, T: Transport> {
+    transport: &'a T,
+    ring: &'a mut CompletionRing,
+    user_data: u64,
+    answer: Option<Completion>,
+}
+
+impl<T: Transport> Awaiting for AdminAnswer<'_, T> {
+    fn try_complete(&mut self) -> Result<bool, VerbsError> {
+        let (user_data, answer) = (self.user_data, &mut self.answer);
+        self.ring.pump(self.transport, |completion| {
+            if completion.user_data == user_data {
+                *answer = Some(completion);
+            }
+        })?;
+        Ok(self.answer.is_some())
+    }
+
+    fn rings(&mut self) -> Vec<&mut CompletionRing> {
+        vec![&mut *self.ring]
+    }
+}

@@ -1,6 +1,7 @@
 //! Registered memory and the local ranges requests name.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use pindown_pincache::Registration;
@@ -8,33 +9,96 @@ use pindown_pincache::Registration;
 use super::{Context, VerbsError};
 use crate::arena::DmaBuffer;
 use crate::pinner::IotlbPinner;
-use crate::transport::Transport;
+use crate::transport::{Transport, VhostUserTransport};
 
-/// A local memory range named in a work request: an IOVA and a length.
+/// A local memory range a work request names: part of a
+/// [`MemoryRegion`], which it borrows (taken with [`MemoryRegion::local`]),
+/// so that no request can name memory whose registration is gone.
+///
+/// ```no_run
+/// # use pindown_driver::verbs::{opcode::Write, Context, QueuePair};
+/// # fn f(context: &Context, qp: &mut QueuePair<'_>, to: pindown_uapi::RemoteAddress)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let buffer = context.alloc(64, 64)?;
+/// let region = context.register_buffer(&buffer)?;
+/// let entry = Write::new(region.local(0, 64)?, to).build();
+/// qp.post(&[entry])?;
+/// region.deregister()?; // the request is posted: the region may go
+/// # Ok(()) }
+/// ```
+///
+/// Deregistering first does not compile, since the entry still borrows
+/// the region:
+///
+/// ```compile_fail,E0505
+/// # use pindown_driver::verbs::{opcode::Write, Context, QueuePair};
+/// # fn f(context: &Context, qp: &mut QueuePair<'_>, to: pindown_uapi::RemoteAddress)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let buffer = context.alloc(64, 64)?;
+/// let region = context.register_buffer(&buffer)?;
+/// let entry = Write::new(region.local(0, 64)?, to).build();
+/// region.deregister()?;
+/// qp.post(&[entry])?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Local {
-    /// First byte (the arena is identity-mapped: its virtual address).
-    pub iova: u64,
-    /// Bytes.
-    pub len: u32,
+pub struct Local<'r> {
+    iova: u64,
+    len: u32,
+    region: PhantomData<&'r ()>,
 }
 
-impl Local {
-    /// The range `[iova, iova + len)`.
-    pub fn new(iova: u64, len: u32) -> Self {
-        Local { iova, len }
+impl Local<'_> {
+    /// A range no region vouches for, to hand the device addresses it must
+    /// refuse (tests of the device's checks) or to span several regions.
+    ///
+    /// # Safety
+    ///
+    /// Until the request naming the range has completed, every registered
+    /// byte of `[iova, iova + len)` must stay registered and allocated to
+    /// what the request is meant to read or write: the device reads or
+    /// writes whatever is registered there when it executes the request.
+    /// Bytes that are not registered make the request fail with
+    /// `LocalProtectionError` and are not touched.
+    pub unsafe fn from_raw(iova: u64, len: u32) -> Local<'static> {
+        Local {
+            iova,
+            len,
+            region: PhantomData,
+        }
+    }
+
+    /// First byte (arena memory is identity-mapped: its virtual address).
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
 impl<T: Transport + 'static> Context<T> {
     /// Registers `[addr, addr + len)` of the arena with the device (a
-    /// pin-down cache hit if it is registered already).
+    /// pin-down cache hit if it is registered already). The region borrows
+    /// the context; it is deregistered by
+    /// [`MemoryRegion::deregister`] or when dropped.
     pub fn register(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        if len == 0 || !self.arena.contains(addr, len as usize) {
-            return Err(VerbsError::NotInArena { addr, len });
+        let outside = || VerbsError::NotInArena { addr, len };
+        let start = usize::try_from(addr).map_err(|_| outside())?;
+        let bytes = usize::try_from(len).map_err(|_| outside())?;
+        if bytes == 0 || !self.arena.contains(addr, bytes) {
+            return Err(outside());
         }
-        let registration = self.cache.pin(addr as usize, len as usize)?;
+        let registration = self.cache.pin(start, bytes)?;
         Ok(MemoryRegion {
+            context: self,
             registration,
             addr,
             len,
@@ -43,18 +107,26 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Registers a whole buffer.
     pub fn register_buffer(&self, buffer: &DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        self.register(buffer.iova(), buffer.len() as u64)
+        let len = u64::try_from(buffer.len()).map_err(|_| VerbsError::NotInArena {
+            addr: buffer.iova(),
+            len: u64::MAX,
+        })?;
+        self.register(buffer.iova(), len)
     }
 }
 
-/// Registered memory: the device may reach it while this lives.
-pub struct MemoryRegion<'c, T: Transport + 'static> {
+/// Registered memory: the device may reach it while this lives (and, through
+/// the pin-down cache, possibly longer: deregistering releases the
+/// registration, and the cache unpins the pages when it needs the room or
+/// when they are invalidated).
+pub struct MemoryRegion<'c, T: Transport + 'static = VhostUserTransport> {
+    context: &'c Context<T>,
     registration: Registration<'c, IotlbPinner<Arc<T>>>,
     addr: u64,
     len: u64,
 }
 
-impl<T: Transport + 'static> MemoryRegion<'_, T> {
+impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
     /// First byte of the region.
     pub fn iova(&self) -> u64 {
         self.addr
@@ -75,9 +147,44 @@ impl<T: Transport + 'static> MemoryRegion<'_, T> {
         self.registration.region()
     }
 
-    /// `[offset, offset + len)` of the region, to name in a request.
-    pub fn local(&self, offset: u64, len: u32) -> Result<Local, VerbsError> {
-        Ok(Local::new(self.iova_at(offset, u64::from(len))?, len))
+    /// `[offset, offset + len)` of the region, to name in a request; it
+    /// borrows the region.
+    pub fn local(&self, offset: u64, len: u32) -> Result<Local<'_>, VerbsError> {
+        Ok(Local {
+            iova: self.iova_at(offset, u64::from(len))?,
+            len,
+            region: PhantomData,
+        })
+    }
+
+    /// The context the region is registered with.
+    pub(super) fn context(&self) -> &'c Context<T> {
+        self.context
+    }
+
+    /// Releases the registration, as dropping the region does, and reports
+    /// whether the device could be told what that changed.
+    ///
+    /// Usually nothing changes in the device: the pin-down cache keeps the
+    /// pages registered for the next registration of the same memory. When
+    /// the pages were invalidated while the region held them
+    /// ([`Context::invalidate`], or the memory going away), this was the
+    /// last holder and their IOTLB entries go now: this returns once the
+    /// device has answered, and fails with
+    /// [`VerbsError::Deregistration`] if it could not be reached.
+    pub fn deregister(self) -> Result<(), VerbsError> {
+        let MemoryRegion {
+            context,
+            registration,
+            ..
+        } = self;
+        let pinner = context.cache.pinner();
+        let before = pinner.unmap_failures();
+        drop(registration);
+        match pinner.unmap_failures() - before {
+            0 => Ok(()),
+            failures => Err(VerbsError::Deregistration { failures }),
+        }
     }
 
     pub(super) fn iova_at(&self, offset: u64, len: u64) -> Result<u64, VerbsError> {

@@ -1,29 +1,91 @@
 //! The verbs API: what a messaging library programs against.
 //!
-//! The vocabulary is rdma-core's: a [`Context`] is an open port of the device;
-//! a [`MemoryRegion`] is registered memory (through the pin-down cache, so a
+//! The vocabulary is rdma-core's. A [`Context`] is an open port of the
+//! device: its DMA arena, its pin-down cache and its registrations. A
+//! [`MemoryRegion`] is registered memory (through the pin-down cache, so a
 //! region registered again is a cache hit); a [`MemoryWindow`] grants peers
-//! remote access to part of a registered region and can be revoked; the
-//! context's queue pair posts work requests built with [`opcode`] and its
-//! completion queue reports them.
+//! remote access to part of a registered region until it is revoked. A
+//! [`QueuePair`] posts work requests built with [`opcode`]; their
+//! completions arrive on the [`CompletionQueue`] the queue pair was created
+//! with.
 //!
-//! Posting never blocks: [`Context::post`] writes a batch of requests into
-//! the send queue's slots, which the device polls, and rings the doorbell
-//! once, only if the device asked for it before it went to sleep.
-//! [`Context::poll`] reads completions the device wrote in place without
-//! blocking; [`Context::wait`] polls for [`ContextConfig::spin`] and then
-//! sleeps on the completion queue's eventfd. While both sides poll, a
-//! request makes no system call. Small writes from the arena can travel
-//! inside the send queue ([`Entry::inline`]).
+//! ```no_run
+//! use std::time::Duration;
+//! use pindown_driver::verbs::opcode::Write;
+//! use pindown_driver::verbs::{Context, ContextConfig, RemoteWindow};
 //!
-//! **Windows.** A window's [`RemoteKey`](pindown_uapi::RemoteKey) is 64 bits no one but the device can
-//! predict, never reused while the device runs. A remote access that no live
-//! window grants (unknown or revoked key, a window bound to another port,
-//! outside the window, a missing right) completes with
+//! let context = Context::open("/run/pindown/port0.sock", ContextConfig::default())?;
+//! let buffer = context.alloc(4096, 64)?;
+//! buffer.write_at(0, b"hello");
+//! let region = context.register_buffer(&buffer)?;
+//! let mut cq = context.create_completion_queue();
+//! let mut qp = context.create_queue_pair(&mut cq)?;
+//! let peer: RemoteWindow = "1:5f3c0a1d9e2b4c68:4096".parse()?; // from the peer
+//! qp.post(&[Write::new(region.local(0, 5)?, peer.at(0)).build().user_data(1).signaled()])?;
+//! for completion in cq.wait(Duration::from_secs(1))? {
+//!     let value = completion.result()?; // Err names the request, the status and the detail
+//!     println!("request {} done: {value}", completion.user_data);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Queue pairs and completion queues.** A port has several RDMA queue
+//! pairs in the device (see [`pindown_uapi::RingLayout`]): the admin pair,
+//! where the context runs its own requests (query, window bind and revoke),
+//! and I/O pairs, one per [`QueuePair`]. A queue pair owns its send ring and
+//! posts without a lock ([`QueuePair::post`] takes `&mut self`); give each
+//! thread or communicator its own. A [`CompletionQueue`] owns the completion
+//! rings of the queue pairs created with it, so several queue pairs may
+//! share one, and polling it takes no lock either. Queue pairs and
+//! completion queues borrow their context and share its registrations and
+//! windows. The number of queue pairs a context can hold at once is the
+//! device's count of I/O pairs per port (`pindown-emu-device
+//! --rdma-queue-pairs`, less the admin pair); a dropped queue pair's rings
+//! go back to the context and serve the next one.
+//!
+//! **Posting and polling.** [`QueuePair::post`] writes a batch of requests
+//! into the send queue's slots, which the device polls, and rings the
+//! doorbell once, only if the device asked for it before it went to sleep
+//! (see [`pindown_uapi::queue`]). Small writes from the arena can travel
+//! inside the send queue ([`Entry::inline`]). [`CompletionQueue::poll`]
+//! reads the completions the device wrote in place, without blocking, and
+//! yields them as an iterator (completions the iterator does not reach stay
+//! queued); [`CompletionQueue::poll_into`] appends them to a `Vec`;
+//! [`CompletionQueue::wait`] polls for [`ContextConfig::spin`] after
+//! activity and then asks for a signal and sleeps on the completion rings'
+//! eventfds. While both sides poll, a request makes no system call. A completion carries the request's `user_data`;
+//! [`Completion::result`](pindown_uapi::Completion::result) turns its
+//! status into a `Result`.
+//!
+//! **Lifetimes.** A [`Local`] range borrows the [`MemoryRegion`] it was
+//! taken from, and a request built from it borrows it too, so a request
+//! naming memory whose registration is gone cannot be built or posted in
+//! safe code. A [`MemoryWindow`] borrows its region: the region cannot be
+//! deregistered while the window is bound. [`MemoryRegion::deregister`] and
+//! [`MemoryWindow::revoke`] are explicit and report errors; dropping a
+//! region deregisters it and dropping a window revokes it (a failure is
+//! logged and counted, see [`Context::window_revoke_failures`]). A request
+//! already posted when its region is deregistered still finishes normally
+//! while the pin-down cache keeps the pages registered, or completes with
+//! [`Status::LocalProtectionError`](pindown_uapi::Status) once they are
+//! unregistered: as with every RDMA API, leave memory a request names
+//! untouched until its completion (or a later one of the same queue pair)
+//! has arrived.
+//!
+//! **Protection.** A context is one protection domain: every queue pair of
+//! a context reaches every region registered through it, and nothing of
+//! another context. To keep two users' memory apart, give each its own
+//! context (its own port).
+//!
+//! **Windows.** A window's [`RemoteKey`](pindown_uapi::RemoteKey) is 64
+//! bits no one but the device can predict, never reused while the device
+//! runs. A remote access that no live window grants (unknown or revoked
+//! key, a window bound to another port, outside the window, a missing
+//! right) completes with
 //! [`Status::RemoteAccessError`](pindown_uapi::Status) and
-//! [`ErrorDetail::NotGranted`](pindown_uapi::ErrorDetail), whatever the cause; the
-//! device counts the causes for the window's owner. A port holds a bounded
-//! number of windows: beyond it, binding fails with
+//! [`ErrorDetail::NotGranted`](pindown_uapi::ErrorDetail), whatever the
+//! cause; the device counts the causes for the window's owner. A port holds
+//! a bounded number of windows: beyond it, binding fails with
 //! [`VerbsError::Refused`] carrying `LimitReached`/`WindowLimit`.
 //!
 //! **Memory.** The device reaches only the context's DMA arena (the memory
@@ -32,30 +94,37 @@
 //! buffer is used: every transfer is zero-copy). A request naming local memory
 //! that is not registered completes with
 //! [`Status::LocalProtectionError`](pindown_uapi::Status).
+//!
+//! **Timeouts.** The context's own requests (query, bind, revoke, and
+//! handing a queue pair's rings to a new queue pair) wait at most
+//! [`ContextConfig::control_timeout`] for the device, then fail with
+//! [`VerbsError::ControlTimeout`].
 
 mod completion;
 mod context;
 mod memory;
 pub mod opcode;
+mod pairs;
 mod queue_pair;
+mod wait;
 mod window;
 
 use std::time::Duration;
 
 use pindown_pincache::CacheError;
-use pindown_uapi::{Completion, DecodeError};
+use pindown_uapi::{CompletionError, DecodeError, Opcode};
 
 use crate::arena::ArenaError;
 use crate::transport::TransportError;
 use crate::virtqueue::QueueError;
 
+pub use completion::{CompletionQueue, Completions};
 pub use context::{Context, ContextConfig};
 pub use memory::{Local, MemoryRegion};
 pub use opcode::Entry;
+pub use pindown_uapi::Completion;
+pub use queue_pair::QueuePair;
 pub use window::{BadWindowText, MemoryWindow, RemoteWindow};
-
-/// `user_data` bit reserved for the driver's own requests.
-const INTERNAL: u64 = 1 << 63;
 
 /// Why a verbs call failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +151,24 @@ pub enum VerbsError {
         /// Slots the batch needs.
         wanted: usize,
     },
+    /// Every I/O queue pair of the port is held by a live queue pair (or
+    /// its rings still belong to a live completion queue).
+    #[error(
+        "all {pairs} I/O queue pairs of the port are in use; drop a queue pair (and, \
+         if it shared one, its completion queue) or start the device with more \
+         --rdma-queue-pairs"
+    )]
+    NoQueuePair {
+        /// I/O queue pairs the context can use.
+        pairs: u16,
+    },
+    /// An object of another context was passed (a completion queue or a
+    /// memory region); each context has its own rings and registrations.
+    #[error("the {what} belongs to another context")]
+    OtherContext {
+        /// What was passed.
+        what: &'static str,
+    },
     /// Memory outside the DMA arena cannot be reached by the device.
     #[error("[{addr:#x}, +{len}) is outside the DMA arena; allocate buffers with Context::alloc")]
     NotInArena {
@@ -100,10 +187,16 @@ pub enum VerbsError {
         /// The region's length.
         region_len: u64,
     },
-    /// `user_data` with bit 63 set is reserved for the driver.
-    #[error("user_data {0:#x} has bit 63 set, which the driver reserves")]
-    ReservedUserData(u64),
-    /// The device wrote a completion that does not decode.
+    /// Deregistration removed device translations, and the device could
+    /// not be told (it is gone): it can no longer reach the memory in any
+    /// case, but the port is unusable.
+    #[error("deregistration: {failures} IOTLB invalidations could not be delivered (the device is gone)")]
+    Deregistration {
+        /// Invalidations that failed.
+        failures: u64,
+    },
+    /// The device wrote a completion that does not decode, or one whose
+    /// value is impossible for its request.
     #[error("the device wrote an invalid completion: {0}")]
     BadCompletion(DecodeError),
     /// The device speaks another ABI version.
@@ -115,12 +208,43 @@ pub enum VerbsError {
         driver: u16,
     },
     /// A request the driver made on the caller's behalf failed.
-    #[error("the device refused the request: {} ({})", .0.status, .0.detail)]
-    Refused(Completion),
+    #[error("the device refused the request: {0}")]
+    Refused(CompletionError),
+    /// A request the driver made on the caller's behalf (or the hand-over
+    /// of a queue pair's rings) got no completion within
+    /// [`ContextConfig::control_timeout`].
+    #[error("no completion of {} within {timeout:?} (ContextConfig::control_timeout)", operation.name())]
+    ControlTimeout {
+        /// The request.
+        operation: Opcode,
+        /// How long it waited.
+        timeout: Duration,
+    },
     /// No completion arrived in time.
     #[error("no completion within {0:?}")]
     Timeout(Duration),
     /// Waiting on the completion eventfd failed.
     #[error("waiting for completions failed: {0}")]
     Wait(std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::VhostUserTransport;
+
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+
+    /// A context is shared between threads; queue pairs, completion
+    /// queues and windows move to the thread that uses them.
+    #[test]
+    fn threads_can_share_a_context_and_take_queue_pairs_along() {
+        sync::<Context<VhostUserTransport>>();
+        send::<QueuePair<'static, VhostUserTransport>>();
+        send::<CompletionQueue<'static, VhostUserTransport>>();
+        send::<MemoryWindow<'static, VhostUserTransport>>();
+        send::<Entry<'static>>();
+        send::<VerbsError>();
+    }
 }

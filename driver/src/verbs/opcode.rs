@@ -1,32 +1,38 @@
 //! Typed builders for work requests, in the style of `io-uring`'s opcodes:
 //! a constructor with the required operands, setters for the optional ones,
 //! then [`build`](Write::build) into an [`Entry`] that carries the caller's
-//! `user_data` and flags.
+//! `user_data` and flags. An entry naming local memory borrows the
+//! [`MemoryRegion`](super::MemoryRegion) its [`Local`] range was taken
+//! from.
 //!
 //! ```
-//! use pindown_driver::verbs::opcode::{FetchAdd, Write};
-//! use pindown_driver::verbs::Local;
+//! use pindown_driver::verbs::opcode::{FetchAdd, Nop};
 //! use pindown_uapi::{RemoteAddress, RemoteKey};
 //!
 //! let remote = RemoteAddress { port: 1, key: RemoteKey(42), offset: 0 };
-//! let write = Write::new(Local::new(0x1000, 512), remote).build().user_data(7).signaled();
-//! let add = FetchAdd::new(remote, 1).build().user_data(8);
-//! assert_eq!(write.request().user_data, 7);
-//! # let _ = add;
+//! let add = FetchAdd::new(remote, 1).build().user_data(7).signaled();
+//! assert_eq!(add.request().user_data, 7);
+//! let fence = Nop::new().build().user_data(8).fence();
+//! # let _ = fence;
 //! ```
+
+use std::marker::PhantomData;
 
 use pindown_uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
 
 use super::Local;
 
-/// A work request ready to post.
+/// A work request ready to post; `'r` is the borrow of the memory region
+/// its local range belongs to (`'static` for requests naming no local
+/// memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub struct Entry<'r> {
     request: WorkRequest,
     inline: bool,
+    local: PhantomData<&'r ()>,
 }
 
-impl Entry {
+impl<'r> Entry<'r> {
     fn new(op: Operation) -> Self {
         Entry {
             request: WorkRequest {
@@ -35,13 +41,14 @@ impl Entry {
                 op,
             },
             inline: false,
+            local: PhantomData,
         }
     }
 
     /// Sends a write's bytes inside the send queue, as a NIC's inline send
     /// does (the programmed-I/O path of small transfers): the driver copies
     /// them into the queue when the request is posted, so the source may
-    /// change as soon as [`post`](super::Context::post) returns, and the
+    /// change as soon as [`post`](super::QueuePair::post) returns, and the
     /// device neither reads the source memory nor checks that it is
     /// registered. Only writes of at most
     /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes from the
@@ -57,8 +64,7 @@ impl Entry {
         self.inline
     }
 
-    /// Sets the value returned in the completion. Values with bit 63 set are
-    /// reserved for the driver's own requests.
+    /// Sets the value returned in the completion (any value).
     pub fn user_data(mut self, user_data: u64) -> Self {
         self.request.user_data = user_data;
         self
@@ -82,30 +88,30 @@ impl Entry {
     }
 }
 
-impl From<Entry> for WorkRequest {
-    fn from(entry: Entry) -> WorkRequest {
+impl From<Entry<'_>> for WorkRequest {
+    fn from(entry: Entry<'_>) -> WorkRequest {
         entry.request
     }
 }
 
 /// Copies local memory into a remote window.
 #[derive(Clone, Copy, Debug)]
-pub struct Write {
-    local: Local,
+pub struct Write<'r> {
+    local: Local<'r>,
     remote: RemoteAddress,
 }
 
-impl Write {
+impl<'r> Write<'r> {
     /// Writes `local` to `remote`.
-    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+    pub fn new(local: Local<'r>, remote: RemoteAddress) -> Self {
         Write { local, remote }
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'r> {
         Entry::new(Operation::Write {
-            local: self.local.iova,
-            len: self.local.len,
+            local: self.local.iova(),
+            len: self.local.len(),
             remote: self.remote,
         })
     }
@@ -113,22 +119,22 @@ impl Write {
 
 /// Copies a remote window's memory into local memory.
 #[derive(Clone, Copy, Debug)]
-pub struct Read {
-    local: Local,
+pub struct Read<'r> {
+    local: Local<'r>,
     remote: RemoteAddress,
 }
 
-impl Read {
+impl<'r> Read<'r> {
     /// Reads `local.len` bytes from `remote` into `local`.
-    pub fn new(local: Local, remote: RemoteAddress) -> Self {
+    pub fn new(local: Local<'r>, remote: RemoteAddress) -> Self {
         Read { local, remote }
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'r> {
         Entry::new(Operation::Read {
-            local: self.local.iova,
-            len: self.local.len,
+            local: self.local.iova(),
+            len: self.local.len(),
             remote: self.remote,
         })
     }
@@ -161,7 +167,7 @@ impl CompareSwap {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::CompareSwap {
             remote: self.remote,
             width: self.width,
@@ -196,7 +202,7 @@ impl FetchAdd {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::FetchAdd {
             remote: self.remote,
             width: self.width,
@@ -230,7 +236,7 @@ impl Swap {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::Swap {
             remote: self.remote,
             width: self.width,
@@ -251,7 +257,7 @@ impl Nop {
     }
 
     /// The request.
-    pub fn build(self) -> Entry {
+    pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::Nop)
     }
 }

@@ -2,32 +2,34 @@
 //! revocable.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use pindown_uapi::{Access, Operation, RemoteAddress, RemoteKey};
 
 use super::{Context, MemoryRegion, VerbsError};
-use crate::transport::Transport;
+use crate::transport::{Transport, VhostUserTransport};
 
 impl<T: Transport + 'static> Context<T> {
     /// Grants any peer that holds the key `access` to `[offset, offset +
-    /// len)` of `region` (an open window); the window lives until revoked
-    /// (or the port goes away). See [`bind_window_for_peer`] to grant one
-    /// port only.
+    /// len)` of `region` (an open window). The window borrows the region
+    /// (which cannot be deregistered while it is bound) and lives until
+    /// [`MemoryWindow::revoke`] or its drop (or the port going away). See
+    /// [`bind_window_for_peer`] to grant one port only.
     ///
     /// Fails with [`VerbsError::Refused`] carrying
     /// [`ErrorDetail::WindowLimit`](pindown_uapi::ErrorDetail::WindowLimit) when the
     /// port already holds as many windows as the device allows.
     ///
     /// [`bind_window_for_peer`]: Context::bind_window_for_peer
-    pub fn bind_window(
-        &self,
-        region: &MemoryRegion<'_, T>,
+    pub fn bind_window<'r>(
+        &'r self,
+        region: &'r MemoryRegion<'_, T>,
         offset: u64,
         len: u64,
         access: Access,
-    ) -> Result<MemoryWindow, VerbsError> {
+    ) -> Result<MemoryWindow<'r, T>, VerbsError> {
         self.bind(region, offset, len, access, None)
     }
 
@@ -39,55 +41,145 @@ impl<T: Transport + 'static> Context<T> {
     /// The binding is to the peer's connection, not to the port index: once
     /// that frontend leaves (or resets its port), the window refuses the
     /// next frontend given the same port too.
-    pub fn bind_window_for_peer(
-        &self,
-        region: &MemoryRegion<'_, T>,
+    pub fn bind_window_for_peer<'r>(
+        &'r self,
+        region: &'r MemoryRegion<'_, T>,
         offset: u64,
         len: u64,
         access: Access,
         peer: u16,
-    ) -> Result<MemoryWindow, VerbsError> {
+    ) -> Result<MemoryWindow<'r, T>, VerbsError> {
         self.bind(region, offset, len, access, Some(peer))
     }
 
-    fn bind(
+    /// Binds a window over `[start, start + len)` of the port's memory,
+    /// which no [`MemoryRegion`] vouches for: to test the device's checks
+    /// (a window whose memory is unregistered under it, for instance). A
+    /// window over memory that is not registered grants nothing.
+    ///
+    /// # Safety
+    ///
+    /// While the window is bound, peers holding its key may read, write or
+    /// run atomics (as `access` allows) on whatever is registered in that
+    /// range: the caller keeps the range unregistered or allocated to what
+    /// the window is meant to expose until the window is revoked.
+    pub unsafe fn bind_window_raw(
         &self,
-        region: &MemoryRegion<'_, T>,
+        start: u64,
+        len: u64,
+        access: Access,
+        peer: Option<u16>,
+    ) -> Result<MemoryWindow<'_, T>, VerbsError> {
+        self.bind_range(start, len, access, peer)
+    }
+
+    fn bind<'r>(
+        &'r self,
+        region: &'r MemoryRegion<'_, T>,
         offset: u64,
         len: u64,
         access: Access,
         peer: Option<u16>,
-    ) -> Result<MemoryWindow, VerbsError> {
+    ) -> Result<MemoryWindow<'r, T>, VerbsError> {
+        if !std::ptr::eq(region.context(), self) {
+            return Err(VerbsError::OtherContext {
+                what: "memory region",
+            });
+        }
         let start = region.iova_at(offset, len)?;
-        let done = self.run_internal(
-            Operation::BindWindow {
-                start,
-                len,
-                access,
-                peer,
-            },
-            Duration::from_secs(10),
-        )?;
+        self.bind_range(start, len, access, peer)
+    }
+
+    fn bind_range(
+        &self,
+        start: u64,
+        len: u64,
+        access: Access,
+        peer: Option<u16>,
+    ) -> Result<MemoryWindow<'_, T>, VerbsError> {
+        let done = self.run_admin(Operation::BindWindow {
+            start,
+            len,
+            access,
+            peer,
+        })?;
+        let key = RemoteKey::try_from(done.value).map_err(VerbsError::BadCompletion)?;
         Ok(MemoryWindow {
+            context: self,
             remote: RemoteWindow {
                 port: self.info.port,
-                key: RemoteKey(done.value),
+                key,
                 len,
             },
             access,
             peer,
+            region: PhantomData,
         })
     }
 
-    /// Revokes a window; later accesses through its key fail.
-    pub fn revoke_window(&self, window: MemoryWindow) -> Result<(), VerbsError> {
-        self.run_internal(
-            Operation::RevokeWindow {
-                key: window.remote.key,
-            },
-            Duration::from_secs(10),
-        )?;
+    fn revoke_key(&self, key: RemoteKey) -> Result<(), VerbsError> {
+        self.run_admin(Operation::RevokeWindow { key })?;
         Ok(())
+    }
+}
+
+/// A window this port bound over part of a [`MemoryRegion`], which it
+/// borrows. Peers reach it through its [`RemoteWindow`]; it is revoked by
+/// [`revoke`](Self::revoke) or when dropped.
+pub struct MemoryWindow<'r, T: Transport + 'static = VhostUserTransport> {
+    context: &'r Context<T>,
+    remote: RemoteWindow,
+    access: Access,
+    peer: Option<u16>,
+    region: PhantomData<&'r ()>,
+}
+
+impl<T: Transport + 'static> MemoryWindow<'_, T> {
+    /// How peers reach it (port, key, length); send it to them.
+    pub fn remote(&self) -> RemoteWindow {
+        self.remote
+    }
+
+    /// What peers may do.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The one port allowed to use it; `None`: any port holding the key.
+    pub fn peer(&self) -> Option<u16> {
+        self.peer
+    }
+
+    /// Revokes the window: once this returns, no access through its key
+    /// is in flight and every later one fails. Fails when the device
+    /// refuses (it no longer knows the window: the port was reset) or
+    /// cannot be reached; the window is gone either way.
+    pub fn revoke(self) -> Result<(), VerbsError> {
+        let window = std::mem::ManuallyDrop::new(self);
+        window.context.revoke_key(window.remote.key)
+    }
+}
+
+impl<T: Transport + 'static> Drop for MemoryWindow<'_, T> {
+    /// Revokes the window; a failure is logged and counted
+    /// ([`Context::window_revoke_failures`]).
+    fn drop(&mut self) {
+        if let Err(err) = self.context.revoke_key(self.remote.key) {
+            self.context
+                .window_revoke_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(window = %self.remote, "revoking a dropped window failed: {err}");
+        }
+    }
+}
+
+impl<T: Transport + 'static> fmt::Debug for MemoryWindow<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryWindow")
+            .field("remote", &self.remote)
+            .field("access", &self.access)
+            .field("peer", &self.peer)
+            .finish()
     }
 }
 
@@ -136,28 +228,14 @@ impl FromStr for RemoteWindow {
         let key = parts
             .next()
             .and_then(|k| u64::from_str_radix(k, 16).ok())
+            .and_then(|k| RemoteKey::try_from(k).ok())
             .ok_or_else(bad)?;
         let len = parts.next().and_then(|l| l.parse().ok()).ok_or_else(bad)?;
         if parts.next().is_some() {
             return Err(bad());
         }
-        Ok(RemoteWindow {
-            port,
-            key: RemoteKey(key),
-            len,
-        })
+        Ok(RemoteWindow { port, key, len })
     }
-}
-
-/// A window this port bound.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryWindow {
-    /// How peers reach it.
-    pub remote: RemoteWindow,
-    /// What they may do.
-    pub access: Access,
-    /// The one port allowed to use it; `None`: any port holding the key.
-    pub peer: Option<u16>,
 }
 
 #[cfg(test)]
@@ -180,7 +258,8 @@ mod tests {
         };
         assert_eq!(wide.to_string().parse::<RemoteWindow>().unwrap(), wide);
         let too_wide = "1:1ffffffffffffffff:2";
-        for bad in ["", "1:2", "x:1:2", "1:zz:2", "1:2:3:4", too_wide] {
+        let no_key = "1:0000000000000000:2";
+        for bad in ["", "1:2", "x:1:2", "1:zz:2", "1:2:3:4", too_wide, no_key] {
             assert!(bad.parse::<RemoteWindow>().is_err(), "{bad}");
         }
     }

@@ -14,17 +14,21 @@
 //!
 //! QEMU forwards to the backend only the rings of the queue pairs its netdev
 //! has (`queues=N`); its control queue (ring `2N`) is QEMU's own. The RDMA
-//! rings reach the guest as the **last** pair QEMU forwards: the device
-//! offers `P + 1` pairs to a QEMU frontend, so the guest sees
-//! `max_virtqueue_pairs = P + 1` in the device configuration and the RDMA
-//! send and completion queues are rings `2P` and `2P + 1`, exactly the
-//! indices the host driver uses ([`queue_pairs`](Transport::queue_pairs)
-//! reports `P`). QEMU enables only the first pair at `DRIVER_OK`; the
-//! transport therefore also drives the control queue and asks for `P + 1`
-//! pairs (`VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET`), which QEMU relays to the
-//! backend as `SET_VRING_ENABLE` of the RDMA rings.
+//! queue pairs reach the guest as the **last** `R` pairs QEMU forwards: the
+//! device offers `P` net pairs plus its RDMA pairs to a QEMU frontend, QEMU
+//! is started with `queues=P+R`, so the guest sees `max_virtqueue_pairs =
+//! P + R` in the device configuration and RDMA pair `q` is rings `2P + 2q`
+//! and `2P + 2q + 1`, exactly the indices the host driver uses
+//! ([`ring_layout`](Transport::ring_layout)). The guest cannot tell `P` from
+//! `R`: [`VfioConfig::net_queue_pairs`] says `P` (by default `N -`
+//! [`GUEST_RDMA_QUEUE_PAIRS`]). QEMU enables only the first pair at
+//! `DRIVER_OK`; the transport therefore also drives the control queue and
+//! asks for `P + R` pairs (`VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET`), which QEMU
+//! relays to the backend as `SET_VRING_ENABLE` of the RDMA rings.
 //!
-//! `DRIVER_OK` is set when both RDMA queues are enabled (QEMU starts the
+//! Virtio-pci enables queues before `DRIVER_OK` only, so every RDMA ring is
+//! set up first ([`rings_fixed_at_start`](Transport::rings_fixed_at_start));
+//! `DRIVER_OK` is set when all of them are enabled (QEMU starts the
 //! vhost-user rings then, from the addresses programmed before), or
 //! explicitly by [`VfioTransport::driver_ok`].
 //!
@@ -51,7 +55,7 @@
 //! [`register_memory`](Transport::register_memory) has nothing to tell the
 //! device (it reaches guest memory through the IOMMU only) and accepts any
 //! table. IOTLB entries are VFIO DMA mappings ([`VfioDma`]) with identity
-//! IOVAs; `Access` is not expressible through VFIO type1 for user memory
+//! IOVAs; `IotlbAccess` is not expressible through VFIO type1 for user memory
 //! and every mapping is read/write. [`VfioPinner`] is the matching pin-down
 //! cache pinner.
 
@@ -70,10 +74,10 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 use virtio_bindings::{virtio_config, virtio_net};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::arena::{DmaArena, DmaBuffer, MemoryRegion};
+use crate::arena::{DmaArena, DmaBuffer, MemoryTableRegion};
 use crate::transport::{
-    Access, CompletionEvent, QueueIndex, Transport, TransportError, F_ACCESS_PLATFORM, F_NET_MQ,
-    F_VERSION_1,
+    CompletionEvent, IotlbAccess, QueueIndex, Transport, TransportError, F_ACCESS_PLATFORM,
+    F_NET_MQ, F_VERSION_1,
 };
 use crate::virtqueue::{ChainElement, QueueLayout, SplitQueue};
 
@@ -119,6 +123,11 @@ const VIRTIO_NET_CTRL_MQ: u8 = virtio_net::VIRTIO_NET_CTRL_MQ as u8;
 const VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET: u8 = virtio_net::VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET as u8;
 const VIRTIO_NET_OK: u8 = virtio_net::VIRTIO_NET_OK as u8;
 
+/// RDMA queue pairs a guest expects after the net pairs unless
+/// [`VfioConfig::net_queue_pairs`] says otherwise: the admin pair and one
+/// I/O pair (QEMU's `queues=P+2`).
+pub const GUEST_RDMA_QUEUE_PAIRS: u16 = 2;
+
 /// How to open a [`VfioTransport`].
 #[derive(Debug, Clone)]
 pub struct VfioConfig {
@@ -129,8 +138,9 @@ pub struct VfioConfig {
     pub poll_min: Duration,
     /// Longest sleep of the completion polling thread (when idle).
     pub poll_max: Duration,
-    /// Net queue pairs in front of the RDMA rings. `None`: one less than the
-    /// device configuration's `max_virtqueue_pairs` (see the module
+    /// Net queue pairs in front of the RDMA queue pairs (`P`); the pairs
+    /// after them are RDMA pairs. `None`: the device configuration's
+    /// `max_virtqueue_pairs` less [`GUEST_RDMA_QUEUE_PAIRS`] (see the module
     /// documentation).
     pub net_queue_pairs: Option<u16>,
     /// How long to wait for the device (reset, control commands).
@@ -195,6 +205,7 @@ pub struct VfioTransport {
     acked: AtomicU64,
     max_pairs: u16,
     queue_pairs: u16,
+    rdma_queue_pairs: u16,
     device_queues: u16,
     /// Serialises `queue_select` and the registers behind it.
     control: Mutex<Option<ControlQueue>>,
@@ -310,14 +321,16 @@ impl VfioTransport {
         }
         let queue_pairs = config
             .net_queue_pairs
-            .unwrap_or(max_pairs.saturating_sub(1));
-        if queue_pairs + 1 > max_pairs {
+            .unwrap_or(max_pairs.saturating_sub(GUEST_RDMA_QUEUE_PAIRS));
+        let rdma_queue_pairs = max_pairs.saturating_sub(queue_pairs);
+        if queue_pairs == 0 || rdma_queue_pairs < 2 {
             return Err(TransportError::Protocol {
                 request: "device configuration",
                 reason: format!(
-                    "the function has {max_pairs} queue pairs; the RDMA rings need pair \
-                     {queue_pairs} (QEMU's netdev needs queues={} and the device must offer them)",
-                    queue_pairs + 1
+                    "the function has {max_pairs} queue pairs; {queue_pairs} net pairs and at \
+                     least 2 RDMA pairs (admin and one I/O pair) are needed (QEMU's netdev \
+                     needs queues={} and the device must offer them)",
+                    queue_pairs.max(1) + 2
                 ),
             });
         }
@@ -330,6 +343,7 @@ impl VfioTransport {
             acked: AtomicU64::new(0),
             max_pairs,
             queue_pairs,
+            rdma_queue_pairs,
             device_queues,
             control: Mutex::new(None),
             queues: RwLock::new(Vec::new()),
@@ -375,24 +389,6 @@ impl VfioTransport {
     /// A pin-down cache pinner mapping through this transport's container.
     pub fn pinner(&self) -> VfioPinner {
         VfioPinner::new(Arc::clone(&self.dma))
-    }
-
-    /// The device's rings, as the ABI lays them out (the RDMA pair after
-    /// the net queue pairs this transport uses).
-    pub fn ring_layout(&self) -> pindown_uapi::RingLayout {
-        pindown_uapi::RingLayout {
-            queue_pairs: self.queue_pairs,
-        }
-    }
-
-    /// Ring index of the RDMA send queue.
-    pub fn rdma_send_queue(&self) -> QueueIndex {
-        self.ring_layout().send_queue()
-    }
-
-    /// Ring index of the RDMA completion queue.
-    pub fn rdma_completion_queue(&self) -> QueueIndex {
-        self.ring_layout().completion_queue()
     }
 
     /// ISR reads by the polling thread, how many found the ISR raised, and
@@ -557,7 +553,7 @@ impl VfioTransport {
             });
         }
         if self.max_pairs > 1 {
-            self.set_queue_pairs(self.queue_pairs + 1)?;
+            self.set_queue_pairs(self.queue_pairs + self.rdma_queue_pairs)?;
         }
         self.start_poller()
     }
@@ -641,7 +637,7 @@ impl VfioTransport {
     }
 
     fn check_queue(&self, index: QueueIndex) -> Result<(), TransportError> {
-        let count = self.num_queues();
+        let count = self.ring_layout().ring_count();
         if index >= count {
             return Err(TransportError::NoSuchQueue { index, count });
         }
@@ -741,15 +737,20 @@ impl Transport for VfioTransport {
         self.acked.load(Ordering::Acquire)
     }
 
-    fn num_queues(&self) -> u16 {
-        self.ring_layout().ring_count()
+    /// The net pairs of [`VfioConfig::net_queue_pairs`], then every pair
+    /// QEMU forwards beyond them.
+    fn ring_layout(&self) -> pindown_uapi::RingLayout {
+        pindown_uapi::RingLayout {
+            queue_pairs: self.queue_pairs,
+            rdma_queue_pairs: self.rdma_queue_pairs,
+        }
     }
 
-    fn queue_pairs(&self) -> u16 {
-        self.queue_pairs
+    fn rings_fixed_at_start(&self) -> bool {
+        true
     }
 
-    fn register_memory(&self, regions: &[MemoryRegion<'_>]) -> Result<(), TransportError> {
+    fn register_memory(&self, regions: &[MemoryTableRegion<'_>]) -> Result<(), TransportError> {
         if regions.is_empty() {
             return Err(TransportError::InvalidArgument("no memory regions".into()));
         }
@@ -816,9 +817,9 @@ impl Transport for VfioTransport {
             }
             state.enabled = true;
             self.shared.calls.write().push(Arc::clone(&state.call));
-            [self.rdma_send_queue(), self.rdma_completion_queue()]
-                .iter()
-                .all(|&q| queues[usize::from(q)].as_ref().is_some_and(|s| s.enabled))
+            let layout = self.ring_layout();
+            (layout.send_queue(0)..layout.ring_count())
+                .all(|q| queues[usize::from(q)].as_ref().is_some_and(|s| s.enabled))
         };
         if all_rdma_enabled {
             self.driver_ok()?;
@@ -859,7 +860,7 @@ impl Transport for VfioTransport {
         iova: u64,
         len: u64,
         uaddr: u64,
-        _access: Access,
+        _access: IotlbAccess,
     ) -> Result<(), TransportError> {
         let (iova, len, uaddr) = page_round(iova, len, uaddr)?;
         self.dma.map(iova, len, uaddr)

@@ -194,6 +194,7 @@ impl Device {
             port,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
+            rdma_queue_pairs: 1,
         };
         let request = WorkRequest {
             user_data: 0xfeed,

@@ -132,7 +132,12 @@ fn serve(
             }
         }
         Request::GetQueueNum => {
-            let pairs = u64::from(state.queue_pairs) + u64::from(state.guest);
+            let rdma = if state.guest {
+                state.rdma_queue_pairs
+            } else {
+                0
+            };
+            let pairs = u64::from(state.queue_pairs) + u64::from(rdma);
             out.reply = Some(message::reply_u64(code, pairs));
             Ok(())
         }
@@ -147,6 +152,7 @@ fn serve(
         Request::ResetOwner => {
             let cfg = crate::DeviceConfig {
                 queue_pairs: state.queue_pairs,
+                rdma_queue_pairs: state.rdma_queue_pairs,
                 queue_size_max: state.vrings[0].queue_max_size(),
                 iotlb_entries_max: state.iotlb_entries_max,
                 guest_ports: if state.guest {
@@ -251,7 +257,7 @@ fn serve(
                 if state.iommu() {
                     state.forget_translations();
                 }
-                if state.is_rdma_ring(index as usize) {
+                if state.is_admin_ring(index as usize) {
                     state.revoke_windows();
                 }
                 out.reply = Some(message::reply_vring_state(code, index, base as u32));
@@ -305,7 +311,7 @@ fn serve(
             PortStats::bump(&stats.set_vring_enable);
             r.enabled = enable;
             let restart = enable && r.broken;
-            if !enable && state.is_rdma_ring(index as usize) {
+            if !enable && state.is_admin_ring(index as usize) {
                 state.revoke_windows();
             }
             out.rings_changed = true;

@@ -1,0 +1,310 @@
+//! The port's RDMA queue pairs on the driver side: setting up a pair's two
+//! rings, handing them to a [`QueuePair`] and its [`CompletionQueue`], and
+//! taking them back when both are done with them.
+//!
+//! A pair's rings are set up the first time a queue pair needs them (or,
+//! when the transport allows no set-up once the device runs, all when the
+//! context opens) and stay set up for the context's life. A queue pair that
+//! is dropped posts a signalled NOP with a marker value last; the
+//! completion queue gives the completion ring back when the marker arrives
+//! (every earlier completion of the pair has arrived by then, since the
+//! device completes a pair's requests in order), or when it is dropped
+//! itself. Before idle rings serve a new queue pair they are flushed the
+//! same way: a marker NOP, and every completion up to it discarded, so that
+//! nothing of the old queue pair reaches the new one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
+
+use super::completion::{is_marker, CompletionRing};
+use super::queue_pair::SendRing;
+use super::wait::{wait_for, Awaiting};
+use super::{CompletionQueue, Context, QueuePair, VerbsError};
+use crate::arena::DmaArena;
+use crate::rdma_queue::{self, SendQueue};
+use crate::transport::Transport;
+
+/// What a queue pair and its completion queue share.
+#[derive(Debug, Default)]
+pub(super) struct PairShared {
+    /// The user data of the marker NOP the queue pair posted when it was
+    /// dropped; 0 while it lives.
+    retire_marker: AtomicU64,
+}
+
+impl PairShared {
+    /// The marker the dropped queue pair posted last, if it is dropped.
+    pub(super) fn retire_marker(&self) -> Option<u64> {
+        match self.retire_marker.load(Ordering::Acquire) {
+            0 => None,
+            marker => Some(marker),
+        }
+    }
+}
+
+/// One I/O pair of the port, as the context sees it.
+pub(super) enum PairSlot {
+    /// Its rings are not set up yet.
+    Unused,
+    /// Set up and free; `fresh`: never used, nothing to flush.
+    Idle {
+        send: SendRing,
+        completion: CompletionRing,
+        fresh: bool,
+    },
+    /// Held by a queue pair and a completion queue; each half comes back
+    /// here when they let it go.
+    Held {
+        send: Option<SendRing>,
+        completion: Option<CompletionRing>,
+    },
+}
+
+/// The context's I/O pairs (pair `1 + i` is `slots[i]`).
+pub(super) struct PairPool {
+    pub(super) slots: Vec<PairSlot>,
+}
+
+/// User data of marker NOPs: the top 16 bits set, a counter below.
+const MARKER_BASE: u64 = 0xffff << 48;
+
+/// Sets up the two rings of RDMA queue pair `pair` (not enabled yet): the
+/// send and completion queues in `arena` (see [`crate::rdma_queue`]),
+/// mapped for the device by the transport.
+pub(super) fn set_up_pair<T: Transport>(
+    transport: &T,
+    arena: &Arc<DmaArena>,
+    layout: RingLayout,
+    pair: u16,
+    size: u16,
+) -> Result<(SendRing, CompletionRing), VerbsError> {
+    let send_index = layout.send_queue(pair);
+    let completion_index = layout.completion_queue(pair);
+    let send_queue = SendQueue::new(arena, size)?;
+    transport.setup_queue(send_index, &send_queue.layout())?;
+    let completion_queue = rdma_queue::CompletionQueue::new(arena, size)?;
+    transport.setup_queue(completion_index, &completion_queue.layout())?;
+    let event = transport.completion_event(completion_index)?;
+    Ok((
+        SendRing::new(send_index, send_queue),
+        CompletionRing {
+            index: completion_index,
+            queue: completion_queue,
+            event,
+        },
+    ))
+}
+
+/// Enables a pair's rings.
+pub(super) fn start_pair<T: Transport>(
+    transport: &T,
+    send: &SendRing,
+    completion: &CompletionRing,
+) -> Result<(), VerbsError> {
+    transport.enable_queue(completion.index, true)?;
+    transport.enable_queue(send.index, true)?;
+    Ok(())
+}
+
+/// A pair's rings being flushed: completions are discarded up to the
+/// marker.
+struct Flush<'a, T: Transport> {
+    transport: &'a T,
+    ring: &'a mut CompletionRing,
+    marker: u64,
+}
+
+impl<T: Transport> Awaiting for Flush<'_, T> {
+    fn try_complete(&mut self) -> Result<bool, VerbsError> {
+        let marker = self.marker;
+        let mut found = false;
+        self.ring.pump(self.transport, |completion| {
+            found |= is_marker(&completion, marker);
+        })?;
+        Ok(found)
+    }
+
+    fn rings(&mut self) -> Vec<&mut CompletionRing> {
+        vec![&mut *self.ring]
+    }
+}
+
+impl<T: Transport + 'static> Context<T> {
+    /// A completion queue with no queue pair yet; create queue pairs with
+    /// it ([`create_queue_pair`](Self::create_queue_pair)).
+    pub fn create_completion_queue(&self) -> CompletionQueue<'_, T> {
+        CompletionQueue::new(self)
+    }
+
+    /// A queue pair on one of the port's I/O pairs, whose completions
+    /// arrive on `cq` (several queue pairs may share one completion queue).
+    ///
+    /// Fails with [`VerbsError::NoQueuePair`] when every I/O pair is held,
+    /// and with [`VerbsError::OtherContext`] when `cq` belongs to another
+    /// context. Reusing the rings of an earlier queue pair waits (at most
+    /// [`control_timeout`](super::ContextConfig::control_timeout)) until the
+    /// device has finished its requests.
+    pub fn create_queue_pair(
+        &self,
+        cq: &mut CompletionQueue<'_, T>,
+    ) -> Result<QueuePair<'_, T>, VerbsError> {
+        if !cq.belongs_to(self) {
+            return Err(VerbsError::OtherContext {
+                what: "completion queue",
+            });
+        }
+        let (at, taken) = {
+            let mut pool = self.pairs.lock();
+            let Some(at) = pool
+                .slots
+                .iter()
+                .position(|slot| matches!(slot, PairSlot::Idle { .. }))
+                .or_else(|| {
+                    pool.slots
+                        .iter()
+                        .position(|slot| matches!(slot, PairSlot::Unused))
+                })
+            else {
+                return Err(VerbsError::NoQueuePair {
+                    pairs: u16::try_from(pool.slots.len()).unwrap_or(u16::MAX),
+                });
+            };
+            let held = PairSlot::Held {
+                send: None,
+                completion: None,
+            };
+            (at, std::mem::replace(&mut pool.slots[at], held))
+        };
+        let pair = u16::try_from(at + 1).expect("at most MAX_RDMA_QUEUE_PAIRS pairs");
+        let prepared = match taken {
+            PairSlot::Idle {
+                mut send,
+                mut completion,
+                fresh,
+            } => {
+                let flushed = if fresh {
+                    Ok(())
+                } else {
+                    self.flush(&mut send, &mut completion)
+                };
+                match flushed {
+                    Ok(()) => Ok((send, completion)),
+                    Err(err) => {
+                        self.pairs.lock().slots[at] = PairSlot::Idle {
+                            send,
+                            completion,
+                            fresh: false,
+                        };
+                        Err(err)
+                    }
+                }
+            }
+            _ => set_up_pair(
+                &*self.transport,
+                &self.arena,
+                self.layout,
+                pair,
+                self.queue_size,
+            )
+            .and_then(|(send, completion)| {
+                start_pair(&*self.transport, &send, &completion)?;
+                Ok((send, completion))
+            })
+            .inspect_err(|_| self.pairs.lock().slots[at] = PairSlot::Unused),
+        };
+        let (send, completion) = prepared?;
+        let shared = Arc::new(PairShared::default());
+        cq.adopt(pair, completion, Arc::clone(&shared));
+        Ok(QueuePair::new(self, pair, send, shared))
+    }
+
+    /// A marker value no earlier marker of this context had.
+    fn next_marker(&self) -> u64 {
+        MARKER_BASE | self.markers.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Posts a marker NOP on `send` and discards every completion up to it.
+    fn flush(
+        &self,
+        send: &mut SendRing,
+        completion: &mut CompletionRing,
+    ) -> Result<(), VerbsError> {
+        let marker = self.next_marker();
+        send.post(&*self.transport, &self.arena, 1, |_| {
+            (marker_nop(marker), false)
+        })?;
+        let mut flush = Flush {
+            transport: &*self.transport,
+            ring: completion,
+            marker,
+        };
+        wait_for(&mut flush, self.spin, self.control_timeout).map_err(|err| match err {
+            VerbsError::Timeout(timeout) => VerbsError::ControlTimeout {
+                operation: pindown_uapi::Opcode::Nop,
+                timeout,
+            },
+            other => other,
+        })
+    }
+
+    /// Takes back the send ring of a dropped queue pair, after posting its
+    /// marker (which tells the completion queue when the pair's last
+    /// completion has arrived).
+    pub(super) fn return_send_ring(&self, pair: u16, mut send: SendRing, shared: &PairShared) {
+        let marker = self.next_marker();
+        shared.retire_marker.store(marker, Ordering::Release);
+        // A full ring or a device gone: no marker; the completion ring then
+        // comes back when its completion queue is dropped.
+        let _ = send.post(&*self.transport, &self.arena, 1, |_| {
+            (marker_nop(marker), false)
+        });
+        self.put_back(pair, Some(send), None);
+    }
+
+    /// Takes back the completion ring of pair `pair` from a completion
+    /// queue.
+    pub(super) fn return_completion_ring(&self, pair: u16, completion: CompletionRing) {
+        self.put_back(pair, None, Some(completion));
+    }
+
+    fn put_back(&self, pair: u16, send: Option<SendRing>, completion: Option<CompletionRing>) {
+        let mut pool = self.pairs.lock();
+        let Some(slot) = pool.slots.get_mut(usize::from(pair) - 1) else {
+            return;
+        };
+        let PairSlot::Held {
+            send: held_send,
+            completion: held_completion,
+        } = slot
+        else {
+            return;
+        };
+        if send.is_some() {
+            *held_send = send;
+        }
+        if completion.is_some() {
+            *held_completion = completion;
+        }
+        if held_send.is_some() && held_completion.is_some() {
+            let (Some(send), Some(completion)) = (held_send.take(), held_completion.take()) else {
+                unreachable!("both checked present");
+            };
+            *slot = PairSlot::Idle {
+                send,
+                completion,
+                fresh: false,
+            };
+        }
+    }
+}
+
+/// A signalled NOP carrying `marker`.
+fn marker_nop(marker: u64) -> WorkRequest {
+    WorkRequest {
+        user_data: marker,
+        flags: WrFlags::SIGNALED,
+        op: Operation::Nop,
+    }
+}
