@@ -291,6 +291,7 @@ fn run(
     let mut rings: HashSet<usize> = HashSet::new();
     let mut kicked: HashSet<usize> = HashSet::new();
     let mut looked = Instant::now();
+    let mut swept = Instant::now();
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -352,7 +353,14 @@ fn run(
         rings.clear();
         rings.extend(again.drain());
         kicked.clear();
-        let mut all = polling || spinning || (n == 0 && waiting);
+        // A polling port passes over all its rings every LOOK_INTERVAL;
+        // in between (a transfer going on in turns), only over the rings
+        // with work left and those kicked.
+        let sweep = (polling || spinning) && now.duration_since(swept) >= LOOK_INTERVAL;
+        if sweep {
+            swept = now;
+        }
+        let mut all = sweep || (n == 0 && waiting);
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_SHUTDOWN => return Err("device shutting down".into()),
