@@ -101,6 +101,7 @@ fn main() -> std::io::Result<()> {
         port: 3,
         abi_version: ABI_VERSION,
         features: RDMA_FEATURES,
+        rdma_queue_pairs: 8,
     };
     let mut seed = vec![3u8];
     seed.extend_from_slice(&info.to_value().to_le_bytes());
