@@ -12,17 +12,23 @@
 //! * [`rdma`]: event-driven and busy-poll modes, requests one at a time or
 //!   several in flight, verification patterns, and the emulated NIC run from
 //!   a program's own executable.
+//! * [`ping_pong`]: the latency baseline, a cache line bounced between
+//!   two cores.
+//! * [`memory_kind`]: the memory a figure is measured on (the DMA arena or
+//!   the heap).
 //! * [`child`]: child processes (the device, ranks spoken to over pipes)
 //!   stopped and reaped on drop.
 //!
-//! The binaries `pin-hitrate`, `pin-cost` and `pindown-demo`, the criterion
+//! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo` and `latency`, the criterion
 //! benchmarks and the integration tests all use these modules, so that what
 //! the tests check is what the programs measure.
 
 #![warn(missing_docs)]
 
 pub mod child;
+pub mod memory_kind;
 pub mod output;
+pub mod ping_pong;
 pub mod rdma;
 pub mod replay;
 pub mod stats;

@@ -71,6 +71,22 @@ impl fmt::Display for Mode {
     }
 }
 
+/// The targets the figure programs report their results against
+/// (measured and reported, never enforced).
+pub mod targets {
+    /// Busy-poll: median of an 8-byte write or fetch-add, post to
+    /// completion, in microseconds (at most).
+    pub const POLL_MEDIAN_US: f64 = 1.0;
+    /// Busy-poll: 99th percentile over the median (at most).
+    pub const POLL_P99_OVER_MEDIAN: f64 = 2.0;
+    /// Event-driven while traffic flows (within the spin window): median,
+    /// in microseconds (at most).
+    pub const EVENT_MEDIAN_US: f64 = 1.3;
+    /// Streams of 1 MiB and 16 MiB writes over one thread's `memcpy` of the
+    /// same size on an idle machine (at least).
+    pub const BANDWIDTH_OVER_MEMCPY: f64 = 0.9;
+}
+
 /// Writes in flight in the bandwidth streams of the demo and the benchmark.
 pub const IN_FLIGHT: usize = 4;
 

@@ -272,6 +272,26 @@ impl DmaArena {
                 .is_some_and(|end| end <= self.addr() + self.size as u64)
     }
 
+    /// Copies `out.len()` bytes at address `addr` of the arena into `out`
+    /// (volatile reads); `false`, with nothing copied, when the range is
+    /// not inside the arena.
+    pub fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        if !self.contains(addr, out.len()) {
+            return false;
+        }
+        let offset = (addr - self.addr()) as usize;
+        // SAFETY: the range is inside the arena's live shared mapping
+        // (checked above), which stays mapped while `self` lives;
+        // VolatileSlice only performs volatile accesses, which tolerate
+        // concurrent writers.
+        let arena = unsafe { VolatileSlice::new(self.addr() as *mut u8, self.size) };
+        arena
+            .subslice(offset, out.len())
+            .expect("range checked above")
+            .copy_to(out);
+        true
+    }
+
     /// Bytes not handed out (possibly fragmented).
     pub fn free_bytes(&self) -> usize {
         self.free.lock().free_bytes()

@@ -13,10 +13,13 @@
 //!   [`reach`]: any mapped memory of the process made reachable by the
 //!   device (private pages moved into shared memory at the same address,
 //!   shared memory-file-system mappings handed over as files).
-//! * **Queues** — [`virtqueue`]: the driver side of split virtqueues (virtio
-//!   1.x, with `VIRTIO_F_EVENT_IDX`) laid out in arena memory: descriptor
-//!   chains in, completions out, doorbell and interrupt suppression decided
-//!   from the device's event indices. Pure shared-memory logic, no system
+//! * **Queues** — [`rdma_queue`]: the driver side of the RDMA send and
+//!   completion queues ([`pindown_uapi::queue`]): stamped request slots the
+//!   device polls, completions the device writes in place and the driver
+//!   polls, doorbells and signals only when the other side asked before
+//!   sleeping. [`virtqueue`]: the driver side of split virtqueues (virtio
+//!   1.x, with `VIRTIO_F_EVENT_IDX`), for the control queue of a guest's
+//!   NIC. Both are pure shared-memory logic in arena memory, no system
 //!   calls.
 //! * **Transport** — [`transport`]: how the device is reached and configured:
 //!   feature negotiation, the memory table, queue addresses, doorbells,
@@ -33,32 +36,42 @@
 //! several queue pairs).
 //!
 //! ```no_run
+//! use pindown_driver::rdma_queue::{CompletionQueue, SendQueue};
 //! use pindown_driver::transport::DEFAULT_FEATURES;
-//! use pindown_driver::{ChainElement, DmaArena, SplitQueue, Transport};
-//! use pindown_driver::{VhostUserConfig, VhostUserTransport};
+//! use pindown_driver::{DmaArena, Transport, VhostUserConfig, VhostUserTransport};
+//! use pindown_uapi::{Operation, WorkRequest, WrFlags};
 //!
 //! let device = VhostUserTransport::connect("/run/pindown/port0.sock", VhostUserConfig::default())?;
-//! let features = device.negotiate_features(DEFAULT_FEATURES)?;
+//! device.negotiate_features(DEFAULT_FEATURES)?;
 //! let arena = DmaArena::new(64 << 20)?;
 //! device.register_memory(&[arena.memory_table_region()])?;
 //!
-//! let sq = device.ring_layout().send_queue(pindown_uapi::ADMIN_QUEUE_PAIR);
-//! let mut queue = SplitQueue::new(&arena, 256, features & pindown_driver::transport::F_EVENT_IDX != 0)?;
-//! device.setup_queue(sq, &queue.layout())?; // IOTLB entry for the rings, then the vring
+//! let layout = device.ring_layout();
+//! let pair = pindown_uapi::ADMIN_QUEUE_PAIR;
+//! let (sq, cq) = (layout.send_queue(pair), layout.completion_queue(pair));
+//! let mut requests = SendQueue::new(&arena, 256)?;
+//! let mut completions = CompletionQueue::new(&arena, 256)?;
+//! device.setup_queue(sq, &requests.layout())?; // IOTLB entry for the queue, then the ring
+//! device.setup_queue(cq, &completions.layout())?;
+//! device.enable_queue(cq, true)?;
 //! device.enable_queue(sq, true)?;
 //!
-//! let request = arena.alloc(64, 64)?;
-//! request.write_at(0, b"work request");
-//! queue.add(&[ChainElement::readable(request.iova(), 64)], 7u64)?;
-//! if queue.kick_needed() {
+//! let nop = WorkRequest { user_data: 7, flags: WrFlags::SIGNALED, op: Operation::Nop };
+//! assert!(requests.has_room(1)?);
+//! requests.push(&nop, &[]);
+//! if requests.kick_needed() {
 //!     device.notify(sq)?;
 //! }
-//! let done = device.completion_event(sq)?;
-//! while queue.pop_used()?.is_none() {
-//!     if !queue.enable_interrupts() {
+//! let done = device.completion_event(cq)?;
+//! let completion = loop {
+//!     if let Some(completion) = completions.pop() {
+//!         break completion?;
+//!     }
+//!     if !completions.arm() {
 //!         done.wait(None)?;
 //!     }
-//! }
+//! };
+//! assert_eq!(completion.user_data, 7);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -66,6 +79,7 @@
 
 pub mod arena;
 pub mod pinner;
+pub mod rdma_queue;
 pub mod reach;
 pub mod transport;
 pub mod verbs;

@@ -150,6 +150,17 @@ pub enum QueueError {
         /// Writable bytes in the chain.
         writable: u64,
     },
+    /// The device published an RDMA send queue head that moved backwards
+    /// or past the requests posted.
+    #[error("device bug: send queue head moved to {head}, outside {last}..={tail}")]
+    HeadOutOfRange {
+        /// The head the device published.
+        head: u16,
+        /// The head it published before.
+        last: u16,
+        /// The next position the driver would write.
+        tail: u16,
+    },
     /// An earlier device bug broke the queue; it must be reset.
     #[error("the queue is broken by an earlier device error ({0}); reset it")]
     Broken(Box<QueueError>),

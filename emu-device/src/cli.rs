@@ -55,7 +55,9 @@ struct Cli {
     /// Status-socket clients served at once; one more is closed at once.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_control_clients: u64,
-    /// Busy-poll rings instead of sleeping on kicks.
+    /// Busy-poll the rings of a port while its traffic flows, without
+    /// doorbells (a port idle for 1 ms sleeps on its kicks until the next
+    /// one, so that idle ports leave the cores to busy ones).
     #[arg(long)]
     poll: bool,
     /// After work, poll the rings this many microseconds before sleeping

@@ -91,7 +91,7 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, index);
     let mut send_queues: Vec<SendQueue> = (0..ctx.config.rdma_queue_pairs)
-        .map(|pair| SendQueue::new(Arc::clone(&port), pair, ctx.config.poll))
+        .map(|pair| SendQueue::new(Arc::clone(&port), pair))
         .collect();
     if let Err(e) = run(ctx, &port, &mut stream, &mut send_queues) {
         tracing::info!(port = index, "connection ends: {e}");
@@ -291,7 +291,8 @@ fn run(
     let mut last_work: Option<Instant> = None;
     let mut rings: HashSet<usize> = HashSet::new();
     let mut kicked: HashSet<usize> = HashSet::new();
-    let mut pass: u32 = 0;
+    let mut looked = Instant::now();
+    let mut swept = Instant::now();
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -311,22 +312,39 @@ fn run(
             }
             st.vrings.iter().any(|r| r.waiting_iotlb)
         };
-        let spinning = last_work.is_some_and(|t| t.elapsed() < spin);
-        let timeout = if poll || spinning || !again.is_empty() {
+        let now = Instant::now();
+        let spinning = last_work.is_some_and(|t| now.duration_since(t) < spin);
+        // Busy-poll mode polls while traffic flows; a port idle for
+        // POLL_IDLE sleeps on its kicks like an event-driven one, so that
+        // idle ports leave the cores to the busy ones.
+        let polling = poll && last_work.is_some_and(|t| now.duration_since(t) < POLL_IDLE);
+        let mut timeout = if polling || spinning || !again.is_empty() {
             0
         } else if waiting {
             50
         } else {
             -1
         };
+        if timeout != 0 {
+            let mut st = port.lock();
+            for send_queue in send_queues.iter_mut() {
+                if send_queue.arm(&mut st) {
+                    // A request came in while the doorbell was being armed.
+                    timeout = 0;
+                    again.insert(send_queue.rings_of(&st).0);
+                }
+            }
+        }
         // While polling, every ring is looked at on every pass anyway: ask
-        // the kernel about the socket and the kicks only every few passes.
-        // Not while work is left over from the last pass (a transfer
-        // between two turns): its frontend is answered between turns.
-        pass = pass.wrapping_add(1);
-        let n = if timeout == 0 && again.is_empty() && !pass.is_multiple_of(POLL_PASSES_PER_WAIT) {
+        // the kernel about the socket and the kicks only every
+        // LOOK_INTERVAL. Not while work is left over from the last pass (a
+        // transfer between two turns): its frontend is answered between
+        // turns.
+        let look = timeout != 0 || !again.is_empty() || now.duration_since(looked) >= LOOK_INTERVAL;
+        let n = if !look {
             0
         } else {
+            looked = now;
             match epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
@@ -336,7 +354,14 @@ fn run(
         rings.clear();
         rings.extend(again.drain());
         kicked.clear();
-        let mut all = poll || spinning || (n == 0 && waiting);
+        // A polling port passes over all its rings every LOOK_INTERVAL;
+        // in between (a transfer going on in turns), only over the rings
+        // with work left and those kicked.
+        let sweep = (polling || spinning) && now.duration_since(swept) >= LOOK_INTERVAL;
+        if sweep {
+            swept = now;
+        }
+        let mut all = sweep || (n == 0 && waiting);
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_SHUTDOWN => return Err("device shutting down".into()),
@@ -412,11 +437,13 @@ fn run(
                 last_work = Some(Instant::now());
             }
         }
-        if poll && last_work.is_none_or(|t| t.elapsed() > POLL_IDLE) {
-            // Idle in busy-poll mode: keep polling without waiting for kicks,
-            // but yield between passes so that busy threads (another port's
-            // copy, a spinning driver) get the core first.
-            std::thread::yield_now();
+        if (polling || spinning) && again.is_empty() {
+            // Between two passes over everything, poll the RDMA send queue
+            // alone: the one ring whose latency is measured in
+            // microseconds.
+            if let Some(worked) = poll_rdma(ctx, port, send_queues, &mut again) {
+                last_work = Some(worked);
+            }
         }
     }
 }
@@ -449,9 +476,61 @@ fn served_with_its_send_queue(
             .is_some_and(|ring| ring.active())
 }
 
-/// In busy-poll mode, passes over the rings between two looks at the
-/// socket and the kick eventfds.
-const POLL_PASSES_PER_WAIT: u32 = 64;
+/// Polls the RDMA queue pairs of `port` alone for [`RDMA_POLL_TIME`], or
+/// until something needs a full pass (a transfer paused between turns, an
+/// IOTLB miss to send, a ring stopped). Returns when work was last done,
+/// if any.
+fn poll_rdma(
+    ctx: Context<'_>,
+    port: &Port,
+    send_queues: &mut [SendQueue],
+    again: &mut HashSet<usize>,
+) -> Option<Instant> {
+    let started = Instant::now();
+    let mut worked = None;
+    for polls in 1u32.. {
+        let mut st = port.lock();
+        let mut live = false;
+        for send_queue in send_queues.iter_mut() {
+            let sq = send_queue.rings_of(&st).0;
+            if !st.vrings[sq].active() {
+                continue;
+            }
+            let served = send_queue.serve(&mut st, ctx.ports);
+            if served.worked {
+                worked = Some(Instant::now());
+            }
+            if served.more {
+                again.insert(sq);
+                return worked;
+            }
+            if st.vrings[sq].waiting_iotlb || !st.vrings[sq].active() {
+                return worked;
+            }
+            live = true;
+        }
+        drop(st);
+        if !live
+            || (polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) && started.elapsed() >= RDMA_POLL_TIME)
+        {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    worked
+}
 
-/// In busy-poll mode, idle time after which passes yield the CPU.
+/// How long a polling port polls its RDMA queues alone between two passes
+/// over everything (rings, socket, inbox): a pass costs microseconds, and
+/// a request arriving during one waits for it.
+const RDMA_POLL_TIME: Duration = Duration::from_micros(200);
+
+/// RDMA polls between two looks at the clock.
+const RDMA_POLLS_PER_CLOCK: u32 = 32;
+
+/// In busy-poll mode, idle time after which a port sleeps on its kicks.
 const POLL_IDLE: Duration = Duration::from_millis(1);
+
+/// While a port polls, how often it looks at its socket and kick eventfds
+/// (at most: once per pass over everything).
+const LOOK_INTERVAL: Duration = Duration::from_micros(50);

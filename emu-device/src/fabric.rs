@@ -91,17 +91,19 @@ impl<'a> PortFabric<'a> {
     }
 
     /// Runs one turn of `request`, issued by the port `info` describes
-    /// (`own`), from `progress` on. Also returns the first miss of the turn
-    /// in the initiator's own memory, if any: the request may wait for
-    /// that mapping.
+    /// (`own`), from `progress` on (`inline`: the bytes a WRITE_INLINE
+    /// carries). Also returns the first miss of the turn in the
+    /// initiator's own memory, if any: the request may wait for that
+    /// mapping.
     pub fn execute(
         &self,
         info: DeviceInfo,
         request: &WorkRequest,
+        inline: &[u8],
         progress: &mut Progress,
     ) -> (Turn, Option<Miss>) {
         self.own_miss.set(None);
-        let turn = rdma::execute(info, request, self, progress);
+        let turn = rdma::execute(info, request, inline, self, progress);
         (turn, self.own_miss.take())
     }
 

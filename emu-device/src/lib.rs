@@ -24,6 +24,8 @@
 //! - [`port`]: per-port state, the access gate every data path goes
 //!   through, counters, and the table of all ports.
 //! - [`inbox`]: frames other ports sent to a port.
+//! - [`rdma_rings`]: the device side of the RDMA queue format, its ring
+//!   memory translated once per generation of the port's memory.
 //! - [`queues`]: the device side of split virtqueues.
 //! - [`rdma`]: the RDMA engine proper: executing one work request in
 //!   guarded steps, windows and keys; it sees ports only through its
@@ -42,6 +44,7 @@ pub mod memory;
 pub mod port;
 pub mod queues;
 pub mod rdma;
+pub mod rdma_rings;
 pub mod send_queue;
 pub mod sigbus;
 pub mod switch;
@@ -65,7 +68,8 @@ pub struct DeviceConfig {
     pub queue_size_max: u16,
     /// IOTLB entries per port.
     pub iotlb_entries_max: usize,
-    /// Busy-poll the rings instead of waiting for kicks.
+    /// Busy-poll the rings of a port while its traffic flows, without
+    /// doorbells; a port idle for a millisecond sleeps on its kicks.
     pub poll: bool,
     /// After work, keep polling this many microseconds before sleeping.
     pub spin_us: u64,

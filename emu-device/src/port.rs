@@ -336,6 +336,9 @@ pub struct SharedState {
     pub memory: Option<PortMemory>,
     /// The windows the port bound.
     pub windows: WindowTable,
+    /// Changes with every barrier: what was translated from the memory in
+    /// an earlier generation (the RDMA rings) must be translated again.
+    pub generation: u64,
 }
 
 impl PortShared {
@@ -345,6 +348,7 @@ impl PortShared {
             gate: RwLock::new(SharedState {
                 memory: None,
                 windows: WindowTable::with_limit(max_windows),
+                generation: 0,
             }),
             misses: Default::default(),
             incarnation: AtomicU64::new(0),
@@ -358,9 +362,12 @@ impl PortShared {
     }
 
     /// Waits until no step is in flight and holds every new one off until
-    /// the guard is dropped.
+    /// the guard is dropped. Starts a new generation of the state (see
+    /// [`SharedState::generation`]).
     pub fn barrier(&self) -> RwLockWriteGuard<'_, SharedState> {
-        self.gate.write()
+        let mut state = self.gate.write();
+        state.generation = state.generation.wrapping_add(1);
+        state
     }
 
     /// Forgets the memory (with its IOTLB) and revokes every window

@@ -318,6 +318,19 @@ impl Vring {
         self.queue.set_next_used(base);
     }
 
+    /// The ring's next position: the next available index of a split
+    /// virtqueue, the next request or completion of an RDMA queue (what
+    /// GET_VRING_BASE reports and SET_VRING_BASE sets).
+    pub fn position(&self) -> u16 {
+        self.queue.next_avail()
+    }
+
+    /// Moves the ring's next position (an RDMA queue that took a request
+    /// or wrote a completion).
+    pub fn set_position(&mut self, position: u16) {
+        self.queue.set_next_avail(position);
+    }
+
     /// Steps back one chain (it will be taken again).
     pub fn rewind(&mut self) {
         self.queue.go_to_previous_position();

@@ -1,47 +1,42 @@
-//! Serving one RDMA queue pair of a port (a port has several, each with a
-//! [`SendQueue`] of its own; their requests run independently): takes work
-//! requests from the pair's send queue, in order and one at a time (so a FENCE is always
-//! honoured), runs each with [`rdma::execute`](crate::rdma::execute)
-//! through the [`PortFabric`] over the device's ports, and writes the
-//! completions into the pair's completion queue.
+//! Serving one RDMA queue pair of a port (the format of
+//! [`pindown_uapi::queue`]; a port has several pairs, each with a
+//! [`SendQueue`] of its own, and their requests run independently): takes
+//! work requests from the pair's send queue, in order and one at a time
+//! (so a FENCE is always honoured), runs each with
+//! [`rdma::execute`](crate::rdma::execute) through the [`PortFabric`] over
+//! the device's ports, and writes the completions in place into the pair's
+//! completion queue.
 //!
-//! Every port's memory and windows live once, in its
-//! [`PortShared`], behind the port's access gate; the ring work is one
-//! guarded step on the port's own gate, and the request runs in steps of
-//! its own. A completion waits here when the completion queue has no free
-//! buffer; no new request is taken until the driver posts buffers and
-//! kicks the completion queue.
+//! Every port's memory and windows live once, in its [`PortShared`],
+//! behind the port's access gate; the ring work of a request (writing the
+//! previous completion, taking the next request) is one guarded step on
+//! the port's own gate, through ring memory translated once
+//! ([`RingCache`]), and the request runs in steps of its own. A
+//! completion waits here when the completion queue is full; no new
+//! request is taken until the driver has consumed completions (and kicks
+//! the completion queue, which the device asks for).
+//!
+//! Notifications: the driver is signalled (the completion queue's call
+//! fd) only when it asked, before sleeping; the device asks for a kick
+//! ([`SendQueue::arm`]) only when its thread is about to sleep. While both
+//! sides poll, a request costs no system call.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pindown_uapi::{
-    Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
-};
+use pindown_uapi::{Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags};
+use pindown_uapi::{ABI_VERSION, RDMA_FEATURES};
 
 use crate::fabric::PortFabric;
-use crate::memory::PortMemory;
-use crate::port::{Port, PortShared, PortState, PortTable};
-use crate::queues::{self, ChainError, Pop, Vring};
+use crate::port::{Port, PortState, PortTable};
+use crate::queues::{Signal, Vring};
 use crate::rdma::{Progress, Turn};
+use crate::rdma_rings::{RingCache, RingFault, RingsView, Slot};
 
 /// How long a request waits for the frontend to map its local memory
 /// before it completes with a local protection error.
 const MISS_PATIENCE: Duration = Duration::from_millis(500);
-
-/// The RDMA rings of a port, borrowed apart from its memory.
-struct Rings<'a> {
-    vrings: &'a mut [Vring],
-    sq: usize,
-    cq: usize,
-    port: usize,
-    /// The frontend maps memory when the device asks (QEMU for a guest,
-    /// whose vIOMMU answers IOTLB misses): wait for it instead of failing.
-    lazy_iotlb: bool,
-    /// The device busy-polls: the driver need not ring doorbells.
-    polling: bool,
-}
 
 /// One RDMA queue pair (send and completion queue) of a port, while one
 /// frontend connection lasts.
@@ -49,221 +44,33 @@ struct Rings<'a> {
 pub struct SendQueue {
     /// The RDMA queue pair served (see [`pindown_uapi::RingLayout`]).
     pair: u16,
-    /// Completions waiting for a completion-queue buffer.
+    /// Completions waiting for room in the completion queue.
     pending: VecDeque<Completion>,
     /// The port served.
     port: Arc<Port>,
-    /// The device busy-polls: the driver need not ring doorbells.
-    polling: bool,
+    /// The rings' memory, translated once.
+    rings: RingCache,
+    /// The completion queue's consumed index, as last read.
+    consumed: u16,
+    /// Completion position when the driver's call event was last looked
+    /// at.
+    called_at: u16,
     /// Since when the running request has waited for its local memory to
     /// be mapped.
     waiting_since: Option<Instant>,
     /// The request taken from the send queue and not complete yet.
     running: Option<Running>,
-}
-
-impl SendQueue {
-    /// RDMA queue pair `pair` of `port`, nothing pending (`polling`: the
-    /// device busy-polls the rings, see
-    /// [`DeviceConfig::poll`](crate::DeviceConfig::poll)).
-    pub fn new(port: Arc<Port>, pair: u16, polling: bool) -> Self {
-        SendQueue {
-            pair,
-            pending: VecDeque::new(),
-            port,
-            polling,
-            waiting_since: None,
-            running: None,
-        }
-    }
-
-    /// Writes pending completions into completion-queue buffers, in one
-    /// guarded step on the port's gate. Returns whether any buffer was used.
-    fn flush_step(&mut self, rings: &mut Rings<'_>, port: &Port) -> bool {
-        let state = port.shared.access();
-        match state.memory.as_ref() {
-            Some(memory) => self.flush(rings, memory, &port.shared),
-            None => false,
-        }
-    }
-
-    /// Writes pending completions into completion-queue buffers. Returns
-    /// whether any buffer was used.
-    fn flush(&mut self, rings: &mut Rings<'_>, memory: &PortMemory, port: &PortShared) -> bool {
-        let mut used = false;
-        while let Some(completion) = self.pending.front() {
-            let ring = &mut rings.vrings[rings.cq];
-            if !ring.active() {
-                break;
-            }
-            match queues::pop_chain(ring, memory) {
-                Pop::Chain(chain) => {
-                    let written = queues::write_chain(memory, &chain, &completion.encode());
-                    match written {
-                        Ok(n) => {
-                            let _ = ring.add_used(memory, chain.head, n as u32);
-                            self.pending.pop_front();
-                        }
-                        Err(ChainError::Miss(miss)) => {
-                            ring.rewind();
-                            port.note_miss(miss);
-                            break;
-                        }
-                        Err(error) => {
-                            if let ChainError::Denied(denied) = &error {
-                                port.note_miss_of(*denied);
-                            }
-                            // A buffer the device cannot write: give it back
-                            // empty and try the next one.
-                            tracing::debug!(port = rings.port, "bad completion buffer: {error}");
-                            let _ = ring.add_used(memory, chain.head, 0);
-                        }
-                    }
-                    used = true;
-                }
-                Pop::Empty => {
-                    // Ask for a kick when the driver posts buffers.
-                    if let Ok(true) = ring.queue_enable_notification(memory) {
-                        continue;
-                    }
-                    break;
-                }
-                Pop::Miss(miss) => {
-                    port.note_miss(miss);
-                    break;
-                }
-                Pop::Broken(error) => {
-                    ring.break_off(rings.port, &error);
-                    break;
-                }
-            }
-        }
-        used
-    }
-
-    /// Takes the next request from the send queue, in one guarded step on
-    /// the port's own gate.
-    fn take(&mut self, rings: &mut Rings<'_>, port: &Port) -> Taken {
-        let state = port.shared.access();
-        let Some(memory) = state.memory.as_ref() else {
-            return Taken::Nothing;
-        };
-        let ring = &mut rings.vrings[rings.sq];
-        let chain = match queues::pop_chain(ring, memory) {
-            Pop::Chain(chain) => chain,
-            // Polling, the device sees new requests without doorbells;
-            // otherwise ask for one, and go on if requests came meanwhile.
-            Pop::Empty if rings.polling => return Taken::Nothing,
-            Pop::Empty => {
-                return match ring.queue_enable_notification(memory) {
-                    Ok(true) => Taken::Again,
-                    _ => Taken::Nothing,
-                }
-            }
-            Pop::Miss(miss) => {
-                port.shared.note_miss(miss);
-                return Taken::Nothing;
-            }
-            Pop::Broken(error) => {
-                ring.break_off(rings.port, &error);
-                return Taken::Nothing;
-            }
-        };
-        let _ = ring.queue_disable_notification(memory);
-        match queues::read_chain(memory, &chain, WorkRequest::SIZE) {
-            Ok(bytes) => match WorkRequest::decode(&bytes) {
-                Ok(request) => Taken::Request(Running {
-                    head: chain.head,
-                    request,
-                    progress: Progress::default(),
-                }),
-                Err(error) => {
-                    tracing::debug!(port = rings.port, "malformed work request: {error}");
-                    Taken::Malformed(chain.head, malformed(&bytes))
-                }
-            },
-            Err(ChainError::Miss(miss)) => {
-                ring.rewind();
-                port.shared.note_miss(miss);
-                Taken::Nothing
-            }
-            Err(error) => {
-                if let ChainError::Denied(denied) = &error {
-                    port.shared.note_miss_of(*denied);
-                }
-                tracing::debug!(port = rings.port, "unreadable work request: {error}");
-                Taken::Malformed(chain.head, malformed(&[]))
-            }
-        }
-    }
-
-    /// Runs one turn of the running request (outside the port's gate, in
-    /// steps of its own, so that a request may revoke one of the port's
-    /// windows: a barrier on the same gate).
-    fn advance(
-        &mut self,
-        rings: &mut Rings<'_>,
-        info: DeviceInfo,
-        fabric: &PortFabric<'_>,
-    ) -> Advanced {
-        let Some(running) = self.running.as_mut() else {
-            return Advanced::Completed;
-        };
-        let (turn, own_miss) = fabric.execute(info, &running.request, &mut running.progress);
-        let done = match turn {
-            Turn::Paused => return Advanced::Paused,
-            Turn::Done(done) => done,
-        };
-        if done.status == Status::LocalProtectionError && rings.lazy_iotlb && own_miss.is_some() {
-            // The failed step moved nothing (a step checks all it touches
-            // before it copies) and the request keeps its progress: take
-            // the same step again once the frontend maps the memory.
-            let since = *self.waiting_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < MISS_PATIENCE {
-                rings.vrings[rings.sq].waiting_iotlb = true;
-                return Advanced::Waiting;
-            }
-        }
-        self.waiting_since = None;
-        let running = self.running.take().expect("a running request");
-        let signaled = running.request.flags.contains(WrFlags::SIGNALED);
-        self.finish(
-            rings,
-            running.head,
-            (signaled || !done.is_success()).then_some(done),
-        );
-        Advanced::Completed
-    }
-
-    /// Gives chain `head` back to the driver and queues its completion.
-    fn finish(&mut self, rings: &mut Rings<'_>, head: u16, completion: Option<Completion>) {
-        let state = self.port.shared.access();
-        if let Some(memory) = state.memory.as_ref() {
-            let _ = rings.vrings[rings.sq].add_used(memory, head, 0);
-        }
-        self.pending.extend(completion);
-    }
+    /// The inline bytes of the request taken last (reused).
+    inline: Vec<u8>,
 }
 
 /// A request taken from the send queue and not complete yet.
 #[derive(Debug)]
 struct Running {
-    /// Its chain in the send queue, given back when it completes.
-    head: u16,
     request: WorkRequest,
+    /// The bytes of a WRITE_INLINE.
+    inline: Vec<u8>,
     progress: Progress,
-}
-
-/// What taking a request from the send queue found.
-enum Taken {
-    /// A request to run.
-    Request(Running),
-    /// A chain that holds no valid request: its error completion.
-    Malformed(u16, Completion),
-    /// Requests arrived while notifications were being enabled: look again.
-    Again,
-    /// Nothing to take now.
-    Nothing,
 }
 
 /// What a turn of the running request did.
@@ -290,13 +97,8 @@ pub struct Served {
 /// Requests taken in one turn before the port's thread does other work.
 const REQUESTS_PER_TURN: usize = 64;
 
-/// The error completion of a request that did not decode; its user data if
-/// the bytes hold one.
-fn malformed(bytes: &[u8]) -> Completion {
-    let user_data = bytes
-        .get(8..16)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")))
-        .unwrap_or(0);
+/// The error completion of a request whose bytes did not decode.
+fn malformed(user_data: u64) -> Completion {
     Completion::error(
         user_data,
         None,
@@ -305,7 +107,39 @@ fn malformed(bytes: &[u8]) -> Completion {
     )
 }
 
+/// What the ring step found to do next.
+enum Next {
+    /// Run the request taken.
+    Run,
+    /// Nothing to run now.
+    Stop,
+}
+
 impl SendQueue {
+    /// RDMA queue pair `pair` of `port`, nothing pending.
+    pub fn new(port: Arc<Port>, pair: u16) -> Self {
+        SendQueue {
+            pair,
+            pending: VecDeque::new(),
+            port,
+            rings: RingCache::default(),
+            consumed: 0,
+            called_at: 0,
+            waiting_since: None,
+            running: None,
+            inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
+        }
+    }
+
+    /// The indices of the pair's send and completion queues.
+    pub fn rings_of(&self, state: &PortState) -> (usize, usize) {
+        let layout = state.layout();
+        (
+            usize::from(layout.send_queue(self.pair)),
+            usize::from(layout.completion_queue(self.pair)),
+        )
+    }
+
     /// Serves the queues after a kick of either ring (or a polling pass):
     /// writes waiting completions, then runs requests while completions
     /// have room, for one turn (at most [`REQUESTS_PER_TURN`] requests, a
@@ -316,74 +150,237 @@ impl SendQueue {
     /// access gates only, never their locks.
     pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> Served {
         let port = Arc::clone(&self.port);
-        let layout = state.layout();
-        let sq = usize::from(layout.send_queue(self.pair));
-        let cq = usize::from(layout.completion_queue(self.pair));
+        let (sq, cq) = self.rings_of(state);
         let index = state.index;
-        let PortState { vrings, guest, .. } = state;
-        let mut rings = Rings {
-            vrings,
-            sq,
-            cq,
-            port: index,
-            lazy_iotlb: *guest,
-            polling: self.polling,
-        };
+        let lazy_iotlb = state.guest;
         let info = DeviceInfo {
             port: index as u16,
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
-            rdma_queue_pairs: layout.rdma_queue_pairs,
+            rdma_queue_pairs: state.rdma_queue_pairs,
         };
-        rings.vrings[sq].waiting_iotlb = false;
-        if !rings.vrings[sq].active() {
+        let vrings = &mut state.vrings;
+        vrings[sq].waiting_iotlb = false;
+        if !vrings[sq].active() {
             // The frontend stopped or reset the ring: what it had posted
             // is no longer ours to complete.
             self.running = None;
             self.waiting_since = None;
+            self.rings.clear();
+            return Served::default();
+        }
+        if !vrings[cq].active() {
+            // Completions would have nowhere to go: requests wait until the
+            // frontend starts (or restarts) the completion queue.
+            return Served::default();
         }
         let fabric = PortFabric::new(ports, &port);
-        let mut served = Served {
-            worked: self.flush_step(&mut rings, &port),
-            more: false,
-        };
+        let mut served = Served::default();
         let mut budget = REQUESTS_PER_TURN;
-        while self.pending.is_empty() && rings.vrings[sq].active() {
-            if budget == 0 {
-                served.more = true;
+        loop {
+            let next = self.ring_step(vrings, sq, cq, &mut served, &mut budget);
+            if !matches!(next, Next::Run) {
                 break;
             }
-            budget -= 1;
-            if self.running.is_none() {
-                match self.take(&mut rings, &port) {
-                    Taken::Request(running) => self.running = Some(running),
-                    Taken::Malformed(head, completion) => {
-                        self.finish(&mut rings, head, Some(completion));
-                        served.worked = true;
-                        self.flush_step(&mut rings, &port);
-                        continue;
-                    }
-                    Taken::Again => continue,
-                    Taken::Nothing => break,
-                }
-            }
             served.worked = true;
-            match self.advance(&mut rings, info, &fabric) {
-                Advanced::Completed => {
-                    self.flush_step(&mut rings, &port);
-                }
+            match self.advance(&fabric, info, lazy_iotlb) {
+                Advanced::Completed => {}
                 Advanced::Paused => {
                     served.more = true;
                     break;
                 }
-                Advanced::Waiting => break,
+                Advanced::Waiting => {
+                    vrings[sq].waiting_iotlb = true;
+                    break;
+                }
             }
         }
-        let shared = port.shared.access();
-        if let Some(memory) = shared.memory.as_ref() {
-            rings.vrings[sq].notify(memory);
-            rings.vrings[cq].notify(memory);
-        }
         served
+    }
+
+    /// One guarded step on the port's own gate: writes the completions
+    /// that wait, signals the driver if it asked, and takes the next
+    /// request if there is room for its completion and budget left.
+    fn ring_step(
+        &mut self,
+        vrings: &mut [Vring],
+        sq: usize,
+        cq: usize,
+        served: &mut Served,
+        budget: &mut usize,
+    ) -> Next {
+        let port = Arc::clone(&self.port);
+        let gate = port.shared.access();
+        let cq_tail = vrings[cq].position();
+        let mut rings = std::mem::take(&mut self.rings);
+        let next = match rings.view(&gate, &vrings[sq], &vrings[cq], cq_tail) {
+            Ok(view) => self.ring_work(&view, vrings, sq, cq, served, budget),
+            Err(RingFault::Miss(miss)) => {
+                port.shared.note_miss(miss);
+                vrings[sq].waiting_iotlb = true;
+                Next::Stop
+            }
+            Err(RingFault::Broken { send_queue, reason }) => {
+                let ring = if send_queue { sq } else { cq };
+                vrings[ring].break_off(port.index, &reason);
+                self.running = None;
+                Next::Stop
+            }
+        };
+        self.rings = rings;
+        next
+    }
+
+    /// The ring work of [`ring_step`](Self::ring_step), through `view`.
+    fn ring_work(
+        &mut self,
+        view: &RingsView<'_, '_>,
+        vrings: &mut [Vring],
+        sq: usize,
+        cq: usize,
+        served: &mut Served,
+        budget: &mut usize,
+    ) -> Next {
+        loop {
+            served.worked |= self.flush(view, &mut vrings[cq]);
+            if !self.pending.is_empty() {
+                // The completion queue is full (the driver was asked to
+                // kick it when it has consumed some), or stopped.
+                return Next::Stop;
+            }
+            if self.running.is_some() {
+                // A transfer that paused goes on.
+                return Next::Run;
+            }
+            if *budget == 0 {
+                served.more = true;
+                return Next::Stop;
+            }
+            let head = vrings[sq].position();
+            let (request, slots) = match view.take(head, &mut self.inline) {
+                Slot::Empty => return Next::Stop,
+                Slot::Taken { request, slots } => (request, slots),
+            };
+            *budget -= 1;
+            served.worked = true;
+            let head = head.wrapping_add(slots);
+            vrings[sq].set_position(head);
+            view.publish_head(head);
+            match request {
+                Ok(request) => {
+                    let inline = if self.inline.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.inline.clone()
+                    };
+                    self.running = Some(Running {
+                        request,
+                        inline,
+                        progress: Progress::default(),
+                    });
+                    return Next::Run;
+                }
+                Err((error, user_data)) => {
+                    tracing::debug!(port = self.port.index, "malformed work request: {error}");
+                    self.pending.push_back(malformed(user_data));
+                }
+            }
+        }
+    }
+
+    /// Writes pending completions into the completion queue while it has
+    /// room, and signals the driver if it asked. Returns whether any was
+    /// written.
+    fn flush(&mut self, view: &RingsView<'_, '_>, ring: &mut Vring) -> bool {
+        let start = ring.position();
+        let mut tail = start;
+        while let Some(completion) = self.pending.front() {
+            if !view.has_room(tail, &mut self.consumed) && !view.arm_room(tail, &mut self.consumed)
+            {
+                break;
+            }
+            view.complete(tail, completion);
+            tail = tail.wrapping_add(1);
+            self.pending.pop_front();
+        }
+        if tail == start {
+            return false;
+        }
+        ring.set_position(tail);
+        if view.call_needed(tail, self.called_at) {
+            if let Some(call) = &ring.call {
+                if let Signal::Failed(e) = call.signal() {
+                    tracing::warn!(
+                        ring = ring.index,
+                        "call fd fails ({e}): no more interrupts on this ring until a new call fd is set"
+                    );
+                    ring.call = None;
+                }
+            }
+        }
+        self.called_at = tail;
+        true
+    }
+
+    /// Runs one turn of the running request (outside the port's gate, in
+    /// steps of its own, so that a request may revoke one of the port's
+    /// windows: a barrier on the same gate).
+    fn advance(&mut self, fabric: &PortFabric<'_>, info: DeviceInfo, lazy_iotlb: bool) -> Advanced {
+        let Some(running) = self.running.as_mut() else {
+            return Advanced::Completed;
+        };
+        let (turn, own_miss) = fabric.execute(
+            info,
+            &running.request,
+            &running.inline,
+            &mut running.progress,
+        );
+        let done = match turn {
+            Turn::Paused => return Advanced::Paused,
+            Turn::Done(done) => done,
+        };
+        if done.status == Status::LocalProtectionError && lazy_iotlb && own_miss.is_some() {
+            // The failed step moved nothing (a step checks all it touches
+            // before it copies) and the request keeps its progress: take
+            // the same step again once the frontend maps the memory.
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < MISS_PATIENCE {
+                return Advanced::Waiting;
+            }
+        }
+        self.waiting_since = None;
+        let running = self.running.take().expect("a running request");
+        let signaled = running.request.flags.contains(WrFlags::SIGNALED);
+        if signaled || !done.is_success() {
+            self.pending.push_back(done);
+        }
+        Advanced::Completed
+    }
+
+    /// Before the port's thread sleeps: asks the driver to kick the send
+    /// queue at its next request. Returns whether work is there already
+    /// (then the thread must not sleep).
+    pub fn arm(&mut self, state: &mut PortState) -> bool {
+        if self.running.is_some() || !self.pending.is_empty() {
+            // Waits for a kick of the completion queue (room), or for its
+            // own next turn; nothing to arm on the send queue.
+            return false;
+        }
+        let (sq, cq) = self.rings_of(state);
+        if !state.vrings[sq].active() || !state.vrings[cq].active() {
+            return false;
+        }
+        let port = Arc::clone(&self.port);
+        let gate = port.shared.access();
+        let cq_tail = state.vrings[cq].position();
+        let head = state.vrings[sq].position();
+        match self
+            .rings
+            .view(&gate, &state.vrings[sq], &state.vrings[cq], cq_tail)
+        {
+            Ok(view) => view.arm_kick(head),
+            // Served (and reported) at the next kick or retry.
+            Err(_) => false,
+        }
     }
 }

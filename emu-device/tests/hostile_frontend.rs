@@ -18,7 +18,7 @@ use pindown_driver::verbs::opcode::{Read as RdmaRead, Write as RdmaWrite};
 use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig, MemoryWindow};
 use pindown_driver::DmaBuffer;
 use pindown_emu_device::testing::payload;
-use pindown_uapi::{Access, Completion, Status};
+use pindown_uapi::{queue, Access, Completion, Status};
 use vhost::vhost_user::message::FrontendReq;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -132,6 +132,64 @@ impl Shared {
     /// Guest physical address of buffer `id` of ring `ring`.
     fn buf(ring: u32, id: u16) -> u64 {
         MEM_GPA + Shared::ring_base(ring) + 0x4000 + 0x1000 * u64::from(id)
+    }
+
+    // An RDMA queue (pindown_uapi::queue) set up by `Raw::ring`: slots at
+    // +0, the driver's record at +0x1000, the device's at +0x2000.
+
+    /// Writes `bytes` into send queue `ring`'s slot of `position` with
+    /// that position's stamp, the stamp last.
+    fn post_slot(&self, ring: u32, position: u16, bytes: &[u8; queue::REQUEST_SLOT]) {
+        let slot = MEM_GPA
+            + Shared::ring_base(ring)
+            + (queue::REQUEST_SLOT * usize::from(position % QSZ)) as u64;
+        self.mem
+            .write_slice(&bytes[..queue::REQUEST_STAMP], GuestAddress(slot))
+            .unwrap();
+        self.mem
+            .store(
+                queue::stamp(position),
+                GuestAddress(slot + queue::REQUEST_STAMP as u64),
+                Ordering::Release,
+            )
+            .unwrap();
+    }
+
+    /// The completion at `position` of completion queue `ring`, once the
+    /// device has written it.
+    fn completion(&self, ring: u32, position: u16) -> Option<[u8; queue::COMPLETION_SLOT]> {
+        let slot = MEM_GPA
+            + Shared::ring_base(ring)
+            + (queue::COMPLETION_SLOT * usize::from(position % QSZ)) as u64;
+        let stamp: u16 = self
+            .mem
+            .load(
+                GuestAddress(slot + queue::COMPLETION_STAMP as u64),
+                Ordering::Acquire,
+            )
+            .unwrap();
+        if stamp != queue::stamp(position) {
+            return None;
+        }
+        let mut bytes = [0u8; queue::COMPLETION_SLOT];
+        self.mem.read_slice(&mut bytes, GuestAddress(slot)).unwrap();
+        Some(bytes)
+    }
+
+    /// Tells the device that completions before `consumed` were read.
+    fn consumed(&self, ring: u32, consumed: u16) {
+        let record = MEM_GPA + Shared::ring_base(ring) + 0x1000;
+        self.mem
+            .store(consumed, GuestAddress(record), Ordering::Release)
+            .unwrap();
+    }
+
+    /// The send queue's head: positions before it were taken.
+    fn head(&self, ring: u32) -> u16 {
+        let record = MEM_GPA + Shared::ring_base(ring) + 0x2000;
+        self.mem
+            .load(GuestAddress(record), Ordering::Acquire)
+            .unwrap()
     }
 }
 
@@ -986,6 +1044,73 @@ fn wait_log(h: &Harness, n: usize) {
     }
 }
 
+/// Waits for completion `position` of completion queue `cq`.
+fn wait_completion(h: &Harness, shared: &Shared, cq: u32, position: u16) -> Completion {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(bytes) = shared.completion(cq, position) {
+            return queue::decode_completion_slot(&bytes).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no completion {position}: {}",
+            h.dev.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again() {
+    let mut h = Harness::start(&[]);
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    let (sq, cq) = (4u32, 5u32);
+    raw.ring(&shared, sq, false);
+    raw.ring(&shared, cq, false);
+    let nop = |user_data| pindown_uapi::WorkRequest {
+        user_data,
+        flags: pindown_uapi::WrFlags::SIGNALED,
+        op: pindown_uapi::Operation::Nop,
+    };
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(1), 0));
+    raw.kicks[0].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 1);
+
+    // Slots 16-byte aligned (enough for a split ring's descriptors), not
+    // 64: the send queue stops, the device serves on.
+    let base = shared.host + Shared::ring_base(sq);
+    let set_addr = |raw: &mut Raw, slots: u64| {
+        raw.ok(
+            code(FrontendReq::SET_VRING_ADDR),
+            &payload::vring_addr(sq, 0, slots, base + 0x2000, base + 0x1000),
+            &[],
+        );
+    };
+    set_addr(&mut raw, base + 16);
+    shared.post_slot(sq, 1, &queue::request_slot(&nop(2), 1));
+    raw.kicks[0].write(1).unwrap();
+    wait_log(&h, 1);
+    assert!(
+        h.dev.log().contains("not 64-byte aligned"),
+        "{}",
+        h.dev.log()
+    );
+    assert!(
+        shared.completion(cq, 1).is_none(),
+        "a broken queue runs nothing"
+    );
+
+    // Set right again, the queue goes on where it stood.
+    set_addr(&mut raw, base);
+    raw.kicks[0].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 1).user_data, 2);
+    assert_eq!(shared.head(sq), 2);
+    h.after("unusable RDMA queues", Some(raw));
+}
+
 #[test]
 fn random_work_requests_get_answers_and_break_nothing() {
     let mut h = Harness::start(&[]);
@@ -999,36 +1124,53 @@ fn random_work_requests_get_answers_and_break_nothing() {
     raw.ring(&shared, cq, false);
     let mut untouched = vec![0u8; RDMA_BYTES];
     h.target.read_at(0, &mut untouched);
-    let mut posted_cq = 0u16;
-    let mut posted_sq = 0u16;
+    let mut posted = 0u16;
+    let mut consumed = 0u16;
+    let mut answered = 0u64;
     for round in 0..8 {
-        // Keep the completion queue full of buffers.
-        while posted_cq != shared.used_idx(cq).wrapping_add(QSZ) {
-            let id = posted_cq % QSZ;
-            shared.desc(cq, id, Shared::buf(cq, id), 4096, 2, 0);
-            shared.avail(cq, posted_cq, id, posted_cq.wrapping_add(1));
-            posted_cq = posted_cq.wrapping_add(1);
-        }
-        raw.kicks[1].write(1).unwrap();
         for _ in 0..QSZ {
-            let id = posted_sq % QSZ;
-            let mut wr = h.rng.bytes(pindown_uapi::WorkRequest::SIZE);
+            let mut wr = [0u8; queue::REQUEST_SLOT];
+            wr.copy_from_slice(&h.rng.bytes(queue::REQUEST_SLOT));
             if round % 2 == 1 {
                 // Mostly valid opcodes with random fields.
                 wr[0] = (h.rng.next() % 12) as u8;
             }
-            shared
-                .mem
-                .write_slice(&wr, GuestAddress(Shared::buf(sq, id)))
-                .unwrap();
-            shared.desc(sq, id, Shared::buf(sq, id), wr.len() as u32, 0, 0);
-            shared.avail(sq, posted_sq, id, posted_sq.wrapping_add(1));
-            posted_sq = posted_sq.wrapping_add(1);
+            shared.post_slot(sq, posted, &wr);
+            posted = posted.wrapping_add(1);
         }
         raw.kicks[0].write(1).unwrap();
-        wait_used(&h.dev, &shared, sq, posted_sq);
+        // Read completions (making room for more) until the device has
+        // taken every request: an inline write may have taken slots past
+        // the last one as its bytes.
+        let deadline = Instant::now() + T;
+        loop {
+            while let Some(bytes) = shared.completion(cq, consumed) {
+                // Whatever the requests were, the answers decode.
+                Completion::decode(&{
+                    let mut plain = bytes;
+                    plain[queue::COMPLETION_STAMP..].fill(0);
+                    plain
+                })
+                .unwrap();
+                consumed = consumed.wrapping_add(1);
+                answered += 1;
+            }
+            shared.consumed(cq, consumed);
+            raw.kicks[1].write(1).unwrap();
+            let head = shared.head(sq);
+            if head.wrapping_sub(posted) < 0x8000 {
+                posted = head;
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "send queue head {head}, {posted} posted: {}",
+                h.dev.log()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
-    assert!(shared.used_idx(cq) > 0, "malformed requests are answered");
+    assert!(answered > 0, "malformed requests are answered");
     // Another port's window is untouched by whatever the requests named.
     let mut now = vec![0u8; RDMA_BYTES];
     h.target.read_at(0, &mut now);
@@ -1080,10 +1222,7 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     let (sq, cq) = (4u32, 5u32);
     raw.ring(&shared, sq, false);
     raw.ring(&shared, cq, false);
-    // One completion buffer, then a BIND_WINDOW request.
-    shared.desc(cq, 0, Shared::buf(cq, 0), 4096, 2, 0);
-    shared.avail(cq, 0, 0, 1);
-    raw.kicks[1].write(1).unwrap();
+    // A BIND_WINDOW request.
     const WINDOW: u64 = 0x8000;
     let bind = pindown_uapi::WorkRequest {
         user_data: 7,
@@ -1095,20 +1234,17 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
             peer: None,
         },
     };
-    shared
-        .mem
-        .write_slice(&bind.encode(), GuestAddress(Shared::buf(sq, 0)))
-        .unwrap();
-    shared.desc(sq, 0, Shared::buf(sq, 0), 64, 0, 0);
-    shared.avail(sq, 0, 0, 1);
+    shared.post_slot(sq, 0, &queue::request_slot(&bind, 0));
     raw.kicks[0].write(1).unwrap();
-    wait_used(&h.dev, &shared, cq, 1);
-    let mut bytes = [0u8; 32];
-    shared
-        .mem
-        .read_slice(&mut bytes, GuestAddress(Shared::buf(cq, 0)))
-        .unwrap();
-    let bound = Completion::decode(&bytes).unwrap();
+    let deadline = Instant::now() + T;
+    let bytes = loop {
+        if let Some(bytes) = shared.completion(cq, 0) {
+            break bytes;
+        }
+        assert!(Instant::now() < deadline, "no completion: {}", h.dev.log());
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let bound = queue::decode_completion_slot(&bytes).unwrap();
     assert_eq!(bound.status, Status::Success, "{bound:?}");
     let window: pindown_driver::verbs::RemoteWindow =
         format!("0:{:016x}:{WINDOW}", bound.value).parse().unwrap();

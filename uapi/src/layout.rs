@@ -8,7 +8,11 @@
 ///
 /// Version 3: several RDMA queue pairs per port (the admin pair and I/O
 /// pairs, see [`RingLayout`]); [`DeviceInfo`] reports how many.
-pub const ABI_VERSION: u16 = 3;
+///
+/// Version 4: the RDMA queues are stamped slots the other side polls, with
+/// completions written in place and event records instead of split
+/// virtqueues ([`queue`](crate::queue)), and WRITE_INLINE.
+pub const ABI_VERSION: u16 = 4;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).
@@ -19,11 +23,15 @@ pub mod rdma_features {
     pub const ATOMICS: u16 = 1 << 1;
     /// Window bind and revoke.
     pub const WINDOWS: u16 = 1 << 2;
+    /// WRITE_INLINE of up to [`MAX_INLINE`](crate::queue::MAX_INLINE) bytes.
+    pub const INLINE: u16 = 1 << 3;
 }
 
 /// Every feature of this version.
-pub const RDMA_FEATURES: u16 =
-    rdma_features::READ_WRITE | rdma_features::ATOMICS | rdma_features::WINDOWS;
+pub const RDMA_FEATURES: u16 = rdma_features::READ_WRITE
+    | rdma_features::ATOMICS
+    | rdma_features::WINDOWS
+    | rdma_features::INLINE;
 
 /// The RDMA queue pair the device executes the driver's own requests on
 /// (QUERY, BIND_WINDOW, REVOKE_WINDOW): the admin pair, as NVMe has an admin
@@ -50,9 +58,9 @@ pub struct RingLayout {
 /// One of the two rings of an RDMA queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RdmaRing {
-    /// The send queue of the pair: work requests in, executed requests back.
+    /// The send queue of the pair: stamped work requests in.
     Send(u16),
-    /// The completion queue of the pair: empty buffers in, completions back.
+    /// The completion queue of the pair: stamped completions back.
     Completion(u16),
 }
 
@@ -76,12 +84,14 @@ impl RingLayout {
         2 * pair + 1
     }
 
-    /// The send queue of RDMA queue pair `pair` (ring `2P + 2 pair`).
+    /// The send queue of RDMA queue pair `pair` (ring `2P + 2 pair`):
+    /// stamped work requests in (see [`queue`](crate::queue)).
     pub fn send_queue(&self, pair: u16) -> u16 {
         2 * self.queue_pairs + 2 * pair
     }
 
-    /// The completion queue of RDMA queue pair `pair` (ring `2P + 2 pair + 1`).
+    /// The completion queue of RDMA queue pair `pair` (ring `2P + 2 pair +
+    /// 1`): stamped completions back (see [`queue`](crate::queue)).
     pub fn completion_queue(&self, pair: u16) -> u16 {
         2 * self.queue_pairs + 2 * pair + 1
     }

@@ -15,17 +15,16 @@
 //! The device is a virtio-net device. Queue pairs `0..P` carry Ethernet
 //! (receive ring `2i`, transmit ring `2i+1`); `P` is what `GET_QUEUE_NUM`
 //! reports to a host frontend. `R` RDMA queue pairs follow (see
-//! [`RingLayout`]); pair `q` has two rings:
+//! [`RingLayout`]); pair `q` has two rings, set up like virtio rings but
+//! laid out as [`queue`] says, not as split virtqueues:
 //!
-//! * its **send queue** (ring `2P+2q`): each descriptor chain is one
-//!   device-readable buffer holding one [`WorkRequest`]
-//!   ([`WorkRequest::SIZE`] bytes). The device returns the chain on the used
-//!   ring once it has executed the request.
-//! * its **completion queue** (ring `2P+2q+1`): the driver keeps
-//!   device-writable buffers of [`Completion::SIZE`] bytes posted; the
-//!   device writes one [`Completion`] into the next buffer for every
-//!   signalled request of the pair, and for every request that fails, in
-//!   execution order.
+//! * its **send queue** (ring `2P+2q`): slots of one [`WorkRequest`]
+//!   ([`WorkRequest::SIZE`] bytes) each, stamped with their position, which
+//!   the device polls; small writes carry their bytes inline.
+//! * its **completion queue** (ring `2P+2q+1`): slots of one [`Completion`]
+//!   ([`Completion::SIZE`] bytes) each, which the device writes in place,
+//!   stamped, for every signalled request of the pair and for every request
+//!   that fails, in execution order; the driver polls them.
 //!
 //! The device executes each send queue in order, and the pairs
 //! independently of each other. Pair 0 is the admin pair
@@ -82,6 +81,7 @@ pub mod features;
 mod iotlb;
 mod keys;
 mod layout;
+pub mod queue;
 mod request;
 
 pub use completion::{Completion, CompletionError, ErrorDetail, Status};

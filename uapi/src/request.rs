@@ -16,12 +16,17 @@
 //! | 48 | 8 | operand 1: swap value (CAS) |
 //! | 56 | 4 | atomic width in bytes (atomics); access bits ([`Access`]) (BIND) |
 //! | 60 | 1 | window flags ([`WindowFlags`]) (BIND) |
-//! | 61 | 3 | reserved, zero |
+//! | 61 | 3 | reserved, zero (a send queue slot keeps its stamp in the last two: see [`queue`](crate::queue)) |
 //!
-//! Fields an operation does not use must be zero.
+//! Fields an operation does not use must be zero. WRITE_INLINE carries no
+//! local address: the first [`INLINE_IN_REQUEST`] bytes of its data take
+//! the place of operands 0 and 1 (offsets 40 to 56; bytes past the data's
+//! length are zero), and the rest follows the request in the send queue
+//! (see [`queue`](crate::queue)).
 
 use crate::error::{le_u16, le_u32, le_u64, need, reserved_zero, DecodeError};
 use crate::keys::{Access, RemoteAddress, RemoteKey};
+use crate::queue::{INLINE_IN_REQUEST, INLINE_OFFSET, MAX_INLINE};
 
 /// Operation codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,6 +50,8 @@ pub enum Opcode {
     RevokeWindow = 0x07,
     /// Asks for the port's [`DeviceInfo`](crate::DeviceInfo).
     Query = 0x08,
+    /// Copies bytes carried in the send queue itself into a remote window.
+    WriteInline = 0x09,
 }
 
 impl Opcode {
@@ -69,6 +76,7 @@ impl Opcode {
             Opcode::BindWindow => "BIND_WINDOW",
             Opcode::RevokeWindow => "REVOKE_WINDOW",
             Opcode::Query => "QUERY",
+            Opcode::WriteInline => "WRITE_INLINE",
         }
     }
 
@@ -84,6 +92,7 @@ impl Opcode {
             0x06 => Opcode::BindWindow,
             0x07 => Opcode::RevokeWindow,
             0x08 => Opcode::Query,
+            0x09 => Opcode::WriteInline,
             code if Self::VECTOR_RANGE.contains(&code) => {
                 return Err(DecodeError::Reserved("vector transfer"))
             }
@@ -171,6 +180,17 @@ pub enum Operation {
         /// Destination.
         remote: RemoteAddress,
     },
+    /// Copy `len` bytes (at most [`MAX_INLINE`]) carried with the request
+    /// to `remote`: the first up to [`INLINE_IN_REQUEST`] in `head`, the
+    /// rest in the send queue slots after the request.
+    WriteInline {
+        /// Bytes.
+        len: u32,
+        /// The first `min(len, 16)` bytes; the rest of `head` is zero.
+        head: [u8; INLINE_IN_REQUEST],
+        /// Destination.
+        remote: RemoteAddress,
+    },
     /// Copy `len` bytes from `remote` to local `local`.
     Read {
         /// Destination IOVA.
@@ -239,6 +259,7 @@ impl Operation {
         match self {
             Operation::Nop => Opcode::Nop,
             Operation::Write { .. } => Opcode::Write,
+            Operation::WriteInline { .. } => Opcode::WriteInline,
             Operation::Read { .. } => Opcode::Read,
             Operation::CompareSwap { .. } => Opcode::CompareSwap,
             Operation::FetchAdd { .. } => Opcode::FetchAdd,
@@ -293,6 +314,12 @@ impl WorkRequest {
                 fields.local = local;
                 fields.len = len;
                 set_remote(&mut fields, &remote);
+            }
+            Operation::WriteInline { len, head, remote } => {
+                fields.len = len;
+                set_remote(&mut fields, &remote);
+                fields.operand0 = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+                fields.operand1 = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
             }
             Operation::CompareSwap {
                 remote,
@@ -420,6 +447,34 @@ impl WorkRequest {
                     remote: true,
                     len: true,
                     local: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::WriteInline => {
+                if fields.len > MAX_INLINE {
+                    return Err(DecodeError::OutOfRange {
+                        field: "inline length",
+                        value: u64::from(fields.len),
+                    });
+                }
+                let mut head = [0u8; INLINE_IN_REQUEST];
+                head.copy_from_slice(&bytes[INLINE_OFFSET..INLINE_OFFSET + INLINE_IN_REQUEST]);
+                let carried = (fields.len as usize).min(INLINE_IN_REQUEST);
+                reserved_zero(
+                    bytes,
+                    INLINE_OFFSET + carried..INLINE_OFFSET + INLINE_IN_REQUEST,
+                )?;
+                let op = Operation::WriteInline {
+                    len: fields.len,
+                    head,
+                    remote,
+                };
+                let uses = Uses {
+                    remote: true,
+                    len: true,
+                    operand0: true,
+                    operand1: true,
                     ..none
                 };
                 (op, uses)

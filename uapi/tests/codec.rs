@@ -1,5 +1,6 @@
 //! Round trips and hostile bytes.
 
+use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{
     Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, RemoteAddress,
     RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
@@ -33,6 +34,12 @@ fn operation() -> impl Strategy<Value = Operation> {
             local,
             len,
             remote
+        }),
+        (0u32..=MAX_INLINE, any::<[u8; 16]>(), remote()).prop_map(|(len, bytes, remote)| {
+            let mut head = [0u8; 16];
+            let carried = (len as usize).min(16);
+            head[..carried].copy_from_slice(&bytes[..carried]);
+            Operation::WriteInline { len, head, remote }
         }),
         (any::<u64>(), any::<u32>(), remote()).prop_map(|(local, len, remote)| Operation::Read {
             local,
@@ -248,5 +255,51 @@ fn invalid_fields_are_named() {
     assert!(matches!(
         WorkRequest::decode(&bad),
         Err(DecodeError::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn inline_writes_carry_their_first_bytes_and_nothing_past_them() {
+    let remote = RemoteAddress {
+        port: 1,
+        key: RemoteKey(2),
+        offset: 3,
+    };
+    let mut head = [0u8; 16];
+    head[..5].copy_from_slice(b"hello");
+    let write = WorkRequest {
+        user_data: 4,
+        flags: WrFlags::SIGNALED,
+        op: Operation::WriteInline {
+            len: 5,
+            head,
+            remote,
+        },
+    };
+    let bytes = write.encode();
+    assert_eq!(bytes[0], Opcode::WriteInline as u8);
+    assert_eq!(&bytes[40..45], b"hello");
+    assert_eq!(&bytes[16..24], &[0; 8], "no local address");
+    assert_eq!(WorkRequest::decode(&bytes), Ok(write));
+    let mut stray = bytes;
+    stray[45] = 1;
+    assert_eq!(
+        WorkRequest::decode(&stray),
+        Err(DecodeError::ReservedNotZero { offset: 45 })
+    );
+    let mut local = bytes;
+    local[16] = 1;
+    assert_eq!(
+        WorkRequest::decode(&local),
+        Err(DecodeError::ReservedNotZero { offset: 16 })
+    );
+    let mut long = bytes;
+    long[4..8].copy_from_slice(&(MAX_INLINE + 1).to_le_bytes());
+    assert!(matches!(
+        WorkRequest::decode(&long),
+        Err(DecodeError::OutOfRange {
+            field: "inline length",
+            ..
+        })
     ));
 }

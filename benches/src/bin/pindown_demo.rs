@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize};
 use pindown_benches::child::{DeviceChild, LineChild};
 use pindown_benches::output::OutputArgs;
 use pindown_benches::rdma::{
-    die_with_parent, first_difference, gb_per_s, pattern, run_device, run_many, run_one, Mode,
-    IN_FLIGHT,
+    die_with_parent, first_difference, gb_per_s, pattern, run_device, run_many, run_one,
+    targets as rdma_targets, Mode, IN_FLIGHT,
 };
 use pindown_benches::replay::Memcpy;
 use pindown_benches::stats::Summary;
@@ -496,27 +496,50 @@ fn targets(outcomes: &[ModeOutcome]) -> Vec<Target> {
     let mut targets = Vec::new();
     for outcome in outcomes {
         let report = outcome.report.as_ref();
-        let ratio = report.and_then(|r| {
-            r.bandwidth
-                .iter()
-                .find(|b| b.bytes == 16 << 20)
-                .and_then(|b| b.over_idle_memcpy)
-        });
-        targets.push(Target {
-            name: "16 MiB writes over single-thread memcpy on an idle machine (at least)",
-            mode: outcome.mode,
-            target: 0.8,
-            measured: ratio,
-            met: ratio.map(|r| r >= 0.8),
-        });
-        if outcome.mode == Mode::Poll {
-            let median = report.map(|r| r.write_8b_latency_us.median);
+        for (name, bytes) in [
+            (
+                "1 MiB writes over single-thread memcpy on an idle machine (at least)",
+                1u32 << 20,
+            ),
+            (
+                "16 MiB writes over single-thread memcpy on an idle machine (at least)",
+                16 << 20,
+            ),
+        ] {
+            let ratio = report.and_then(|r| {
+                r.bandwidth
+                    .iter()
+                    .find(|b| b.bytes == bytes)
+                    .and_then(|b| b.over_idle_memcpy)
+            });
             targets.push(Target {
-                name: "8-byte write median latency, us (at most)",
+                name,
                 mode: outcome.mode,
-                target: 2.0,
+                target: rdma_targets::BANDWIDTH_OVER_MEMCPY,
+                measured: ratio,
+                met: ratio.map(|r| r >= rdma_targets::BANDWIDTH_OVER_MEMCPY),
+            });
+        }
+        let limit = match outcome.mode {
+            Mode::Poll => rdma_targets::POLL_MEDIAN_US,
+            Mode::Event => rdma_targets::EVENT_MEDIAN_US,
+        };
+        for (name, median) in [
+            (
+                "8-byte write median latency, us (at most)",
+                report.map(|r| r.write_8b_latency_us.median),
+            ),
+            (
+                "8-byte fetch-add median latency, us (at most)",
+                report.map(|r| r.atomics.fetch_add_latency_us.median),
+            ),
+        ] {
+            targets.push(Target {
+                name,
+                mode: outcome.mode,
+                target: limit,
                 measured: median,
-                met: median.map(|m| m <= 2.0),
+                met: median.map(|m| m <= limit),
             });
         }
     }

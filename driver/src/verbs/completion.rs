@@ -10,44 +10,34 @@ use pindown_uapi::{Completion, Opcode};
 use super::pairs::PairShared;
 use super::wait::{wait_for, Awaiting};
 use super::{Context, VerbsError};
-use crate::arena::DmaBuffer;
+use crate::rdma_queue;
 use crate::transport::{CompletionEvent, QueueIndex, Transport, VhostUserTransport};
-use crate::virtqueue::{ChainElement, SplitQueue};
 
-/// The completion ring of one RDMA queue pair: buffers lent to the device,
-/// which writes one completion into each.
+/// The completion queue of one RDMA queue pair: slots the device writes
+/// completions into, in place.
 pub(super) struct CompletionRing {
     /// The ring's index in the device.
     pub(super) index: QueueIndex,
-    pub(super) queue: SplitQueue<u16>,
-    pub(super) slots: DmaBuffer,
-    /// Signalled by the device when it wants the ring looked at.
+    pub(super) queue: rdma_queue::CompletionQueue,
+    /// Signalled by the device when the driver asked for it.
     pub(super) event: CompletionEvent,
 }
 
 impl CompletionRing {
     /// Hands every completion the device has written to `deliver`, in
-    /// order, and lends the buffers back (with a doorbell if the device
-    /// waits for buffers). Returns how many arrived.
+    /// order, and tells the device how far the driver has read (with a
+    /// doorbell if it waits for room). Returns how many arrived.
     pub(super) fn pump<T: Transport>(
         &mut self,
         transport: &T,
         mut deliver: impl FnMut(Completion),
     ) -> Result<usize, VerbsError> {
         let mut arrived = 0;
-        while let Some((slot, _written)) = self.queue.pop_used()? {
-            let mut bytes = [0u8; Completion::SIZE];
-            self.slots
-                .read_at(usize::from(slot) * Completion::SIZE, &mut bytes);
-            let iova = self.slots.iova() + (usize::from(slot) * Completion::SIZE) as u64;
-            self.queue.add(
-                &[ChainElement::writable(iova, Completion::SIZE as u32)],
-                slot,
-            )?;
-            deliver(Completion::decode(&bytes).map_err(VerbsError::BadCompletion)?);
+        while let Some(completion) = self.queue.pop() {
+            deliver(completion.map_err(VerbsError::BadCompletion)?);
             arrived += 1;
         }
-        if arrived > 0 && self.queue.kick_needed() {
+        if arrived > 0 && self.queue.publish() {
             transport.notify(self.index)?;
         }
         Ok(arrived)

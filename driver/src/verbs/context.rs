@@ -84,7 +84,6 @@ pub struct Context<T: Transport + 'static = VhostUserTransport> {
     pub(super) info: DeviceInfo,
     pub(super) layout: RingLayout,
     pub(super) queue_size: u16,
-    pub(super) event_idx: bool,
     admin: Mutex<AdminPair>,
     pub(super) pairs: Mutex<PairPool>,
     /// Counter of the marker values of retired queue pairs.
@@ -112,13 +111,12 @@ impl<T: Transport + 'static> Context<T> {
     /// add rings once the device runs (VFIO inside a guest).
     pub fn with_transport(transport: T, config: ContextConfig) -> Result<Self, VerbsError> {
         let transport = Arc::new(transport);
-        let features = transport.negotiate_features(transport::DEFAULT_FEATURES)?;
-        let event_idx = features & transport::F_EVENT_IDX != 0;
+        transport.negotiate_features(transport::DEFAULT_FEATURES)?;
         let arena = DmaArena::new(config.arena_bytes)?;
         transport.register_memory(&[arena.memory_table_region()])?;
         let layout = transport.ring_layout();
         let size = config.queue_size;
-        let set_up = |pair| set_up_pair(&*transport, &arena, layout, pair, size, event_idx);
+        let set_up = |pair| set_up_pair(&*transport, &arena, layout, pair, size);
 
         let (admin_send, admin_completion) = set_up(ADMIN_QUEUE_PAIR)?;
         let mut io_pairs = Vec::new();
@@ -164,7 +162,6 @@ impl<T: Transport + 'static> Context<T> {
             },
             layout,
             queue_size: size,
-            event_idx,
             admin: Mutex::new(AdminPair {
                 send: admin_send,
                 completion: admin_completion,
@@ -271,14 +268,14 @@ impl<T: Transport + 'static> Context<T> {
         let admin = &mut *admin;
         let user_data = admin.next_user_data;
         admin.next_user_data += 1;
-        admin.send.post(
-            &*self.transport,
-            std::iter::once(WorkRequest {
-                user_data,
-                flags: WrFlags::SIGNALED,
-                op,
-            }),
-        )?;
+        let request = WorkRequest {
+            user_data,
+            flags: WrFlags::SIGNALED,
+            op,
+        };
+        admin
+            .send
+            .post(&*self.transport, &self.arena, 1, |_| (request, false))?;
         let mut awaiting = AdminAnswer {
             transport: &*self.transport,
             ring: &mut admin.completion,

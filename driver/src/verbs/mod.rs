@@ -43,14 +43,17 @@
 //! --rdma-queue-pairs`, less the admin pair); a dropped queue pair's rings
 //! go back to the context and serve the next one.
 //!
-//! **Posting and polling.** [`QueuePair::post`] puts a batch of requests on
-//! the send ring and rings the doorbell once, only if the device asked for
-//! it (`VIRTIO_F_EVENT_IDX`). [`CompletionQueue::poll`] reaps completions
-//! without blocking and yields them as an iterator (completions the
-//! iterator does not reach stay queued); [`CompletionQueue::poll_into`]
-//! appends them to a `Vec`; [`CompletionQueue::wait`] polls for
-//! [`ContextConfig::spin`] after activity and then sleeps on the completion
-//! rings' eventfds. A completion carries the request's `user_data`;
+//! **Posting and polling.** [`QueuePair::post`] writes a batch of requests
+//! into the send queue's slots, which the device polls, and rings the
+//! doorbell once, only if the device asked for it before it went to sleep
+//! (see [`pindown_uapi::queue`]). Small writes from the arena can travel
+//! inside the send queue ([`Entry::inline`]). [`CompletionQueue::poll`]
+//! reads the completions the device wrote in place, without blocking, and
+//! yields them as an iterator (completions the iterator does not reach stay
+//! queued); [`CompletionQueue::poll_into`] appends them to a `Vec`;
+//! [`CompletionQueue::wait`] polls for [`ContextConfig::spin`] after
+//! activity and then asks for a signal and sleeps on the completion rings'
+//! eventfds. While both sides poll, a request makes no system call. A completion carries the request's `user_data`;
 //! [`Completion::result`](pindown_uapi::Completion::result) turns its
 //! status into a `Result`.
 //!
@@ -145,13 +148,14 @@ pub enum VerbsError {
     /// The pin-down cache could not register the memory.
     #[error(transparent)]
     Registration(#[from] CacheError),
-    /// The send ring has room for fewer requests than were posted; nothing
-    /// was posted. Reap completions and post again.
-    #[error("send queue full: room for {free} requests, {wanted} posted")]
+    /// The send queue has fewer free slots than the batch needs (one per
+    /// request, more for inline bytes); nothing was posted. Wait for
+    /// completions and post again.
+    #[error("send queue full: {free} slots free, the batch needs {wanted}")]
     QueueFull {
         /// Free slots.
         free: usize,
-        /// Requests in the batch.
+        /// Slots the batch needs.
         wanted: usize,
     },
     /// Every I/O queue pair of the port is held by a live queue pair (or

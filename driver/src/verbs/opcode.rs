@@ -28,6 +28,7 @@ use super::Local;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry<'r> {
     request: WorkRequest,
+    inline: bool,
     local: PhantomData<&'r ()>,
 }
 
@@ -39,8 +40,28 @@ impl<'r> Entry<'r> {
                 flags: WrFlags::empty(),
                 op,
             },
+            inline: false,
             local: PhantomData,
         }
+    }
+
+    /// Sends a write's bytes inside the send queue, as a NIC's inline send
+    /// does (the programmed-I/O path of small transfers): the driver copies
+    /// them into the queue when the request is posted, so the source may
+    /// change as soon as [`post`](super::QueuePair::post) returns, and the
+    /// device neither reads the source memory nor checks that it is
+    /// registered. Only writes of at most
+    /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes from the
+    /// context's DMA arena travel inline; other requests are posted as
+    /// usual.
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
+
+    /// Whether [`inline`](Self::inline) was asked for.
+    pub fn wants_inline(&self) -> bool {
+        self.inline
     }
 
     /// Sets the value returned in the completion (any value).

@@ -16,15 +16,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pindown_uapi::{Completion, Operation, RingLayout, WorkRequest, WrFlags};
+use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
 
 use super::completion::{is_marker, CompletionRing};
 use super::queue_pair::SendRing;
 use super::wait::{wait_for, Awaiting};
 use super::{CompletionQueue, Context, QueuePair, VerbsError};
-use crate::arena::{DmaArena, DmaBuffer};
-use crate::transport::{IotlbAccess, Transport};
-use crate::virtqueue::{ChainElement, SplitQueue};
+use crate::arena::DmaArena;
+use crate::rdma_queue::{self, SendQueue};
+use crate::transport::Transport;
 
 /// What a queue pair and its completion queue share.
 #[derive(Debug, Default)]
@@ -71,60 +71,33 @@ pub(super) struct PairPool {
 const MARKER_BASE: u64 = 0xffff << 48;
 
 /// Sets up the two rings of RDMA queue pair `pair` (not enabled yet): the
-/// rings and their slots in `arena`, every completion buffer lent.
+/// send and completion queues in `arena` (see [`crate::rdma_queue`]),
+/// mapped for the device by the transport.
 pub(super) fn set_up_pair<T: Transport>(
     transport: &T,
     arena: &Arc<DmaArena>,
     layout: RingLayout,
     pair: u16,
     size: u16,
-    event_idx: bool,
 ) -> Result<(SendRing, CompletionRing), VerbsError> {
     let send_index = layout.send_queue(pair);
     let completion_index = layout.completion_queue(pair);
-    let send_queue = SplitQueue::new(arena, size, event_idx)?;
-    let send_slots = device_slots(
-        transport,
-        arena,
-        usize::from(size) * WorkRequest::SIZE,
-        IotlbAccess::ReadOnly,
-    )?;
+    let send_queue = SendQueue::new(arena, size)?;
     transport.setup_queue(send_index, &send_queue.layout())?;
-
-    let mut completion_queue = SplitQueue::new(arena, size, event_idx)?;
-    let completion_slots = device_slots(
-        transport,
-        arena,
-        usize::from(size) * Completion::SIZE,
-        IotlbAccess::ReadWrite,
-    )?;
-    for slot in 0..size {
-        let iova = completion_slots.iova() + (usize::from(slot) * Completion::SIZE) as u64;
-        completion_queue.add(
-            &[ChainElement::writable(iova, Completion::SIZE as u32)],
-            slot,
-        )?;
-    }
+    let completion_queue = rdma_queue::CompletionQueue::new(arena, size)?;
     transport.setup_queue(completion_index, &completion_queue.layout())?;
     let event = transport.completion_event(completion_index)?;
     Ok((
-        SendRing {
-            index: send_index,
-            queue: send_queue,
-            slots: send_slots,
-            free: (0..size).rev().collect(),
-        },
+        SendRing::new(send_index, send_queue),
         CompletionRing {
             index: completion_index,
             queue: completion_queue,
-            slots: completion_slots,
             event,
         },
     ))
 }
 
-/// Enables a pair's rings and tells the device its completion buffers are
-/// there.
+/// Enables a pair's rings.
 pub(super) fn start_pair<T: Transport>(
     transport: &T,
     send: &SendRing,
@@ -132,27 +105,7 @@ pub(super) fn start_pair<T: Transport>(
 ) -> Result<(), VerbsError> {
     transport.enable_queue(completion.index, true)?;
     transport.enable_queue(send.index, true)?;
-    transport.notify(completion.index)?;
     Ok(())
-}
-
-/// Page-exclusive arena memory for the driver's own request or completion
-/// slots, mapped for the device for the context's life (never through the
-/// pin-down cache, whose unpins would remove the mapping).
-fn device_slots<T: Transport>(
-    transport: &T,
-    arena: &Arc<DmaArena>,
-    len: usize,
-    access: IotlbAccess,
-) -> Result<DmaBuffer, VerbsError> {
-    let slots = arena.alloc_pages(len)?;
-    transport.iotlb_map(
-        slots.iova(),
-        slots.len() as u64,
-        slots.as_ptr() as u64,
-        access,
-    )?;
-    Ok(slots)
 }
 
 /// A pair's rings being flushed: completions are discarded up to the
@@ -254,7 +207,6 @@ impl<T: Transport + 'static> Context<T> {
                 self.layout,
                 pair,
                 self.queue_size,
-                self.event_idx,
             )
             .and_then(|(send, completion)| {
                 start_pair(&*self.transport, &send, &completion)?;
@@ -280,7 +232,9 @@ impl<T: Transport + 'static> Context<T> {
         completion: &mut CompletionRing,
     ) -> Result<(), VerbsError> {
         let marker = self.next_marker();
-        send.post(&*self.transport, std::iter::once(marker_nop(marker)))?;
+        send.post(&*self.transport, &self.arena, 1, |_| {
+            (marker_nop(marker), false)
+        })?;
         let mut flush = Flush {
             transport: &*self.transport,
             ring: completion,
@@ -303,7 +257,9 @@ impl<T: Transport + 'static> Context<T> {
         shared.retire_marker.store(marker, Ordering::Release);
         // A full ring or a device gone: no marker; the completion ring then
         // comes back when its completion queue is dropped.
-        let _ = send.post(&*self.transport, std::iter::once(marker_nop(marker)));
+        let _ = send.post(&*self.transport, &self.arena, 1, |_| {
+            (marker_nop(marker), false)
+        });
         self.put_back(pair, Some(send), None);
     }
 

@@ -3,59 +3,82 @@
 
 use std::sync::Arc;
 
-use pindown_uapi::WorkRequest;
+use pindown_uapi::queue::{inline_slots, INLINE_IN_REQUEST, MAX_INLINE};
+use pindown_uapi::{Operation, WorkRequest};
 
 use super::pairs::PairShared;
 use super::{Context, Entry, VerbsError};
-use crate::arena::DmaBuffer;
+use crate::arena::DmaArena;
+use crate::rdma_queue::SendQueue;
 use crate::transport::{QueueIndex, Transport, VhostUserTransport};
-use crate::virtqueue::{ChainElement, QueueError, SplitQueue};
 
-/// The send ring of one RDMA queue pair: the ring and the request slots it
-/// points at.
+/// The send queue of one RDMA queue pair, and room to gather the bytes of
+/// an inline write in.
 pub(super) struct SendRing {
     /// The ring's index in the device.
     pub(super) index: QueueIndex,
-    pub(super) queue: SplitQueue<u16>,
-    pub(super) slots: DmaBuffer,
-    pub(super) free: Vec<u16>,
+    pub(super) queue: SendQueue,
+    /// The bytes of the inline write being posted.
+    pub(super) inline: Vec<u8>,
 }
 
 impl SendRing {
-    /// Takes back the slots of requests the device has executed.
-    pub(super) fn reap(&mut self) -> Result<(), QueueError> {
-        while let Some((slot, _)) = self.queue.pop_used()? {
-            self.free.push(slot);
+    /// A send ring over `queue`, ring `index` of the device.
+    pub(super) fn new(index: QueueIndex, queue: SendQueue) -> Self {
+        SendRing {
+            index,
+            queue,
+            inline: Vec::with_capacity(MAX_INLINE as usize),
         }
-        Ok(())
     }
 
-    /// Puts `requests` on the ring with one doorbell (none if the device is
-    /// busy and needs no kick). All or nothing: fails with
-    /// [`VerbsError::QueueFull`] when the batch does not fit.
+    /// Puts `count` requests on the ring, request `i` being `request(i)`
+    /// with whether it asked to go inline (a write of at most
+    /// [`MAX_INLINE`] bytes inside `arena` then carries its bytes in the
+    /// send queue), with one doorbell (none if the device polls and needs
+    /// no kick). All or nothing: fails with [`VerbsError::QueueFull`] when
+    /// the batch does not fit.
     pub(super) fn post<T: Transport>(
         &mut self,
         transport: &T,
-        requests: impl ExactSizeIterator<Item = WorkRequest>,
+        arena: &DmaArena,
+        count: usize,
+        request: impl Fn(usize) -> (WorkRequest, bool),
     ) -> Result<(), VerbsError> {
-        if self.free.len() < requests.len() {
-            self.reap()?;
-        }
-        if self.free.len() < requests.len() {
+        let inline_len = |request: &WorkRequest, inline: bool| match request.op {
+            Operation::Write { local, len, .. }
+                if inline && len <= MAX_INLINE && arena.contains(local, len as usize) =>
+            {
+                Some(len)
+            }
+            _ => None,
+        };
+        let slots: usize = (0..count)
+            .map(|i| {
+                let (request, inline) = request(i);
+                inline_len(&request, inline).map_or(1, |len| 1 + inline_slots(len))
+            })
+            .sum();
+        if !self.queue.has_room(slots)? {
             return Err(VerbsError::QueueFull {
-                free: self.free.len(),
-                wanted: requests.len(),
+                free: self.queue.free()?,
+                wanted: slots,
             });
         }
-        for request in requests {
-            let slot = self.free.pop().expect("room checked above");
-            let offset = usize::from(slot) * WorkRequest::SIZE;
-            self.slots.write_at(offset, &request.encode());
-            let iova = self.slots.iova() + offset as u64;
-            self.queue.add(
-                &[ChainElement::readable(iova, WorkRequest::SIZE as u32)],
-                slot,
-            )?;
+        for i in 0..count {
+            let (mut request, wants_inline) = request(i);
+            self.inline.clear();
+            if let (Some(len), Operation::Write { local, remote, .. }) =
+                (inline_len(&request, wants_inline), request.op)
+            {
+                self.inline.resize(len as usize, 0);
+                arena.read(local, &mut self.inline);
+                let mut head = [0u8; INLINE_IN_REQUEST];
+                let carried = self.inline.len().min(INLINE_IN_REQUEST);
+                head[..carried].copy_from_slice(&self.inline[..carried]);
+                request.op = Operation::WriteInline { len, head, remote };
+            }
+            self.queue.push(&request, &self.inline);
         }
         if self.queue.kick_needed() {
             transport.notify(self.index)?;
@@ -103,16 +126,19 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     }
 
     /// Posts a batch of requests with one doorbell (none if the device is
-    /// busy and needs no kick). All or nothing: fails with
+    /// polling and needs no kick). All or nothing: fails with
     /// [`VerbsError::QueueFull`] when the batch does not fit; the send ring
     /// has [`ContextConfig::queue_size`](super::ContextConfig::queue_size)
-    /// slots, and a slot is free again once the device has executed its
-    /// request.
+    /// slots, a request takes one (an inline write more, see
+    /// [`Entry::inline`]), and a slot is free again once the device has
+    /// taken its request.
     pub fn post(&mut self, entries: &[Entry<'_>]) -> Result<(), VerbsError> {
         let send = self.send.as_mut().expect("the send ring stays until drop");
         send.post(
             &*self.context.transport,
-            entries.iter().map(|entry| *entry.request()),
+            &self.context.arena,
+            entries.len(),
+            |i| (*entries[i].request(), entries[i].wants_inline()),
         )
     }
 }

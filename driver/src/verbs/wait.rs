@@ -21,9 +21,11 @@ pub(super) trait Awaiting {
 }
 
 /// Calls [`Awaiting::try_complete`] until it reports success: for `spin`
-/// (at most `timeout`) in a busy loop, then, with the rings' notifications
-/// enabled, asleep on their eventfds until one is signalled, and so on
-/// until `timeout` has passed (then [`VerbsError::Timeout`]).
+/// (at most `timeout`) in a busy loop, then, having asked the device to
+/// signal each ring's next completion, asleep on their eventfds until one
+/// is signalled, and so on until `timeout` has passed (then
+/// [`VerbsError::Timeout`]). While it spins, no system call is made and
+/// the device signals nothing.
 pub(super) fn wait_for(
     awaiting: &mut impl Awaiting,
     spin: Duration,
@@ -31,12 +33,17 @@ pub(super) fn wait_for(
 ) -> Result<(), VerbsError> {
     let start = Instant::now();
     loop {
-        let spin_until = Instant::now() + spin.min(timeout);
+        // The clock is read once every few attempts only, so that a
+        // completion is seen within nanoseconds of its arrival.
+        let spin = spin.min(timeout.saturating_sub(start.elapsed()));
+        let spin_from = Instant::now();
+        let mut attempts = 0u32;
         loop {
             if awaiting.try_complete()? {
                 return Ok(());
             }
-            if Instant::now() >= spin_until {
+            attempts = attempts.wrapping_add(1);
+            if attempts.is_multiple_of(ATTEMPTS_PER_CLOCK) && spin_from.elapsed() >= spin {
                 break;
             }
             std::hint::spin_loop();
@@ -47,18 +54,19 @@ pub(super) fn wait_for(
         }
         let mut rings = awaiting.rings();
         // Every ring is armed (no short cut): one that is already pending
-        // only makes the sleep be skipped.
-        let pending = rings.iter_mut().fold(false, |pending, ring| {
-            ring.queue.enable_interrupts() | pending
-        });
+        // only makes the sleep be skipped. The request stays until its
+        // position passes: nothing to withdraw after waking.
+        let pending = rings
+            .iter_mut()
+            .fold(false, |pending, ring| ring.queue.arm() | pending);
         if !pending {
             sleep_on(&rings, timeout - elapsed).map_err(VerbsError::Wait)?;
         }
-        for ring in rings {
-            ring.queue.disable_interrupts();
-        }
     }
 }
+
+/// Polling attempts between two looks at the clock while spinning.
+const ATTEMPTS_PER_CLOCK: u32 = 64;
 
 /// Sleeps until one of the rings' completion eventfds is signalled (or
 /// `timeout` passes) and consumes the signals.

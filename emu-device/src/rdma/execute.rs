@@ -41,14 +41,17 @@ pub enum Turn {
 /// Runs one turn of `request`, issued by the port described by `info`,
 /// reaching its own port and others through `fabric`: a whole request,
 /// or up to [`STEPS_PER_TURN`] steps of a transfer from `progress` on.
+/// `inline` holds the bytes a WRITE_INLINE carries (all of them; empty
+/// for other requests).
 pub fn execute(
     info: DeviceInfo,
     request: &WorkRequest,
+    inline: &[u8],
     fabric: &dyn Fabric,
     progress: &mut Progress,
 ) -> Turn {
     let opcode = request.op.opcode();
-    match run(info, request, fabric, progress) {
+    match run(info, request, inline, fabric, progress) {
         Ok(Some(completion)) => Turn::Done(completion),
         Ok(None) => Turn::Paused,
         Err((status, detail)) => Turn::Done(Completion::error(
@@ -64,6 +67,7 @@ pub fn execute(
 fn run(
     info: DeviceInfo,
     request: &WorkRequest,
+    inline: &[u8],
     fabric: &dyn Fabric,
     progress: &mut Progress,
 ) -> Result<Option<Completion>, Failure> {
@@ -123,6 +127,26 @@ fn run(
         } => {
             let finished = transfer(fabric, own, Direction::Write, source, remote, len, progress)?;
             return Ok(finished.then(|| Completion::success(user_data, Opcode::Write, len, 0)));
+        }
+        Operation::WriteInline { len, remote, .. } => {
+            if inline.len() != len as usize {
+                return Err((Status::InvalidRequest, ErrorDetail::Malformed));
+            }
+            on_port(fabric, own, remote.port, &mut |local, target| {
+                let mut far = Spans::new();
+                remote_range(
+                    &target,
+                    id_of(own, &local),
+                    remote,
+                    u64::from(len),
+                    Access::REMOTE_WRITE,
+                    true,
+                    &mut far,
+                )?;
+                copy_in(inline, &far);
+                still_there(&target)?;
+                done(Opcode::WriteInline, len, 0)
+            })
         }
         Operation::Read {
             local: destination,
@@ -415,6 +439,22 @@ fn atomic_word<'t>(
             AtomicWidth::Eight => Word::Eight(AtomicU64::from_ptr(addr.cast())),
         }
     })
+}
+
+/// Copies `bytes` into `to` (which holds at least as many), span by span.
+fn copy_in(bytes: &[u8], to: &[Span]) {
+    let mut rest = bytes;
+    for span in to {
+        let n = span.len.min(rest.len());
+        // SAFETY: the span is mapped memory of a port lent for the current
+        // guarded step and holds at least `n` bytes; `bytes` is the
+        // device's own copy, so the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), span.addr, n) };
+        rest = &rest[n..];
+        if rest.is_empty() {
+            break;
+        }
+    }
 }
 
 /// Copies the first `limit` bytes of `from` into `to` (both hold at least

@@ -185,6 +185,11 @@ impl Device {
 
     /// Runs one turn of a request.
     fn turn(&self, port: u16, op: Operation, progress: &mut Progress) -> Turn {
+        self.turn_with(port, op, &[], progress)
+    }
+
+    /// Runs one turn of a request carrying `inline` bytes.
+    fn turn_with(&self, port: u16, op: Operation, inline: &[u8], progress: &mut Progress) -> Turn {
         let info = DeviceInfo {
             port,
             abi_version: ABI_VERSION,
@@ -196,7 +201,23 @@ impl Device {
             flags: WrFlags::SIGNALED,
             op,
         };
-        execute(info, &request, self, progress)
+        execute(info, &request, inline, self, progress)
+    }
+
+    /// Runs a WRITE_INLINE of `bytes` to `remote` (it takes one turn).
+    fn write_inline(&self, port: u16, bytes: &[u8], remote: RemoteAddress) -> Completion {
+        let mut head = [0u8; 16];
+        let carried = bytes.len().min(16);
+        head[..carried].copy_from_slice(&bytes[..carried]);
+        let op = Operation::WriteInline {
+            len: bytes.len() as u32,
+            head,
+            remote,
+        };
+        match self.turn_with(port, op, bytes, &mut Progress::default()) {
+            Turn::Done(done) => done,
+            Turn::Paused => panic!("an inline write takes one turn"),
+        }
     }
 
     fn bind(&self, port: u16, start: u64, len: u64, access: Access) -> RemoteKey {
@@ -283,6 +304,55 @@ fn writes_and_reads_move_exact_bytes_across_spans_at_odd_offsets() {
         device.ports[0].memory.read(device.base(0) + 30_001, 7),
         pattern[5..12].to_vec()
     );
+}
+
+#[test]
+fn inline_writes_land_exactly_and_are_refused_like_any_write() {
+    let device = Device::new(2);
+    let writable = device.bind(1, device.base(1) + 4000, 1000, Access::REMOTE_WRITE);
+    let read_only = device.bind(1, device.base(1), 4096, Access::REMOTE_READ);
+    let bytes: Vec<u8> = (0..300u32).map(|i| (i * 13 + 1) as u8).collect();
+    // Across the 4 KiB piece boundary of the target's memory.
+    let done = device.write_inline(0, &bytes, remote(1, writable, 90));
+    assert_eq!(
+        (done.status, done.byte_len, done.opcode),
+        (
+            Status::Success,
+            300,
+            Some(pindown_uapi::Opcode::WriteInline)
+        )
+    );
+    assert_eq!(
+        device.ports[1].memory.read(device.base(1) + 4090, 300),
+        bytes
+    );
+    assert_eq!(device.ports[1].memory.read(device.base(1) + 4089, 1), [0]);
+    assert_eq!(device.ports[1].memory.read(device.base(1) + 4390, 1), [0]);
+    let before = device.ports[1].memory.read(device.base(1), 8192);
+    for (key, offset, len) in [(read_only, 0, 8), (writable, 999, 2), (RemoteKey(7), 0, 8)] {
+        let refused = device.write_inline(0, &bytes[..len], remote(1, key, offset));
+        assert_eq!(
+            (refused.status, refused.detail),
+            NOT_GRANTED,
+            "{key:?} {offset}"
+        );
+    }
+    // Bytes that do not match the request's length are malformed.
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&bytes[..8]);
+    let op = Operation::WriteInline {
+        len: 8,
+        head,
+        remote: remote(1, writable, 0),
+    };
+    let Turn::Done(short) = device.turn_with(0, op, &bytes[..7], &mut Progress::default()) else {
+        panic!("one turn");
+    };
+    assert_eq!(
+        (short.status, short.detail),
+        (Status::InvalidRequest, ErrorDetail::Malformed)
+    );
+    assert_eq!(device.ports[1].memory.read(device.base(1), 8192), before);
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! Writes the seed corpus of `uapi_decode` into `corpus/uapi_decode/`: one
 //! valid encoding of every operation and of completions, as the driver and
-//! the device produce them, behind the target's selector byte.
+//! the device produce them (bare and as stamped queue slots), behind the
+//! target's selector byte.
 //!
 //! Run from `uapi/fuzz`: `cargo run --example make-seeds`.
 
 use std::path::Path;
 
+use pindown_uapi::queue;
 use pindown_uapi::{
     Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
     RemoteKey, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
@@ -24,6 +26,11 @@ fn main() -> std::io::Result<()> {
         Operation::Write {
             local: 0x4000_0000,
             len: 4096,
+            remote,
+        },
+        Operation::WriteInline {
+            len: 8,
+            head: *b"inline!\0\0\0\0\0\0\0\0\0",
             remote,
         },
         Operation::Read {
@@ -67,6 +74,9 @@ fn main() -> std::io::Result<()> {
         let mut seed = vec![0u8];
         seed.extend_from_slice(&wr.encode());
         std::fs::write(dir.join(format!("wr-{:?}", op.opcode())), seed)?;
+        let mut slot = vec![4u8];
+        slot.extend_from_slice(&queue::request_slot(&wr, 0x7fff + i as u16));
+        std::fs::write(dir.join(format!("slot-{:?}", op.opcode())), slot)?;
     }
     let completions = [
         Completion::success(7, Opcode::Write, 4096, 0),
@@ -82,6 +92,9 @@ fn main() -> std::io::Result<()> {
         let mut seed = vec![1u8];
         seed.extend_from_slice(&c.encode());
         std::fs::write(dir.join(format!("completion-{i}")), seed)?;
+        let mut slot = vec![5u8];
+        slot.extend_from_slice(&queue::completion_slot(&c, i as u16));
+        std::fs::write(dir.join(format!("completion-slot-{i}")), slot)?;
     }
     std::fs::write(dir.join("opcode"), [2u8, Opcode::BindWindow as u8])?;
     let info = DeviceInfo {
