@@ -7,8 +7,9 @@
 //! ```
 //!
 //! This process (the writer, on port 0) starts a second one (the owner, on
-//! port 1). The owner binds a window over a buffer of its own and prints
-//! it; the writer writes a message into that window with one RDMA write
+//! port 1). Both use ordinary heap `Vec`s: registration makes any memory
+//! the process maps reachable by the device. The owner binds a window over
+//! its buffer and prints it; the writer writes a message into that window with one RDMA write
 //! and waits for its completion; the owner then checks that the message is
 //! in its buffer, byte for byte, and says so. The exit status is success
 //! only if it is. Without `DIR`, the writer first starts the emulated NIC
@@ -54,9 +55,8 @@ fn main() -> ExitCode {
 /// and once told the write is done checks the buffer.
 fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     let context = Context::open(socket, ContextConfig::default())?;
-    let buffer = context.alloc(4096, 64)?;
-    buffer.fill(0);
-    let region = context.register_buffer(&buffer)?;
+    let buffer = vec![0u8; 4096];
+    let region = context.register(buffer.as_ptr() as u64, buffer.len() as u64)?;
     let window = context.bind_window(&region, 0, 4096, Access::REMOTE_WRITE)?;
     println!("window {}", window.remote());
 
@@ -65,8 +65,13 @@ fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     if line.trim() != "written" {
         return Err(format!("expected `written`, got {line:?}").into());
     }
-    let mut landed = vec![0u8; MESSAGE.len()];
-    buffer.read_at(0, &mut landed);
+    // The device wrote into `buffer` behind the compiler's back: read it
+    // through a volatile copy, never through a cached value.
+    let landed: Vec<u8> = (0..MESSAGE.len())
+        // SAFETY: `i` is below MESSAGE.len() <= buffer.len(), so the read is
+        // inside the live, initialized allocation of `buffer`.
+        .map(|i| unsafe { std::ptr::read_volatile(buffer.as_ptr().add(i)) })
+        .collect();
     if landed != MESSAGE {
         println!("mismatch: {:?}", String::from_utf8_lossy(&landed));
         return Err("the bytes that arrived are not the message".into());
@@ -109,9 +114,8 @@ fn writer(dir: Option<PathBuf>) -> Result<(), Box<dyn Error>> {
     println!("owner's window: {window}");
 
     let context = Context::open(dir.join("port0.sock"), ContextConfig::default())?;
-    let source = context.alloc(MESSAGE.len(), 64)?;
-    source.write_at(0, MESSAGE);
-    let region = context.register_buffer(&source)?;
+    let source: Vec<u8> = MESSAGE.to_vec();
+    let region = context.register(source.as_ptr() as u64, source.len() as u64)?;
     let mut cq = context.create_completion_queue();
     let mut qp = context.create_queue_pair(&mut cq)?;
     let write = Write::new(region.local(0, MESSAGE.len() as u32)?, window.at(0));
