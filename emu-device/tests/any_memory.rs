@@ -1,131 +1,22 @@
 //! Registration of any mapped memory, in one driver process with two ports
 //! of a real device process: stack arrays, `libc::malloc` buffers,
 //! anonymous and read-only mappings, a writer on the same pages while they
-//! move into shared memory, `fork` after the move, and the errors for
-//! holes, memory without access and disk files mapped `MAP_SHARED`.
-//! (`any_memory_ranks.rs` moves bytes between two processes.)
+//! move into shared memory, a memory table growing under transfers, and
+//! the errors for holes, memory without access and disk files mapped
+//! `MAP_SHARED`. (`any_memory_ranks.rs` moves bytes between two processes,
+//! `any_memory_fork.rs` forks.)
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::any_memory::{anonymous, mapping_of, pair, peer_reads, peer_writes, run, Pair, ALL};
 use common::rank::pattern;
-use common::DeviceProcess;
 use pindown_driver::reach::ReachError;
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
-use pindown_driver::verbs::{Context, ContextConfig, Entry, MemoryWindow, VerbsError};
-use pindown_pincache::CacheConfig;
-use pindown_uapi::{Access, Completion, Status};
-
-const ALL: Access = Access::REMOTE_READ
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_ATOMIC);
-
-fn config() -> ContextConfig {
-    ContextConfig {
-        arena_bytes: 8 << 20,
-        cache: CacheConfig {
-            max_pinned_bytes: Some(256 << 20),
-            ..CacheConfig::default()
-        },
-        ..ContextConfig::default()
-    }
-}
-
-/// A device with two ports and a context on each: `owner` owns the
-/// memory under test, `peer` reaches it through windows.
-struct Pair {
-    _device: DeviceProcess,
-    owner: Context,
-    peer: Context,
-}
-
-fn pair() -> Pair {
-    let device = DeviceProcess::start(common::device_bin(), 2, &[]).unwrap();
-    let owner = Context::open(device.socket(0), config()).unwrap();
-    let peer = Context::open(device.socket(1), config()).unwrap();
-    Pair {
-        _device: device,
-        owner,
-        peer,
-    }
-}
-
-/// Posts one request on a queue pair of its own and waits for its
-/// completion.
-fn run(context: &Context, entry: Entry<'_>) -> Completion {
-    let mut cq = context.create_completion_queue();
-    let mut qp = context.create_queue_pair(&mut cq).unwrap();
-    qp.post(&[entry.signaled()]).unwrap();
-    let mut ready = cq.wait(Duration::from_secs(20)).unwrap();
-    ready.next().unwrap()
-}
-
-/// Writes `data` from the peer's arena into `window` at `offset`.
-fn peer_writes(pair: &Pair, window: &MemoryWindow, offset: u64, data: &[u8]) {
-    let source = pair.peer.alloc(data.len(), 4096).unwrap();
-    source.write_at(0, data);
-    let region = pair.peer.register_buffer(&source).unwrap();
-    let local = region.local(0, data.len() as u32).unwrap();
-    let done = run(
-        &pair.peer,
-        Write::new(local, window.remote().at(offset)).build(),
-    );
-    assert!(done.is_success(), "{done:?}");
-}
-
-/// Reads `len` bytes of `window` at `offset` into the peer's arena.
-fn peer_reads(pair: &Pair, window: &MemoryWindow, offset: u64, len: usize) -> Vec<u8> {
-    let sink = pair.peer.alloc(len, 4096).unwrap();
-    let region = pair.peer.register_buffer(&sink).unwrap();
-    let local = region.local(0, len as u32).unwrap();
-    let done = run(
-        &pair.peer,
-        Read::new(local, window.remote().at(offset)).build(),
-    );
-    assert!(done.is_success(), "{done:?}");
-    let mut out = vec![0u8; len];
-    sink.read_at(0, &mut out);
-    out
-}
-
-/// A fresh private anonymous mapping of `len` bytes.
-fn anonymous(len: usize, prot: libc::c_int) -> *mut u8 {
-    // SAFETY: a new private anonymous mapping placed by the kernel.
-    let at = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(at, libc::MAP_FAILED);
-    at.cast()
-}
-
-/// Whether `/proc/self/maps` shows `addr` in a shared mapping, and its
-/// permissions.
-fn mapping_of(addr: usize) -> (bool, String) {
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap();
-    for line in text.lines() {
-        let (range, rest) = line.split_once(' ').unwrap();
-        let (start, end) = range.split_once('-').unwrap();
-        let (start, end) = (
-            usize::from_str_radix(start, 16).unwrap(),
-            usize::from_str_radix(end, 16).unwrap(),
-        );
-        if start <= addr && addr < end {
-            let perms = &rest[..4];
-            return (perms.ends_with('s'), perms[..3].to_owned());
-        }
-    }
-    panic!("{addr:#x} is not mapped");
-}
+use pindown_driver::verbs::VerbsError;
+use pindown_uapi::{Access, Status};
 
 #[inline(never)]
 fn stack_array_round_trip(pair: &Pair) {
@@ -404,54 +295,6 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
 }
 
 #[test]
-fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
-    let pair = pair();
-    let mut buffer = vec![0x44u8; 64 << 10];
-    let region = pair
-        .owner
-        .register(buffer.as_ptr() as u64, buffer.len() as u64)
-        .unwrap();
-    assert!(mapping_of(buffer.as_ptr() as usize).0);
-    let window = pair
-        .owner
-        .bind_window(&region, 0, buffer.len() as u64, ALL)
-        .unwrap();
-    // SAFETY: the child only reads and writes its own copy of the buffer
-    // and ends with _exit, calling no allocator or lock of the parent.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0);
-    if child == 0 {
-        let p = buffer.as_mut_ptr();
-        // SAFETY: the child's copy of the buffer; _exit ends the child.
-        unsafe {
-            let sees_parent = std::ptr::read_volatile(p.add(100)) == 0x44;
-            std::ptr::write_bytes(p, 0x55, 64 << 10);
-            libc::_exit(if sees_parent { 0 } else { 3 });
-        }
-    }
-    let mut status = 0;
-    // SAFETY: waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{status:#x}"
-    );
-    buffer
-        .iter_mut()
-        .for_each(|b| *b = std::hint::black_box(*b));
-    assert!(
-        buffer.iter().all(|&b| b == 0x44),
-        "the child wrote into the parent"
-    );
-    // The device still reaches the parent's pages.
-    peer_writes(&pair, &window, 8, &pattern(5, 1000));
-    buffer
-        .iter_mut()
-        .for_each(|b| *b = std::hint::black_box(*b));
-    assert_eq!(&buffer[8..1008], &pattern(5, 1000)[..]);
-}
-
-#[test]
 fn a_growing_memory_table_keeps_windows_and_transfers_going() {
     let pair = Arc::new(pair());
     let len = 16 << 20;
@@ -528,81 +371,4 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
     assert_eq!(&target[3..5003], &pattern(7, 5000)[..]);
     drop(window);
     drop((shm_region, kept, region));
-}
-
-#[test]
-fn shared_anonymous_memory_and_memfds_stay_shared() {
-    let pair = pair();
-    let len = 64 << 10;
-    // A memfd mapped twice: the device writes through one mapping's
-    // registration, the other mapping sees it.
-    // SAFETY: memfd_create with a valid name; the descriptor is owned below.
-    let fd = unsafe { libc::memfd_create(c"any-memory-test".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: `fd` is new and owned by nobody else.
-    let memfd = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    memfd.set_len(len as u64).unwrap();
-    let map_shared = |fd: libc::c_int, flags: libc::c_int| {
-        // SAFETY: a new shared mapping placed by the kernel.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | flags,
-                fd,
-                0,
-            )
-        };
-        assert_ne!(at, libc::MAP_FAILED);
-        at.cast::<u8>()
-    };
-    let (one, two) = (map_shared(fd, 0), map_shared(fd, 0));
-    let region = pair.owner.register(one as u64 + 100, 5000).unwrap();
-    let window = pair.owner.bind_window(&region, 0, 5000, ALL).unwrap();
-    peer_writes(&pair, &window, 0, &pattern(8, 5000));
-    // SAFETY: live mappings of `len` bytes; the device is done.
-    let seen = unsafe { std::slice::from_raw_parts(two.add(100), 5000) };
-    assert_eq!(seen, &pattern(8, 5000)[..]);
-    assert_eq!(pair.owner.reach_stats().file_regions, 1);
-    assert_eq!(pair.owner.reach_stats().rehomed, 0);
-
-    // MAP_SHARED | MAP_ANONYMOUS shared with a child: the child sees what
-    // the device wrote into the parent's registration.
-    let anon = map_shared(-1, libc::MAP_ANONYMOUS);
-    let mut ready = [0 as libc::c_int; 2];
-    // SAFETY: a pipe into an array of two descriptors.
-    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
-    // SAFETY: the child only waits on the pipe, reads the shared memory and
-    // ends with _exit.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0);
-    if child == 0 {
-        let mut byte = [0u8];
-        // SAFETY: reading one byte from our end of the pipe; then the
-        // shared mapping, which the child inherited.
-        unsafe {
-            libc::read(ready[0], byte.as_mut_ptr().cast(), 1);
-            let seen = std::slice::from_raw_parts(anon.add(8), 1000);
-            let expected = pattern(9, 1000);
-            libc::_exit(if seen == &expected[..] { 0 } else { 4 });
-        }
-    }
-    let region = pair.owner.register(anon as u64 + 8, 1000).unwrap();
-    let window = pair.owner.bind_window(&region, 0, 1000, ALL).unwrap();
-    peer_writes(&pair, &window, 0, &pattern(9, 1000));
-    // SAFETY: writing one byte to our end of the pipe.
-    assert_eq!(
-        unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) },
-        1
-    );
-    let mut status = 0;
-    // SAFETY: waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the child does not see the device's write: {status:#x}"
-    );
-    assert_eq!(pair.owner.reach_stats().file_regions, 2);
-    assert_eq!(pair.owner.reach_stats().rehomed, 0);
 }

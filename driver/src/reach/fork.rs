@@ -1,167 +1,244 @@
-//! `fork()` keeps private memory private.
+//! `fork()` keeps private memory private, and never touches the parent's.
 //!
-//! Rehomed memory is a shared mapping of a pool file, so a child of
-//! `fork()` would share those pages with its parent instead of getting a
-//! copy-on-write snapshot: parent and child would see each other's writes
-//! to what both believe is private memory (heap, stack). A `pthread_atfork`
-//! handler restores the usual semantics: in the child, right after the
-//! fork, every mapping of a pool file is replaced by a private anonymous
-//! copy of its contents, with the same protection. The child pays one copy
-//! of the rehomed memory it inherits; `posix_spawn` and `vfork` (which run
-//! no fork handlers and share the parent's memory until `exec`) pay
-//! nothing. The pool views themselves are not inherited (`MADV_DONTFORK`).
+//! Rehomed memory is a shared mapping of a pool file. Inherited as it is, a
+//! child of `fork()` would share those pages with its parent instead of
+//! getting a copy-on-write snapshot, and the first thing the child does
+//! (glibc's own fork code resets allocator state, the child allocates,
+//! writes its stack) would write into the parent's heap and stack.
 //!
-//! The handlers take no lock a thread of the parent could hold at the
-//! fork: the pool files are listed in a fixed table of atomics, guarded by
-//! a spin flag that the prepare handler takes and the parent and child
-//! handlers release.
+//! So rehomed ranges are marked `MADV_DONTFORK`: the child does not inherit
+//! them at all, and nothing it does reaches the parent. A `pthread_atfork`
+//! handler then gives the child its own copy: before the fork, the parent
+//! lists every mapping of a pool file (the *plan*: address, length,
+//! protection, pool file and offset) in memory of its own; right after the
+//! fork, the child maps private anonymous memory at each of those addresses
+//! and reads the contents from the pool file, whose descriptor it
+//! inherited. The child's handler allocates nothing and takes no lock.
+//! `posix_spawn` and `vfork` run no fork handlers and inherit nothing.
+//!
+//! What the child reads is the pool file at the time its handler runs:
+//! bytes the parent changed between the fork and that moment show through.
+//! Before the handler runs, rehomed memory is absent from the child: a
+//! child whose forking thread registered its own stack, or whose C library
+//! touches a registered page while forking (glibc resets the header of
+//! every thread arena, which lies in the first page of the arena's heap),
+//! dies with SIGSEGV.
+//!
+//! The pool files stay open for this (a duplicate descriptor per segment,
+//! kept after its context is gone, since rehomed memory outlives the
+//! context that moved it); the parent's handler closes those no mapping
+//! uses any more.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Once;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
 
 use super::maps::{FileId, Maps};
 
-/// Pool files remembered at most (segments of all contexts of the process).
-const MAX_POOL_FILES: usize = 256;
+/// A pool file: its identity, a descriptor the process keeps, and the
+/// address range of its view while the segment lives (`None` after).
+struct PoolFile {
+    id: FileId,
+    fd: OwnedFd,
+    view: Option<(usize, usize)>,
+}
 
-/// `(dev, ino)` of each pool file; `(0, 0)` is a free slot.
-static POOL_FILES: [[AtomicU64; 2]; MAX_POOL_FILES] =
-    [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_POOL_FILES];
-static TABLE_BUSY: AtomicBool = AtomicBool::new(false);
+static FILES: Mutex<Vec<PoolFile>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
 
-fn lock_table() {
-    while TABLE_BUSY
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        std::hint::spin_loop();
-    }
+/// One range for the child to restore.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Restore {
+    start: usize,
+    len: usize,
+    prot: libc::c_int,
+    fd: libc::c_int,
+    offset: u64,
 }
 
-fn unlock_table() {
-    TABLE_BUSY.store(false, Ordering::Release);
-}
+/// The plan made before a fork: a private anonymous mapping of
+/// `PLAN_BYTES` bytes holding `PLAN_LEN` entries.
+static PLAN: AtomicPtr<Restore> = AtomicPtr::new(std::ptr::null_mut());
+static PLAN_LEN: AtomicUsize = AtomicUsize::new(0);
+static PLAN_BYTES: AtomicUsize = AtomicUsize::new(0);
 
-/// Notes a pool file, so that a child of `fork()` privatizes its mappings.
-/// Installs the fork handlers on first use. Returns false when the table
-/// is full (the file's mappings would then be shared with a child).
-pub fn remember_pool_file(id: FileId) -> bool {
+/// Notes a pool file (a new segment with its view), so that a child of
+/// `fork()` gets copies of its mappings. Installs the fork handlers on
+/// first use.
+pub fn remember_pool_file(id: FileId, fd: BorrowedFd<'_>, view: (usize, usize)) {
     INSTALL.call_once(|| {
         // SAFETY: registers three `extern "C"` functions without arguments
         // that live for the whole program.
         unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     });
-    lock_table();
-    let slot = POOL_FILES
-        .iter()
-        .find(|slot| slot[0].load(Ordering::Relaxed) == 0 && slot[1].load(Ordering::Relaxed) == 0);
-    if let Some(slot) = slot {
-        slot[0].store(id.dev, Ordering::Relaxed);
-        slot[1].store(id.ino, Ordering::Relaxed);
+    let Ok(fd) = fd.try_clone_to_owned() else {
+        return;
+    };
+    lock().push(PoolFile {
+        id,
+        fd,
+        view: Some(view),
+    });
+}
+
+/// The segment of `id` is gone: its view is unmapped. Its descriptor stays
+/// while mappings of the file may remain.
+pub fn segment_gone(id: FileId) {
+    for file in lock().iter_mut().filter(|f| f.id == id) {
+        file.view = None;
     }
-    unlock_table();
-    slot.is_some()
 }
 
-/// Forgets a pool file (its segment is gone).
-pub fn forget_pool_file(id: FileId) {
-    lock_table();
-    for slot in &POOL_FILES {
-        if slot[0].load(Ordering::Relaxed) == id.dev && slot[1].load(Ordering::Relaxed) == id.ino {
-            slot[0].store(0, Ordering::Relaxed);
-            slot[1].store(0, Ordering::Relaxed);
-        }
-    }
-    unlock_table();
+fn lock() -> std::sync::MutexGuard<'static, Vec<PoolFile>> {
+    FILES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn is_pool_file(id: FileId) -> bool {
-    POOL_FILES.iter().any(|slot| {
-        slot[0].load(Ordering::Relaxed) == id.dev && slot[1].load(Ordering::Relaxed) == id.ino
-    })
-}
-
+/// Before the fork, in the parent: lists what the child must restore, and
+/// closes the pool files nothing maps any more.
 extern "C" fn prepare() {
-    lock_table();
+    let mut files = lock();
+    if files.is_empty() {
+        return;
+    }
+    let Ok(mappings) = Maps::open().and_then(|maps| maps.file_backed()) else {
+        return;
+    };
+    let mut plan = Vec::new();
+    let mut used = vec![false; files.len()];
+    for mapping in &mappings {
+        let Some(index) = files.iter().position(|f| Some(f.id) == mapping.file) else {
+            continue;
+        };
+        used[index] = true;
+        if files[index]
+            .view
+            .is_some_and(|(start, _)| start == mapping.start)
+        {
+            continue;
+        }
+        plan.push(Restore {
+            start: mapping.start,
+            len: mapping.end - mapping.start,
+            prot: mapping.prot(),
+            fd: files[index].fd.as_raw_fd(),
+            offset: mapping.offset,
+        });
+    }
+    let mut index = 0;
+    files.retain(|f| {
+        index += 1;
+        used[index - 1] || f.view.is_some()
+    });
+    drop(files);
+    if plan.is_empty() {
+        return;
+    }
+    let bytes = std::mem::size_of_val(plan.as_slice());
+    // SAFETY: a new private anonymous mapping: the child inherits a copy.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return;
+    }
+    // SAFETY: the new mapping holds `bytes` bytes, as many as the plan.
+    unsafe { std::ptr::copy_nonoverlapping(plan.as_ptr(), at.cast(), plan.len()) };
+    PLAN_BYTES.store(bytes, Ordering::SeqCst);
+    PLAN_LEN.store(plan.len(), Ordering::SeqCst);
+    PLAN.store(at.cast(), Ordering::SeqCst);
+}
+
+/// Drops the plan (in the parent, or in the child once used).
+fn drop_plan() {
+    let plan = PLAN.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    if !plan.is_null() {
+        // SAFETY: the plan's own mapping, made by `prepare`.
+        unsafe { libc::munmap(plan.cast(), PLAN_BYTES.load(Ordering::SeqCst)) };
+    }
 }
 
 extern "C" fn parent() {
-    unlock_table();
+    drop_plan();
 }
 
-extern "C" fn child() {
-    if let Err(message) = privatize_pool_mappings() {
-        // The child would share memory with its parent: stop it rather
-        // than let the two corrupt each other's private memory.
-        let text = format!("pindown: fork: {message}\n");
-        // SAFETY: writes a buffer we own to stderr, then ends the process.
-        unsafe {
-            libc::write(2, text.as_ptr().cast(), text.len());
-            libc::abort();
+/// Writes `what` and the last OS error to stderr and ends the child.
+fn fail(what: &[u8]) -> ! {
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    let mut digits = [0u8; 12];
+    let mut at = digits.len();
+    let mut n = errno.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
-    unlock_table();
+    // SAFETY: writes buffers we own to stderr, then ends the process.
+    unsafe {
+        libc::write(2, b"pindown: fork: ".as_ptr().cast(), 15);
+        libc::write(2, what.as_ptr().cast(), what.len());
+        libc::write(2, b", errno ".as_ptr().cast(), 8);
+        libc::write(2, digits[at..].as_ptr().cast(), digits.len() - at);
+        libc::write(2, b"\n".as_ptr().cast(), 1);
+        libc::abort()
+    }
 }
 
-/// In the child: replaces every mapping of a pool file by a private copy.
-fn privatize_pool_mappings() -> Result<(), String> {
-    if POOL_FILES
-        .iter()
-        .all(|slot| slot[1].load(Ordering::Relaxed) == 0)
-    {
-        return Ok(());
+/// In the child, right after the fork: private copies of the rehomed
+/// memory, read from the pool files. Allocates nothing, locks nothing.
+extern "C" fn child() {
+    let plan = PLAN.load(Ordering::SeqCst);
+    if plan.is_null() {
+        return;
     }
-    let maps = Maps::open().map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
-    let mappings = maps
-        .file_backed()
-        .map_err(|e| format!("cannot list mappings: {e}"))?;
-    for mapping in mappings.iter().filter(|m| m.file.is_some_and(is_pool_file)) {
-        let (start, len) = (mapping.start, mapping.end - mapping.start);
-        let fail = |what: &str| {
-            format!(
-                "cannot make [{start:#x}, {:#x}) private: {what}: {}",
-                mapping.end,
-                std::io::Error::last_os_error()
-            )
-        };
-        // SAFETY: a fresh private anonymous mapping, placed by the kernel.
-        let copy = unsafe {
+    for i in 0..PLAN_LEN.load(Ordering::SeqCst) {
+        // SAFETY: the plan holds PLAN_LEN entries (the child's copy of it).
+        let entry = unsafe { *plan.add(i) };
+        // SAFETY: maps fresh memory where the parent's rehomed range was
+        // (absent here: MADV_DONTFORK), never over anything else.
+        let at = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
-                len,
+                entry.start as *mut libc::c_void,
+                entry.len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
                 -1,
                 0,
             )
         };
-        if copy == libc::MAP_FAILED {
-            return Err(fail("mmap"));
+        if at == libc::MAP_FAILED {
+            fail(b"cannot map private memory for registered memory");
         }
-        // SAFETY: the child is single-threaded here; the source is a live
-        // mapping of `len` bytes (made readable first if it was not), the
-        // destination the fresh mapping above; then the copy replaces the
-        // source at the same address, with the source's protection.
-        unsafe {
-            if !mapping.read && libc::mprotect(start as *mut _, len, libc::PROT_READ) != 0 {
-                return Err(fail("mprotect"));
+        let mut done = 0;
+        while done < entry.len {
+            // SAFETY: reads into the mapping just made, within its length.
+            let read = unsafe {
+                libc::pread(
+                    entry.fd,
+                    (entry.start + done) as *mut libc::c_void,
+                    entry.len - done,
+                    (entry.offset + done as u64) as libc::off_t,
+                )
+            };
+            if read <= 0 {
+                fail(b"cannot read registered memory from its pool file");
             }
-            std::ptr::copy_nonoverlapping(start as *const u8, copy.cast::<u8>(), len);
-            let moved = libc::mremap(
-                copy,
-                len,
-                len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                start as *mut libc::c_void,
-            );
-            if moved == libc::MAP_FAILED {
-                return Err(fail("mremap"));
-            }
-            if libc::mprotect(start as *mut _, len, mapping.prot()) != 0 {
-                return Err(fail("mprotect"));
-            }
+            done += read as usize;
+        }
+        // SAFETY: gives the copy the protection the parent's range has.
+        if unsafe { libc::mprotect(at, entry.len, entry.prot) } != 0 {
+            fail(b"cannot protect the copy of registered memory");
         }
     }
-    Ok(())
+    drop_plan();
 }

@@ -138,7 +138,7 @@ impl Drop for Segment {
         // SAFETY: the view was mapped with this size by `Segment::new` and
         // is unmapped once, here.
         unsafe { libc::munmap(self.view.cast(), self.size) };
-        super::fork::forget_pool_file(self.id);
+        super::fork::segment_gone(self.id);
     }
 }
 
@@ -189,7 +189,7 @@ impl Segment {
         // SAFETY: advice on the mapping just made.
         unsafe { libc::madvise(view, size, libc::MADV_DONTFORK) };
         let id = FileId::of(&file)?;
-        super::fork::remember_pool_file(id);
+        super::fork::remember_pool_file(id, file.as_fd(), (view as usize, size));
         Ok(Segment {
             file,
             id,

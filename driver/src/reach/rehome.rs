@@ -160,6 +160,9 @@ fn move_range(job: &Move) -> Result<Moved, MoveError> {
             source: io::Error::last_os_error(),
         })
     } else {
+        // A child of fork() must not share it (see `fork`).
+        // SAFETY: advice on the mapping just made.
+        unsafe { libc::madvise(mapped, job.len, libc::MADV_DONTFORK) };
         Ok(moved)
     };
     // Wakes the writers: they retry on the new mapping (or, if the mapping

@@ -22,6 +22,8 @@ pub use pindown_emu_device::testing::DeviceProcess;
 
 pub mod rank;
 
+pub mod any_memory;
+
 /// virtio-net header length with VERSION_1.
 pub const HDR: usize = 12;
 /// Ring size used by the test driver.
