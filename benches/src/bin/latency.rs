@@ -209,6 +209,10 @@ struct BandwidthFigure {
 #[derive(Debug, Serialize)]
 struct KindReport {
     memory: MemoryKind,
+    /// Whether the two contexts' DMA arenas are on 2 MiB huge pages (they
+    /// are when `vm.nr_hugepages` reserves enough; heap memory is on the
+    /// pages its process had, rehomed into 4 KiB shared memory).
+    arena_huge_pages: Option<bool>,
     /// Why the kind could not be measured.
     error: Option<String>,
     latency: Vec<LatencyFigure>,
@@ -455,6 +459,7 @@ fn measure_kind(
 ) -> KindReport {
     let mut report = KindReport {
         memory: kind,
+        arena_huge_pages: None,
         error: None,
         latency: Vec::new(),
         bandwidth: Vec::new(),
@@ -462,6 +467,8 @@ fn measure_kind(
     let result = (|| -> Result<(), Box<dyn Error>> {
         let owner = Context::open(device.socket(1), mode.context_config(ARENA_BYTES))?;
         let initiator = Context::open(device.socket(0), mode.context_config(ARENA_BYTES))?;
+        report.arena_huge_pages =
+            Some(owner.arena_uses_huge_pages() && initiator.arena_uses_huge_pages());
         let target = TestBuffer::new(&owner, kind, WINDOW_BYTES)?;
         target.write_at(READ_BASE, &pattern(READ_SEED, 0, 16 << 20));
         let target_region = owner.register(target.addr(), target.len() as u64)?;

@@ -217,6 +217,13 @@ impl<T: Transport + 'static> Context<T> {
         &self.transport
     }
 
+    /// Whether the DMA arena is backed by 2 MiB huge pages (see
+    /// [`HugePages`](crate::arena::HugePages): the default tries them and
+    /// falls back to normal pages when the system has none reserved).
+    pub fn arena_uses_huge_pages(&self) -> bool {
+        self.arena.uses_huge_pages()
+    }
+
     /// A buffer in the DMA arena, aligned to `align` bytes, not yet
     /// registered.
     pub fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, VerbsError> {
