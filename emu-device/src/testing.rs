@@ -188,7 +188,7 @@ impl DeviceProcess {
                 });
             }
         }
-        let child = command
+        command
             .arg("--socket-dir")
             .arg(&dir)
             .arg("--ports")
@@ -200,8 +200,8 @@ impl DeviceProcess {
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
+            .stderr(log);
+        let child = spawn_retrying_busy_text(&mut command)?;
         let mut dev = DeviceProcess { child, dir, ports };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -363,5 +363,23 @@ pub mod payload {
             p.extend_from_slice(VhostUserMemoryRegion::new(gpa, size, uaddr, offset).as_slice());
         }
         p
+    }
+}
+
+/// Spawns `command`, trying again while exec fails with `ETXTBSY`: a copy
+/// of the device binary just written by this process is "busy" for as
+/// long as a child that another thread forked meanwhile still holds the
+/// writing descriptor (until that child's own exec closes it).
+fn spawn_retrying_busy_text(command: &mut Command) -> io::Result<std::process::Child> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match command.spawn() {
+            Err(e)
+                if e.kind() == io::ErrorKind::ExecutableFileBusy && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            result => return result,
+        }
     }
 }
