@@ -112,28 +112,10 @@ impl QueueMemory {
     /// Writes `bytes` (a whole slot) into the slot of `position`, the
     /// stamp last with release ordering.
     fn fill(&self, position: u16, bytes: &[u8], stamp_at: usize) {
-        let slot = self.slot(position);
-        for (k, chunk) in bytes[..stamp_at].chunks(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: inside the slot, 8-byte aligned; volatile because
-            // the device reads it. A last partial word stops before the
-            // stamp (slots are multiples of 8 bytes and the stamp is their
-            // last two bytes, so the partial word is written bytewise).
-            unsafe {
-                if chunk.len() == 8 {
-                    std::ptr::write_volatile((slot as *mut u64).add(k), u64::from_ne_bytes(word));
-                } else {
-                    for (i, byte) in chunk.iter().enumerate() {
-                        std::ptr::write_volatile(slot.add(8 * k + i), *byte);
-                    }
-                }
-            }
-        }
-        let stamp = u16::from_le_bytes([bytes[stamp_at], bytes[stamp_at + 1]]);
-        // SAFETY: the stamp is inside the slot, 2-byte aligned.
-        self.field(unsafe { slot.add(stamp_at) })
-            .store(stamp.to_le(), Ordering::Release);
+        // SAFETY: `slot` is a whole slot of this queue's chunk (64-byte
+        // aligned, `stamp_at + 2` bytes long), live as long as `self`; the
+        // driver holds no reference into it.
+        unsafe { queue::publish_slot(self.slot(position), bytes, stamp_at) };
     }
 }
 

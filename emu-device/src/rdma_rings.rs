@@ -501,26 +501,10 @@ impl RingsView<'_, '_> {
     pub fn complete(&self, tail: u16, completion: &Completion) {
         let slot = self.rings.cq_slots[usize::from(tail & (self.rings.cq.size - 1))];
         let bytes = queue::completion_slot(completion, tail);
-        for (k, chunk) in bytes[..COMPLETION_STAMP].chunks(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: inside the 32-byte slot (the last word is written
-            // as far as the stamp only), aligned; the driver reads it only
-            // once the stamp is stored.
-            unsafe {
-                if chunk.len() == 8 {
-                    std::ptr::write_volatile((slot as *mut u64).add(k), u64::from_ne_bytes(word));
-                } else {
-                    let at = slot.add(8 * k);
-                    for (i, byte) in chunk.iter().enumerate() {
-                        std::ptr::write_volatile(at.add(i), *byte);
-                    }
-                }
-            }
-        }
-        let stamp = u16::from_le_bytes([bytes[COMPLETION_STAMP], bytes[COMPLETION_STAMP + 1]]);
-        // SAFETY: the slot's stamp, 2-byte aligned, writable.
-        unsafe { field(slot.add(COMPLETION_STAMP)) }.store(stamp.to_le(), Ordering::Release);
+        // SAFETY: a whole completion slot translated writable for this
+        // generation (32 bytes, 32-byte aligned); the driver reads it only
+        // once the stamp is stored.
+        unsafe { queue::publish_slot(slot, &bytes, COMPLETION_STAMP) };
     }
 
     /// Whether the driver asked to be signalled for a completion at one of

@@ -199,6 +199,42 @@ pub fn completion_slot(completion: &Completion, position: u16) -> [u8; COMPLETIO
     slot
 }
 
+/// Publishes a slot in shared memory as this module's protocol says: the
+/// bytes before `stamp_at` first (volatile 8-byte stores, the last partial
+/// word bytewise so that nothing touches the stamp), then the stamp
+/// (`bytes[stamp_at..stamp_at + 2]`) with release ordering, so that a
+/// reader that loads the stamp with acquire ordering sees the whole slot.
+///
+/// # Safety
+///
+/// `slot` must be 8-byte aligned and valid for writes of `stamp_at + 2`
+/// bytes for the duration of the call, `stamp_at` even and at most
+/// `bytes.len() - 2`; the other side may access the slot concurrently
+/// (that is what the stamp orders), but nothing else in this process may
+/// hold a reference to it.
+pub unsafe fn publish_slot(slot: *mut u8, bytes: &[u8], stamp_at: usize) {
+    for (k, chunk) in bytes[..stamp_at].chunks(8).enumerate() {
+        // SAFETY: `8 * k + chunk.len() <= stamp_at`, inside the slot the
+        // caller vouches for; whole words are 8-byte aligned because the
+        // slot is.
+        unsafe {
+            if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+                std::ptr::write_volatile((slot as *mut u64).add(k), u64::from_ne_bytes(word));
+            } else {
+                for (i, byte) in chunk.iter().enumerate() {
+                    std::ptr::write_volatile(slot.add(8 * k + i), *byte);
+                }
+            }
+        }
+    }
+    let stamp = u16::from_ne_bytes([bytes[stamp_at], bytes[stamp_at + 1]]);
+    // SAFETY: the stamp lies inside the slot at an even offset of an
+    // 8-byte-aligned slot, so it is a live, 2-byte-aligned location, and
+    // the other side accesses it only as a whole 16-bit value.
+    unsafe { std::sync::atomic::AtomicU16::from_ptr(slot.add(stamp_at) as *mut u16) }
+        .store(stamp, std::sync::atomic::Ordering::Release);
+}
+
 /// Decodes the completion of a completion queue slot (its stamp set
 /// aside).
 pub fn decode_completion_slot(slot: &[u8; COMPLETION_SLOT]) -> Result<Completion, DecodeError> {
