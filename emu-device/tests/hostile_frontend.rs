@@ -1182,6 +1182,13 @@ fn random_work_requests_get_answers_and_break_nothing() {
 fn a_message_trickled_byte_by_byte_is_dropped_after_the_message_deadline() {
     let mut h = Harness::start(&[]);
     let mut raw = Raw::connect(&h.dev, 0);
+    // The port counts as connected once its connection thread runs: only
+    // a disconnection after that is the device dropping the frontend.
+    assert!(
+        h.dev.wait_for(T, |s| s[0].n("connected") == 1),
+        "port 0 never showed the connection: {}",
+        h.dev.log()
+    );
     // A SET_MEM_TABLE header announcing a payload, then one byte every
     // 0.5 s: each read is quick, the message never completes.
     let p = payload::mem_table(&[(MEM_GPA, HSIZE, 0x7000_0000, 0)]);
