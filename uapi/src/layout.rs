@@ -12,7 +12,10 @@
 /// Version 4: the RDMA queues are stamped slots the other side polls, with
 /// completions written in place and event records instead of split
 /// virtqueues ([`queue`](crate::queue)), and WRITE_INLINE.
-pub const ABI_VERSION: u16 = 4;
+///
+/// Version 5: VECTOR_WRITE and VECTOR_READ between two access patterns
+/// ([`pattern`](crate::pattern)).
+pub const ABI_VERSION: u16 = 5;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).

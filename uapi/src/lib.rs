@@ -67,11 +67,10 @@
 //!
 //! ## Room to grow
 //!
-//! Opcode ranges are reserved for the vector (strided and indexed) transfers
-//! of DIMMnet-2 ([`Opcode::VECTOR_RANGE`]), the third-party copies and
+//! Opcode ranges are reserved for more vector transfers
+//! ([`Opcode::VECTOR_RANGE`] past VECTOR_READ), the third-party copies and
 //! atomics of ACP ([`Opcode::THIRD_PARTY_RANGE`]) and messaging
-//! ([`Opcode::MESSAGING_RANGE`]); the [`WrFlags::PATTERN`] flag is reserved
-//! for work requests whose addresses point at pattern descriptor lists.
+//! ([`Opcode::MESSAGING_RANGE`]).
 
 #![warn(missing_docs)]
 
@@ -81,6 +80,7 @@ pub mod features;
 mod iotlb;
 mod keys;
 mod layout;
+pub mod pattern;
 pub mod queue;
 mod request;
 
@@ -92,4 +92,7 @@ pub use layout::{
     rdma_features, DeviceInfo, RdmaRing, RingLayout, ABI_VERSION, ADMIN_QUEUE_PAIR,
     MAX_RDMA_QUEUE_PAIRS, RDMA_FEATURES,
 };
-pub use request::{AtomicWidth, Opcode, Operation, WindowFlags, WorkRequest, WrFlags};
+pub use request::{
+    vector_inline_slots, AtomicWidth, Descriptor, Opcode, Operation, VectorFlags, VectorTransfer,
+    WindowFlags, WorkRequest, WrFlags,
+};

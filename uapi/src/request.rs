@@ -15,7 +15,7 @@
 //! | 40 | 8 | operand 0: compare (CAS), addend (FETCH_ADD), new value (SWAP), window length (BIND) |
 //! | 48 | 8 | operand 1: swap value (CAS) |
 //! | 56 | 4 | atomic width in bytes (atomics); access bits ([`Access`]) (BIND) |
-//! | 60 | 1 | window flags ([`WindowFlags`]) (BIND) |
+//! | 60 | 1 | window flags ([`WindowFlags`]) (BIND); vector flags ([`VectorFlags`]) (VECTOR_WRITE, VECTOR_READ) |
 //! | 61 | 3 | reserved, zero (a send queue slot keeps its stamp in the last two: see [`queue`](crate::queue)) |
 //!
 //! Fields an operation does not use must be zero. WRITE_INLINE carries no
@@ -23,10 +23,28 @@
 //! the place of operands 0 and 1 (offsets 40 to 56; bytes past the data's
 //! length are zero), and the rest follows the request in the send queue
 //! (see [`queue`](crate::queue)).
+//!
+//! VECTOR_WRITE and VECTOR_READ move bytes between two access patterns
+//! ([`pattern`](crate::pattern)) and use the fields so:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 4 | 4 | bytes the transfer moves: both patterns must cover exactly this many |
+//! | 16 | 8 | local base (IOVA the local pattern's offsets count from) |
+//! | 24 | 8 | remote base (offset inside the window the remote pattern's offsets count from) |
+//! | 32 | 8 | remote key |
+//! | 40 | 8 | descriptor IOVA with [`VectorFlags::DESCRIPTOR_IN_MEMORY`], else zero |
+//! | 48 | 8 | immediate value for the target with [`VectorFlags::NOTIFY_TARGET`], else zero |
+//! | 56 | 4 | descriptor bytes (the two patterns, [`pattern::encode_pair`](crate::pattern::encode_pair)) |
+//! | 60 | 1 | [`VectorFlags`] |
+//!
+//! Without [`VectorFlags::DESCRIPTOR_IN_MEMORY`] the descriptor (at most
+//! [`MAX_INLINE`] bytes) follows the request in the send queue, in
+//! [`vector_inline_slots`] slots of [`INLINE_PER_SLOT`] bytes each.
 
 use crate::error::{le_u16, le_u32, le_u64, need, reserved_zero, DecodeError};
 use crate::keys::{Access, RemoteAddress, RemoteKey};
-use crate::queue::{INLINE_IN_REQUEST, INLINE_OFFSET, MAX_INLINE};
+use crate::queue::{INLINE_IN_REQUEST, INLINE_OFFSET, INLINE_PER_SLOT, MAX_INLINE};
 
 /// Operation codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,11 +70,17 @@ pub enum Opcode {
     Query = 0x08,
     /// Copies bytes carried in the send queue itself into a remote window.
     WriteInline = 0x09,
+    /// Copies local memory, read by one access pattern, into a remote
+    /// window, written by another (DIMMnet-2's remote vector write).
+    VectorWrite = 0x10,
+    /// Copies a remote window's memory, read by one access pattern, into
+    /// local memory, written by another.
+    VectorRead = 0x11,
 }
 
 impl Opcode {
-    /// Reserved for vector transfers: strided and indexed patterns on both
-    /// sides (DIMMnet-2).
+    /// Vector transfers: access patterns on both sides (DIMMnet-2); codes
+    /// past VECTOR_READ are reserved.
     pub const VECTOR_RANGE: std::ops::RangeInclusive<u8> = 0x10..=0x1f;
     /// Reserved for copies and atomics between two other ports, started by a
     /// third (ACP).
@@ -77,6 +101,8 @@ impl Opcode {
             Opcode::RevokeWindow => "REVOKE_WINDOW",
             Opcode::Query => "QUERY",
             Opcode::WriteInline => "WRITE_INLINE",
+            Opcode::VectorWrite => "VECTOR_WRITE",
+            Opcode::VectorRead => "VECTOR_READ",
         }
     }
 
@@ -93,6 +119,8 @@ impl Opcode {
             0x07 => Opcode::RevokeWindow,
             0x08 => Opcode::Query,
             0x09 => Opcode::WriteInline,
+            0x10 => Opcode::VectorWrite,
+            0x11 => Opcode::VectorRead,
             code if Self::VECTOR_RANGE.contains(&code) => {
                 return Err(DecodeError::Reserved("vector transfer"))
             }
@@ -116,9 +144,78 @@ bitflags::bitflags! {
         const SIGNALED = 1 << 0;
         /// Start only after every earlier request of the queue has finished.
         const FENCE = 1 << 1;
-        /// Reserved: the addresses name pattern descriptor lists.
-        const PATTERN = 1 << 7;
     }
+}
+
+bitflags::bitflags! {
+    /// How a vector transfer is described and reported (VECTOR_WRITE,
+    /// VECTOR_READ).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct VectorFlags: u8 {
+        /// The descriptor lies in the initiator's registered memory at the
+        /// request's descriptor IOVA; without it, it follows the request in
+        /// the send queue.
+        const DESCRIPTOR_IN_MEMORY = 1 << 0;
+        /// When a VECTOR_WRITE completes, the target's driver learns of it
+        /// from its own completion queue: which port wrote, through which
+        /// window, how many bytes, and the request's immediate value
+        /// (DIMMnet-2's receive status). Not allowed on VECTOR_READ.
+        const NOTIFY_TARGET = 1 << 1;
+    }
+}
+
+/// Where a vector transfer's descriptor is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Descriptor {
+    /// In the send queue, after the request.
+    Inline {
+        /// Bytes (at most [`MAX_INLINE`]).
+        len: u32,
+    },
+    /// In the initiator's registered memory.
+    InMemory {
+        /// Its IOVA.
+        iova: u64,
+        /// Its bytes.
+        len: u32,
+    },
+}
+
+impl Descriptor {
+    /// Its bytes.
+    pub fn len(self) -> u32 {
+        match self {
+            Descriptor::Inline { len } | Descriptor::InMemory { len, .. } => len,
+        }
+    }
+
+    /// Whether it has no byte (never valid: a descriptor holds two
+    /// patterns).
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Slots after a vector request that carry its inline descriptor of `len`
+/// bytes.
+pub fn vector_inline_slots(len: u32) -> usize {
+    (len as usize).div_ceil(INLINE_PER_SLOT)
+}
+
+/// A vector transfer's operands (VECTOR_WRITE, VECTOR_READ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VectorTransfer {
+    /// IOVA the local pattern's offsets count from.
+    pub local: u64,
+    /// Bytes moved; both patterns cover exactly this many.
+    pub len: u32,
+    /// The window, and the offset in it the remote pattern's offsets count
+    /// from.
+    pub remote: RemoteAddress,
+    /// Where the two patterns are.
+    pub descriptor: Descriptor,
+    /// `Some(immediate)`: tell the target (VECTOR_WRITE only).
+    pub notify: Option<u64>,
 }
 
 bitflags::bitflags! {
@@ -251,6 +348,12 @@ pub enum Operation {
     },
     /// Ask for the port's [`DeviceInfo`](crate::DeviceInfo) (the completion's value).
     Query,
+    /// Copy local memory read by the local pattern into the remote window
+    /// written by the remote pattern.
+    VectorWrite(VectorTransfer),
+    /// Copy the remote window read by the remote pattern into local memory
+    /// written by the local pattern.
+    VectorRead(VectorTransfer),
 }
 
 impl Operation {
@@ -267,6 +370,8 @@ impl Operation {
             Operation::BindWindow { .. } => Opcode::BindWindow,
             Operation::RevokeWindow { .. } => Opcode::RevokeWindow,
             Operation::Query => Opcode::Query,
+            Operation::VectorWrite(_) => Opcode::VectorWrite,
+            Operation::VectorRead(_) => Opcode::VectorRead,
         }
     }
 }
@@ -361,6 +466,22 @@ impl WorkRequest {
                 }
             }
             Operation::RevokeWindow { key } => fields.remote_key = key.0,
+            Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+                fields.local = vector.local;
+                fields.len = vector.len;
+                set_remote(&mut fields, &vector.remote);
+                let mut flags = VectorFlags::empty();
+                if let Descriptor::InMemory { iova, .. } = vector.descriptor {
+                    fields.operand0 = iova;
+                    flags |= VectorFlags::DESCRIPTOR_IN_MEMORY;
+                }
+                fields.aux = vector.descriptor.len();
+                if let Some(immediate) = vector.notify {
+                    fields.operand1 = immediate;
+                    flags |= VectorFlags::NOTIFY_TARGET;
+                }
+                fields.window_flags = flags.bits();
+            }
         }
         let mut bytes = [0u8; Self::SIZE];
         bytes[0] = self.op.opcode() as u8;
@@ -383,9 +504,6 @@ impl WorkRequest {
         need(bytes, Self::SIZE)?;
         let opcode = Opcode::from_u8(bytes[0])?;
         let flags = WrFlags::from_bits(bytes[1]).ok_or(DecodeError::UnknownFlags(bytes[1]))?;
-        if flags.contains(WrFlags::PATTERN) {
-            return Err(DecodeError::Reserved("pattern descriptors"));
-        }
         reserved_zero(bytes, 61..64)?;
         let fields = Fields {
             remote_port: le_u16(bytes, 2),
@@ -535,6 +653,61 @@ impl WorkRequest {
                     aux: true,
                     operand0: true,
                     peer: peer.is_some(),
+                    window_flags: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::VectorWrite | Opcode::VectorRead => {
+                let vector_flags = VectorFlags::from_bits(fields.window_flags)
+                    .ok_or(DecodeError::UnknownFlags(fields.window_flags))?;
+                let in_memory = vector_flags.contains(VectorFlags::DESCRIPTOR_IN_MEMORY);
+                let notify = vector_flags.contains(VectorFlags::NOTIFY_TARGET);
+                if notify && opcode == Opcode::VectorRead {
+                    return Err(DecodeError::OutOfRange {
+                        field: "vector flags (NOTIFY_TARGET on VECTOR_READ)",
+                        value: u64::from(fields.window_flags),
+                    });
+                }
+                let descriptor = if in_memory {
+                    Descriptor::InMemory {
+                        iova: fields.operand0,
+                        len: fields.aux,
+                    }
+                } else {
+                    if fields.aux > MAX_INLINE {
+                        return Err(DecodeError::OutOfRange {
+                            field: "inline descriptor length",
+                            value: u64::from(fields.aux),
+                        });
+                    }
+                    Descriptor::Inline { len: fields.aux }
+                };
+                if descriptor.is_empty() {
+                    return Err(DecodeError::OutOfRange {
+                        field: "descriptor length",
+                        value: 0,
+                    });
+                }
+                let vector = VectorTransfer {
+                    local: fields.local,
+                    len: fields.len,
+                    remote,
+                    descriptor,
+                    notify: notify.then_some(fields.operand1),
+                };
+                let op = if opcode == Opcode::VectorWrite {
+                    Operation::VectorWrite(vector)
+                } else {
+                    Operation::VectorRead(vector)
+                };
+                let uses = Uses {
+                    remote: true,
+                    len: true,
+                    local: true,
+                    aux: true,
+                    operand0: in_memory,
+                    operand1: notify,
                     window_flags: true,
                     ..none
                 };

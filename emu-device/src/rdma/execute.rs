@@ -193,6 +193,9 @@ fn run(
             still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
+        Operation::VectorWrite(_) | Operation::VectorRead(_) => {
+            Err((Status::InvalidRequest, ErrorDetail::Unsupported))
+        }
     };
     whole.map(Some)
 }
