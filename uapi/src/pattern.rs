@@ -682,12 +682,23 @@ impl<'p> Plan<'p> {
 }
 
 /// Moves a piece by `by` bytes (the origin of the repetition it came
-/// from; the caller's pattern was checked, so the sum fits).
+/// from). A strided piece's offset is its first block's, and a listed
+/// piece's blocks take its offset into their own, empty ones dropped: so
+/// every offset left names a byte of the checked pattern and fits.
 fn shift(piece: &mut Piece, by: i128) {
-    let offset = match piece {
-        Piece::Strided { offset, .. } | Piece::Indexed { offset, .. } => offset,
-    };
-    *offset = (i128::from(*offset) + by) as i64;
+    match piece {
+        Piece::Strided { offset, .. } => *offset = (i128::from(*offset) + by) as i64,
+        Piece::Indexed { offset, blocks } => {
+            if let BlockList::Listed(list) = blocks {
+                let origin = i128::from(*offset) + by;
+                list.retain(|block| block.len > 0);
+                for block in list.iter_mut() {
+                    block.offset = (origin + i128::from(block.offset)) as i64;
+                }
+                *offset = 0;
+            }
+        }
+    }
 }
 
 /// One contiguous run of a walk: `len` bytes at `offset` from the base.

@@ -263,3 +263,32 @@ fn lists_in_memory_are_copied_and_bounded() {
         ]
     );
 }
+
+#[test]
+fn a_slice_of_a_far_list_keeps_its_offsets() {
+    // The piece's origin and its blocks' offsets cancel out; moving the
+    // origin by a repetition must not overflow.
+    let far = Piece::Indexed {
+        offset: i64::MAX,
+        blocks: BlockList::Listed(vec![
+            Block {
+                offset: -i64::MAX,
+                len: 4,
+            },
+            Block {
+                offset: i64::MIN,
+                len: 0,
+            },
+            Block {
+                offset: -i64::MAX + 8,
+                len: 4,
+            },
+        ]),
+    };
+    let p = Pattern::new(vec![far], 3, 100).unwrap();
+    let plan = p.plan().unwrap();
+    let whole = expand(plan.segments(0, plan.len()));
+    let part = plan.slice(9, 2);
+    let part_plan = part.plan().unwrap();
+    assert_eq!(expand(part_plan.segments(0, 2)), whole[9..11].to_vec());
+}
