@@ -563,10 +563,12 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
                 high = high.saturating_add(reach.max(0));
             }
         }
-        if copies == 0 {
+        let element = group.element.bounds();
+        // No copies, or copies of a type without data or markers: no
+        // entries in the typemap, nothing to bound.
+        if copies == 0 || (element.size == 0 && !element.marked) {
             continue;
         }
-        let element = group.element.bounds();
         size = element
             .size
             .checked_mul(copies)
