@@ -37,6 +37,9 @@ pub enum Constructor {
     Primitive {
         /// Bytes.
         size: u64,
+        /// Alignment in bytes (1 for raw bytes): a struct's extent is
+        /// rounded up to a multiple of the largest alignment in it.
+        align: u64,
     },
     /// `count` elements, one extent apart (`MPI_Type_contiguous`).
     Contiguous {
@@ -162,6 +165,8 @@ pub(crate) struct Bounds {
     /// Lowest byte and one past the highest byte; `(0, 0)` when `size` is 0.
     pub(crate) true_lb: i64,
     pub(crate) true_ub: i64,
+    /// The largest alignment of a basic type in it.
+    pub(crate) align: u64,
 }
 
 /// Copies of one type at `displacement + sum(i_k * stride_k)`, `i_k <
@@ -188,11 +193,12 @@ impl Datatype {
         })))
     }
 
-    /// A basic type of `size` bytes (lower bound 0, extent `size`).
-    pub fn primitive(size: u64) -> Datatype {
+    /// A basic type of `size` bytes aligned to `align` (lower bound 0,
+    /// extent `size`).
+    pub fn aligned(size: u64, align: u64) -> Datatype {
         let top = i64::try_from(size).unwrap_or(i64::MAX);
         Datatype(Arc::new(Node {
-            constructor: Constructor::Primitive { size },
+            constructor: Constructor::Primitive { size, align },
             bounds: Bounds {
                 size,
                 lb: 0,
@@ -200,14 +206,24 @@ impl Datatype {
                 marked: false,
                 true_lb: 0,
                 true_ub: top,
+                align: align.max(1),
             },
         }))
     }
 
-    /// The basic type of a Rust value of type `T` (its size; MPI packs
-    /// basic types as their bytes in memory order).
+    /// `size` raw bytes as one basic type (alignment 1, like
+    /// `MPI_Type_contiguous(size, MPI_BYTE)`).
+    pub fn primitive(size: u64) -> Datatype {
+        Datatype::aligned(size, 1)
+    }
+
+    /// The basic type of a Rust value of type `T`: its size and alignment
+    /// (MPI packs basic types as their bytes in memory order).
     pub fn of<T: Copy>() -> Datatype {
-        Datatype::primitive(std::mem::size_of::<T>() as u64)
+        Datatype::aligned(
+            std::mem::size_of::<T>() as u64,
+            std::mem::align_of::<T>() as u64,
+        )
     }
 
     /// One byte (`MPI_BYTE`).
@@ -322,9 +338,10 @@ impl Datatype {
         })
     }
 
-    /// A struct of `fields`. As in MPI without alignment padding: the
-    /// extent ends at the last field's upper bound; give a C struct its
-    /// `size_of` with [`Datatype::resized`].
+    /// A struct of `fields`. As MPI implementations do, its extent is
+    /// rounded up to a multiple of the largest alignment of a basic type
+    /// in it (unless a field carries explicit bounds); make sure of a C
+    /// struct's `size_of` with [`Datatype::resized`].
     pub fn structure(fields: &[Field]) -> Result<Datatype, DatatypeError> {
         Datatype::build(Constructor::Struct {
             fields: fields.to_vec(),
@@ -541,6 +558,7 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
     let mut natural: Option<(i128, i128)> = None;
     let mut marked: Option<(i128, i128)> = None;
     let mut data: Option<(i128, i128)> = None;
+    let mut align: u64 = 1;
     let widen = |range: &mut Option<(i128, i128)>, low: i128, high: i128| {
         *range = Some(match *range {
             None => (low, high),
@@ -565,10 +583,11 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
         }
         let element = group.element.bounds();
         // No copies, or copies of a type without data or markers: no
-        // entries in the typemap, nothing to bound.
+        // entries in the typemap, nothing to bound or align.
         if copies == 0 || (element.size == 0 && !element.marked) {
             continue;
         }
+        align = align.max(element.align);
         size = element
             .size
             .checked_mul(copies)
@@ -612,6 +631,11 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
     let (is_marked, (lb, ub)) = match (explicit, marked, natural) {
         (Some(range), _, _) => (true, range),
         (None, Some(range), _) => (true, range),
+        (None, None, Some((lb, ub))) if matches!(constructor, Constructor::Struct { .. }) => {
+            // MPI's epsilon: the extent rounded up to the alignment.
+            let align = i128::from(align);
+            (false, (lb, lb + (ub - lb + align - 1) / align * align))
+        }
         (None, None, Some(range)) => (false, range),
         (None, None, None) => (false, (0, 0)),
     };
@@ -623,5 +647,6 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
         marked: is_marked,
         true_lb,
         true_ub,
+        align,
     })
 }

@@ -9,7 +9,13 @@ use crate::datatype::ir::Flattener;
 use crate::datatype::{dual_unit, Datatype, Field, Order};
 
 fn leaf() -> impl Strategy<Value = Datatype> {
-    prop_oneof![Just(1u64), Just(2), Just(3), Just(4), Just(8)].prop_map(Datatype::primitive)
+    prop_oneof![
+        Just(Datatype::byte()),
+        Just(Datatype::primitive(3)),
+        Just(Datatype::i16()),
+        Just(Datatype::i32()),
+        Just(Datatype::f64()),
+    ]
 }
 
 fn subarray_args() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, Vec<u64>, Order)> {

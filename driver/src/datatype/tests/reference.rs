@@ -11,6 +11,10 @@ pub struct Typemap {
     pub entries: Vec<(i64, u64)>,
     pub lb_marker: Option<i64>,
     pub ub_marker: Option<i64>,
+    /// Bounds of the data without markers, alignment padding included.
+    pub natural: Option<(i64, i64)>,
+    /// Largest alignment of a basic type in it.
+    pub align: u64,
 }
 
 impl Typemap {
@@ -29,14 +33,11 @@ impl Typemap {
     }
 
     /// MPI's lb and ub: the markers where there are any, else the
-    /// entries' bounds (zero-sized entries count: a primitive of size 0
-    /// still has its position).
+    /// data's (with the padding of structs in it).
     pub fn bounds(&self) -> (i64, i64) {
-        let low = self.entries.iter().map(|e| e.0).min();
-        let high = self.entries.iter().map(|e| e.0 + e.1 as i64).max();
         match (self.lb_marker, self.ub_marker) {
             (Some(lb), Some(ub)) => (lb, ub),
-            _ => (low.unwrap_or(0), high.unwrap_or(0)),
+            _ => self.natural.unwrap_or((0, 0)),
         }
     }
 
@@ -55,14 +56,36 @@ impl Typemap {
         if let Some(ub) = other.ub_marker {
             self.ub_marker = Some(self.ub_marker.map_or(ub + by, |m| m.max(ub + by)));
         }
+        // A child's bounds: its markers, or its natural bounds.
+        let child = match (other.lb_marker, other.ub_marker) {
+            (Some(lb), Some(ub)) => Some((lb, ub)),
+            _ => other.natural,
+        };
+        if let (Some((lb, ub)), None) = (child, other.lb_marker) {
+            let (lb, ub) = (lb + by, ub + by);
+            self.natural = Some(
+                self.natural
+                    .map_or((lb, ub), |(l, h)| (l.min(lb), h.max(ub))),
+            );
+        }
+        self.align = self.align.max(other.align);
     }
 }
 
 /// The typemap of one element at origin 0.
 pub fn typemap(datatype: &Datatype) -> Typemap {
-    let mut map = Typemap::default();
+    let mut map = Typemap {
+        align: 1,
+        ..Typemap::default()
+    };
     match datatype.constructor() {
-        Constructor::Primitive { size } => map.entries.push((0, *size)),
+        Constructor::Primitive { size, align } => {
+            map.entries.push((0, *size));
+            map.align = *align;
+            if *size > 0 {
+                map.natural = Some((0, *size as i64));
+            }
+        }
         Constructor::Contiguous { count, inner } => {
             let (sub, ext) = sub(inner);
             for i in 0..*count as i64 {
@@ -142,6 +165,12 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
                     map.append(&sub, field.displacement + j * ext);
                 }
             }
+            // Without markers, the extent is padded to the alignment.
+            if let (None, Some((lb, ub))) = (map.lb_marker, map.natural) {
+                let align = map.align as i64;
+                let extent = (ub - lb + align - 1) / align * align;
+                map.natural = Some((lb, lb + extent));
+            }
         }
         Constructor::Subarray {
             sizes,
@@ -179,6 +208,7 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
         Constructor::Resized { lb, extent, inner } => {
             let inner = typemap(inner);
             map.entries = inner.entries;
+            map.align = inner.align;
             map.lb_marker = Some(*lb);
             map.ub_marker = Some(lb + extent);
         }
