@@ -3,7 +3,7 @@
 mod cache;
 mod compact;
 mod mpi;
-mod props;
+pub(super) mod props;
 mod reference;
 
 use pindown_uapi::pattern::Pattern;
