@@ -223,7 +223,7 @@ fn too_irregular_types_are_refused() {
     let rows = Datatype::hvector(1 << 11, 1, 11, &pair).unwrap();
     let t = Datatype::hvector(1 << 10, 1, 1 << 16, &rows).unwrap();
     let t = Datatype::hvector(3, 1, 1 << 28, &t).unwrap();
-    let blocks = 2 * 3u128 << 21;
+    let blocks = 2 * (3u128 << 10 << 11);
     assert!(blocks > u128::from(MAX_LISTED_BLOCKS));
     let refused = t.commit().unwrap().pattern(1);
     assert!(
