@@ -34,7 +34,7 @@ pub struct CacheConfig {
     pub policy: Policy,
     /// Entries held at most (0: nothing is kept).
     pub capacity: usize,
-    /// Uses after which an entry counts as hot ([`Descriptor::hot`]);
+    /// Uses after which an entry counts as hot ([`Lookup::hot`]);
     /// `None`: never.
     pub promote_after: Option<u64>,
 }
@@ -110,6 +110,18 @@ struct Entry {
 /// Compiled patterns of committed types by `(type id, count)`. Eviction
 /// scans the entries (O(capacity)); look-ups are a hash probe. Not
 /// synchronized: share it behind a lock.
+///
+/// ```
+/// use pindown_driver::datatype::{CacheConfig, Datatype, DescriptorCache};
+///
+/// let column = Datatype::vector(4096, 1, 4097, &Datatype::f64())?.commit()?;
+/// let mut cache = DescriptorCache::new(CacheConfig::default());
+/// let descriptor = cache.get(&column, 1)?.descriptor;
+/// assert_eq!(descriptor.pattern.len, 4096 * 8);
+/// assert!(cache.get(&column, 1)?.hit);
+/// assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1));
+/// # Ok::<(), pindown_driver::datatype::DatatypeError>(())
+/// ```
 pub struct DescriptorCache {
     config: CacheConfig,
     entries: HashMap<(u64, u64), Entry>,
