@@ -128,24 +128,21 @@ fn build_c(t: &Datatype, code: &mut String, next: &mut usize) -> String {
             block,
             stride,
             inner,
-        } => {
-            let inner = build_c(inner, code, next);
-            writeln!(
-                code,
-                "MPI_Datatype {name}; MPI_Type_vector({count}, {block}, {stride}, {inner}, &{name});"
-            )
-            .unwrap();
         }
-        Constructor::Hvector {
+        | Constructor::Hvector {
             count,
             block,
             stride,
             inner,
         } => {
+            let call = match t.constructor() {
+                Constructor::Vector { .. } => "MPI_Type_vector",
+                _ => "MPI_Type_create_hvector",
+            };
             let inner = build_c(inner, code, next);
             writeln!(
                 code,
-                "MPI_Datatype {name}; MPI_Type_create_hvector({count}, {block}, {stride}, {inner}, &{name});"
+                "MPI_Datatype {name}; {call}({count}, {block}, {stride}, {inner}, &{name});"
             )
             .unwrap();
         }

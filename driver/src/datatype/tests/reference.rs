@@ -86,84 +86,67 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
                 map.natural = Some((0, *size as i64));
             }
         }
-        Constructor::Contiguous { count, inner } => {
-            let (sub, ext) = sub(inner);
-            for i in 0..*count as i64 {
-                map.append(&sub, i * ext);
-            }
-        }
+        Constructor::Contiguous { count, inner } => runs(&mut map, inner, [(*count, 0)]),
         Constructor::Vector {
             count,
             block,
             stride,
             inner,
         } => {
-            let (sub, ext) = sub(inner);
-            for i in 0..*count as i64 {
-                for j in 0..*block as i64 {
-                    map.append(&sub, (i * stride + j) * ext);
-                }
-            }
+            let ext = typemap(inner).extent();
+            runs(
+                &mut map,
+                inner,
+                (0..*count as i64).map(|i| (*block, i * stride * ext)),
+            )
         }
         Constructor::Hvector {
             count,
             block,
             stride,
             inner,
-        } => {
-            let (sub, ext) = sub(inner);
-            for i in 0..*count as i64 {
-                for j in 0..*block as i64 {
-                    map.append(&sub, i * stride + j * ext);
-                }
-            }
-        }
+        } => runs(
+            &mut map,
+            inner,
+            (0..*count as i64).map(|i| (*block, i * stride)),
+        ),
         Constructor::Indexed { blocks, inner } => {
-            let (sub, ext) = sub(inner);
-            for &(len, at) in blocks {
-                for j in 0..len as i64 {
-                    map.append(&sub, (at + j) * ext);
-                }
-            }
+            let ext = typemap(inner).extent();
+            runs(
+                &mut map,
+                inner,
+                blocks.iter().map(|&(len, at)| (len, at * ext)),
+            )
         }
-        Constructor::Hindexed { blocks, inner } => {
-            let (sub, ext) = sub(inner);
-            for &(len, at) in blocks {
-                for j in 0..len as i64 {
-                    map.append(&sub, at + j * ext);
-                }
-            }
-        }
+        Constructor::Hindexed { blocks, inner } => runs(&mut map, inner, blocks.iter().copied()),
         Constructor::IndexedBlock {
             block,
             displacements,
             inner,
         } => {
-            let (sub, ext) = sub(inner);
-            for &at in displacements {
-                for j in 0..*block as i64 {
-                    map.append(&sub, (at + j) * ext);
-                }
-            }
+            let ext = typemap(inner).extent();
+            runs(
+                &mut map,
+                inner,
+                displacements.iter().map(|&at| (*block, at * ext)),
+            )
         }
         Constructor::HindexedBlock {
             block,
             displacements,
             inner,
-        } => {
-            let (sub, ext) = sub(inner);
-            for &at in displacements {
-                for j in 0..*block as i64 {
-                    map.append(&sub, at + j * ext);
-                }
-            }
-        }
+        } => runs(
+            &mut map,
+            inner,
+            displacements.iter().map(|&at| (*block, at)),
+        ),
         Constructor::Struct { fields } => {
             for field in fields {
-                let (sub, ext) = sub(&field.datatype);
-                for j in 0..field.block as i64 {
-                    map.append(&sub, field.displacement + j * ext);
-                }
+                runs(
+                    &mut map,
+                    &field.datatype,
+                    [(field.block, field.displacement)],
+                );
             }
             // Without markers, the extent is padded to the alignment.
             if let (None, Some((lb, ub))) = (map.lb_marker, map.natural) {
@@ -214,6 +197,17 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
         }
     }
     map
+}
+
+/// Appends runs of `(copies, byte offset of the first)` of `inner`, the
+/// copies of a run one extent apart.
+fn runs(map: &mut Typemap, inner: &Datatype, runs: impl IntoIterator<Item = (u64, i64)>) {
+    let (sub, ext) = sub(inner);
+    for (copies, start) in runs {
+        for j in 0..copies as i64 {
+            map.append(&sub, start + j * ext);
+        }
+    }
 }
 
 fn sub(inner: &Datatype) -> (Typemap, i64) {
