@@ -1,7 +1,8 @@
 //! Tells the tests whether an MPI compiler is at hand: the datatype
 //! engine's cross-check against `MPI_Pack` compiles a C program with
-//! `mpicc` (or `$MPICC`). Without one the check is ignored, except under
-//! `CI=true`, where it runs and fails.
+//! `mpicc` (or `$MPICC`, or Debian's `mpicc.openmpi` and `mpicc.mpich`).
+//! Without any the check is ignored, except under `CI=true`, where it
+//! runs and fails.
 
 use std::path::Path;
 
@@ -20,7 +21,10 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(pindown_no_mpicc)");
     let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    if !on_path(&mpicc) && !ci {
+    let found = [mpicc.as_str(), "mpicc.openmpi", "mpicc.mpich"]
+        .iter()
+        .any(|program| on_path(program));
+    if !found && !ci {
         println!("cargo::rustc-cfg=pindown_no_mpicc");
     }
 }

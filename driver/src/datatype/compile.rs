@@ -257,27 +257,41 @@ fn gather_lists(pieces: Vec<Piece>) -> Vec<Piece> {
     let mut out: Vec<Piece> = Vec::with_capacity(pieces.len());
     let mut run: Vec<Piece> = Vec::new();
     let flush = |run: &mut Vec<Piece>, out: &mut Vec<Piece>| {
-        if run.len() >= 2 {
-            let mut list = Vec::new();
-            for piece in run.drain(..) {
-                for block in as_list(&piece).unwrap_or_default() {
-                    push_block(&mut list, block.offset, block.len);
-                }
-            }
-            let origin = list.first().map_or(0, |block| block.offset);
-            for block in &mut list {
-                block.offset -= origin;
-            }
-            out.push(if let [only] = list.as_slice() {
-                Piece::contiguous(origin, only.len)
-            } else {
-                Piece::Indexed {
-                    offset: origin,
-                    blocks: BlockList::Listed(list),
-                }
-            });
-        } else {
+        if run.len() < 2 {
             out.append(run);
+            return;
+        }
+        let mut list = Vec::new();
+        for piece in run.iter() {
+            for block in as_list(piece).unwrap_or_default() {
+                push_block(&mut list, block.offset, block.len);
+            }
+        }
+        let origin = list.first().map_or(0, |block| block.offset);
+        // Offsets from the first block; blocks more than 2^63 bytes apart
+        // stay in their own pieces.
+        let relative: Option<Vec<Block>> = list
+            .iter()
+            .map(|block| {
+                Some(Block {
+                    offset: block.offset.checked_sub(origin)?,
+                    len: block.len,
+                })
+            })
+            .collect();
+        match relative {
+            Some(list) => {
+                out.push(if let [only] = list.as_slice() {
+                    Piece::contiguous(origin, only.len)
+                } else {
+                    Piece::Indexed {
+                        offset: origin,
+                        blocks: BlockList::Listed(list),
+                    }
+                });
+                run.clear();
+            }
+            None => out.append(run),
         }
     };
     for piece in pieces {

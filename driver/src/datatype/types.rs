@@ -612,6 +612,7 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
         }
     }
     let (true_lb, true_ub) = data.unwrap_or((0, 0));
+    to_i64(true_ub - true_lb, "true extent")?;
     let (true_lb, true_ub) = (
         to_i64(true_lb, "true lower bound")?,
         to_i64(true_ub, "true upper bound")?,

@@ -23,8 +23,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::fs::File;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
@@ -34,6 +36,9 @@ use crate::datatype::{Constructor, Datatype, Order};
 
 /// Cases in the program.
 const CASES: usize = 300;
+
+/// Time the program may take (it takes well under a second).
+const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 /// The byte at buffer offset `i`: a hash, so that bytes out of order
 /// show.
@@ -263,7 +268,11 @@ fn locate(program: &str) -> Option<std::path::PathBuf> {
 
 /// The MPI compilers on this machine (none when `mpicc` is missing).
 fn compilers() -> Vec<String> {
-    let first = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
+    let chosen = std::env::var("MPICC").ok();
+    if let Some(chosen) = &chosen {
+        assert!(locate(chosen).is_some(), "MPICC={chosen} is not there");
+    }
+    let first = chosen.unwrap_or_else(|| "mpicc".into());
     let mut found: Vec<String> = Vec::new();
     let mut seen = BTreeSet::new();
     for candidate in [first.as_str(), "mpicc.openmpi", "mpicc.mpich"] {
@@ -372,7 +381,8 @@ fn patterns_pack_the_same_bytes_as_mpi_pack() {
 /// Runs the program built by `compiler`; returns the disagreements.
 fn check_with(compiler: &str, dir: &Path, source: &Path, cases: &[Case]) -> Vec<String> {
     let mut failures = Vec::new();
-    let binary = dir.join(format!("pack-{}", compiler.replace('/', "_")));
+    let compiler_name = compiler.replace('/', "_");
+    let binary = dir.join(format!("pack-{compiler_name}"));
     let built = Command::new(compiler)
         .arg("-O1")
         .arg("-o")
@@ -386,17 +396,38 @@ fn check_with(compiler: &str, dir: &Path, source: &Path, cases: &[Case]) -> Vec<
         String::from_utf8_lossy(&built.stderr)
     );
     // A singleton run (no mpiexec); Open MPI refuses root without these.
-    let ran = Command::new(&binary)
+    // Output to files (a full pipe would stall the program) and a time
+    // limit (an MPI start-up that hangs fails the test).
+    let (out_path, err_path) = (
+        dir.join(format!("{compiler_name}.out")),
+        dir.join(format!("{compiler_name}.err")),
+    );
+    let mut child = Command::new(&binary)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
         .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > RUN_LIMIT {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("the {compiler} program ran longer than {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(
-        ran.status.success(),
-        "the {compiler} program failed: {}",
-        String::from_utf8_lossy(&ran.stderr)
+        status.success(),
+        "the {compiler} program failed ({status}): {}",
+        std::fs::read_to_string(&err_path).unwrap_or_default()
     );
-    let stdout = String::from_utf8(ran.stdout).unwrap();
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
     let lines: Vec<&str> = stdout.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines.len(), cases.len(), "{compiler}: one line per case");
     for (line, (id, case)) in lines.iter().zip(cases.iter().enumerate()) {
