@@ -28,6 +28,9 @@
 //!   host; [`vfio::VfioTransport`], the VFIO virtio-pci transport for use
 //!   inside a QEMU guest, implements the same trait.
 //!
+//! [`datatype`] builds MPI derived datatypes and compiles them to the
+//! device's access patterns for vector transfers, with a descriptor cache.
+//!
 //! The [`verbs`] API is built on these layers and never names a concrete
 //! transport: a context (an open port and its registrations, one protection
 //! domain), memory regions registered through the pin-down cache, memory
@@ -78,6 +81,7 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+pub mod datatype;
 pub mod pinner;
 pub mod rdma_queue;
 pub mod reach;

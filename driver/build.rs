@@ -1,0 +1,30 @@
+//! Tells the tests whether an MPI compiler is at hand: the datatype
+//! engine's cross-check against `MPI_Pack` compiles a C program with
+//! `mpicc` (or `$MPICC`, or Debian's `mpicc.openmpi` and `mpicc.mpich`).
+//! Without any the check is ignored, except under `CI=true`, where it
+//! runs and fails.
+
+use std::path::Path;
+
+fn on_path(program: &str) -> bool {
+    if program.contains('/') {
+        return Path::new(program).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+fn main() {
+    println!("cargo::rerun-if-env-changed=MPICC");
+    println!("cargo::rerun-if-env-changed=CI");
+    println!("cargo::rerun-if-env-changed=PATH");
+    println!("cargo::rustc-check-cfg=cfg(pindown_no_mpicc)");
+    let mpicc = std::env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let found = [mpicc.as_str(), "mpicc.openmpi", "mpicc.mpich"]
+        .iter()
+        .any(|program| on_path(program));
+    if !found && !ci {
+        println!("cargo::rustc-cfg=pindown_no_mpicc");
+    }
+}
