@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::inbox::Inbox;
-use crate::rdma::VectorLimits;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
+use crate::rdma::VectorLimits;
 use crate::rdma::{RefusalCounters, WindowTable};
 use crate::DeviceConfig;
 

@@ -25,7 +25,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use pindown_uapi::queue::{
     self, Record, COMPLETION_SLOT, COMPLETION_STAMP, REQUEST_SLOT, REQUEST_STAMP,
 };
-use pindown_uapi::{vector_inline_slots, Completion, DecodeError, Descriptor, Operation, WorkRequest};
+use pindown_uapi::{Completion, DecodeError, Operation, WorkRequest};
 use vm_memory::Permissions;
 
 use crate::memory::{Miss, PortMemory, TranslateError};
@@ -402,20 +402,13 @@ impl RingsView<'_, '_> {
         // Bytes carried with the request: WRITE_INLINE's data (its first
         // bytes in the request itself), a vector transfer's inline
         // descriptor (all in the slots after the request).
-        let none = (0, 0, 0);
-        let (len, in_request, extra) = match request.op {
-            Operation::WriteInline { len, .. } => (
-                len,
-                (len as usize).min(queue::INLINE_IN_REQUEST),
-                queue::inline_slots(len),
-            ),
+        let extra = request.op.slots_after();
+        let (len, in_request) = match request.op {
+            Operation::WriteInline { len, .. } => (len, request.op.bytes_in_request()),
             Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
-                match vector.descriptor {
-                    Descriptor::Inline { len } => (len, 0, vector_inline_slots(len)),
-                    Descriptor::InMemory { .. } => none,
-                }
+                (vector.descriptor.len(), 0)
             }
-            _ => none,
+            _ => (0, 0),
         };
         if extra >= usize::from(self.rings.sq.size) {
             let error = DecodeError::OutOfRange {

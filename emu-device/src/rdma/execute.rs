@@ -320,7 +320,13 @@ fn vector_transfer(
         let limits = fabric.vector_limits();
         let mut prepared = None;
         on_port(fabric, own, own, &mut |local, _| {
-            prepared = Some(vector::prepare(own, local.memory, transfer, inline, limits)?);
+            prepared = Some(vector::prepare(
+                own,
+                local.memory,
+                transfer,
+                inline,
+                limits,
+            )?);
             Ok(STEP_DONE)
         })?;
         progress.vector = prepared.map(Box::new);

@@ -251,7 +251,9 @@ impl Side<'_, '_> {
         let len = u64::try_from(i128::from(high) - i128::from(low)).ok()?;
         let mut spans = Spans::new();
         match self {
-            Side::Local { memory, write, .. } => memory.spans(start, len, *write, &mut spans).ok()?,
+            Side::Local { memory, write, .. } => {
+                memory.spans(start, len, *write, &mut spans).ok()?
+            }
             Side::Remote {
                 target,
                 initiator,
@@ -342,7 +344,13 @@ impl Iterator for Walk<'_, '_> {
     }
 }
 
-fn walk<'a, 'p>(plan: &'a Plan<'p>, from: u64, len: u64, mapped: Mapped, spans: &'a Spans) -> Walk<'a, 'p> {
+fn walk<'a, 'p>(
+    plan: &'a Plan<'p>,
+    from: u64,
+    len: u64,
+    mapped: Mapped,
+    spans: &'a Spans,
+) -> Walk<'a, 'p> {
     match mapped {
         Mapped::Contiguous { addr, low } => Walk::Contiguous {
             segments: plan.segments(from, len),
