@@ -4,13 +4,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
-    Status, WorkRequest,
+    Access, Arrival, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    RemoteAddress, Status, WorkRequest,
 };
 
 use super::vector::{self, Side, VectorState};
 use super::windows::{PortId, Refusal, Window};
-use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
+use super::{AccessFault, Fabric, Failure, NoticeSlot, Outcome, Span, Spans, Target};
 
 /// Bytes a transfer moves in one guarded step: a barrier (revoke,
 /// invalidate, reset) waits for at most one step of each transfer in
@@ -30,6 +30,9 @@ pub struct Progress {
     pub moved: u64,
     /// A vector transfer's plans, from its first turn on.
     pub vector: Option<Box<VectorState>>,
+    /// Room for the arrival notice of a VECTOR_WRITE with NOTIFY_TARGET,
+    /// promised by the target before the first byte moved.
+    pub notice: Option<NoticeSlot>,
 }
 
 /// What one turn of a request did.
@@ -330,6 +333,15 @@ fn vector_transfer(
             Ok(STEP_DONE)
         })?;
         progress.vector = prepared.map(Box::new);
+        if transfer.notify.is_some() {
+            // Room for the arrival first: a notice that could not be
+            // queued would be lost, so the write does not start.
+            progress.notice = Some(
+                fabric
+                    .reserve_notice(transfer.remote.port)
+                    .ok_or((Status::LimitReached, ErrorDetail::NoticeLimit))?,
+            );
+        }
     }
     let Some(state) = progress.vector.as_deref() else {
         return Err((Status::InvalidRequest, ErrorDetail::Malformed));
@@ -365,6 +377,14 @@ fn vector_transfer(
         })?;
         progress.moved += step;
         if progress.moved >= len {
+            if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
+                slot.deliver(Completion::arrival_notice(Arrival {
+                    peer: own,
+                    key: transfer.remote.key,
+                    bytes: transfer.len,
+                    immediate,
+                }));
+            }
             return Ok(true);
         }
     }
@@ -380,6 +400,7 @@ const STEP_DONE: Completion = Completion {
     opcode: None,
     byte_len: 0,
     value: 0,
+    arrival_from: None,
 };
 
 /// Runs one guarded step on the initiator and the port `target` names.
