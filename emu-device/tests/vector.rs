@@ -603,7 +603,9 @@ fn refused_transfers_move_no_byte_and_the_device_keeps_serving() {
     };
     let mut trailing = good.clone();
     trailing.extend_from_slice(&[0; 5]);
-    let cases: Vec<(&str, Vec<u8>, Option<u64>, (Status, ErrorDetail))> = vec![
+    // What, descriptor bytes, in memory at, expected answer.
+    type Hostile = (&'static str, Vec<u8>, Option<u64>, (Status, ErrorDetail));
+    let cases: Vec<Hostile> = vec![
         (
             "truncated",
             good[..good.len() - 3].to_vec(),
