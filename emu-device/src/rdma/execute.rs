@@ -580,7 +580,7 @@ pub(super) fn copy_spans(
         // `copy` (memmove) allows the overlap of a port copying within its
         // own memory. The memory is shared with its owner's process: we go
         // through raw pointers, never references to it.
-        unsafe { std::ptr::copy(s.addr.add(source_offset), t.addr.add(target_offset), n) };
+        unsafe { copy_run(s.addr.add(source_offset), t.addr.add(target_offset), n) };
         source_offset += n;
         target_offset += n;
         left -= n;
@@ -591,6 +591,32 @@ pub(super) fn copy_spans(
         if target_offset == t.len {
             current_target = target.next();
             target_offset = 0;
+        }
+    }
+}
+
+/// Copies `n` bytes from `from` to `to` (which may overlap, as memmove
+/// allows): the element sizes of vector transfers (4, 8, 16 bytes) as one
+/// unaligned load and store each, longer runs through `ptr::copy`.
+///
+/// # Safety
+///
+/// Both ranges are mapped memory lent for the current guarded step.
+unsafe fn copy_run(from: *const u8, to: *mut u8, n: usize) {
+    // SAFETY (all arms): the caller's ranges hold `n` bytes; a whole value
+    // is read before it is written, so an overlap copies as memmove does.
+    unsafe {
+        match n {
+            4 => to
+                .cast::<u32>()
+                .write_unaligned(from.cast::<u32>().read_unaligned()),
+            8 => to
+                .cast::<u64>()
+                .write_unaligned(from.cast::<u64>().read_unaligned()),
+            16 => to
+                .cast::<u128>()
+                .write_unaligned(from.cast::<u128>().read_unaligned()),
+            _ => std::ptr::copy(from, to, n),
         }
     }
 }
