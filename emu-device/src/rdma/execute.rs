@@ -240,6 +240,16 @@ enum Direction {
     Read,
 }
 
+impl Direction {
+    /// The right the remote side must grant, and whether it is written.
+    fn remote_access(self) -> (Access, bool) {
+        match self {
+            Direction::Write => (Access::REMOTE_WRITE, true),
+            Direction::Read => (Access::REMOTE_READ, false),
+        }
+    }
+}
+
 /// Moves `len` bytes between local `iova` and `remote`, in guarded steps
 /// of at most [`STEP_BYTES`], at most [`STEPS_PER_TURN`] of them from
 /// `progress` on; returns whether the transfer is complete. The first step
@@ -259,15 +269,15 @@ fn transfer(
     progress: &mut Progress,
 ) -> Result<bool, Failure> {
     let len = u64::from(len);
-    let (needed, remote_writes) = match direction {
-        Direction::Write => (Access::REMOTE_WRITE, true),
-        Direction::Read => (Access::REMOTE_READ, false),
-    };
-    for _ in 0..STEPS_PER_TURN {
-        let moved = progress.moved;
-        let step = (len - moved).min(STEP_BYTES);
-        let checked = if moved == 0 { len } else { step };
-        on_port(fabric, own, remote.port, &mut |local, target| {
+    let (needed, remote_writes) = direction.remote_access();
+    guarded_steps(
+        fabric,
+        own,
+        remote.port,
+        len,
+        &mut progress.moved,
+        &mut |local, target, moved, step| {
+            let checked = if moved == 0 { len } else { step };
             let mut near = Spans::new();
             local
                 .memory
@@ -279,8 +289,8 @@ fn transfer(
                 ..remote
             };
             remote_range(
-                &target,
-                id_of(own, &local),
+                target,
+                id_of(own, local),
                 at,
                 checked,
                 needed,
@@ -292,14 +302,42 @@ fn transfer(
                 Direction::Write => copy_spans(near, far, step),
                 Direction::Read => copy_spans(far, near, step),
             }
+            Ok(())
+        },
+    )
+}
+
+/// One guarded step of a transfer: `(local, target, from, bytes)` checks
+/// and moves the transfer's bytes `from..from + bytes`.
+type TransferStep<'s> = dyn FnMut(&Target<'_>, &Target<'_>, u64, u64) -> Result<(), Failure> + 's;
+
+/// Runs up to [`STEPS_PER_TURN`] guarded steps of a transfer of `len`
+/// bytes between the initiator `own` and port `target`, from `moved` on:
+/// `step(local, target, moved, bytes)` checks and moves the transfer's
+/// bytes `moved..moved + bytes` (at most [`STEP_BYTES`]); a step that
+/// touched memory its owner took away fails. Returns whether the transfer
+/// is complete.
+fn guarded_steps(
+    fabric: &dyn Fabric,
+    own: u16,
+    target: u16,
+    len: u64,
+    moved: &mut u64,
+    step: &mut TransferStep<'_>,
+) -> Result<bool, Failure> {
+    for _ in 0..STEPS_PER_TURN {
+        let from = *moved;
+        let bytes = (len - from).min(STEP_BYTES);
+        on_port(fabric, own, target, &mut |local, target| {
+            step(&local, &target, from, bytes)?;
             if local.memory.lost() {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
             still_there(&target)?;
             Ok(STEP_DONE)
         })?;
-        progress.moved += step;
-        if progress.moved >= len {
+        *moved += bytes;
+        if *moved >= len {
             return Ok(true);
         }
     }
@@ -347,48 +385,41 @@ fn vector_transfer(
         return Err((Status::InvalidRequest, ErrorDetail::Malformed));
     };
     let len = u64::from(transfer.len);
-    let (needed, remote_writes) = match direction {
-        Direction::Write => (Access::REMOTE_WRITE, true),
-        Direction::Read => (Access::REMOTE_READ, false),
-    };
-    for _ in 0..STEPS_PER_TURN {
-        let moved = progress.moved;
-        let step = (len - moved).min(STEP_BYTES);
-        on_port(fabric, own, transfer.remote.port, &mut |local, target| {
+    let (needed, remote_writes) = direction.remote_access();
+    let finished = guarded_steps(
+        fabric,
+        own,
+        transfer.remote.port,
+        len,
+        &mut progress.moved,
+        &mut |local, target, moved, step| {
             let near = Side::Local {
                 memory: local.memory,
                 base: transfer.local,
                 write: !remote_writes,
             };
             let far = Side::Remote {
-                target: &target,
-                initiator: id_of(own, &local),
+                target,
+                initiator: id_of(own, local),
                 remote: transfer.remote,
                 needed,
                 write: remote_writes,
             };
             let check_all = moved == 0 && step < len;
-            vector::step(state, &near, &far, !remote_writes, moved, step, check_all)?;
-            if local.memory.lost() {
-                return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
-            }
-            still_there(&target)?;
-            Ok(STEP_DONE)
-        })?;
-        progress.moved += step;
-        if progress.moved >= len {
-            if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
-                slot.deliver(Completion::arrival_notice(Arrival {
-                    peer: own,
-                    key: transfer.remote.key,
-                    bytes: transfer.len,
-                    immediate,
-                }));
-            }
-            return Ok(true);
+            vector::step(state, &near, &far, !remote_writes, moved, step, check_all)
+        },
+    )?;
+    if finished {
+        if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
+            slot.deliver(Completion::arrival_notice(Arrival {
+                peer: own,
+                key: transfer.remote.key,
+                bytes: transfer.len,
+                immediate,
+            }));
         }
     }
-    Ok(false)
+    Ok(finished)
 }
 
 /// What a step of a transfer returns when it worked (the request's own
