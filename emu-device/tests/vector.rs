@@ -367,55 +367,63 @@ fn indexed_lists_inline_in_a_large_descriptor_and_in_memory() {
         .check(&ports, read);
     }
 
-    // The same list in the initiator's memory; the device copies it
-    // first, so changing it once the transfer completed changes nothing.
+    // Lists in the initiator's memory, of 4096 blocks and of far more
+    // (the device reads them into its own memory first).
     let Ports {
         initiator, target, ..
     } = &ports;
-    let list = initiator.alloc(4096 * 16, 64).unwrap();
-    list.write_at(0, &encode_blocks(&many));
-    let list_region = initiator.register_buffer(&list).unwrap();
-    let source = initiator.alloc(4096 * 8, 64).unwrap();
-    let data = bytes(4096 * 8, 0x33);
-    source.write_at(0, &data);
-    let source_region = initiator.register_buffer(&source).unwrap();
-    let sink = target.alloc(4096 * 16, 64).unwrap();
-    let sink_before = bytes(4096 * 16, 0x44);
-    sink.write_at(0, &sink_before);
-    let sink_region = target.register_buffer(&sink).unwrap();
-    let window = target
-        .bind_window(&sink_region, 0, 4096 * 16, Access::REMOTE_WRITE)
+    for count in [4096usize, 200_000] {
+        let blocks: Vec<Block> = (0..count)
+            .map(|i| Block {
+                offset: ((i * 7919) % count * 16) as i64,
+                len: 8,
+            })
+            .collect();
+        let list = initiator.alloc(count * 16, 64).unwrap();
+        list.write_at(0, &encode_blocks(&blocks));
+        let list_region = initiator.register_buffer(&list).unwrap();
+        let source = initiator.alloc(count * 8, 64).unwrap();
+        let data = bytes(count * 8, 0x33);
+        source.write_at(0, &data);
+        let source_region = initiator.register_buffer(&source).unwrap();
+        let sink = target.alloc(count * 16, 64).unwrap();
+        let sink_before = bytes(count * 16, 0x44);
+        sink.write_at(0, &sink_before);
+        let sink_region = target.register_buffer(&sink).unwrap();
+        let window = target
+            .bind_window(&sink_region, 0, (count * 16) as u64, Access::REMOTE_WRITE)
+            .unwrap();
+        // Pattern::new cannot sum a list it does not hold: the length is
+        // given.
+        let in_memory = Pattern {
+            repeat: 1,
+            extent: 0,
+            skip: 0,
+            len: (count * 8) as u64,
+            pieces: vec![Piece::Indexed {
+                offset: 0,
+                blocks: BlockList::InMemory {
+                    iova: list_region.iova(),
+                    count: count as u64,
+                },
+            }],
+        };
+        let write = Vector::write(
+            source_region.local(0, (count * 8) as u32).unwrap(),
+            Pattern::contiguous((count * 8) as u64),
+            window.remote().at(0),
+            in_memory.clone(),
+        )
         .unwrap();
-    // Pattern::new cannot sum a list it does not hold: the length is
-    // given.
-    let in_memory = Pattern {
-        repeat: 1,
-        extent: 0,
-        skip: 0,
-        len: 4096 * 8,
-        pieces: vec![Piece::Indexed {
-            offset: 0,
-            blocks: BlockList::InMemory {
-                iova: list_region.iova(),
-                count: 4096,
-            },
-        }],
-    };
-    let write = Vector::write(
-        source_region.local(0, 4096 * 8).unwrap(),
-        Pattern::contiguous(4096 * 8),
-        window.remote().at(0),
-        in_memory.clone(),
-    )
-    .unwrap();
-    let done = run(initiator, write.build());
-    assert!(done.is_success(), "{done:?}");
-    let mut expected = sink_before.clone();
-    let lists = |_: u64, _: u64| many.clone();
-    for (i, f) in model(&in_memory, &lists).iter().enumerate() {
-        expected[*f as usize] = data[i];
+        let done = run(initiator, write.build());
+        assert!(done.is_success(), "{count} blocks: {done:?}");
+        let mut expected = sink_before.clone();
+        let lists = |_: u64, _: u64| blocks.clone();
+        for (i, f) in model(&in_memory, &lists).iter().enumerate() {
+            expected[*f as usize] = data[i];
+        }
+        assert!(contents(&sink) == expected, "{count} blocks");
     }
-    assert!(contents(&sink) == expected);
 }
 
 /// What a refused transfer leaves: both buffers as they were.
