@@ -2,7 +2,11 @@
 //! between two processes by VECTOR_WRITE (the column into a contiguous
 //! window) and VECTOR_READ (a contiguous window into the column), against
 //! a plain one-core strided copy of the same column in one process.
-//! Prints one JSON line (medians in microseconds).
+//! Prints one JSON line (medians in microseconds), with the round trip of
+//! a one-double transfer: the fixed cost of a request (posting, the
+//! device noticing it, the completion noticed), which the column's time
+//! includes too. `VECTOR_ROUNDS` sets the rounds (default 300),
+//! `VECTOR_POLL=1` makes the device busy-poll.
 //!
 //! `cargo run --release -p pindown-emu-device --example vector_column`
 //! (build the device first: `cargo build --release -p pindown-emu-device`).
@@ -35,7 +39,9 @@ fn median(mut times: Vec<Duration>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/pindown-emu-device");
-    let device = DeviceProcess::start(&bin, 2, &[])?;
+    // VECTOR_POLL=1: the device busy-polls (no wake-up per request).
+    let poll = std::env::var("VECTOR_POLL").is_ok_and(|v| v == "1");
+    let device = DeviceProcess::start(&bin, 2, if poll { &["--poll"] } else { &[] })?;
     let config = ContextConfig {
         arena_bytes: 160 << 20,
         ..ContextConfig::default()
@@ -65,6 +71,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         contiguous.clone(),
     )?;
     let read = Vector::read(whole, strided, window.remote().at(0), contiguous)?;
+    // The fixed cost of a request: one double each way.
+    let one = Vector::write(
+        whole,
+        Pattern::contiguous(8),
+        window.remote().at(0),
+        Pattern::contiguous(8),
+    )?;
     let mut cq = near.create_completion_queue();
     let mut qp = near.create_queue_pair(&mut cq)?;
     let mut time = |vector: &Vector<'_>| -> Result<f64, Box<dyn std::error::Error>> {
@@ -81,6 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(median(times))
     };
+    let one_us = time(&one)?;
     let write_us = time(&write)?;
     let mut landed = vec![0u8; 8];
     column.read_at((ROWS as usize - 1) * 8, &mut landed);
@@ -104,8 +118,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         times.push(start.elapsed());
     }
     let copy_us = median(times);
+    // The same gather driven by the pattern walk the device uses, in this
+    // process: what the walk itself costs.
+    let column_pattern = Pattern::new(vec![Piece::vector(0, 8, ROWS, ROW as i64)], 1, 0)?;
+    let plan = column_pattern.plan()?;
+    let mut times = Vec::with_capacity(rounds());
+    for _ in 0..rounds() {
+        let start = Instant::now();
+        let to = out.as_mut_ptr() as *mut u8;
+        let mut at = 0;
+        for segment in plan.segments(0, ROWS * 8) {
+            // SAFETY: every segment lies inside the matrix buffer, and `out`
+            // holds the column.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add(segment.offset as usize),
+                    to.add(at),
+                    segment.len as usize,
+                )
+            };
+            at += segment.len as usize;
+        }
+        std::hint::black_box(&out);
+        times.push(start.elapsed());
+    }
+    let walk_us = median(times);
     println!(
-        "{{\"rows\":{ROWS},\"row_bytes\":{ROW},\"plain_copy_us\":{copy_us:.2},\
+        "{{\"rows\":{ROWS},\"row_bytes\":{ROW},\"plain_copy_us\":{copy_us:.2},\"one_double_us\":{one_us:.2},\"walk_copy_us\":{walk_us:.2},\
          \"vector_write_us\":{write_us:.2},\"vector_read_us\":{read_us:.2},\
          \"write_ratio\":{:.2},\"read_ratio\":{:.2}}}",
         write_us / copy_us,

@@ -631,6 +631,7 @@ impl<'p> Plan<'p> {
             piece: 0,
             index: [0; MAX_DIMS],
             into: 0,
+            at: None,
         };
         if walk.left > 0 {
             walk.seek(u128::from(self.pattern.skip) + u128::from(start));
@@ -754,6 +755,10 @@ pub struct Segments<'a, 'p> {
     index: [u64; MAX_DIMS],
     /// Bytes already taken of the current block.
     into: u64,
+    /// Strided: the current block's offset from the repetition's origin,
+    /// once known (kept up to date by adding strides, so that a walk does
+    /// not multiply per block).
+    at: Option<i128>,
 }
 
 impl Segments<'_, '_> {
@@ -807,14 +812,15 @@ impl Segments<'_, '_> {
         }
         self.index = [0; MAX_DIMS];
         self.into = 0;
+        self.at = None;
     }
 }
 
 impl Iterator for Segments<'_, '_> {
     type Item = Segment;
 
-    // Inlined into the device's copy loop: one call per element of a
-    // column of doubles costs as much as the element.
+    // Inlined into the device's copy loop, where a call per element of a
+    // column of doubles would cost as much as the element.
     #[inline]
     fn next(&mut self) -> Option<Segment> {
         if self.left == 0 {
@@ -828,19 +834,26 @@ impl Iterator for Segments<'_, '_> {
                 block,
                 dims,
             } => {
-                let mut at = i128::from(*offset);
-                for (dim, index) in dims.iter().zip(self.index) {
-                    at += i128::from(dim.stride) * i128::from(index);
-                }
+                let at = self.at.unwrap_or_else(|| {
+                    let mut at = i128::from(*offset);
+                    for (dim, index) in dims.iter().zip(self.index) {
+                        at += i128::from(dim.stride) * i128::from(index);
+                    }
+                    at
+                });
                 let mut finished = true;
+                let mut next = at;
                 for (dim, index) in dims.iter().zip(self.index.iter_mut()) {
                     *index += 1;
                     if *index < dim.count {
+                        next += i128::from(dim.stride);
                         finished = false;
                         break;
                     }
+                    next -= i128::from(dim.stride) * i128::from(dim.count - 1);
                     *index = 0;
                 }
+                self.at = (!finished).then_some(next);
                 (at, *block, finished)
             }
             Piece::Indexed { offset, blocks } => {
