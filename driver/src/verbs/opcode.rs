@@ -394,13 +394,19 @@ impl<'r> Vector<'r> {
                 return Err(VerbsError::Pattern(error));
             }
         }
+        let descriptor = encode_pair(&local_pattern, &remote_pattern);
+        if u32::try_from(descriptor.len()).is_err() {
+            return Err(VerbsError::Pattern(PatternError::Overflow(
+                "descriptor bytes (a request's descriptor length is 32 bits)",
+            )));
+        }
         Ok(Vector {
             local,
             len,
             remote,
             read,
             notify: None,
-            descriptor: encode_pair(&local_pattern, &remote_pattern),
+            descriptor,
         })
     }
 
