@@ -821,7 +821,7 @@ impl Iterator for Segments<'_, '_> {
 
     // Inlined into the device's copy loop, where a call per element of a
     // column of doubles would cost as much as the element.
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Segment> {
         if self.left == 0 {
             return None;
