@@ -14,6 +14,7 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::inbox::Inbox;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
+use crate::rdma::VectorLimits;
 use crate::rdma::{RefusalCounters, WindowTable};
 use crate::DeviceConfig;
 
@@ -139,6 +140,8 @@ pub struct Port {
     pub shared: Arc<PortShared>,
     /// Frames switched to this port by other ports, for its own thread.
     pub inbox: Inbox,
+    /// What the device accepts of one vector transfer this port starts.
+    pub vector_limits: VectorLimits,
     state: Mutex<PortState>,
 }
 
@@ -414,6 +417,16 @@ impl PortShared {
     }
 }
 
+impl crate::rdma::NoticeQueue for Port {
+    fn deliver(&self, notice: pindown_uapi::Completion) {
+        self.inbox.deliver_notice(notice);
+    }
+
+    fn release(&self) {
+        self.inbox.release_notice();
+    }
+}
+
 impl Port {
     /// A disconnected port.
     pub fn new(index: usize, socket: usize, mac: [u8; 6], cfg: &DeviceConfig) -> Port {
@@ -426,6 +439,7 @@ impl Port {
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
             inbox: Inbox::default(),
+            vector_limits: cfg.vector_limits,
         }
     }
 

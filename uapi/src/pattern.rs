@@ -46,6 +46,8 @@
 //! offset overflows, `skip + len` inside the stream) and builds the index
 //! a [`Segments`] walk seeks with.
 
+use std::borrow::Cow;
+
 use thiserror::Error;
 
 /// Strided loops around a piece's block, at most.
@@ -449,12 +451,25 @@ impl Pattern {
 
     /// Checks the pattern's arithmetic and indexes it for seeking.
     pub fn plan(&self) -> Result<Plan<'_>, PatternError> {
-        let mut starts = Vec::with_capacity(self.pieces.len() + 1);
-        let mut list_starts = Vec::with_capacity(self.pieces.len());
+        Plan::new(Cow::Borrowed(self))
+    }
+
+    /// [`Pattern::plan`], keeping the pattern in the plan: a plan that
+    /// outlives the place the pattern was decoded in (a transfer that
+    /// goes on over several turns).
+    pub fn into_plan(self) -> Result<Plan<'static>, PatternError> {
+        Plan::new(Cow::Owned(self))
+    }
+}
+
+impl<'p> Plan<'p> {
+    fn new(pattern: Cow<'p, Pattern>) -> Result<Plan<'p>, PatternError> {
+        let mut starts = Vec::with_capacity(pattern.pieces.len() + 1);
+        let mut list_starts = Vec::with_capacity(pattern.pieces.len());
         let mut period: u64 = 0;
         let mut low = i128::MAX;
         let mut high = i128::MIN;
-        for piece in &self.pieces {
+        for piece in &pattern.pieces {
             starts.push(period);
             let (bytes, hull, prefix) = piece_facts(piece)?;
             list_starts.push(prefix);
@@ -467,18 +482,18 @@ impl Pattern {
             }
         }
         starts.push(period);
-        let stream = u128::from(period) * u128::from(self.repeat);
-        if u128::from(self.skip) + u128::from(self.len) > stream {
+        let stream = u128::from(period) * u128::from(pattern.repeat);
+        if u128::from(pattern.skip) + u128::from(pattern.len) > stream {
             return Err(PatternError::OutsideStream {
                 stream,
-                skip: self.skip,
-                len: self.len,
+                skip: pattern.skip,
+                len: pattern.len,
             });
         }
-        let hull = if period == 0 || self.repeat == 0 {
+        let hull = if period == 0 || pattern.repeat == 0 {
             None
         } else {
-            let reach = i128::from(self.extent) * i128::from(self.repeat - 1);
+            let reach = i128::from(pattern.extent) * i128::from(pattern.repeat - 1);
             let (l, h) = (low + reach.min(0), high + reach.max(0));
             if l < i128::from(i64::MIN) || h > i128::from(i64::MAX) {
                 return Err(PatternError::Overflow("pattern offsets"));
@@ -486,7 +501,7 @@ impl Pattern {
             Some((l as i64, h as i64))
         };
         Ok(Plan {
-            pattern: self,
+            pattern,
             starts,
             list_starts,
             period,
@@ -513,15 +528,21 @@ fn piece_facts(piece: &Piece) -> Result<PieceFacts, PatternError> {
                     .checked_mul(dim.count)
                     .ok_or(PatternError::Overflow("strided counts"))?;
                 if dim.count > 0 {
+                    // Each reach fits an i128 (|stride| < 2^63, count <
+                    // 2^64), but three of them and the offset may not.
                     let reach = i128::from(dim.stride) * i128::from(dim.count - 1);
-                    low += reach.min(0);
-                    high += reach.max(0);
+                    let overflow = PatternError::Overflow("strided offsets");
+                    low = low.checked_add(reach.min(0)).ok_or(overflow.clone())?;
+                    high = high.checked_add(reach.max(0)).ok_or(overflow)?;
                 }
             }
             let bytes = elements
                 .checked_mul(*block)
                 .ok_or(PatternError::Overflow("strided bytes"))?;
-            let hull = (bytes > 0).then_some((low, high + i128::from(*block)));
+            let end = high
+                .checked_add(i128::from(*block))
+                .ok_or(PatternError::Overflow("strided offsets"))?;
+            let hull = (bytes > 0).then_some((low, end));
             check_offsets(hull)?;
             Ok((bytes, hull, Vec::new()))
         }
@@ -564,7 +585,8 @@ fn check_offsets(hull: Option<(i128, i128)>) -> Result<(), PatternError> {
 /// O(dimensions + log blocks).
 #[derive(Clone, Debug)]
 pub struct Plan<'p> {
-    pattern: &'p Pattern,
+    /// Borrowed ([`Pattern::plan`]) or owned ([`Pattern::into_plan`]).
+    pattern: Cow<'p, Pattern>,
     /// Stream offset of each piece inside the period, and the period.
     starts: Vec<u64>,
     /// For each listed piece, prefix sums of its blocks' lengths.
@@ -575,8 +597,8 @@ pub struct Plan<'p> {
 
 impl<'p> Plan<'p> {
     /// The pattern.
-    pub fn pattern(&self) -> &'p Pattern {
-        self.pattern
+    pub fn pattern(&self) -> &Pattern {
+        &self.pattern
     }
 
     /// Bytes the transfer covers ([`Pattern::len`]).
@@ -609,6 +631,7 @@ impl<'p> Plan<'p> {
             piece: 0,
             index: [0; MAX_DIMS],
             into: 0,
+            at: None,
         };
         if walk.left > 0 {
             walk.seek(u128::from(self.pattern.skip) + u128::from(start));
@@ -625,7 +648,7 @@ impl<'p> Plan<'p> {
         let from = from.min(end);
         let absolute = u128::from(self.pattern.skip) + u128::from(from);
         let last = absolute + u128::from(end - from);
-        let mut pattern = self.pattern.clone();
+        let mut pattern = self.pattern.as_ref().clone();
         pattern.len = end - from;
         pattern.skip = (absolute) as u64;
         if self.period == 0 || end == from {
@@ -676,24 +699,40 @@ impl<'p> Plan<'p> {
             pattern.repeat = 1;
             pattern.extent = 0;
             pattern.skip = skip;
+        } else {
+            // Several repetitions: the period moved to the first one the
+            // part touches, so that the skip stays inside one period (the
+            // stream may be longer than 2^64 bytes, the skip may not).
+            let origin = i128::from(self.pattern.extent) * first_rep as i128;
+            for piece in &mut pattern.pieces {
+                shift(piece, origin);
+            }
+            pattern.repeat = self.pattern.repeat - first_rep as u64;
+            pattern.skip = (absolute - first_rep * period) as u64;
         }
         pattern
     }
 }
 
-/// Moves a piece by `by` bytes (the origin of the repetition it came
-/// from). A strided piece's offset is its first block's, and a listed
-/// piece's blocks take its offset into their own, empty ones dropped: so
-/// every offset left names a byte of the checked pattern and fits.
+/// Moves a piece by `by` bytes (the origin of a repetition of a checked
+/// pattern): a strided piece's offset is its first block, inside the
+/// hull, so the sum fits; a listed piece's origin may not fit once moved,
+/// and then moves into its blocks (each block with bytes lies inside the
+/// hull).
 fn shift(piece: &mut Piece, by: i128) {
     match piece {
         Piece::Strided { offset, .. } => *offset = (i128::from(*offset) + by) as i64,
         Piece::Indexed { offset, blocks } => {
-            if let BlockList::Listed(list) = blocks {
-                let origin = i128::from(*offset) + by;
-                list.retain(|block| block.len > 0);
-                for block in list.iter_mut() {
-                    block.offset = (origin + i128::from(block.offset)) as i64;
+            let moved = i128::from(*offset) + by;
+            if let Ok(fits) = i64::try_from(moved) {
+                *offset = fits;
+            } else if let BlockList::Listed(list) = blocks {
+                for block in list {
+                    block.offset = if block.len == 0 {
+                        0
+                    } else {
+                        (moved + i128::from(block.offset)) as i64
+                    };
                 }
                 *offset = 0;
             }
@@ -716,6 +755,10 @@ pub struct Segments<'a, 'p> {
     index: [u64; MAX_DIMS],
     /// Bytes already taken of the current block.
     into: u64,
+    /// Strided: the current block's offset from the repetition's origin,
+    /// once known (kept up to date by adding strides, so that a walk does
+    /// not multiply per block).
+    at: Option<i128>,
 }
 
 impl Segments<'_, '_> {
@@ -769,12 +812,16 @@ impl Segments<'_, '_> {
         }
         self.index = [0; MAX_DIMS];
         self.into = 0;
+        self.at = None;
     }
 }
 
 impl Iterator for Segments<'_, '_> {
     type Item = Segment;
 
+    // Inlined into the device's copy loop, where a call per element of a
+    // column of doubles would cost as much as the element.
+    #[inline(always)]
     fn next(&mut self) -> Option<Segment> {
         if self.left == 0 {
             return None;
@@ -787,19 +834,26 @@ impl Iterator for Segments<'_, '_> {
                 block,
                 dims,
             } => {
-                let mut at = i128::from(*offset);
-                for (dim, index) in dims.iter().zip(self.index) {
-                    at += i128::from(dim.stride) * i128::from(index);
-                }
+                let at = self.at.unwrap_or_else(|| {
+                    let mut at = i128::from(*offset);
+                    for (dim, index) in dims.iter().zip(self.index) {
+                        at += i128::from(dim.stride) * i128::from(index);
+                    }
+                    at
+                });
                 let mut finished = true;
+                let mut next = at;
                 for (dim, index) in dims.iter().zip(self.index.iter_mut()) {
                     *index += 1;
                     if *index < dim.count {
+                        next += i128::from(dim.stride);
                         finished = false;
                         break;
                     }
+                    next -= i128::from(dim.stride) * i128::from(dim.count - 1);
                     *index = 0;
                 }
+                self.at = (!finished).then_some(next);
                 (at, *block, finished)
             }
             Piece::Indexed { offset, blocks } => {

@@ -57,6 +57,18 @@
 //! [`Completion::result`](pindown_uapi::Completion::result) turns its
 //! status into a `Result`.
 //!
+//! **Vector transfers.** [`opcode::Vector`] moves bytes between a local
+//! [`Pattern`](pindown_uapi::pattern::Pattern) and a remote one in one
+//! request (VECTOR_WRITE, VECTOR_READ; DIMMnet-2's remote vector access):
+//! strided nests, block lists, pieces repeated with an extent. The driver
+//! checks the local pattern against its [`Local`] range and both
+//! patterns' lengths when it builds the request; the descriptor travels
+//! inline when it fits, else in memory the queue pair keeps until the
+//! device has finished. With [`opcode::Vector::notify`], the target's
+//! context learns of a write that landed from its own admin completion
+//! queue ([`Context::arrivals`], [`Context::wait_arrivals`]): the writer's
+//! port, the window's key, the bytes and an immediate value.
+//!
 //! **Lifetimes.** A [`Local`] range borrows the [`MemoryRegion`] it was
 //! taken from, and a request built from it borrows it too, so a request
 //! naming memory whose registration is gone cannot be built or posted in
@@ -192,7 +204,20 @@ pub enum VerbsError {
         /// Its length.
         len: u64,
     },
-    /// A range beyond the end of the memory region it was taken from.
+    /// A vector transfer's patterns do not cover the same bytes (or more
+    /// than a request's 32-bit length).
+    #[error("the local pattern covers {local} bytes, the remote one {remote}: they must be equal and fit 32 bits")]
+    VectorLengths {
+        /// Bytes of the local pattern.
+        local: u64,
+        /// Bytes of the remote pattern.
+        remote: u64,
+    },
+    /// A vector transfer's pattern is not valid.
+    #[error("invalid access pattern: {0}")]
+    Pattern(#[from] pindown_uapi::pattern::PatternError),
+    /// A range beyond the end of the memory region it was taken from (for
+    /// a vector transfer: the local pattern's hull beyond its range).
     #[error("[{offset}, +{len}) is outside the {region_len}-byte memory region")]
     OutOfRegion {
         /// Offset asked for.

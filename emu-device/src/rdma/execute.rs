@@ -4,12 +4,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
-    Status, WorkRequest,
+    Access, Arrival, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    RemoteAddress, Status, WorkRequest,
 };
 
+use super::vector::{self, Side, VectorState};
 use super::windows::{PortId, Refusal, Window};
-use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
+use super::{AccessFault, Fabric, Failure, NoticeSlot, Outcome, Span, Spans, Target};
 
 /// Bytes a transfer moves in one guarded step: a barrier (revoke,
 /// invalidate, reset) waits for at most one step of each transfer in
@@ -23,10 +24,15 @@ pub const STEP_BYTES: u64 = 256 * 1024;
 pub const STEPS_PER_TURN: u64 = 4;
 
 /// Where a request stands between two turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Progress {
     /// Bytes a transfer has moved so far.
     pub moved: u64,
+    /// A vector transfer's plans, from its first turn on.
+    pub vector: Option<Box<VectorState>>,
+    /// Room for the arrival notice of a VECTOR_WRITE with NOTIFY_TARGET,
+    /// promised by the target before the first byte moved.
+    pub notice: Option<NoticeSlot>,
 }
 
 /// What one turn of a request did.
@@ -193,8 +199,15 @@ fn run(
             still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
-        Operation::VectorWrite(_) | Operation::VectorRead(_) => {
-            Err((Status::InvalidRequest, ErrorDetail::Unsupported))
+        Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+            let opcode = request.op.opcode();
+            let direction = if opcode == Opcode::VectorWrite {
+                Direction::Write
+            } else {
+                Direction::Read
+            };
+            let finished = vector_transfer(fabric, own, direction, &vector, inline, progress)?;
+            return Ok(finished.then(|| Completion::success(user_data, opcode, vector.len, 0)));
         }
     };
     whole.map(Some)
@@ -227,6 +240,16 @@ enum Direction {
     Read,
 }
 
+impl Direction {
+    /// The right the remote side must grant, and whether it is written.
+    fn remote_access(self) -> (Access, bool) {
+        match self {
+            Direction::Write => (Access::REMOTE_WRITE, true),
+            Direction::Read => (Access::REMOTE_READ, false),
+        }
+    }
+}
+
 /// Moves `len` bytes between local `iova` and `remote`, in guarded steps
 /// of at most [`STEP_BYTES`], at most [`STEPS_PER_TURN`] of them from
 /// `progress` on; returns whether the transfer is complete. The first step
@@ -246,15 +269,15 @@ fn transfer(
     progress: &mut Progress,
 ) -> Result<bool, Failure> {
     let len = u64::from(len);
-    let (needed, remote_writes) = match direction {
-        Direction::Write => (Access::REMOTE_WRITE, true),
-        Direction::Read => (Access::REMOTE_READ, false),
-    };
-    for _ in 0..STEPS_PER_TURN {
-        let moved = progress.moved;
-        let step = (len - moved).min(STEP_BYTES);
-        let checked = if moved == 0 { len } else { step };
-        on_port(fabric, own, remote.port, &mut |local, target| {
+    let (needed, remote_writes) = direction.remote_access();
+    guarded_steps(
+        fabric,
+        own,
+        remote.port,
+        len,
+        &mut progress.moved,
+        &mut |local, target, moved, step| {
+            let checked = if moved == 0 { len } else { step };
             let mut near = Spans::new();
             local
                 .memory
@@ -266,8 +289,8 @@ fn transfer(
                 ..remote
             };
             remote_range(
-                &target,
-                id_of(own, &local),
+                target,
+                id_of(own, local),
                 at,
                 checked,
                 needed,
@@ -276,21 +299,127 @@ fn transfer(
             )?;
             let step = usize::try_from(step).unwrap_or(usize::MAX);
             match direction {
-                Direction::Write => copy_spans(&near, &far, step),
-                Direction::Read => copy_spans(&far, &near, step),
+                Direction::Write => copy_spans(near, far, step),
+                Direction::Read => copy_spans(far, near, step),
             }
+            Ok(())
+        },
+    )
+}
+
+/// One guarded step of a transfer: `(local, target, from, bytes)` checks
+/// and moves the transfer's bytes `from..from + bytes`.
+type TransferStep<'s> = dyn FnMut(&Target<'_>, &Target<'_>, u64, u64) -> Result<(), Failure> + 's;
+
+/// Runs up to [`STEPS_PER_TURN`] guarded steps of a transfer of `len`
+/// bytes between the initiator `own` and port `target`, from `moved` on:
+/// `step(local, target, moved, bytes)` checks and moves the transfer's
+/// bytes `moved..moved + bytes` (at most [`STEP_BYTES`]); a step that
+/// touched memory its owner took away fails. Returns whether the transfer
+/// is complete.
+fn guarded_steps(
+    fabric: &dyn Fabric,
+    own: u16,
+    target: u16,
+    len: u64,
+    moved: &mut u64,
+    step: &mut TransferStep<'_>,
+) -> Result<bool, Failure> {
+    for _ in 0..STEPS_PER_TURN {
+        let from = *moved;
+        let bytes = (len - from).min(STEP_BYTES);
+        on_port(fabric, own, target, &mut |local, target| {
+            step(&local, &target, from, bytes)?;
             if local.memory.lost() {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
             still_there(&target)?;
             Ok(STEP_DONE)
         })?;
-        progress.moved += step;
-        if progress.moved >= len {
+        *moved += bytes;
+        if *moved >= len {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Runs up to [`STEPS_PER_TURN`] steps of a vector transfer from
+/// `progress` on (see [`vector`]): the first turn takes its descriptor
+/// (`inline`, or the initiator's memory) and plans it; the first step
+/// checks every element of both patterns, every later one its own part.
+/// Returns whether the transfer is complete.
+fn vector_transfer(
+    fabric: &dyn Fabric,
+    own: u16,
+    direction: Direction,
+    transfer: &pindown_uapi::VectorTransfer,
+    inline: &[u8],
+    progress: &mut Progress,
+) -> Result<bool, Failure> {
+    if progress.vector.is_none() {
+        let limits = fabric.vector_limits();
+        let mut prepared = None;
+        on_port(fabric, own, own, &mut |local, _| {
+            prepared = Some(vector::prepare(
+                own,
+                local.memory,
+                transfer,
+                inline,
+                limits,
+            )?);
+            Ok(STEP_DONE)
+        })?;
+        progress.vector = prepared.map(Box::new);
+        if transfer.notify.is_some() {
+            // Room for the arrival first: a notice that could not be
+            // queued would be lost, so the write does not start.
+            progress.notice = Some(
+                fabric
+                    .reserve_notice(transfer.remote.port)
+                    .ok_or((Status::LimitReached, ErrorDetail::NoticeLimit))?,
+            );
+        }
+    }
+    let Some(state) = progress.vector.as_deref() else {
+        return Err((Status::InvalidRequest, ErrorDetail::Malformed));
+    };
+    let len = u64::from(transfer.len);
+    let (needed, remote_writes) = direction.remote_access();
+    let finished = guarded_steps(
+        fabric,
+        own,
+        transfer.remote.port,
+        len,
+        &mut progress.moved,
+        &mut |local, target, moved, step| {
+            let near = Side::Local {
+                memory: local.memory,
+                base: transfer.local,
+                write: !remote_writes,
+            };
+            let far = Side::Remote {
+                target,
+                initiator: id_of(own, local),
+                remote: transfer.remote,
+                needed,
+                write: remote_writes,
+            };
+            let check_all = moved == 0 && step < len;
+            vector::step(state, &near, &far, !remote_writes, moved, step, check_all)
+        },
+    )?;
+    if finished {
+        if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
+            slot.deliver(Completion::arrival_notice(Arrival {
+                peer: own,
+                key: transfer.remote.key,
+                bytes: transfer.len,
+                immediate,
+            }));
+        }
+    }
+    Ok(finished)
 }
 
 /// What a step of a transfer returns when it worked (the request's own
@@ -302,6 +431,7 @@ const STEP_DONE: Completion = Completion {
     opcode: None,
     byte_len: 0,
     value: 0,
+    arrival_from: None,
 };
 
 /// Runs one guarded step on the initiator and the port `target` names.
@@ -318,7 +448,7 @@ fn on_port(
     }
 }
 
-fn local_fault(fault: AccessFault) -> Failure {
+pub(super) fn local_fault(fault: AccessFault) -> Failure {
     match fault {
         AccessFault::Unmapped | AccessFault::Miss { .. } | AccessFault::Permission(_) => {
             (Status::LocalProtectionError, ErrorDetail::Unregistered)
@@ -332,7 +462,7 @@ pub const NOT_GRANTED: Failure = (Status::RemoteAccessError, ErrorDetail::NotGra
 
 /// Refuses a remote access: counts the cause for the target's owner, and
 /// answers [`NOT_GRANTED`].
-fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
+pub(super) fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
     target.refusals.count(refusal);
     NOT_GRANTED
 }
@@ -341,7 +471,7 @@ fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
 /// needing `needed`, against the target's window and registrations; fills
 /// `out` with the spans to access and returns the owner's I/O virtual
 /// address of the range.
-fn remote_range(
+pub(super) fn remote_range(
     target: &Target<'_>,
     initiator: PortId,
     remote: RemoteAddress,
@@ -462,9 +592,13 @@ fn copy_in(bytes: &[u8], to: &[Span]) {
 
 /// Copies the first `limit` bytes of `from` into `to` (both hold at least
 /// that many), span by span: one copy, straight between the two mappings.
-fn copy_spans(from: &[Span], to: &[Span], limit: usize) {
-    let (mut source, mut source_offset) = (from.iter(), 0usize);
-    let (mut target, mut target_offset) = (to.iter(), 0usize);
+pub(super) fn copy_spans(
+    from: impl IntoIterator<Item = Span>,
+    to: impl IntoIterator<Item = Span>,
+    limit: usize,
+) {
+    let (mut source, mut source_offset) = (from.into_iter(), 0usize);
+    let (mut target, mut target_offset) = (to.into_iter(), 0usize);
     let (mut current_source, mut current_target) = (source.next(), target.next());
     let mut left = limit;
     while let (Some(s), Some(t)) = (current_source, current_target) {
@@ -477,7 +611,7 @@ fn copy_spans(from: &[Span], to: &[Span], limit: usize) {
         // `copy` (memmove) allows the overlap of a port copying within its
         // own memory. The memory is shared with its owner's process: we go
         // through raw pointers, never references to it.
-        unsafe { std::ptr::copy(s.addr.add(source_offset), t.addr.add(target_offset), n) };
+        unsafe { copy_run(s.addr.add(source_offset), t.addr.add(target_offset), n) };
         source_offset += n;
         target_offset += n;
         left -= n;
@@ -488,6 +622,32 @@ fn copy_spans(from: &[Span], to: &[Span], limit: usize) {
         if target_offset == t.len {
             current_target = target.next();
             target_offset = 0;
+        }
+    }
+}
+
+/// Copies `n` bytes from `from` to `to` (which may overlap, as memmove
+/// allows): the element sizes of vector transfers (4, 8, 16 bytes) as one
+/// unaligned load and store each, longer runs through `ptr::copy`.
+///
+/// # Safety
+///
+/// Both ranges are mapped memory lent for the current guarded step.
+unsafe fn copy_run(from: *const u8, to: *mut u8, n: usize) {
+    // SAFETY (all arms): the caller's ranges hold `n` bytes; a whole value
+    // is read before it is written, so an overlap copies as memmove does.
+    unsafe {
+        match n {
+            4 => to
+                .cast::<u32>()
+                .write_unaligned(from.cast::<u32>().read_unaligned()),
+            8 => to
+                .cast::<u64>()
+                .write_unaligned(from.cast::<u64>().read_unaligned()),
+            16 => to
+                .cast::<u128>()
+                .write_unaligned(from.cast::<u128>().read_unaligned()),
+            _ => std::ptr::copy(from, to, n),
         }
     }
 }

@@ -852,3 +852,101 @@ fn memory_its_owner_took_away_fails_every_access() {
         );
     }
 }
+
+impl Device {
+    /// Ports of `bytes` each, their memory mapped in runs of `piece` bytes.
+    fn with_pieces(ports: usize, bytes: usize, piece: usize) -> Self {
+        let mut device = Self::with_memory(ports, bytes);
+        for (i, port) in device.ports.iter_mut().enumerate() {
+            port.memory = BufferMemory::new(bytes, 0x1000_0000 * (i as u64 + 1), piece);
+        }
+        device
+    }
+
+    /// Runs a vector request carrying `descriptor` inline to its end;
+    /// returns the completion and the turns it took.
+    fn run_vector(&self, port: u16, op: Operation, descriptor: &[u8]) -> (Completion, usize) {
+        let mut progress = Progress::default();
+        for turns in 1.. {
+            if let Turn::Done(done) = self.turn_with(port, op, descriptor, &mut progress) {
+                return (done, turns);
+            }
+        }
+        unreachable!()
+    }
+}
+
+#[test]
+fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mappings() {
+    use pindown_uapi::pattern::{encode_pair, Pattern, Piece};
+    use pindown_uapi::{Descriptor, VectorTransfer};
+    const MEMORY: usize = 4 << 20;
+    // 60000 blocks of 24 bytes, 40 apart: more than STEPS_PER_TURN steps, so
+    // several turns; into contiguous bytes of the window.
+    let local = Pattern::new(vec![Piece::vector(8, 24, 60_000, 40)], 1, 0).unwrap();
+    let remote = Pattern::contiguous(local.len);
+    assert!(local.len > STEP_BYTES * STEPS_PER_TURN);
+    let descriptor = encode_pair(&local, &remote);
+    let model: Vec<usize> = (0..60_000usize)
+        .flat_map(|i| (0..24).map(move |b| 8 + i * 40 + b))
+        .collect();
+    let mut results = Vec::new();
+    // Runs of 4 KiB: no hull is contiguous, each element is translated by
+    // itself; one run: every step maps its hull once.
+    for piece in [4096, MEMORY] {
+        for read in [false, true] {
+            let device = Device::with_pieces(2, MEMORY, piece);
+            let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
+            let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
+            let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
+            near.write(near.base, &near_bytes);
+            far.write(far.base, &far_bytes);
+            let key = device.bind(
+                1,
+                far.base,
+                MEMORY as u64,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            );
+            let transfer = VectorTransfer {
+                local: near.base,
+                len: local.len as u32,
+                remote: RemoteAddress {
+                    port: 1,
+                    key,
+                    offset: 100,
+                },
+                descriptor: Descriptor::Inline {
+                    len: descriptor.len() as u32,
+                },
+                notify: None,
+            };
+            let op = if read {
+                Operation::VectorRead(transfer)
+            } else {
+                Operation::VectorWrite(transfer)
+            };
+            let (done, turns) = device.run_vector(0, op, &descriptor);
+            assert!(done.is_success(), "{done:?}");
+            assert_eq!(done.byte_len, local.len as u32);
+            assert!(turns > 1, "a transfer this long takes several turns");
+            let (mut near_expected, mut far_expected) = (near_bytes.clone(), far_bytes.clone());
+            for (k, &at) in model.iter().enumerate() {
+                if read {
+                    near_expected[at] = far_bytes[100 + k];
+                } else {
+                    far_expected[100 + k] = near_bytes[at];
+                }
+            }
+            assert!(
+                near.read(near.base, MEMORY) == near_expected,
+                "piece {piece}, read {read}"
+            );
+            assert!(
+                far.read(far.base, MEMORY) == far_expected,
+                "piece {piece}, read {read}"
+            );
+            results.push((near.read(near.base, MEMORY), far.read(far.base, MEMORY)));
+        }
+    }
+    assert!(results[0] == results[2] && results[1] == results[3]);
+}
