@@ -18,6 +18,9 @@
  * summed and reported.
  *
  * Usage: vector_pingpong z=Z n=N m=M1,M2,... iterations=K warmup=W huge=0|1
+ *        [corrupt=1]
+ * corrupt=1 makes rank 1 send one wrong element (the first of the
+ * submatrix), so that a test can see the check report it.
  * Output (rank 0, stdout): one JSON object per line, first a header
  * {"library": ..., "huge_pages": ...}, then one per (m, kind).
  */
@@ -128,7 +131,7 @@ int main(int argc, char **argv) {
 
     size_t z = 0, n = 0, ms[MAX_SIZES], sizes = 0;
     long iterations = 0, warmup = 0;
-    int want_huge = 0;
+    int want_huge = 0, corrupt = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strncmp(a, "z=", 2))
@@ -141,6 +144,8 @@ int main(int argc, char **argv) {
             warmup = strtol(a + 7, NULL, 10);
         else if (!strncmp(a, "huge=", 5))
             want_huge = atoi(a + 5);
+        else if (!strncmp(a, "corrupt=", 8))
+            corrupt = atoi(a + 8);
         else if (!strncmp(a, "m=", 2)) {
             char *p = (char *)a + 2;
             while (*p && sizes < MAX_SIZES) {
@@ -161,7 +166,7 @@ int main(int argc, char **argv) {
         if (rank == 0)
             fprintf(stderr,
                     "usage: vector_pingpong z=Z n=N(<=Z) m=M1,M2,...(1..%d) iterations=K warmup=W "
-                    "huge=0|1\n",
+                    "huge=0|1 [corrupt=1]\n",
                     ROWS);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -178,6 +183,10 @@ int main(int argc, char **argv) {
             send.data[row * ld + col] = value_at(row, col);
     for (size_t i = 0; i < max_count; i++)
         send_contig.data[i] = value_at(i / 65536, i % 65536);
+    if (corrupt && rank == 1) {
+        send.data[0] += 1;
+        send_contig.data[0] += 1;
+    }
     int huge = send.huge && recv.huge && send_contig.huge && recv_contig.huge;
     int huge_all = 0;
     MPI_Allreduce(&huge, &huge_all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
@@ -247,8 +256,8 @@ int main(int argc, char **argv) {
                 /* One way = half a round trip, in microseconds. */
                 double one_way_us = median / 2 * 1e6;
                 printf("{\"kind\": \"%s\", \"z\": %zu, \"n\": %zu, \"m\": %zu, \"bytes\": %.0f, "
-                       "\"iterations\": %ld, \"one_way_us_median\": %.3f, "
-                       "\"one_way_us_min\": %.3f, \"one_way_us_mean\": %.3f, "
+                       "\"iterations\": %ld, \"one_way_us_median\": %.4f, "
+                       "\"one_way_us_min\": %.4f, \"one_way_us_mean\": %.4f, "
                        "\"mb_per_s\": %.3f, \"mismatches\": %ld, \"verified\": %s}\n",
                        contig ? "contig" : "vector", z, n, m, bytes, iterations, one_way_us,
                        times[0] / 2 * 1e6, total / (double)iterations / 2 * 1e6,

@@ -155,6 +155,8 @@ pub struct RunSpec {
     /// Ask for huge pages (the program falls back to normal pages and says
     /// so).
     pub huge_pages: bool,
+    /// Rank 1 sends one wrong element (for tests of the check).
+    pub corrupt_one_element: bool,
 }
 
 /// The program's first line.
@@ -221,7 +223,8 @@ pub fn run(flavor: Flavor, binary: &Path, spec: &RunSpec) -> io::Result<Run> {
         .arg(format!("m={}", ms.join(",")))
         .arg(format!("iterations={}", spec.iterations))
         .arg(format!("warmup={}", spec.warmup))
-        .arg(format!("huge={}", u8::from(spec.huge_pages)));
+        .arg(format!("huge={}", u8::from(spec.huge_pages)))
+        .arg(format!("corrupt={}", u8::from(spec.corrupt_one_element)));
     let name = format!("{} {}", flavor.launcher(), binary.display());
     let mut child = LineChild::spawn(name.clone(), command)?;
     let bad = |line: &str, e: serde_json::Error| {

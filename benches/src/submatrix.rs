@@ -41,7 +41,7 @@ impl Shape {
     /// A shape, if the submatrix fits the matrix (`1 <= m <= ROWS`,
     /// `1 <= n <= z`).
     pub fn new(z: usize, m: usize, n: usize) -> Option<Shape> {
-        (m >= 1 && m <= ROWS && n >= 1 && n <= z).then_some(Shape { z, m, n })
+        ((1..=ROWS).contains(&m) && (1..=z).contains(&n)).then_some(Shape { z, m, n })
     }
 
     /// Elements from one matrix row to the next (z + 1).
