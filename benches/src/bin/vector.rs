@@ -105,6 +105,10 @@ struct Args {
     /// Leave the MPI baselines out.
     #[arg(long)]
     no_mpi: bool,
+    /// Print how many 2 MiB pages the huge-page pass of this plan needs
+    /// reserved (`vm.nr_hugepages`) and exit.
+    #[arg(long)]
+    huge_pages_wanted: bool,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -548,6 +552,10 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
     let started = Instant::now();
     let plan = Plan::new(args)?;
+    if args.huge_pages_wanted {
+        println!("{}", plan.huge_pages_wanted);
+        return Ok(true);
+    }
     let machine = Machine::collect(LockBudget::probe(2 * plan.arena_bytes() as u64));
     let exe = std::env::current_exe()?;
     let mpi_builds = if args.no_mpi {
