@@ -193,13 +193,15 @@ impl SendQueue {
         Ok(usize::from(self.known_free()))
     }
 
-    /// Writes `request` at the next position, with `inline` (the bytes of
-    /// a WRITE_INLINE, else empty) in the slots after it; the caller made
-    /// sure of the room ([`has_room`](Self::has_room) for
+    /// Writes `request` at the next position, with `inline` (the bytes a
+    /// WRITE_INLINE or a vector transfer's inline descriptor carries, else
+    /// empty) in the slots after it, less those the request itself holds
+    /// ([`Operation::bytes_in_request`](pindown_uapi::Operation::bytes_in_request));
+    /// the caller made sure of the room ([`has_room`](Self::has_room) for
     /// [`slots_for`](Self::slots_for)).
     pub fn push(&mut self, request: &WorkRequest, inline: &[u8]) {
         let position = self.tail;
-        let rest = inline.get(queue::INLINE_IN_REQUEST..).unwrap_or(&[]);
+        let rest = inline.get(request.op.bytes_in_request()..).unwrap_or(&[]);
         let mut next = position.wrapping_add(1);
         for chunk in rest.chunks(queue::INLINE_PER_SLOT) {
             self.memory
@@ -214,13 +216,23 @@ impl SendQueue {
         self.tail = next;
     }
 
-    /// Slots a request with `inline` bytes takes.
-    pub fn slots_for(inline: &[u8]) -> usize {
-        if inline.is_empty() {
-            1
-        } else {
-            1 + queue::inline_slots(inline.len() as u32)
-        }
+    /// Slots `request` takes, the slots carrying its bytes included.
+    pub fn slots_for(request: &WorkRequest) -> usize {
+        1 + request.op.slots_after()
+    }
+
+    /// The position the next request will be written at.
+    pub fn tail(&self) -> u16 {
+        self.tail
+    }
+
+    /// Whether the device has taken a request at position `after` or
+    /// later, so that (as it runs a queue's requests one at a time) every
+    /// request before `after` has finished; reads the device's head.
+    pub fn finished_before(&mut self, after: u16) -> Result<bool, QueueError> {
+        self.free()?;
+        let taken = self.head.wrapping_sub(after);
+        Ok(taken >= 1 && taken <= self.tail.wrapping_sub(after))
     }
 
     /// Whether the device must be kicked for the requests written since
@@ -382,7 +394,7 @@ mod tests {
                 },
             },
         };
-        assert_eq!(SendQueue::slots_for(&data), 3);
+        assert_eq!(SendQueue::slots_for(&write), 3);
         assert!(sq.has_room(3).unwrap());
         sq.push(&write, &data);
         assert!(!sq.has_room(1).unwrap(), "all four slots are in use");

@@ -78,6 +78,20 @@ struct Cli {
     #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
           value_parser = parse_max_windows)]
     max_windows_per_port: usize,
+    /// Bytes of a vector transfer's descriptor kept in the initiator's
+    /// memory, at most (suffixes K, M, G: powers of 1024); the device
+    /// copies it, so larger ones fail (status LimitReached, detail
+    /// PatternLimit) and nothing moves.
+    #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_DESCRIPTOR_BYTES as u64,
+          value_parser = parse_descriptor_bytes)]
+    max_descriptor_bytes: u64,
+    /// Blocks of each pattern's lists (listed in the descriptor or read
+    /// from the initiator's memory) in one vector transfer, at most: the
+    /// device keeps 24 bytes per block while the transfer runs; more
+    /// fail (status LimitReached, detail PatternLimit).
+    #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_PATTERN_BLOCKS,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PATTERN_BLOCKS_CAP))]
+    max_pattern_blocks: u64,
     /// Status socket (one `key=value` line per port on connect).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
@@ -117,6 +131,20 @@ fn parse_max_windows(s: &str) -> Result<usize, String> {
         ));
     }
     Ok(n)
+}
+
+/// Most blocks per pattern the flag accepts (384 MiB kept per transfer).
+const MAX_PATTERN_BLOCKS_CAP: u64 = 1 << 24;
+
+fn parse_descriptor_bytes(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes > u64::from(u32::MAX) {
+        return Err(format!(
+            "--max-descriptor-bytes must be at most {} (a descriptor's length is 32 bits)",
+            u32::MAX
+        ));
+    }
+    Ok(bytes)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -264,6 +292,10 @@ fn run(cli: Cli) -> Result<(), String> {
         max_connections: 0,
         max_control_clients: cli.max_control_clients as usize,
         max_windows_per_port: cli.max_windows_per_port,
+        vector_limits: crate::rdma::VectorLimits {
+            max_descriptor_bytes: cli.max_descriptor_bytes as u32,
+            max_pattern_blocks: cli.max_pattern_blocks,
+        },
     };
     crate::rdma::init_keys().map_err(|e| format!("no random source for window keys: {e}"))?;
     config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;

@@ -202,6 +202,10 @@ impl Fabric for PortFabric<'_> {
         }))
     }
 
+    fn vector_limits(&self) -> rdma::VectorLimits {
+        self.own.vector_limits
+    }
+
     fn incarnation(&self, port: u16) -> u64 {
         self.port(port).map_or(0, |port| port.shared.incarnation())
     }

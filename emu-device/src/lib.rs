@@ -94,6 +94,10 @@ pub struct DeviceConfig {
     /// Windows one port may hold at once; binding beyond fails with
     /// `LimitReached`/`WindowLimit`.
     pub max_windows_per_port: usize,
+    /// What the device accepts of one vector transfer (descriptor bytes,
+    /// blocks of a pattern's lists); beyond, the request fails with
+    /// `LimitReached`/`PatternLimit`.
+    pub vector_limits: rdma::VectorLimits,
 }
 
 impl Default for DeviceConfig {
@@ -111,6 +115,7 @@ impl Default for DeviceConfig {
             max_connections: 64,
             max_control_clients: 32,
             max_windows_per_port: rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
+            vector_limits: rdma::VectorLimits::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::inbox::Inbox;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
+use crate::rdma::VectorLimits;
 use crate::rdma::{RefusalCounters, WindowTable};
 use crate::DeviceConfig;
 
@@ -139,6 +140,8 @@ pub struct Port {
     pub shared: Arc<PortShared>,
     /// Frames switched to this port by other ports, for its own thread.
     pub inbox: Inbox,
+    /// What the device accepts of one vector transfer this port starts.
+    pub vector_limits: VectorLimits,
     state: Mutex<PortState>,
 }
 
@@ -426,6 +429,7 @@ impl Port {
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
             inbox: Inbox::default(),
+            vector_limits: cfg.vector_limits,
         }
     }
 

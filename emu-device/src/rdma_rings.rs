@@ -25,7 +25,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use pindown_uapi::queue::{
     self, Record, COMPLETION_SLOT, COMPLETION_STAMP, REQUEST_SLOT, REQUEST_STAMP,
 };
-use pindown_uapi::{Completion, DecodeError, WorkRequest};
+use pindown_uapi::{Completion, DecodeError, Operation, WorkRequest};
 use vm_memory::Permissions;
 
 use crate::memory::{Miss, PortMemory, TranslateError};
@@ -399,28 +399,37 @@ impl RingsView<'_, '_> {
                 }
             }
         };
-        let mut slots = 1u16;
-        if let pindown_uapi::Operation::WriteInline { len, head, .. } = request.op {
-            let extra = queue::inline_slots(len);
-            if extra >= usize::from(self.rings.sq.size) {
-                let error = DecodeError::OutOfRange {
-                    field: "inline length (longer than the send queue)",
-                    value: u64::from(len),
-                };
-                return Slot::Taken {
-                    request: Err((error, request.user_data)),
-                    slots: 1,
-                };
+        // Bytes carried with the request: WRITE_INLINE's data (its first
+        // bytes in the request itself), a vector transfer's inline
+        // descriptor (all in the slots after the request).
+        let extra = request.op.slots_after();
+        let (len, in_request) = match request.op {
+            Operation::WriteInline { len, .. } => (len, request.op.bytes_in_request()),
+            Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+                (vector.descriptor.len(), 0)
             }
-            let len = len as usize;
-            inline.extend_from_slice(&head[..len.min(head.len())]);
-            for k in 1..=extra as u16 {
-                let bytes = self.copy_slot(self.request_slot(position.wrapping_add(k)));
-                let take = (len - inline.len()).min(queue::INLINE_PER_SLOT);
-                inline.extend_from_slice(&bytes[..take]);
-            }
-            slots += extra as u16;
+            _ => (0, 0),
+        };
+        if extra >= usize::from(self.rings.sq.size) {
+            let error = DecodeError::OutOfRange {
+                field: "inline length (longer than the send queue)",
+                value: u64::from(len),
+            };
+            return Slot::Taken {
+                request: Err((error, request.user_data)),
+                slots: 1,
+            };
         }
+        if let Operation::WriteInline { head, .. } = request.op {
+            inline.extend_from_slice(&head[..in_request]);
+        }
+        let len = len as usize;
+        for k in 1..=extra as u16 {
+            let bytes = self.copy_slot(self.request_slot(position.wrapping_add(k)));
+            let take = (len - inline.len()).min(queue::INLINE_PER_SLOT);
+            inline.extend_from_slice(&bytes[..take]);
+        }
+        let slots = 1 + extra as u16;
         Slot::Taken {
             request: Ok(request),
             slots,

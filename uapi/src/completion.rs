@@ -105,6 +105,21 @@ pub enum ErrorDetail {
     PortDown = 8,
     /// A valid request this device does not carry out.
     Unsupported = 9,
+    /// A vector transfer whose local or remote pattern does not cover
+    /// exactly the request's length (with [`Status::InvalidRequest`]):
+    /// nothing moved.
+    LengthMismatch = 10,
+    /// A vector transfer's descriptor or block lists are larger than the
+    /// device allows (its `--max-descriptor-bytes`,
+    /// `--max-pattern-blocks`; with [`Status::LimitReached`]): nothing
+    /// moved.
+    PatternLimit = 11,
+    /// The target port could not take the arrival notice a VECTOR_WRITE
+    /// with [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) asked
+    /// for (its notices waiting are at the device's bound, or no driver
+    /// is connected to take them; with [`Status::LimitReached`]): nothing
+    /// moved.
+    NoticeLimit = 12,
 }
 
 impl ErrorDetail {
@@ -120,6 +135,9 @@ impl ErrorDetail {
             7 => ErrorDetail::UnknownPort,
             8 => ErrorDetail::PortDown,
             9 => ErrorDetail::Unsupported,
+            10 => ErrorDetail::LengthMismatch,
+            11 => ErrorDetail::PatternLimit,
+            12 => ErrorDetail::NoticeLimit,
             other => return Err(DecodeError::UnknownDetail(other)),
         })
     }
@@ -142,6 +160,14 @@ impl ErrorDetail {
             ErrorDetail::UnknownPort => "no such port",
             ErrorDetail::PortDown => "no driver is connected to the target port",
             ErrorDetail::Unsupported => "the device does not carry out this request",
+            ErrorDetail::LengthMismatch => {
+                "the vector transfer's patterns do not both cover the request's length"
+            }
+            ErrorDetail::PatternLimit => {
+                "the vector transfer's descriptor or block lists are larger than the device \
+                 allows (pindown-emu-device --max-descriptor-bytes, --max-pattern-blocks)"
+            }
+            ErrorDetail::NoticeLimit => "the target port cannot take an arrival notice now",
         }
     }
 }

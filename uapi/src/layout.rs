@@ -28,13 +28,19 @@ pub mod rdma_features {
     pub const WINDOWS: u16 = 1 << 2;
     /// WRITE_INLINE of up to [`MAX_INLINE`](crate::queue::MAX_INLINE) bytes.
     pub const INLINE: u16 = 1 << 3;
+    /// VECTOR_WRITE and VECTOR_READ between two access patterns
+    /// ([`pattern`](crate::pattern)), descriptors inline or in memory,
+    /// block lists in memory, and target notification
+    /// ([`VectorFlags::NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET)).
+    pub const VECTOR: u16 = 1 << 4;
 }
 
 /// Every feature of this version.
 pub const RDMA_FEATURES: u16 = rdma_features::READ_WRITE
     | rdma_features::ATOMICS
     | rdma_features::WINDOWS
-    | rdma_features::INLINE;
+    | rdma_features::INLINE
+    | rdma_features::VECTOR;
 
 /// The RDMA queue pair the device executes the driver's own requests on
 /// (QUERY, BIND_WINDOW, REVOKE_WINDOW): the admin pair, as NVMe has an admin

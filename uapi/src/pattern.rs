@@ -46,6 +46,8 @@
 //! offset overflows, `skip + len` inside the stream) and builds the index
 //! a [`Segments`] walk seeks with.
 
+use std::borrow::Cow;
+
 use thiserror::Error;
 
 /// Strided loops around a piece's block, at most.
@@ -449,12 +451,25 @@ impl Pattern {
 
     /// Checks the pattern's arithmetic and indexes it for seeking.
     pub fn plan(&self) -> Result<Plan<'_>, PatternError> {
-        let mut starts = Vec::with_capacity(self.pieces.len() + 1);
-        let mut list_starts = Vec::with_capacity(self.pieces.len());
+        Plan::new(Cow::Borrowed(self))
+    }
+
+    /// [`Pattern::plan`], keeping the pattern in the plan: a plan that
+    /// outlives the place the pattern was decoded in (a transfer that
+    /// goes on over several turns).
+    pub fn into_plan(self) -> Result<Plan<'static>, PatternError> {
+        Plan::new(Cow::Owned(self))
+    }
+}
+
+impl<'p> Plan<'p> {
+    fn new(pattern: Cow<'p, Pattern>) -> Result<Plan<'p>, PatternError> {
+        let mut starts = Vec::with_capacity(pattern.pieces.len() + 1);
+        let mut list_starts = Vec::with_capacity(pattern.pieces.len());
         let mut period: u64 = 0;
         let mut low = i128::MAX;
         let mut high = i128::MIN;
-        for piece in &self.pieces {
+        for piece in &pattern.pieces {
             starts.push(period);
             let (bytes, hull, prefix) = piece_facts(piece)?;
             list_starts.push(prefix);
@@ -467,18 +482,18 @@ impl Pattern {
             }
         }
         starts.push(period);
-        let stream = u128::from(period) * u128::from(self.repeat);
-        if u128::from(self.skip) + u128::from(self.len) > stream {
+        let stream = u128::from(period) * u128::from(pattern.repeat);
+        if u128::from(pattern.skip) + u128::from(pattern.len) > stream {
             return Err(PatternError::OutsideStream {
                 stream,
-                skip: self.skip,
-                len: self.len,
+                skip: pattern.skip,
+                len: pattern.len,
             });
         }
-        let hull = if period == 0 || self.repeat == 0 {
+        let hull = if period == 0 || pattern.repeat == 0 {
             None
         } else {
-            let reach = i128::from(self.extent) * i128::from(self.repeat - 1);
+            let reach = i128::from(pattern.extent) * i128::from(pattern.repeat - 1);
             let (l, h) = (low + reach.min(0), high + reach.max(0));
             if l < i128::from(i64::MIN) || h > i128::from(i64::MAX) {
                 return Err(PatternError::Overflow("pattern offsets"));
@@ -486,7 +501,7 @@ impl Pattern {
             Some((l as i64, h as i64))
         };
         Ok(Plan {
-            pattern: self,
+            pattern,
             starts,
             list_starts,
             period,
@@ -564,7 +579,8 @@ fn check_offsets(hull: Option<(i128, i128)>) -> Result<(), PatternError> {
 /// O(dimensions + log blocks).
 #[derive(Clone, Debug)]
 pub struct Plan<'p> {
-    pattern: &'p Pattern,
+    /// Borrowed ([`Pattern::plan`]) or owned ([`Pattern::into_plan`]).
+    pattern: Cow<'p, Pattern>,
     /// Stream offset of each piece inside the period, and the period.
     starts: Vec<u64>,
     /// For each listed piece, prefix sums of its blocks' lengths.
@@ -575,8 +591,8 @@ pub struct Plan<'p> {
 
 impl<'p> Plan<'p> {
     /// The pattern.
-    pub fn pattern(&self) -> &'p Pattern {
-        self.pattern
+    pub fn pattern(&self) -> &Pattern {
+        &self.pattern
     }
 
     /// Bytes the transfer covers ([`Pattern::len`]).
@@ -625,7 +641,7 @@ impl<'p> Plan<'p> {
         let from = from.min(end);
         let absolute = u128::from(self.pattern.skip) + u128::from(from);
         let last = absolute + u128::from(end - from);
-        let mut pattern = self.pattern.clone();
+        let mut pattern = self.pattern.as_ref().clone();
         pattern.len = end - from;
         pattern.skip = (absolute) as u64;
         if self.period == 0 || end == from {

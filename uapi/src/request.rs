@@ -357,6 +357,37 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Send queue slots that follow the request and carry its bytes: a
+    /// WRITE_INLINE's data past the [`INLINE_IN_REQUEST`] the request
+    /// holds ([`inline_slots`](crate::queue::inline_slots)), a vector
+    /// transfer's inline descriptor ([`vector_inline_slots`]); none for
+    /// other requests.
+    pub fn slots_after(&self) -> usize {
+        match self {
+            Operation::WriteInline { len, .. } => crate::queue::inline_slots(*len),
+            Operation::VectorWrite(VectorTransfer {
+                descriptor: Descriptor::Inline { len },
+                ..
+            })
+            | Operation::VectorRead(VectorTransfer {
+                descriptor: Descriptor::Inline { len },
+                ..
+            }) => vector_inline_slots(*len),
+            _ => 0,
+        }
+    }
+
+    /// Bytes of those slots' contents that belong to the request (at the
+    /// start of the slots' bytes, [`INLINE_PER_SLOT`] per slot), out of
+    /// `len` carried bytes in all: for WRITE_INLINE the data less the
+    /// part in the request itself.
+    pub fn bytes_in_request(&self) -> usize {
+        match self {
+            Operation::WriteInline { len, .. } => (*len as usize).min(INLINE_IN_REQUEST),
+            _ => 0,
+        }
+    }
+
     /// The operation's opcode.
     pub fn opcode(&self) -> Opcode {
         match self {

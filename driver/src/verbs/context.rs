@@ -280,9 +280,9 @@ impl<T: Transport + 'static> Context<T> {
             flags: WrFlags::SIGNALED,
             op,
         };
-        admin
-            .send
-            .post(&*self.transport, &self.arena, 1, |_| (request, false))?;
+        admin.send.post(&*self.transport, &self.arena, 1, |_| {
+            (request, false, &[][..])
+        })?;
         let mut awaiting = AdminAnswer {
             transport: &*self.transport,
             ring: &mut admin.completion,

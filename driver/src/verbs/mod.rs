@@ -192,7 +192,20 @@ pub enum VerbsError {
         /// Its length.
         len: u64,
     },
-    /// A range beyond the end of the memory region it was taken from.
+    /// A vector transfer's patterns do not cover the same bytes (or more
+    /// than a request's 32-bit length).
+    #[error("the local pattern covers {local} bytes, the remote one {remote}: they must be equal and fit 32 bits")]
+    VectorLengths {
+        /// Bytes of the local pattern.
+        local: u64,
+        /// Bytes of the remote pattern.
+        remote: u64,
+    },
+    /// A vector transfer's pattern is not valid.
+    #[error("invalid access pattern: {0}")]
+    Pattern(#[from] pindown_uapi::pattern::PatternError),
+    /// A range beyond the end of the memory region it was taken from (for
+    /// a vector transfer: the local pattern's hull beyond its range).
     #[error("[{offset}, +{len}) is outside the {region_len}-byte memory region")]
     OutOfRegion {
         /// Offset asked for.

@@ -18,9 +18,12 @@
 
 use std::marker::PhantomData;
 
-use pindown_uapi::{AtomicWidth, Operation, RemoteAddress, WorkRequest, WrFlags};
+use pindown_uapi::pattern::{encode_pair, Pattern, PatternError};
+use pindown_uapi::{
+    AtomicWidth, Descriptor, Operation, RemoteAddress, VectorTransfer, WorkRequest, WrFlags,
+};
 
-use super::Local;
+use super::{Local, VerbsError};
 
 /// A work request ready to post; `'r` is the borrow of the memory region
 /// its local range belongs to (`'static` for requests naming no local
@@ -29,6 +32,8 @@ use super::Local;
 pub struct Entry<'r> {
     request: WorkRequest,
     inline: bool,
+    /// A vector transfer's descriptor (borrowed from its [`Vector`]).
+    descriptor: Option<&'r [u8]>,
     local: PhantomData<&'r ()>,
 }
 
@@ -41,8 +46,33 @@ impl<'r> Entry<'r> {
                 op,
             },
             inline: false,
+            descriptor: None,
             local: PhantomData,
         }
+    }
+
+    /// An entry of any request, with `descriptor` for a vector transfer
+    /// (the driver puts it inline or in memory and sets the request's
+    /// descriptor field; a descriptor of other requests is ignored): to
+    /// hand the device requests it must refuse (tests of its checks).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Local::from_raw`](super::Local::from_raw): the device reads
+    /// or writes whatever is registered where the request (and its
+    /// descriptor) points until the request has completed.
+    pub unsafe fn from_raw(request: WorkRequest, descriptor: Option<&'r [u8]>) -> Entry<'r> {
+        Entry {
+            request,
+            inline: false,
+            descriptor,
+            local: PhantomData,
+        }
+    }
+
+    /// A vector transfer's descriptor, if the entry is one.
+    pub fn descriptor(&self) -> Option<&'r [u8]> {
+        self.descriptor
     }
 
     /// Sends a write's bytes inside the send queue, as a NIC's inline send
@@ -259,5 +289,160 @@ impl Nop {
     /// The request.
     pub fn build(self) -> Entry<'static> {
         Entry::new(Operation::Nop)
+    }
+}
+
+/// A vector transfer (VECTOR_WRITE or VECTOR_READ): bytes move between
+/// local memory, laid out by one [`Pattern`], and a remote window, laid
+/// out by another (DIMMnet-2's remote vector access; see
+/// [`pindown_uapi::pattern`]). The local pattern's offsets count from the
+/// start of its [`Local`] range, which must hold every byte the pattern
+/// names (checked here); the remote pattern's offsets count from the
+/// remote address's offset in its window (checked by the device). Both
+/// patterns must cover the same number of bytes.
+///
+/// The builder keeps the encoded descriptor, and the [`Entry`]
+/// [`build`](Self::build) makes borrows it: when the request is posted,
+/// a descriptor of at most [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE)
+/// bytes is copied into the send queue, a larger one into registered
+/// memory the queue pair owns and keeps until the device has finished
+/// the request.
+///
+/// ```no_run
+/// # use pindown_driver::verbs::{opcode::Vector, Context, QueuePair};
+/// # use pindown_uapi::pattern::{Pattern, Piece};
+/// # fn f(context: &Context, qp: &mut QueuePair<'_>, to: pindown_uapi::RemoteAddress)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// // A column of 4096 doubles (rows of 4097) into 4096 contiguous ones.
+/// let matrix = context.alloc(4096 * 4097 * 8, 64)?;
+/// let region = context.register_buffer(&matrix)?;
+/// let column = Pattern::new(vec![Piece::vector(0, 8, 4096, 4097 * 8)], 1, 0)?;
+/// let whole = region.local(0, matrix.len() as u32)?;
+/// let write = Vector::write(whole, column, to, Pattern::contiguous(4096 * 8))?.notify(7);
+/// qp.post(&[write.build().user_data(1).signaled()])?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Vector<'r> {
+    local: Local<'r>,
+    len: u32,
+    remote: RemoteAddress,
+    read: bool,
+    notify: Option<u64>,
+    descriptor: Vec<u8>,
+}
+
+impl<'r> Vector<'r> {
+    /// Writes the bytes of `local` that `local_pattern` names into the
+    /// window at `remote`, laid out by `remote_pattern`.
+    pub fn write(
+        local: Local<'r>,
+        local_pattern: Pattern,
+        remote: RemoteAddress,
+        remote_pattern: Pattern,
+    ) -> Result<Self, VerbsError> {
+        Self::new(local, local_pattern, remote, remote_pattern, false)
+    }
+
+    /// Reads the bytes of the window at `remote` that `remote_pattern`
+    /// names into `local`, laid out by `local_pattern`.
+    pub fn read(
+        local: Local<'r>,
+        local_pattern: Pattern,
+        remote: RemoteAddress,
+        remote_pattern: Pattern,
+    ) -> Result<Self, VerbsError> {
+        Self::new(local, local_pattern, remote, remote_pattern, true)
+    }
+
+    fn new(
+        local: Local<'r>,
+        local_pattern: Pattern,
+        remote: RemoteAddress,
+        remote_pattern: Pattern,
+        read: bool,
+    ) -> Result<Self, VerbsError> {
+        let len = local_pattern.len;
+        if remote_pattern.len != len {
+            return Err(VerbsError::VectorLengths {
+                local: len,
+                remote: remote_pattern.len,
+            });
+        }
+        let len = u32::try_from(len).map_err(|_| VerbsError::VectorLengths {
+            local: len,
+            remote: remote_pattern.len,
+        })?;
+        match local_pattern.plan() {
+            Ok(plan) => {
+                if let Some((low, high)) = plan.hull() {
+                    if low < 0 || high > i64::from(local.len()) {
+                        return Err(VerbsError::OutOfRegion {
+                            offset: low.max(0) as u64,
+                            len: (i128::from(high) - i128::from(low)) as u64,
+                            region_len: u64::from(local.len()),
+                        });
+                    }
+                }
+            }
+            // Block lists in memory: the device checks every element.
+            Err(PatternError::Unresolved) => {}
+            Err(error) => return Err(VerbsError::Pattern(error)),
+        }
+        if let Err(error) = remote_pattern.plan() {
+            if error != PatternError::Unresolved {
+                return Err(VerbsError::Pattern(error));
+            }
+        }
+        Ok(Vector {
+            local,
+            len,
+            remote,
+            read,
+            notify: None,
+            descriptor: encode_pair(&local_pattern, &remote_pattern),
+        })
+    }
+
+    /// Tells the target when the write has landed: its context finds an
+    /// arrival in its admin completion queue carrying this port, the
+    /// window's key, the bytes and `immediate`
+    /// ([`Context::arrivals`](super::Context::arrivals)). A write only.
+    pub fn notify(mut self, immediate: u64) -> Self {
+        if !self.read {
+            self.notify = Some(immediate);
+        }
+        self
+    }
+
+    /// Bytes the transfer moves.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether it moves no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The request, borrowing the descriptor this builder holds.
+    pub fn build(&self) -> Entry<'_> {
+        let vector = VectorTransfer {
+            local: self.local.iova(),
+            len: self.len,
+            remote: self.remote,
+            // Set when posted: inline or in the queue pair's memory.
+            descriptor: Descriptor::Inline {
+                len: self.descriptor.len() as u32,
+            },
+            notify: self.notify,
+        };
+        let mut entry = Entry::new(if self.read {
+            Operation::VectorRead(vector)
+        } else {
+            Operation::VectorWrite(vector)
+        });
+        entry.descriptor = Some(&self.descriptor);
+        entry
     }
 }

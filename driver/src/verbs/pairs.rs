@@ -233,7 +233,7 @@ impl<T: Transport + 'static> Context<T> {
     ) -> Result<(), VerbsError> {
         let marker = self.next_marker();
         send.post(&*self.transport, &self.arena, 1, |_| {
-            (marker_nop(marker), false)
+            (marker_nop(marker), false, &[][..])
         })?;
         let mut flush = Flush {
             transport: &*self.transport,
@@ -258,7 +258,7 @@ impl<T: Transport + 'static> Context<T> {
         // A full ring or a device gone: no marker; the completion ring then
         // comes back when its completion queue is dropped.
         let _ = send.post(&*self.transport, &self.arena, 1, |_| {
-            (marker_nop(marker), false)
+            (marker_nop(marker), false, &[][..])
         });
         self.put_back(pair, Some(send), None);
     }

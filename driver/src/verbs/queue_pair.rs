@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use pindown_uapi::queue::{inline_slots, INLINE_IN_REQUEST, MAX_INLINE};
-use pindown_uapi::{Operation, WorkRequest};
+use pindown_uapi::{Descriptor, Operation, WorkRequest};
 
 use super::pairs::PairShared;
-use super::{Context, Entry, VerbsError};
-use crate::arena::DmaArena;
+use super::{Context, Entry, MemoryRegion, VerbsError};
+use crate::arena::{DmaArena, DmaBuffer};
 use crate::rdma_queue::SendQueue;
 use crate::transport::{QueueIndex, Transport, VhostUserTransport};
 
@@ -38,12 +38,12 @@ impl SendRing {
     /// send queue), with one doorbell (none if the device polls and needs
     /// no kick). All or nothing: fails with [`VerbsError::QueueFull`] when
     /// the batch does not fit.
-    pub(super) fn post<T: Transport>(
+    pub(super) fn post<'d, T: Transport>(
         &mut self,
         transport: &T,
         arena: &DmaArena,
         count: usize,
-        request: impl Fn(usize) -> (WorkRequest, bool),
+        request: impl Fn(usize) -> (WorkRequest, bool, &'d [u8]),
     ) -> Result<(), VerbsError> {
         let inline_len = |request: &WorkRequest, inline: bool| match request.op {
             Operation::Write { local, len, .. }
@@ -55,8 +55,9 @@ impl SendRing {
         };
         let slots: usize = (0..count)
             .map(|i| {
-                let (request, inline) = request(i);
-                inline_len(&request, inline).map_or(1, |len| 1 + inline_slots(len))
+                let (request, inline, _) = request(i);
+                inline_len(&request, inline)
+                    .map_or(1 + request.op.slots_after(), |len| 1 + inline_slots(len))
             })
             .sum();
         if !self.queue.has_room(slots)? {
@@ -66,8 +67,9 @@ impl SendRing {
             });
         }
         for i in 0..count {
-            let (mut request, wants_inline) = request(i);
+            let (mut request, wants_inline, carried) = request(i);
             self.inline.clear();
+            self.inline.extend_from_slice(carried);
             if let (Some(len), Operation::Write { local, remote, .. }) =
                 (inline_len(&request, wants_inline), request.op)
             {
@@ -103,6 +105,8 @@ pub struct QueuePair<'c, T: Transport + 'static = VhostUserTransport> {
     /// `Some` until the queue pair is dropped.
     send: Option<SendRing>,
     shared: Arc<PairShared>,
+    /// Vector descriptors in registered memory, oldest first.
+    descriptors: std::collections::VecDeque<HeldDescriptors<'c, T>>,
 }
 
 impl<'c, T: Transport + 'static> QueuePair<'c, T> {
@@ -117,6 +121,7 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             pair,
             send: Some(send),
             shared,
+            descriptors: Default::default(),
         }
     }
 
@@ -132,19 +137,141 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     /// slots, a request takes one (an inline write more, see
     /// [`Entry::inline`]), and a slot is free again once the device has
     /// taken its request.
+    ///
+    /// A vector transfer's descriptor ([`Vector`](super::opcode::Vector))
+    /// of at most [`MAX_INLINE`] bytes travels in the send ring's slots
+    /// after the request; a larger one is copied into memory of the
+    /// context's arena, registered, which the queue pair keeps until the
+    /// device has finished the request (it can tell once the device has
+    /// taken a later request of the pair; a dropped queue pair waits for
+    /// that up to [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
     pub fn post(&mut self, entries: &[Entry<'_>]) -> Result<(), VerbsError> {
+        self.release_descriptors()?;
+        let mut in_memory: Vec<Option<u64>> = Vec::new();
+        let mut held = Vec::new();
+        for entry in entries {
+            let placed = match entry.descriptor() {
+                Some(bytes) if bytes.len() > MAX_INLINE as usize => {
+                    let buffer = self.context.alloc(bytes.len(), 64)?;
+                    buffer.write_at(0, bytes);
+                    let region = self.context.register_buffer(&buffer)?;
+                    let iova = buffer.iova();
+                    held.push((region, buffer));
+                    Some(iova)
+                }
+                _ => None,
+            };
+            in_memory.push(placed);
+        }
         let send = self.send.as_mut().expect("the send ring stays until drop");
         send.post(
             &*self.context.transport,
             &self.context.arena,
             entries.len(),
-            |i| (*entries[i].request(), entries[i].wants_inline()),
-        )
+            |i| {
+                let entry = &entries[i];
+                let mut request = *entry.request();
+                let carried = match (entry.descriptor(), in_memory.get(i).copied().flatten()) {
+                    (Some(bytes), placed) => {
+                        place_descriptor(&mut request, bytes.len() as u32, placed);
+                        if placed.is_some() {
+                            &[][..]
+                        } else {
+                            bytes
+                        }
+                    }
+                    (None, _) => &[][..],
+                };
+                (request, entry.wants_inline(), carried)
+            },
+        )?;
+        if !held.is_empty() {
+            self.descriptors.push_back(HeldDescriptors {
+                after: send.queue.tail(),
+                _held: held,
+            });
+        }
+        Ok(())
     }
+
+    /// Lets go of the descriptors of requests the device has finished.
+    fn release_descriptors(&mut self) -> Result<(), VerbsError> {
+        let send = self.send.as_mut().expect("the send ring stays until drop");
+        while let Some(first) = self.descriptors.front() {
+            if !send.queue.finished_before(first.after)? {
+                break;
+            }
+            self.descriptors.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Waits (up to the context's control timeout) until the device has
+    /// finished every request whose descriptor the queue pair holds: a
+    /// NOP after them shows when. What is still held then is leaked, never
+    /// freed under the device.
+    fn settle_descriptors(&mut self) {
+        let Some(last) = self.descriptors.back() else {
+            return;
+        };
+        let after = last.after;
+        let send = self.send.as_mut().expect("the send ring stays until drop");
+        let nop = WorkRequest {
+            user_data: 0,
+            flags: pindown_uapi::WrFlags::empty(),
+            op: Operation::Nop,
+        };
+        let posted = send.queue.tail() != after
+            || send
+                .post(&*self.context.transport, &self.context.arena, 1, |_| {
+                    (nop, false, &[][..])
+                })
+                .is_ok();
+        let deadline = std::time::Instant::now() + self.context.control_timeout;
+        while posted && std::time::Instant::now() < deadline {
+            if !matches!(send.queue.finished_before(after), Ok(false)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        if posted && matches!(send.queue.finished_before(after), Ok(true)) {
+            self.descriptors.clear();
+        } else {
+            tracing::warn!(
+                pair = self.pair,
+                "the device did not finish the vector requests of a dropped queue pair: \
+                 their descriptors stay allocated"
+            );
+            for held in self.descriptors.drain(..) {
+                std::mem::forget(held);
+            }
+        }
+    }
+}
+
+/// Sets the descriptor field of a vector request: `len` bytes at `iova`
+/// in memory, or inline.
+fn place_descriptor(request: &mut WorkRequest, len: u32, iova: Option<u64>) {
+    if let Operation::VectorWrite(vector) | Operation::VectorRead(vector) = &mut request.op {
+        vector.descriptor = match iova {
+            Some(iova) => Descriptor::InMemory { iova, len },
+            None => Descriptor::Inline { len },
+        };
+    }
+}
+
+/// Descriptors in registered memory, held until the device has taken a
+/// request at `after` or later.
+struct HeldDescriptors<'c, T: Transport + 'static> {
+    after: u16,
+    /// Kept alive only; each region drops (deregisters) before its
+    /// buffer is freed.
+    _held: Vec<(MemoryRegion<'c, T>, DmaBuffer)>,
 }
 
 impl<T: Transport + 'static> Drop for QueuePair<'_, T> {
     fn drop(&mut self) {
+        self.settle_descriptors();
         if let Some(send) = self.send.take() {
             self.context.return_send_ring(self.pair, send, &self.shared);
         }

@@ -8,6 +8,7 @@ use pindown_uapi::{
     Status, WorkRequest,
 };
 
+use super::vector::{self, Side, VectorState};
 use super::windows::{PortId, Refusal, Window};
 use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
 
@@ -23,10 +24,12 @@ pub const STEP_BYTES: u64 = 256 * 1024;
 pub const STEPS_PER_TURN: u64 = 4;
 
 /// Where a request stands between two turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Progress {
     /// Bytes a transfer has moved so far.
     pub moved: u64,
+    /// A vector transfer's plans, from its first turn on.
+    pub vector: Option<Box<VectorState>>,
 }
 
 /// What one turn of a request did.
@@ -193,8 +196,15 @@ fn run(
             still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
-        Operation::VectorWrite(_) | Operation::VectorRead(_) => {
-            Err((Status::InvalidRequest, ErrorDetail::Unsupported))
+        Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+            let opcode = request.op.opcode();
+            let direction = if opcode == Opcode::VectorWrite {
+                Direction::Write
+            } else {
+                Direction::Read
+            };
+            let finished = vector_transfer(fabric, own, direction, &vector, inline, progress)?;
+            return Ok(finished.then(|| Completion::success(user_data, opcode, vector.len, 0)));
         }
     };
     whole.map(Some)
@@ -276,9 +286,77 @@ fn transfer(
             )?;
             let step = usize::try_from(step).unwrap_or(usize::MAX);
             match direction {
-                Direction::Write => copy_spans(&near, &far, step),
-                Direction::Read => copy_spans(&far, &near, step),
+                Direction::Write => copy_spans(near, far, step),
+                Direction::Read => copy_spans(far, near, step),
             }
+            if local.memory.lost() {
+                return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
+            }
+            still_there(&target)?;
+            Ok(STEP_DONE)
+        })?;
+        progress.moved += step;
+        if progress.moved >= len {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Runs up to [`STEPS_PER_TURN`] steps of a vector transfer from
+/// `progress` on (see [`vector`]): the first turn takes its descriptor
+/// (`inline`, or the initiator's memory) and plans it; the first step
+/// checks every element of both patterns, every later one its own part.
+/// Returns whether the transfer is complete.
+fn vector_transfer(
+    fabric: &dyn Fabric,
+    own: u16,
+    direction: Direction,
+    transfer: &pindown_uapi::VectorTransfer,
+    inline: &[u8],
+    progress: &mut Progress,
+) -> Result<bool, Failure> {
+    if progress.vector.is_none() {
+        let limits = fabric.vector_limits();
+        let mut prepared = None;
+        on_port(fabric, own, own, &mut |local, _| {
+            prepared = Some(vector::prepare(
+                own,
+                local.memory,
+                transfer,
+                inline,
+                limits,
+            )?);
+            Ok(STEP_DONE)
+        })?;
+        progress.vector = prepared.map(Box::new);
+    }
+    let Some(state) = progress.vector.as_deref() else {
+        return Err((Status::InvalidRequest, ErrorDetail::Malformed));
+    };
+    let len = u64::from(transfer.len);
+    let (needed, remote_writes) = match direction {
+        Direction::Write => (Access::REMOTE_WRITE, true),
+        Direction::Read => (Access::REMOTE_READ, false),
+    };
+    for _ in 0..STEPS_PER_TURN {
+        let moved = progress.moved;
+        let step = (len - moved).min(STEP_BYTES);
+        on_port(fabric, own, transfer.remote.port, &mut |local, target| {
+            let near = Side::Local {
+                memory: local.memory,
+                base: transfer.local,
+                write: !remote_writes,
+            };
+            let far = Side::Remote {
+                target: &target,
+                initiator: id_of(own, &local),
+                remote: transfer.remote,
+                needed,
+                write: remote_writes,
+            };
+            let check_all = moved == 0 && step < len;
+            vector::step(state, &near, &far, !remote_writes, moved, step, check_all)?;
             if local.memory.lost() {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
@@ -318,7 +396,7 @@ fn on_port(
     }
 }
 
-fn local_fault(fault: AccessFault) -> Failure {
+pub(super) fn local_fault(fault: AccessFault) -> Failure {
     match fault {
         AccessFault::Unmapped | AccessFault::Miss { .. } | AccessFault::Permission(_) => {
             (Status::LocalProtectionError, ErrorDetail::Unregistered)
@@ -332,7 +410,7 @@ pub const NOT_GRANTED: Failure = (Status::RemoteAccessError, ErrorDetail::NotGra
 
 /// Refuses a remote access: counts the cause for the target's owner, and
 /// answers [`NOT_GRANTED`].
-fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
+pub(super) fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
     target.refusals.count(refusal);
     NOT_GRANTED
 }
@@ -341,7 +419,7 @@ fn refuse(target: &Target<'_>, refusal: Refusal) -> Failure {
 /// needing `needed`, against the target's window and registrations; fills
 /// `out` with the spans to access and returns the owner's I/O virtual
 /// address of the range.
-fn remote_range(
+pub(super) fn remote_range(
     target: &Target<'_>,
     initiator: PortId,
     remote: RemoteAddress,
@@ -462,9 +540,13 @@ fn copy_in(bytes: &[u8], to: &[Span]) {
 
 /// Copies the first `limit` bytes of `from` into `to` (both hold at least
 /// that many), span by span: one copy, straight between the two mappings.
-fn copy_spans(from: &[Span], to: &[Span], limit: usize) {
-    let (mut source, mut source_offset) = (from.iter(), 0usize);
-    let (mut target, mut target_offset) = (to.iter(), 0usize);
+pub(super) fn copy_spans(
+    from: impl IntoIterator<Item = Span>,
+    to: impl IntoIterator<Item = Span>,
+    limit: usize,
+) {
+    let (mut source, mut source_offset) = (from.into_iter(), 0usize);
+    let (mut target, mut target_offset) = (to.into_iter(), 0usize);
     let (mut current_source, mut current_target) = (source.next(), target.next());
     let mut left = limit;
     while let (Some(s), Some(t)) = (current_source, current_target) {

@@ -17,6 +17,7 @@
 //! CPU atomics of the memory's owner.
 
 mod execute;
+mod vector;
 mod windows;
 
 // This file holds the seams: spans, `MemoryAccess`, `Target` and
@@ -24,6 +25,9 @@ mod windows;
 // windows, their keys and the refusal counters.
 
 pub use execute::{execute, Progress, Turn, NOT_GRANTED, STEPS_PER_TURN, STEP_BYTES};
+pub use vector::{
+    VectorLimits, VectorState, DEFAULT_MAX_DESCRIPTOR_BYTES, DEFAULT_MAX_PATTERN_BLOCKS,
+};
 pub use windows::{
     init_keys, PortId, Refusal, RefusalCounters, Window, WindowLimit, WindowTable,
     DEFAULT_MAX_WINDOWS_PER_PORT,
@@ -112,6 +116,11 @@ pub trait Fabric {
         target: u16,
         step: &mut dyn FnMut(Target<'_>, Target<'_>) -> Outcome,
     ) -> Result<Outcome, ErrorDetail>;
+
+    /// What the device accepts of one vector transfer.
+    fn vector_limits(&self) -> VectorLimits {
+        VectorLimits::default()
+    }
 
     /// The current incarnation of port `port` (see [`PortId`]); a port
     /// that does not exist yet will start at 0.

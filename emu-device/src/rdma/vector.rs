@@ -1,0 +1,395 @@
+//! Vector transfers (VECTOR_WRITE, VECTOR_READ): bytes move between two
+//! access patterns ([`pindown_uapi::pattern`]), the initiator's and the
+//! target window's, in one pass and with no staging buffer.
+//!
+//! The first turn takes the descriptor (the bytes that followed the
+//! request in the send queue, or a copy read once from the initiator's
+//! registered memory), decodes it, reads the block lists it keeps in
+//! memory (bounded by [`VectorLimits`]) and plans both patterns; the
+//! device's own copy is kept with the request ([`VectorState`]) until it
+//! completes, so the owner changing its descriptor or lists afterwards
+//! changes nothing. Then the transfer runs in guarded steps of at most
+//! [`STEP_BYTES`](super::STEP_BYTES), as a WRITE or READ does: the first
+//! step checks every element of both patterns (local registration,
+//! window key, rights and bounds, the target's registration), so a
+//! request refused up front moves no byte; every later step checks its
+//! own part again, so a barrier between two steps stops the transfer.
+//!
+//! A step's part of a pattern is found in the mapping once when the hull
+//! of its elements (lowest to highest byte) is granted and contiguous in
+//! this process's memory: every element is then an offset from one
+//! pointer. Otherwise each element is checked and translated by itself.
+//! The two walks are then copied against each other, each run the
+//! overlap of the current source and destination elements.
+
+use pindown_uapi::pattern::{decode_pair, Pattern, PatternError, Plan, Segments};
+use pindown_uapi::{Access, Descriptor, ErrorDetail, RemoteAddress, Status, VectorTransfer};
+
+use super::execute::{copy_spans, local_fault, refuse};
+use super::windows::{PortId, Refusal};
+use super::{Failure, MemoryAccess, Span, Spans, Target};
+
+/// Default bound on a descriptor kept in memory, in bytes.
+pub const DEFAULT_MAX_DESCRIPTOR_BYTES: u32 = 16 << 20;
+
+/// Default bound on the blocks of one pattern's lists, listed or in
+/// memory (16 bytes each to read, 24 to keep).
+pub const DEFAULT_MAX_PATTERN_BLOCKS: u64 = 1 << 20;
+
+/// What the device accepts of one vector transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VectorLimits {
+    /// Bytes of a descriptor in memory (an inline one is bounded by
+    /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE)).
+    pub max_descriptor_bytes: u32,
+    /// Blocks of each pattern's lists, listed or in memory.
+    pub max_pattern_blocks: u64,
+}
+
+impl Default for VectorLimits {
+    fn default() -> Self {
+        VectorLimits {
+            max_descriptor_bytes: DEFAULT_MAX_DESCRIPTOR_BYTES,
+            max_pattern_blocks: DEFAULT_MAX_PATTERN_BLOCKS,
+        }
+    }
+}
+
+/// A vector transfer's two plans, the device's own copy, kept between
+/// turns.
+#[derive(Debug)]
+pub struct VectorState {
+    local: Plan<'static>,
+    remote: Plan<'static>,
+}
+
+/// The error completion of a descriptor that does not decode or plan.
+fn malformed(own: u16, error: &PatternError) -> Failure {
+    tracing::debug!(port = own, reason = %error, "vector descriptor refused");
+    (Status::InvalidRequest, ErrorDetail::Malformed)
+}
+
+/// What a pattern error answers.
+fn pattern_failure(own: u16, error: PatternError) -> Failure {
+    match error {
+        PatternError::TooManyBlocks(_) => {
+            tracing::debug!(port = own, reason = %error, "vector descriptor refused");
+            (Status::LimitReached, ErrorDetail::PatternLimit)
+        }
+        PatternError::ListUnreadable { .. } => {
+            tracing::debug!(port = own, reason = %error, "vector descriptor refused");
+            (Status::LocalProtectionError, ErrorDetail::Unregistered)
+        }
+        error => malformed(own, &error),
+    }
+}
+
+/// Copies `[iova, iova + out.len())` of `memory` into `out`.
+fn read_into(memory: &dyn MemoryAccess, iova: u64, out: &mut [u8]) -> Result<(), Failure> {
+    let mut spans = Spans::new();
+    memory
+        .spans(iova, out.len() as u64, false, &mut spans)
+        .map_err(local_fault)?;
+    let mut at = 0;
+    for span in spans {
+        // SAFETY: the span is mapped memory of the initiator, lent for the
+        // current guarded step, holding `span.len` bytes, and `out` holds
+        // the rest of the range (the spans add up to `out.len()`); `out` is
+        // the device's own buffer, so the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(span.addr, out[at..].as_mut_ptr(), span.len) };
+        at += span.len;
+    }
+    Ok(())
+}
+
+/// Takes a vector transfer's descriptor (`inline`: the bytes that
+/// followed the request; else read from `local`, the initiator's memory),
+/// reads its lists in memory and plans both patterns; checks that both
+/// cover the request's length.
+pub fn prepare(
+    own: u16,
+    local: &dyn MemoryAccess,
+    vector: &VectorTransfer,
+    inline: &[u8],
+    limits: VectorLimits,
+) -> Result<VectorState, Failure> {
+    let copy;
+    let bytes = match vector.descriptor {
+        Descriptor::Inline { len } => {
+            if inline.len() != len as usize {
+                return Err((Status::InvalidRequest, ErrorDetail::Malformed));
+            }
+            inline
+        }
+        Descriptor::InMemory { iova, len } => {
+            if len > limits.max_descriptor_bytes {
+                tracing::debug!(
+                    port = own,
+                    len,
+                    max = limits.max_descriptor_bytes,
+                    "vector descriptor larger than --max-descriptor-bytes"
+                );
+                return Err((Status::LimitReached, ErrorDetail::PatternLimit));
+            }
+            let mut buffer = vec![0u8; len as usize];
+            read_into(local, iova, &mut buffer)?;
+            copy = buffer;
+            &copy[..]
+        }
+    };
+    let (mut near, mut far) = decode_pair(bytes).map_err(|error| malformed(own, &error))?;
+    let mut read = |iova: u64, out: &mut [u8]| read_into(local, iova, out).is_ok();
+    for pattern in [&mut near, &mut far] {
+        pattern
+            .resolve_lists(limits.max_pattern_blocks, &mut read)
+            .map_err(|error| pattern_failure(own, error))?;
+    }
+    let plan = |pattern: Pattern| pattern.into_plan().map_err(|error| malformed(own, &error));
+    let state = VectorState {
+        local: plan(near)?,
+        remote: plan(far)?,
+    };
+    let len = u64::from(vector.len);
+    if state.local.len() != len || state.remote.len() != len {
+        tracing::debug!(
+            port = own,
+            len,
+            local = state.local.len(),
+            remote = state.remote.len(),
+            "vector transfer patterns do not cover its length"
+        );
+        return Err((Status::InvalidRequest, ErrorDetail::LengthMismatch));
+    }
+    Ok(state)
+}
+
+/// One side of a vector transfer, as a step sees it.
+pub enum Side<'s, 't> {
+    /// The initiator's memory, offsets from IOVA `base`.
+    Local {
+        /// The initiator's memory.
+        memory: &'s dyn MemoryAccess,
+        /// IOVA the pattern counts from.
+        base: u64,
+        /// The device writes it (VECTOR_READ).
+        write: bool,
+    },
+    /// A window of the target, offsets from `remote.offset`.
+    Remote {
+        /// The target port.
+        target: &'s Target<'t>,
+        /// The initiator, as windows name it.
+        initiator: PortId,
+        /// Window and base offset.
+        remote: RemoteAddress,
+        /// The right needed.
+        needed: Access,
+        /// The device writes it (VECTOR_WRITE).
+        write: bool,
+    },
+}
+
+/// Where a step's part of a pattern is in this process.
+enum Mapped {
+    /// Every element at `addr + (offset - low)`.
+    Contiguous { addr: *mut u8, low: i64 },
+    /// Each element translated by itself: the spans, in stream order.
+    Listed,
+}
+
+impl Side<'_, '_> {
+    /// The absolute address (IOVA, or offset in the window) of `offset`
+    /// from the base, if it is one.
+    fn at(&self, offset: i64) -> Option<u64> {
+        let base = match self {
+            Side::Local { base, .. } => *base,
+            Side::Remote { remote, .. } => remote.offset,
+        };
+        u64::try_from(i128::from(base) + i128::from(offset)).ok()
+    }
+
+    fn write(&self) -> bool {
+        match self {
+            Side::Local { write, .. } | Side::Remote { write, .. } => *write,
+        }
+    }
+
+    /// Checks the element `[offset, offset + len)` and appends its spans
+    /// to `out` (a refusal is counted for the target's owner).
+    fn element(&self, offset: i64, len: u64, out: &mut Spans) -> Result<(), Failure> {
+        match self {
+            Side::Local { memory, .. } => {
+                let iova = self
+                    .at(offset)
+                    .ok_or((Status::LocalProtectionError, ErrorDetail::Unregistered))?;
+                memory
+                    .spans(iova, len, self.write(), out)
+                    .map_err(local_fault)
+            }
+            Side::Remote {
+                target,
+                initiator,
+                remote,
+                needed,
+                write,
+            } => {
+                let offset = self
+                    .at(offset)
+                    .ok_or_else(|| refuse(target, Refusal::OutOfBounds))?;
+                let at = RemoteAddress { offset, ..*remote };
+                super::execute::remote_range(target, *initiator, at, len, *needed, *write, out)
+                    .map(|_| ())
+            }
+        }
+    }
+
+    /// The mapping of `[low, high)` when all of it is granted and one
+    /// contiguous run of this process's memory (nothing is counted when
+    /// it is not: the elements are checked one by one then).
+    fn contiguous(&self, low: i64, high: i64) -> Option<*mut u8> {
+        let start = self.at(low)?;
+        let len = u64::try_from(i128::from(high) - i128::from(low)).ok()?;
+        let mut spans = Spans::new();
+        match self {
+            Side::Local { memory, write, .. } => {
+                memory.spans(start, len, *write, &mut spans).ok()?
+            }
+            Side::Remote {
+                target,
+                initiator,
+                remote,
+                needed,
+                write,
+            } => {
+                let iova = target
+                    .windows
+                    .check(remote.key, *initiator, start, len, *needed)
+                    .ok()?;
+                target.memory.spans(iova, len, *write, &mut spans).ok()?
+            }
+        }
+        match spans[..] {
+            [span] => Some(span.addr),
+            _ => None,
+        }
+    }
+
+    /// Checks the transfer's bytes `from..from + len` of `plan` on this
+    /// side and finds them in this process: contiguous, or (with `keep`)
+    /// as spans appended to `out`. Without `keep` it only checks.
+    fn map(
+        &self,
+        plan: &Plan<'_>,
+        from: u64,
+        len: u64,
+        keep: bool,
+        out: &mut Spans,
+    ) -> Result<Mapped, Failure> {
+        let mut hull: Option<(i64, i64)> = None;
+        for segment in plan.segments(from, len) {
+            // The pattern was planned: offset + len fits an i64.
+            let end = segment.offset + segment.len as i64;
+            hull = Some(hull.map_or((segment.offset, end), |(low, high)| {
+                (low.min(segment.offset), high.max(end))
+            }));
+        }
+        let Some((low, high)) = hull else {
+            return Ok(Mapped::Listed);
+        };
+        if let Some(addr) = self.contiguous(low, high) {
+            return Ok(Mapped::Contiguous { addr, low });
+        }
+        for segment in plan.segments(from, len) {
+            if !keep {
+                out.clear();
+            }
+            self.element(segment.offset, segment.len, out)?;
+        }
+        if !keep {
+            out.clear();
+        }
+        Ok(Mapped::Listed)
+    }
+}
+
+/// A step's part of a pattern as runs of this process's memory, in
+/// stream order.
+enum Walk<'a, 'p> {
+    Contiguous {
+        segments: Segments<'a, 'p>,
+        addr: *mut u8,
+        low: i64,
+    },
+    Listed(std::slice::Iter<'a, Span>),
+}
+
+impl Iterator for Walk<'_, '_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        match self {
+            Walk::Contiguous {
+                segments,
+                addr,
+                low,
+            } => segments.next().map(|segment| Span {
+                // SAFETY: `addr` maps the hull `[low, high)` of the step's
+                // elements contiguously (Side::contiguous), and this
+                // element lies inside it.
+                addr: unsafe { addr.add((segment.offset - *low) as usize) },
+                len: segment.len as usize,
+            }),
+            Walk::Listed(spans) => spans.next().copied(),
+        }
+    }
+}
+
+fn walk<'a, 'p>(
+    plan: &'a Plan<'p>,
+    from: u64,
+    len: u64,
+    mapped: Mapped,
+    spans: &'a Spans,
+) -> Walk<'a, 'p> {
+    match mapped {
+        Mapped::Contiguous { addr, low } => Walk::Contiguous {
+            segments: plan.segments(from, len),
+            addr,
+            low,
+        },
+        Mapped::Listed => Walk::Listed(spans.iter()),
+    }
+}
+
+/// One guarded step of a vector transfer: moves its bytes `from..from +
+/// step` from `source` to `destination` (`near` is the local side, `far`
+/// the remote one); with `check_all`, first checks every element of the
+/// whole transfer on both sides.
+pub fn step(
+    state: &VectorState,
+    near: &Side<'_, '_>,
+    far: &Side<'_, '_>,
+    local_writes: bool,
+    from: u64,
+    step: u64,
+    check_all: bool,
+) -> Result<(), Failure> {
+    let mut near_spans = Spans::new();
+    let mut far_spans = Spans::new();
+    if check_all {
+        let len = state.local.len();
+        near.map(&state.local, 0, len, false, &mut near_spans)?;
+        far.map(&state.remote, 0, len, false, &mut far_spans)?;
+    }
+    let near_mapped = near.map(&state.local, from, step, true, &mut near_spans)?;
+    let far_mapped = far.map(&state.remote, from, step, true, &mut far_spans)?;
+    let near_walk = walk(&state.local, from, step, near_mapped, &near_spans);
+    let far_walk = walk(&state.remote, from, step, far_mapped, &far_spans);
+    let limit = usize::try_from(step).unwrap_or(usize::MAX);
+    if local_writes {
+        copy_spans(far_walk, near_walk, limit);
+    } else {
+        copy_spans(near_walk, far_walk, limit);
+    }
+    Ok(())
+}

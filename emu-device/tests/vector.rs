@@ -1,0 +1,710 @@
+//! Vector transfers (VECTOR_WRITE, VECTOR_READ) between two ports of a
+//! real device process: bytes move between two access patterns, every
+//! byte is checked against a model written here (independent of the
+//! `uapi` walk the device uses), bytes outside the patterns stay as they
+//! were, and every refusal leaves memory untouched.
+
+mod common;
+
+use std::time::Duration;
+
+use common::DeviceProcess;
+use pindown_driver::arena::DmaBuffer;
+use pindown_driver::verbs::opcode::{Entry, Vector, Write};
+use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
+use pindown_uapi::pattern::{encode_blocks, Block, BlockList, Dim, Pattern, Piece};
+use pindown_uapi::{
+    Access, Completion, Descriptor, ErrorDetail, Operation, Status, WorkRequest, WrFlags,
+};
+
+fn config() -> ContextConfig {
+    ContextConfig {
+        arena_bytes: 96 << 20,
+        ..ContextConfig::default()
+    }
+}
+
+/// The byte offsets (from the base) of a pattern's transfer, in stream
+/// order: loops written out, no seeking (the model the device is checked
+/// against).
+fn model(pattern: &Pattern, lists: &dyn Fn(u64, u64) -> Vec<Block>) -> Vec<i64> {
+    let mut stream = Vec::new();
+    for repetition in 0..pattern.repeat {
+        let origin = pattern.extent * repetition as i64;
+        for piece in &pattern.pieces {
+            match piece {
+                Piece::Strided {
+                    offset,
+                    block,
+                    dims,
+                } => {
+                    for k in 0..dims[2].count {
+                        for j in 0..dims[1].count {
+                            for i in 0..dims[0].count {
+                                let at = origin
+                                    + offset
+                                    + i as i64 * dims[0].stride
+                                    + j as i64 * dims[1].stride
+                                    + k as i64 * dims[2].stride;
+                                stream.extend((0..*block as i64).map(|b| at + b));
+                            }
+                        }
+                    }
+                }
+                Piece::Indexed { offset, blocks } => {
+                    let list = match blocks {
+                        BlockList::Listed(list) => list.clone(),
+                        BlockList::InMemory { iova, count } => lists(*iova, *count),
+                    };
+                    for block in list {
+                        let at = origin + offset + block.offset;
+                        stream.extend((0..block.len as i64).map(|b| at + b));
+                    }
+                }
+            }
+        }
+    }
+    stream[pattern.skip as usize..(pattern.skip + pattern.len) as usize].to_vec()
+}
+
+fn no_lists(_: u64, _: u64) -> Vec<Block> {
+    unreachable!("no block list in memory")
+}
+
+/// Distinct bytes for a buffer of `len`, seeded.
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 131 + i / 251) as u8) ^ seed)
+        .collect()
+}
+
+struct Ports {
+    device: DeviceProcess,
+    initiator: Context,
+    target: Context,
+}
+
+fn ports(args: &[&str]) -> Ports {
+    let device = DeviceProcess::start(common::device_bin(), 3, args).unwrap();
+    let initiator = Context::open(device.socket(0), config()).unwrap();
+    let target = Context::open(device.socket(1), config()).unwrap();
+    Ports {
+        device,
+        initiator,
+        target,
+    }
+}
+
+fn contents(buffer: &DmaBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buffer.len()];
+    buffer.read_at(0, &mut out);
+    out
+}
+
+/// Posts `entries` (signaled) on a fresh queue pair and waits for one
+/// completion each.
+fn run_all(context: &Context, entries: &[Entry<'_>]) -> Vec<Completion> {
+    let mut cq: CompletionQueue<'_> = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    let signaled: Vec<Entry<'_>> = entries.iter().map(|e| e.signaled()).collect();
+    qp.post(&signaled).unwrap();
+    let mut done = Vec::new();
+    while done.len() < entries.len() {
+        done.extend(cq.wait(Duration::from_secs(20)).unwrap());
+    }
+    done
+}
+
+fn run(context: &Context, entry: Entry<'_>) -> Completion {
+    run_all(context, &[entry]).remove(0)
+}
+
+/// One transfer between a local buffer of `local_len` and a remote one
+/// of `remote_len` (the whole remote buffer is the window, with the
+/// remote pattern's base at `remote_base`; the local base at
+/// `local_base`), checked byte by byte on both sides.
+struct Case {
+    local_len: usize,
+    local_base: u64,
+    local: Pattern,
+    remote_len: usize,
+    remote_base: u64,
+    remote: Pattern,
+}
+
+impl Case {
+    fn check(&self, ports: &Ports, read: bool) {
+        let Ports {
+            initiator, target, ..
+        } = ports;
+        let near = initiator.alloc(self.local_len, 64).unwrap();
+        let far = target.alloc(self.remote_len, 64).unwrap();
+        let (near_before, far_before) = (bytes(self.local_len, 0x11), bytes(self.remote_len, 0x5a));
+        near.write_at(0, &near_before);
+        far.write_at(0, &far_before);
+        let near_region = initiator.register_buffer(&near).unwrap();
+        let far_region = target.register_buffer(&far).unwrap();
+        let window = target
+            .bind_window(
+                &far_region,
+                0,
+                self.remote_len as u64,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        let local = near_region
+            .local(
+                self.local_base,
+                (self.local_len as u64 - self.local_base) as u32,
+            )
+            .unwrap();
+        let remote = window.remote().at(self.remote_base);
+        let vector = if read {
+            Vector::read(local, self.local.clone(), remote, self.remote.clone())
+        } else {
+            Vector::write(local, self.local.clone(), remote, self.remote.clone())
+        }
+        .unwrap();
+        let done = run(initiator, vector.build().user_data(3));
+        assert_eq!(
+            (done.status, done.detail, done.byte_len),
+            (Status::Success, ErrorDetail::None, vector.len()),
+            "{done:?}"
+        );
+        let near_offsets = model(&self.local, &no_lists);
+        let far_offsets = model(&self.remote, &no_lists);
+        assert_eq!(near_offsets.len(), far_offsets.len());
+        let (mut near_expected, mut far_expected) = (near_before.clone(), far_before.clone());
+        for (n, f) in near_offsets.iter().zip(&far_offsets) {
+            let n = (self.local_base as i64 + n) as usize;
+            let f = (self.remote_base as i64 + f) as usize;
+            if read {
+                near_expected[n] = far_before[f];
+            } else {
+                far_expected[f] = near_before[n];
+            }
+        }
+        let (near_after, far_after) = (contents(&near), contents(&far));
+        assert!(
+            near_after == near_expected,
+            "local memory differs from the model"
+        );
+        assert!(
+            far_after == far_expected,
+            "remote memory differs from the model"
+        );
+        assert!(
+            near_before != near_after || far_before != far_after,
+            "the transfer moved no byte"
+        );
+    }
+}
+
+fn strided(offset: i64, block: u64, dims: [(u64, i64); 3]) -> Piece {
+    Piece::Strided {
+        offset,
+        block,
+        dims: dims.map(|(count, stride)| Dim { count, stride }),
+    }
+}
+
+#[test]
+fn strided_patterns_of_different_shapes_write_and_read_every_byte() {
+    let ports = ports(&[]);
+    // A 3-level nest of 3-byte blocks (with a negative stride) against
+    // 1-byte elements 5 apart, then against a 2-level nest of 7-byte
+    // blocks.
+    let nest = Pattern::new(
+        vec![strided(4000, 3, [(5, 8), (4, -100), (3, 1000)])],
+        2,
+        5000,
+    )
+    .unwrap();
+    assert_eq!(nest.len, 2 * 3 * 5 * 4 * 3);
+    let bytes_apart = Pattern::new(vec![Piece::vector(1, 1, 360, 5)], 1, 0).unwrap();
+    let sevens = Pattern::new(vec![strided(0, 7, [(6, 20), (9, 200), (1, 0)])], 1, 0)
+        .unwrap()
+        .clone();
+    let mut sevens = sevens;
+    sevens.skip = 3;
+    sevens.len = 360;
+    for read in [false, true] {
+        Case {
+            local_len: 12_000,
+            local_base: 64,
+            local: nest.clone(),
+            remote_len: 4096,
+            remote_base: 100,
+            remote: bytes_apart.clone(),
+        }
+        .check(&ports, read);
+        Case {
+            local_len: 4096,
+            local_base: 0,
+            local: bytes_apart.clone(),
+            remote_len: 12_000,
+            remote_base: 500,
+            remote: sevens.clone(),
+        }
+        .check(&ports, read);
+    }
+}
+
+#[test]
+fn a_column_of_doubles_and_records_of_two_pieces_move_in_many_steps() {
+    let ports = ports(&[]);
+    // 4096 x 1 column of doubles, rows of 1025: many steps of the walk.
+    let rows = 4096u64;
+    let row = 1025 * 8;
+    let column = Pattern::new(vec![Piece::vector(0, 8, rows, row)], 1, 0).unwrap();
+    for read in [false, true] {
+        Case {
+            local_len: (rows * 8) as usize,
+            local_base: 0,
+            local: Pattern::contiguous(rows * 8),
+            remote_len: (rows * row as u64) as usize,
+            remote_base: 16,
+            remote: column.clone(),
+        }
+        .check(&ports, read);
+    }
+    // DIMMnet-2's table 2: 40-byte records as 32 + 8 bytes, into records
+    // of 48 bytes laid out the other way round.
+    let records = Pattern::new(
+        vec![Piece::contiguous(0, 32), Piece::contiguous(32, 8)],
+        1000,
+        40,
+    )
+    .unwrap();
+    let swapped = Pattern::new(
+        vec![Piece::contiguous(16, 32), Piece::contiguous(4, 8)],
+        1000,
+        48,
+    )
+    .unwrap();
+    for read in [false, true] {
+        Case {
+            local_len: 40_000,
+            local_base: 0,
+            local: records.clone(),
+            remote_len: 48_100,
+            remote_base: 0,
+            remote: swapped.clone(),
+        }
+        .check(&ports, read);
+    }
+    // More than STEP_BYTES per side: 8 MiB in 64-byte blocks.
+    let blocks = Pattern::new(vec![Piece::vector(0, 64, 1 << 17, 128)], 1, 0).unwrap();
+    for read in [false, true] {
+        Case {
+            local_len: 8 << 20,
+            local_base: 0,
+            local: Pattern::contiguous(8 << 20),
+            remote_len: 16 << 20,
+            remote_base: 0,
+            remote: blocks.clone(),
+        }
+        .check(&ports, read);
+    }
+}
+
+#[test]
+fn indexed_lists_inline_in_a_large_descriptor_and_in_memory() {
+    let ports = ports(&[]);
+    // A short list: the descriptor goes inline.
+    let short: Vec<Block> = (0..10)
+        .map(|i| Block {
+            offset: (97 * i * i) as i64,
+            len: 1 + i as u64 % 4,
+        })
+        .collect();
+    let listed = Pattern::new(
+        vec![Piece::Indexed {
+            offset: 3,
+            blocks: BlockList::Listed(short),
+        }],
+        1,
+        0,
+    )
+    .unwrap();
+    let len = listed.len;
+    for read in [false, true] {
+        Case {
+            local_len: 256,
+            local_base: 0,
+            local: Pattern::contiguous(len),
+            remote_len: 10_000,
+            remote_base: 10,
+            remote: listed.clone(),
+        }
+        .check(&ports, read);
+    }
+    // 4096 blocks listed: a 64 KiB descriptor, in the queue pair's memory.
+    let many: Vec<Block> = (0..4096)
+        .map(|i| Block {
+            offset: ((i * 7919) % 4096 * 16) as i64,
+            len: 8,
+        })
+        .collect();
+    let scattered = Pattern::new(
+        vec![Piece::Indexed {
+            offset: 0,
+            blocks: BlockList::Listed(many.clone()),
+        }],
+        1,
+        0,
+    )
+    .unwrap();
+    for read in [false, true] {
+        Case {
+            local_len: 4096 * 8,
+            local_base: 0,
+            local: Pattern::contiguous(4096 * 8),
+            remote_len: 4096 * 16,
+            remote_base: 0,
+            remote: scattered.clone(),
+        }
+        .check(&ports, read);
+    }
+
+    // The same list in the initiator's memory; the device copies it
+    // first, so changing it once the transfer completed changes nothing.
+    let Ports {
+        initiator, target, ..
+    } = &ports;
+    let list = initiator.alloc(4096 * 16, 64).unwrap();
+    list.write_at(0, &encode_blocks(&many));
+    let list_region = initiator.register_buffer(&list).unwrap();
+    let source = initiator.alloc(4096 * 8, 64).unwrap();
+    let data = bytes(4096 * 8, 0x33);
+    source.write_at(0, &data);
+    let source_region = initiator.register_buffer(&source).unwrap();
+    let sink = target.alloc(4096 * 16, 64).unwrap();
+    let sink_before = bytes(4096 * 16, 0x44);
+    sink.write_at(0, &sink_before);
+    let sink_region = target.register_buffer(&sink).unwrap();
+    let window = target
+        .bind_window(&sink_region, 0, 4096 * 16, Access::REMOTE_WRITE)
+        .unwrap();
+    // Pattern::new cannot sum a list it does not hold: the length is
+    // given.
+    let in_memory = Pattern {
+        repeat: 1,
+        extent: 0,
+        skip: 0,
+        len: 4096 * 8,
+        pieces: vec![Piece::Indexed {
+            offset: 0,
+            blocks: BlockList::InMemory {
+                iova: list_region.iova(),
+                count: 4096,
+            },
+        }],
+    };
+    let write = Vector::write(
+        source_region.local(0, 4096 * 8).unwrap(),
+        Pattern::contiguous(4096 * 8),
+        window.remote().at(0),
+        in_memory.clone(),
+    )
+    .unwrap();
+    let done = run(initiator, write.build());
+    assert!(done.is_success(), "{done:?}");
+    let mut expected = sink_before.clone();
+    let lists = |_: u64, _: u64| many.clone();
+    for (i, f) in model(&in_memory, &lists).iter().enumerate() {
+        expected[*f as usize] = data[i];
+    }
+    assert!(contents(&sink) == expected);
+}
+
+/// What a refused transfer leaves: both buffers as they were.
+struct Untouched<'a> {
+    buffers: Vec<(&'a DmaBuffer, Vec<u8>)>,
+}
+
+impl<'a> Untouched<'a> {
+    fn new(buffers: &[&'a DmaBuffer]) -> Self {
+        Untouched {
+            buffers: buffers.iter().map(|b| (*b, contents(b))).collect(),
+        }
+    }
+
+    fn check(&self, what: &str) {
+        for (buffer, before) in &self.buffers {
+            assert!(contents(buffer) == *before, "{what}: memory changed");
+        }
+    }
+}
+
+/// A refused request: its status and detail.
+fn refused(done: &Completion) -> (Status, ErrorDetail) {
+    assert!(!done.is_success(), "{done:?}");
+    assert_eq!(done.byte_len, 0);
+    (done.status, done.detail)
+}
+
+#[test]
+fn refused_transfers_move_no_byte_and_the_device_keeps_serving() {
+    let ports = ports(&["--max-pattern-blocks", "5000"]);
+    let Ports {
+        device,
+        initiator,
+        target,
+    } = &ports;
+    let near = initiator.alloc(64 << 10, 64).unwrap();
+    near.write_at(0, &bytes(64 << 10, 1));
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far = target.alloc(128 << 10, 4096).unwrap();
+    far.write_at(0, &bytes(128 << 10, 2));
+    let far_region = target.register_buffer(&far).unwrap();
+    // The window is the first 64 KiB of the buffer.
+    let window = target
+        .bind_window(
+            &far_region,
+            0,
+            64 << 10,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let untouched = Untouched::new(&[&near, &far]);
+    let local = near_region.local(0, 64 << 10).unwrap();
+    let remote = window.remote().at(0);
+    let rows = Pattern::new(vec![Piece::vector(0, 16, 100, 256)], 1, 0).unwrap();
+    let refused_before = device.status().unwrap()[1].n("refused_out_of_bounds");
+
+    // One element past the end of the window (the rest inside): not
+    // granted, whichever way.
+    let mut outside = rows.clone();
+    outside.pieces.push(Piece::contiguous((64 << 10) - 8, 16));
+    outside.len += 16;
+    for read in [false, true] {
+        let build = if read { Vector::read } else { Vector::write };
+        let vector = build(
+            local,
+            Pattern::contiguous(outside.len),
+            remote,
+            outside.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            refused(&run(initiator, vector.build())),
+            (Status::RemoteAccessError, ErrorDetail::NotGranted)
+        );
+        untouched.check("an element outside the window");
+    }
+    let counted = device.status().unwrap()[1].n("refused_out_of_bounds") - refused_before;
+    assert_eq!(counted, 2, "each refusal is counted for the owner");
+
+    // A local element in memory no region registers (a heap buffer).
+    let heap = vec![7u8; 4096];
+    let heap_offset = heap.as_ptr() as i64 - near_region.iova() as i64;
+    let stray = Pattern::new(
+        vec![
+            Piece::contiguous(0, 100),
+            Piece::Indexed {
+                offset: heap_offset,
+                blocks: BlockList::Listed(vec![Block { offset: 0, len: 60 }]),
+            },
+        ],
+        1,
+        0,
+    )
+    .unwrap();
+    for read in [false, true] {
+        let entry = {
+            let vector = if read {
+                Vector::read(
+                    local,
+                    Pattern::contiguous(160),
+                    remote,
+                    Pattern::contiguous(160),
+                )
+            } else {
+                Vector::write(
+                    local,
+                    Pattern::contiguous(160),
+                    remote,
+                    Pattern::contiguous(160),
+                )
+            }
+            .unwrap();
+            let mut request = *vector.build().request();
+            let descriptor = pindown_uapi::pattern::encode_pair(&stray, &Pattern::contiguous(160));
+            set_descriptor_len(&mut request, descriptor.len() as u32);
+            (request, descriptor)
+        };
+        // SAFETY: the request names the test's own buffers and a heap
+        // buffer no region registers, which the device must refuse.
+        let done = run(initiator, unsafe {
+            Entry::from_raw(entry.0, Some(&entry.1))
+        });
+        assert_eq!(
+            refused(&done),
+            (Status::LocalProtectionError, ErrorDetail::Unregistered)
+        );
+        untouched.check("an unregistered local element");
+    }
+    assert!(heap.iter().all(|&b| b == 7));
+
+    // Patterns of different lengths: the device refuses before a byte
+    // moves (the driver would have refused to build it).
+    let mismatch =
+        pindown_uapi::pattern::encode_pair(&Pattern::contiguous(100), &Pattern::contiguous(99));
+    for (len, what) in [(100, "remote shorter"), (99, "local longer")] {
+        let request = raw(Operation::VectorWrite(pindown_uapi::VectorTransfer {
+            local: near_region.iova(),
+            len,
+            remote,
+            descriptor: Descriptor::Inline {
+                len: mismatch.len() as u32,
+            },
+            notify: None,
+        }));
+        // SAFETY: the test's own registered buffers.
+        let done = run(initiator, unsafe {
+            Entry::from_raw(request, Some(&mismatch))
+        });
+        assert_eq!(
+            refused(&done),
+            (Status::InvalidRequest, ErrorDetail::LengthMismatch),
+            "{what}"
+        );
+        untouched.check(what);
+    }
+
+    // Hostile descriptors.
+    let good =
+        pindown_uapi::pattern::encode_pair(&Pattern::contiguous(64), &Pattern::contiguous(64));
+    let mut overflowing = Pattern::contiguous(64);
+    overflowing.pieces = vec![strided(0, 1 << 20, [(1 << 30, 1), (1 << 30, 1), (1, 0)])];
+    let huge_list = Pattern {
+        repeat: 1,
+        extent: 0,
+        skip: 0,
+        len: 64,
+        pieces: vec![Piece::Indexed {
+            offset: 0,
+            blocks: BlockList::InMemory {
+                iova: near_region.iova(),
+                count: 1 << 40,
+            },
+        }],
+    };
+    let over_limit = Pattern {
+        pieces: vec![Piece::Indexed {
+            offset: 0,
+            blocks: BlockList::InMemory {
+                iova: near_region.iova(),
+                count: 5001,
+            },
+        }],
+        ..huge_list.clone()
+    };
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(&[0; 5]);
+    let cases: Vec<(&str, Vec<u8>, Option<u64>, (Status, ErrorDetail))> = vec![
+        (
+            "truncated",
+            good[..good.len() - 3].to_vec(),
+            None,
+            (Status::InvalidRequest, ErrorDetail::Malformed),
+        ),
+        (
+            "bytes after the patterns (the inline length lies)",
+            trailing,
+            None,
+            (Status::InvalidRequest, ErrorDetail::Malformed),
+        ),
+        (
+            "overflowing counts",
+            pindown_uapi::pattern::encode_pair(&Pattern::contiguous(64), &overflowing),
+            None,
+            (Status::InvalidRequest, ErrorDetail::Malformed),
+        ),
+        (
+            "a list of 2^40 blocks in memory",
+            pindown_uapi::pattern::encode_pair(&Pattern::contiguous(64), &huge_list),
+            None,
+            (Status::LimitReached, ErrorDetail::PatternLimit),
+        ),
+        (
+            "a list past --max-pattern-blocks",
+            pindown_uapi::pattern::encode_pair(&Pattern::contiguous(64), &over_limit),
+            None,
+            (Status::LimitReached, ErrorDetail::PatternLimit),
+        ),
+        (
+            "a descriptor in unregistered memory",
+            good.clone(),
+            Some(heap.as_ptr() as u64),
+            (Status::LocalProtectionError, ErrorDetail::Unregistered),
+        ),
+    ];
+    for (what, descriptor, iova, expected) in cases {
+        let descriptor_field = match iova {
+            Some(iova) => Descriptor::InMemory {
+                iova,
+                len: descriptor.len() as u32,
+            },
+            None => Descriptor::Inline {
+                len: descriptor.len() as u32,
+            },
+        };
+        let request = raw(Operation::VectorWrite(pindown_uapi::VectorTransfer {
+            local: near_region.iova(),
+            len: 64,
+            remote,
+            descriptor: descriptor_field,
+            notify: None,
+        }));
+        let done = if iova.is_some() {
+            // Posted as is: the driver leaves an in-memory descriptor
+            // field alone when the entry carries no bytes.
+            // SAFETY: the descriptor's memory is unregistered on purpose.
+            run(initiator, unsafe { Entry::from_raw(request, None) })
+        } else {
+            // SAFETY: the test's own registered buffers.
+            run(initiator, unsafe {
+                Entry::from_raw(request, Some(&descriptor))
+            })
+        };
+        assert_eq!(refused(&done), expected, "{what}");
+        untouched.check(what);
+    }
+
+    // The device is up, this port and the others still move bytes.
+    let other = Context::open(device.socket(2), config()).unwrap();
+    let from = other.alloc(4096, 64).unwrap();
+    from.write_at(0, &[9u8; 4096]);
+    let from_region = other.register_buffer(&from).unwrap();
+    let done = run(
+        &other,
+        Write::new(
+            from_region.local(0, 4096).unwrap(),
+            window.remote().at(4096),
+        )
+        .build(),
+    );
+    assert!(done.is_success(), "{done:?}");
+    let mut landed = [0u8; 4096];
+    far.read_at(4096, &mut landed);
+    assert_eq!(landed, [9u8; 4096]);
+    let vector = Vector::write(local, rows.clone(), remote, rows.clone()).unwrap();
+    assert!(run(initiator, vector.build()).is_success());
+}
+
+/// A raw request (no flags, user data 0).
+fn raw(op: Operation) -> WorkRequest {
+    WorkRequest {
+        user_data: 0,
+        flags: WrFlags::empty(),
+        op,
+    }
+}
+
+fn set_descriptor_len(request: &mut WorkRequest, len: u32) {
+    if let Operation::VectorWrite(vector) | Operation::VectorRead(vector) = &mut request.op {
+        vector.descriptor = Descriptor::Inline { len };
+    }
+}
