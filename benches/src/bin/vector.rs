@@ -7,9 +7,10 @@
 //! shape. The ways of moving it (JSON series names in brackets):
 //!
 //! * (a) `vector_write`, (b) `vector_read`: one request naming both
-//!   sides' patterns (the driver's vector write and read; the read is
-//!   receiver-driven, as the paper's MPI used it). The driver does not
-//!   have them yet (issue 9): the series say "missing" and why.
+//!   sides' patterns ([`Shape::pattern`] on either side; the driver's
+//!   [`Vector`] write and read): port 0 writes its submatrix into port 1's
+//!   matrix, or port 1 reads port 0's into its own (receiver-driven, as
+//!   the paper's MPI used it). Cold and warm, as the host copies.
 //! * (c) `pack_write_unpack`: the host packs the submatrix into a
 //!   contiguous buffer, one RDMA WRITE moves it, the target's host unpacks
 //!   it; with `contig_write` (the WRITE alone: the paper's "Contig") and
@@ -40,8 +41,8 @@
 //! emulated NIC is a child process. Every figure is checked: the target's
 //! submatrix holds the source's values and nothing around it was written.
 //! One JSON document goes to stdout; the exit status is non-zero if a check
-//! failed or a measurement could not be made (a missing vector API or MPI
-//! outside CI is reported, not failed). Latency is the time of one whole
+//! failed or a measurement could not be made (a missing MPI or huge pages
+//! outside CI are reported, not failed). Latency is the time of one whole
 //! transfer (MPI: half a round trip), bandwidth the bytes over its median.
 //! The targets (vector write at most 1.3 times the one-pass copy; Open MPI
 //! at least 2 and 1.5 times the vector write at n = 1 and 16, z = 4096;
@@ -61,7 +62,7 @@ use pindown_benches::submatrix::{
     self, check_packed, copy_strided, pack, unpack, Evictor, Matrix, Shape, ELEMENT, ROWS,
 };
 use pindown_benches::sys::{LockBudget, Machine};
-use pindown_driver::verbs::opcode::{Nop, Write};
+use pindown_driver::verbs::opcode::{Nop, Vector, Write};
 use pindown_driver::verbs::{CompletionQueue, Context, MemoryRegion, QueuePair, RemoteWindow};
 use pindown_driver::DmaBuffer;
 use pindown_emu_device::testing::DeviceProcess;
@@ -136,10 +137,6 @@ const MIN_EVICTION_BYTES: usize = 64 << 20;
 /// Huge pages left for the MPI libraries' own use (UCX, under MPICH
 /// here, takes huge pages for its buffers when there are free ones).
 const MPI_HUGE_PAGE_MARGIN: usize = 64;
-/// Why (a) and (b) are not measured.
-const VECTOR_API_MISSING: &str = "the driver has no vector write/read yet (issue 9: the device \
-     execution and driver API are built on branch i9-dev); not measured";
-
 /// How much of everything one run does.
 #[derive(Clone, Debug, Serialize)]
 struct Plan {
@@ -288,12 +285,6 @@ struct Series {
     points: Vec<Point>,
 }
 
-/// The outcome of one method at one size.
-enum Outcome {
-    Measured(Point),
-    Missing(String),
-}
-
 /// What a pass's MPI runs were.
 #[derive(Debug, Serialize)]
 struct MpiReport {
@@ -356,16 +347,11 @@ impl PassReport {
         method: &'static str,
         cache: Option<&'static str>,
         shape: Shape,
-        outcome: Outcome,
+        point: Point,
     ) {
-        let series = self.series_mut(method, cache, shape.z, shape.n);
-        match outcome {
-            Outcome::Measured(point) => series.points.push(point),
-            Outcome::Missing(reason) => {
-                series.status = Status::Missing;
-                series.reason = Some(reason);
-            }
-        }
+        self.series_mut(method, cache, shape.z, shape.n)
+            .points
+            .push(point);
     }
 
     fn fail(&mut self, method: &'static str, z: usize, n: usize, reason: String) {
@@ -473,7 +459,9 @@ const FIGURES: &[FigureIndex] = &[
 ];
 
 const TRANSFER_SERIES: &[&str] = &[
+    "vector_write cold",
     "vector_write warm",
+    "vector_read cold",
     "vector_read warm",
     "contig_write warm",
     "pack_write_unpack cold",
@@ -634,10 +622,18 @@ fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
 
 // ------------------------------------------------------------------ driver
 
-/// The two ports' buffers and port 0's queue pair.
+/// The two ports' buffers and queue pairs.
 struct Bench<'c> {
+    /// Port 0's queue pair: writes.
     qp: QueuePair<'c>,
     cq: CompletionQueue<'c>,
+    /// Port 1's queue pair: vector reads.
+    reader_qp: QueuePair<'c>,
+    reader_cq: CompletionQueue<'c>,
+    /// A window over port 0's matrix (remote read).
+    source_window: RemoteWindow,
+    /// A window over port 1's matrix (remote write).
+    target_window: RemoteWindow,
     /// Port 0's packed buffer, registered as `packed_region`.
     packed: &'c DmaBuffer,
     packed_region: MemoryRegion<'c>,
@@ -749,6 +745,12 @@ fn measure_driver(
     let packed = initiator.alloc(packed_bytes, HUGE_PAGE)?;
     let target = owner.alloc(matrix_bytes, HUGE_PAGE)?;
     let landing = owner.alloc(packed_bytes, HUGE_PAGE)?;
+    let source_region = initiator.register_buffer(&source)?;
+    let source_bound =
+        initiator.bind_window(&source_region, 0, source.len() as u64, Access::REMOTE_READ)?;
+    let target_region = owner.register_buffer(&target)?;
+    let target_bound =
+        owner.bind_window(&target_region, 0, target.len() as u64, Access::REMOTE_WRITE)?;
     let landing_region = owner.register_buffer(&landing)?;
     let landing_bound = owner.bind_window(
         &landing_region,
@@ -759,9 +761,15 @@ fn measure_driver(
     let packed_region = initiator.register_buffer(&packed)?;
     let mut cq = initiator.create_completion_queue();
     let qp = initiator.create_queue_pair(&mut cq)?;
+    let mut reader_cq = owner.create_completion_queue();
+    let reader_qp = owner.create_queue_pair(&mut reader_cq)?;
     let mut bench = Bench {
         qp,
         cq,
+        reader_qp,
+        reader_cq,
+        source_window: source_bound.remote(),
+        target_window: target_bound.remote(),
         packed: &packed,
         packed_region,
         landing: &landing,
@@ -783,20 +791,12 @@ fn measure_driver(
         for &n in &plan.n {
             for &m in &plan.m {
                 let shape = Shape::new(z, m, n).expect("checked by Plan::new");
-                pass.record(
-                    "vector_write",
-                    Some("warm"),
-                    shape,
-                    vector_write(&mut bench, shape),
-                );
-                pass.record(
-                    "vector_read",
-                    Some("warm"),
-                    shape,
-                    vector_read(&mut bench, shape),
-                );
                 for cache in ["cold", "warm"] {
                     let cold = cache == "cold";
+                    let point = bench.vector_write(&source_region, &to, shape, cold)?;
+                    pass.record("vector_write", Some(cache), shape, point);
+                    let point = bench.vector_read(&target_region, &to, shape, cold)?;
+                    pass.record("vector_read", Some(cache), shape, point);
                     let host = [
                         ("pack", bench.pack(&from, shape, cold)),
                         ("unpack", bench.unpack(&from, &to, shape, cold)),
@@ -807,43 +807,19 @@ fn measure_driver(
                         ),
                     ];
                     for (method, point) in host {
-                        pass.record(method, Some(cache), shape, Outcome::Measured(point));
+                        pass.record(method, Some(cache), shape, point);
                     }
                     let point = bench.pack_write_unpack(&from, &to, shape, cold)?;
-                    pass.record(
-                        "pack_write_unpack",
-                        Some(cache),
-                        shape,
-                        Outcome::Measured(point),
-                    );
+                    pass.record("pack_write_unpack", Some(cache), shape, point);
                 }
                 let point = bench.contig_write(&from, shape)?;
-                pass.record(
-                    "contig_write",
-                    Some("warm"),
-                    shape,
-                    Outcome::Measured(point),
-                );
+                pass.record("contig_write", Some("warm"), shape, point);
             }
         }
     }
     drop(bench);
-    drop(landing_bound);
+    drop((landing_bound, target_bound, source_bound));
     Ok(None)
-}
-
-/// (a) The submatrix of port 0's matrix into port 1's, one VECTOR_WRITE
-/// naming both patterns ([`Shape::pattern`] on either side). Missing until
-/// the driver has a vector write.
-fn vector_write(_bench: &mut Bench<'_>, _shape: Shape) -> Outcome {
-    Outcome::Missing(VECTOR_API_MISSING.into())
-}
-
-/// (b) The same moved by the receiver: port 1 reads port 0's submatrix
-/// into its own with one VECTOR_READ. Missing until the driver has a
-/// vector read.
-fn vector_read(_bench: &mut Bench<'_>, _shape: Shape) -> Outcome {
-    Outcome::Missing(VECTOR_API_MISSING.into())
 }
 
 fn point(shape: Shape, mut micros: Vec<f64>, verified: bool) -> Point {
@@ -973,6 +949,53 @@ impl Bench<'_> {
         let entry = Write::new(local, self.landing_window.at(0)).build();
         run_one(&mut self.qp, &mut self.cq, entry)?;
         Ok(())
+    }
+
+    /// (a) Port 0's submatrix into port 1's matrix, one VECTOR_WRITE
+    /// naming both patterns; `source_region` is port 0's matrix.
+    fn vector_write(
+        &mut self,
+        source_region: &MemoryRegion<'_>,
+        to: &Matrix,
+        shape: Shape,
+        cold: bool,
+    ) -> Result<Point, Box<dyn Error>> {
+        let pattern = shape.pattern();
+        let whole = source_region.local(0, source_region.len() as u32)?;
+        let write = Vector::write(whole, pattern.clone(), self.target_window.at(0), pattern)?;
+        let micros = self.time(
+            cold,
+            || to.reset_target(shape),
+            |bench| {
+                run_one(&mut bench.qp, &mut bench.cq, write.build())?;
+                Ok::<(), Box<dyn Error>>(())
+            },
+        )?;
+        Ok(point(shape, micros, to.check_target(shape) == 0))
+    }
+
+    /// (b) The same, receiver-driven: port 1 reads port 0's submatrix into
+    /// its own matrix with one VECTOR_READ; `target_region` is port 1's
+    /// matrix.
+    fn vector_read(
+        &mut self,
+        target_region: &MemoryRegion<'_>,
+        to: &Matrix,
+        shape: Shape,
+        cold: bool,
+    ) -> Result<Point, Box<dyn Error>> {
+        let pattern = shape.pattern();
+        let whole = target_region.local(0, target_region.len() as u32)?;
+        let read = Vector::read(whole, pattern.clone(), self.source_window.at(0), pattern)?;
+        let micros = self.time(
+            cold,
+            || to.reset_target(shape),
+            |bench| {
+                run_one(&mut bench.reader_qp, &mut bench.reader_cq, read.build())?;
+                Ok::<(), Box<dyn Error>>(())
+            },
+        )?;
+        Ok(point(shape, micros, to.check_target(shape) == 0))
     }
 
     /// (c) Pack on port 0, one RDMA WRITE, unpack on port 1.
@@ -1113,7 +1136,7 @@ fn measure_mpi(build: &MpiBuild, plan: &Plan, pass: &mut PassReport) {
                             mb_per_s: shape.bytes() as f64 / p.one_way_us_median,
                             verified: p.verified && p.bytes as usize == shape.bytes(),
                         };
-                        pass.record(method, None, shape, Outcome::Measured(point));
+                        pass.record(method, None, shape, point);
                     }
                 }
                 Err(e) => {
@@ -1212,7 +1235,7 @@ fn targets(plan: &Plan, passes: &[PassReport]) -> Vec<Target> {
         }
         for (n, target) in [(1, 2.0), (16, 1.5)] {
             add(
-                format!("openmpi_vector time over vector_write, z = 4096, n = {n}, m = {m}"),
+                format!("openmpi_vector time over vector_write warm, z = 4096, n = {n}, m = {m}"),
                 "at least",
                 target,
                 ratio(
@@ -1224,12 +1247,12 @@ fn targets(plan: &Plan, passes: &[PassReport]) -> Vec<Target> {
             );
         }
         add(
-            format!("pack_write_unpack cold time over vector_write, z = 4096, n = 1, m = {m}"),
+            format!("pack_write_unpack cold time over vector_write cold, z = 4096, n = 1, m = {m}"),
             "at least",
             3.0,
             ratio(
                 ("pack_write_unpack", Some("cold")),
-                ("vector_write", Some("warm")),
+                ("vector_write", Some("cold")),
                 4096,
                 1,
             ),
