@@ -622,6 +622,15 @@ fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
 
 // ------------------------------------------------------------------ driver
 
+/// Which port posts a request.
+#[derive(Clone, Copy)]
+enum Port {
+    /// Port 0, whose matrix is the source.
+    Source,
+    /// Port 1, whose matrix is the target.
+    Target,
+}
+
 /// The two ports' buffers and queue pairs.
 struct Bench<'c> {
     /// Port 0's queue pair: writes.
@@ -963,15 +972,7 @@ impl Bench<'_> {
         let pattern = shape.pattern();
         let whole = source_region.local(0, source_region.len() as u32)?;
         let write = Vector::write(whole, pattern.clone(), self.target_window.at(0), pattern)?;
-        let micros = self.time(
-            cold,
-            || to.reset_target(shape),
-            |bench| {
-                run_one(&mut bench.qp, &mut bench.cq, write.build())?;
-                Ok::<(), Box<dyn Error>>(())
-            },
-        )?;
-        Ok(point(shape, micros, to.check_target(shape) == 0))
+        self.time_vector(&write, Port::Source, to, shape, cold)
     }
 
     /// (b) The same, receiver-driven: port 1 reads port 0's submatrix into
@@ -987,11 +988,28 @@ impl Bench<'_> {
         let pattern = shape.pattern();
         let whole = target_region.local(0, target_region.len() as u32)?;
         let read = Vector::read(whole, pattern.clone(), self.source_window.at(0), pattern)?;
+        self.time_vector(&read, Port::Target, to, shape, cold)
+    }
+
+    /// Times `vector` posted on `port`'s queue pair, one at a time, and
+    /// checks the submatrix of `to` it moved.
+    fn time_vector(
+        &mut self,
+        vector: &Vector<'_>,
+        port: Port,
+        to: &Matrix,
+        shape: Shape,
+        cold: bool,
+    ) -> Result<Point, Box<dyn Error>> {
         let micros = self.time(
             cold,
             || to.reset_target(shape),
             |bench| {
-                run_one(&mut bench.reader_qp, &mut bench.reader_cq, read.build())?;
+                let (qp, cq) = match port {
+                    Port::Source => (&mut bench.qp, &mut bench.cq),
+                    Port::Target => (&mut bench.reader_qp, &mut bench.reader_cq),
+                };
+                run_one(qp, cq, vector.build())?;
                 Ok::<(), Box<dyn Error>>(())
             },
         )?;
