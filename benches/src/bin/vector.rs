@@ -134,6 +134,10 @@ const ARENA_SLACK: usize = 16 << 20;
 /// The eviction buffer is at least this large, and at least twice the
 /// last-level cache.
 const MIN_EVICTION_BYTES: usize = 64 << 20;
+/// How long every port is left idle before a figure, so that the
+/// device's polling threads (which sleep after a millisecond without work)
+/// are asleep.
+const PORTS_IDLE: std::time::Duration = std::time::Duration::from_millis(3);
 /// Huge pages left for the MPI libraries' own use (UCX, under MPICH
 /// here, takes huge pages for its buffers when there are free ones).
 const MPI_HUGE_PAGE_MARGIN: usize = 64;
@@ -842,21 +846,30 @@ fn point(shape: Shape, mut micros: Vec<f64>, verified: bool) -> Point {
     }
 }
 
-impl Bench<'_> {
+impl<'c> Bench<'c> {
     /// Times `step` `samples` times in microseconds: cold, each after an
     /// eviction; warm, after one untimed step. `prepare` runs untimed
-    /// before each step (resets what the step's check looks at).
+    /// before each step (resets what the step's check looks at); `port`
+    /// is the port whose queue pair the step uses, if any.
+    ///
+    /// First every port is left idle for [`PORTS_IDLE`], so that their
+    /// polling threads go to sleep and only the port the figure uses polls
+    /// (two polling ports and this thread would be three busy threads on
+    /// a 2-core machine).
     ///
     /// After an eviction (milliseconds of streaming) an untimed NOP goes
-    /// through the queue pair: the device's polling threads sleep after a
-    /// millisecond without work, and a cold figure is meant to count cold
-    /// caches, not the device waking up. The NOP touches the rings only.
+    /// through `port`'s queue pair: the device's polling threads sleep
+    /// after a millisecond without work, and a cold figure is meant to
+    /// count cold caches, not the device waking up. The NOP touches the
+    /// rings only.
     fn time<E>(
         &mut self,
         cold: bool,
+        port: Option<Port>,
         mut prepare: impl FnMut(),
         mut step: impl FnMut(&mut Self) -> Result<(), E>,
     ) -> Result<Vec<f64>, E> {
+        std::thread::sleep(PORTS_IDLE);
         let samples = if cold {
             self.cold_samples
         } else {
@@ -869,7 +882,9 @@ impl Bench<'_> {
             prepare();
             if cold {
                 self.evictor.evict();
-                self.wake_device();
+                if let Some(port) = port {
+                    self.wake(port);
+                }
             }
             let start = Instant::now();
             step(self)?;
@@ -884,7 +899,7 @@ impl Bench<'_> {
         prepare: impl FnMut(),
         mut step: impl FnMut(&mut Self),
     ) -> Vec<f64> {
-        let result: Result<_, std::convert::Infallible> = self.time(cold, prepare, |b| {
+        let result: Result<_, std::convert::Infallible> = self.time(cold, None, prepare, |b| {
             step(b);
             Ok(())
         });
@@ -893,11 +908,20 @@ impl Bench<'_> {
         }
     }
 
-    /// Runs one NOP through port 0's queue pair. A device that has gone
+    /// Runs one NOP through `port`'s queue pair. A device that has gone
     /// away shows up in the next timed request, so an error here is left
     /// to it.
-    fn wake_device(&mut self) {
-        let _ = run_one(&mut self.qp, &mut self.cq, Nop::new().build());
+    fn wake(&mut self, port: Port) {
+        let (qp, cq) = self.queue_pair(port);
+        let _ = run_one(qp, cq, Nop::new().build());
+    }
+
+    /// `port`'s queue pair and completion queue.
+    fn queue_pair(&mut self, port: Port) -> (&mut QueuePair<'c>, &mut CompletionQueue<'c>) {
+        match port {
+            Port::Source => (&mut self.qp, &mut self.cq),
+            Port::Target => (&mut self.reader_qp, &mut self.reader_cq),
+        }
     }
 
     /// Port 0's pack of the submatrix into its packed buffer.
@@ -1003,12 +1027,10 @@ impl Bench<'_> {
     ) -> Result<Point, Box<dyn Error>> {
         let micros = self.time(
             cold,
+            Some(port),
             || to.reset_target(shape),
             |bench| {
-                let (qp, cq) = match port {
-                    Port::Source => (&mut bench.qp, &mut bench.cq),
-                    Port::Target => (&mut bench.reader_qp, &mut bench.reader_cq),
-                };
+                let (qp, cq) = bench.queue_pair(port);
                 run_one(qp, cq, vector.build())?;
                 Ok::<(), Box<dyn Error>>(())
             },
@@ -1027,6 +1049,7 @@ impl Bench<'_> {
         let (packed, landing) = (self.packed.as_ptr(), self.landing.as_ptr());
         let micros = self.time(
             cold,
+            Some(Port::Source),
             || to.reset_target(shape),
             |bench| {
                 // SAFETY: as in `pack`; the write has completed before the
@@ -1047,7 +1070,9 @@ impl Bench<'_> {
         // SAFETY: as in `pack`.
         unsafe { pack(from, shape, packed) };
         let clear = || unsafe { std::ptr::write_bytes(landing, 0, shape.bytes()) };
-        let micros = self.time(false, clear, |bench| bench.write_packed(shape))?;
+        let micros = self.time(false, Some(Port::Source), clear, |bench| {
+            bench.write_packed(shape)
+        })?;
         // SAFETY: as in `pack`; the last write has completed.
         let wrong = unsafe { check_packed(landing, shape) };
         Ok(point(shape, micros, wrong == 0))
