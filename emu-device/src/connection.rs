@@ -421,6 +421,13 @@ fn run(
         if port.inbox.pending() && receive_frames(port) {
             last_work = Some(Instant::now());
         }
+        if port.inbox.notices_pending() {
+            // Arrivals for the admin completion queue: its send queue's
+            // service writes them.
+            rings.insert(usize::from(
+                layout.send_queue(pindown_uapi::ADMIN_QUEUE_PAIR),
+            ));
+        }
         if all {
             let st = port.lock();
             rings.extend(st.vrings.iter().filter(|r| r.active()).map(|r| r.index));

@@ -206,6 +206,13 @@ impl Fabric for PortFabric<'_> {
         self.own.vector_limits
     }
 
+    fn reserve_notice(&self, port: u16) -> Option<rdma::NoticeSlot> {
+        let port = self.port(port).ok()?;
+        port.inbox
+            .reserve_notice()
+            .then(|| rdma::NoticeSlot::new(port))
+    }
+
     fn incarnation(&self, port: u16) -> u64 {
         self.port(port).map_or(0, |port| port.shared.incarnation())
     }

@@ -1,11 +1,13 @@
-//! A port's inbox: frames other ports sent to it, waiting for the port's
-//! own connection thread. The one place where two ports' data paths meet
-//! for Ethernet, built so that neither waits for the other.
+//! A port's inbox: frames other ports sent to it, and arrival notices of
+//! vector writes into its windows ([`pindown_uapi::Arrival`]), waiting
+//! for the port's own connection thread. The one place where two ports'
+//! data paths meet, built so that neither waits for the other.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use pindown_uapi::Completion;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Frames other ports sent to one port, waiting for that port's own
@@ -20,6 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub struct Inbox {
     state: Mutex<InboxState>,
     pending: AtomicBool,
+    notices_pending: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -27,7 +30,15 @@ struct InboxState {
     frames: VecDeque<Vec<u8>>,
     /// The receiver's wake-up eventfd, while a frontend is connected.
     wake: Option<Arc<EventFd>>,
+    /// Arrival completions for the port's admin completion queue.
+    notices: VecDeque<Completion>,
+    /// Notices promised to transfers under way ([`Inbox::reserve_notice`]).
+    reserved: usize,
 }
+
+/// Arrival notices a port holds at most, queued or promised (a vector
+/// write with NOTIFY_TARGET beyond it fails before it moves a byte).
+pub const NOTICES_MAX: usize = 4096;
 
 /// Frames an inbox holds; older ones are dropped when it is full.
 pub const INBOX_MAX: usize = 256;
@@ -52,12 +63,66 @@ impl Inbox {
         st.wake = Some(wake);
     }
 
-    /// Stops accepting frames and drops those waiting (disconnect).
+    /// Stops accepting frames and notices and drops those waiting
+    /// (disconnect).
     pub fn close(&self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.frames.clear();
+        st.notices.clear();
+        st.reserved = 0;
         st.wake = None;
         self.pending.store(false, Ordering::Release);
+        self.notices_pending.store(false, Ordering::Release);
+    }
+
+    /// Promises room for one arrival notice: false when the port holds
+    /// [`NOTICES_MAX`] already (queued or promised) or no frontend is
+    /// connected. A promise ends with [`deliver_notice`] or
+    /// [`release_notice`].
+    ///
+    /// [`deliver_notice`]: Self::deliver_notice
+    /// [`release_notice`]: Self::release_notice
+    pub fn reserve_notice(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.wake.is_none() || st.notices.len() + st.reserved >= NOTICES_MAX {
+            return false;
+        }
+        st.reserved += 1;
+        true
+    }
+
+    /// Gives back a promise unused (the transfer failed).
+    pub fn release_notice(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.reserved = st.reserved.saturating_sub(1);
+    }
+
+    /// Queues a promised notice and wakes the receiver (never waits for
+    /// it); dropped only when the port's frontend has gone meanwhile.
+    pub fn deliver_notice(&self, notice: Completion) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.reserved = st.reserved.saturating_sub(1);
+        let Some(wake) = st.wake.clone() else {
+            return;
+        };
+        st.notices.push_back(notice);
+        self.notices_pending.store(true, Ordering::Release);
+        let _ = wake.write(1);
+    }
+
+    /// Whether notices are waiting (cheap; for polling passes).
+    pub fn notices_pending(&self) -> bool {
+        self.notices_pending.load(Ordering::Acquire)
+    }
+
+    /// Takes up to `max` waiting notices, oldest first.
+    pub fn take_notices(&self, max: usize) -> Vec<Completion> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let count = max.min(st.notices.len());
+        let taken: Vec<Completion> = st.notices.drain(..count).collect();
+        self.notices_pending
+            .store(!st.notices.is_empty(), Ordering::Release);
+        taken
     }
 
     /// Appends a frame and wakes the receiver (never waits for it).

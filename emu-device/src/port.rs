@@ -417,6 +417,16 @@ impl PortShared {
     }
 }
 
+impl crate::rdma::NoticeQueue for Port {
+    fn deliver(&self, notice: pindown_uapi::Completion) {
+        self.inbox.deliver_notice(notice);
+    }
+
+    fn release(&self) {
+        self.inbox.release_notice();
+    }
+}
+
 impl Port {
     /// A disconnected port.
     pub fn new(index: usize, socket: usize, mac: [u8; 6], cfg: &DeviceConfig) -> Port {

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pindown_uapi::{Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags};
-use pindown_uapi::{ABI_VERSION, RDMA_FEATURES};
+use pindown_uapi::{ABI_VERSION, ADMIN_QUEUE_PAIR, RDMA_FEATURES};
+
+use crate::inbox::NOTICES_MAX;
 
 use crate::fabric::PortFabric;
 use crate::port::{Port, PortState, PortTable};
@@ -173,6 +175,15 @@ impl SendQueue {
             // Completions would have nowhere to go: requests wait until the
             // frontend starts (or restarts) the completion queue.
             return Served::default();
+        }
+        if self.pair == ADMIN_QUEUE_PAIR
+            && port.inbox.notices_pending()
+            && self.pending.len() < NOTICES_MAX
+        {
+            // Arrivals of vector writes into the port's windows go to the
+            // admin completion queue, among its own completions.
+            let notices = port.inbox.take_notices(NOTICES_MAX - self.pending.len());
+            self.pending.extend(notices);
         }
         let fabric = PortFabric::new(ports, &port);
         let mut served = Served::default();

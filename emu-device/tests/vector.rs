@@ -603,7 +603,9 @@ fn refused_transfers_move_no_byte_and_the_device_keeps_serving() {
     };
     let mut trailing = good.clone();
     trailing.extend_from_slice(&[0; 5]);
-    let cases: Vec<(&str, Vec<u8>, Option<u64>, (Status, ErrorDetail))> = vec![
+    // What, descriptor bytes, in memory at, expected answer.
+    type Hostile = (&'static str, Vec<u8>, Option<u64>, (Status, ErrorDetail));
+    let cases: Vec<Hostile> = vec![
         (
             "truncated",
             good[..good.len() - 3].to_vec(),
@@ -707,4 +709,209 @@ fn set_descriptor_len(request: &mut WorkRequest, len: u32) {
     if let Operation::VectorWrite(vector) | Operation::VectorRead(vector) = &mut request.op {
         vector.descriptor = Descriptor::Inline { len };
     }
+}
+
+#[test]
+fn the_target_learns_of_a_notifying_write_from_its_own_completion_queue() {
+    let ports = ports(&[]);
+    let Ports {
+        initiator, target, ..
+    } = &ports;
+    let source = initiator.alloc(4096, 64).unwrap();
+    source.write_at(0, &bytes(4096, 3));
+    let source_region = initiator.register_buffer(&source).unwrap();
+    let sink = target.alloc(8192, 64).unwrap();
+    let sink_region = target.register_buffer(&sink).unwrap();
+    let window = target
+        .bind_window(&sink_region, 0, 8192, Access::REMOTE_WRITE)
+        .unwrap();
+    let local = source_region.local(0, 4096).unwrap();
+    let spread = Pattern::new(vec![Piece::vector(0, 16, 256, 32)], 1, 0).unwrap();
+    let write = Vector::write(
+        local,
+        Pattern::contiguous(4096),
+        window.remote().at(0),
+        spread.clone(),
+    )
+    .unwrap()
+    .notify(0xfeed_0001);
+    assert!(run(initiator, write.build()).is_success());
+    let arrivals = target.wait_arrivals(Duration::from_secs(5)).unwrap();
+    assert_eq!(arrivals.len(), 1, "{arrivals:?}");
+    let arrival = arrivals[0];
+    assert_eq!(arrival.peer, initiator.info().port);
+    assert_eq!(arrival.key, window.remote().key);
+    assert_eq!(arrival.bytes, 4096);
+    assert_eq!(arrival.immediate, 0xfeed_0001);
+    // The bytes are there when the arrival is.
+    let landed = contents(&sink);
+    let data = bytes(4096, 3);
+    for (i, at) in model(&spread, &no_lists).iter().enumerate() {
+        assert_eq!(landed[*at as usize], data[i]);
+    }
+
+    // Without the flag, or refused: no arrival. The admin queue still
+    // serves the context's own requests in between.
+    let quiet = Vector::write(
+        local,
+        Pattern::contiguous(4096),
+        window.remote().at(0),
+        spread.clone(),
+    )
+    .unwrap();
+    assert!(run(initiator, quiet.build()).is_success());
+    let outside = Vector::write(
+        local,
+        Pattern::contiguous(4096),
+        window.remote().at(8000),
+        spread.clone(),
+    )
+    .unwrap()
+    .notify(2);
+    assert_eq!(
+        refused(&run(initiator, outside.build())),
+        (Status::RemoteAccessError, ErrorDetail::NotGranted)
+    );
+    // (A bind reaps the admin queue: arrivals are kept, not lost.)
+    let extra = target
+        .bind_window(&sink_region, 0, 64, Access::REMOTE_READ)
+        .unwrap();
+    drop(extra);
+    assert!(target.arrivals().unwrap().is_empty());
+
+    // Writes the target does not take arrivals of: once its port holds as
+    // many as the device allows, the next fails before a byte moves, and
+    // every write that succeeded has its arrival.
+    let small = Vector::write(
+        source_region.local(0, 8).unwrap(),
+        Pattern::contiguous(8),
+        window.remote().at(0),
+        Pattern::contiguous(8),
+    )
+    .unwrap();
+    let mut cq = initiator.create_completion_queue();
+    let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+    let (mut succeeded, mut limited) = (0u64, None);
+    'posting: for batch in 0..1000u64 {
+        let notifying: Vec<Vector<'_>> = (0..16)
+            .map(|i| small.clone().notify(batch * 16 + i))
+            .collect();
+        let entries: Vec<Entry<'_>> = notifying
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.build().signaled().user_data(batch * 16 + i as u64))
+            .collect();
+        qp.post(&entries).unwrap();
+        let mut seen = 0;
+        while seen < entries.len() {
+            for done in cq.wait(Duration::from_secs(10)).unwrap() {
+                seen += 1;
+                if done.is_success() {
+                    succeeded += 1;
+                } else {
+                    assert_eq!(
+                        (done.status, done.detail),
+                        (Status::LimitReached, ErrorDetail::NoticeLimit)
+                    );
+                    limited.get_or_insert(done.user_data);
+                }
+            }
+        }
+        if limited.is_some() {
+            break 'posting;
+        }
+    }
+    let first_refused = limited.expect("the notices are bounded");
+    assert!(succeeded >= 4096, "{succeeded} notices held");
+    let mut arrived = Vec::new();
+    loop {
+        let more = target.wait_arrivals(Duration::from_millis(500)).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        arrived.extend(more);
+    }
+    assert_eq!(arrived.len() as u64, succeeded, "no arrival dropped");
+    let immediates: std::collections::HashSet<u64> = arrived.iter().map(|a| a.immediate).collect();
+    assert_eq!(immediates.len() as u64, succeeded);
+    assert!(!immediates.contains(&first_refused));
+    // Taken: the port has room again.
+    assert!(run(initiator, small.clone().notify(1).build()).is_success());
+    assert_eq!(
+        target.wait_arrivals(Duration::from_secs(5)).unwrap().len(),
+        1
+    );
+}
+
+#[test]
+fn no_byte_of_a_long_vector_write_lands_after_the_window_is_revoked() {
+    let ports = ports(&[]);
+    let Ports {
+        initiator, target, ..
+    } = &ports;
+    const SOURCE: usize = 16 << 20;
+    const WINDOW: usize = 32 << 20;
+    let source = initiator.alloc(SOURCE, 4096).unwrap();
+    source.write_at(0, &vec![0xa5u8; SOURCE]);
+    let source_region = initiator.register_buffer(&source).unwrap();
+    let sink = target.alloc(WINDOW, 4096).unwrap();
+    let sink_region = target.register_buffer(&sink).unwrap();
+    let halves = Pattern::new(vec![Piece::vector(0, 4096, 4096, 8192)], 1, 0).unwrap();
+    let write = Vector::write(
+        source_region.local(0, SOURCE as u32).unwrap(),
+        Pattern::contiguous(SOURCE as u64),
+        pindown_uapi::RemoteAddress {
+            port: target.info().port,
+            key: pindown_uapi::RemoteKey(0),
+            offset: 0,
+        },
+        halves.clone(),
+    )
+    .unwrap();
+    let mut cut = 0;
+    for _round in 0..20 {
+        sink.write_at(0, &vec![0u8; WINDOW]);
+        let window = target
+            .bind_window(&sink_region, 0, WINDOW as u64, Access::REMOTE_WRITE)
+            .unwrap();
+        let mut request = *write.build().request();
+        if let Operation::VectorWrite(vector) = &mut request.op {
+            vector.remote = window.remote().at(0);
+        }
+        let descriptor = write.build().descriptor().unwrap().to_vec();
+        let completion = std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                // SAFETY: the test's own registered buffers.
+                run(initiator, unsafe {
+                    Entry::from_raw(request, Some(&descriptor))
+                })
+            });
+            let mut byte = [0u8];
+            while byte[0] == 0 {
+                sink.read_at(0, &mut byte);
+                std::hint::spin_loop();
+            }
+            window.revoke().unwrap();
+            // Revoked: the marker goes over the whole window.
+            sink.write_at(0, &vec![0x11u8; WINDOW]);
+            writer.join().unwrap()
+        });
+        let landed = contents(&sink);
+        let overwritten = landed.iter().filter(|&&b| b != 0x11).count();
+        assert_eq!(overwritten, 0, "bytes landed after the revoke returned");
+        if !completion.is_success() {
+            assert_eq!(
+                refused(&completion),
+                (Status::RemoteAccessError, ErrorDetail::NotGranted)
+            );
+            cut += 1;
+            if cut >= 3 {
+                break;
+            }
+        }
+    }
+    assert!(
+        cut > 0,
+        "no write was cut by the revoke: the test proves nothing"
+    );
 }

@@ -8,10 +8,24 @@
 //! | 8 | 1 | status ([`Status`]) |
 //! | 9 | 1 | opcode of the request; 0xff when the request could not be decoded |
 //! | 10 | 1 | error detail ([`ErrorDetail`]) |
-//! | 11 | 1 | reserved, zero |
+//! | 11 | 1 | kind: 0 the port's own request, 1 an arrival ([`Arrival`]) |
 //! | 12 | 4 | bytes transferred |
-//! | 16 | 8 | value: old word (atomics), new 64-bit key (BIND), device information (QUERY) |
-//! | 24 | 8 | reserved, zero |
+//! | 16 | 8 | value: old word (atomics), new 64-bit key (BIND), device information (QUERY); arrival: the window's key |
+//! | 24 | 2 | arrival: the port that wrote; else zero |
+//! | 26 | 6 | reserved, zero |
+//!
+//! **Arrivals.** When a VECTOR_WRITE with
+//! [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) has moved all its
+//! bytes, the device puts an arrival into the *target* port's admin
+//! queue pair's completion queue ([`ADMIN_QUEUE_PAIR`](crate::ADMIN_QUEUE_PAIR)),
+//! after the bytes are in place: kind 1, status success, opcode
+//! VECTOR_WRITE, user data = the request's immediate value, bytes = the
+//! bytes written, value = the key of the window written through, bytes
+//! 24..26 = the writer's port ([`Completion::arrival`]). The target port
+//! holds a bounded number of arrivals its driver has not taken yet; a
+//! write whose arrival would not fit fails before it moves a byte
+//! ([`Status::LimitReached`], [`ErrorDetail::NoticeLimit`]), so no
+//! arrival is dropped.
 
 use std::fmt;
 
@@ -178,6 +192,21 @@ impl fmt::Display for ErrorDetail {
     }
 }
 
+/// What an arrival completion tells the target of a VECTOR_WRITE with
+/// [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) (see the [module
+/// documentation](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arrival {
+    /// The port that wrote.
+    pub peer: u16,
+    /// The window it wrote through.
+    pub key: crate::RemoteKey,
+    /// Bytes written.
+    pub bytes: u32,
+    /// The writer's immediate value.
+    pub immediate: u64,
+}
+
 /// One completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
@@ -191,9 +220,18 @@ pub struct Completion {
     pub opcode: Option<Opcode>,
     /// Bytes moved.
     pub byte_len: u32,
-    /// Old word (atomics), key (BIND), device information (QUERY), else 0.
+    /// Old word (atomics), key (BIND), device information (QUERY), the
+    /// window's key (an arrival), else 0.
     pub value: u64,
+    /// `Some(port)`: this completion is an [`Arrival`] from `port`, not
+    /// the outcome of a request of this port's.
+    pub arrival_from: Option<u16>,
 }
+
+/// Byte 11: a completion of the port's own request.
+const KIND_OWN: u8 = 0;
+/// Byte 11: an arrival.
+const KIND_ARRIVAL: u8 = 1;
 
 const UNDECODED_OPCODE: u8 = 0xff;
 
@@ -230,7 +268,32 @@ impl Completion {
             opcode: Some(opcode),
             byte_len,
             value,
+            arrival_from: None,
         }
+    }
+
+    /// The arrival completion of `arrival` (see the [module
+    /// documentation](self)).
+    pub fn arrival_notice(arrival: Arrival) -> Self {
+        Completion {
+            user_data: arrival.immediate,
+            status: Status::Success,
+            detail: ErrorDetail::None,
+            opcode: Some(Opcode::VectorWrite),
+            byte_len: arrival.bytes,
+            value: arrival.key.0,
+            arrival_from: Some(arrival.peer),
+        }
+    }
+
+    /// The arrival this completion reports, if it is one.
+    pub fn arrival(&self) -> Option<Arrival> {
+        self.arrival_from.map(|peer| Arrival {
+            peer,
+            key: crate::RemoteKey(self.value),
+            bytes: self.byte_len,
+            immediate: self.user_data,
+        })
     }
 
     /// A failed completion.
@@ -247,6 +310,7 @@ impl Completion {
             opcode,
             byte_len: 0,
             value: 0,
+            arrival_from: None,
         }
     }
 
@@ -280,14 +344,27 @@ impl Completion {
         bytes[10] = self.detail as u8;
         bytes[12..16].copy_from_slice(&self.byte_len.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.value.to_le_bytes());
+        if let Some(peer) = self.arrival_from {
+            bytes[11] = KIND_ARRIVAL;
+            bytes[24..26].copy_from_slice(&peer.to_le_bytes());
+        }
         bytes
     }
 
     /// Decodes and validates a completion. Never panics.
     pub fn decode(bytes: &[u8]) -> Result<Completion, DecodeError> {
         need(bytes, Self::SIZE)?;
-        reserved_zero(bytes, 11..12)?;
-        reserved_zero(bytes, 24..32)?;
+        let arrival_from = match bytes[11] {
+            KIND_OWN => {
+                reserved_zero(bytes, 24..32)?;
+                None
+            }
+            KIND_ARRIVAL => {
+                reserved_zero(bytes, 26..32)?;
+                Some(crate::error::le_u16(bytes, 24))
+            }
+            _ => reserved_zero(bytes, 11..12).map(|()| None)?,
+        };
         let opcode = match bytes[9] {
             UNDECODED_OPCODE => None,
             code => Some(Opcode::from_u8(code)?),
@@ -299,6 +376,7 @@ impl Completion {
             detail: ErrorDetail::from_u8(bytes[10])?,
             byte_len: le_u32(bytes, 12),
             value: le_u64(bytes, 16),
+            arrival_from,
         })
     }
 }
@@ -306,6 +384,33 @@ impl Completion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_arrival_round_trips_and_own_completions_keep_their_reserved_bytes_zero() {
+        let arrival = Arrival {
+            peer: 3,
+            key: crate::RemoteKey(0x1234_5678_9abc_def0),
+            bytes: 4096,
+            immediate: 77,
+        };
+        let notice = Completion::arrival_notice(arrival);
+        let bytes = notice.encode();
+        assert_eq!(bytes[11], KIND_ARRIVAL);
+        let decoded = Completion::decode(&bytes).unwrap();
+        assert_eq!(decoded.arrival(), Some(arrival));
+        assert_eq!(decoded.opcode, Some(Opcode::VectorWrite));
+        let own = Completion::success(1, Opcode::Write, 8, 0);
+        assert_eq!(Completion::decode(&own.encode()).unwrap().arrival(), None);
+        let mut bad = own.encode();
+        bad[24] = 1;
+        assert!(Completion::decode(&bad).is_err(), "a port only in arrivals");
+        let mut bad = bytes;
+        bad[11] = 2;
+        assert!(Completion::decode(&bad).is_err(), "unknown kind");
+        let mut bad = bytes;
+        bad[26] = 1;
+        assert!(Completion::decode(&bad).is_err());
+    }
 
     #[test]
     fn result_gives_the_value_or_an_error_naming_request_status_and_detail() {

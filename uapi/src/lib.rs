@@ -84,7 +84,7 @@ pub mod pattern;
 pub mod queue;
 mod request;
 
-pub use completion::{Completion, CompletionError, ErrorDetail, Status};
+pub use completion::{Arrival, Completion, CompletionError, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
 pub use keys::{Access, RemoteAddress, RemoteKey};

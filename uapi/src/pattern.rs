@@ -528,15 +528,21 @@ fn piece_facts(piece: &Piece) -> Result<PieceFacts, PatternError> {
                     .checked_mul(dim.count)
                     .ok_or(PatternError::Overflow("strided counts"))?;
                 if dim.count > 0 {
+                    // Each reach fits an i128 (|stride| < 2^63, count <
+                    // 2^64), but three of them and the offset may not.
                     let reach = i128::from(dim.stride) * i128::from(dim.count - 1);
-                    low += reach.min(0);
-                    high += reach.max(0);
+                    let overflow = PatternError::Overflow("strided offsets");
+                    low = low.checked_add(reach.min(0)).ok_or(overflow.clone())?;
+                    high = high.checked_add(reach.max(0)).ok_or(overflow)?;
                 }
             }
             let bytes = elements
                 .checked_mul(*block)
                 .ok_or(PatternError::Overflow("strided bytes"))?;
-            let hull = (bytes > 0).then_some((low, high + i128::from(*block)));
+            let end = high
+                .checked_add(i128::from(*block))
+                .ok_or(PatternError::Overflow("strided offsets"))?;
+            let hull = (bytes > 0).then_some((low, end));
             check_offsets(hull)?;
             Ok((bytes, hull, Vec::new()))
         }
@@ -692,18 +698,45 @@ impl<'p> Plan<'p> {
             pattern.repeat = 1;
             pattern.extent = 0;
             pattern.skip = skip;
+        } else {
+            // Several repetitions: the period moved to the first one the
+            // part touches, so that the skip stays inside one period (the
+            // stream may be longer than 2^64 bytes, the skip may not).
+            let origin = i128::from(self.pattern.extent) * first_rep as i128;
+            for piece in &mut pattern.pieces {
+                shift(piece, origin);
+            }
+            pattern.repeat = self.pattern.repeat - first_rep as u64;
+            pattern.skip = (absolute - first_rep * period) as u64;
         }
         pattern
     }
 }
 
-/// Moves a piece by `by` bytes (the origin of the repetition it came
-/// from; the caller's pattern was checked, so the sum fits).
+/// Moves a piece by `by` bytes (the origin of a repetition of a checked
+/// pattern): a strided piece's offset is its first block, inside the
+/// hull, so the sum fits; a listed piece's origin may not fit once moved,
+/// and then moves into its blocks (each block with bytes lies inside the
+/// hull).
 fn shift(piece: &mut Piece, by: i128) {
-    let offset = match piece {
-        Piece::Strided { offset, .. } | Piece::Indexed { offset, .. } => offset,
-    };
-    *offset = (i128::from(*offset) + by) as i64;
+    match piece {
+        Piece::Strided { offset, .. } => *offset = (i128::from(*offset) + by) as i64,
+        Piece::Indexed { offset, blocks } => {
+            let moved = i128::from(*offset) + by;
+            if let Ok(fits) = i64::try_from(moved) {
+                *offset = fits;
+            } else if let BlockList::Listed(list) = blocks {
+                for block in list {
+                    block.offset = if block.len == 0 {
+                        0
+                    } else {
+                        (moved + i128::from(block.offset)) as i64
+                    };
+                }
+                *offset = 0;
+            }
+        }
+    }
 }
 
 /// One contiguous run of a walk: `len` bytes at `offset` from the base.
@@ -780,6 +813,9 @@ impl Segments<'_, '_> {
 impl Iterator for Segments<'_, '_> {
     type Item = Segment;
 
+    // Inlined into the device's copy loop: one call per element of a
+    // column of doubles costs as much as the element.
+    #[inline]
     fn next(&mut self) -> Option<Segment> {
         if self.left == 0 {
             return None;

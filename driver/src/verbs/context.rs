@@ -2,6 +2,7 @@
 //! description and admin queue pair, on which the driver runs its own
 //! requests (query, bind, revoke).
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use pindown_pincache::{CacheConfig, CacheStats, PinCache};
 use pindown_uapi::{
-    Completion, DeviceInfo, Operation, RingLayout, WorkRequest, WrFlags, ABI_VERSION,
+    Arrival, Completion, DeviceInfo, Operation, RingLayout, WorkRequest, WrFlags, ABI_VERSION,
     ADMIN_QUEUE_PAIR,
 };
 
@@ -72,6 +73,8 @@ struct AdminPair {
     send: SendRing,
     completion: CompletionRing,
     next_user_data: u64,
+    /// Arrivals reaped from the admin completion queue, not taken yet.
+    arrivals: VecDeque<Arrival>,
 }
 
 /// An open port of the device: its DMA arena, its pin-down cache (the
@@ -165,6 +168,7 @@ impl<T: Transport + 'static> Context<T> {
             admin: Mutex::new(AdminPair {
                 send: admin_send,
                 completion: admin_completion,
+                arrivals: VecDeque::new(),
                 next_user_data: 1,
             }),
             pairs: Mutex::new(PairPool { slots: Vec::new() }),
@@ -286,6 +290,7 @@ impl<T: Transport + 'static> Context<T> {
         let mut awaiting = AdminAnswer {
             transport: &*self.transport,
             ring: &mut admin.completion,
+            arrivals: &mut admin.arrivals,
             user_data,
             answer: None,
         };
@@ -300,6 +305,72 @@ impl<T: Transport + 'static> Context<T> {
         completion.result().map_err(VerbsError::Refused)?;
         Ok(completion)
     }
+
+    /// The arrivals of vector writes into this port's windows that asked
+    /// to tell it ([`Vector::notify`](super::opcode::Vector::notify)),
+    /// oldest first, taken from the admin completion queue where the
+    /// device puts them once the bytes are in place: which port wrote,
+    /// through which window, how many bytes, and the writer's immediate
+    /// value. Does not wait. Until they are taken, the device holds a
+    /// bounded number for the port (4096); a write beyond fails at its
+    /// writer with `LimitReached`/`NoticeLimit`.
+    pub fn arrivals(&self) -> Result<Vec<Arrival>, VerbsError> {
+        let mut admin = self.admin.lock();
+        let admin = &mut *admin;
+        reap_arrivals(&*self.transport, &mut admin.completion, &mut admin.arrivals)?;
+        Ok(admin.arrivals.drain(..).collect())
+    }
+
+    /// Like [`arrivals`](Self::arrivals), but waits up to `timeout` for
+    /// at least one (polling, then asleep on the admin completion
+    /// queue's eventfd); an empty list when none came. The context's own
+    /// requests (bind, revoke) wait meanwhile.
+    pub fn wait_arrivals(&self, timeout: Duration) -> Result<Vec<Arrival>, VerbsError> {
+        let mut admin = self.admin.lock();
+        let admin = &mut *admin;
+        let mut awaiting = ArrivalWait {
+            transport: &*self.transport,
+            ring: &mut admin.completion,
+            arrivals: &mut admin.arrivals,
+        };
+        match wait_for(&mut awaiting, self.spin, timeout) {
+            Ok(()) | Err(VerbsError::Timeout(_)) => {}
+            Err(other) => return Err(other),
+        }
+        Ok(admin.arrivals.drain(..).collect())
+    }
+}
+
+/// Reaps the admin completion queue, keeping its arrivals (completions of
+/// the context's own requests no one waits for any more are dropped).
+fn reap_arrivals<T: Transport>(
+    transport: &T,
+    ring: &mut CompletionRing,
+    arrivals: &mut VecDeque<Arrival>,
+) -> Result<usize, VerbsError> {
+    ring.pump(transport, |completion| {
+        if let Some(arrival) = completion.arrival() {
+            arrivals.push_back(arrival);
+        }
+    })
+}
+
+/// Waiting for at least one arrival.
+struct ArrivalWait<'a, T: Transport> {
+    transport: &'a T,
+    ring: &'a mut CompletionRing,
+    arrivals: &'a mut VecDeque<Arrival>,
+}
+
+impl<T: Transport> Awaiting for ArrivalWait<'_, T> {
+    fn try_complete(&mut self) -> Result<bool, VerbsError> {
+        reap_arrivals(self.transport, self.ring, self.arrivals)?;
+        Ok(!self.arrivals.is_empty())
+    }
+
+    fn rings(&mut self) -> Vec<&mut CompletionRing> {
+        vec![&mut *self.ring]
+    }
 }
 
 /// The admin request being waited for. Completions of earlier requests
@@ -307,6 +378,7 @@ impl<T: Transport + 'static> Context<T> {
 struct AdminAnswer<'a, T: Transport> {
     transport: &'a T,
     ring: &'a mut CompletionRing,
+    arrivals: &'a mut VecDeque<Arrival>,
     user_data: u64,
     answer: Option<Completion>,
 }
@@ -314,8 +386,11 @@ struct AdminAnswer<'a, T: Transport> {
 impl<T: Transport> Awaiting for AdminAnswer<'_, T> {
     fn try_complete(&mut self) -> Result<bool, VerbsError> {
         let (user_data, answer) = (self.user_data, &mut self.answer);
+        let arrivals = &mut *self.arrivals;
         self.ring.pump(self.transport, |completion| {
-            if completion.user_data == user_data {
+            if let Some(arrival) = completion.arrival() {
+                arrivals.push_back(arrival);
+            } else if completion.user_data == user_data {
                 *answer = Some(completion);
             }
         })?;

@@ -407,7 +407,8 @@ impl<'r> Vector<'r> {
     /// Tells the target when the write has landed: its context finds an
     /// arrival in its admin completion queue carrying this port, the
     /// window's key, the bytes and `immediate`
-    /// ([`Context::arrivals`](super::Context::arrivals)). A write only.
+    /// ([`Context::arrivals`](super::Context::arrivals)). A write only (a
+    /// read ignores it).
     pub fn notify(mut self, immediate: u64) -> Self {
         if !self.read {
             self.notify = Some(immediate);

@@ -4,13 +4,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
-    Status, WorkRequest,
+    Access, Arrival, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    RemoteAddress, Status, WorkRequest,
 };
 
 use super::vector::{self, Side, VectorState};
 use super::windows::{PortId, Refusal, Window};
-use super::{AccessFault, Fabric, Failure, Outcome, Span, Spans, Target};
+use super::{AccessFault, Fabric, Failure, NoticeSlot, Outcome, Span, Spans, Target};
 
 /// Bytes a transfer moves in one guarded step: a barrier (revoke,
 /// invalidate, reset) waits for at most one step of each transfer in
@@ -30,6 +30,9 @@ pub struct Progress {
     pub moved: u64,
     /// A vector transfer's plans, from its first turn on.
     pub vector: Option<Box<VectorState>>,
+    /// Room for the arrival notice of a VECTOR_WRITE with NOTIFY_TARGET,
+    /// promised by the target before the first byte moved.
+    pub notice: Option<NoticeSlot>,
 }
 
 /// What one turn of a request did.
@@ -330,6 +333,15 @@ fn vector_transfer(
             Ok(STEP_DONE)
         })?;
         progress.vector = prepared.map(Box::new);
+        if transfer.notify.is_some() {
+            // Room for the arrival first: a notice that could not be
+            // queued would be lost, so the write does not start.
+            progress.notice = Some(
+                fabric
+                    .reserve_notice(transfer.remote.port)
+                    .ok_or((Status::LimitReached, ErrorDetail::NoticeLimit))?,
+            );
+        }
     }
     let Some(state) = progress.vector.as_deref() else {
         return Err((Status::InvalidRequest, ErrorDetail::Malformed));
@@ -365,6 +377,14 @@ fn vector_transfer(
         })?;
         progress.moved += step;
         if progress.moved >= len {
+            if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
+                slot.deliver(Completion::arrival_notice(Arrival {
+                    peer: own,
+                    key: transfer.remote.key,
+                    bytes: transfer.len,
+                    immediate,
+                }));
+            }
             return Ok(true);
         }
     }
@@ -380,6 +400,7 @@ const STEP_DONE: Completion = Completion {
     opcode: None,
     byte_len: 0,
     value: 0,
+    arrival_from: None,
 };
 
 /// Runs one guarded step on the initiator and the port `target` names.
@@ -559,7 +580,7 @@ pub(super) fn copy_spans(
         // `copy` (memmove) allows the overlap of a port copying within its
         // own memory. The memory is shared with its owner's process: we go
         // through raw pointers, never references to it.
-        unsafe { std::ptr::copy(s.addr.add(source_offset), t.addr.add(target_offset), n) };
+        unsafe { copy_run(s.addr.add(source_offset), t.addr.add(target_offset), n) };
         source_offset += n;
         target_offset += n;
         left -= n;
@@ -570,6 +591,32 @@ pub(super) fn copy_spans(
         if target_offset == t.len {
             current_target = target.next();
             target_offset = 0;
+        }
+    }
+}
+
+/// Copies `n` bytes from `from` to `to` (which may overlap, as memmove
+/// allows): the element sizes of vector transfers (4, 8, 16 bytes) as one
+/// unaligned load and store each, longer runs through `ptr::copy`.
+///
+/// # Safety
+///
+/// Both ranges are mapped memory lent for the current guarded step.
+unsafe fn copy_run(from: *const u8, to: *mut u8, n: usize) {
+    // SAFETY (all arms): the caller's ranges hold `n` bytes; a whole value
+    // is read before it is written, so an overlap copies as memmove does.
+    unsafe {
+        match n {
+            4 => to
+                .cast::<u32>()
+                .write_unaligned(from.cast::<u32>().read_unaligned()),
+            8 => to
+                .cast::<u64>()
+                .write_unaligned(from.cast::<u64>().read_unaligned()),
+            16 => to
+                .cast::<u128>()
+                .write_unaligned(from.cast::<u128>().read_unaligned()),
+            _ => std::ptr::copy(from, to, n),
         }
     }
 }

@@ -97,6 +97,51 @@ pub struct Target<'a> {
     pub incarnation: u64,
 }
 
+/// Where a port's arrival notices go (its inbox), as the engine sees it.
+pub trait NoticeQueue: Send + Sync {
+    /// Queues a promised notice.
+    fn deliver(&self, notice: Completion);
+    /// Gives back a promise unused.
+    fn release(&self);
+}
+
+/// Room promised for one arrival notice in a target port's queue: used by
+/// [`deliver`](NoticeSlot::deliver), given back when dropped unused (the
+/// transfer failed or was dropped).
+pub struct NoticeSlot {
+    queue: std::sync::Arc<dyn NoticeQueue>,
+    used: bool,
+}
+
+impl NoticeSlot {
+    /// A promise of `queue`'s, made already.
+    pub fn new(queue: std::sync::Arc<dyn NoticeQueue>) -> Self {
+        NoticeSlot { queue, used: false }
+    }
+
+    /// Queues `notice` in the promised room.
+    pub fn deliver(mut self, notice: Completion) {
+        self.used = true;
+        self.queue.deliver(notice);
+    }
+}
+
+impl Drop for NoticeSlot {
+    fn drop(&mut self) {
+        if !self.used {
+            self.queue.release();
+        }
+    }
+}
+
+impl std::fmt::Debug for NoticeSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NoticeSlot")
+            .field("used", &self.used)
+            .finish()
+    }
+}
+
 /// Why a request failed: status and detail of its error completion.
 pub type Failure = (Status, ErrorDetail);
 
@@ -120,6 +165,13 @@ pub trait Fabric {
     /// What the device accepts of one vector transfer.
     fn vector_limits(&self) -> VectorLimits {
         VectorLimits::default()
+    }
+
+    /// Promises room for one arrival notice in port `port`'s queue, or
+    /// `None` when it has none (or the port is unknown or down).
+    fn reserve_notice(&self, port: u16) -> Option<NoticeSlot> {
+        let _ = port;
+        None
     }
 
     /// The current incarnation of port `port` (see [`PortId`]); a port

@@ -285,6 +285,13 @@ impl Side<'_, '_> {
         keep: bool,
         out: &mut Spans,
     ) -> Result<Mapped, Failure> {
+        // The whole stream's hull first (no walk): when it is granted
+        // and contiguous, so is every part of it.
+        if let Some((low, high)) = plan.hull() {
+            if let Some(addr) = self.contiguous(low, high) {
+                return Ok(Mapped::Contiguous { addr, low });
+            }
+        }
         let mut hull: Option<(i64, i64)> = None;
         for segment in plan.segments(from, len) {
             // The pattern was planned: offset + len fits an i64.

@@ -1,16 +1,18 @@
 //! Writes the seed corpus of `uapi_decode` into `corpus/uapi_decode/`: one
 //! valid encoding of every operation and of completions, as the driver and
-//! the device produce them (bare and as stamped queue slots), behind the
-//! target's selector byte.
+//! the device produce them (bare and as stamped queue slots), and vector
+//! transfer descriptors, behind the target's selector byte.
 //!
 //! Run from `uapi/fuzz`: `cargo run --example make-seeds`.
 
 use std::path::Path;
 
+use pindown_uapi::pattern::{encode_blocks, encode_pair, Block, BlockList, Dim, Pattern, Piece};
 use pindown_uapi::queue;
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation, RemoteAddress,
-    RemoteKey, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
+    Access, Arrival, AtomicWidth, Completion, Descriptor, DeviceInfo, ErrorDetail, Opcode,
+    Operation, RemoteAddress, RemoteKey, Status, VectorTransfer, WorkRequest, WrFlags, ABI_VERSION,
+    RDMA_FEATURES,
 };
 
 fn main() -> std::io::Result<()> {
@@ -64,6 +66,23 @@ fn main() -> std::io::Result<()> {
             key: RemoteKey(0x1234_5678),
         },
         Operation::Query,
+        Operation::VectorWrite(VectorTransfer {
+            local: 0x4000_0000,
+            len: 4096,
+            remote,
+            descriptor: Descriptor::Inline { len: 224 },
+            notify: Some(77),
+        }),
+        Operation::VectorRead(VectorTransfer {
+            local: 0x4000_0000,
+            len: 4096,
+            remote,
+            descriptor: Descriptor::InMemory {
+                iova: 0x4000_8000,
+                len: 1024,
+            },
+            notify: None,
+        }),
     ];
     for (i, op) in ops.into_iter().enumerate() {
         let wr = WorkRequest {
@@ -87,6 +106,12 @@ fn main() -> std::io::Result<()> {
             ErrorDetail::None,
         ),
         Completion::error(9, None, Status::InvalidRequest, ErrorDetail::None),
+        Completion::arrival_notice(Arrival {
+            peer: 2,
+            key: RemoteKey(0x1234_5678),
+            bytes: 4096,
+            immediate: 77,
+        }),
     ];
     for (i, c) in completions.into_iter().enumerate() {
         let mut seed = vec![1u8];
@@ -106,5 +131,70 @@ fn main() -> std::io::Result<()> {
     let mut seed = vec![3u8];
     seed.extend_from_slice(&info.to_value().to_le_bytes());
     std::fs::write(dir.join("device-info"), seed)?;
+    // Descriptors: a column against contiguous bytes, a 3-level nest
+    // against records of two pieces, a listed list against one in memory
+    // (the list's bytes follow the descriptor).
+    let column = Pattern::new(vec![Piece::vector(0, 8, 4096, 4097 * 8)], 1, 0).unwrap();
+    let nest = Pattern::new(
+        vec![Piece::Strided {
+            offset: 16,
+            block: 4,
+            dims: [
+                Dim {
+                    count: 4,
+                    stride: 8,
+                },
+                Dim {
+                    count: 3,
+                    stride: -100,
+                },
+                Dim {
+                    count: 2,
+                    stride: 1000,
+                },
+            ],
+        }],
+        2,
+        4000,
+    )
+    .unwrap();
+    let records = Pattern::new(
+        vec![Piece::contiguous(0, 32), Piece::contiguous(32, 8)],
+        4,
+        40,
+    )
+    .unwrap();
+    let blocks = vec![Block { offset: 64, len: 8 }, Block { offset: 0, len: 16 }];
+    let listed = Pattern::new(
+        vec![Piece::Indexed {
+            offset: 8,
+            blocks: BlockList::Listed(blocks.clone()),
+        }],
+        3,
+        128,
+    )
+    .unwrap();
+    let mut in_memory = listed.clone();
+    in_memory.pieces = vec![Piece::Indexed {
+        offset: 8,
+        blocks: BlockList::InMemory { iova: 0, count: 2 },
+    }];
+    let pairs = [
+        (column.clone(), Pattern::contiguous(column.len)),
+        (nest.clone(), {
+            let mut sliced = records.clone();
+            sliced.len = nest.len.min(records.len);
+            sliced
+        }),
+        (listed.clone(), in_memory),
+    ];
+    for (i, (local, remote)) in pairs.iter().enumerate() {
+        let descriptor = encode_pair(local, remote);
+        let mut seed = vec![6u8];
+        seed.extend_from_slice(&(descriptor.len() as u16).to_le_bytes());
+        seed.extend_from_slice(&descriptor);
+        seed.extend_from_slice(&encode_blocks(&blocks));
+        std::fs::write(dir.join(format!("pattern-pair-{i}")), seed)?;
+    }
     Ok(())
 }

@@ -263,3 +263,58 @@ fn lists_in_memory_are_copied_and_bounded() {
         ]
     );
 }
+
+#[test]
+fn strided_loops_whose_reaches_add_up_past_128_bits_are_refused() {
+    // Each reach is near 2^127; two of them overflow an i128, and a loop
+    // of no iteration keeps the element count from overflowing first
+    // (found by the uapi_decode fuzz target).
+    let piece = Piece::Strided {
+        offset: 0,
+        block: 1,
+        dims: [
+            Dim {
+                count: u64::MAX,
+                stride: i64::MAX,
+            },
+            Dim {
+                count: 0,
+                stride: 0,
+            },
+            Dim {
+                count: u64::MAX,
+                stride: i64::MAX,
+            },
+        ],
+    };
+    let pattern = Pattern {
+        repeat: 1,
+        extent: 0,
+        skip: 0,
+        len: 0,
+        pieces: vec![piece],
+    };
+    assert_eq!(
+        pattern.plan().map(|plan| plan.len()),
+        Err(PatternError::Overflow("strided offsets"))
+    );
+}
+
+#[test]
+fn a_slice_past_two_to_the_64_bytes_of_the_stream_walks_the_same_blocks() {
+    // The stream is 2^66 bytes; the part starts past byte 2^64, which a
+    // skip cannot name unless the slice starts at its first repetition.
+    let pattern = Pattern {
+        repeat: 1 << 62,
+        extent: 1,
+        skip: u64::MAX - 100,
+        len: 1000,
+        pieces: vec![Piece::contiguous(0, 16)],
+    };
+    let plan = pattern.plan().unwrap();
+    let slice = plan.slice(200, 300);
+    let sliced = slice.plan().unwrap();
+    let whole: Vec<Segment> = plan.segments(200, 300).collect();
+    assert_eq!(sliced.segments(0, 300).collect::<Vec<_>>(), whole);
+    assert!(slice.skip < 16, "{slice:?}");
+}
