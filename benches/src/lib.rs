@@ -18,8 +18,13 @@
 //!   the heap).
 //! * [`child`]: child processes (the device, ranks spoken to over pipes)
 //!   stopped and reaped on drop.
+//! * [`submatrix`]: DIMMnet-2's submatrix transfer: the matrix, the host's
+//!   pack, unpack and one-pass copy, and cache eviction.
+//! * [`mpi`]: the MPI baseline program, built and launched by each MPI's
+//!   own tools.
 //!
-//! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo` and `latency`, the criterion
+//! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo`, `latency` and
+//! `vector-transfer`, the criterion
 //! benchmarks and the integration tests all use these modules, so that what
 //! the tests check is what the programs measure.
 
@@ -27,11 +32,13 @@
 
 pub mod child;
 pub mod memory_kind;
+pub mod mpi;
 pub mod output;
 pub mod ping_pong;
 pub mod rdma;
 pub mod replay;
 pub mod stats;
+pub mod submatrix;
 pub mod sys;
 pub mod traces;
 pub mod unmap;

@@ -1,0 +1,36 @@
+//! Tells the MPI tests whether to run: `openmpi_missing` / `mpich_missing`
+//! are set when that MPI's compiler wrapper or launcher is not on `PATH`,
+//! so that its test is ignored with the reason. Under CI=true they are
+//! never set: there a missing MPI fails the test (`.ci/run` installs both).
+
+use std::path::Path;
+
+/// Each cfg and the tools whose absence sets it.
+const MPIS: [(&str, [&str; 2]); 2] = [
+    ("openmpi_missing", ["mpicc.openmpi", "mpirun.openmpi"]),
+    ("mpich_missing", ["mpicc.mpich", "mpiexec.mpich"]),
+];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CI");
+    println!("cargo:rerun-if-env-changed=PATH");
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let dirs: Vec<_> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    // Installing or removing an MPI changes these folders.
+    for dir in dirs.iter().filter(|d| d.is_dir()) {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    for (cfg, tools) in MPIS {
+        println!("cargo:rustc-check-cfg=cfg({cfg})");
+        let found = |tool: &str| {
+            dirs.iter()
+                .any(|d: &std::path::PathBuf| Path::new(d).join(tool).is_file())
+        };
+        if !ci && !tools.iter().all(|t| found(t)) {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
+}

@@ -1,0 +1,273 @@
+/*
+ * vector_pingpong: DIMMnet-2's submatrix transfer (paper section 5) through
+ * a real MPI, between two ranks, as the `vector-transfer` benchmark's MPI
+ * baseline.
+ *
+ * Each rank holds a send matrix and a receive matrix of ROWS x (z + 1)
+ * doubles (the paper pads each row by one). Rank 0 sends the m x n
+ * submatrix at the top left of its send matrix, described by
+ * MPI_Type_vector(m, n, z + 1, MPI_DOUBLE), into the same place of rank
+ * 1's receive matrix; rank 1 answers in the same way (a ping-pong). The
+ * "contig" kind moves the same m * n doubles between contiguous buffers
+ * (MPI_DOUBLE, count m * n).
+ *
+ * Every exchange of the first round trip is checked on the receiving
+ * side: every element of the submatrix holds the sender's value, and the
+ * element after each row of it, and the row after it, still hold the
+ * sentinel (nothing was written outside). Mismatches of both ranks are
+ * summed and reported.
+ *
+ * Usage: vector_pingpong z=Z n=N m=M1,M2,... iterations=K warmup=W huge=0|1
+ *        [corrupt=1]
+ * corrupt=1 makes rank 1 send one wrong element (the first of the
+ * submatrix), so that a test can see the check report it.
+ * Output (rank 0, stdout): one JSON object per line, first a header
+ * {"library": ..., "huge_pages": ...}, then one per (m, kind).
+ */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define ROWS 4096
+#define MAX_SIZES 64
+#define SENTINEL (-1.0)
+#define HUGE_PAGE (2UL << 20)
+
+/* The value element (row, col) of a sender's matrix holds: unique, exact
+ * in a double. */
+static double value_at(size_t row, size_t col) {
+    return (double)(row * 65536 + col) + 0.25;
+}
+
+struct matrix {
+    double *data;
+    size_t bytes;
+    int huge;
+};
+
+/* Maps `bytes` of zeroed memory, on 2 MiB huge pages when `want_huge` and
+ * the system has them reserved; exits on failure. */
+static struct matrix map_matrix(size_t bytes, int want_huge) {
+    struct matrix out = {NULL, bytes, 0};
+    if (want_huge) {
+        size_t rounded = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0);
+        if (p != MAP_FAILED) {
+            out.data = p;
+            out.bytes = rounded;
+            out.huge = 1;
+            return out;
+        }
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("vector_pingpong: mmap");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    out.data = p;
+    return out;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mismatches in the receive matrix after an m x n vector transfer. */
+static long check_vector(const double *recv, size_t ld, size_t m, size_t n) {
+    long bad = 0;
+    for (size_t row = 0; row < m; row++) {
+        for (size_t col = 0; col < n; col++)
+            bad += recv[row * ld + col] != value_at(row, col);
+        if (n < ld)
+            bad += recv[row * ld + n] != SENTINEL;
+    }
+    if (m < ROWS)
+        for (size_t col = 0; col < n; col++)
+            bad += recv[m * ld + col] != SENTINEL;
+    return bad;
+}
+
+/* Mismatches in the contiguous receive buffer after m * n doubles. */
+static long check_contig(const double *recv, size_t count) {
+    long bad = 0;
+    for (size_t i = 0; i < count; i++)
+        bad += recv[i] != value_at(i / 65536, i % 65536);
+    bad += recv[count] != SENTINEL;
+    return bad;
+}
+
+static void fill(double *p, size_t count, double v) {
+    for (size_t i = 0; i < count; i++)
+        p[i] = v;
+}
+
+/* One round trip: rank 0 sends then receives, rank 1 the reverse. */
+static void round_trip(int rank, const void *send, void *recv, int count, MPI_Datatype type) {
+    if (rank == 0) {
+        MPI_Send(send, count, type, 1, 0, MPI_COMM_WORLD);
+        MPI_Recv(recv, count, type, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+        MPI_Recv(recv, count, type, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(send, count, type, 0, 0, MPI_COMM_WORLD);
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 2) {
+        if (rank == 0)
+            fprintf(stderr, "vector_pingpong: needs exactly 2 ranks, got %d\n", size);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+
+    size_t z = 0, n = 0, ms[MAX_SIZES], sizes = 0;
+    long iterations = 0, warmup = 0;
+    int want_huge = 0, corrupt = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strncmp(a, "z=", 2))
+            z = strtoul(a + 2, NULL, 10);
+        else if (!strncmp(a, "n=", 2))
+            n = strtoul(a + 2, NULL, 10);
+        else if (!strncmp(a, "iterations=", 11))
+            iterations = strtol(a + 11, NULL, 10);
+        else if (!strncmp(a, "warmup=", 7))
+            warmup = strtol(a + 7, NULL, 10);
+        else if (!strncmp(a, "huge=", 5))
+            want_huge = atoi(a + 5);
+        else if (!strncmp(a, "corrupt=", 8))
+            corrupt = atoi(a + 8);
+        else if (!strncmp(a, "m=", 2)) {
+            char *p = (char *)a + 2;
+            while (*p && sizes < MAX_SIZES) {
+                ms[sizes++] = strtoul(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        } else {
+            if (rank == 0)
+                fprintf(stderr, "vector_pingpong: unknown argument %s\n", a);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
+    int bad_args = z == 0 || n == 0 || n > z || sizes == 0 || iterations <= 0 || warmup < 0;
+    for (size_t i = 0; i < sizes; i++)
+        bad_args |= ms[i] == 0 || ms[i] > ROWS;
+    if (bad_args) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "usage: vector_pingpong z=Z n=N(<=Z) m=M1,M2,...(1..%d) iterations=K warmup=W "
+                    "huge=0|1 [corrupt=1]\n",
+                    ROWS);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+
+    size_t ld = z + 1;
+    size_t matrix_bytes = (size_t)ROWS * ld * sizeof(double);
+    struct matrix send = map_matrix(matrix_bytes, want_huge);
+    struct matrix recv = map_matrix(matrix_bytes, want_huge);
+    size_t max_count = (size_t)ROWS * n;
+    struct matrix send_contig = map_matrix((max_count + 1) * sizeof(double), want_huge);
+    struct matrix recv_contig = map_matrix((max_count + 1) * sizeof(double), want_huge);
+    for (size_t row = 0; row < ROWS; row++)
+        for (size_t col = 0; col < ld; col++)
+            send.data[row * ld + col] = value_at(row, col);
+    for (size_t i = 0; i < max_count; i++)
+        send_contig.data[i] = value_at(i / 65536, i % 65536);
+    if (corrupt && rank == 1) {
+        send.data[0] += 1;
+        send_contig.data[0] += 1;
+    }
+    int huge = send.huge && recv.huge && send_contig.huge && recv_contig.huge;
+    int huge_all = 0;
+    MPI_Allreduce(&huge, &huge_all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+
+    if (rank == 0) {
+        char library[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        MPI_Get_library_version(library, &len);
+        /* Its first line only (MPICH's goes on with its configure line). */
+        for (int i = 0; i < len; i++)
+            if (library[i] == '\n') {
+                len = i;
+                break;
+            }
+        for (int i = 0; i < len; i++)
+            if (library[i] == '"' || library[i] == '\\' || (unsigned char)library[i] < 32)
+                library[i] = ' ';
+        while (len > 0 && library[len - 1] == ' ')
+            len--;
+        library[len] = 0;
+        printf("{\"library\": \"%s\", \"huge_pages\": %s, \"z\": %zu, \"n\": %zu}\n", library,
+               huge_all ? "true" : "false", z, n);
+        fflush(stdout);
+    }
+
+    double *times = malloc(sizeof(double) * (size_t)iterations);
+    if (!times)
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    for (size_t s = 0; s < sizes; s++) {
+        size_t m = ms[s];
+        MPI_Datatype vector;
+        MPI_Type_vector((int)m, (int)n, (int)ld, MPI_DOUBLE, &vector);
+        MPI_Type_commit(&vector);
+        for (int contig = 0; contig < 2; contig++) {
+            size_t count = m * n;
+            const void *src = contig ? (void *)send_contig.data : (void *)send.data;
+            void *dst = contig ? (void *)recv_contig.data : (void *)recv.data;
+            int elements = contig ? (int)count : 1;
+            MPI_Datatype type = contig ? MPI_DOUBLE : vector;
+            if (contig)
+                fill(recv_contig.data, count + 1, SENTINEL);
+            else
+                fill(recv.data, (m < ROWS ? m + 1 : m) * ld, SENTINEL);
+            MPI_Barrier(MPI_COMM_WORLD);
+            round_trip(rank, src, dst, elements, type);
+            long bad = contig ? check_contig(recv_contig.data, count)
+                              : check_vector(recv.data, ld, m, n);
+            long bad_all = 0;
+            MPI_Allreduce(&bad, &bad_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+            for (long i = 0; i < warmup; i++)
+                round_trip(rank, src, dst, elements, type);
+            MPI_Barrier(MPI_COMM_WORLD);
+            for (long i = 0; i < iterations; i++) {
+                double start = MPI_Wtime();
+                round_trip(rank, src, dst, elements, type);
+                times[i] = MPI_Wtime() - start;
+            }
+            if (rank == 0) {
+                double total = 0;
+                for (long i = 0; i < iterations; i++)
+                    total += times[i];
+                qsort(times, (size_t)iterations, sizeof(double), compare_doubles);
+                double median = iterations % 2
+                                    ? times[iterations / 2]
+                                    : (times[iterations / 2 - 1] + times[iterations / 2]) / 2;
+                double bytes = (double)count * sizeof(double);
+                /* One way = half a round trip, in microseconds. */
+                double one_way_us = median / 2 * 1e6;
+                printf("{\"kind\": \"%s\", \"z\": %zu, \"n\": %zu, \"m\": %zu, \"bytes\": %.0f, "
+                       "\"iterations\": %ld, \"one_way_us_median\": %.4f, "
+                       "\"one_way_us_min\": %.4f, \"one_way_us_mean\": %.4f, "
+                       "\"mb_per_s\": %.3f, \"mismatches\": %ld, \"verified\": %s}\n",
+                       contig ? "contig" : "vector", z, n, m, bytes, iterations, one_way_us,
+                       times[0] / 2 * 1e6, total / (double)iterations / 2 * 1e6,
+                       bytes / one_way_us, bad_all, bad_all == 0 ? "true" : "false");
+                fflush(stdout);
+            }
+        }
+        MPI_Type_free(&vector);
+    }
+    free(times);
+    MPI_Finalize();
+    return 0;
+}

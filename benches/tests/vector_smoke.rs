@@ -1,0 +1,153 @@
+//! `vector-transfer` on small matrices, as a reader of its figures would
+//! run it: one JSON document with every series of every (z, n) present,
+//! each point checked (the target's submatrix right, nothing around it
+//! written) and of the right size, the targets measured where the run has
+//! their sizes, and the MPI series measured or (outside CI) reported
+//! missing.
+
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+const Z: [usize; 2] = [64, 300];
+const N: [usize; 2] = [1, 16];
+const M: [usize; 2] = [16, 4096];
+
+fn series<'a>(pass: &'a Value, method: &str, cache: Option<&str>, z: usize, n: usize) -> &'a Value {
+    pass["series"]
+        .as_array()
+        .expect("series")
+        .iter()
+        .find(|s| {
+            s["method"] == method
+                && s["cache"].as_str() == cache
+                && s["z"].as_u64() == Some(z as u64)
+                && s["n"].as_u64() == Some(n as u64)
+        })
+        .unwrap_or_else(|| panic!("no series {method} {cache:?} z={z} n={n}"))
+}
+
+#[test]
+fn small_run_prints_every_series_checked() {
+    let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let output = Command::new(env!("CARGO_BIN_EXE_vector-transfer"))
+        .args([
+            "--quick",
+            "--quiet",
+            "--pages",
+            "4k",
+            "--samples",
+            "3",
+            "--cold-samples",
+            "2",
+        ])
+        .args(["--z", &join(&Z), "--n", &join(&N), "--m", &join(&M)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run vector-transfer");
+    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {}; stderr: {stderr}; stdout: {stdout}",
+        output.status
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(report["program"], "vector-transfer");
+    assert_eq!(report["verified"], true);
+    assert_eq!(report["complete"], true);
+    let passes = report["passes"].as_array().expect("passes");
+    assert_eq!(passes.len(), 1);
+    let pass = &passes[0];
+    assert_eq!(pass["pages"], "4k");
+    assert_eq!(pass["status"], "measured", "{}", pass["reason"]);
+    assert_eq!(pass["arena_huge_pages"], false);
+
+    let cold_and_warm = [
+        "vector_write",
+        "vector_read",
+        "pack",
+        "unpack",
+        "contig_copy",
+        "one_pass_copy",
+        "pack_write_unpack",
+    ];
+    for z in Z {
+        for n in N {
+            let mut measured: Vec<(&str, Option<&str>)> = Vec::new();
+            for method in cold_and_warm {
+                measured.push((method, Some("cold")));
+                measured.push((method, Some("warm")));
+            }
+            measured.push(("contig_write", Some("warm")));
+            for mpi in ["openmpi", "mpich"] {
+                for kind in ["vector", "contig"] {
+                    let method = format!("{mpi}_{kind}");
+                    let s = series(pass, &method, None, z, n);
+                    if s["status"] == "missing" {
+                        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{s}");
+                    } else {
+                        assert_eq!(s["status"], "measured", "{s}");
+                        check_points(s, n);
+                    }
+                }
+            }
+            for (method, cache) in measured {
+                let s = series(pass, method, cache, z, n);
+                assert_eq!(s["status"], "measured", "{s}");
+                check_points(s, n);
+            }
+        }
+    }
+    // z = 4096 is not in this run: its targets say so; the others are
+    // measured, each against its bound.
+    let targets = report["targets"].as_array().expect("targets");
+    let one_pass = targets
+        .iter()
+        .filter(|t| {
+            t["what"]
+                .as_str()
+                .unwrap()
+                .starts_with("vector_write time over one_pass")
+        })
+        .count();
+    assert_eq!(one_pass, Z.len() * N.len());
+    for target in targets {
+        let what = target["what"].as_str().unwrap();
+        if what.contains("z = 4096") {
+            assert!(target["measured"].is_null(), "{target}");
+            assert!(target["missing"].is_string(), "{target}");
+        } else {
+            let measured = target["measured"].as_f64().expect("measured");
+            let bound = target["target"].as_f64().unwrap();
+            let met = if target["bound"] == "at most" {
+                measured <= bound
+            } else {
+                measured >= bound
+            };
+            assert_eq!(target["met"].as_bool(), Some(met), "{target}");
+        }
+    }
+}
+
+/// One point per m, in order, of m x n doubles, checked, with a positive
+/// time and the bandwidth it implies.
+fn check_points(series: &Value, n: usize) {
+    let points = series["points"].as_array().expect("points");
+    assert_eq!(points.len(), M.len(), "{series}");
+    for (point, m) in points.iter().zip(M) {
+        assert_eq!(point["m"].as_u64(), Some(m as u64), "{series}");
+        assert_eq!(
+            point["bytes"].as_u64(),
+            Some((m * n * 8) as u64),
+            "{series}"
+        );
+        assert_eq!(point["verified"], true, "{series}");
+        let median = point["us"]["median"].as_f64().expect("median");
+        assert!(median > 0.0, "{series}");
+        let mb_per_s = point["mb_per_s"].as_f64().expect("mb_per_s");
+        let expected = (m * n * 8) as f64 / median;
+        assert!((mb_per_s - expected).abs() <= 1e-6 * expected, "{series}");
+    }
+}
