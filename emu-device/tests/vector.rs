@@ -923,3 +923,99 @@ fn no_byte_of_a_long_vector_write_lands_after_the_window_is_revoked() {
         "no write was cut by the revoke: the test proves nothing"
     );
 }
+
+/// The doubles of `buffer`.
+fn doubles(buffer: &DmaBuffer) -> Vec<f64> {
+    contents(buffer)
+        .chunks_exact(8)
+        .map(|raw| f64::from_le_bytes(raw.try_into().unwrap()))
+        .collect()
+}
+
+fn fill_doubles(buffer: &DmaBuffer, values: impl Iterator<Item = f64>) {
+    let raw: Vec<u8> = values.flat_map(f64::to_le_bytes).collect();
+    buffer.write_at(0, &raw);
+}
+
+#[test]
+fn a_datatype_send_moves_a_subarray_into_a_column_and_back_with_no_pack() {
+    use pindown_driver::datatype::{CacheConfig, Datatype, DescriptorCache, Order};
+    let ports = ports(&[]);
+    let Ports {
+        initiator, target, ..
+    } = &ports;
+    // A 3 x 4 x 5 block at (2, 3, 4) of an 8 x 9 x 10 array of doubles
+    // (C order) into every 7th double of the peer's buffer, and back into
+    // 60 contiguous doubles.
+    let (sizes, subsizes, starts) = ([8u64, 9, 10], [3u64, 4, 5], [2u64, 3, 4]);
+    let block = Datatype::subarray(&sizes, &subsizes, &starts, Order::C, &Datatype::f64())
+        .unwrap()
+        .commit()
+        .unwrap();
+    let spaced = Datatype::vector(60, 1, 7, &Datatype::f64())
+        .unwrap()
+        .commit()
+        .unwrap();
+    let packed = Datatype::contiguous(60, &Datatype::f64())
+        .unwrap()
+        .commit()
+        .unwrap();
+    let array = initiator.alloc(8 * 9 * 10 * 8, 64).unwrap();
+    let back = initiator.alloc(60 * 8, 64).unwrap();
+    let peer = target.alloc(60 * 7 * 8, 64).unwrap();
+    fill_doubles(&array, (0..720).map(f64::from));
+    fill_doubles(&back, std::iter::repeat_n(-1.0, 60));
+    fill_doubles(&peer, std::iter::repeat_n(-2.0, 420));
+    let array_region = initiator.register_buffer(&array).unwrap();
+    let back_region = initiator.register_buffer(&back).unwrap();
+    let peer_region = target.register_buffer(&peer).unwrap();
+    let window = target
+        .bind_window(
+            &peer_region,
+            0,
+            peer.len() as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let mut cache = DescriptorCache::new(CacheConfig::default());
+    let write = Vector::write_typed(
+        &mut cache,
+        array_region.local(0, array.len() as u32).unwrap(),
+        (1, &block),
+        window.remote().at(0),
+        (1, &spaced),
+    )
+    .unwrap();
+    let done = run(initiator, write.build());
+    assert_eq!((done.status, done.byte_len), (Status::Success, 60 * 8));
+    // The subarray in MPI's pack order: the last index varies fastest.
+    let mut expected_packed = Vec::new();
+    for a in 0..3 {
+        for b in 0..4 {
+            for c in 0..5 {
+                let (i, j, k) = (starts[0] + a, starts[1] + b, starts[2] + c);
+                expected_packed.push((i * 90 + j * 10 + k) as f64);
+            }
+        }
+    }
+    let mut expected_peer = vec![-2.0; 420];
+    for (n, value) in expected_packed.iter().enumerate() {
+        expected_peer[n * 7] = *value;
+    }
+    assert_eq!(doubles(&peer), expected_peer);
+    let read = Vector::read_typed(
+        &mut cache,
+        back_region.local(0, back.len() as u32).unwrap(),
+        (1, &packed),
+        window.remote().at(0),
+        (1, &spaced),
+    )
+    .unwrap();
+    let done = run(initiator, read.build());
+    assert_eq!((done.status, done.byte_len), (Status::Success, 60 * 8));
+    assert_eq!(doubles(&back), expected_packed);
+    assert_eq!(doubles(&array), (0..720).map(f64::from).collect::<Vec<_>>());
+    // Three types compiled once each; the second use of `spaced` hit.
+    let stats = cache.stats();
+    assert_eq!((stats.lookups, stats.misses, stats.hits), (4, 3, 1));
+}

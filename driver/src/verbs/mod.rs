@@ -216,6 +216,9 @@ pub enum VerbsError {
     /// A vector transfer's pattern is not valid.
     #[error("invalid access pattern: {0}")]
     Pattern(#[from] pindown_uapi::pattern::PatternError),
+    /// A datatype of a typed vector transfer could not be compiled.
+    #[error("datatype: {0}")]
+    Datatype(#[from] crate::datatype::DatatypeError),
     /// A range beyond the end of the memory region it was taken from (for
     /// a vector transfer: the local pattern's hull beyond its range).
     #[error("[{offset}, +{len}) is outside the {region_len}-byte memory region")]

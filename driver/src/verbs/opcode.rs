@@ -24,6 +24,7 @@ use pindown_uapi::{
 };
 
 use super::{Local, VerbsError};
+use crate::datatype::{Committed, DescriptorCache};
 
 /// A work request ready to post; `'r` is the borrow of the memory region
 /// its local range belongs to (`'static` for requests naming no local
@@ -355,6 +356,36 @@ impl<'r> Vector<'r> {
         Self::new(local, local_pattern, remote, remote_pattern, true)
     }
 
+    /// Writes `local_side.0` elements of datatype `local_side.1`, laid
+    /// out from the start of `local` as MPI lays out a typed buffer, into
+    /// `remote_side.0` elements of `remote_side.1` from `remote`: a
+    /// typed send with no pack and no unpack. Both types' patterns come
+    /// from `cache` (compiled once per type and count).
+    pub fn write_typed(
+        cache: &mut DescriptorCache,
+        local: Local<'r>,
+        local_side: (u64, &Committed),
+        remote: RemoteAddress,
+        remote_side: (u64, &Committed),
+    ) -> Result<Self, VerbsError> {
+        let (local_pattern, remote_pattern) = typed_patterns(cache, local_side, remote_side)?;
+        Self::new(local, local_pattern, remote, remote_pattern, false)
+    }
+
+    /// Reads `remote_side.0` elements of datatype `remote_side.1` from
+    /// `remote` into `local_side.0` elements of `local_side.1` laid out
+    /// from the start of `local` (see [`write_typed`](Self::write_typed)).
+    pub fn read_typed(
+        cache: &mut DescriptorCache,
+        local: Local<'r>,
+        local_side: (u64, &Committed),
+        remote: RemoteAddress,
+        remote_side: (u64, &Committed),
+    ) -> Result<Self, VerbsError> {
+        let (local_pattern, remote_pattern) = typed_patterns(cache, local_side, remote_side)?;
+        Self::new(local, local_pattern, remote, remote_pattern, true)
+    }
+
     fn new(
         local: Local<'r>,
         local_pattern: Pattern,
@@ -452,4 +483,23 @@ impl<'r> Vector<'r> {
         entry.descriptor = Some(&self.descriptor);
         entry
     }
+}
+
+/// The patterns of `count` elements of each side's datatype, from `cache`.
+fn typed_patterns(
+    cache: &mut DescriptorCache,
+    (local_count, local_type): (u64, &Committed),
+    (remote_count, remote_type): (u64, &Committed),
+) -> Result<(Pattern, Pattern), VerbsError> {
+    let local = cache
+        .get(local_type, local_count)?
+        .descriptor
+        .pattern
+        .clone();
+    let remote = cache
+        .get(remote_type, remote_count)?
+        .descriptor
+        .pattern
+        .clone();
+    Ok((local, remote))
 }
