@@ -32,9 +32,9 @@
 //! All of it once with 4 KiB pages and once with 2 MiB huge pages (the
 //! driver's DMA arena is on huge pages when `vm.nr_hugepages` reserves
 //! enough; the MPI program maps its matrices with `MAP_HUGETLB`); each pass
-//! says which pages were really used. To keep the 4 KiB pass off huge
-//! pages reserved on the machine, the program holds the free ones while
-//! that pass's arenas are made.
+//! says which pages were really used. The 4 KiB pass opens its contexts
+//! with `HugePages::Never`, so huge pages reserved on the machine do not
+//! change it.
 //!
 //! Both ports are driven by this one process (two driver contexts: two
 //! vhost-user frontends, each with its own memory, as `latency` does); the
@@ -63,7 +63,10 @@ use pindown_benches::submatrix::{
 };
 use pindown_benches::sys::{LockBudget, Machine};
 use pindown_driver::verbs::opcode::{Nop, Vector, Write};
-use pindown_driver::verbs::{CompletionQueue, Context, MemoryRegion, QueuePair, RemoteWindow};
+use pindown_driver::arena::HugePages;
+use pindown_driver::verbs::{
+    CompletionQueue, Context, ContextConfig, MemoryRegion, QueuePair, RemoteWindow,
+};
 use pindown_driver::DmaBuffer;
 use pindown_emu_device::testing::DeviceProcess;
 use pindown_uapi::Access;
@@ -307,9 +310,6 @@ struct PassReport {
     pages: Pages,
     /// Whether both ports' DMA arenas really were on 2 MiB huge pages.
     arena_huge_pages: Option<bool>,
-    /// Free huge pages this program held while the 4 KiB pass's arenas
-    /// were made (so that they did not take them).
-    huge_pages_held: usize,
     /// Whether the driver figures of this pass were measured (missing:
     /// huge pages are not reserved; under CI=true that fails the run).
     status: Status,
@@ -562,7 +562,6 @@ fn run(args: &Args) -> Result<bool, Box<dyn Error>> {
         let mut pass = PassReport {
             pages,
             arena_huge_pages: None,
-            huge_pages_held: 0,
             status: Status::Measured,
             reason: None,
             series: Vec::new(),
@@ -658,70 +657,6 @@ struct Bench<'c> {
     cold_samples: usize,
 }
 
-/// Free huge pages held by this process (a private `MAP_HUGETLB` mapping,
-/// populated) until dropped.
-struct HugePageHold {
-    addr: *mut libc::c_void,
-    len: usize,
-}
-
-impl HugePageHold {
-    /// Takes every free 2 MiB huge page (none if there are none).
-    fn take_free() -> HugePageHold {
-        let free = huge_pages_free();
-        let none = HugePageHold {
-            addr: std::ptr::null_mut(),
-            len: 0,
-        };
-        if free == 0 {
-            return none;
-        }
-        let len = free * HUGE_PAGE;
-        // SAFETY: a new private anonymous mapping; no existing memory is
-        // named.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return none;
-        }
-        HugePageHold { addr, len }
-    }
-
-    fn pages(&self) -> usize {
-        self.len / HUGE_PAGE
-    }
-}
-
-impl Drop for HugePageHold {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: the mapping `take_free` made, unmapped once; nothing
-            // else refers to it.
-            unsafe { libc::munmap(self.addr, self.len) };
-        }
-    }
-}
-
-/// `HugePages_Free` of /proc/meminfo (0 if unknown).
-fn huge_pages_free() -> usize {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("HugePages_Free:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The figures of the driver and the host copies in one pass: a device of
 /// its own, port 0 the source, port 1 the target. `Ok(Some(why))`: the
 /// pass's pages are not to be had, nothing was measured.
@@ -730,13 +665,16 @@ fn measure_driver(
     plan: &Plan,
     pass: &mut PassReport,
 ) -> Result<Option<String>, Box<dyn Error>> {
-    let hold = (pass.pages == Pages::Small).then(HugePageHold::take_free);
-    pass.huge_pages_held = hold.as_ref().map_or(0, HugePageHold::pages);
     let device = DeviceProcess::start(exe, 2, plan.mode.device_args())?;
-    let config = plan.mode.context_config(plan.arena_bytes());
+    let config = ContextConfig {
+        huge_pages: match pass.pages {
+            Pages::Small => HugePages::Never,
+            Pages::Huge => HugePages::Try,
+        },
+        ..plan.mode.context_config(plan.arena_bytes())
+    };
     let owner = Context::open(device.socket(1), config.clone())?;
     let initiator = Context::open(device.socket(0), config)?;
-    drop(hold);
     let huge = owner.arena_uses_huge_pages() && initiator.arena_uses_huge_pages();
     pass.arena_huge_pages = Some(huge);
     match (pass.pages, huge) {

@@ -20,7 +20,7 @@ use super::pairs::{set_up_pair, start_pair, PairPool, PairSlot};
 use super::queue_pair::SendRing;
 use super::wait::{wait_for, Awaiting};
 use super::VerbsError;
-use crate::arena::{DmaArena, DmaBuffer};
+use crate::arena::{ArenaOptions, DmaArena, DmaBuffer, HugePages};
 use crate::pinner::IotlbPinner;
 use crate::reach::{DeviceReach, ReachError, ReachStats};
 use crate::transport::{self, Transport, VhostUserConfig, VhostUserTransport};
@@ -54,6 +54,10 @@ pub struct ContextConfig {
     /// microseconds unless it is gone or stuck, or (inside a guest) waits
     /// for QEMU to map memory.
     pub control_timeout: Duration,
+    /// Whether the DMA arena is on 2 MiB huge pages: tried by default
+    /// (normal pages when none are reserved); [`HugePages::Never`] keeps it
+    /// on normal pages, [`HugePages::Require`] fails to open without them.
+    pub huge_pages: HugePages,
 }
 
 impl Default for ContextConfig {
@@ -64,6 +68,7 @@ impl Default for ContextConfig {
             cache: CacheConfig::default(),
             spin: Duration::from_micros(50),
             control_timeout: Duration::from_secs(10),
+            huge_pages: HugePages::Try,
         }
     }
 }
@@ -115,7 +120,13 @@ impl<T: Transport + 'static> Context<T> {
     pub fn with_transport(transport: T, config: ContextConfig) -> Result<Self, VerbsError> {
         let transport = Arc::new(transport);
         transport.negotiate_features(transport::DEFAULT_FEATURES)?;
-        let arena = DmaArena::new(config.arena_bytes)?;
+        let arena = DmaArena::with_options(
+            config.arena_bytes,
+            ArenaOptions {
+                huge_pages: config.huge_pages,
+                ..ArenaOptions::default()
+            },
+        )?;
         transport.register_memory(&[arena.memory_table_region()])?;
         let layout = transport.ring_layout();
         let size = config.queue_size;
