@@ -876,77 +876,129 @@ impl Device {
     }
 }
 
+/// How a vector test maps the initiator's memory.
+#[derive(Clone, Copy, Debug)]
+enum Mapping {
+    /// In runs of this many bytes, registered as one.
+    Pieces(usize),
+    /// One run, registered as two halves meeting at this offset: a hull
+    /// across both is not registered as a whole, its elements are.
+    SplitAt(usize),
+}
+
 #[test]
 fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mappings() {
     use pindown_uapi::pattern::{encode_pair, Pattern, Piece};
     use pindown_uapi::{Descriptor, VectorTransfer};
     const MEMORY: usize = 4 << 20;
-    // 60000 blocks of 24 bytes, 40 apart: more than STEPS_PER_TURN steps, so
-    // several turns; into contiguous bytes of the window.
-    let local = Pattern::new(vec![Piece::vector(8, 24, 60_000, 40)], 1, 0).unwrap();
-    let remote = Pattern::contiguous(local.len);
-    assert!(local.len > STEP_BYTES * STEPS_PER_TURN);
-    let descriptor = encode_pair(&local, &remote);
-    let model: Vec<usize> = (0..60_000usize)
-        .flat_map(|i| (0..24).map(move |b| 8 + i * 40 + b))
-        .collect();
-    let mut results = Vec::new();
-    // Runs of 4 KiB: no hull is contiguous, each element is translated by
-    // itself; one run: every step maps its hull once.
-    for piece in [4096, MEMORY] {
-        for read in [false, true] {
-            let device = Device::with_pieces(2, MEMORY, piece);
-            let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
-            let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
-            let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
-            near.write(near.base, &near_bytes);
-            far.write(far.base, &far_bytes);
-            let key = device.bind(
-                1,
-                far.base,
-                MEMORY as u64,
-                Access::REMOTE_READ | Access::REMOTE_WRITE,
-            );
-            let transfer = VectorTransfer {
-                local: near.base,
-                len: local.len as u32,
-                remote: RemoteAddress {
-                    port: 1,
-                    key,
-                    offset: 100,
-                },
-                descriptor: Descriptor::Inline {
-                    len: descriptor.len() as u32,
-                },
-                notify: None,
-            };
-            let op = if read {
-                Operation::VectorRead(transfer)
-            } else {
-                Operation::VectorWrite(transfer)
-            };
-            let (done, turns) = device.run_vector(0, op, &descriptor);
-            assert!(done.is_success(), "{done:?}");
-            assert_eq!(done.byte_len, local.len as u32);
-            assert!(turns > 1, "a transfer this long takes several turns");
-            let (mut near_expected, mut far_expected) = (near_bytes.clone(), far_bytes.clone());
-            for (k, &at) in model.iter().enumerate() {
-                if read {
-                    near_expected[at] = far_bytes[100 + k];
-                } else {
-                    far_expected[100 + k] = near_bytes[at];
+    const COUNT: u64 = 60_000;
+    // Each local pattern with the offsets of its bytes, in stream order.
+    // Blocks of 24 bytes 40 apart cross 4 KiB (and 12 KiB + 8) boundaries
+    // now and then.
+    let blocks = |offset: i64, block: u64, stride: i64| -> Vec<usize> {
+        (0..COUNT as i64)
+            .flat_map(|i| (0..block as i64).map(move |b| (offset + i * stride + b) as usize))
+            .collect()
+    };
+    let last = 8 + 40 * (COUNT as i64 - 1);
+    let patterns = [
+        // Forward: the cursor moves on.
+        (vec![Piece::vector(8, 24, COUNT, 40)], blocks(8, 24, 40)),
+        // Backward: every element is behind the one before.
+        (
+            vec![Piece::vector(last, 24, COUNT, -40)],
+            blocks(last, 24, -40),
+        ),
+        // Forward, then back to the start and forward again.
+        (
+            vec![
+                Piece::vector(8, 24, COUNT, 40),
+                Piece::vector(4, 20, COUNT, 40),
+            ],
+            [blocks(8, 24, 40), blocks(4, 20, 40)].concat(),
+        ),
+    ];
+    for (pieces, model) in patterns {
+        let local = Pattern::new(pieces, 1, 0).unwrap();
+        assert_eq!(local.len, model.len() as u64);
+        // More than STEPS_PER_TURN steps, so several turns; into contiguous
+        // bytes of the window.
+        assert!(local.len > STEP_BYTES * STEPS_PER_TURN);
+        let remote = Pattern::contiguous(local.len);
+        let descriptor = encode_pair(&local, &remote);
+        let mut results = Vec::new();
+        // Runs of 4 KiB or 12 KiB + 8: each step's hull is granted as a
+        // whole and found in many spans; one run: every step maps its hull
+        // once; registered in two halves (no element crosses 1 MB): each
+        // element is checked and translated by itself.
+        for mapping in [
+            Mapping::Pieces(4096),
+            Mapping::Pieces(3 * 4096 + 8),
+            Mapping::Pieces(MEMORY),
+            Mapping::SplitAt(1_000_000),
+        ] {
+            for read in [false, true] {
+                let piece = match mapping {
+                    Mapping::Pieces(piece) => piece,
+                    Mapping::SplitAt(_) => MEMORY,
+                };
+                let mut device = Device::with_pieces(2, MEMORY, piece);
+                if let Mapping::SplitAt(half) = mapping {
+                    let base = device.ports[0].memory.base;
+                    device.ports[0].memory.registered = vec![
+                        (base, half as u64, true),
+                        (base + half as u64, (MEMORY - half) as u64, true),
+                    ];
                 }
+                let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
+                let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
+                let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
+                near.write(near.base, &near_bytes);
+                far.write(far.base, &far_bytes);
+                let key = device.bind(
+                    1,
+                    far.base,
+                    MEMORY as u64,
+                    Access::REMOTE_READ | Access::REMOTE_WRITE,
+                );
+                let transfer = VectorTransfer {
+                    local: near.base,
+                    len: local.len as u32,
+                    remote: RemoteAddress {
+                        port: 1,
+                        key,
+                        offset: 100,
+                    },
+                    descriptor: Descriptor::Inline {
+                        len: descriptor.len() as u32,
+                    },
+                    notify: None,
+                };
+                let op = if read {
+                    Operation::VectorRead(transfer)
+                } else {
+                    Operation::VectorWrite(transfer)
+                };
+                let (done, turns) = device.run_vector(0, op, &descriptor);
+                let case = format!("{mapping:?}, read {read}, {} bytes", local.len);
+                assert!(done.is_success(), "{case}: {done:?}");
+                assert_eq!(done.byte_len, local.len as u32, "{case}");
+                assert!(turns > 1, "a transfer this long takes several turns");
+                let (mut near_expected, mut far_expected) = (near_bytes.clone(), far_bytes.clone());
+                for (k, &at) in model.iter().enumerate() {
+                    if read {
+                        near_expected[at] = far_bytes[100 + k];
+                    } else {
+                        far_expected[100 + k] = near_bytes[at];
+                    }
+                }
+                assert!(near.read(near.base, MEMORY) == near_expected, "{case}");
+                assert!(far.read(far.base, MEMORY) == far_expected, "{case}");
+                results.push((near.read(near.base, MEMORY), far.read(far.base, MEMORY)));
             }
-            assert!(
-                near.read(near.base, MEMORY) == near_expected,
-                "piece {piece}, read {read}"
-            );
-            assert!(
-                far.read(far.base, MEMORY) == far_expected,
-                "piece {piece}, read {read}"
-            );
-            results.push((near.read(near.base, MEMORY), far.read(far.base, MEMORY)));
+        }
+        for pair in results.chunks(2).skip(1) {
+            assert!(pair == &results[..2]);
         }
     }
-    assert!(results[0] == results[2] && results[1] == results[3]);
 }

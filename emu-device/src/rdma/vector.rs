@@ -16,11 +16,15 @@
 //! own part again, so a barrier between two steps stops the transfer.
 //!
 //! A step's part of a pattern is found in the mapping once when the hull
-//! of its elements (lowest to highest byte) is granted and contiguous in
-//! this process's memory: every element is then an offset from one
-//! pointer. Otherwise each element is checked and translated by itself.
+//! of its elements (lowest to highest byte) is granted as a whole: every
+//! element is then an offset from one pointer when the hull is contiguous
+//! in this process's memory, or found by a cursor over the hull's spans
+//! when it is not (huge pages, several regions). Only when the hull is not
+//! wholly granted is each element checked and translated by itself.
 //! The two walks are then copied against each other, each run the
 //! overlap of the current source and destination elements.
+
+use smallvec::SmallVec;
 
 use pindown_uapi::pattern::{decode_pair, Pattern, PatternError, Plan, Segments};
 use pindown_uapi::{Access, Descriptor, ErrorDetail, RemoteAddress, Status, VectorTransfer};
@@ -193,6 +197,13 @@ pub enum Side<'s, 't> {
 enum Mapped {
     /// Every element at `addr + (offset - low)`.
     Contiguous { addr: *mut u8, low: i64 },
+    /// The hull `[low, ..)` is granted as a whole and mapped in several
+    /// spans; `starts[i]` is where `spans[i]` begins, counted from `low`.
+    Hull {
+        low: i64,
+        spans: Spans,
+        starts: SmallVec<[usize; 4]>,
+    },
     /// Each element translated by itself: the spans, in stream order.
     Listed,
 }
@@ -243,10 +254,11 @@ impl Side<'_, '_> {
         }
     }
 
-    /// The mapping of `[low, high)` when all of it is granted and one
-    /// contiguous run of this process's memory (nothing is counted when
-    /// it is not: the elements are checked one by one then).
-    fn contiguous(&self, low: i64, high: i64) -> Option<*mut u8> {
+    /// The mapping of the hull `[low, high)` when all of it is granted:
+    /// one contiguous run of this process's memory, or several spans
+    /// (nothing is counted when it is not granted: the elements are
+    /// checked one by one then).
+    fn hull(&self, low: i64, high: i64) -> Option<Mapped> {
         let start = self.at(low)?;
         let len = u64::try_from(i128::from(high) - i128::from(low)).ok()?;
         let mut spans = Spans::new();
@@ -269,8 +281,23 @@ impl Side<'_, '_> {
             }
         }
         match spans[..] {
-            [span] => Some(span.addr),
-            _ => None,
+            [span] => Some(Mapped::Contiguous {
+                addr: span.addr,
+                low,
+            }),
+            [] => None,
+            _ => {
+                let mut at = 0usize;
+                let starts = spans
+                    .iter()
+                    .map(|span| {
+                        let start = at;
+                        at += span.len;
+                        start
+                    })
+                    .collect();
+                Some(Mapped::Hull { low, spans, starts })
+            }
         }
     }
 
@@ -285,11 +312,11 @@ impl Side<'_, '_> {
         keep: bool,
         out: &mut Spans,
     ) -> Result<Mapped, Failure> {
-        // The whole stream's hull first (no walk): when it is granted
-        // and contiguous, so is every part of it.
+        // The whole stream's hull first (no walk): when it is granted,
+        // so is every part of it.
         if let Some((low, high)) = plan.hull() {
-            if let Some(addr) = self.contiguous(low, high) {
-                return Ok(Mapped::Contiguous { addr, low });
+            if let Some(mapped) = self.hull(low, high) {
+                return Ok(mapped);
             }
         }
         let mut hull: Option<(i64, i64)> = None;
@@ -303,8 +330,8 @@ impl Side<'_, '_> {
         let Some((low, high)) = hull else {
             return Ok(Mapped::Listed);
         };
-        if let Some(addr) = self.contiguous(low, high) {
-            return Ok(Mapped::Contiguous { addr, low });
+        if let Some(mapped) = self.hull(low, high) {
+            return Ok(mapped);
         }
         for segment in plan.segments(from, len) {
             if !keep {
@@ -327,7 +354,60 @@ enum Walk<'a, 'p> {
         addr: *mut u8,
         low: i64,
     },
+    Hull(HullWalk<'a, 'p>),
     Listed(std::slice::Iter<'a, Span>),
+}
+
+/// The elements of a step found in the spans of their hull by a cursor
+/// (elements mostly move forward; one behind it, or far ahead, is found
+/// by binary search); an element crossing a span boundary is split into
+/// one run per span.
+struct HullWalk<'a, 'p> {
+    segments: Segments<'a, 'p>,
+    low: i64,
+    spans: &'a [Span],
+    starts: &'a [usize],
+    /// The span the previous run was in.
+    cursor: usize,
+    /// The rest of the current element: offset from `low`, length.
+    at: usize,
+    left: usize,
+}
+
+impl HullWalk<'_, '_> {
+    fn next_run(&mut self) -> Option<Span> {
+        while self.left == 0 {
+            let segment = self.segments.next()?;
+            // Inside the hull: the offset is at least `low`, and the
+            // element ends within the hull's length (a usize: it is mapped).
+            self.at = (segment.offset - self.low) as usize;
+            self.left = segment.len as usize;
+        }
+        let at = self.at;
+        let inside = |i: usize| self.starts[i] <= at && at - self.starts[i] < self.spans[i].len;
+        if !inside(self.cursor) {
+            let next = self.cursor + 1;
+            self.cursor = if next < self.spans.len() && inside(next) {
+                next
+            } else {
+                // starts[0] is 0, so at least one start is <= at.
+                self.starts.partition_point(|&start| start <= at) - 1
+            };
+        }
+        let span = self.spans[self.cursor];
+        let within = at - self.starts[self.cursor];
+        assert!(within < span.len, "a step's element outside its hull");
+        let len = self.left.min(span.len - within);
+        self.at += len;
+        self.left -= len;
+        Some(Span {
+            // SAFETY: `span` is one of the spans mapping the step's hull,
+            // granted as a whole (Side::hull); `within < span.len` (checked
+            // above) and the run's `len` stops at the span's end.
+            addr: unsafe { span.addr.add(within) },
+            len,
+        })
+    }
 }
 
 impl Iterator for Walk<'_, '_> {
@@ -341,11 +421,12 @@ impl Iterator for Walk<'_, '_> {
                 low,
             } => segments.next().map(|segment| Span {
                 // SAFETY: `addr` maps the hull `[low, high)` of the step's
-                // elements contiguously (Side::contiguous), and this
-                // element lies inside it.
+                // elements contiguously (Side::hull), and this element lies
+                // inside it.
                 addr: unsafe { addr.add((segment.offset - *low) as usize) },
                 len: segment.len as usize,
             }),
+            Walk::Hull(hull) => hull.next_run(),
             Walk::Listed(spans) => spans.next().copied(),
         }
     }
@@ -355,15 +436,24 @@ fn walk<'a, 'p>(
     plan: &'a Plan<'p>,
     from: u64,
     len: u64,
-    mapped: Mapped,
+    mapped: &'a Mapped,
     spans: &'a Spans,
 ) -> Walk<'a, 'p> {
     match mapped {
         Mapped::Contiguous { addr, low } => Walk::Contiguous {
             segments: plan.segments(from, len),
-            addr,
-            low,
+            addr: *addr,
+            low: *low,
         },
+        Mapped::Hull { low, spans, starts } => Walk::Hull(HullWalk {
+            segments: plan.segments(from, len),
+            low: *low,
+            spans,
+            starts,
+            cursor: 0,
+            at: 0,
+            left: 0,
+        }),
         Mapped::Listed => Walk::Listed(spans.iter()),
     }
 }
@@ -390,8 +480,8 @@ pub fn step(
     }
     let near_mapped = near.map(&state.local, from, step, true, &mut near_spans)?;
     let far_mapped = far.map(&state.remote, from, step, true, &mut far_spans)?;
-    let near_walk = walk(&state.local, from, step, near_mapped, &near_spans);
-    let far_walk = walk(&state.remote, from, step, far_mapped, &far_spans);
+    let near_walk = walk(&state.local, from, step, &near_mapped, &near_spans);
+    let far_walk = walk(&state.remote, from, step, &far_mapped, &far_spans);
     let limit = usize::try_from(step).unwrap_or(usize::MAX);
     if local_writes {
         copy_spans(far_walk, near_walk, limit);
