@@ -62,8 +62,8 @@ use pindown_benches::submatrix::{
     self, check_packed, copy_strided, pack, unpack, Evictor, Matrix, Shape, ELEMENT, ROWS,
 };
 use pindown_benches::sys::{LockBudget, Machine};
-use pindown_driver::verbs::opcode::{Nop, Vector, Write};
 use pindown_driver::arena::HugePages;
+use pindown_driver::verbs::opcode::{Nop, Vector, Write};
 use pindown_driver::verbs::{
     CompletionQueue, Context, ContextConfig, MemoryRegion, QueuePair, RemoteWindow,
 };
