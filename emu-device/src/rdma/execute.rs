@@ -633,7 +633,7 @@ pub(super) fn copy_spans(
 /// # Safety
 ///
 /// Both ranges are mapped memory lent for the current guarded step.
-unsafe fn copy_run(from: *const u8, to: *mut u8, n: usize) {
+pub(super) unsafe fn copy_run(from: *const u8, to: *mut u8, n: usize) {
     // SAFETY (all arms): the caller's ranges hold `n` bytes; a whole value
     // is read before it is written, so an overlap copies as memmove does.
     unsafe {

@@ -26,10 +26,12 @@
 
 use smallvec::SmallVec;
 
-use pindown_uapi::pattern::{decode_pair, Pattern, PatternError, Plan, Segments};
+use pindown_uapi::pattern::{
+    decode_pair, Dim, Pattern, PatternError, Piece, Plan, Segments, MAX_DIMS,
+};
 use pindown_uapi::{Access, Descriptor, ErrorDetail, RemoteAddress, Status, VectorTransfer};
 
-use super::execute::{copy_spans, local_fault, refuse};
+use super::execute::{copy_run, copy_spans, local_fault, refuse};
 use super::windows::{PortId, Refusal};
 use super::{Failure, MemoryAccess, Span, Spans, Target};
 
@@ -480,6 +482,41 @@ pub fn step(
     }
     let near_mapped = near.map(&state.local, from, step, true, &mut near_spans)?;
     let far_mapped = far.map(&state.remote, from, step, true, &mut far_spans)?;
+    if let (
+        Mapped::Contiguous {
+            addr: near_addr,
+            low: near_low,
+        },
+        Mapped::Contiguous {
+            addr: far_addr,
+            low: far_low,
+        },
+    ) = (&near_mapped, &far_mapped)
+    {
+        let blocks = (
+            StridedNest::block_of(&state.local),
+            StridedNest::block_of(&state.remote),
+        );
+        if let (Some(near_block), Some(far_block)) = blocks {
+            // Unit: the smaller block, when it divides the larger (then
+            // the loop runs once per run the walk would make).
+            let unit = near_block.min(far_block);
+            if near_block.max(far_block).is_multiple_of(unit)
+                && from.is_multiple_of(unit)
+                && step.is_multiple_of(unit)
+            {
+                let near_nest = StridedNest::of(&state.local, unit, *near_addr, *near_low);
+                let far_nest = StridedNest::of(&state.remote, unit, *far_addr, *far_low);
+                let (source, target) = if local_writes {
+                    (far_nest, near_nest)
+                } else {
+                    (near_nest, far_nest)
+                };
+                copy_nests(&source, &target, from / unit, step / unit);
+                return Ok(());
+            }
+        }
+    }
     let near_walk = walk(&state.local, from, step, &near_mapped, &near_spans);
     let far_walk = walk(&state.remote, from, step, &far_mapped, &far_spans);
     let limit = usize::try_from(step).unwrap_or(usize::MAX);
@@ -489,4 +526,113 @@ pub fn step(
         copy_spans(near_walk, far_walk, limit);
     }
     Ok(())
+}
+
+/// A whole pattern that is one strided piece (no skip, no repetition)
+/// mapped contiguously, cut into units of `unit` bytes: its units are
+/// found by stepping loop indices, with no walk. Vector transfers between
+/// two such patterns whose blocks are multiples of one unit (a column into
+/// a column or into a contiguous buffer, a submatrix into a submatrix)
+/// copy unit against unit in one loop.
+struct StridedNest {
+    /// Where offset `low` of the pattern is mapped.
+    addr: *mut u8,
+    low: i64,
+    offset: i64,
+    unit: u64,
+    /// The unit's place in its block, then the piece's loops.
+    dims: [Dim; MAX_DIMS + 1],
+}
+
+impl StridedNest {
+    /// The block size of a pattern this fast path takes: one strided
+    /// piece with bytes, the whole stream, one repetition.
+    fn block_of(plan: &Plan<'_>) -> Option<u64> {
+        let pattern = plan.pattern();
+        let [Piece::Strided { block, dims, .. }] = pattern.pieces[..] else {
+            return None;
+        };
+        let whole = pattern.repeat == 1
+            && pattern.skip == 0
+            && block > 0
+            && dims.iter().all(|dim| dim.count > 0);
+        whole.then_some(block)
+    }
+
+    /// The nest of `plan` (which [`block_of`](Self::block_of) took, with
+    /// a block that is a multiple of `unit`) mapped at `addr` from `low`.
+    fn of(plan: &Plan<'_>, unit: u64, addr: *mut u8, low: i64) -> StridedNest {
+        let Piece::Strided {
+            offset,
+            block,
+            dims: piece_dims,
+        } = plan.pattern().pieces[0]
+        else {
+            unreachable!("block_of took only one strided piece")
+        };
+        let mut dims = [Dim::ONE; MAX_DIMS + 1];
+        dims[0] = Dim {
+            count: block / unit,
+            stride: unit as i64,
+        };
+        dims[1..].copy_from_slice(&piece_dims);
+        StridedNest {
+            addr,
+            low,
+            offset,
+            unit,
+            dims,
+        }
+    }
+
+    /// Loop indices of unit `element`, innermost first, and its offset.
+    fn seek(&self, element: u64) -> ([u64; MAX_DIMS + 1], i64) {
+        let mut index = [0; MAX_DIMS + 1];
+        let mut rest = element;
+        let mut at = self.offset;
+        for (i, dim) in self.dims.iter().enumerate() {
+            index[i] = rest % dim.count;
+            rest /= dim.count;
+            at += index[i] as i64 * dim.stride;
+        }
+        (index, at)
+    }
+
+    /// Moves `index` and `at` to the next unit.
+    #[inline(always)]
+    fn advance(&self, index: &mut [u64; MAX_DIMS + 1], at: &mut i64) {
+        for (i, dim) in self.dims.iter().enumerate() {
+            index[i] += 1;
+            *at += dim.stride;
+            if index[i] < dim.count {
+                return;
+            }
+            *at -= dim.stride * dim.count as i64;
+            index[i] = 0;
+        }
+    }
+}
+
+/// Copies units `first..first + count` of `source` to the same units of
+/// `target` (both nests have the same unit and cover the same bytes; the
+/// caller checked and mapped both for the current step).
+fn copy_nests(source: &StridedNest, target: &StridedNest, first: u64, count: u64) {
+    let (mut source_index, mut source_at) = source.seek(first);
+    let (mut target_index, mut target_at) = target.seek(first);
+    let unit = source.unit as usize;
+    for _ in 0..count {
+        // SAFETY: both nests are mapped contiguously from `low` over their
+        // hull (Side::hull, checked and granted for the current step), and
+        // every block of a checked plan lies inside its hull, so
+        // `at - low` is in bounds for `unit` bytes on both sides.
+        unsafe {
+            copy_run(
+                source.addr.add((source_at - source.low) as usize),
+                target.addr.add((target_at - target.low) as usize),
+                unit,
+            );
+        }
+        source.advance(&mut source_index, &mut source_at);
+        target.advance(&mut target_index, &mut target_at);
+    }
 }
