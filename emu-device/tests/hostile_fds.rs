@@ -806,7 +806,9 @@ fn a_connection_whose_thread_cannot_start_is_refused_and_its_port_freed() {
         "this test starts the device as another user: run it as root"
     );
     let probe = DeviceProcess::start_as_user(device_bin(), 3, &[], NOBODY, None).unwrap();
-    let started = tasks_of(NOBODY);
+    // The device may still be starting threads when its sockets appear:
+    // count once the number has held still for a while.
+    let started = settled_tasks_of(NOBODY);
     drop(probe);
     let deadline = Instant::now() + T;
     while tasks_of(NOBODY) > started - 1 && Instant::now() < deadline {
@@ -846,4 +848,21 @@ fn a_connection_whose_thread_cannot_start_is_refused_and_its_port_freed() {
     // the refused connections were counted out again.
     assert!(!dev.log().contains("connections already served"));
     assert_cpu_idle(&dev, "after refused connections");
+}
+
+/// The tasks of `uid` once their number has not changed for 300 ms (at
+/// most `T`).
+fn settled_tasks_of(uid: u32) -> u64 {
+    let deadline = Instant::now() + T;
+    let mut count = tasks_of(uid);
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_millis(300) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = tasks_of(uid);
+        if now != count {
+            count = now;
+            since = Instant::now();
+        }
+    }
+    count
 }
