@@ -388,6 +388,7 @@ mod tests {
                 len: 100,
                 head,
                 remote: RemoteAddress {
+                    node: 0,
                     port: 1,
                     key: RemoteKey(2),
                     offset: 0,

@@ -296,6 +296,7 @@ fn run(cli: Cli) -> Result<(), String> {
             max_descriptor_bytes: cli.max_descriptor_bytes as u32,
             max_pattern_blocks: cli.max_pattern_blocks,
         },
+        node: 0,
     };
     crate::rdma::init_keys().map_err(|e| format!("no random source for window keys: {e}"))?;
     config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;

@@ -148,6 +148,7 @@ impl Fabric for PortFabric<'_> {
                 windows,
                 refusals: &near.stats.refused,
                 incarnation: near.shared.incarnation(),
+                node: near.node,
             };
             return Ok(step(own, own));
         }
@@ -170,12 +171,14 @@ impl Fabric for PortFabric<'_> {
                 windows: near_windows,
                 refusals: &near.stats.refused,
                 incarnation: near.shared.incarnation(),
+                node: near.node,
             },
             Target {
                 memory: &far_memory,
                 windows: far_windows,
                 refusals: &far.stats.refused,
                 incarnation: far.shared.incarnation(),
+                node: far.node,
             },
         );
         if far_memory.lost() {
@@ -199,6 +202,7 @@ impl Fabric for PortFabric<'_> {
             windows,
             refusals: &port.stats.refused,
             incarnation: port.shared.incarnation(),
+            node: port.node,
         }))
     }
 

@@ -98,6 +98,8 @@ pub struct DeviceConfig {
     /// blocks of a pattern's lists); beyond, the request fails with
     /// `LimitReached`/`PatternLimit`.
     pub vector_limits: rdma::VectorLimits,
+    /// The node of the fabric this device is (0 without a fabric).
+    pub node: pindown_uapi::NodeId,
 }
 
 impl Default for DeviceConfig {
@@ -116,6 +118,7 @@ impl Default for DeviceConfig {
             max_control_clients: 32,
             max_windows_per_port: rdma::DEFAULT_MAX_WINDOWS_PER_PORT,
             vector_limits: rdma::VectorLimits::default(),
+            node: 0,
         }
     }
 }

@@ -142,6 +142,8 @@ pub struct Port {
     pub inbox: Inbox,
     /// What the device accepts of one vector transfer this port starts.
     pub vector_limits: VectorLimits,
+    /// The node of the fabric this device is.
+    pub node: pindown_uapi::NodeId,
     state: Mutex<PortState>,
 }
 
@@ -440,6 +442,7 @@ impl Port {
             shared,
             inbox: Inbox::default(),
             vector_limits: cfg.vector_limits,
+            node: cfg.node,
         }
     }
 

@@ -160,6 +160,7 @@ impl SendQueue {
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
             rdma_queue_pairs: state.rdma_queue_pairs,
+            node: port.node,
         };
         let vrings = &mut state.vrings;
         vrings[sq].waiting_iotlb = false;

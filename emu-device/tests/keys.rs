@@ -26,7 +26,9 @@ use pindown_driver::verbs::opcode::{CompareSwap, FetchAdd, Read, Swap, Write};
 use pindown_driver::verbs::{
     CompletionQueue, Context, ContextConfig, Entry, QueuePair, RemoteWindow, VerbsError,
 };
-use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
+use pindown_uapi::{
+    Access, Completion, ErrorDetail, PortAddress, RemoteAddress, RemoteKey, Status,
+};
 
 /// The victim's buffer (all windows lie inside it).
 const VICTIM_BYTES: usize = 1 << 20;
@@ -90,7 +92,13 @@ fn victim_rank(socket: &str) {
         .bind_window(&region, 1 << 16, 1 << 16, Access::REMOTE_READ)
         .unwrap();
     let for_peer = context
-        .bind_window_for_peer(&region, 2 << 16, 1 << 16, all, 2)
+        .bind_window_for_peer(
+            &region,
+            2 << 16,
+            1 << 16,
+            all,
+            PortAddress { node: 0, port: 2 },
+        )
         .unwrap();
     let secret: Vec<_> = (0..SECRET_WINDOWS as u64)
         .map(|i| {
@@ -180,7 +188,12 @@ fn attempt(
         victim["read-only"].key,
         victim["peer"].key,
     ];
-    let at = |key, offset| RemoteAddress { port, key, offset };
+    let at = |key, offset| RemoteAddress {
+        node: 0,
+        port,
+        key,
+        offset,
+    };
     let in_window = (i % 512) * 64;
     match i {
         // Random keys.
@@ -338,7 +351,13 @@ fn binder_rank(socket: &str) {
     // Refused many more times: still refused, the first windows still live.
     for _ in 0..1000 {
         assert!(context
-            .bind_window_for_peer(&region, 0, 8, Access::REMOTE_READ, 1)
+            .bind_window_for_peer(
+                &region,
+                0,
+                8,
+                Access::REMOTE_READ,
+                PortAddress { node: 0, port: 1 }
+            )
             .is_err());
     }
     buffer.write_at(0, &pattern(5, 8));

@@ -869,6 +869,7 @@ fn no_byte_of_a_long_vector_write_lands_after_the_window_is_revoked() {
         source_region.local(0, SOURCE as u32).unwrap(),
         Pattern::contiguous(SOURCE as u64),
         pindown_uapi::RemoteAddress {
+            node: 0,
             port: target.info().port,
             key: pindown_uapi::RemoteKey(0),
             offset: 0,

@@ -134,6 +134,17 @@ pub enum ErrorDetail {
     /// is connected to take them; with [`Status::LimitReached`]): nothing
     /// moved.
     NoticeLimit = 12,
+    /// The remote address names a node this device's fabric does not know
+    /// (with [`Status::InvalidRequest`]); nothing was sent.
+    UnknownNode = 13,
+    /// The target node's device stopped answering for longer than the
+    /// fabric's peer timeout, or restarted while the request was in
+    /// flight (with [`Status::PeerGone`]). A write may have landed in
+    /// part; nothing of the request is in flight any more.
+    NodeUnreachable = 14,
+    /// The target node has as many operations of this fabric waiting as
+    /// it serves at once (with [`Status::LimitReached`]); nothing moved.
+    NodeBusy = 15,
 }
 
 impl ErrorDetail {
@@ -152,6 +163,9 @@ impl ErrorDetail {
             10 => ErrorDetail::LengthMismatch,
             11 => ErrorDetail::PatternLimit,
             12 => ErrorDetail::NoticeLimit,
+            13 => ErrorDetail::UnknownNode,
+            14 => ErrorDetail::NodeUnreachable,
+            15 => ErrorDetail::NodeBusy,
             other => return Err(DecodeError::UnknownDetail(other)),
         })
     }
@@ -182,6 +196,14 @@ impl ErrorDetail {
                  allows (pindown-emu-device --max-descriptor-bytes, --max-pattern-blocks)"
             }
             ErrorDetail::NoticeLimit => "the target port cannot take an arrival notice now",
+            ErrorDetail::UnknownNode => {
+                "no such node in this device's fabric (pindown-emu-device --fabric-peer)"
+            }
+            ErrorDetail::NodeUnreachable => {
+                "the target node's device did not answer within the fabric's peer timeout, \
+                 or restarted (pindown-emu-device --peer-timeout)"
+            }
+            ErrorDetail::NodeBusy => "the target node serves as many operations as it can now",
         }
     }
 }

@@ -48,13 +48,54 @@ impl fmt::Display for RemoteKey {
     }
 }
 
-/// Where a remote access goes: a port, a window on it, an offset inside.
+/// A node of the fabric: one device process, on one host. Nodes are
+/// numbered by the fabric's configuration; a device without a fabric is
+/// node 0.
+pub type NodeId = u16;
+
+/// The largest offset into a window a request can name: offsets are 48
+/// bits (the top 16 bits of the request's offset field name the node, as
+/// ACP's global addresses pack rank and offset in one word), and so are
+/// window lengths.
+pub const MAX_REMOTE_OFFSET: u64 = (1 << 48) - 1;
+
+/// A port anywhere in the fabric: a node and a port of its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortAddress {
+    /// The node (its [`DeviceInfo::node`](crate::DeviceInfo)).
+    pub node: NodeId,
+    /// The port on that node (its [`DeviceInfo::port`](crate::DeviceInfo)).
+    pub port: u16,
+}
+
+impl fmt::Display for PortAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node {} port {}", self.node, self.port)
+    }
+}
+
+/// Where a remote access goes: a node, a port of it, a window on that
+/// port, an offset inside. A request whose node is the initiator's own
+/// node is carried out inside the device; any other node is reached over
+/// the fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteAddress {
+    /// The target node (its [`DeviceInfo::node`](crate::DeviceInfo)).
+    pub node: NodeId,
     /// The target port (its [`DeviceInfo::port`](crate::DeviceInfo)).
     pub port: u16,
     /// The window.
     pub key: RemoteKey,
     /// Offset from the window's start.
     pub offset: u64,
+}
+
+impl RemoteAddress {
+    /// The port the access goes to.
+    pub fn port_address(&self) -> PortAddress {
+        PortAddress {
+            node: self.node,
+            port: self.port,
+        }
+    }
 }

@@ -15,7 +15,11 @@
 ///
 /// Version 5: VECTOR_WRITE and VECTOR_READ between two access patterns
 /// ([`pattern`](crate::pattern)).
-pub const ABI_VERSION: u16 = 5;
+///
+/// Version 6: a remote address names a node of the fabric (the top 16
+/// bits of the request's offset field; offsets are 48 bits), and QUERY
+/// reports the device's node.
+pub const ABI_VERSION: u16 = 6;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).
@@ -136,24 +140,30 @@ pub struct DeviceInfo {
     pub features: u16,
     /// RDMA queue pairs the port serves, the admin pair included.
     pub rdma_queue_pairs: u16,
+    /// The node of the fabric this device is (0 without a fabric), which
+    /// peers use in [`RemoteAddress`](crate::RemoteAddress).
+    pub node: crate::NodeId,
 }
 
 impl DeviceInfo {
-    /// Packs the information into a completion value.
-    pub fn to_value(&self) -> u64 {
-        u64::from(self.port)
+    /// Packs the information into a QUERY completion's byte count (the
+    /// node) and value (the rest).
+    pub fn to_query(&self) -> (u32, u64) {
+        let value = u64::from(self.port)
             | u64::from(self.abi_version) << 16
             | u64::from(self.features) << 32
-            | u64::from(self.rdma_queue_pairs) << 48
+            | u64::from(self.rdma_queue_pairs) << 48;
+        (u32::from(self.node), value)
     }
 
-    /// Unpacks a completion value.
-    pub fn from_value(value: u64) -> Self {
+    /// Unpacks a QUERY completion's byte count and value.
+    pub fn from_query(byte_len: u32, value: u64) -> Self {
         DeviceInfo {
             port: value as u16,
             abi_version: (value >> 16) as u16,
             features: (value >> 32) as u16,
             rdma_queue_pairs: (value >> 48) as u16,
+            node: byte_len as u16,
         }
     }
 }
@@ -191,7 +201,9 @@ mod tests {
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
             rdma_queue_pairs: MAX_RDMA_QUEUE_PAIRS,
+            node: 513,
         };
-        assert_eq!(DeviceInfo::from_value(info.to_value()), info);
+        let (byte_len, value) = info.to_query();
+        assert_eq!(DeviceInfo::from_query(byte_len, value), info);
     }
 }

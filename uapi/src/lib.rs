@@ -87,7 +87,7 @@ mod request;
 pub use completion::{Arrival, Completion, CompletionError, ErrorDetail, Status};
 pub use error::DecodeError;
 pub use iotlb::{IotlbMessage, VhostAccess, VhostIotlbType};
-pub use keys::{Access, RemoteAddress, RemoteKey};
+pub use keys::{Access, NodeId, PortAddress, RemoteAddress, RemoteKey, MAX_REMOTE_OFFSET};
 pub use layout::{
     rdma_features, DeviceInfo, RdmaRing, RingLayout, ABI_VERSION, ADMIN_QUEUE_PAIR,
     MAX_RDMA_QUEUE_PAIRS, RDMA_FEATURES,

@@ -288,6 +288,7 @@ mod tests {
                 local: 0x1000,
                 len: 8,
                 remote: RemoteAddress {
+                    node: 0,
                     port: 1,
                     key: RemoteKey(2),
                     offset: 3,

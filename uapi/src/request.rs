@@ -10,7 +10,8 @@
 //! | 4 | 4 | length in bytes (WRITE, READ) |
 //! | 8 | 8 | user data, returned in the completion |
 //! | 16 | 8 | local address (IOVA of the initiator's memory; BIND: window start) |
-//! | 24 | 8 | remote offset inside the window |
+//! | 24 | 6 | remote offset inside the window (48 bits, at most [`MAX_REMOTE_OFFSET`]) |
+//! | 30 | 2 | remote node ([`NodeId`](crate::NodeId)); BIND: the node of the one port the window is bound to |
 //! | 32 | 8 | remote key ([`RemoteKey`]; REVOKE: the window's key) |
 //! | 40 | 8 | operand 0: compare (CAS), addend (FETCH_ADD), new value (SWAP), window length (BIND) |
 //! | 48 | 8 | operand 1: swap value (CAS) |
@@ -31,7 +32,8 @@
 //! |---|---|---|
 //! | 4 | 4 | bytes the transfer moves: both patterns must cover exactly this many |
 //! | 16 | 8 | local base (IOVA the local pattern's offsets count from) |
-//! | 24 | 8 | remote base (offset inside the window the remote pattern's offsets count from) |
+//! | 24 | 6 | remote base (offset inside the window the remote pattern's offsets count from) |
+//! | 30 | 2 | remote node |
 //! | 32 | 8 | remote key |
 //! | 40 | 8 | descriptor IOVA with [`VectorFlags::DESCRIPTOR_IN_MEMORY`], else zero |
 //! | 48 | 8 | immediate value for the target with [`VectorFlags::NOTIFY_TARGET`], else zero |
@@ -43,7 +45,7 @@
 //! [`vector_inline_slots`] slots of [`INLINE_PER_SLOT`] bytes each.
 
 use crate::error::{le_u16, le_u32, le_u64, need, reserved_zero, DecodeError};
-use crate::keys::{Access, RemoteAddress, RemoteKey};
+use crate::keys::{Access, PortAddress, RemoteAddress, RemoteKey, MAX_REMOTE_OFFSET};
 use crate::queue::{INLINE_IN_REQUEST, INLINE_OFFSET, INLINE_PER_SLOT, MAX_INLINE};
 
 /// Operation codes.
@@ -339,7 +341,7 @@ pub enum Operation {
         access: Access,
         /// `Some(port)`: only `port` may use the window; `None`: any port
         /// holding the key may.
-        peer: Option<u16>,
+        peer: Option<PortAddress>,
     },
     /// Revoke a window the initiator bound; later accesses through its key fail.
     RevokeWindow {
@@ -422,6 +424,7 @@ pub struct WorkRequest {
 #[derive(Default)]
 struct Fields {
     remote_port: u16,
+    node: u16,
     len: u32,
     local: u64,
     remote_offset: u64,
@@ -441,6 +444,7 @@ impl WorkRequest {
         let mut fields = Fields::default();
         let set_remote = |fields: &mut Fields, remote: &RemoteAddress| {
             fields.remote_port = remote.port;
+            fields.node = remote.node;
             fields.remote_key = remote.key.0;
             fields.remote_offset = remote.offset;
         };
@@ -492,7 +496,8 @@ impl WorkRequest {
                 fields.operand0 = len;
                 fields.aux = access.bits();
                 if let Some(peer) = peer {
-                    fields.remote_port = peer;
+                    fields.remote_port = peer.port;
+                    fields.node = peer.node;
                     fields.window_flags = WindowFlags::PEER.bits();
                 }
             }
@@ -521,7 +526,12 @@ impl WorkRequest {
         bytes[4..8].copy_from_slice(&fields.len.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.user_data.to_le_bytes());
         bytes[16..24].copy_from_slice(&fields.local.to_le_bytes());
-        bytes[24..32].copy_from_slice(&fields.remote_offset.to_le_bytes());
+        // An offset past the 48 bits is sent as the largest one, which no
+        // window reaches (a window is shorter): the access is refused,
+        // never redirected.
+        let offset = fields.remote_offset.min(MAX_REMOTE_OFFSET);
+        bytes[24..30].copy_from_slice(&offset.to_le_bytes()[..6]);
+        bytes[30..32].copy_from_slice(&fields.node.to_le_bytes());
         bytes[32..40].copy_from_slice(&fields.remote_key.to_le_bytes());
         bytes[40..48].copy_from_slice(&fields.operand0.to_le_bytes());
         bytes[48..56].copy_from_slice(&fields.operand1.to_le_bytes());
@@ -538,9 +548,10 @@ impl WorkRequest {
         reserved_zero(bytes, 61..64)?;
         let fields = Fields {
             remote_port: le_u16(bytes, 2),
+            node: le_u16(bytes, 30),
             len: le_u32(bytes, 4),
             local: le_u64(bytes, 16),
-            remote_offset: le_u64(bytes, 24),
+            remote_offset: le_u64(bytes, 24) & MAX_REMOTE_OFFSET,
             remote_key: le_u64(bytes, 32),
             operand0: le_u64(bytes, 40),
             operand1: le_u64(bytes, 48),
@@ -548,6 +559,7 @@ impl WorkRequest {
             window_flags: bytes[60],
         };
         let remote = RemoteAddress {
+            node: fields.node,
             port: fields.remote_port,
             key: RemoteKey(fields.remote_key),
             offset: fields.remote_offset,
@@ -663,11 +675,17 @@ impl WorkRequest {
                     .ok_or(DecodeError::UnknownWindowFlags(fields.window_flags))?;
                 let peer = window_flags
                     .contains(WindowFlags::PEER)
-                    .then_some(fields.remote_port);
+                    .then_some(PortAddress {
+                        node: fields.node,
+                        port: fields.remote_port,
+                    });
                 let access = Access::from_bits(fields.aux)
                     .filter(|access| !access.is_empty())
                     .ok_or(DecodeError::BadAccess(fields.aux))?;
-                if fields.operand0 == 0 || fields.local.checked_add(fields.operand0).is_none() {
+                if fields.operand0 == 0
+                    || fields.operand0 > MAX_REMOTE_OFFSET
+                    || fields.local.checked_add(fields.operand0).is_none()
+                {
                     return Err(DecodeError::OutOfRange {
                         field: "window length",
                         value: fields.operand0,
@@ -757,6 +775,7 @@ impl WorkRequest {
         let unused_nonzero = [
             (!uses.remote && !uses.key_only && fields.remote_key != 0, 32),
             (!uses.remote && !uses.peer && fields.remote_port != 0, 2),
+            (!uses.remote && !uses.peer && fields.node != 0, 30),
             (!uses.remote && fields.remote_offset != 0, 24),
             (!uses.len && fields.len != 0, 4),
             (!uses.local && fields.local != 0, 16),

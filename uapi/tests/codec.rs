@@ -2,17 +2,24 @@
 
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, RemoteAddress,
-    RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
+    Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, PortAddress,
+    RemoteAddress, RemoteKey, Status, WindowFlags, WorkRequest, WrFlags, MAX_REMOTE_OFFSET,
 };
 use proptest::prelude::*;
 
 fn remote() -> impl Strategy<Value = RemoteAddress> {
-    (any::<u16>(), any::<u64>(), any::<u64>()).prop_map(|(port, key, offset)| RemoteAddress {
-        port,
-        key: RemoteKey(key),
-        offset,
-    })
+    (
+        any::<u16>(),
+        any::<u16>(),
+        any::<u64>(),
+        0..=MAX_REMOTE_OFFSET,
+    )
+        .prop_map(|(node, port, key, offset)| RemoteAddress {
+            node,
+            port,
+            key: RemoteKey(key),
+            offset,
+        })
 }
 
 fn width() -> impl Strategy<Value = AtomicWidth> {
@@ -66,14 +73,14 @@ fn operation() -> impl Strategy<Value = Operation> {
             0u64..1 << 62,
             1u64..1 << 40,
             1u32..8,
-            proptest::option::of(any::<u16>())
+            proptest::option::of((any::<u16>(), any::<u16>()))
         )
             .prop_map(|(start, len, access, peer)| {
                 Operation::BindWindow {
                     start,
                     len,
                     access: Access::from_bits_truncate(access),
-                    peer,
+                    peer: peer.map(|(node, port)| PortAddress { node, port }),
                 }
             }),
         any::<u64>().prop_map(|key| Operation::RevokeWindow {
@@ -133,6 +140,7 @@ fn the_layout_is_fixed_little_endian() {
             local: 0xAAAA_0000,
             len: 7,
             remote: RemoteAddress {
+                node: 0x0A0B,
                 port: 3,
                 key: RemoteKey(0x0102_0304_0506_0708),
                 offset: 9,
@@ -140,6 +148,7 @@ fn the_layout_is_fixed_little_endian() {
         },
     };
     let bytes = request.encode();
+    assert_eq!(&bytes[24..32], &[9, 0, 0, 0, 0, 0, 0x0B, 0x0A]);
     assert_eq!(bytes[0], Opcode::Write as u8);
     assert_eq!(bytes[1], 1);
     assert_eq!(&bytes[2..4], &[3, 0]);
@@ -160,13 +169,15 @@ fn a_window_bound_to_a_peer_names_it_and_an_open_one_names_none() {
             peer,
         },
     };
-    let bound = bind(Some(0)).encode();
+    let port = |node, port| Some(PortAddress { node, port });
+    let bound = bind(port(0, 0)).encode();
     assert_eq!(&bound[2..4], &[0, 0], "port 0 is a valid peer");
     assert_eq!(bound[60], WindowFlags::PEER.bits());
     assert_eq!(&bound[56..60], &[3, 0, 0, 0]);
-    assert_eq!(WorkRequest::decode(&bound), Ok(bind(Some(0))));
-    let seven = bind(Some(7)).encode();
-    assert_eq!(&seven[2..4], &[7, 0]);
+    assert_eq!(WorkRequest::decode(&bound), Ok(bind(port(0, 0))));
+    let seven = bind(port(2, 7)).encode();
+    assert_eq!((&seven[2..4], &seven[30..32]), (&[7, 0][..], &[2, 0][..]));
+    assert_eq!(WorkRequest::decode(&seven), Ok(bind(port(2, 7))));
     let open = bind(None).encode();
     assert_eq!((open[60], &open[2..4]), (0, &[0u8, 0][..]));
     // A port without the flag is not a binding: refused, not ignored.
@@ -191,6 +202,7 @@ fn invalid_fields_are_named() {
         flags: WrFlags::empty(),
         op: Operation::FetchAdd {
             remote: RemoteAddress {
+                node: 0,
                 port: 0,
                 key: RemoteKey(1),
                 offset: 8,
@@ -242,6 +254,7 @@ fn invalid_fields_are_named() {
         flags: WrFlags::empty(),
         op: Operation::Swap {
             remote: RemoteAddress {
+                node: 0,
                 port: 0,
                 key: RemoteKey(1),
                 offset: 8,
@@ -261,6 +274,7 @@ fn invalid_fields_are_named() {
 #[test]
 fn inline_writes_carry_their_first_bytes_and_nothing_past_them() {
     let remote = RemoteAddress {
+        node: 0,
         port: 1,
         key: RemoteKey(2),
         offset: 3,
@@ -302,4 +316,29 @@ fn inline_writes_carry_their_first_bytes_and_nothing_past_them() {
             ..
         })
     ));
+}
+
+#[test]
+fn an_offset_past_48_bits_is_sent_as_the_largest_and_never_changes_the_node() {
+    let write = |offset| WorkRequest {
+        user_data: 1,
+        flags: WrFlags::SIGNALED,
+        op: Operation::Write {
+            local: 0x1000,
+            len: 8,
+            remote: RemoteAddress {
+                node: 3,
+                port: 1,
+                key: RemoteKey(2),
+                offset,
+            },
+        },
+    };
+    for offset in [MAX_REMOTE_OFFSET + 1, 1 << 60, u64::MAX] {
+        let decoded = WorkRequest::decode(&write(offset).encode()).unwrap();
+        let Operation::Write { remote, .. } = decoded.op else {
+            panic!("{decoded:?}")
+        };
+        assert_eq!((remote.node, remote.offset), (3, MAX_REMOTE_OFFSET));
+    }
 }

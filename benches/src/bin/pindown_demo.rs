@@ -4,7 +4,7 @@
 //! with `--rank N`), as an MPI job would run them.
 //!
 //! Rank 1 registers a buffer, binds a window over it and hands the window's
-//! text (`port:key:len`) to rank 0 through this process. Rank 0 then:
+//! text (`node:port:key:len`) to rank 0 through this process. Rank 0 then:
 //!
 //! * writes and reads transfers of 8 B to 16 MiB at odd offsets; rank 1
 //!   checks every written byte, rank 0 every byte read;

@@ -4,12 +4,12 @@
 //! pindown-guest bind                 load the VFIO modules, bind the virtio-net
 //!                                    function to vfio-pci, print its sysfs path
 //! pindown-guest rdma WINDOW          writes, reads and atomics against a peer's
-//!                                    window (port:key:len), from arena memory
+//!                                    window (node:port:key:len), from arena memory
 //!                                    and from heap Vecs, bytes verified; an
 //!                                    out-of-window access must fail
 //! pindown-guest serve               the other side of `rdma`: a window over a
 //!                                    buffer of its own, printed as
-//!                                    `PINDOWN-RESULT window=port:key:len`;
+//!                                    `PINDOWN-RESULT window=node:port:key:len`;
 //!                                    waits for the peer's done flag, then
 //!                                    verifies the whole buffer
 //! pindown-guest pinbench [ROUNDS]    JSON: pin-down cache hit rate, cost of a
@@ -17,7 +17,7 @@
 //!                                    a hit
 //! pindown-guest                      the role from the kernel command line:
 //!                                    pindown.role=rdma|serve|pinbench|bind and
-//!                                    pindown.window=port:key:len
+//!                                    pindown.window=node:port:key:len
 //!                                    (pindown.event_idx=0: refuse EVENT_IDX)
 //! ```
 //!
@@ -120,7 +120,7 @@ fn main() -> ExitCode {
             .get(1)
             .cloned()
             .or_else(|| param("pindown.window"))
-            .ok_or_else(|| "no window given (pindown.window=port:key:len)".to_string())
+            .ok_or_else(|| "no window given (pindown.window=node:port:key:len)".to_string())
             .and_then(|w| w.parse::<RemoteWindow>().map_err(|e| e.to_string()))
             .and_then(rdma),
         "serve" => serve(),

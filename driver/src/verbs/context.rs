@@ -173,6 +173,7 @@ impl<T: Transport + 'static> Context<T> {
                 abi_version: 0,
                 features: 0,
                 rdma_queue_pairs: 0,
+                node: 0,
             },
             layout,
             queue_size: size,
@@ -189,7 +190,7 @@ impl<T: Transport + 'static> Context<T> {
             window_revoke_failures: AtomicU64::new(0),
         };
         let query = context.run_admin(Operation::Query)?;
-        context.info = DeviceInfo::from_value(query.value);
+        context.info = DeviceInfo::from_query(query.byte_len, query.value);
         if context.info.abi_version != ABI_VERSION {
             return Err(VerbsError::AbiMismatch {
                 device: context.info.abi_version,

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
-use pindown_uapi::{Access, Operation, RemoteAddress, RemoteKey};
+use pindown_uapi::{Access, NodeId, Operation, PortAddress, RemoteAddress, RemoteKey};
 
 use super::{Context, MemoryRegion, VerbsError};
 use crate::transport::{Transport, VhostUserTransport};
@@ -33,7 +33,8 @@ impl<T: Transport + 'static> Context<T> {
         self.bind(region, offset, len, access, None)
     }
 
-    /// Like [`bind_window`](Context::bind_window), but only port `peer` may
+    /// Like [`bind_window`](Context::bind_window), but only port `peer` (of
+    /// this node or another node of the fabric) may
     /// use the window (as a type-2 memory window is bound to one queue
     /// pair): any other port presenting the key is refused, exactly as if
     /// the key did not exist.
@@ -47,7 +48,7 @@ impl<T: Transport + 'static> Context<T> {
         offset: u64,
         len: u64,
         access: Access,
-        peer: u16,
+        peer: PortAddress,
     ) -> Result<MemoryWindow<'r, T>, VerbsError> {
         self.bind(region, offset, len, access, Some(peer))
     }
@@ -68,7 +69,7 @@ impl<T: Transport + 'static> Context<T> {
         start: u64,
         len: u64,
         access: Access,
-        peer: Option<u16>,
+        peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'_, T>, VerbsError> {
         self.bind_range(start, len, access, peer)
     }
@@ -79,7 +80,7 @@ impl<T: Transport + 'static> Context<T> {
         offset: u64,
         len: u64,
         access: Access,
-        peer: Option<u16>,
+        peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'r, T>, VerbsError> {
         if !std::ptr::eq(region.context(), self) {
             return Err(VerbsError::OtherContext {
@@ -100,7 +101,7 @@ impl<T: Transport + 'static> Context<T> {
         start: u64,
         len: u64,
         access: Access,
-        peer: Option<u16>,
+        peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'_, T>, VerbsError> {
         let done = self.run_admin(Operation::BindWindow {
             start,
@@ -112,6 +113,7 @@ impl<T: Transport + 'static> Context<T> {
         Ok(MemoryWindow {
             context: self,
             remote: RemoteWindow {
+                node: self.info.node,
                 port: self.info.port,
                 key,
                 len,
@@ -135,7 +137,7 @@ pub struct MemoryWindow<'r, T: Transport + 'static = VhostUserTransport> {
     context: &'r Context<T>,
     remote: RemoteWindow,
     access: Access,
-    peer: Option<u16>,
+    peer: Option<PortAddress>,
     region: PhantomData<&'r ()>,
 }
 
@@ -151,7 +153,7 @@ impl<T: Transport + 'static> MemoryWindow<'_, T> {
     }
 
     /// The one port allowed to use it; `None`: any port holding the key.
-    pub fn peer(&self) -> Option<u16> {
+    pub fn peer(&self) -> Option<PortAddress> {
         self.peer
     }
 
@@ -189,10 +191,12 @@ impl<T: Transport + 'static> fmt::Debug for MemoryWindow<'_, T> {
 }
 
 /// What a peer needs to reach a window: port, key and length. Its text form
-/// `port:key:len` (the 64-bit key in hex, 16 digits) travels between
+/// `node:port:key:len` (the 64-bit key in hex, 16 digits) travels between
 /// processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteWindow {
+    /// The owner's node.
+    pub node: NodeId,
     /// The owner's port.
     pub port: u16,
     /// The window's key.
@@ -205,6 +209,7 @@ impl RemoteWindow {
     /// The address `offset` bytes into the window.
     pub fn at(&self, offset: u64) -> RemoteAddress {
         RemoteAddress {
+            node: self.node,
             port: self.port,
             key: self.key,
             offset,
@@ -214,13 +219,17 @@ impl RemoteWindow {
 
 impl fmt::Display for RemoteWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{:016x}:{}", self.port, self.key.0, self.len)
+        write!(
+            f,
+            "{}:{}:{:016x}:{}",
+            self.node, self.port, self.key.0, self.len
+        )
     }
 }
 
-/// A malformed `port:key:len` text.
+/// A malformed `node:port:key:len` text.
 #[derive(Debug, thiserror::Error)]
-#[error("not a window description (port:key:len): {0:?}")]
+#[error("not a window description (node:port:key:len): {0:?}")]
 pub struct BadWindowText(String);
 
 impl FromStr for RemoteWindow {
@@ -229,6 +238,7 @@ impl FromStr for RemoteWindow {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let bad = || BadWindowText(text.to_owned());
         let mut parts = text.trim().split(':');
+        let node = parts.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
         let port = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let key = parts
             .next()
@@ -239,7 +249,12 @@ impl FromStr for RemoteWindow {
         if parts.next().is_some() {
             return Err(bad());
         }
-        Ok(RemoteWindow { port, key, len })
+        Ok(RemoteWindow {
+            node,
+            port,
+            key,
+            len,
+        })
     }
 }
 
@@ -250,21 +265,33 @@ mod tests {
     #[test]
     fn window_text_round_trips_and_rejects_garbage() {
         let window = RemoteWindow {
+            node: 2,
             port: 3,
             key: RemoteKey(0xabc),
             len: 4096,
         };
-        assert_eq!(window.to_string(), "3:0000000000000abc:4096");
+        assert_eq!(window.to_string(), "2:3:0000000000000abc:4096");
         assert_eq!(window.to_string().parse::<RemoteWindow>().unwrap(), window);
         let wide = RemoteWindow {
+            node: 65535,
             port: 65535,
             key: RemoteKey(u64::MAX - 1),
             len: u64::MAX,
         };
         assert_eq!(wide.to_string().parse::<RemoteWindow>().unwrap(), wide);
-        let too_wide = "1:1ffffffffffffffff:2";
-        let no_key = "1:0000000000000000:2";
-        for bad in ["", "1:2", "x:1:2", "1:zz:2", "1:2:3:4", too_wide, no_key] {
+        let too_wide = "0:1:1ffffffffffffffff:2";
+        let no_key = "0:1:0000000000000000:2";
+        let no_node = "1:0000000000000abc:2";
+        for bad in [
+            "",
+            "1:2",
+            "0:x:1:2",
+            "0:1:zz:2",
+            "0:1:2:3:4",
+            too_wide,
+            no_key,
+            no_node,
+        ] {
             assert!(bad.parse::<RemoteWindow>().is_err(), "{bad}");
         }
     }

@@ -84,7 +84,10 @@ fn run(
     let own = info.port;
     let whole = match request.op {
         Operation::Nop => done(Opcode::Nop, 0, 0),
-        Operation::Query => done(Opcode::Query, 0, info.to_value()),
+        Operation::Query => {
+            let (node, value) = info.to_query();
+            done(Opcode::Query, node, value)
+        }
         Operation::BindWindow {
             start,
             len,
@@ -101,9 +104,14 @@ fn run(
                 start,
                 len,
                 access,
-                peer: peer.map(|index| PortId {
-                    index,
-                    incarnation: fabric.incarnation(index),
+                peer: peer.map(|peer| PortId {
+                    node: peer.node,
+                    index: peer.port,
+                    incarnation: if peer.node == info.node {
+                        fabric.incarnation(peer.port)
+                    } else {
+                        PortId::ANY_INCARNATION
+                    },
                 }),
             };
             match local.windows.bind(window) {
@@ -216,6 +224,7 @@ fn run(
 /// The initiator `own`, lent as `local`, as windows name it.
 fn id_of(own: u16, local: &Target<'_>) -> PortId {
     PortId {
+        node: local.node,
         index: own,
         incarnation: local.incarnation,
     }

@@ -95,6 +95,8 @@ pub struct Target<'a> {
     pub refusals: &'a RefusalCounters,
     /// The port's current incarnation (see [`PortId`]).
     pub incarnation: u64,
+    /// The node the port belongs to (this device's node).
+    pub node: pindown_uapi::NodeId,
 }
 
 /// Where a port's arrival notices go (its inbox), as the engine sees it.

@@ -124,6 +124,7 @@ impl Device {
             windows: &port.windows,
             refusals: &port.refused,
             incarnation: port.incarnation.load(Ordering::Relaxed),
+            node: 0,
         })
     }
 }
@@ -195,6 +196,7 @@ impl Device {
             abi_version: ABI_VERSION,
             features: RDMA_FEATURES,
             rdma_queue_pairs: 1,
+            node: 0,
         };
         let request = WorkRequest {
             user_data: 0xfeed,
@@ -238,7 +240,7 @@ impl Device {
                 start,
                 len,
                 access,
-                peer,
+                peer: peer.map(|port| pindown_uapi::PortAddress { node: 0, port }),
             },
         );
         assert!(completion.is_success(), "{completion:?}");
@@ -251,7 +253,12 @@ impl Device {
 }
 
 fn remote(port: u16, key: RemoteKey, offset: u64) -> RemoteAddress {
-    RemoteAddress { port, key, offset }
+    RemoteAddress {
+        node: 0,
+        port,
+        key,
+        offset,
+    }
 }
 
 #[test]
@@ -965,6 +972,7 @@ fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mapping
                     local: near.base,
                     len: local.len as u32,
                     remote: RemoteAddress {
+                        node: 0,
                         port: 1,
                         key,
                         offset: 100,

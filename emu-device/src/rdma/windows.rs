@@ -49,7 +49,7 @@ use std::sync::OnceLock;
 use blowfish::cipher::{Array, BlockCipherEncrypt, KeyInit};
 use blowfish::Blowfish;
 use parking_lot::RwLock;
-use pindown_uapi::{Access, RemoteKey};
+use pindown_uapi::{Access, NodeId, RemoteKey};
 
 /// Windows a port may hold at once unless the device is configured
 /// otherwise (`--max-windows-per-port`).
@@ -139,10 +139,28 @@ pub struct Window {
 /// pair: the next frontend given the same port index cannot use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortId {
+    /// The port's node.
+    pub node: NodeId,
     /// The port's index.
     pub index: u16,
-    /// The port's incarnation.
+    /// The port's incarnation; [`PortId::ANY_INCARNATION`] in a window
+    /// bound to a port of another node, whose incarnations this device does
+    /// not see: such a window follows that port, not its connection.
     pub incarnation: u64,
+}
+
+impl PortId {
+    /// The incarnation of a window's peer on another node (a port's own
+    /// incarnations count up from 0 and never reach it).
+    pub const ANY_INCARNATION: u64 = u64::MAX;
+
+    /// Whether a window bound to `self` lets `initiator` in.
+    pub fn admits(&self, initiator: PortId) -> bool {
+        self.node == initiator.node
+            && self.index == initiator.index
+            && (self.incarnation == initiator.incarnation
+                || self.incarnation == Self::ANY_INCARNATION)
+    }
 }
 
 impl Window {
@@ -322,7 +340,7 @@ impl WindowTable {
         needed: Access,
     ) -> Result<u64, Refusal> {
         let window = self.get(key).ok_or(Refusal::BadKey)?;
-        if window.peer.is_some_and(|peer| peer != initiator) {
+        if window.peer.is_some_and(|peer| !peer.admits(initiator)) {
             return Err(Refusal::WrongPeer);
         }
         if !window.access.contains(needed) {
@@ -456,8 +474,9 @@ mod tests {
 
     fn id(index: u16) -> PortId {
         PortId {
+            node: 0,
             index,
-            incarnation: 0,
+            incarnation: 7,
         }
     }
 
@@ -473,8 +492,8 @@ mod tests {
         let w = Access::REMOTE_WRITE;
         assert_eq!(table.check(bound, id(2), 0, 8, w), Ok(0x1000));
         let next = PortId {
-            index: 2,
-            incarnation: 1,
+            incarnation: 8,
+            ..id(2)
         };
         assert_eq!(table.check(bound, next, 0, 8, w), Err(Refusal::WrongPeer));
     }

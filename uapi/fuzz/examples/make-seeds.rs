@@ -19,6 +19,7 @@ fn main() -> std::io::Result<()> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/uapi_decode");
     std::fs::create_dir_all(&dir)?;
     let remote = RemoteAddress {
+        node: 0,
         port: 1,
         key: RemoteKey(0x1234_5678),
         offset: 0x40,
@@ -127,9 +128,10 @@ fn main() -> std::io::Result<()> {
         abi_version: ABI_VERSION,
         features: RDMA_FEATURES,
         rdma_queue_pairs: 8,
+        node: 0,
     };
     let mut seed = vec![3u8];
-    seed.extend_from_slice(&info.to_value().to_le_bytes());
+    seed.extend_from_slice(&info.to_query().1.to_le_bytes());
     std::fs::write(dir.join("device-info"), seed)?;
     // Descriptors: a column against contiguous bytes, a 3-level nest
     // against records of two pieces, a listed list against one in memory

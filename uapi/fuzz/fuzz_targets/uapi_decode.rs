@@ -70,8 +70,9 @@ fuzz_target!(|input: Input<'_>| match input {
         }
     }
     Input::DeviceInfo(value) => {
-        let info = DeviceInfo::from_value(value);
-        assert_eq!(DeviceInfo::from_value(info.to_value()), info);
+        let info = DeviceInfo::from_query((value >> 40) as u32, value);
+        let (byte_len, value) = info.to_query();
+        assert_eq!(DeviceInfo::from_query(byte_len, value), info);
     }
     Input::RequestSlot(slot) => {
         if let Ok(wr) = queue::decode_request_slot(&slot) {
