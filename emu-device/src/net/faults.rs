@@ -116,11 +116,11 @@ fn parse_duration(text: &str) -> Option<Duration> {
 
 fn format_duration(duration: Duration) -> String {
     let nanos = duration.as_nanos();
-    if nanos % 1_000_000_000 == 0 {
+    if nanos.is_multiple_of(1_000_000_000) {
         format!("{}s", nanos / 1_000_000_000)
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{}ms", nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!("{}us", nanos / 1_000)
     } else {
         format!("{nanos}ns")

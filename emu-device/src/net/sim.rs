@@ -30,6 +30,9 @@ pub struct Delivery {
     pub payload: Vec<u8>,
 }
 
+/// Decides which transmissions the wire loses (`true` = lost).
+pub type DropFilter = Box<dyn FnMut(&Transmission) -> bool>;
+
 /// What a node's application does with a delivered message: the responses
 /// to send back at once (to any node).
 pub type Responder = Box<dyn FnMut(NodeId, &Delivery) -> Vec<(NodeId, Vec<u8>)>>;
@@ -59,7 +62,7 @@ pub struct Sim {
     pub transmissions: Vec<Transmission>,
     pub responders: HashMap<NodeId, Responder>,
     /// Transmissions for which this returns `true` are lost on the wire.
-    pub drop_filter: Option<Box<dyn FnMut(&Transmission) -> bool>>,
+    pub drop_filter: Option<DropFilter>,
     /// Every change of `delivered_through`: (when, receiver, sender, value).
     pub through_log: Vec<(Instant, NodeId, NodeId, Seq)>,
     /// Check after every receive that every seq below `delivered_through`
