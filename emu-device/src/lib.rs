@@ -30,6 +30,8 @@
 //! - [`rdma`]: the RDMA engine proper: executing one work request in
 //!   guarded steps, windows and keys; it sees ports only through its
 //!   seams.
+//! - [`net`]: the fabric between device processes on different hosts:
+//!   reliable datagrams over UDP (protocol core, fault injection).
 //! - [`memory`]: memory tables, the IOTLB, address translation.
 //! - [`sigbus`]: surviving frontend memory that shrinks under the device.
 //!
@@ -41,6 +43,7 @@ pub mod device;
 pub mod fabric;
 pub mod inbox;
 pub mod memory;
+pub mod net;
 pub mod port;
 pub mod queues;
 pub mod rdma;

@@ -1,0 +1,134 @@
+//! The fabric between device processes on different hosts: reliable
+//! delivery of messages over UDP datagrams, as a protocol core with no I/O
+//! of its own (in the manner of quinn-proto).
+//!
+//! The caller owns the sockets and the clock. It feeds received datagrams
+//! to [`Endpoint::receive`], sends what [`Endpoint::poll_transmit`] hands
+//! out, calls [`Endpoint::handle_timeout`] at [`Endpoint::poll_timeout`],
+//! and reads [`Event`]s with [`Endpoint::poll_event`]. Because nothing here
+//! reads a clock or a socket, loss, duplication and reordering are tested
+//! deterministically on a virtual clock ([`FaultInjector`] and the
+//! simulated network of the tests).
+//!
+//! # Protocol
+//!
+//! The design follows ACP's UDP layer (per-destination sequence numbers, an
+//! acknowledgement for every datagram, retransmission on timeout with a
+//! backoff from 100 us to 100 ms, a job token in every datagram), improved
+//! where ACP pays for simplicity:
+//!
+//! - **Selective acknowledgement instead of go-back-N.** ACP drops every
+//!   datagram that is not the next in sequence. Here messages are
+//!   independent (each RDMA operation is self-contained), so a receiver
+//!   delivers each new message at once, in any order, at most once. It
+//!   keeps per peer only a cumulative acknowledgement (every seq below it
+//!   delivered) and a 64-bit bitmap of the 64 seqs after it — no receive
+//!   buffers. A message beyond that window is dropped and retransmitted
+//!   later; the sender never lets its unacknowledged span exceed the
+//!   window, so that only happens after a peer abandoned messages.
+//! - **Acknowledgements ride on reverse traffic.** Every datagram's header
+//!   carries the cumulative ack and the bitmap for its destination; a pure
+//!   acknowledgement goes out only when no message to that peer left
+//!   within `ack_delay`. Only messages are acknowledged, never
+//!   acknowledgements.
+//! - **Retransmission.** Per peer, a retransmission timeout from an RFC
+//!   6298 round-trip estimate (samples only from messages sent once,
+//!   Karn's rule), clamped to `rto_min..=rto_max`. When the timer fires,
+//!   every message unacknowledged for a full timeout is sent again and the
+//!   timeout doubles up to `rto_max`; acknowledgement progress ends the
+//!   backoff. A hole is retransmitted at once, once, when
+//!   `fast_retransmit_threshold` later messages were selectively
+//!   acknowledged.
+//! - **One shared pool.** Unacknowledged messages live in one fixed pool of
+//!   `pool_slots` slots allocated at start, shared by all peers (ACP keeps
+//!   64 fixed entries as well); per peer there are only 64 bytes of state.
+//!   `send` refuses with [`SendError::WindowFull`] or
+//!   [`SendError::PoolFull`] rather than queueing without bound.
+//! - **Liveness.** A peer that makes no acknowledgement progress for
+//!   `peer_timeout` while messages to it are outstanding is declared gone:
+//!   its messages are abandoned ([`Event::Abandoned`] each, then
+//!   [`Event::PeerGone`]) and `send` to it fails until a datagram from it
+//!   arrives again. Every datagram carries the sender's *floor* (all its
+//!   seqs below are acknowledged or abandoned), so a receiver whose peer
+//!   abandoned messages moves its cumulative ack past them
+//!   ([`Event::PeerAbandoned`]) instead of waiting forever.
+//!
+//! Every `seq` returned by `send` ends in exactly one [`Event::Acked`] or
+//! one [`Event::Abandoned`].
+//!
+//! ## The horizon rule
+//!
+//! Every header carries the sender's *horizon*: its next unassigned seq
+//! towards the destination when the header was built (after the
+//! datagram's own seq). The device handles a delivered message and queues
+//! its responses with `send` before it calls `poll_transmit` again, and the
+//! acknowledgement of the message leaves with (or after) those responses.
+//! So when the initiator sees `Acked { seq, horizon }`, every response to
+//! `seq` has a seq below `horizon`, and all have been delivered once
+//! [`Endpoint::delivered_through`] reaches `horizon` (or were given up,
+//! reported by [`Event::PeerAbandoned`]). The caller must keep that
+//! order: drain the delivered message and queue its responses before the
+//! next `poll_transmit`.
+//!
+//! ## Identity and incarnations
+//!
+//! Every datagram carries the fabric's job token, source and destination
+//! node, the source's incarnation (random, nonzero, new at every device
+//! start) and the destination's incarnation as the sender knows it (0 =
+//! not known yet). A receiver drops, and counts: another format or
+//! version, another token, another destination node, an unknown source
+//! node, a truncated or oversized datagram, and a destination incarnation
+//! that is neither 0 nor its own (meant for its previous life).
+//!
+//! Incarnations are random, so their values do not tell old from new. The
+//! rules, for a datagram from peer `P` with source incarnation `s` when `r`
+//! is recorded for `P`:
+//!
+//! 1. `r` is 0 (never heard from `P`): record `s`.
+//! 2. `s == r`: accept.
+//! 3. `s` was retired for `P` less than `peer_timeout` ago: drop as stale.
+//! 4. Otherwise `P` restarted: retire `r`, abandon everything outstanding to
+//!    `P`, start both sequence spaces from 0, emit
+//!    [`Event::PeerRestarted`], and process the datagram.
+//!
+//! The destination check comes first, so a restart is only ever accepted
+//! from a datagram that names this incarnation or none: a new incarnation
+//! of `P` cannot know ours before it hears from us. Rule 3 keeps a late
+//! datagram of the old incarnation (which may name ours correctly) from
+//! flipping `P` back: up to 64 retired incarnations are remembered. A
+//! retired entry expires after `peer_timeout`; a datagram delayed that long
+//! (far beyond any LAN delay) could reset the peer once more, and a
+//! datagram of an incarnation never seen, delayed across a whole restart
+//! of its sender, could displace the live one until the entry expires —
+//! both heal by themselves.
+//!
+//! When a device restarts, its peers still address the old incarnation. On
+//! such a stale datagram from a peer it has not heard from in this life,
+//! the device answers with a pure acknowledgement, which names no
+//! incarnation of the peer and so is never stale itself: the peer learns of
+//! the restart within one round trip instead of timing out. No exchange of
+//! such answers can loop.
+//!
+//! ## Wire format
+//!
+//! See [`wire`]: a 60-byte little-endian header, then the message.
+
+pub mod faults;
+pub mod reliable;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+pub mod wire;
+
+/// A node of the fabric: one device process.
+pub type NodeId = u16;
+/// A message's sequence number from one sender to one receiver; compared
+/// modulo 2^32 ([`wire::seq_before`]).
+pub type Seq = u32;
+
+pub use faults::{FaultInjector, FaultStats, Faults, FaultsParseError};
+pub use reliable::{
+    AddPeerError, Config, ConfigError, DropReason, Endpoint, Event, Identity, MemoryReport,
+    Message, SendError, Stats,
+};

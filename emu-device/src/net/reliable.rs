@@ -1,0 +1,1326 @@
+//! The reliable-datagram endpoint: one per device process, serving all its
+//! peers. A state machine with no I/O of its own; see the [module
+//! docs](super) for the protocol.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::wire::{seq_at_or_before, seq_before, Header, WireError, HEADER_LEN};
+use super::{NodeId, Seq};
+
+/// Who this endpoint is on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// Job token every device of the fabric shares (ACP's TASK field);
+    /// datagrams carrying another token are dropped.
+    pub fabric: u64,
+    /// This device's node number.
+    pub node: NodeId,
+    /// Random, nonzero, new at every device start: peers tell a restarted
+    /// device from its previous life by it.
+    pub incarnation: u64,
+}
+
+impl Identity {
+    /// An identity with a fresh incarnation from the system's random
+    /// source.
+    pub fn with_random_incarnation(fabric: u64, node: NodeId) -> Result<Self, getrandom::Error> {
+        loop {
+            let incarnation = getrandom::u64()?;
+            if incarnation != 0 {
+                return Ok(Self {
+                    fabric,
+                    node,
+                    incarnation,
+                });
+            }
+        }
+    }
+}
+
+/// Tunables of an [`Endpoint`]; [`Config::default`] gives the defaults
+/// documented on each field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Smallest retransmission timeout (default 100 us).
+    pub rto_min: Duration,
+    /// Largest retransmission timeout, where the backoff stops (default
+    /// 100 ms; at most [`Config::RTO_LIMIT`]).
+    pub rto_max: Duration,
+    /// Retransmission timeout before the first round-trip sample (default
+    /// 1 ms), clamped to `rto_min..=rto_max`.
+    pub rto_initial: Duration,
+    /// A peer that makes no acknowledgement progress for this long while
+    /// messages to it are outstanding is declared gone (default 3 s).
+    pub peer_timeout: Duration,
+    /// Largest span of unacknowledged sequence numbers per peer: a message
+    /// is refused while `next seq - oldest unacknowledged seq` reaches it
+    /// (default and maximum 64, the receiver's selective-ack window).
+    pub window: u32,
+    /// Messages held for retransmission, shared by all peers (default
+    /// 512); the pool is allocated once.
+    pub pool_slots: usize,
+    /// Largest message (default 1400 bytes, so a datagram fits a 1500-byte
+    /// MTU with IP and UDP headers).
+    pub max_payload: usize,
+    /// A message is retransmitted at once (once) when this many later
+    /// messages were selectively acknowledged (default 3).
+    pub fast_retransmit_threshold: u32,
+    /// How long an acknowledgement may wait for reverse data to ride on
+    /// before it goes out alone (default 20 us).
+    pub ack_delay: Duration,
+    /// Room kept for replies (see [`Endpoint::send_reply`]): a new message
+    /// that may be answered is delivered only when this many replies to its
+    /// sender could be sent right away (window and pool); otherwise it is
+    /// dropped ([`DropReason::NoResponseRoom`]) and its sender retransmits
+    /// it later. [`Endpoint::send`] leaves this much of the window and of
+    /// the pool free, so replies always find room eventually and two busy
+    /// peers cannot block each other. This keeps the horizon rule (module
+    /// docs) true when a message is answered by at most this many replies.
+    /// Default 1; 0 turns the check off. Below `window` and `pool_slots`.
+    pub response_reserve: u32,
+}
+
+impl Config {
+    /// Largest `window`: the width of the selective-ack bitmap.
+    pub const MAX_WINDOW: u32 = 64;
+    /// Largest `pool_slots` (slot numbers are 16-bit).
+    pub const MAX_POOL_SLOTS: usize = u16::MAX as usize - 1;
+    /// Largest `rto_max` (timeouts are kept in 32-bit nanoseconds).
+    pub const RTO_LIMIT: Duration = Duration::from_secs(4);
+
+    /// Checks the values against each other and the limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |what: &'static str| Err(ConfigError(what));
+        if self.rto_min.is_zero() || self.rto_min > self.rto_max {
+            return fail("rto_min must be nonzero and at most rto_max");
+        }
+        if self.rto_max > Self::RTO_LIMIT {
+            return fail("rto_max must be at most 4 s");
+        }
+        if self.peer_timeout.is_zero() {
+            return fail("peer_timeout must be nonzero");
+        }
+        if self.window == 0 || self.window > Self::MAX_WINDOW {
+            return fail("window must be 1 to 64");
+        }
+        if self.pool_slots == 0 || self.pool_slots > Self::MAX_POOL_SLOTS {
+            return fail("pool_slots must be 1 to 65534");
+        }
+        if self.max_payload == 0 || self.max_payload > usize::from(u16::MAX) - HEADER_LEN {
+            return fail("max_payload must be 1 to 65475");
+        }
+        if self.response_reserve >= self.window
+            || usize::try_from(self.response_reserve)
+                .map_or(true, |reserve| reserve >= self.pool_slots)
+        {
+            return fail("response_reserve must be below window and pool_slots");
+        }
+        if self.fast_retransmit_threshold == 0 {
+            return fail("fast_retransmit_threshold must be nonzero");
+        }
+        Ok(())
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            rto_min: Duration::from_micros(100),
+            rto_max: Duration::from_millis(100),
+            rto_initial: Duration::from_millis(1),
+            peer_timeout: Duration::from_secs(3),
+            window: 64,
+            pool_slots: 512,
+            max_payload: 1400,
+            fast_retransmit_threshold: 3,
+            ack_delay: Duration::from_micros(20),
+            response_reserve: 1,
+        }
+    }
+}
+
+/// An invalid [`Config`] or [`Identity`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid network configuration: {0}")]
+pub struct ConfigError(pub &'static str);
+
+/// Why [`Endpoint::add_peer`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AddPeerError {
+    /// The node is this endpoint itself.
+    #[error("node {0} is this endpoint")]
+    Myself(NodeId),
+    /// The node is a peer already.
+    #[error("node {0} is a peer already")]
+    Duplicate(NodeId),
+}
+
+/// Why [`Endpoint::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The node is not a peer.
+    #[error("node {0} is not a peer")]
+    UnknownPeer(NodeId),
+    /// The message is longer than `max_payload`.
+    #[error("message of {len} bytes is longer than {max}")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// The largest allowed.
+        max: usize,
+    },
+    /// The peer's window is full: retry once acknowledgements arrive.
+    #[error("the window to the peer is full")]
+    WindowFull,
+    /// The shared retransmission pool is full: retry once
+    /// acknowledgements arrive.
+    #[error("the retransmission pool is full")]
+    PoolFull,
+    /// The peer was declared gone; refused until it is heard from again.
+    #[error("node {0} is gone")]
+    PeerGone(NodeId),
+}
+
+impl SendError {
+    /// `true` for the refusals that pass once acknowledgements arrive.
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, SendError::WindowFull | SendError::PoolFull)
+    }
+}
+
+/// Why [`Endpoint::receive`] dropped a datagram (each counted in
+/// [`Stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DropReason {
+    /// Not a datagram of this format.
+    #[error("malformed: {0}")]
+    Malformed(WireError),
+    /// A payload longer than `max_payload`.
+    #[error("payload longer than the largest message")]
+    Oversized,
+    /// Another fabric's job token.
+    #[error("wrong fabric token")]
+    WrongFabric,
+    /// Addressed to another node.
+    #[error("addressed to another node")]
+    WrongDestination,
+    /// From a node that is not a peer.
+    #[error("from a node that is not a peer")]
+    UnknownSource,
+    /// Addressed to a previous incarnation of this device, or from a
+    /// retired incarnation of the peer.
+    #[error("stale incarnation")]
+    StaleIncarnation,
+    /// Acknowledges sequence numbers never sent.
+    #[error("acknowledges messages never sent")]
+    BadAck,
+    /// The message was delivered before (its acknowledgements were
+    /// applied).
+    #[error("duplicate message")]
+    Duplicate,
+    /// The message lies beyond the receive window (its acknowledgements
+    /// were applied; the sender retransmits it).
+    #[error("message beyond the receive window")]
+    BeyondWindow,
+    /// A new message that was not delivered because fewer than
+    /// `response_reserve` messages could be sent back to its sender now
+    /// (its acknowledgements were applied; the sender retransmits it).
+    #[error("no room to respond to the message")]
+    NoResponseRoom,
+}
+
+/// A message handed over by [`Endpoint::receive`], borrowed from the
+/// datagram passed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message<'a> {
+    /// The sender.
+    pub node: NodeId,
+    /// Its sequence number from that sender.
+    pub seq: Seq,
+    /// Its bytes.
+    pub payload: &'a [u8],
+    /// Sent with [`Endpoint::send_reply`]: not to be answered.
+    pub reply: bool,
+}
+
+/// What happened, in the order it happened; taken with
+/// [`Endpoint::poll_event`].
+///
+/// Every `seq` [`Endpoint::send`] returned ends in exactly one
+/// [`Event::Acked`] or one [`Event::Abandoned`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// `seq` sent to `node` was delivered there. `horizon` is the peer's
+    /// next unassigned seq towards this endpoint when it built the
+    /// acknowledgement: every message it queued in response to `seq` has a
+    /// seq below `horizon`, so they have all been delivered here once
+    /// [`Endpoint::delivered_through`] reaches `horizon`.
+    Acked {
+        /// The peer.
+        node: NodeId,
+        /// The acknowledged message.
+        seq: Seq,
+        /// See above.
+        horizon: Seq,
+    },
+    /// `seq` sent to `node` will not be retransmitted: the peer was
+    /// declared gone or restarted (that event follows). It may or may not
+    /// have been delivered.
+    Abandoned {
+        /// The peer.
+        node: NodeId,
+        /// The message given up.
+        seq: Seq,
+    },
+    /// `node` made no acknowledgement progress for `peer_timeout` while
+    /// messages were outstanding; they were abandoned (reported just
+    /// before), and `send` to it fails until it is heard from again.
+    PeerGone {
+        /// The peer.
+        node: NodeId,
+    },
+    /// `node` came back with a new incarnation: messages outstanding to the
+    /// old one were abandoned (reported just before), and sequence numbers
+    /// in both directions start again from 0.
+    PeerRestarted {
+        /// The peer.
+        node: NodeId,
+    },
+    /// `node` gave up on its messages with seqs in `from..until` that were
+    /// not delivered yet (`missing` of them) — it declared this endpoint
+    /// gone. [`Endpoint::delivered_through`] jumped to `until`; responses
+    /// awaited from those messages will not come.
+    PeerAbandoned {
+        /// The peer.
+        node: NodeId,
+        /// The first seq given up.
+        from: Seq,
+        /// The seq after the last one given up.
+        until: Seq,
+        /// How many in `from..until` were never delivered.
+        missing: u32,
+    },
+}
+
+/// Counters of an endpoint; they only grow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages accepted by `send`.
+    pub messages_sent: u64,
+    /// Datagrams handed out by `poll_transmit` (data and pure acks).
+    pub datagrams_sent: u64,
+    /// First transmissions of messages.
+    pub first_transmissions: u64,
+    /// Retransmissions of messages (timeout and fast).
+    pub retransmissions: u64,
+    /// Retransmissions queued by a fast retransmit.
+    pub fast_retransmits: u64,
+    /// Retransmission timer expiries that retransmitted something.
+    pub timeouts: u64,
+    /// Pure acknowledgements sent.
+    pub acks_sent: u64,
+    /// Datagrams fed to `receive`.
+    pub datagrams_received: u64,
+    /// Messages delivered (handed out by `receive`).
+    pub messages_delivered: u64,
+    /// Messages received again after delivery.
+    pub duplicates: u64,
+    /// Messages dropped beyond the receive window.
+    pub beyond_window: u64,
+    /// New messages dropped for want of room to respond.
+    pub no_response_room: u64,
+    /// Datagrams not of this format, or oversized.
+    pub malformed: u64,
+    /// Datagrams of another fabric.
+    pub wrong_fabric: u64,
+    /// Datagrams addressed to another node.
+    pub wrong_destination: u64,
+    /// Datagrams from nodes that are not peers.
+    pub unknown_source: u64,
+    /// Datagrams for a previous incarnation of this device or from a
+    /// retired incarnation of a peer.
+    pub stale_incarnation: u64,
+    /// Datagrams acknowledging messages never sent.
+    pub bad_acks: u64,
+    /// Messages acknowledged (`Event::Acked`).
+    pub acked: u64,
+    /// Messages abandoned (`Event::Abandoned`).
+    pub abandoned: u64,
+    /// Messages peers gave up on before delivering them here.
+    pub peer_abandoned: u64,
+    /// `Event::PeerGone` emitted.
+    pub peers_gone: u64,
+    /// `Event::PeerRestarted` emitted.
+    pub peers_restarted: u64,
+}
+
+/// What an endpoint's state costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Bytes independent of the number of peers, the pool included.
+    pub fixed_bytes: usize,
+    /// Of which the retransmission pool (slots and payload bytes).
+    pub pool_bytes: usize,
+    /// Bytes of state per peer (its record, its node number and its
+    /// index entry, not counting the hash table's spare capacity).
+    pub per_peer_bytes: usize,
+    /// Peers now.
+    pub peers: usize,
+}
+
+impl MemoryReport {
+    /// Fixed bytes plus the bytes of the current peers.
+    pub fn total(&self) -> usize {
+        self.fixed_bytes + self.per_peer_bytes * self.peers
+    }
+}
+
+/// "No slot" in slot links.
+const NO_SLOT: u16 = u16::MAX;
+/// "Not armed" for timer fields, in nanoseconds since the epoch.
+const NEVER: u64 = u64::MAX;
+/// Retired incarnations remembered (see the module docs).
+const RETIRED_INCARNATIONS: usize = 64;
+
+/// Slot flags.
+const SLOT_IN_USE: u8 = 1;
+/// The slot waits in the transmit queue.
+const SLOT_QUEUED: u8 = 2;
+/// The message was sent more than once: no round-trip sample (Karn).
+const SLOT_RETRANSMITTED: u8 = 4;
+/// The message had its one fast retransmit.
+const SLOT_FAST_RETRANSMITTED: u8 = 8;
+/// The message is a reply.
+const SLOT_REPLY: u8 = 16;
+
+/// One message held for retransmission. Its bytes are in the payload
+/// area at `index * max_payload`.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// Bumped at every allocation, so stale transmit-queue entries are
+    /// recognised.
+    generation: u32,
+    seq: Seq,
+    /// First transmission, ns since the epoch; `NEVER` until sent.
+    first_sent: u64,
+    /// Latest transmission, ns since the epoch; `NEVER` until sent.
+    last_sent: u64,
+    peer: u16,
+    len: u16,
+    /// Links of the peer's circular list of unacknowledged messages in
+    /// seq order (or of the free list, through `next`).
+    prev: u16,
+    next: u16,
+    flags: u8,
+}
+
+/// Per-peer flags.
+const PEER_GONE: u8 = 1;
+/// The peer has an entry in the ack queue.
+const PEER_ACK_QUEUED: u8 = 2;
+
+/// Everything kept per peer (at most 64 bytes; asserted in the tests).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    /// The peer's incarnation; 0 = not heard from yet.
+    incarnation: u64,
+    /// When acknowledgement progress was last made (or the first message
+    /// became outstanding), ns since the epoch.
+    last_progress: u64,
+    /// When a pure acknowledgement is due; `NEVER` when none is owed.
+    ack_due: u64,
+    /// When the retransmission timer fires; `NEVER` when not armed.
+    rto_deadline: u64,
+    /// Receive side: bit `i` = seq `recv_next + 1 + i` was delivered.
+    recv_sack: u64,
+    /// Receive side: every seq below it was delivered (or abandoned by
+    /// the peer).
+    recv_next: Seq,
+    /// Send side: the next unassigned seq.
+    send_next: Seq,
+    /// Smoothed round-trip time, ns; 0 = no sample yet.
+    srtt: u32,
+    /// Round-trip time variation, ns.
+    rttvar: u32,
+    /// Current retransmission timeout, ns (backed off).
+    rto: u32,
+    /// Oldest unacknowledged message; `NO_SLOT` when none.
+    unacked_head: u16,
+    /// Unacknowledged messages (at most the window, 64).
+    unacked_count: u8,
+    flags: u8,
+}
+
+impl Peer {
+    fn new(rto_initial: u32, now: u64) -> Self {
+        Self {
+            incarnation: 0,
+            last_progress: now,
+            ack_due: NEVER,
+            rto_deadline: NEVER,
+            recv_sack: 0,
+            recv_next: 0,
+            send_next: 0,
+            srtt: 0,
+            rttvar: 0,
+            rto: rto_initial,
+            unacked_head: NO_SLOT,
+            unacked_count: 0,
+            flags: 0,
+        }
+    }
+}
+
+/// A peer incarnation replaced by a newer one, remembered so that its late
+/// datagrams cannot reset the peer again.
+#[derive(Debug, Clone, Copy)]
+struct RetiredIncarnation {
+    node: NodeId,
+    incarnation: u64,
+    /// When it was retired, ns since the epoch.
+    at: u64,
+}
+
+fn nanos_u32(duration: Duration) -> u32 {
+    u32::try_from(duration.as_nanos()).unwrap_or(u32::MAX)
+}
+
+fn nanos_u64(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `value >> shift`, 0 when `shift` is 64 or more.
+fn shift_right(value: u64, shift: u32) -> u64 {
+    value.checked_shr(shift).unwrap_or(0)
+}
+
+/// The reliable-datagram protocol state of one device towards all its
+/// peers; see the [module docs](super).
+#[derive(Debug)]
+pub struct Endpoint {
+    identity: Identity,
+    config: Config,
+    /// The instant all internal times count from: the first `now` seen.
+    epoch: Option<Instant>,
+    peers: Vec<Peer>,
+    peer_nodes: Vec<NodeId>,
+    peer_index: HashMap<NodeId, u16>,
+    slots: Vec<Slot>,
+    /// `pool_slots * max_payload` bytes, allocated once.
+    payloads: Box<[u8]>,
+    free_head: u16,
+    free_slots: usize,
+    /// Messages to (re)transmit, oldest first, as (slot, generation).
+    transmit_queue: VecDeque<(u16, u32)>,
+    /// Peers owing a pure acknowledgement, in the order it became due.
+    ack_queue: VecDeque<u16>,
+    events: VecDeque<Event>,
+    retired: Vec<RetiredIncarnation>,
+    retired_cursor: usize,
+    stats: Stats,
+    rto_min: u32,
+    rto_max: u32,
+    rto_initial: u32,
+}
+
+impl Endpoint {
+    /// An endpoint with no peers. Fails on an invalid `config` or a zero
+    /// incarnation.
+    pub fn new(identity: Identity, config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        if identity.incarnation == 0 {
+            return Err(ConfigError("the incarnation must be nonzero"));
+        }
+        let slots = (0..config.pool_slots)
+            .map(|index| Slot {
+                generation: 0,
+                seq: 0,
+                first_sent: NEVER,
+                last_sent: NEVER,
+                peer: 0,
+                len: 0,
+                prev: NO_SLOT,
+                // The free list chains through `next` (checked in `validate`:
+                // every index fits in u16 below NO_SLOT).
+                next: if index + 1 < config.pool_slots {
+                    (index + 1) as u16
+                } else {
+                    NO_SLOT
+                },
+                flags: 0,
+            })
+            .collect();
+        let rto_min = nanos_u32(config.rto_min);
+        let rto_max = nanos_u32(config.rto_max);
+        Ok(Self {
+            identity,
+            config,
+            epoch: None,
+            peers: Vec::new(),
+            peer_nodes: Vec::new(),
+            peer_index: HashMap::new(),
+            slots,
+            payloads: vec![0u8; config.pool_slots * config.max_payload].into_boxed_slice(),
+            free_head: 0,
+            free_slots: config.pool_slots,
+            transmit_queue: VecDeque::with_capacity(config.pool_slots),
+            ack_queue: VecDeque::new(),
+            events: VecDeque::new(),
+            retired: Vec::with_capacity(RETIRED_INCARNATIONS),
+            retired_cursor: 0,
+            stats: Stats::default(),
+            rto_min,
+            rto_max,
+            rto_initial: nanos_u32(config.rto_initial).clamp(rto_min, rto_max),
+        })
+    }
+
+    /// This endpoint's identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The buffer size `poll_transmit` needs: header plus largest message.
+    pub fn max_datagram_len(&self) -> usize {
+        HEADER_LEN + self.config.max_payload
+    }
+
+    /// Makes `node` a peer: datagrams from it are accepted, messages to it
+    /// can be sent. Addresses are the caller's business.
+    pub fn add_peer(&mut self, node: NodeId) -> Result<(), AddPeerError> {
+        if node == self.identity.node {
+            return Err(AddPeerError::Myself(node));
+        }
+        if self.peer_index.contains_key(&node) {
+            return Err(AddPeerError::Duplicate(node));
+        }
+        // At most 65535 other nodes exist, so the index fits in u16.
+        let index = self.peers.len() as u16;
+        // `last_progress` is set when the first message becomes outstanding.
+        self.peers.push(Peer::new(self.rto_initial, 0));
+        self.peer_nodes.push(node);
+        self.peer_index.insert(node, index);
+        Ok(())
+    }
+
+    fn clock(&mut self, now: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        nanos_u64(now.saturating_duration_since(epoch))
+    }
+
+    fn instant(&self, nanos: u64) -> Option<Instant> {
+        self.epoch.map(|epoch| epoch + Duration::from_nanos(nanos))
+    }
+
+    fn peer_of(&self, node: NodeId) -> Option<usize> {
+        self.peer_index.get(&node).map(|&index| usize::from(index))
+    }
+
+    /// Queues one message of at most `max_payload` bytes for reliable
+    /// delivery to `node`; returns its sequence number. The receiver may
+    /// answer it with up to `response_reserve` replies
+    /// ([`send_reply`](Self::send_reply)); it is delivered only when there
+    /// is room for them, and it leaves `response_reserve` of the window
+    /// and the pool free.
+    pub fn send(&mut self, now: Instant, node: NodeId, payload: &[u8]) -> Result<Seq, SendError> {
+        self.send_message(now, node, payload, false)
+    }
+
+    /// Queues a reply: a message its receiver does not answer (an
+    /// operation's result). It may use the whole window and pool, and its
+    /// receiver always has room for it.
+    pub fn send_reply(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        payload: &[u8],
+    ) -> Result<Seq, SendError> {
+        self.send_message(now, node, payload, true)
+    }
+
+    fn send_message(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        payload: &[u8],
+        reply: bool,
+    ) -> Result<Seq, SendError> {
+        let now = self.clock(now);
+        let peer_index = self.peer_of(node).ok_or(SendError::UnknownPeer(node))?;
+        if payload.len() > self.config.max_payload {
+            return Err(SendError::TooLarge {
+                len: payload.len(),
+                max: self.config.max_payload,
+            });
+        }
+        let peer = &self.peers[peer_index];
+        if peer.flags & PEER_GONE != 0 {
+            return Err(SendError::PeerGone(node));
+        }
+        let kept_free = if reply {
+            0
+        } else {
+            self.config.response_reserve
+        };
+        let in_window = peer.send_next.wrapping_sub(self.floor(peer_index));
+        if in_window + 1 + kept_free > self.config.window {
+            return Err(SendError::WindowFull);
+        }
+        if self.free_slots < 1 + kept_free as usize {
+            return Err(SendError::PoolFull);
+        }
+        let slot_index = self.free_head;
+        let slot = &mut self.slots[usize::from(slot_index)];
+        self.free_head = slot.next;
+        self.free_slots -= 1;
+        let seq = self.peers[peer_index].send_next;
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.seq = seq;
+        slot.first_sent = NEVER;
+        slot.last_sent = NEVER;
+        slot.peer = peer_index as u16;
+        slot.len = payload.len() as u16;
+        slot.flags = SLOT_IN_USE | SLOT_QUEUED | if reply { SLOT_REPLY } else { 0 };
+        let generation = slot.generation;
+        let start = usize::from(slot_index) * self.config.max_payload;
+        self.payloads[start..start + payload.len()].copy_from_slice(payload);
+
+        let peer = &mut self.peers[peer_index];
+        peer.send_next = seq.wrapping_add(1);
+        if peer.unacked_count == 0 {
+            // The peer-gone clock runs while something is outstanding.
+            peer.last_progress = now;
+        }
+        self.list_push_back(peer_index, slot_index);
+        self.transmit_queue.push_back((slot_index, generation));
+        self.stats.messages_sent += 1;
+        Ok(seq)
+    }
+
+    /// Every seq of ours below this is acknowledged or abandoned.
+    fn floor(&self, peer_index: usize) -> Seq {
+        let peer = &self.peers[peer_index];
+        if peer.unacked_head == NO_SLOT {
+            peer.send_next
+        } else {
+            self.slots[usize::from(peer.unacked_head)].seq
+        }
+    }
+
+    fn list_push_back(&mut self, peer_index: usize, slot_index: u16) {
+        let head = self.peers[peer_index].unacked_head;
+        if head == NO_SLOT {
+            let slot = &mut self.slots[usize::from(slot_index)];
+            slot.prev = slot_index;
+            slot.next = slot_index;
+            self.peers[peer_index].unacked_head = slot_index;
+        } else {
+            let tail = self.slots[usize::from(head)].prev;
+            self.slots[usize::from(slot_index)].prev = tail;
+            self.slots[usize::from(slot_index)].next = head;
+            self.slots[usize::from(tail)].next = slot_index;
+            self.slots[usize::from(head)].prev = slot_index;
+        }
+        self.peers[peer_index].unacked_count += 1;
+    }
+
+    /// Unlinks the slot from its peer's list and frees it.
+    fn release_slot(&mut self, peer_index: usize, slot_index: u16) {
+        let Slot { prev, next, .. } = self.slots[usize::from(slot_index)];
+        let peer = &mut self.peers[peer_index];
+        if next == slot_index {
+            peer.unacked_head = NO_SLOT;
+        } else {
+            self.slots[usize::from(prev)].next = next;
+            self.slots[usize::from(next)].prev = prev;
+            if peer.unacked_head == slot_index {
+                peer.unacked_head = next;
+            }
+        }
+        peer.unacked_count -= 1;
+        let slot = &mut self.slots[usize::from(slot_index)];
+        slot.flags = 0;
+        slot.prev = NO_SLOT;
+        slot.next = self.free_head;
+        self.free_head = slot_index;
+        self.free_slots += 1;
+    }
+
+    /// Abandons every unacknowledged message to the peer, reporting each.
+    fn abandon_all(&mut self, peer_index: usize) {
+        let node = self.peer_nodes[peer_index];
+        while self.peers[peer_index].unacked_head != NO_SLOT {
+            let slot_index = self.peers[peer_index].unacked_head;
+            let seq = self.slots[usize::from(slot_index)].seq;
+            self.release_slot(peer_index, slot_index);
+            self.events.push_back(Event::Abandoned { node, seq });
+            self.stats.abandoned += 1;
+        }
+        self.peers[peer_index].rto_deadline = NEVER;
+    }
+
+    fn schedule_ack(&mut self, peer_index: usize, now: u64) {
+        let due = now.saturating_add(nanos_u64(self.config.ack_delay));
+        let peer = &mut self.peers[peer_index];
+        if peer.ack_due == NEVER {
+            peer.ack_due = due;
+        }
+        if peer.flags & PEER_ACK_QUEUED == 0 {
+            peer.flags |= PEER_ACK_QUEUED;
+            self.ack_queue.push_back(peer_index as u16);
+        }
+    }
+
+    fn is_retired(&self, node: NodeId, incarnation: u64, now: u64) -> bool {
+        let lifetime = nanos_u64(self.config.peer_timeout);
+        self.retired.iter().any(|retired| {
+            retired.node == node
+                && retired.incarnation == incarnation
+                && now.saturating_sub(retired.at) < lifetime
+        })
+    }
+
+    fn retire(&mut self, node: NodeId, incarnation: u64, now: u64) {
+        let entry = RetiredIncarnation {
+            node,
+            incarnation,
+            at: now,
+        };
+        if self.retired.len() < RETIRED_INCARNATIONS {
+            self.retired.push(entry);
+        } else {
+            self.retired[self.retired_cursor] = entry;
+            self.retired_cursor = (self.retired_cursor + 1) % RETIRED_INCARNATIONS;
+        }
+    }
+
+    /// The peer came back as `incarnation`: abandon what was outstanding,
+    /// start both directions afresh.
+    fn restart_peer(&mut self, peer_index: usize, incarnation: u64, now: u64) {
+        let node = self.peer_nodes[peer_index];
+        let old = self.peers[peer_index].incarnation;
+        self.retire(node, old, now);
+        self.abandon_all(peer_index);
+        let peer = &mut self.peers[peer_index];
+        let keep_ack = (peer.ack_due, peer.flags & PEER_ACK_QUEUED);
+        *peer = Peer::new(self.rto_initial, now);
+        peer.incarnation = incarnation;
+        peer.ack_due = keep_ack.0;
+        peer.flags |= keep_ack.1;
+        self.events.push_back(Event::PeerRestarted { node });
+        self.stats.peers_restarted += 1;
+    }
+
+    /// Feeds one datagram received from the network (any bytes). Returns
+    /// the message it carried when that is new; acknowledgements and peer
+    /// changes it carried become events.
+    pub fn receive<'a>(
+        &mut self,
+        now: Instant,
+        datagram: &'a [u8],
+    ) -> Result<Option<Message<'a>>, DropReason> {
+        let now = self.clock(now);
+        self.stats.datagrams_received += 1;
+        let (header, payload) = match Header::decode(datagram) {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                self.stats.malformed += 1;
+                return Err(DropReason::Malformed(error));
+            }
+        };
+        if payload.len() > self.config.max_payload {
+            self.stats.malformed += 1;
+            return Err(DropReason::Oversized);
+        }
+        if header.fabric != self.identity.fabric {
+            self.stats.wrong_fabric += 1;
+            return Err(DropReason::WrongFabric);
+        }
+        if header.destination != self.identity.node {
+            self.stats.wrong_destination += 1;
+            return Err(DropReason::WrongDestination);
+        }
+        let Some(peer_index) = self.peer_of(header.source) else {
+            self.stats.unknown_source += 1;
+            return Err(DropReason::UnknownSource);
+        };
+        self.check_incarnation(peer_index, &header, now)?;
+
+        let peer = &self.peers[peer_index];
+        // The peer cannot acknowledge what was never sent.
+        if !seq_at_or_before(header.ack, peer.send_next) {
+            self.stats.bad_acks += 1;
+            return Err(DropReason::BadAck);
+        }
+        self.peers[peer_index].flags &= !PEER_GONE;
+        self.apply_acknowledgement(peer_index, &header, now);
+        self.apply_floor(peer_index, header.floor);
+
+        let Some(seq) = header.seq else {
+            return Ok(None);
+        };
+        // Any message, new or not, is answered so the sender learns.
+        self.schedule_ack(peer_index, now);
+        let peer = self.peers[peer_index];
+        let distance = seq.wrapping_sub(peer.recv_next);
+        let already_delivered = if distance >= super::wire::SEQ_HALF_RANGE {
+            // Before the cumulative ack.
+            true
+        } else if (1..=Config::MAX_WINDOW).contains(&distance) {
+            peer.recv_sack & (1u64 << (distance - 1)) != 0
+        } else {
+            false
+        };
+        if already_delivered {
+            self.stats.duplicates += 1;
+            return Err(DropReason::Duplicate);
+        }
+        if distance > Config::MAX_WINDOW {
+            self.stats.beyond_window += 1;
+            return Err(DropReason::BeyondWindow);
+        }
+        if !header.reply && !self.has_response_room(peer_index) {
+            self.stats.no_response_room += 1;
+            return Err(DropReason::NoResponseRoom);
+        }
+        let peer = &mut self.peers[peer_index];
+        if distance == 0 {
+            let run = peer.recv_sack.trailing_ones();
+            peer.recv_next = peer.recv_next.wrapping_add(1 + run);
+            peer.recv_sack = shift_right(peer.recv_sack, 1 + run);
+        } else {
+            peer.recv_sack |= 1u64 << (distance - 1);
+        }
+        self.stats.messages_delivered += 1;
+        Ok(Some(Message {
+            node: header.source,
+            seq,
+            payload,
+            reply: header.reply,
+        }))
+    }
+
+    /// `true` when `response_reserve` messages to the peer would be
+    /// accepted by `send` now.
+    fn has_response_room(&self, peer_index: usize) -> bool {
+        let reserve = self.config.response_reserve;
+        if reserve == 0 {
+            return true;
+        }
+        let peer = &self.peers[peer_index];
+        let in_window = peer.send_next.wrapping_sub(self.floor(peer_index));
+        peer.flags & PEER_GONE == 0
+            && in_window + reserve <= self.config.window
+            && self.free_slots >= reserve as usize
+    }
+
+    /// Applies the incarnation rules of the module docs; resets the peer
+    /// when it restarted.
+    fn check_incarnation(
+        &mut self,
+        peer_index: usize,
+        header: &Header,
+        now: u64,
+    ) -> Result<(), DropReason> {
+        let recorded = self.peers[peer_index].incarnation;
+        let destination = header.destination_incarnation;
+        if destination != 0 && destination != self.identity.incarnation {
+            self.stats.stale_incarnation += 1;
+            if recorded == 0 {
+                // The peer still addresses our previous life and we have not
+                // heard from it in this one: a pure acknowledgement (which
+                // names no incarnation of it, so it is never stale) tells it
+                // we restarted.
+                self.schedule_ack(peer_index, now);
+            }
+            return Err(DropReason::StaleIncarnation);
+        }
+        let source = header.source_incarnation;
+        if source == recorded {
+            return Ok(());
+        }
+        if self.is_retired(header.source, source, now) {
+            self.stats.stale_incarnation += 1;
+            return Err(DropReason::StaleIncarnation);
+        }
+        if recorded == 0 {
+            self.peers[peer_index].incarnation = source;
+        } else {
+            self.restart_peer(peer_index, source, now);
+        }
+        Ok(())
+    }
+
+    /// Applies the cumulative and selective acknowledgement of a datagram
+    /// from the peer: acknowledged messages are released, a round-trip
+    /// sample taken, holes fast-retransmitted.
+    fn apply_acknowledgement(&mut self, peer_index: usize, header: &Header, now: u64) {
+        let node = self.peer_nodes[peer_index];
+        let mut progress = false;
+        let mut rtt_sample = None;
+        let mut cursor = self.peers[peer_index].unacked_head;
+        let mut remaining = self.peers[peer_index].unacked_count;
+        while remaining > 0 {
+            remaining -= 1;
+            let slot_index = cursor;
+            let slot = self.slots[usize::from(slot_index)];
+            cursor = slot.next;
+            let distance = slot.seq.wrapping_sub(header.ack);
+            let acked = seq_before(slot.seq, header.ack)
+                || (1..=Config::MAX_WINDOW).contains(&distance)
+                    && header.sack & (1u64 << (distance - 1)) != 0;
+            if acked {
+                // A message never sent cannot be acknowledged (a lying
+                // peer); it stays until it is sent.
+                if slot.first_sent == NEVER {
+                    continue;
+                }
+                if slot.flags & SLOT_RETRANSMITTED == 0 {
+                    rtt_sample = Some(now.saturating_sub(slot.first_sent));
+                }
+                self.release_slot(peer_index, slot_index);
+                self.events.push_back(Event::Acked {
+                    node,
+                    seq: slot.seq,
+                    horizon: header.horizon,
+                });
+                self.stats.acked += 1;
+                progress = true;
+            } else if slot.flags & (SLOT_FAST_RETRANSMITTED | SLOT_QUEUED) == 0
+                && slot.first_sent != NEVER
+                && distance < Config::MAX_WINDOW
+                && shift_right(header.sack, distance).count_ones()
+                    >= self.config.fast_retransmit_threshold
+            {
+                let slot = &mut self.slots[usize::from(slot_index)];
+                slot.flags |= SLOT_FAST_RETRANSMITTED | SLOT_RETRANSMITTED | SLOT_QUEUED;
+                self.transmit_queue.push_back((slot_index, slot.generation));
+                self.stats.fast_retransmits += 1;
+            }
+        }
+        if let Some(sample) = rtt_sample {
+            self.update_rtt(peer_index, sample);
+        }
+        if progress {
+            let peer = &mut self.peers[peer_index];
+            peer.last_progress = now;
+            // Progress ends the backoff.
+            peer.rto = if peer.srtt == 0 {
+                self.rto_initial
+            } else {
+                Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max)
+            };
+            peer.rto_deadline = if peer.unacked_count > 0 {
+                now.saturating_add(u64::from(peer.rto))
+            } else {
+                NEVER
+            };
+        }
+    }
+
+    fn rto_from(srtt: u32, rttvar: u32, rto_min: u32, rto_max: u32) -> u32 {
+        let rto = u64::from(srtt) + 4 * u64::from(rttvar);
+        u32::try_from(rto)
+            .unwrap_or(u32::MAX)
+            .clamp(rto_min, rto_max)
+    }
+
+    /// RFC 6298 smoothing of one round-trip sample.
+    fn update_rtt(&mut self, peer_index: usize, sample: u64) {
+        let sample = sample.clamp(1, u64::from(u32::MAX));
+        let peer = &mut self.peers[peer_index];
+        if peer.srtt == 0 {
+            peer.srtt = sample as u32;
+            peer.rttvar = (sample / 2) as u32;
+        } else {
+            let srtt = u64::from(peer.srtt);
+            let rttvar = (3 * u64::from(peer.rttvar) + srtt.abs_diff(sample)) / 4;
+            peer.rttvar = rttvar as u32;
+            peer.srtt = ((7 * srtt + sample) / 8).max(1) as u32;
+        }
+    }
+
+    /// Applies the peer's floor: seqs below it will never come.
+    fn apply_floor(&mut self, peer_index: usize, floor: Seq) {
+        let peer = &mut self.peers[peer_index];
+        let from = peer.recv_next;
+        if !seq_before(from, floor) {
+            return;
+        }
+        let jump = floor.wrapping_sub(from);
+        // Seqs from+1 .. floor-1 are bits 0 .. jump-2.
+        let gap_bits = (jump - 1).min(64);
+        let gap_mask = if gap_bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << gap_bits) - 1
+        };
+        let delivered_in_gap = (peer.recv_sack & gap_mask).count_ones();
+        let missing = jump - delivered_in_gap;
+        let floor_delivered = jump <= 64 && peer.recv_sack & (1u64 << (jump - 1)) != 0;
+        peer.recv_next = floor;
+        peer.recv_sack = shift_right(peer.recv_sack, jump);
+        if floor_delivered {
+            let run = peer.recv_sack.trailing_ones();
+            peer.recv_next = floor.wrapping_add(1 + run);
+            peer.recv_sack = shift_right(peer.recv_sack, 1 + run);
+        }
+        self.stats.peer_abandoned += u64::from(missing);
+        self.events.push_back(Event::PeerAbandoned {
+            node: self.peer_nodes[peer_index],
+            from,
+            until: floor,
+            missing,
+        });
+    }
+
+    fn build_header(
+        &self,
+        peer_index: usize,
+        seq: Option<Seq>,
+        reply: bool,
+        payload_len: u16,
+    ) -> Header {
+        let peer = &self.peers[peer_index];
+        Header {
+            fabric: self.identity.fabric,
+            source: self.identity.node,
+            destination: self.peer_nodes[peer_index],
+            source_incarnation: self.identity.incarnation,
+            destination_incarnation: peer.incarnation,
+            seq,
+            reply,
+            ack: peer.recv_next,
+            sack: peer.recv_sack,
+            horizon: peer.send_next,
+            floor: self.floor(peer_index),
+            payload_len,
+        }
+    }
+
+    /// Writes the next datagram to put on the wire into `buf` and returns
+    /// its destination and length. `buf` must hold
+    /// [`max_datagram_len`](Self::max_datagram_len) bytes; a shorter one
+    /// gets nothing.
+    ///
+    /// Messages go first (every one carries the latest acknowledgement to
+    /// its destination), then pure acknowledgements that are due.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<(NodeId, usize)> {
+        if buf.len() < self.max_datagram_len() {
+            return None;
+        }
+        let now = self.clock(now);
+        while let Some((slot_index, generation)) = self.transmit_queue.pop_front() {
+            let slot = &mut self.slots[usize::from(slot_index)];
+            if slot.generation != generation || slot.flags & SLOT_QUEUED == 0 {
+                continue;
+            }
+            slot.flags &= !SLOT_QUEUED;
+            if slot.first_sent == NEVER {
+                slot.first_sent = now;
+                self.stats.first_transmissions += 1;
+            } else {
+                self.stats.retransmissions += 1;
+            }
+            slot.last_sent = now;
+            let (seq, len, peer_index) = (slot.seq, slot.len, usize::from(slot.peer));
+            let reply = slot.flags & SLOT_REPLY != 0;
+            let header = self.build_header(peer_index, Some(seq), reply, len);
+            header.encode(buf);
+            let start = usize::from(slot_index) * self.config.max_payload;
+            let len = usize::from(len);
+            buf[HEADER_LEN..HEADER_LEN + len].copy_from_slice(&self.payloads[start..start + len]);
+            let peer = &mut self.peers[peer_index];
+            peer.ack_due = NEVER;
+            if peer.rto_deadline == NEVER {
+                peer.rto_deadline = now.saturating_add(u64::from(peer.rto));
+            }
+            self.stats.datagrams_sent += 1;
+            return Some((header.destination, HEADER_LEN + len));
+        }
+        // Pure acknowledgements that are due. The queue is in the order
+        // acknowledgements became owed; an entry whose acknowledgement left
+        // with a message is dropped, one not yet due goes to the back.
+        for _ in 0..self.ack_queue.len() {
+            let Some(entry) = self.ack_queue.pop_front() else {
+                break;
+            };
+            let peer_index = usize::from(entry);
+            let peer = &mut self.peers[peer_index];
+            if peer.ack_due == NEVER {
+                peer.flags &= !PEER_ACK_QUEUED;
+                continue;
+            }
+            if peer.ack_due > now {
+                self.ack_queue.push_back(entry);
+                continue;
+            }
+            peer.flags &= !PEER_ACK_QUEUED;
+            peer.ack_due = NEVER;
+            let header = self.build_header(peer_index, None, false, 0);
+            header.encode(buf);
+            self.stats.acks_sent += 1;
+            self.stats.datagrams_sent += 1;
+            return Some((header.destination, HEADER_LEN));
+        }
+        None
+    }
+
+    /// The next event, oldest first.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) (or `poll_transmit`
+    /// for a delayed acknowledgement) must be called next; `None` when no
+    /// timer runs. Datagrams already queued are sent by `poll_transmit`
+    /// without waiting. Costs one pass over the peers.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let peer_timeout = nanos_u64(self.config.peer_timeout);
+        let earliest = self
+            .peers
+            .iter()
+            .map(|peer| {
+                let gone_at = if peer.unacked_count > 0 {
+                    peer.last_progress.saturating_add(peer_timeout)
+                } else {
+                    NEVER
+                };
+                peer.rto_deadline.min(peer.ack_due).min(gone_at)
+            })
+            .min()
+            .unwrap_or(NEVER);
+        if earliest == NEVER {
+            None
+        } else {
+            self.instant(earliest)
+        }
+    }
+
+    /// Runs the timers due at `now`: retransmissions with backoff, peers
+    /// declared gone. Delayed acknowledgements need no call here; they
+    /// leave through `poll_transmit`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock(now);
+        let peer_timeout = nanos_u64(self.config.peer_timeout);
+        for peer_index in 0..self.peers.len() {
+            let peer = self.peers[peer_index];
+            if peer.unacked_count == 0 {
+                continue;
+            }
+            if now >= peer.last_progress.saturating_add(peer_timeout) {
+                self.abandon_all(peer_index);
+                self.peers[peer_index].flags |= PEER_GONE;
+                let node = self.peer_nodes[peer_index];
+                self.events.push_back(Event::PeerGone { node });
+                self.stats.peers_gone += 1;
+                continue;
+            }
+            if now < peer.rto_deadline {
+                continue;
+            }
+            let rto = u64::from(peer.rto);
+            let mut retransmitted = false;
+            let mut oldest_sent = NEVER;
+            let mut cursor = peer.unacked_head;
+            for _ in 0..peer.unacked_count {
+                let slot_index = cursor;
+                let slot = &mut self.slots[usize::from(slot_index)];
+                cursor = slot.next;
+                if slot.flags & SLOT_QUEUED != 0 || slot.last_sent == NEVER {
+                    continue;
+                }
+                if slot.last_sent.saturating_add(rto) <= now {
+                    slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
+                    self.transmit_queue.push_back((slot_index, slot.generation));
+                    retransmitted = true;
+                } else {
+                    oldest_sent = oldest_sent.min(slot.last_sent);
+                }
+            }
+            let peer = &mut self.peers[peer_index];
+            if retransmitted {
+                self.stats.timeouts += 1;
+                peer.rto = peer.rto.saturating_mul(2).min(self.rto_max);
+                peer.rto_deadline = now.saturating_add(u64::from(peer.rto));
+            } else if oldest_sent != NEVER {
+                peer.rto_deadline = oldest_sent.saturating_add(rto);
+            } else {
+                // Everything is queued; `poll_transmit` re-arms.
+                peer.rto_deadline = NEVER;
+            }
+        }
+    }
+
+    /// Every seq from `node` below this was delivered (or given up by the
+    /// node, reported by [`Event::PeerAbandoned`]); `None` for a node that
+    /// is not a peer.
+    pub fn delivered_through(&self, node: NodeId) -> Option<Seq> {
+        self.peer_of(node).map(|index| self.peers[index].recv_next)
+    }
+
+    /// Messages to `node` sent and not yet acknowledged or abandoned.
+    pub fn outstanding(&self, node: NodeId) -> Option<usize> {
+        self.peer_of(node)
+            .map(|index| usize::from(self.peers[index].unacked_count))
+    }
+
+    /// `true` while `node` is declared gone.
+    pub fn is_gone(&self, node: NodeId) -> bool {
+        self.peer_of(node)
+            .is_some_and(|index| self.peers[index].flags & PEER_GONE != 0)
+    }
+
+    /// The incarnation of `node` as last heard (0 = not heard from yet).
+    pub fn peer_incarnation(&self, node: NodeId) -> Option<u64> {
+        self.peer_of(node)
+            .map(|index| self.peers[index].incarnation)
+    }
+
+    /// The current retransmission timeout towards `node`.
+    pub fn rto(&self, node: NodeId) -> Option<Duration> {
+        self.peer_of(node)
+            .map(|index| Duration::from_nanos(u64::from(self.peers[index].rto)))
+    }
+
+    /// Free slots of the retransmission pool.
+    pub fn free_pool_slots(&self) -> usize {
+        self.free_slots
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// What the state costs: fixed bytes (the pool included) and bytes per
+    /// peer.
+    pub fn memory(&self) -> MemoryReport {
+        let pool_bytes = self.slots.capacity() * std::mem::size_of::<Slot>() + self.payloads.len();
+        let fixed_bytes = std::mem::size_of::<Self>()
+            + pool_bytes
+            + self.transmit_queue.capacity() * std::mem::size_of::<(u16, u32)>()
+            + self.retired.capacity() * std::mem::size_of::<RetiredIncarnation>();
+        let per_peer_bytes = std::mem::size_of::<Peer>()
+            + std::mem::size_of::<NodeId>()
+            + std::mem::size_of::<(NodeId, u16)>()
+            + std::mem::size_of::<u16>(); // its possible ack-queue entry
+        MemoryReport {
+            fixed_bytes,
+            pool_bytes,
+            per_peer_bytes,
+            peers: self.peers.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) fn peer_state_size() -> usize {
+    std::mem::size_of::<Peer>()
+}

@@ -1,0 +1,1044 @@
+//! Deterministic tests of the endpoint on the simulated network.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::reliable::peer_state_size;
+use super::sim::{Delivery, Sim, FABRIC};
+use super::wire::{seq_before, Header, HEADER_LEN};
+use super::{Config, DropReason, Endpoint, Event, Faults, Identity, NodeId, SendError, Seq};
+
+fn lossy(seed: u64) -> Faults {
+    Faults {
+        loss: 0.05,
+        duplicate: 0.02,
+        reorder: 0.05,
+        delay: Duration::from_micros(50),
+        reorder_hold: Duration::from_micros(300),
+        seed,
+    }
+}
+
+fn payload(from: NodeId, to: NodeId, index: u32) -> Vec<u8> {
+    let mut bytes = format!("{from}->{to}#{index}:").into_bytes();
+    // Lengths vary, up to a few hundred bytes.
+    bytes.resize(bytes.len() + (index as usize * 37) % 300, index as u8);
+    bytes
+}
+
+/// Every message sent was delivered exactly once with its bytes, and every
+/// seq ended in exactly one `Acked` (none abandoned).
+fn assert_exactly_once(sim: &Sim) {
+    for (receiver, node) in sim.nodes.iter().enumerate() {
+        let receiver = receiver as NodeId;
+        let mut delivered: HashMap<(NodeId, Seq), &Vec<u8>> = HashMap::new();
+        for Delivery {
+            from, seq, payload, ..
+        } in &node.delivered
+        {
+            assert!(
+                delivered.insert((*from, *seq), payload).is_none(),
+                "node {receiver} got ({from}, {seq}) twice"
+            );
+        }
+        let mut expected = 0;
+        for (sender, other) in sim.nodes.iter().enumerate() {
+            for (to, seq, bytes) in &other.sent {
+                if *to == receiver {
+                    expected += 1;
+                    assert_eq!(
+                        delivered.get(&(sender as NodeId, *seq)),
+                        Some(&bytes),
+                        "message ({sender}, {seq}) to {receiver}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            delivered.len(),
+            expected,
+            "node {receiver} got messages never sent"
+        );
+
+        let mut acked = HashSet::new();
+        for (_, event) in &node.events {
+            match event {
+                Event::Acked {
+                    node: peer, seq, ..
+                } => {
+                    assert!(acked.insert((*peer, *seq)), "({peer}, {seq}) acked twice")
+                }
+                other => panic!("node {receiver}: unexpected {other:?}"),
+            }
+        }
+        let sent: HashSet<_> = node.sent.iter().map(|(to, seq, _)| (*to, *seq)).collect();
+        assert_eq!(acked, sent, "node {receiver}: acks do not match sends");
+    }
+}
+
+/// Counters that must add up whatever happened.
+fn assert_counters_add_up(sim: &Sim) {
+    for node in &sim.nodes {
+        let stats = node.endpoint.stats();
+        assert_eq!(
+            stats.datagrams_sent,
+            stats.first_transmissions + stats.retransmissions + stats.acks_sent
+        );
+        assert_eq!(stats.messages_sent, node.sent.len() as u64);
+        assert_eq!(stats.messages_delivered, node.delivered.len() as u64);
+        assert_eq!(
+            stats.datagrams_received,
+            stats.messages_delivered + node.drops.len() as u64 + node.acks_only
+        );
+        let dropped_for = |reason: fn(&DropReason) -> bool| {
+            node.drops.iter().filter(|drop| reason(drop)).count() as u64
+        };
+        assert_eq!(
+            stats.duplicates,
+            dropped_for(|d| *d == DropReason::Duplicate)
+        );
+        assert_eq!(
+            stats.beyond_window,
+            dropped_for(|d| *d == DropReason::BeyondWindow)
+        );
+        assert_eq!(
+            stats.no_response_room,
+            dropped_for(|d| *d == DropReason::NoResponseRoom)
+        );
+        assert_eq!(
+            stats.acked + stats.abandoned + node.endpoint_outstanding_total(),
+            stats.messages_sent
+        );
+    }
+    let sent: u64 = sim
+        .nodes
+        .iter()
+        .map(|n| n.endpoint.stats().datagrams_sent)
+        .sum();
+    assert_eq!(sent as usize, sim.transmissions.len());
+}
+
+trait OutstandingTotal {
+    fn endpoint_outstanding_total(&self) -> u64;
+}
+
+impl OutstandingTotal for super::sim::SimNode {
+    fn endpoint_outstanding_total(&self) -> u64 {
+        let me = self.endpoint.identity().node;
+        (0..=u16::MAX)
+            .take(64)
+            .filter(|&node| node != me)
+            .filter_map(|node| self.endpoint.outstanding(node))
+            .sum::<usize>() as u64
+    }
+}
+
+#[test]
+fn per_peer_state_and_fixed_cost_fit_their_budgets() {
+    assert!(
+        peer_state_size() <= 64,
+        "per-peer state is {} bytes",
+        peer_state_size()
+    );
+    let mut endpoint = Sim::endpoint(0, 1, Config::default(), 1);
+    let empty = endpoint.memory();
+    assert!(empty.fixed_bytes <= 1 << 20, "{empty:?}");
+    let config = Config::default();
+    assert!(empty.pool_bytes >= config.pool_slots * config.max_payload);
+    assert!(empty.fixed_bytes >= empty.pool_bytes);
+    for node in 1..=100 {
+        endpoint.add_peer(node).unwrap();
+    }
+    let with_peers = endpoint.memory();
+    assert_eq!(with_peers.peers, 100);
+    assert!(with_peers.per_peer_bytes >= peer_state_size());
+    assert_eq!(
+        with_peers.total(),
+        with_peers.fixed_bytes + 100 * with_peers.per_peer_bytes
+    );
+}
+
+#[test]
+fn exactly_once_under_loss_duplication_and_reordering() {
+    let nodes = 4;
+    let per_pair = 300;
+    let mut sim = Sim::new(nodes, Config::default(), lossy(11));
+    for from in 0..nodes {
+        for to in (0..nodes).filter(|&to| to != from) {
+            for index in 0..per_pair {
+                sim.queue(from, to, payload(from, to, index));
+            }
+        }
+    }
+    sim.run_until_quiet(Duration::from_secs(2));
+    assert_exactly_once(&sim);
+    assert_counters_add_up(&sim);
+
+    let total = |field: fn(&super::Stats) -> u64| -> u64 {
+        sim.nodes
+            .iter()
+            .map(|node| field(node.endpoint.stats()))
+            .sum()
+    };
+    let expected = u64::from(nodes) * u64::from(nodes - 1) * u64::from(per_pair);
+    assert_eq!(total(|s| s.messages_sent), expected);
+    assert_eq!(total(|s| s.messages_delivered), expected);
+    // The faults really happened and were repaired.
+    assert!(total(|s| s.retransmissions) > 0);
+    assert!(total(|s| s.duplicates) > 0);
+    assert!(total(|s| s.fast_retransmits) > 0);
+    // Every message carried the window bound.
+    let window = Config::default().window;
+    for transmission in &sim.transmissions {
+        if let Some(seq) = transmission.header.seq {
+            assert!(seq.wrapping_sub(transmission.header.floor) < window);
+        }
+    }
+    // All slots came back to the pool.
+    for node in &sim.nodes {
+        assert_eq!(
+            node.endpoint.free_pool_slots(),
+            Config::default().pool_slots
+        );
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let run = |seed| {
+        let mut sim = Sim::new(3, Config::default(), lossy(seed));
+        for index in 0..100 {
+            sim.queue(0, 1, payload(0, 1, index));
+            sim.queue(2, 0, payload(2, 0, index));
+        }
+        sim.run_until_quiet(Duration::from_secs(1));
+        sim.transmissions
+            .iter()
+            .map(|t| (t.at - sim.start, t.bytes.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5), run(6));
+}
+
+/// Node 1 answers request `i` from node 0 with `i % 3` responses naming the
+/// request's seq. Whenever node 0 sees `Acked { seq, horizon }`, every
+/// response to `seq` has a seq below `horizon`, and all of them had arrived
+/// by the time `delivered_through(1)` first reached `horizon`.
+#[test]
+fn horizon_covers_every_response_under_loss() {
+    for seed in [1, 2, 3] {
+        let config = Config {
+            response_reserve: 2,
+            ..Config::default()
+        };
+        let faults = Faults {
+            loss: 0.1,
+            ..lossy(seed)
+        };
+        let mut sim = Sim::new(2, config, faults);
+        sim.responders.insert(
+            1,
+            Box::new(|_, request: &Delivery| {
+                let count = request.payload[0] % 3;
+                (0..count)
+                    .map(|index| {
+                        let mut response = request.seq.to_le_bytes().to_vec();
+                        response.push(index);
+                        (request.from, response)
+                    })
+                    .collect()
+            }),
+        );
+        for index in 0..600u32 {
+            sim.queue(0, 1, vec![(index % 256) as u8; 1 + index as usize % 50]);
+        }
+        sim.run_until_quiet(Duration::from_secs(3));
+        assert_exactly_once_delivery_only(&sim);
+
+        let responses: Vec<(Seq, Seq)> = sim.nodes[1]
+            .sent
+            .iter()
+            .map(|(to, seq, bytes)| {
+                assert_eq!(*to, 0);
+                (u32::from_le_bytes(bytes[..4].try_into().unwrap()), *seq)
+            })
+            .collect();
+        let arrival: HashMap<Seq, Instant> = sim.nodes[0]
+            .delivered
+            .iter()
+            .map(|delivery| (delivery.seq, delivery.at))
+            .collect();
+        let mut acked_requests = 0;
+        for (_, event) in &sim.nodes[0].events {
+            let Event::Acked {
+                node: 1,
+                seq,
+                horizon,
+            } = *event
+            else {
+                panic!("unexpected {event:?}");
+            };
+            acked_requests += 1;
+            // When node 0 first had delivered_through(1) >= horizon.
+            let reached = if horizon == 0 {
+                sim.start
+            } else {
+                sim.through_log
+                    .iter()
+                    .find(|(_, receiver, from, through)| {
+                        *receiver == 0 && *from == 1 && !seq_before(*through, horizon)
+                    })
+                    .map(|(at, ..)| *at)
+                    .expect("delivered_through reaches every horizon")
+            };
+            for &(_, response_seq) in responses.iter().filter(|(request, _)| *request == seq) {
+                assert!(
+                    seq_before(response_seq, horizon),
+                    "seed {seed}: response {response_seq} to {seq} not below horizon {horizon}"
+                );
+                assert!(arrival[&response_seq] <= reached);
+            }
+        }
+        assert_eq!(acked_requests, 600);
+        assert!(responses.len() >= 500, "{} responses", responses.len());
+        assert!(sim.nodes[0].endpoint.stats().retransmissions > 0);
+    }
+}
+
+/// Like `assert_exactly_once`, for runs where events other than `Acked`
+/// are checked by the test itself.
+fn assert_exactly_once_delivery_only(sim: &Sim) {
+    for (receiver, node) in sim.nodes.iter().enumerate() {
+        let mut seen = HashSet::new();
+        for delivery in &node.delivered {
+            assert!(seen.insert((delivery.from, delivery.seq)));
+        }
+        let expected: usize = sim
+            .nodes
+            .iter()
+            .map(|other| {
+                other
+                    .sent
+                    .iter()
+                    .filter(|(to, ..)| usize::from(*to) == receiver)
+                    .count()
+            })
+            .sum();
+        assert_eq!(seen.len(), expected);
+    }
+}
+
+fn transmissions_of(sim: &Sim, from: NodeId, seq: Seq) -> Vec<Duration> {
+    sim.transmissions
+        .iter()
+        .filter(|t| t.from == from && t.header.seq == Some(seq))
+        .map(|t| t.at - sim.start)
+        .collect()
+}
+
+#[test]
+fn retransmission_backs_off_to_rto_max_then_the_peer_is_gone() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.set_faults(
+        0,
+        1,
+        Faults {
+            loss: 1.0,
+            ..Faults::NONE
+        },
+    );
+    sim.queue(0, 1, b"lost".to_vec());
+    sim.run_for(config.peer_timeout - Duration::from_millis(1));
+    let times = transmissions_of(&sim, 0, 0);
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps[0], config.rto_initial);
+    for pair in gaps.windows(2) {
+        assert!(pair[1] >= pair[0], "backoff shrank: {gaps:?}");
+        assert!(pair[1] <= pair[0] * 2);
+    }
+    for gap in &gaps {
+        assert!(*gap >= config.rto_min && *gap <= config.rto_max, "{gaps:?}");
+    }
+    // The backoff reached the ceiling and stayed there.
+    let at_max = gaps.iter().filter(|gap| **gap == config.rto_max).count();
+    assert!(at_max >= 20, "{gaps:?}");
+    assert_eq!(*gaps.last().unwrap(), config.rto_max);
+    assert!(sim.nodes[0].events.is_empty());
+
+    sim.run_for(Duration::from_secs(1));
+    let events: Vec<_> = sim.nodes[0]
+        .events
+        .iter()
+        .map(|(at, e)| (*at - sim.start, *e))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (config.peer_timeout, Event::Abandoned { node: 1, seq: 0 }),
+            (config.peer_timeout, Event::PeerGone { node: 1 }),
+        ]
+    );
+    assert!(sim.nodes[0].endpoint.is_gone(1));
+    assert_eq!(
+        sim.nodes[0].endpoint.send(sim.now, 1, b"x"),
+        Err(SendError::PeerGone(1))
+    );
+    // Nothing more goes out to a gone peer, and no timer runs.
+    assert_eq!(transmissions_of(&sim, 0, 0).len(), times.len());
+    assert_eq!(sim.nodes[0].endpoint.poll_timeout(), None);
+    assert_eq!(sim.nodes[0].endpoint.free_pool_slots(), config.pool_slots);
+}
+
+#[test]
+fn round_trip_estimate_sets_the_timeout_within_bounds() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    let one_way = Duration::from_micros(400);
+    for (from, to) in [(0, 1), (1, 0)] {
+        sim.set_faults(
+            from,
+            to,
+            Faults {
+                delay: one_way,
+                seed: 3,
+                ..Faults::NONE
+            },
+        );
+    }
+    for index in 0..200 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_exactly_once(&sim);
+    let rto = sim.nodes[0].endpoint.rto(1).unwrap();
+    // Round trips are 0..=800 us plus the ack delay.
+    assert!(rto >= config.rto_min && rto <= config.rto_max);
+    assert!(rto > Duration::from_micros(100), "{rto:?}");
+}
+
+#[test]
+fn fast_retransmit_fills_a_hole_before_the_timer() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    let mut dropped = false;
+    sim.drop_filter = Some(Box::new(move |t| {
+        let hit = !dropped && t.from == 0 && t.header.seq == Some(2);
+        dropped |= hit;
+        hit
+    }));
+    for index in 0..10 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_exactly_once(&sim);
+    let stats = sim.nodes[0].endpoint.stats();
+    assert_eq!(stats.fast_retransmits, 1);
+    assert_eq!(stats.retransmissions, 1);
+    assert_eq!(stats.timeouts, 0);
+    let times = transmissions_of(&sim, 0, 2);
+    assert_eq!(times.len(), 2);
+    assert!(times[1] - times[0] < config.rto_initial);
+}
+
+#[test]
+fn window_and_pool_bound_what_is_outstanding() {
+    let config = Config {
+        window: 16,
+        pool_slots: 20,
+        ..Config::default()
+    };
+    let mut endpoint = Sim::endpoint(0, 7, config, 3);
+    let now = Instant::now();
+    // Requests leave room for one reply.
+    for _ in 0..15 {
+        endpoint.send(now, 1, b"m").unwrap();
+    }
+    assert_eq!(endpoint.send(now, 1, b"m"), Err(SendError::WindowFull));
+    endpoint.send_reply(now, 1, b"r").unwrap();
+    assert_eq!(
+        endpoint.send_reply(now, 1, b"r"),
+        Err(SendError::WindowFull)
+    );
+    assert_eq!(endpoint.outstanding(1), Some(16));
+    // 4 slots left: requests take 3 and leave one for a reply.
+    for _ in 0..3 {
+        endpoint.send(now, 2, b"m").unwrap();
+    }
+    assert_eq!(endpoint.send(now, 2, b"m"), Err(SendError::PoolFull));
+    endpoint.send_reply(now, 2, b"r").unwrap();
+    assert_eq!(endpoint.send_reply(now, 2, b"r"), Err(SendError::PoolFull));
+    assert!(SendError::PoolFull.is_would_block());
+    assert_eq!(endpoint.free_pool_slots(), 0);
+    assert_eq!(
+        endpoint.send(now, 1, &vec![0; config.max_payload + 1]),
+        Err(SendError::TooLarge {
+            len: config.max_payload + 1,
+            max: config.max_payload
+        })
+    );
+    assert_eq!(endpoint.send(now, 9, b"m"), Err(SendError::UnknownPeer(9)));
+
+    // Under loss the window holds at every transmission.
+    let mut sim = Sim::new(2, config, lossy(4));
+    for index in 0..500 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_secs(2));
+    assert_exactly_once(&sim);
+    for transmission in sim.transmissions.iter().filter(|t| t.from == 0) {
+        assert_eq!(transmission.to, 1);
+        if let Some(seq) = transmission.header.seq {
+            assert!(seq.wrapping_sub(transmission.header.floor) < config.window);
+            assert!(seq_before(seq, transmission.header.horizon));
+        }
+    }
+}
+
+/// A datagram from node `source` to node 0 with the given fields.
+fn datagram(
+    source: NodeId,
+    source_incarnation: u64,
+    destination_incarnation: u64,
+    seq: Option<Seq>,
+) -> Vec<u8> {
+    let payload = b"hello";
+    let len = if seq.is_some() { payload.len() } else { 0 };
+    let header = Header {
+        fabric: FABRIC,
+        source,
+        destination: 0,
+        source_incarnation,
+        destination_incarnation,
+        seq,
+        reply: false,
+        ack: 0,
+        sack: 0,
+        horizon: seq.map_or(0, |seq| seq + 1),
+        floor: 0,
+        payload_len: len as u16,
+    };
+    let mut bytes = vec![0; HEADER_LEN + len];
+    header.encode(&mut bytes);
+    bytes[HEADER_LEN..].copy_from_slice(&payload[..len]);
+    bytes
+}
+
+#[test]
+fn foreign_and_stale_datagrams_are_dropped_and_counted() {
+    let mut endpoint = Sim::endpoint(0, 100, Config::default(), 3);
+    let now = Instant::now();
+    let good = datagram(1, 55, 0, Some(0));
+    let change = |at: std::ops::Range<usize>, value: &[u8]| {
+        let mut bytes = good.clone();
+        bytes[at].copy_from_slice(value);
+        bytes
+    };
+    let cases = [
+        (change(4..12, &7u64.to_le_bytes()), DropReason::WrongFabric),
+        (
+            change(14..16, &2u16.to_le_bytes()),
+            DropReason::WrongDestination,
+        ),
+        (
+            change(12..14, &9u16.to_le_bytes()),
+            DropReason::UnknownSource,
+        ),
+        // Addressed to a previous incarnation of node 0.
+        (
+            change(24..32, &99u64.to_le_bytes()),
+            DropReason::StaleIncarnation,
+        ),
+        (
+            good[..30].to_vec(),
+            DropReason::Malformed(super::wire::WireError::Truncated(30)),
+        ),
+        // Acknowledges seq 5 of ours, never sent.
+        (change(36..40, &5u32.to_le_bytes()), DropReason::BadAck),
+    ];
+    for (bytes, reason) in &cases {
+        assert_eq!(endpoint.receive(now, bytes), Err(*reason));
+    }
+    let stats = *endpoint.stats();
+    assert_eq!(stats.wrong_fabric, 1);
+    assert_eq!(stats.wrong_destination, 1);
+    assert_eq!(stats.unknown_source, 1);
+    assert_eq!(stats.stale_incarnation, 1);
+    assert_eq!(stats.malformed, 1);
+    assert_eq!(stats.bad_acks, 1);
+    assert_eq!(stats.datagrams_received, cases.len() as u64);
+    // Nothing was delivered and nobody was recorded (the bad ack came from
+    // an incarnation adopted by then, but delivered nothing).
+    assert_eq!(endpoint.delivered_through(1), Some(0));
+    assert_eq!(stats.messages_delivered, 0);
+
+    let oversized = {
+        let config = Config {
+            max_payload: 4,
+            ..Config::default()
+        };
+        let mut small = Sim::endpoint(0, 100, config, 2);
+        small.receive(now, &good)
+    };
+    assert_eq!(oversized, Err(DropReason::Oversized));
+
+    // The good datagram is delivered once; its copy is a duplicate.
+    let message = endpoint.receive(now, &good).unwrap().unwrap();
+    assert_eq!(
+        (message.node, message.seq, message.payload),
+        (1, 0, &b"hello"[..])
+    );
+    assert_eq!(endpoint.receive(now, &good), Err(DropReason::Duplicate));
+    assert_eq!(endpoint.stats().duplicates, 1);
+    assert_eq!(endpoint.delivered_through(1), Some(1));
+    // A datagram beyond the window is dropped.
+    assert_eq!(
+        endpoint.receive(now, &datagram(1, 55, 100, Some(66))),
+        Err(DropReason::BeyondWindow)
+    );
+    assert_eq!(
+        endpoint
+            .receive(now, &datagram(1, 55, 100, Some(65)))
+            .unwrap()
+            .unwrap()
+            .seq,
+        65
+    );
+    assert_eq!(endpoint.delivered_through(1), Some(1));
+}
+
+#[test]
+fn a_restart_resets_the_peer_once_and_late_datagrams_cannot_undo_it() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    for index in 0..20 {
+        sim.queue(1, 0, payload(1, 0, index));
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_millis(50));
+    // Old datagrams of node 1, some naming node 0's incarnation.
+    let old: Vec<Vec<u8>> = sim
+        .transmissions
+        .iter()
+        .filter(|t| t.from == 1)
+        .map(|t| t.bytes.clone())
+        .collect();
+    assert!(old.len() >= 20);
+    assert!(sim
+        .transmissions
+        .iter()
+        .any(|t| t.from == 1 && t.header.destination_incarnation != 0));
+    let old_incarnation = sim.nodes[0].endpoint.peer_incarnation(1).unwrap();
+
+    // Node 0 has messages in flight when node 1 restarts.
+    sim.nodes[1].halted = true;
+    sim.queue(0, 1, b"in flight".to_vec());
+    sim.run_for(Duration::from_millis(1));
+    assert_eq!(sim.nodes[0].endpoint.outstanding(1), Some(1));
+    sim.restart(1, 0xbeef);
+    sim.queue(1, 0, b"I am back".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+
+    let events: Vec<Event> = sim.nodes[0].events.iter().map(|(_, e)| *e).collect();
+    let restart_at = events
+        .iter()
+        .position(|e| *e == Event::PeerRestarted { node: 1 })
+        .unwrap();
+    assert_eq!(
+        events[restart_at - 1],
+        Event::Abandoned { node: 1, seq: 20 }
+    );
+    assert_eq!(sim.nodes[0].endpoint.peer_incarnation(1), Some(0xbeef));
+    let last = sim.nodes[0].delivered.last().unwrap();
+    assert_eq!(
+        (last.from, last.seq, &last.payload[..]),
+        (1, 0, &b"I am back"[..])
+    );
+
+    // Late datagrams of the old incarnation change nothing.
+    let before = *sim.nodes[0].endpoint.stats();
+    for bytes in &old {
+        assert_eq!(
+            sim.nodes[0].endpoint.receive(sim.now, bytes),
+            Err(DropReason::StaleIncarnation)
+        );
+    }
+    let after = *sim.nodes[0].endpoint.stats();
+    assert_eq!(
+        after.stale_incarnation,
+        before.stale_incarnation + old.len() as u64
+    );
+    assert_eq!(after.peers_restarted, 1);
+    assert_eq!(sim.nodes[0].endpoint.peer_incarnation(1), Some(0xbeef));
+    assert_ne!(old_incarnation, 0xbeef);
+
+    // Both directions work in the new sequence spaces.
+    let delivered_before = sim.nodes[1].delivered.len();
+    sim.queue(0, 1, b"welcome".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+    let last = sim.nodes[1].delivered.last().unwrap();
+    assert_eq!(sim.nodes[1].delivered.len(), delivered_before + 1);
+    assert_eq!(
+        (last.from, last.seq, &last.payload[..]),
+        (0, 0, &b"welcome"[..])
+    );
+}
+
+#[test]
+fn a_restarted_device_is_noticed_within_a_round_trip() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    sim.queue(0, 1, b"before".to_vec());
+    sim.run_until_quiet(Duration::from_millis(10));
+    // Node 1 restarts silently; node 0 still addresses the old one.
+    sim.restart(1, 0x5eed);
+    let restarted_at = sim.now;
+    sim.queue(0, 1, b"after".to_vec());
+    sim.run_until_quiet(Duration::from_millis(100));
+
+    let restart = sim.nodes[0]
+        .events
+        .iter()
+        .find(|(_, e)| *e == Event::PeerRestarted { node: 1 })
+        .expect("node 0 notices the restart")
+        .0;
+    assert!(
+        restart - restarted_at < config.rto_max,
+        "noticed after {:?}",
+        restart - restarted_at
+    );
+    assert_eq!(sim.nodes[1].endpoint.stats().stale_incarnation, 1);
+    // The message caught by the restart was abandoned, not delivered; a
+    // new one goes through.
+    assert!(sim.nodes[0]
+        .events
+        .iter()
+        .any(|(_, e)| *e == Event::Abandoned { node: 1, seq: 1 }));
+    assert_eq!(sim.nodes[1].delivered.len(), 1, "only the message before");
+    sim.queue(0, 1, b"again".to_vec());
+    sim.run_until_quiet(Duration::from_millis(100));
+    assert_eq!(sim.nodes[1].delivered.len(), 2);
+    let last = sim.nodes[1].delivered.last().unwrap();
+    assert_eq!((last.seq, &last.payload[..]), (0, &b"again"[..]));
+}
+
+#[test]
+fn the_first_datagram_of_a_new_incarnation_resets_only_once() {
+    let mut endpoint = Sim::endpoint(0, 100, Config::default(), 2);
+    let now = Instant::now();
+    // Incarnation 1 of node 1 talks; then incarnation 2 starts (knows
+    // nothing of node 0: destination 0); then incarnation 1's late
+    // datagrams (which name node 0 correctly) arrive interleaved with 2's.
+    assert!(endpoint
+        .receive(now, &datagram(1, 1, 0, Some(0)))
+        .unwrap()
+        .is_some());
+    assert!(endpoint
+        .receive(now, &datagram(1, 1, 100, Some(1)))
+        .unwrap()
+        .is_some());
+    assert!(endpoint
+        .receive(now, &datagram(1, 2, 0, Some(0)))
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        endpoint.poll_event(),
+        Some(Event::PeerRestarted { node: 1 })
+    );
+    for seq in 2..10 {
+        assert_eq!(
+            endpoint.receive(now, &datagram(1, 1, 100, Some(seq))),
+            Err(DropReason::StaleIncarnation)
+        );
+        assert!(endpoint
+            .receive(now, &datagram(1, 2, 100, Some(seq - 1)))
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(endpoint.poll_event(), None);
+    assert_eq!(endpoint.stats().peers_restarted, 1);
+    assert_eq!(endpoint.delivered_through(1), Some(9));
+    // Once the retirement expires (a peer timeout later) the old
+    // incarnation would count as new again: documented, bounded.
+    let later = now + Config::default().peer_timeout;
+    assert!(endpoint
+        .receive(later, &datagram(1, 1, 100, Some(0)))
+        .is_ok());
+    assert_eq!(endpoint.stats().peers_restarted, 2);
+}
+
+#[test]
+fn a_gone_peer_rejoins_after_restart() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    sim.queue(1, 0, b"hello".to_vec());
+    sim.run_until_quiet(Duration::from_millis(10));
+    // Node 1 crashes.
+    sim.nodes[1].halted = true;
+    let crashed_at = sim.now;
+    for index in 0..5 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_for(config.peer_timeout + Duration::from_millis(10));
+    let events: Vec<Event> = sim.nodes[0].events.iter().map(|(_, e)| *e).collect();
+    let mut expected: Vec<Event> = (0..5)
+        .map(|seq| Event::Abandoned { node: 1, seq })
+        .collect();
+    expected.push(Event::PeerGone { node: 1 });
+    assert_eq!(events, expected);
+    let gone_at = sim.nodes[0].events.last().unwrap().0;
+    assert_eq!(gone_at - crashed_at, config.peer_timeout);
+    assert_eq!(
+        sim.nodes[0].endpoint.send(sim.now, 1, b"x"),
+        Err(SendError::PeerGone(1))
+    );
+
+    sim.restart(1, 0x2222);
+    sim.queue(1, 0, b"back".to_vec());
+    sim.run_until_quiet(Duration::from_millis(100));
+    assert!(!sim.nodes[0].endpoint.is_gone(1));
+    assert_eq!(
+        sim.nodes[0].events.last().unwrap().1,
+        Event::PeerRestarted { node: 1 }
+    );
+    sim.queue(0, 1, b"hello again".to_vec());
+    sim.run_until_quiet(Duration::from_millis(100));
+    assert_eq!(sim.nodes[1].delivered.len(), 1);
+    assert_eq!(sim.nodes[1].delivered[0].payload, b"hello again");
+    assert_eq!(sim.nodes[1].delivered[0].seq, 0);
+    let last = sim.nodes[0].delivered.last().unwrap();
+    assert_eq!((last.seq, &last.payload[..]), (0, &b"back"[..]));
+}
+
+#[test]
+fn after_a_partition_the_receiver_skips_what_the_sender_abandoned() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    for index in 0..3 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_millis(10));
+    // Partition: node 0's next messages never arrive.
+    sim.set_faults(
+        0,
+        1,
+        Faults {
+            loss: 1.0,
+            ..Faults::NONE
+        },
+    );
+    for index in 3..7 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_for(config.peer_timeout + Duration::from_millis(10));
+    assert!(sim.nodes[0].endpoint.is_gone(1));
+    assert_eq!(sim.nodes[1].endpoint.delivered_through(0), Some(3));
+
+    // Healed: node 1 speaks, node 0 hears it and may send again.
+    sim.set_faults(0, 1, Faults::NONE);
+    sim.queue(1, 0, b"still here".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+    assert!(!sim.nodes[0].endpoint.is_gone(1));
+    sim.queue(0, 1, b"resumed".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+    let skipped: Vec<Event> = sim.nodes[1]
+        .events
+        .iter()
+        .map(|(_, e)| *e)
+        .filter(|e| matches!(e, Event::PeerAbandoned { .. }))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![Event::PeerAbandoned {
+            node: 0,
+            from: 3,
+            until: 7,
+            missing: 4
+        }]
+    );
+    assert_eq!(sim.nodes[1].endpoint.stats().peer_abandoned, 4);
+    let last = sim.nodes[1].delivered.last().unwrap();
+    assert_eq!((last.seq, &last.payload[..]), (7, &b"resumed"[..]));
+    assert_eq!(sim.nodes[1].endpoint.delivered_through(0), Some(8));
+}
+
+#[test]
+fn no_response_room_defers_a_message_until_acks_free_the_window() {
+    let config = Config {
+        window: 2,
+        ..Config::default()
+    };
+    let identity = |node, incarnation| Identity {
+        fabric: FABRIC,
+        node,
+        incarnation,
+    };
+    let mut a = Endpoint::new(identity(0, 10), config).unwrap();
+    let mut b = Endpoint::new(identity(1, 20), config).unwrap();
+    a.add_peer(1).unwrap();
+    b.add_peer(0).unwrap();
+    let now = Instant::now();
+    let mut buf = vec![0; a.max_datagram_len()];
+    // A fills its window to B (a request and a reply); they are lost.
+    a.send(now, 1, b"1").unwrap();
+    a.send_reply(now, 1, b"2").unwrap();
+    while a.poll_transmit(now, &mut buf).is_some() {}
+    // B's request cannot be answered yet: not delivered.
+    b.send(now, 0, b"request").unwrap();
+    let (_, len) = b.poll_transmit(now, &mut buf).unwrap();
+    let request = buf[..len].to_vec();
+    assert_eq!(a.receive(now, &request), Err(DropReason::NoResponseRoom));
+    assert_eq!(a.delivered_through(1), Some(0));
+    assert_eq!(a.stats().no_response_room, 1);
+    // Once B acknowledges A's messages, the retransmitted request is
+    // delivered.
+    let later = now + Duration::from_millis(5);
+    a.handle_timeout(later);
+    while let Some((_, len)) = a.poll_transmit(later, &mut buf) {
+        let datagram = buf[..len].to_vec();
+        let _ = b.receive(later, &datagram);
+    }
+    let ack_time = later + config.ack_delay;
+    let (_, len) = b.poll_transmit(ack_time, &mut buf).unwrap();
+    assert!(a.receive(ack_time, &buf[..len]).unwrap().is_none());
+    assert_eq!(a.outstanding(1), Some(0));
+    let message = a.receive(ack_time, &request).unwrap().unwrap();
+    assert_eq!(message.payload, b"request");
+    assert!(!message.reply);
+    // A reply needs no room: delivered even while A's window is full.
+    a.send(ack_time, 1, b"3").unwrap();
+    a.send_reply(ack_time, 1, b"4").unwrap();
+    assert_eq!(a.send_reply(ack_time, 1, b"5"), Err(SendError::WindowFull));
+    b.send_reply(ack_time, 0, b"reply").unwrap();
+    let (_, len) = b.poll_transmit(ack_time, &mut buf).unwrap();
+    let reply_datagram = buf[..len].to_vec();
+    let reply = a.receive(ack_time, &reply_datagram).unwrap().unwrap();
+    assert!(reply.reply);
+    assert_eq!(reply.payload, b"reply");
+}
+
+#[test]
+fn invalid_configurations_are_refused() {
+    let identity = Identity {
+        fabric: 1,
+        node: 0,
+        incarnation: 1,
+    };
+    let bad = [
+        Config {
+            window: 65,
+            ..Config::default()
+        },
+        Config {
+            window: 0,
+            ..Config::default()
+        },
+        Config {
+            rto_min: Duration::from_secs(1),
+            ..Config::default()
+        },
+        Config {
+            rto_max: Duration::from_secs(5),
+            ..Config::default()
+        },
+        Config {
+            pool_slots: 0,
+            ..Config::default()
+        },
+        Config {
+            max_payload: 70_000,
+            ..Config::default()
+        },
+        Config {
+            fast_retransmit_threshold: 0,
+            ..Config::default()
+        },
+        Config {
+            response_reserve: 64,
+            window: 64,
+            ..Config::default()
+        },
+    ];
+    for config in bad {
+        assert!(Endpoint::new(identity, config).is_err(), "{config:?}");
+    }
+    assert!(Endpoint::new(
+        Identity {
+            incarnation: 0,
+            ..identity
+        },
+        Config::default()
+    )
+    .is_err());
+    let mut endpoint = Endpoint::new(identity, Config::default()).unwrap();
+    assert!(endpoint.add_peer(0).is_err());
+    endpoint.add_peer(1).unwrap();
+    assert!(endpoint.add_peer(1).is_err());
+    let random = Identity::with_random_incarnation(1, 0).unwrap();
+    assert_ne!(random.incarnation, 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn exactly_once_for_any_seed_and_fault_rates(
+        seed in any::<u64>(),
+        loss in 0.0..0.2f64,
+        duplicate in 0.0..0.1f64,
+        reorder in 0.0..0.2f64,
+        delay_us in 0u64..500,
+    ) {
+        let faults = Faults {
+            loss, duplicate, reorder,
+            delay: Duration::from_micros(delay_us),
+            reorder_hold: Duration::from_micros(200),
+            seed,
+        };
+        let mut sim = Sim::new(3, Config::default(), faults);
+        for from in 0..3 {
+            for to in (0..3).filter(|&to| to != from) {
+                for index in 0..60 {
+                    sim.queue(from, to, payload(from, to, index));
+                }
+            }
+        }
+        sim.run_until_quiet(Duration::from_secs(2));
+        assert_exactly_once(&sim);
+        assert_counters_add_up(&sim);
+    }
+
+    #[test]
+    fn receive_never_panics_on_hostile_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..200),
+        flips in proptest::collection::vec((0usize..HEADER_LEN + 5, any::<u8>()), 0..6),
+        seq in proptest::option::of(0u32..200),
+    ) {
+        let mut endpoint = Sim::endpoint(0, 100, Config::default(), 3);
+        let now = Instant::now();
+        let _ = endpoint.receive(now, &bytes);
+        // Valid datagrams with a few bytes changed reach deeper checks.
+        let mut mutated = datagram(1, 55, 0, seq);
+        for (at, value) in flips {
+            if let Some(byte) = mutated.get_mut(at) {
+                *byte = value;
+            }
+        }
+        let _ = endpoint.receive(now, &mutated);
+        endpoint.handle_timeout(now + Duration::from_millis(1));
+        let mut buf = vec![0; endpoint.max_datagram_len()];
+        let mut sent = 0;
+        while endpoint.poll_transmit(now + Duration::from_millis(1), &mut buf).is_some() {
+            sent += 1;
+            prop_assert!(sent < 10);
+        }
+        prop_assert_eq!(endpoint.stats().datagrams_received, 2);
+    }
+}

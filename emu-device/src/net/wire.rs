@@ -1,0 +1,341 @@
+//! The datagram format of the fabric: one fixed header, then the payload.
+//!
+//! All fields are little-endian. [`Header::decode`] validates every field
+//! and returns an error, never panics, whatever the bytes.
+//!
+//! | offset | size | field             | meaning                                                       |
+//! |-------:|-----:|-------------------|---------------------------------------------------------------|
+//! |      0 |    2 | magic             | [`MAGIC`]                                                     |
+//! |      2 |    1 | version           | [`VERSION`]                                                   |
+//! |      3 |    1 | flags             | [`FLAG_DATA`], [`FLAG_REPLY`]; other bits zero                |
+//! |      4 |    8 | fabric            | the job token every device of the fabric shares               |
+//! |     12 |    2 | source node       |                                                               |
+//! |     14 |    2 | destination node  |                                                               |
+//! |     16 |    8 | source incarnation| nonzero, random per device start                              |
+//! |     24 |    8 | dest. incarnation | as the sender knows it; 0 = not known yet                     |
+//! |     32 |    4 | seq               | the message's sequence number; 0 in a pure acknowledgement    |
+//! |     36 |    4 | ack               | cumulative: every seq below it was delivered                  |
+//! |     40 |    8 | sack              | bit `i`: seq `ack + 1 + i` was delivered                      |
+//! |     48 |    4 | horizon           | the sender's next unassigned seq towards the destination      |
+//! |     52 |    4 | floor             | every seq below it is acknowledged or abandoned by the sender |
+//! |     56 |    2 | payload length    | exactly the bytes after the header; 0 in a pure ack           |
+//! |     58 |    2 | reserved          | zero                                                          |
+
+use super::{NodeId, Seq};
+
+/// First two bytes of every datagram ("pd" read as little-endian).
+pub const MAGIC: u16 = u16::from_le_bytes(*b"pd");
+/// Version of this format.
+pub const VERSION: u8 = 1;
+/// Flag: the datagram carries a message (`seq` and payload are meaningful).
+pub const FLAG_DATA: u8 = 1;
+/// Flag: the message is a reply, which its receiver does not answer (only
+/// with [`FLAG_DATA`]).
+pub const FLAG_REPLY: u8 = 2;
+/// Bytes of the header in front of the payload.
+pub const HEADER_LEN: usize = 60;
+/// Sequence numbers compare modulo 2^32: `b` is after `a` when
+/// `b - a` (wrapping) is below this.
+pub const SEQ_HALF_RANGE: u32 = 1 << 31;
+
+/// `true` when `a` precedes `b` in the wrapping sequence space.
+pub fn seq_before(a: Seq, b: Seq) -> bool {
+    let distance = b.wrapping_sub(a);
+    distance != 0 && distance < SEQ_HALF_RANGE
+}
+
+/// `true` when `a` precedes or equals `b` in the wrapping sequence space.
+pub fn seq_at_or_before(a: Seq, b: Seq) -> bool {
+    b.wrapping_sub(a) < SEQ_HALF_RANGE
+}
+
+/// The decoded header of one datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Job token shared by every device of the fabric.
+    pub fabric: u64,
+    /// Sending node.
+    pub source: NodeId,
+    /// Receiving node.
+    pub destination: NodeId,
+    /// The sender's incarnation (nonzero).
+    pub source_incarnation: u64,
+    /// The receiver's incarnation as the sender knows it; 0 = not known.
+    pub destination_incarnation: u64,
+    /// The message's sequence number, `None` for a pure acknowledgement.
+    pub seq: Option<Seq>,
+    /// The message is a reply (never answered); `false` without a message.
+    pub reply: bool,
+    /// Cumulative acknowledgement: every seq below it was delivered.
+    pub ack: Seq,
+    /// Selective acknowledgement: bit `i` set = seq `ack + 1 + i` delivered.
+    pub sack: u64,
+    /// The sender's next unassigned seq towards the destination when the
+    /// header was built.
+    pub horizon: Seq,
+    /// Every seq of the sender below this is acknowledged or abandoned.
+    pub floor: Seq,
+    /// Bytes of payload following the header.
+    pub payload_len: u16,
+}
+
+/// Why bytes are not a datagram of this format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than a header.
+    #[error("datagram of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Truncated(usize),
+    /// The magic number does not match.
+    #[error("bad magic {0:#06x}")]
+    BadMagic(u16),
+    /// A version this code does not speak.
+    #[error("unsupported version {0}")]
+    BadVersion(u8),
+    /// Unknown flag bits or a nonzero reserved field.
+    #[error("reserved bits set")]
+    ReservedBits,
+    /// The payload length disagrees with the datagram's size.
+    #[error("payload length {declared} but {actual} bytes follow the header")]
+    LengthMismatch {
+        /// What the header declares.
+        declared: u16,
+        /// What follows the header.
+        actual: usize,
+    },
+    /// The source incarnation is zero.
+    #[error("zero source incarnation")]
+    ZeroIncarnation,
+    /// A pure acknowledgement with a seq or payload.
+    #[error("pure acknowledgement with a seq or payload")]
+    AckWithData,
+    /// `floor <= seq < horizon` does not hold.
+    #[error("inconsistent seq {seq}, floor {floor}, horizon {horizon}")]
+    InconsistentSeq {
+        /// The message's seq (0 for a pure acknowledgement).
+        seq: Seq,
+        /// The declared floor.
+        floor: Seq,
+        /// The declared horizon.
+        horizon: Seq,
+    },
+}
+
+impl Header {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// When `buf` is shorter than [`HEADER_LEN`] (a caller bug).
+    pub fn encode(&self, buf: &mut [u8]) {
+        let out = &mut buf[..HEADER_LEN];
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = VERSION;
+        out[3] = match (self.seq, self.reply) {
+            (None, _) => 0,
+            (Some(_), false) => FLAG_DATA,
+            (Some(_), true) => FLAG_DATA | FLAG_REPLY,
+        };
+        out[4..12].copy_from_slice(&self.fabric.to_le_bytes());
+        out[12..14].copy_from_slice(&self.source.to_le_bytes());
+        out[14..16].copy_from_slice(&self.destination.to_le_bytes());
+        out[16..24].copy_from_slice(&self.source_incarnation.to_le_bytes());
+        out[24..32].copy_from_slice(&self.destination_incarnation.to_le_bytes());
+        out[32..36].copy_from_slice(&self.seq.unwrap_or(0).to_le_bytes());
+        out[36..40].copy_from_slice(&self.ack.to_le_bytes());
+        out[40..48].copy_from_slice(&self.sack.to_le_bytes());
+        out[48..52].copy_from_slice(&self.horizon.to_le_bytes());
+        out[52..56].copy_from_slice(&self.floor.to_le_bytes());
+        out[56..58].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[58..60].copy_from_slice(&0u16.to_le_bytes());
+    }
+
+    /// Decodes and validates one datagram; returns the header and the
+    /// payload that follows it.
+    pub fn decode(datagram: &[u8]) -> Result<(Header, &[u8]), WireError> {
+        let Some((head, payload)) = datagram.split_first_chunk::<HEADER_LEN>() else {
+            return Err(WireError::Truncated(datagram.len()));
+        };
+        let u16_at = |at: usize| u16::from_le_bytes([head[at], head[at + 1]]);
+        let u32_at =
+            |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&head[at..at + 8]);
+            u64::from_le_bytes(bytes)
+        };
+        let magic = u16_at(0);
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if head[2] != VERSION {
+            return Err(WireError::BadVersion(head[2]));
+        }
+        let flags = head[3];
+        let known_flags = if flags & FLAG_DATA != 0 {
+            FLAG_DATA | FLAG_REPLY
+        } else {
+            0
+        };
+        if flags & !known_flags != 0 || u16_at(58) != 0 {
+            return Err(WireError::ReservedBits);
+        }
+        let payload_len = u16_at(56);
+        if usize::from(payload_len) != payload.len() {
+            return Err(WireError::LengthMismatch {
+                declared: payload_len,
+                actual: payload.len(),
+            });
+        }
+        let source_incarnation = u64_at(16);
+        if source_incarnation == 0 {
+            return Err(WireError::ZeroIncarnation);
+        }
+        let raw_seq = u32_at(32);
+        let horizon = u32_at(48);
+        let floor = u32_at(52);
+        let seq = if flags & FLAG_DATA != 0 {
+            Some(raw_seq)
+        } else {
+            if raw_seq != 0 || payload_len != 0 {
+                return Err(WireError::AckWithData);
+            }
+            None
+        };
+        // floor <= seq < horizon for a message, floor <= horizon always.
+        let consistent = match seq {
+            Some(seq) => seq_at_or_before(floor, seq) && seq_before(seq, horizon),
+            None => seq_at_or_before(floor, horizon),
+        };
+        if !consistent {
+            return Err(WireError::InconsistentSeq {
+                seq: raw_seq,
+                floor,
+                horizon,
+            });
+        }
+        let header = Header {
+            fabric: u64_at(4),
+            source: u16_at(12),
+            destination: u16_at(14),
+            source_incarnation,
+            destination_incarnation: u64_at(24),
+            seq,
+            reply: flags & FLAG_REPLY != 0,
+            ack: u32_at(36),
+            sack: u64_at(40),
+            horizon,
+            floor,
+            payload_len,
+        };
+        Ok((header, payload))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample(seq: Option<Seq>, payload_len: u16) -> Header {
+        Header {
+            fabric: 0x0123_4567_89ab_cdef,
+            source: 3,
+            destination: 9,
+            source_incarnation: 77,
+            destination_incarnation: 0,
+            seq,
+            reply: seq.is_some(),
+            ack: 5,
+            sack: 0b1011,
+            horizon: seq.map_or(12, |seq| seq.wrapping_add(4)),
+            floor: seq.map_or(10, |seq| seq.wrapping_sub(2)),
+            payload_len,
+        }
+    }
+
+    #[test]
+    fn round_trip_with_payload() {
+        let header = sample(Some(u32::MAX), 3);
+        let mut datagram = vec![0u8; HEADER_LEN + 3];
+        header.encode(&mut datagram);
+        datagram[HEADER_LEN..].copy_from_slice(b"abc");
+        let (decoded, payload) = Header::decode(&datagram).unwrap();
+        assert_eq!(decoded, header);
+        assert_eq!(payload, b"abc");
+    }
+
+    #[test]
+    fn every_field_is_validated() {
+        let mut good = vec![0u8; HEADER_LEN + 2];
+        sample(Some(40), 2).encode(&mut good);
+        assert!(Header::decode(&good).is_ok());
+        let broken = |change: &dyn Fn(&mut Vec<u8>)| {
+            let mut bytes = good.clone();
+            change(&mut bytes);
+            Header::decode(&bytes).unwrap_err()
+        };
+        assert_eq!(broken(&|b| b.truncate(10)), WireError::Truncated(10));
+        assert!(matches!(broken(&|b| b[0] ^= 1), WireError::BadMagic(_)));
+        assert_eq!(broken(&|b| b[2] = 2), WireError::BadVersion(2));
+        assert_eq!(broken(&|b| b[3] |= 4), WireError::ReservedBits);
+        // A reply flag without a message.
+        assert_eq!(broken(&|b| b[3] = FLAG_REPLY), WireError::ReservedBits);
+        assert_eq!(broken(&|b| b[59] = 1), WireError::ReservedBits);
+        assert!(matches!(
+            broken(&|b| b.push(0)),
+            WireError::LengthMismatch {
+                declared: 2,
+                actual: 3
+            }
+        ));
+        assert_eq!(broken(&|b| b[16..24].fill(0)), WireError::ZeroIncarnation);
+        // Pure ack flag with a payload.
+        assert_eq!(broken(&|b| b[3] = 0), WireError::AckWithData);
+        // Horizon not after seq.
+        assert!(matches!(
+            broken(&|b| b[48..52].copy_from_slice(&40u32.to_le_bytes())),
+            WireError::InconsistentSeq { .. }
+        ));
+        // Floor after seq.
+        assert!(matches!(
+            broken(&|b| b[52..56].copy_from_slice(&41u32.to_le_bytes())),
+            WireError::InconsistentSeq { .. }
+        ));
+    }
+
+    #[test]
+    fn wrapping_comparisons() {
+        assert!(seq_before(u32::MAX, 0));
+        assert!(!seq_before(0, u32::MAX));
+        assert!(seq_at_or_before(7, 7));
+        assert!(!seq_before(7, 7));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Header::decode(&bytes);
+        }
+
+        #[test]
+        fn encode_decode_round_trip(
+            fabric in any::<u64>(), source in any::<u16>(), destination in any::<u16>(),
+            source_incarnation in 1..u64::MAX, destination_incarnation in any::<u64>(),
+            seq in proptest::option::of(any::<u32>()), reply in any::<bool>(),
+            ack in any::<u32>(), sack in any::<u64>(),
+            ahead in 1u32..1000, behind in 0u32..1000, len in 0u16..64,
+        ) {
+            let len = if seq.is_some() { len } else { 0 };
+            let base = seq.unwrap_or(ack);
+            let header = Header {
+                fabric, source, destination, source_incarnation, destination_incarnation,
+                seq, reply: reply && seq.is_some(), ack, sack, horizon: base.wrapping_add(ahead),
+                floor: base.wrapping_sub(behind), payload_len: len,
+            };
+            let mut datagram = vec![0xa5u8; HEADER_LEN + usize::from(len)];
+            header.encode(&mut datagram);
+            let (decoded, payload) = Header::decode(&datagram).unwrap();
+            prop_assert_eq!(decoded, header);
+            prop_assert_eq!(payload.len(), usize::from(len));
+        }
+    }
+}
