@@ -3,12 +3,16 @@
 //! device as a process of their own (the demo re-executes itself) call it
 //! too.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 
 use crate::device::{self, Device, Server};
+use crate::internode::LinkConfig;
+use crate::net::Faults;
 use crate::DeviceConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -92,9 +96,66 @@ struct Cli {
     #[arg(long, default_value_t = crate::rdma::DEFAULT_MAX_PATTERN_BLOCKS,
           value_parser = clap::value_parser!(u64).range(1..=MAX_PATTERN_BLOCKS_CAP))]
     max_pattern_blocks: u64,
-    /// Status socket (one `key=value` line per port on connect).
+    /// Status socket (one `key=value` line per port on connect; the line
+    /// `fabric` asks for the fabric link's counters instead).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// This device's node of the fabric: remote addresses naming another
+    /// node go over UDP to that node's device.
+    #[arg(long, default_value_t = 0)]
+    node: u16,
+    /// The UDP address the fabric link binds (with --fabric-peer).
+    #[arg(long, value_name = "ADDR:PORT")]
+    fabric_listen: Option<SocketAddr>,
+    /// Another node of the fabric and its device's UDP address
+    /// (repeatable): `NODE=ADDR:PORT`.
+    #[arg(long = "fabric-peer", value_name = "NODE=ADDR:PORT", value_parser = parse_peer)]
+    fabric_peers: Vec<(u16, SocketAddr)>,
+    /// The job's fabric token (hex, nonzero; every device of the fabric
+    /// is given the same): datagrams of another job are dropped. Default:
+    /// the environment variable PINDOWN_FABRIC_TOKEN.
+    #[arg(long, value_name = "HEX", value_parser = parse_token)]
+    fabric_token: Option<u64>,
+    /// A peer that acknowledges nothing for this long while requests to
+    /// it are in flight is declared gone; they fail with NodeUnreachable
+    /// (e.g. 3s, 500ms).
+    #[arg(long, default_value = "3s", value_parser = parse_timeout)]
+    peer_timeout: Duration,
+    /// Faults injected into the datagrams the fabric link receives, e.g.
+    /// `loss=0.05,dup=0.01,reorder=0.05,delay=200us,seed=7`.
+    #[arg(long, value_name = "SPEC", default_value = "")]
+    fault_in: Faults,
+    /// Faults injected into the datagrams the fabric link sends (same
+    /// form as --fault-in).
+    #[arg(long, value_name = "SPEC", default_value = "")]
+    fault_out: Faults,
+}
+
+fn parse_peer(s: &str) -> Result<(u16, SocketAddr), String> {
+    let (node, address) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NODE=ADDR:PORT"))?;
+    let node = node
+        .parse()
+        .map_err(|_| format!("{node:?} is not a node number (0 to 65535)"))?;
+    let address = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not an address ADDR:PORT"))?;
+    Ok((node, address))
+}
+
+fn parse_token(s: &str) -> Result<u64, String> {
+    match u64::from_str_radix(s.trim_start_matches("0x"), 16) {
+        Ok(0) => Err("the fabric token must not be 0".into()),
+        Ok(token) => Ok(token),
+        Err(_) => Err(format!("{s:?} is not a hexadecimal token")),
+    }
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    crate::net::faults::parse_duration(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?} is not a duration such as 3s, 500ms or 100us"))
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -296,7 +357,7 @@ fn run(cli: Cli) -> Result<(), String> {
             max_descriptor_bytes: cli.max_descriptor_bytes as u32,
             max_pattern_blocks: cli.max_pattern_blocks,
         },
-        node: 0,
+        node: cli.node,
     };
     crate::rdma::init_keys().map_err(|e| format!("no random source for window keys: {e}"))?;
     config.max_connections = connection_limit(&config, sockets.len(), cli.max_connections)?;
@@ -308,7 +369,11 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let link = link_config(&cli)?;
     let device = Device::new(config, sockets.len()).map_err(|e| e.to_string())?;
+    if let Some(link) = link {
+        device.start_link(link).map_err(|e| e.to_string())?;
+    }
     let mut server =
         Server::start(device, &sockets, control.as_deref()).map_err(|e| e.to_string())?;
     tracing::info!(ports = sockets.len(), "emu-device ready");
@@ -317,6 +382,51 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     server.stop();
     Ok(())
+}
+
+/// The fabric link the command line asks for, if any.
+fn link_config(cli: &Cli) -> Result<Option<LinkConfig>, String> {
+    let Some(listen) = cli.fabric_listen else {
+        if !cli.fabric_peers.is_empty() {
+            return Err("--fabric-peer needs --fabric-listen".into());
+        }
+        return Ok(None);
+    };
+    let fabric = match cli.fabric_token {
+        Some(token) => token,
+        None => match std::env::var("PINDOWN_FABRIC_TOKEN") {
+            Ok(text) => parse_token(&text).map_err(|e| format!("PINDOWN_FABRIC_TOKEN: {e}"))?,
+            Err(_) => {
+                return Err(
+                    "a fabric needs a job token: --fabric-token HEX or PINDOWN_FABRIC_TOKEN".into(),
+                )
+            }
+        },
+    };
+    let mut peers = std::collections::BTreeMap::new();
+    for &(node, address) in &cli.fabric_peers {
+        if node == cli.node {
+            return Err(format!("--fabric-peer {node}={address} names this node"));
+        }
+        if peers.insert(node, address).is_some() {
+            return Err(format!("--fabric-peer names node {node} twice"));
+        }
+    }
+    let endpoint = crate::net::Config {
+        peer_timeout: cli.peer_timeout,
+        ..crate::net::Config::default()
+    };
+    endpoint.validate().map_err(|e| e.to_string())?;
+    Ok(Some(LinkConfig {
+        node: cli.node,
+        listen,
+        peers,
+        fabric,
+        endpoint,
+        fault_in: cli.fault_in,
+        fault_out: cli.fault_out,
+        spin: (!cli.poll).then(|| Duration::from_micros(cli.spin_us)),
+    }))
 }
 
 #[cfg(test)]

@@ -81,6 +81,8 @@ pub struct Context<'a> {
     pub switch: &'a Switch,
     /// The device's stop signal.
     pub stop: &'a Stop,
+    /// The link to the other nodes of the fabric, if the device has one.
+    pub link: Option<&'a crate::internode::Link>,
 }
 
 /// Serves one frontend connection on `port` until it closes, misbehaves
@@ -153,7 +155,7 @@ fn process_ring(
                     PortStats::bump(&port.stats.rdma_kicks);
                     work.done = true;
                 }
-                let served = send_queue.serve(&mut st, ctx.ports);
+                let served = send_queue.serve(&mut st, ctx.ports, ctx.link);
                 work.done |= served.worked;
                 work.more |= served.more;
             }
@@ -421,6 +423,16 @@ fn run(
         if port.inbox.pending() && receive_frames(port) {
             last_work = Some(Instant::now());
         }
+        if port.inbox.completions_pending() {
+            // Requests the fabric link completed: their pairs' services
+            // write the completions.
+            let st = port.lock();
+            rings.extend(
+                (0..st.rdma_queue_pairs)
+                    .map(|pair| usize::from(layout.send_queue(pair)))
+                    .filter(|&ring| st.vrings.get(ring).is_some_and(|r| r.active())),
+            );
+        }
         if port.inbox.notices_pending() {
             // Arrivals for the admin completion queue: its send queue's
             // service writes them.
@@ -503,7 +515,7 @@ fn poll_rdma(
             if !st.vrings[sq].active() {
                 continue;
             }
-            let served = send_queue.serve(&mut st, ctx.ports);
+            let served = send_queue.serve(&mut st, ctx.ports, ctx.link);
             if served.worked {
                 worked = Some(Instant::now());
             }

@@ -18,6 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::connection::{self, Context, Stop};
+use crate::internode::{Link, LinkConfig};
 use crate::port::{Port, PortTable};
 use crate::switch::Switch;
 use crate::DeviceConfig;
@@ -94,7 +95,9 @@ pub struct Device {
     /// The MAC learning switch of queue pair 0.
     pub switch: Switch,
     /// The ports.
-    pub ports: PortTable,
+    pub ports: Arc<PortTable>,
+    /// The link to the other nodes of the fabric, once started.
+    pub link: std::sync::OnceLock<Arc<Link>>,
     sockets: usize,
     /// Connections being served (a thread each).
     connections: AtomicUsize,
@@ -118,7 +121,8 @@ impl Device {
     pub fn new(config: DeviceConfig, sockets: usize) -> io::Result<Arc<Device>> {
         Ok(Arc::new(Device {
             switch: Switch::default(),
-            ports: PortTable::new(sockets, &config),
+            ports: Arc::new(PortTable::new(sockets, &config)),
+            link: std::sync::OnceLock::new(),
             sockets,
             connections: AtomicUsize::new(0),
             control_clients: AtomicUsize::new(0),
@@ -127,9 +131,20 @@ impl Device {
         }))
     }
 
-    /// Asks every connection thread to stop.
+    /// Asks every connection thread to stop, and stops the fabric link.
     pub fn shutdown(&self) {
         self.stop.request();
+        if let Some(link) = self.link.get() {
+            link.stop();
+        }
+    }
+
+    /// Joins the fabric: starts the link to the other nodes' devices.
+    pub fn start_link(&self, config: LinkConfig) -> io::Result<()> {
+        let link = Link::start(config, Arc::clone(&self.ports))?;
+        self.link
+            .set(link)
+            .map_err(|_| io::Error::other("the fabric link is started already"))
     }
 
     /// Frontend connections being served now.
@@ -144,6 +159,7 @@ impl Device {
             ports: &self.ports,
             switch: &self.switch,
             stop: &self.stop,
+            link: self.link.get().map(|link| &**link),
         }
     }
 
@@ -452,7 +468,8 @@ fn serve_status(dev: Arc<Device>, listener: UnixListener) {
 
 /// Reads a status client's request line (at most [`CONTROL_LINE_MAX`]
 /// bytes, for at most [`CONTROL_IO_TIMEOUT`] in all), then writes the
-/// status. A client that sends nothing gets the status after the timeout.
+/// status: the fabric link's line for `fabric`, else one line per port. A
+/// client that sends nothing gets the ports' status after the timeout.
 fn answer_status(dev: &Device, mut s: UnixStream) {
     let deadline = Instant::now() + CONTROL_IO_TIMEOUT;
     let mut line = Vec::new();
@@ -468,5 +485,12 @@ fn answer_status(dev: &Device, mut s: UnixStream) {
         }
     }
     let _ = s.set_write_timeout(Some(CONTROL_IO_TIMEOUT));
-    let _ = s.write_all(dev.status().as_bytes());
+    let answer = if line.starts_with(b"fabric") {
+        dev.link
+            .get()
+            .map_or_else(|| "fabric none\n".to_string(), |link| link.status())
+    } else {
+        dev.status()
+    };
+    let _ = s.write_all(answer.as_bytes());
 }

@@ -221,3 +221,32 @@ impl Fabric for PortFabric<'_> {
         self.port(port).map_or(0, |port| port.shared.incarnation())
     }
 }
+
+/// Runs one guarded step on port `index` alone, lent with its memory and
+/// windows (for a request of another node's port, or the part of a
+/// request of this port's that the fabric link carries out), or says why
+/// the port cannot be reached: [`ErrorDetail::UnknownPort`] or
+/// [`ErrorDetail::PortDown`].
+pub fn with_port(
+    ports: &PortTable,
+    index: u16,
+    step: &mut dyn FnMut(Target<'_>) -> Outcome,
+) -> Result<Outcome, ErrorDetail> {
+    let port = ports
+        .get(usize::from(index))
+        .ok_or(ErrorDetail::UnknownPort)?;
+    let state = port.shared.access();
+    let (memory, windows) = lend(&port, &state, None)?;
+    let outcome = step(Target {
+        memory: &memory,
+        windows,
+        refusals: &port.stats.refused,
+        incarnation: port.shared.incarnation(),
+        node: port.node,
+    });
+    if memory.lost() {
+        // Its own thread resets the port; it may be asleep.
+        port.inbox.nudge();
+    }
+    Ok(outcome)
+}

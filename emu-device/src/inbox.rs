@@ -23,6 +23,7 @@ pub struct Inbox {
     state: Mutex<InboxState>,
     pending: AtomicBool,
     notices_pending: AtomicBool,
+    completions_pending: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -34,6 +35,9 @@ struct InboxState {
     notices: VecDeque<Completion>,
     /// Notices promised to transfers under way ([`Inbox::reserve_notice`]).
     reserved: usize,
+    /// Completions of requests the fabric link carried out, by queue
+    /// pair, each with whether the request asked for it (SIGNALED).
+    completions: Vec<VecDeque<(Completion, bool)>>,
 }
 
 /// Arrival notices a port holds at most, queued or promised (a vector
@@ -69,10 +73,12 @@ impl Inbox {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.frames.clear();
         st.notices.clear();
+        st.completions.clear();
         st.reserved = 0;
         st.wake = None;
         self.pending.store(false, Ordering::Release);
         self.notices_pending.store(false, Ordering::Release);
+        self.completions_pending.store(false, Ordering::Release);
     }
 
     /// Promises room for one arrival notice: false when the port holds
@@ -108,6 +114,42 @@ impl Inbox {
         st.notices.push_back(notice);
         self.notices_pending.store(true, Ordering::Release);
         let _ = wake.write(1);
+    }
+
+    /// Queues the completion of a request of queue pair `pair` that the
+    /// fabric link carried out, and wakes the port's thread; dropped when
+    /// the port's frontend has gone meanwhile.
+    pub fn deliver_completion(&self, pair: u16, completion: Completion, signaled: bool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(wake) = st.wake.clone() else {
+            return;
+        };
+        let pair = usize::from(pair);
+        if st.completions.len() <= pair {
+            st.completions.resize_with(pair + 1, VecDeque::new);
+        }
+        st.completions[pair].push_back((completion, signaled));
+        self.completions_pending.store(true, Ordering::Release);
+        let _ = wake.write(1);
+    }
+
+    /// Whether completions of the fabric link are waiting (cheap).
+    pub fn completions_pending(&self) -> bool {
+        self.completions_pending.load(Ordering::Acquire)
+    }
+
+    /// Takes the fabric link's completions for queue pair `pair`, each
+    /// with whether its request was SIGNALED.
+    pub fn take_completions(&self, pair: u16) -> VecDeque<(Completion, bool)> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = st
+            .completions
+            .get_mut(usize::from(pair))
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let left = st.completions.iter().any(|queue| !queue.is_empty());
+        self.completions_pending.store(left, Ordering::Release);
+        taken
     }
 
     /// Whether notices are waiting (cheap; for polling passes).

@@ -42,6 +42,7 @@ pub mod connection;
 pub mod device;
 pub mod fabric;
 pub mod inbox;
+pub mod internode;
 pub mod memory;
 pub mod net;
 pub mod port;

@@ -25,12 +25,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pindown_uapi::{Completion, DeviceInfo, ErrorDetail, Status, WorkRequest, WrFlags};
+use pindown_uapi::{
+    Completion, DeviceInfo, ErrorDetail, NodeId, Operation, Status, WorkRequest, WrFlags,
+};
 use pindown_uapi::{ABI_VERSION, ADMIN_QUEUE_PAIR, RDMA_FEATURES};
 
 use crate::inbox::NOTICES_MAX;
 
 use crate::fabric::PortFabric;
+use crate::internode::{Link, Submission};
 use crate::port::{Port, PortState, PortTable};
 use crate::queues::{Signal, Vring};
 use crate::rdma::{Progress, Turn};
@@ -64,6 +67,9 @@ pub struct SendQueue {
     running: Option<Running>,
     /// The inline bytes of the request taken last (reused).
     inline: Vec<u8>,
+    /// Requests handed to the fabric link whose completions have not come
+    /// back yet.
+    in_flight: usize,
 }
 
 /// A request taken from the send queue and not complete yet.
@@ -83,6 +89,30 @@ enum Advanced {
     Paused,
     /// It waits for the frontend to map its local memory.
     Waiting,
+    /// It is fenced and waits for the pair's requests in flight on the
+    /// fabric link (their completions wake the port).
+    Fenced,
+}
+
+/// Requests of one queue pair in flight on the fabric link at most; the
+/// pair takes no new request beyond (a completion wakes it).
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// The node a request's remote address names, for requests that have one.
+fn remote_node(op: &Operation) -> Option<NodeId> {
+    match op {
+        Operation::Write { remote, .. }
+        | Operation::Read { remote, .. }
+        | Operation::WriteInline { remote, .. }
+        | Operation::CompareSwap { remote, .. }
+        | Operation::FetchAdd { remote, .. }
+        | Operation::Swap { remote, .. } => Some(remote.node),
+        Operation::VectorWrite(vector) | Operation::VectorRead(vector) => Some(vector.remote.node),
+        Operation::Nop
+        | Operation::Query
+        | Operation::BindWindow { .. }
+        | Operation::RevokeWindow { .. } => None,
+    }
 }
 
 /// What serving the queues did.
@@ -130,6 +160,7 @@ impl SendQueue {
             waiting_since: None,
             running: None,
             inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
+            in_flight: 0,
         }
     }
 
@@ -150,7 +181,12 @@ impl SendQueue {
     /// turns. `state` is the served port's state, whose lock the caller
     /// holds; peers are looked up in `ports` and reached through their
     /// access gates only, never their locks.
-    pub fn serve(&mut self, state: &mut PortState, ports: &PortTable) -> Served {
+    pub fn serve(
+        &mut self,
+        state: &mut PortState,
+        ports: &PortTable,
+        link: Option<&Link>,
+    ) -> Served {
         let port = Arc::clone(&self.port);
         let (sq, cq) = self.rings_of(state);
         let index = state.index;
@@ -186,8 +222,17 @@ impl SendQueue {
             let notices = port.inbox.take_notices(NOTICES_MAX - self.pending.len());
             self.pending.extend(notices);
         }
-        let fabric = PortFabric::new(ports, &port);
         let mut served = Served::default();
+        if port.inbox.completions_pending() {
+            for (completion, signaled) in port.inbox.take_completions(self.pair) {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                served.worked = true;
+                if signaled || !completion.is_success() {
+                    self.pending.push_back(completion);
+                }
+            }
+        }
+        let fabric = PortFabric::new(ports, &port);
         let mut budget = REQUESTS_PER_TURN;
         loop {
             let next = self.ring_step(vrings, sq, cq, &mut served, &mut budget);
@@ -195,8 +240,9 @@ impl SendQueue {
                 break;
             }
             served.worked = true;
-            match self.advance(&fabric, info, lazy_iotlb) {
+            match self.advance(&fabric, info, lazy_iotlb, link) {
                 Advanced::Completed => {}
+                Advanced::Fenced => break,
                 Advanced::Paused => {
                     served.more = true;
                     break;
@@ -268,6 +314,10 @@ impl SendQueue {
                 served.more = true;
                 return Next::Stop;
             }
+            if self.in_flight >= MAX_IN_FLIGHT {
+                // A completion from the fabric link wakes the port.
+                return Next::Stop;
+            }
             let head = vrings[sq].position();
             let (request, slots) = match view.take(head, &mut self.inline) {
                 Slot::Empty => return Next::Stop,
@@ -337,10 +387,24 @@ impl SendQueue {
     /// Runs one turn of the running request (outside the port's gate, in
     /// steps of its own, so that a request may revoke one of the port's
     /// windows: a barrier on the same gate).
-    fn advance(&mut self, fabric: &PortFabric<'_>, info: DeviceInfo, lazy_iotlb: bool) -> Advanced {
+    fn advance(
+        &mut self,
+        fabric: &PortFabric<'_>,
+        info: DeviceInfo,
+        lazy_iotlb: bool,
+        link: Option<&Link>,
+    ) -> Advanced {
         let Some(running) = self.running.as_mut() else {
             return Advanced::Completed;
         };
+        if running.request.flags.contains(WrFlags::FENCE) && self.in_flight > 0 {
+            return Advanced::Fenced;
+        }
+        if let Some(node) = remote_node(&running.request.op).filter(|&node| node != info.node) {
+            let running = self.running.take().expect("a running request");
+            self.hand_over(running, node, link);
+            return Advanced::Completed;
+        }
         let (turn, own_miss) = fabric.execute(
             info,
             &running.request,
@@ -367,6 +431,36 @@ impl SendQueue {
             self.pending.push_back(done);
         }
         Advanced::Completed
+    }
+
+    /// Hands a request that names node `node` (not this one) to the
+    /// fabric link, or fails it.
+    fn hand_over(&mut self, running: Running, node: NodeId, link: Option<&Link>) {
+        let request = running.request;
+        let refused = |detail| {
+            let status = Status::InvalidRequest;
+            Completion::error(request.user_data, Some(request.op.opcode()), status, detail)
+        };
+        match link {
+            Some(link) if link.knows(node) => {
+                if matches!(
+                    request.op,
+                    Operation::VectorWrite(_) | Operation::VectorRead(_)
+                ) {
+                    // Vector transfers between nodes are not carried yet.
+                    self.pending.push_back(refused(ErrorDetail::Unsupported));
+                    return;
+                }
+                link.submit(Submission {
+                    port: Arc::clone(&self.port),
+                    pair: self.pair,
+                    request,
+                    inline: running.inline,
+                });
+                self.in_flight += 1;
+            }
+            _ => self.pending.push_back(refused(ErrorDetail::UnknownNode)),
+        }
     }
 
     /// Before the port's thread sleeps: asks the driver to kick the send

@@ -59,7 +59,8 @@ pub enum Status {
 }
 
 impl Status {
-    fn from_u8(code: u8) -> Result<Status, DecodeError> {
+    /// The status with code `code`, as a completion carries it.
+    pub fn from_u8(code: u8) -> Result<Status, DecodeError> {
         Ok(match code {
             0 => Status::Success,
             1 => Status::RemoteAccessError,
@@ -148,7 +149,8 @@ pub enum ErrorDetail {
 }
 
 impl ErrorDetail {
-    fn from_u8(code: u8) -> Result<ErrorDetail, DecodeError> {
+    /// The detail with code `code`, as a completion carries it.
+    pub fn from_u8(code: u8) -> Result<ErrorDetail, DecodeError> {
         Ok(match code {
             0 => ErrorDetail::None,
             1 => ErrorDetail::NotGranted,

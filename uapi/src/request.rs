@@ -249,7 +249,8 @@ impl AtomicWidth {
         }
     }
 
-    fn from_bytes(bytes: u32) -> Result<Self, DecodeError> {
+    /// The width of a word of `bytes` bytes.
+    pub fn from_bytes(bytes: u32) -> Result<Self, DecodeError> {
         match bytes {
             4 => Ok(AtomicWidth::Four),
             8 => Ok(AtomicWidth::Eight),

@@ -233,7 +233,7 @@ fn id_of(own: u16, local: &Target<'_>) -> PortId {
 /// Fails a step that touched memory its owner took away
 /// ([`MemoryAccess::lost`](super::MemoryAccess::lost)): the port is being
 /// reset, like a port that went down.
-fn still_there(target: &Target<'_>) -> Result<(), Failure> {
+pub(super) fn still_there(target: &Target<'_>) -> Result<(), Failure> {
     if target.memory.lost() {
         return Err((Status::PeerGone, ErrorDetail::PortDown));
     }
@@ -505,13 +505,13 @@ pub(super) fn remote_range(
 
 /// A remote word for an atomic, checked and aligned; borrowed from the
 /// target for the duration of the request.
-enum Word<'t> {
+pub(super) enum Word<'t> {
     Four(&'t AtomicU32),
     Eight(&'t AtomicU64),
 }
 
 impl Word<'_> {
-    fn compare_swap(&self, compare: u64, swap: u64) -> u64 {
+    pub(super) fn compare_swap(&self, compare: u64, swap: u64) -> u64 {
         match self {
             Word::Four(word) => {
                 let result = word.compare_exchange(
@@ -528,14 +528,14 @@ impl Word<'_> {
         }
     }
 
-    fn fetch_add(&self, add: u64) -> u64 {
+    pub(super) fn fetch_add(&self, add: u64) -> u64 {
         match self {
             Word::Four(word) => u64::from(word.fetch_add(add as u32, Ordering::SeqCst)),
             Word::Eight(word) => word.fetch_add(add, Ordering::SeqCst),
         }
     }
 
-    fn swap(&self, value: u64) -> u64 {
+    pub(super) fn swap(&self, value: u64) -> u64 {
         match self {
             Word::Four(word) => u64::from(word.swap(value as u32, Ordering::SeqCst)),
             Word::Eight(word) => word.swap(value, Ordering::SeqCst),
@@ -543,7 +543,7 @@ impl Word<'_> {
     }
 }
 
-fn atomic_word<'t>(
+pub(super) fn atomic_word<'t>(
     target: &'t Target<'_>,
     initiator: PortId,
     remote: RemoteAddress,
@@ -584,7 +584,7 @@ fn atomic_word<'t>(
 }
 
 /// Copies `bytes` into `to` (which holds at least as many), span by span.
-fn copy_in(bytes: &[u8], to: &[Span]) {
+pub(super) fn copy_in(bytes: &[u8], to: &[Span]) {
     let mut rest = bytes;
     for span in to {
         let n = span.len.min(rest.len());

@@ -17,6 +17,7 @@
 //! CPU atomics of the memory's owner.
 
 mod execute;
+pub mod remote;
 mod vector;
 mod windows;
 

@@ -1,0 +1,1195 @@
+//! The link thread: the UDP socket, the reliable endpoint, the operations
+//! this device started towards other nodes (the initiator side) and the
+//! reads other nodes asked of it (the target side).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pindown_uapi::{
+    AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, RemoteAddress, Status,
+    WorkRequest, WrFlags,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::message::{Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
+use crate::fabric::with_port;
+use crate::net::wire::{seq_before, Header};
+use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq};
+use crate::port::{Port, PortTable};
+use crate::rdma::remote::{self, AtomicOp};
+use crate::rdma::{Failure, PortId, Target};
+
+/// Reads other nodes may have under way here at once; one more is
+/// refused with [`ErrorDetail::NodeBusy`].
+pub const MAX_READ_JOBS: usize = 1024;
+
+/// How the link is set up.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// This device's node.
+    pub node: NodeId,
+    /// The UDP address the link binds.
+    pub listen: SocketAddr,
+    /// The other nodes and their devices' UDP addresses.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// The job token every device of the fabric shares.
+    pub fabric: u64,
+    /// The reliable endpoint's tunables (peer timeout, window, ...).
+    pub endpoint: net::Config,
+    /// Faults injected into received datagrams.
+    pub fault_in: Faults,
+    /// Faults injected into sent datagrams.
+    pub fault_out: Faults,
+    /// How long the thread polls its socket after activity before it
+    /// sleeps (`None`: it never sleeps while the device runs).
+    pub spin: Option<Duration>,
+}
+
+/// A request of a local port that names another node.
+#[derive(Debug)]
+pub struct Submission {
+    /// The initiating port.
+    pub port: Arc<Port>,
+    /// Its queue pair, where the completion goes.
+    pub pair: u16,
+    /// The request.
+    pub request: WorkRequest,
+    /// The bytes of a WRITE_INLINE.
+    pub inline: Vec<u8>,
+}
+
+/// Counters of the link; they only grow.
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Requests of local ports handed to the link.
+    pub started: AtomicU64,
+    /// Of those, completed successfully.
+    pub completed: AtomicU64,
+    /// Of those, completed with an error.
+    pub failed: AtomicU64,
+    /// Operations of other nodes carried out here (write parts, reads,
+    /// atomics).
+    pub served: AtomicU64,
+    /// Messages that did not decode, or named an operation that does not
+    /// exist or is not the sender's.
+    pub bad_messages: AtomicU64,
+    /// Datagrams from addresses that are no peer's.
+    pub stray_datagrams: AtomicU64,
+    /// Datagrams the endpoint dropped (stale, duplicate, wrong fabric,
+    /// malformed, ...; the endpoint's own counters tell them apart).
+    pub dropped_datagrams: AtomicU64,
+    /// Datagrams sent (retransmissions included).
+    pub datagrams_sent: AtomicU64,
+    /// Datagrams received.
+    pub datagrams_received: AtomicU64,
+    /// Messages sent again.
+    pub retransmissions: AtomicU64,
+}
+
+/// The link of this device to the other nodes' devices.
+pub struct Link {
+    node: NodeId,
+    peers: BTreeMap<NodeId, SocketAddr>,
+    queue: Mutex<VecDeque<Submission>>,
+    wake: EventFd,
+    stop: AtomicBool,
+    /// Counters.
+    pub stats: LinkStats,
+    /// The endpoint's memory: fixed bytes, bytes per peer.
+    memory: (usize, usize),
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("node", &self.node)
+            .field("peers", &self.peers)
+            .finish()
+    }
+}
+
+impl Link {
+    /// Binds the socket and starts the link's thread over `ports`.
+    pub fn start(config: LinkConfig, ports: Arc<PortTable>) -> io::Result<Arc<Link>> {
+        let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+        let socket = UdpSocket::bind(config.listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", config.listen)))?;
+        socket.set_nonblocking(true)?;
+        let identity = Identity::with_random_incarnation(config.fabric, config.node)
+            .map_err(|e| io::Error::other(format!("no random source: {e}")))?;
+        let mut endpoint =
+            Endpoint::new(identity, config.endpoint).map_err(|e| invalid(e.to_string()))?;
+        for &node in config.peers.keys() {
+            endpoint
+                .add_peer(node)
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        let report = endpoint.memory();
+        let link = Arc::new(Link {
+            node: config.node,
+            peers: config.peers.clone(),
+            queue: Mutex::new(VecDeque::new()),
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            stop: AtomicBool::new(false),
+            stats: LinkStats::default(),
+            memory: (report.fixed_bytes, report.per_peer_bytes),
+            thread: Mutex::new(None),
+        });
+        let worker = Worker {
+            link: Arc::clone(&link),
+            ports,
+            socket,
+            endpoint,
+            fault_in: (!config.fault_in.is_none()).then(|| FaultInjector::new(config.fault_in)),
+            fault_out: (!config.fault_out.is_none()).then(|| FaultInjector::new(config.fault_out)),
+            spin: config.spin,
+            ops: BTreeMap::new(),
+            next_tag: 1,
+            seq_tags: HashMap::new(),
+            reads: VecDeque::new(),
+            deferred: VecDeque::new(),
+            message: Vec::with_capacity(config.endpoint.max_payload),
+            bytes: vec![0; config.endpoint.max_payload],
+            addresses: config.peers.iter().map(|(&n, &a)| (a, n)).collect(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("link-node{}", config.node))
+            .spawn(move || worker.run())?;
+        *link.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        Ok(link)
+    }
+
+    /// This device's node.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// Whether `node` is a node of the fabric (this one included).
+    pub fn knows(&self, node: NodeId) -> bool {
+        node == self.node || self.peers.contains_key(&node)
+    }
+
+    /// Hands a request that names another node to the link. Its
+    /// completion comes back through the port's inbox.
+    pub fn submit(&self, submission: Submission) {
+        self.stats.started.fetch_add(1, Ordering::Relaxed);
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(submission);
+        let _ = self.wake.write(1);
+    }
+
+    /// Stops the thread (the device is shutting down).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.wake.write(1);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
+    /// One status line: `fabric node=.. peers=..` and the counters.
+    pub fn status(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        format!(
+            "fabric node={} peers={} started={} completed={} failed={} served={} \
+             bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
+             datagrams_received={} retransmissions={} memory_fixed={} memory_per_peer={}\n",
+            self.node,
+            self.peers.len(),
+            g(&s.started),
+            g(&s.completed),
+            g(&s.failed),
+            g(&s.served),
+            g(&s.bad_messages),
+            g(&s.stray_datagrams),
+            g(&s.dropped_datagrams),
+            g(&s.datagrams_sent),
+            g(&s.datagrams_received),
+            g(&s.retransmissions),
+            self.memory.0,
+            self.memory.1,
+        )
+    }
+}
+
+/// An operation of a local port under way towards another node.
+struct Op {
+    node: NodeId,
+    port: Arc<Port>,
+    /// The port's incarnation when the request was taken: memory of a
+    /// later frontend of the port is never touched for it.
+    incarnation: u64,
+    pair: u16,
+    user_data: u64,
+    opcode: Opcode,
+    /// The request asked for a completion on success.
+    signaled: bool,
+    kind: OpKind,
+    /// Messages sent and not yet acknowledged or abandoned.
+    unacked: u32,
+    /// The largest horizon of the acknowledgements received: answers to
+    /// the operation have seqs below it.
+    horizon: Option<Seq>,
+    failure: Option<Failure>,
+}
+
+enum OpKind {
+    Write {
+        /// Local IOVA of the source; `None` for inline bytes.
+        local: Option<u64>,
+        inline: Vec<u8>,
+        remote: RemoteAddress,
+        len: u32,
+        sent: u32,
+    },
+    Read {
+        local: u64,
+        remote: RemoteAddress,
+        len: u32,
+        requested: bool,
+        received: u32,
+        /// The target said every byte was sent.
+        finished: bool,
+    },
+    Atomic {
+        remote: RemoteAddress,
+        width: AtomicWidth,
+        op: AtomicOp,
+        requested: bool,
+        value: Option<u64>,
+    },
+}
+
+/// A read another node asked of a port here, being answered.
+struct ReadJob {
+    node: NodeId,
+    origin: Origin,
+    remote: RemoteAddress,
+    len: u32,
+    at: u32,
+}
+
+/// What the link's thread owns.
+struct Worker {
+    link: Arc<Link>,
+    ports: Arc<PortTable>,
+    socket: UdpSocket,
+    endpoint: Endpoint,
+    fault_in: Option<FaultInjector>,
+    fault_out: Option<FaultInjector>,
+    spin: Option<Duration>,
+    ops: BTreeMap<u64, Op>,
+    next_tag: u64,
+    /// Which operation each message in flight belongs to.
+    seq_tags: HashMap<(NodeId, Seq), u64>,
+    reads: VecDeque<ReadJob>,
+    /// Answers the endpoint could not take at once (sent first).
+    deferred: VecDeque<(NodeId, Vec<u8>)>,
+    /// The message being built.
+    message: Vec<u8>,
+    /// Bytes being moved for the message being built.
+    bytes: Vec<u8>,
+    addresses: HashMap<SocketAddr, NodeId>,
+}
+
+/// Where a failed operation's port is not reached.
+fn unreachable_port(detail: ErrorDetail) -> Failure {
+    match detail {
+        ErrorDetail::PortDown => (Status::PeerGone, detail),
+        detail => (Status::RemoteAccessError, detail),
+    }
+}
+
+/// The failure of every operation to a node that is gone.
+const GONE: Failure = (Status::PeerGone, ErrorDetail::NodeUnreachable);
+
+/// Runs `f` on port `index`, lent for one guarded step.
+fn on_port<T>(
+    ports: &PortTable,
+    index: u16,
+    mut f: impl FnMut(&Target<'_>) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let mut out = None;
+    let outcome = with_port(ports, index, &mut |target| {
+        out = Some(f(&target)?);
+        Ok(Completion::success(0, Opcode::Nop, 0, 0))
+    })
+    .map_err(unreachable_port)?;
+    outcome?;
+    Ok(out.expect("set on success"))
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut datagram = vec![0u8; 65536];
+        let mut last_work = Instant::now();
+        while !self.link.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let mut worked = self.take_submissions(now);
+            worked |= self.receive(now, &mut datagram);
+            if self.endpoint.poll_timeout().is_some_and(|at| at <= now) {
+                self.endpoint.handle_timeout(now);
+            }
+            while let Some(event) = self.endpoint.poll_event() {
+                self.on_event(event);
+                worked = true;
+            }
+            worked |= self.produce(now);
+            self.finish_ops();
+            worked |= self.transmit(now, &mut datagram);
+            self.publish_stats();
+            if worked {
+                last_work = now;
+            }
+            let spinning = match self.spin {
+                None => true,
+                Some(spin) => now.duration_since(last_work) < spin,
+            };
+            if !spinning {
+                self.sleep();
+            }
+        }
+    }
+
+    /// Sleeps until the socket is readable, a submission arrives, or the
+    /// next timer (endpoint, fault injectors) is due.
+    fn sleep(&self) {
+        let now = Instant::now();
+        let due = [
+            self.endpoint.poll_timeout(),
+            self.fault_in.as_ref().and_then(FaultInjector::next_ready),
+            self.fault_out.as_ref().and_then(FaultInjector::next_ready),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let timeout = due.map(|at| at.saturating_duration_since(now));
+        let timespec = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(1) as libc::time_t,
+            tv_nsec: if t.as_secs() >= 1 {
+                0
+            } else {
+                libc::c_long::from(t.subsec_nanos() as i32)
+            },
+        });
+        let mut fds = [
+            libc::pollfd {
+                fd: self.socket.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.link.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // At most a second, so that a stop is seen even without a wake.
+        let second = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        let wait = timespec.unwrap_or(second);
+        // SAFETY: `fds` is a live array of two pollfds and `wait` a live
+        // timespec; no signal mask is passed.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &wait, std::ptr::null()) };
+        let _ = self.link.wake.read();
+    }
+
+    fn take_submissions(&mut self, now: Instant) -> bool {
+        let taken: Vec<Submission> = {
+            let mut queue = self.link.queue.lock().unwrap_or_else(|e| e.into_inner());
+            queue.drain(..).collect()
+        };
+        let worked = !taken.is_empty();
+        for submission in taken {
+            self.start(submission, now);
+        }
+        worked
+    }
+
+    /// Turns a submission into an operation (or completes it at once).
+    fn start(&mut self, submission: Submission, _now: Instant) {
+        let Submission {
+            port,
+            pair,
+            request,
+            inline,
+        } = submission;
+        let kind = match request.op {
+            Operation::Write { local, len, remote } => OpKind::Write {
+                local: Some(local),
+                inline: Vec::new(),
+                remote,
+                len,
+                sent: 0,
+            },
+            Operation::WriteInline { len, remote, .. } => OpKind::Write {
+                local: None,
+                inline,
+                remote,
+                len,
+                sent: 0,
+            },
+            Operation::Read { local, len, remote } => OpKind::Read {
+                local,
+                remote,
+                len,
+                requested: false,
+                received: 0,
+                finished: false,
+            },
+            Operation::CompareSwap {
+                remote,
+                width,
+                compare,
+                swap,
+            } => atomic(remote, width, AtomicOp::CompareSwap { compare, swap }),
+            Operation::FetchAdd { remote, width, add } => {
+                atomic(remote, width, AtomicOp::FetchAdd { add })
+            }
+            Operation::Swap {
+                remote,
+                width,
+                value,
+            } => atomic(remote, width, AtomicOp::Swap { value }),
+            _ => {
+                // The send queue hands over only these operations.
+                let failure = (Status::InvalidRequest, ErrorDetail::Unsupported);
+                deliver(&self.link, &port, pair, &request, Err(failure));
+                return;
+            }
+        };
+        let node = match &kind {
+            OpKind::Write { remote, .. }
+            | OpKind::Read { remote, .. }
+            | OpKind::Atomic { remote, .. } => remote.node,
+        };
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let incarnation = port.shared.incarnation();
+        self.ops.insert(
+            tag,
+            Op {
+                node,
+                port,
+                incarnation,
+                pair,
+                user_data: request.user_data,
+                opcode: request.op.opcode(),
+                signaled: request.flags.contains(WrFlags::SIGNALED),
+                kind,
+                unacked: 0,
+                horizon: None,
+                failure: None,
+            },
+        );
+        if let Some(op) = self.ops.get_mut(&tag) {
+            if !self.link.peers.contains_key(&node) {
+                op.failure = Some((Status::InvalidRequest, ErrorDetail::UnknownNode));
+            }
+        }
+    }
+
+    /// Reads every datagram waiting on the socket.
+    fn receive(&mut self, now: Instant, datagram: &mut [u8]) -> bool {
+        let mut worked = false;
+        loop {
+            let (len, from) = match self.socket.recv_from(datagram) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP errors of earlier sends (a peer not up yet)
+                    // surface here; the endpoint retransmits.
+                    tracing::debug!("fabric socket: {e}");
+                    continue;
+                }
+            };
+            worked = true;
+            self.link
+                .stats
+                .datagrams_received
+                .fetch_add(1, Ordering::Relaxed);
+            if !self.addresses.contains_key(&from) {
+                self.link
+                    .stats
+                    .stray_datagrams
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match &mut self.fault_in {
+                Some(faults) => faults.push(now, &datagram[..len]),
+                None => {
+                    let bytes = datagram[..len].to_vec();
+                    self.handle_datagram(now, &bytes);
+                }
+            }
+        }
+        while let Some(bytes) = self.fault_in.as_mut().and_then(|f| f.pop_ready(now)) {
+            self.handle_datagram(now, &bytes);
+            worked = true;
+        }
+        worked
+    }
+
+    fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        match self.endpoint.receive(now, datagram) {
+            Ok(Some(message)) => self.on_message(now, message.node, message.payload),
+            Ok(None) => {}
+            Err(reason) => {
+                tracing::trace!("datagram dropped: {reason}");
+                self.link
+                    .stats
+                    .dropped_datagrams
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn bad_message(&self, node: NodeId, what: &dyn std::fmt::Display) {
+        tracing::debug!(node, "bad fabric message: {what}");
+        self.link.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Handles one message a peer sent.
+    fn on_message(&mut self, now: Instant, node: NodeId, payload: &[u8]) {
+        let message = match Message::decode(payload) {
+            Ok(message) => message,
+            Err(error) => return self.bad_message(node, &error),
+        };
+        let own = self.link.node;
+        let initiator = |origin: Origin| PortId {
+            node,
+            index: origin.port,
+            incarnation: origin.incarnation,
+        };
+        let at = |dst_port, key, offset| RemoteAddress {
+            node: own,
+            port: dst_port,
+            key,
+            offset,
+        };
+        match message {
+            Message::Write {
+                origin,
+                dst_port,
+                key,
+                offset,
+                bytes,
+            } => {
+                self.served();
+                let remote = at(dst_port, key, offset);
+                let written = on_port(&self.ports, dst_port, |target| {
+                    remote::write_into(target, initiator(origin), remote, bytes)
+                });
+                if let Err((status, detail)) = written {
+                    self.answer(now, node, origin.tag, status, detail, 0);
+                }
+            }
+            Message::Read {
+                origin,
+                dst_port,
+                key,
+                offset,
+                len,
+            } => {
+                self.served();
+                let remote = at(dst_port, key, offset);
+                let checked = on_port(&self.ports, dst_port, |target| {
+                    remote::check_read(target, initiator(origin), remote, u64::from(len))
+                });
+                match checked {
+                    Err((status, detail)) => {
+                        self.answer(now, node, origin.tag, status, detail, 0);
+                    }
+                    Ok(()) if self.reads.len() >= MAX_READ_JOBS => {
+                        let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
+                        self.answer(now, node, origin.tag, status, detail, 0);
+                    }
+                    Ok(()) => self.reads.push_back(ReadJob {
+                        node,
+                        origin,
+                        remote,
+                        len,
+                        at: 0,
+                    }),
+                }
+            }
+            Message::Atomic {
+                origin,
+                dst_port,
+                key,
+                offset,
+                width,
+                op,
+            } => {
+                self.served();
+                let remote = at(dst_port, key, offset);
+                let old = on_port(&self.ports, dst_port, |target| {
+                    remote::atomic(target, initiator(origin), remote, width, op)
+                });
+                let (status, detail, value) = match old {
+                    Ok(value) => (Status::Success, ErrorDetail::None, value),
+                    Err((status, detail)) => (status, detail, 0),
+                };
+                self.answer(now, node, origin.tag, status, detail, value);
+            }
+            Message::ReadData { tag, at, bytes } => self.read_data(node, tag, at, bytes),
+            Message::Result {
+                tag,
+                status,
+                detail,
+                value,
+            } => self.result(node, tag, status, detail, value),
+        }
+    }
+
+    fn served(&self) {
+        self.link.stats.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends a RESULT (or keeps it for the next round when the endpoint
+    /// cannot take it now).
+    fn answer(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        tag: u64,
+        status: Status,
+        detail: ErrorDetail,
+        value: u64,
+    ) {
+        let mut bytes = Vec::with_capacity(24);
+        Message::Result {
+            tag,
+            status,
+            detail,
+            value,
+        }
+        .encode(&mut bytes);
+        if !self.deferred.is_empty() || self.send_reply(now, node, &bytes).is_err() {
+            self.deferred.push_back((node, bytes));
+        }
+    }
+
+    /// Sends one request (a message the peer answers); `Ok(None)` when
+    /// the peer is gone (the message is dropped with it), `Err` when the
+    /// endpoint cannot take it now.
+    fn send(&mut self, now: Instant, node: NodeId, bytes: &[u8]) -> Result<Option<Seq>, ()> {
+        let sent = self.endpoint.send(now, node, bytes);
+        Self::sent(node, sent)
+    }
+
+    /// Sends one reply (a message the peer does not answer), as
+    /// [`send`](Self::send).
+    fn send_reply(&mut self, now: Instant, node: NodeId, bytes: &[u8]) -> Result<Option<Seq>, ()> {
+        let sent = self.endpoint.send_reply(now, node, bytes);
+        Self::sent(node, sent)
+    }
+
+    fn sent(node: NodeId, sent: Result<Seq, SendError>) -> Result<Option<Seq>, ()> {
+        match sent {
+            Ok(seq) => Ok(Some(seq)),
+            Err(error) if error.is_would_block() => Err(()),
+            Err(SendError::PeerGone(_) | SendError::UnknownPeer(_)) => Ok(None),
+            Err(error) => {
+                tracing::warn!(node, "fabric message not sent: {error}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Part of the answer to a read of ours: lands in place.
+    fn read_data(&mut self, node: NodeId, tag: u64, at: u32, bytes: &[u8]) {
+        let Some(op) = self.ops.get_mut(&tag).filter(|op| op.node == node) else {
+            // A read that completed with an error already, or a stray.
+            return self.bad_message(node, &"read data of no read of ours");
+        };
+        let OpKind::Read {
+            local,
+            len,
+            received,
+            ..
+        } = &mut op.kind
+        else {
+            return self.bad_message(node, &"read data for an operation that is no read");
+        };
+        let end = u64::from(at) + bytes.len() as u64;
+        if end > u64::from(*len) || u64::from(*received) + bytes.len() as u64 > u64::from(*len) {
+            op.failure
+                .get_or_insert((Status::RemoteAccessError, ErrorDetail::Malformed));
+            return;
+        }
+        *received += bytes.len() as u32;
+        if op.failure.is_some() {
+            return;
+        }
+        let (iova, incarnation) = (*local + u64::from(at), op.incarnation);
+        let landed = on_port(&self.ports, op.port.index as u16, |own| {
+            if own.incarnation != incarnation {
+                return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
+            }
+            remote::write_local(own, iova, bytes)
+        });
+        if let Err(failure) = landed {
+            op.failure = Some(failure);
+        }
+    }
+
+    /// The outcome of an operation of ours.
+    fn result(&mut self, node: NodeId, tag: u64, status: Status, detail: ErrorDetail, value: u64) {
+        let Some(op) = self.ops.get_mut(&tag).filter(|op| op.node == node) else {
+            return self.bad_message(node, &"result of no operation of ours");
+        };
+        if status != Status::Success {
+            op.failure.get_or_insert((status, detail));
+            return;
+        }
+        match &mut op.kind {
+            OpKind::Read { finished, .. } => *finished = true,
+            OpKind::Atomic { value: old, .. } => *old = Some(value),
+            OpKind::Write { .. } => {}
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Acked { node, seq, horizon } => {
+                if let Some(op) = self
+                    .seq_tags
+                    .remove(&(node, seq))
+                    .and_then(|tag| self.ops.get_mut(&tag))
+                {
+                    op.unacked -= 1;
+                    op.horizon = Some(match op.horizon {
+                        Some(h) if seq_before(horizon, h) => h,
+                        _ => horizon,
+                    });
+                }
+            }
+            Event::Abandoned { node, seq } => {
+                if let Some(op) = self
+                    .seq_tags
+                    .remove(&(node, seq))
+                    .and_then(|tag| self.ops.get_mut(&tag))
+                {
+                    op.unacked -= 1;
+                    op.failure = Some(GONE);
+                }
+            }
+            Event::PeerGone { node }
+            | Event::PeerRestarted { node }
+            | Event::PeerAbandoned { node, .. } => {
+                tracing::warn!(node, "fabric peer gone or restarted: {event:?}");
+                for op in self.ops.values_mut().filter(|op| op.node == node) {
+                    op.failure = Some(GONE);
+                    // Its messages were abandoned (reported before); the
+                    // answers it waits for will not come.
+                    op.horizon = None;
+                }
+                self.reads.retain(|job| job.node != node);
+                self.deferred.retain(|(to, _)| *to != node);
+            }
+        }
+    }
+
+    /// Sends what waits: deferred answers, parts of writes and read
+    /// requests and atomics of ours, parts of reads of other nodes.
+    fn produce(&mut self, now: Instant) -> bool {
+        let mut worked = false;
+        while let Some((node, bytes)) = self.deferred.pop_front() {
+            if self.send_reply(now, node, &bytes).is_err() {
+                self.deferred.push_front((node, bytes));
+                return worked;
+            }
+            worked = true;
+        }
+        let tags: Vec<u64> = self.ops.keys().copied().collect();
+        for tag in tags {
+            worked |= self.produce_op(now, tag);
+        }
+        worked | self.produce_reads(now)
+    }
+
+    /// Sends what operation `tag` can send now.
+    fn produce_op(&mut self, now: Instant, tag: u64) -> bool {
+        let max = self.endpoint.config().max_payload;
+        let mut worked = false;
+        loop {
+            let Some(op) = self.ops.get_mut(&tag) else {
+                return worked;
+            };
+            if op.failure.is_some() {
+                return worked;
+            }
+            let origin = Origin {
+                port: op.port.index as u16,
+                incarnation: op.incarnation,
+                tag,
+            };
+            let node = op.node;
+            self.message.clear();
+            match &mut op.kind {
+                OpKind::Write {
+                    local,
+                    inline,
+                    remote,
+                    len,
+                    sent,
+                } => {
+                    // Every part went (a write of no bytes sends one empty
+                    // part: the target still checks the window).
+                    if *sent == *len && (*len != 0 || op.unacked > 0 || op.horizon.is_some()) {
+                        return worked;
+                    }
+                    let chunk = (*len - *sent).min((max - WRITE_HEADER) as u32) as usize;
+                    let bytes = &mut self.bytes[..chunk];
+                    match local {
+                        None => bytes.copy_from_slice(&inline[*sent as usize..][..chunk]),
+                        Some(iova) => {
+                            let (iova, incarnation) = (*iova + u64::from(*sent), op.incarnation);
+                            let read = on_port(&self.ports, origin.port, |own| {
+                                if own.incarnation != incarnation {
+                                    return Err((
+                                        Status::LocalProtectionError,
+                                        ErrorDetail::Unregistered,
+                                    ));
+                                }
+                                remote::read_local(own, iova, bytes)
+                            });
+                            if let Err(failure) = read {
+                                op.failure = Some(failure);
+                                return true;
+                            }
+                        }
+                    }
+                    Message::Write {
+                        origin,
+                        dst_port: remote.port,
+                        key: remote.key,
+                        offset: remote.offset + u64::from(*sent),
+                        bytes: &self.bytes[..chunk],
+                    }
+                    .encode(&mut self.message);
+                    let message = std::mem::take(&mut self.message);
+                    let sent_now = self.send(now, node, &message);
+                    self.message = message;
+                    let Some(op) = self.ops.get_mut(&tag) else {
+                        return worked;
+                    };
+                    match sent_now {
+                        Err(()) => return worked,
+                        Ok(None) => {
+                            op.failure = Some(GONE);
+                            return true;
+                        }
+                        Ok(Some(seq)) => {
+                            worked = true;
+                            op.unacked += 1;
+                            self.seq_tags.insert((node, seq), tag);
+                            if let OpKind::Write { sent, .. } = &mut op.kind {
+                                *sent += chunk as u32;
+                            }
+                            if chunk == 0 {
+                                return worked;
+                            }
+                        }
+                    }
+                }
+                OpKind::Read {
+                    remote,
+                    len,
+                    requested,
+                    ..
+                } => {
+                    if *requested {
+                        return worked;
+                    }
+                    Message::Read {
+                        origin,
+                        dst_port: remote.port,
+                        key: remote.key,
+                        offset: remote.offset,
+                        len: *len,
+                    }
+                    .encode(&mut self.message);
+                    return self.send_request(now, tag, node) | worked;
+                }
+                OpKind::Atomic {
+                    remote,
+                    width,
+                    op: atomic,
+                    requested,
+                    ..
+                } => {
+                    if *requested {
+                        return worked;
+                    }
+                    Message::Atomic {
+                        origin,
+                        dst_port: remote.port,
+                        key: remote.key,
+                        offset: remote.offset,
+                        width: *width,
+                        op: *atomic,
+                    }
+                    .encode(&mut self.message);
+                    return self.send_request(now, tag, node) | worked;
+                }
+            }
+        }
+    }
+
+    /// Sends the request message built for a read or an atomic.
+    fn send_request(&mut self, now: Instant, tag: u64, node: NodeId) -> bool {
+        let message = std::mem::take(&mut self.message);
+        let sent = self.send(now, node, &message);
+        self.message = message;
+        let Some(op) = self.ops.get_mut(&tag) else {
+            return false;
+        };
+        match sent {
+            Err(()) => return false,
+            Ok(None) => op.failure = Some(GONE),
+            Ok(Some(seq)) => {
+                op.unacked += 1;
+                self.seq_tags.insert((node, seq), tag);
+                match &mut op.kind {
+                    OpKind::Read { requested, .. } | OpKind::Atomic { requested, .. } => {
+                        *requested = true
+                    }
+                    OpKind::Write { .. } => {}
+                }
+            }
+        }
+        true
+    }
+
+    /// Sends parts of the reads other nodes asked for, oldest first.
+    fn produce_reads(&mut self, now: Instant) -> bool {
+        let max = self.endpoint.config().max_payload - READ_DATA_HEADER;
+        let mut worked = false;
+        while let Some(job) = self.reads.front_mut() {
+            let (node, tag) = (job.node, job.origin.tag);
+            if job.at == job.len {
+                // Every byte went out: the last word says so.
+                let mut bytes = Vec::with_capacity(24);
+                Message::Result {
+                    tag,
+                    status: Status::Success,
+                    detail: ErrorDetail::None,
+                    value: 0,
+                }
+                .encode(&mut bytes);
+                if self.send_reply(now, node, &bytes).is_err() {
+                    return worked;
+                }
+                self.reads.pop_front();
+                worked = true;
+                continue;
+            }
+            let chunk = (job.len - job.at).min(max as u32) as usize;
+            let remote = RemoteAddress {
+                offset: job.remote.offset + u64::from(job.at),
+                ..job.remote
+            };
+            let initiator = PortId {
+                node,
+                index: job.origin.port,
+                incarnation: job.origin.incarnation,
+            };
+            let at = job.at;
+            let bytes = &mut self.bytes[..chunk];
+            let read = on_port(&self.ports, remote.port, |target| {
+                remote::read_from(target, initiator, remote, bytes)
+            });
+            if let Err((status, detail)) = read {
+                // A window revoked, a port reset: the read ends here.
+                self.reads.pop_front();
+                self.answer(now, node, tag, status, detail, 0);
+                worked = true;
+                continue;
+            }
+            self.message.clear();
+            Message::ReadData {
+                tag,
+                at,
+                bytes: &self.bytes[..chunk],
+            }
+            .encode(&mut self.message);
+            let message = std::mem::take(&mut self.message);
+            let sent = self.send_reply(now, node, &message);
+            self.message = message;
+            match sent {
+                Err(()) => return worked,
+                Ok(None) => {
+                    self.reads.pop_front();
+                }
+                Ok(Some(_)) => {
+                    if let Some(job) = self.reads.front_mut() {
+                        job.at += chunk as u32;
+                    }
+                }
+            }
+            worked = true;
+        }
+        worked
+    }
+
+    /// Completes the operations that are done.
+    fn finish_ops(&mut self) {
+        let done: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| self.is_done(op))
+            .map(|(&tag, _)| tag)
+            .collect();
+        for tag in done {
+            let op = self.ops.remove(&tag).expect("listed");
+            let outcome = match op.failure {
+                Some(failure) => Err(failure),
+                None => Ok(match op.kind {
+                    OpKind::Write { len, .. } | OpKind::Read { len, .. } => (len, 0),
+                    OpKind::Atomic { width, value, .. } => (width.bytes(), value.unwrap_or(0)),
+                }),
+            };
+            let completion = match outcome {
+                Ok((len, value)) => {
+                    self.link.stats.completed.fetch_add(1, Ordering::Relaxed);
+                    Completion::success(op.user_data, op.opcode, len, value)
+                }
+                Err((status, detail)) => {
+                    self.link.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    Completion::error(op.user_data, Some(op.opcode), status, detail)
+                }
+            };
+            if op.port.shared.incarnation() == op.incarnation {
+                op.port
+                    .inbox
+                    .deliver_completion(op.pair, completion, op.signaled);
+            }
+        }
+    }
+
+    fn is_done(&self, op: &Op) -> bool {
+        if op.unacked > 0 {
+            // Nothing of an operation is in flight when it completes.
+            return false;
+        }
+        let answered = |horizon: Option<Seq>| {
+            horizon.is_none_or(|h| {
+                self.endpoint
+                    .delivered_through(op.node)
+                    .is_none_or(|through| !seq_before(through, h))
+            })
+        };
+        match &op.kind {
+            _ if op.failure == Some(GONE) => true,
+            // Every part acknowledged, and every answer sent before the
+            // acknowledgements received: a refused part is known.
+            OpKind::Write { len, sent, .. } => {
+                (op.failure.is_some() || (*sent == *len && op.horizon.is_some()))
+                    && answered(op.horizon)
+            }
+            // Read data arriving after a failure is dropped (the tag is
+            // gone).
+            OpKind::Read {
+                len,
+                received,
+                finished,
+                ..
+            } => op.failure.is_some() || (*finished && *received == *len),
+            OpKind::Atomic { value, .. } => op.failure.is_some() || value.is_some(),
+        }
+    }
+
+    /// Puts what the endpoint has to send on the wire.
+    fn transmit(&mut self, now: Instant, datagram: &mut [u8]) -> bool {
+        let mut worked = false;
+        while let Some((node, len)) = self.endpoint.poll_transmit(now, datagram) {
+            worked = true;
+            let Some(&address) = self.link.peers.get(&node) else {
+                continue;
+            };
+            match &mut self.fault_out {
+                Some(faults) => faults.push(now, &datagram[..len]),
+                None => self.put_on_wire(address, &datagram[..len]),
+            }
+        }
+        if self.fault_out.is_some() {
+            while let Some(bytes) = self.fault_out.as_mut().and_then(|f| f.pop_ready(now)) {
+                // The injector keeps datagrams, not their destinations:
+                // the header names the node.
+                if let Some(address) = Header::decode(&bytes)
+                    .ok()
+                    .and_then(|(header, _)| self.link.peers.get(&header.destination).copied())
+                {
+                    self.put_on_wire(address, &bytes);
+                }
+                worked = true;
+            }
+        }
+        worked
+    }
+
+    fn put_on_wire(&self, address: SocketAddr, bytes: &[u8]) {
+        self.link
+            .stats
+            .datagrams_sent
+            .fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.socket.send_to(bytes, address) {
+            // A full socket buffer or an unreachable peer: the endpoint
+            // retransmits what is not acknowledged.
+            tracing::trace!(%address, "fabric send: {e}");
+        }
+    }
+
+    fn publish_stats(&self) {
+        let stats = self.endpoint.stats();
+        self.link
+            .stats
+            .retransmissions
+            .store(stats.retransmissions, Ordering::Relaxed);
+    }
+}
+
+fn atomic(remote: RemoteAddress, width: AtomicWidth, op: AtomicOp) -> OpKind {
+    OpKind::Atomic {
+        remote,
+        width,
+        op,
+        requested: false,
+        value: None,
+    }
+}
+
+/// Completes a request that never became an operation.
+fn deliver(
+    link: &Link,
+    port: &Port,
+    pair: u16,
+    request: &WorkRequest,
+    outcome: Result<(), Failure>,
+) {
+    let opcode = request.op.opcode();
+    let completion = match outcome {
+        Ok(()) => Completion::success(request.user_data, opcode, 0, 0),
+        Err((status, detail)) => {
+            link.stats.failed.fetch_add(1, Ordering::Relaxed);
+            Completion::error(request.user_data, Some(opcode), status, detail)
+        }
+    };
+    port.inbox.deliver_completion(pair, completion, true);
+}

@@ -1,0 +1,165 @@
+//! Operations between a port of this device and a port of another node
+//! of the fabric, one side at a time: the target side (a write, a read or
+//! an atomic another node's port asks of a port here, checked against its
+//! windows exactly as a local initiator's would be) and the initiator side
+//! (the bytes of its own memory a write sends, and where a read's answer
+//! lands, checked against its registrations).
+//!
+//! Each function runs inside one guarded step of the port it is given
+//! (the caller lends it, holding its access gate), touches nothing before
+//! every byte is checked, and fails as the local engine does.
+
+use pindown_uapi::{Access, AtomicWidth, ErrorDetail, RemoteAddress, Status};
+
+use super::execute::{atomic_word, copy_in, copy_spans, local_fault, remote_range, still_there};
+use super::{Failure, PortId, Span, Spans, Target};
+
+/// What an atomic does to the word (the old value is always returned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Stores `swap` if the word equals `compare`.
+    CompareSwap {
+        /// The value expected.
+        compare: u64,
+        /// The value stored when it matched.
+        swap: u64,
+    },
+    /// Adds `add` (wrapping).
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
+    /// Stores `value`.
+    Swap {
+        /// The new value.
+        value: u64,
+    },
+}
+
+/// Writes `bytes` at `remote` in `target`, for `initiator` (a port of
+/// another node), if a live window grants it.
+pub fn write_into(
+    target: &Target<'_>,
+    initiator: PortId,
+    remote: RemoteAddress,
+    bytes: &[u8],
+) -> Result<(), Failure> {
+    let mut far = Spans::new();
+    remote_range(
+        target,
+        initiator,
+        remote,
+        bytes.len() as u64,
+        Access::REMOTE_WRITE,
+        true,
+        &mut far,
+    )?;
+    copy_in(bytes, &far);
+    still_there(target)
+}
+
+/// Reads `out.len()` bytes at `remote` in `target` into `out`, for
+/// `initiator`, if a live window grants it.
+pub fn read_from(
+    target: &Target<'_>,
+    initiator: PortId,
+    remote: RemoteAddress,
+    out: &mut [u8],
+) -> Result<(), Failure> {
+    let mut far = Spans::new();
+    remote_range(
+        target,
+        initiator,
+        remote,
+        out.len() as u64,
+        Access::REMOTE_READ,
+        false,
+        &mut far,
+    )?;
+    copy_out(&far, out);
+    still_there(target)
+}
+
+/// Checks that `initiator` may read `len` bytes at `remote` in `target`
+/// (a read's first answer: nothing is refused later but a window revoked
+/// meanwhile).
+pub fn check_read(
+    target: &Target<'_>,
+    initiator: PortId,
+    remote: RemoteAddress,
+    len: u64,
+) -> Result<(), Failure> {
+    let mut far = Spans::new();
+    remote_range(
+        target,
+        initiator,
+        remote,
+        len,
+        Access::REMOTE_READ,
+        false,
+        &mut far,
+    )
+    .map(drop)
+}
+
+/// Runs `op` on the `width`-byte word at `remote` in `target`, for
+/// `initiator`: a real atomic read-modify-write on the owner's memory.
+/// Returns the old value.
+pub fn atomic(
+    target: &Target<'_>,
+    initiator: PortId,
+    remote: RemoteAddress,
+    width: AtomicWidth,
+    op: AtomicOp,
+) -> Result<u64, Failure> {
+    let word = atomic_word(target, initiator, remote, width)?;
+    let old = match op {
+        AtomicOp::CompareSwap { compare, swap } => word.compare_swap(compare, swap),
+        AtomicOp::FetchAdd { add } => word.fetch_add(add),
+        AtomicOp::Swap { value } => word.swap(value),
+    };
+    still_there(target)?;
+    Ok(old)
+}
+
+/// Copies `out.len()` bytes of the initiator's own registered memory at
+/// `iova` into `out` (what a write sends).
+pub fn read_local(local: &Target<'_>, iova: u64, out: &mut [u8]) -> Result<(), Failure> {
+    let mut near = Spans::new();
+    local
+        .memory
+        .spans(iova, out.len() as u64, false, &mut near)
+        .map_err(local_fault)?;
+    copy_out(&near, out);
+    lost_locally(local)
+}
+
+/// Copies `bytes` into the initiator's own registered, writable memory at
+/// `iova` (where a read's answer lands).
+pub fn write_local(local: &Target<'_>, iova: u64, bytes: &[u8]) -> Result<(), Failure> {
+    let mut near = Spans::new();
+    local
+        .memory
+        .spans(iova, bytes.len() as u64, true, &mut near)
+        .map_err(local_fault)?;
+    copy_in(bytes, &near);
+    lost_locally(local)
+}
+
+/// Fails a step whose own memory its owner took away.
+fn lost_locally(local: &Target<'_>) -> Result<(), Failure> {
+    if local.memory.lost() {
+        return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
+    }
+    Ok(())
+}
+
+/// Copies the spans' first `out.len()` bytes into `out`.
+fn copy_out(from: &[Span], out: &mut [u8]) {
+    let len = out.len();
+    let to = Span {
+        addr: out.as_mut_ptr(),
+        len,
+    };
+    copy_spans(from.iter().copied(), [to], len);
+}
