@@ -43,7 +43,8 @@ fn main() {
     if !ci && !on_path("mpirun.openmpi") {
         println!("cargo::rustc-cfg=pindown_no_openmpi");
     }
-    if !ci && !(Path::new(PMIX_HEADER).is_file() && on_path("cc")) {
+    let pmix_headers = Path::new(PMIX_HEADER).is_file() && on_path("cc");
+    if !ci && !pmix_headers {
         println!("cargo::rustc-cfg=pindown_no_pmix_headers");
     }
 }

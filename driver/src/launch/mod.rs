@@ -653,7 +653,7 @@ pub(crate) fn hex_decode(text: &str) -> Result<Vec<u8>, String> {
         }
     }
     let text = text.as_bytes();
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err(format!("odd number of hexadecimal digits ({})", text.len()));
     }
     text.chunks_exact(2)

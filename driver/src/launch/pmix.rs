@@ -141,8 +141,11 @@ impl Api {
         // SAFETY: opening the PMIx library runs its initializers, which
         // only set up its own state; it is the launcher's own client
         // library, meant to be loaded into its processes.
-        let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
-            .map_err(|e| format!("cannot load {path}: {e}"))?;
+        let library =
+            unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| {
+                let cause = std::error::Error::source(&e).map(|s| format!(": {s}"));
+                format!("cannot load {path}: {e}{}", cause.unwrap_or_default())
+            })?;
         macro_rules! symbol {
             ($name:literal, $type:ty) => {
                 // SAFETY: the type is the function's C prototype from
