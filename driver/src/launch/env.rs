@@ -10,10 +10,11 @@
 //! each job: a rank that finds its own first marker already there stops
 //! with an error instead of taking an earlier job's files for its peers'.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{check_rank, number, text, LaunchError, Variables};
+use super::{check_rank, number, text, LaunchError, Variables, MAX_VALUE_LEN};
 
 /// The key-value space of the environment launcher.
 pub(crate) struct DirectorySpace {
@@ -149,7 +150,19 @@ impl DirectorySpace {
     /// The value `rank` published under `key`.
     pub(crate) fn get(&mut self, rank: u32, key: &str) -> Result<Vec<u8>, LaunchError> {
         let path = self.value_path(rank, key);
-        match std::fs::read(&path) {
+        // Read at most one byte more than a value may hold.
+        let read = std::fs::File::open(&path).and_then(|file| {
+            let mut bytes = Vec::new();
+            file.take(MAX_VALUE_LEN as u64 + 1)
+                .read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        match read {
+            Ok(bytes) if bytes.len() > MAX_VALUE_LEN => Err(LaunchError::Malformed {
+                rank,
+                key: key.into(),
+                reason: format!("{} is longer than {MAX_VALUE_LEN} bytes", path.display()),
+            }),
             Ok(bytes) => Ok(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(LaunchError::NotFound {
                 rank,

@@ -10,7 +10,7 @@
 //!
 //! | launcher | how ranks are started | variables read |
 //! |---|---|---|
-//! | [`Launcher::Hydra`]: a PMI-1 process manager | `mpiexec.hydra -n 4 ./app` (Debian's `mpich`: `mpiexec.mpich`); Slurm's `srun --mpi=pmi2 -n 4 ./app` serves the same PMI-1 wire protocol | `PMI_FD` (the inherited socket to the process manager), `PMI_RANK`, `PMI_SIZE`; or `PMI_PORT` (`host:port`) with `PMI_ID` (or `PMI_RANK` and `PMI_SIZE`); `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` (Hydra) or `SLURM_LOCALID` for the local rank |
+//! | [`Launcher::Hydra`]: a PMI-1 process manager | `mpiexec.hydra -n 4 ./app` (Debian's `mpich`: `mpiexec.mpich`); Slurm's `srun --mpi=pmi2 -n 4 ./app` serves the same PMI-1 wire protocol | `PMI_FD` (the inherited socket to the process manager), `PMI_RANK`, `PMI_SIZE`; or `PMI_PORT` (`host:port`) with `PMI_ID` (or `PMI_RANK` and `PMI_SIZE`); `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` (Hydra) for the local rank |
 //! | [`Launcher::OpenMpi`]: Open MPI's `mpirun` | `mpirun.openmpi -n 4 ./app` (as root add `--allow-run-as-root`, on fewer cores `--oversubscribe`) | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE`; the key-value space is the launcher's PMIx server (the `PMIX_*` variables it sets), reached through `libpmix.so.2` loaded at run time |
 //! | [`Launcher::Pmix`]: any other PMIx server | `srun --mpi=pmix`, `prterun` | `PMIX_NAMESPACE`, `PMIX_RANK`; size and local rank from the server |
 //! | [`Launcher::Environment`]: anything else | whatever starts the processes sets the variables | `PINDOWN_RANK`, `PINDOWN_SIZE`, `PINDOWN_KV_DIR` (a directory every rank can reach, empty at the start of each job, that holds the key-value space as files), optionally `PINDOWN_LOCAL_RANK`, `PINDOWN_LOCAL_SIZE` |
@@ -410,10 +410,7 @@ impl Job {
         let limit = timeout(vars)?;
         if vars.var("PMI_FD").is_some() || vars.var("PMI_PORT").is_some() {
             let (client, rank, size) = pmi1::Client::join(vars, limit)?;
-            let local = match local_pair(vars, "MPI_LOCALRANKID", "MPI_LOCALNRANKS")? {
-                Some(local) => Some(local),
-                None => local_pair(vars, "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")?,
-            };
+            let local = local_pair(vars, "MPI_LOCALRANKID", "MPI_LOCALNRANKS")?;
             return Ok(Job {
                 rank,
                 size,
@@ -515,8 +512,9 @@ impl Job {
     }
 
     /// This rank's number among the ranks of its host, if the launcher
-    /// says (Hydra, Open MPI, PMIx, `PINDOWN_LOCAL_RANK`; the environment
-    /// launcher without it takes all ranks to be on one host).
+    /// says (Hydra's `MPI_LOCALRANKID`, Open MPI, PMIx,
+    /// `PINDOWN_LOCAL_RANK`; the environment launcher without it takes all
+    /// ranks to be on one host; not known under Slurm's PMI-1).
     pub fn local_rank(&self) -> Option<u32> {
         self.local.map(|(rank, _)| rank)
     }

@@ -365,31 +365,28 @@ impl Client {
         vars: &dyn Variables,
         timeout: Duration,
     ) -> Result<(Client, u32, u32), LaunchError> {
-        let (fd, rank_size) = if vars.var("PMI_FD").is_some() {
-            (inherited_socket(vars)?, None)
+        let inherited = vars.var("PMI_FD").is_some();
+        let fd = if inherited {
+            inherited_socket(vars)?
         } else {
-            let port = text(vars, "PMI_PORT")?.unwrap_or_default();
-            (connect(&port, timeout)?, None)
+            connect(&text(vars, "PMI_PORT")?.unwrap_or_default(), timeout)?
         };
         let mut connection = Connection {
             fd,
             buffer: Vec::new(),
             timeout,
         };
-        let mut rank_size: Option<(u32, u32)> = rank_size;
-        if vars.var("PMI_FD").is_none() {
-            if let Some(id) = number(vars, "PMI_ID")? {
-                rank_size = Some(initack(&mut connection, id)?);
-            }
-        }
-        let (rank, size) = match rank_size {
-            Some(pair) => pair,
+        // Through PMI_PORT, a process with PMI_ID learns its rank and
+        // size from the process manager; otherwise they are variables.
+        let id = if inherited {
+            None
+        } else {
+            number(vars, "PMI_ID")?
+        };
+        let (rank, size) = match id {
+            Some(id) => initack(&mut connection, id)?,
             None => {
-                let because = if vars.var("PMI_FD").is_some() {
-                    "PMI_FD"
-                } else {
-                    "PMI_PORT"
-                };
+                let because = if inherited { "PMI_FD" } else { "PMI_PORT" };
                 (
                     required_number(vars, "PMI_RANK", because)?,
                     required_number(vars, "PMI_SIZE", because)?,

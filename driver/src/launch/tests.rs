@@ -138,6 +138,12 @@ fn the_environment_launcher_refuses_an_earlier_jobs_directory() {
     let value: Vec<u8> = (0..=255).collect();
     assert_eq!(job.all_gather("addr", &value).unwrap(), vec![value.clone()]);
     assert_eq!(job.get(0, "addr").unwrap(), value);
+    // A value file larger than any value is refused, not read whole.
+    std::fs::write(dir.path().join("v.0.big"), vec![7u8; MAX_VALUE_LEN + 1]).unwrap();
+    assert!(matches!(
+        job.get(0, "big"),
+        Err(LaunchError::Malformed { rank: 0, .. })
+    ));
     drop(job);
     match join(&table) {
         Err(LaunchError::Directory { reason, .. }) => {
