@@ -141,6 +141,10 @@ fn check_job(dir: &Path, size: u32, launcher: &str, outputs: &[Output]) {
             .collect();
         assert_eq!(gathered, expected, "rank {rank}'s gathered values");
         assert_eq!(report["verified"], true, "rank {rank}'s put/fence/get");
+        assert_eq!(
+            report["absent_not_found"], true,
+            "rank {rank}'s missing key"
+        );
         if let Some(local) = report["local_rank"].as_u64() {
             assert_eq!(report["local_size"], size, "{report}");
             local_ranks.insert(local);

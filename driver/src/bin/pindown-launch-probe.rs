@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! {"launcher":"hydra","rank":1,"size":4,"local_rank":1,"local_size":4,
-//!  "gathered":["<hex of rank 0's value>",...],"verified":true}
+//!  "gathered":["<hex of rank 0's value>",...],"verified":true,
+//!  "absent_not_found":true}
 //! ```
 //!
 //! or `{"error":"..."}` (and exit status 2) when the job cannot be joined.
@@ -19,7 +20,8 @@
 //! them (`--bytes N`, default 100; more than about 500 makes PMI-1 split
 //! values over several keys). It then gathers a second, short value
 //! through `put`, `fence` and `get` and a barrier, so that several fences
-//! in a row are exercised.
+//! in a row are exercised, and asks for a key nobody published, which
+//! must be reported missing (`absent_not_found`), not waited for.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -71,9 +73,14 @@ fn run(bytes: usize) -> Result<(String, u32), LaunchError> {
     for other in 0..size {
         verified &= job.get(other, "second")? == format!("second {other}").as_bytes();
     }
+    // A key nobody published is reported missing, not waited for.
+    let absent_not_found = matches!(
+        job.get((rank + 1) % size, "absent"),
+        Err(LaunchError::NotFound { .. })
+    );
     job.barrier()?;
     let line = format!(
-        "{{\"launcher\":{},\"rank\":{rank},\"size\":{size},\"local_rank\":{},\"local_size\":{},\"gathered\":[{}],\"verified\":{verified}}}\n",
+        "{{\"launcher\":{},\"rank\":{rank},\"size\":{size},\"local_rank\":{},\"local_size\":{},\"gathered\":[{}],\"verified\":{verified},\"absent_not_found\":{absent_not_found}}}\n",
         json_string(job.launcher().name()),
         optional(job.local_rank()),
         optional(job.local_size()),

@@ -46,6 +46,10 @@ pub(crate) const LINE_MAX: usize = 1024;
 /// malformed.
 const REPLY_MAX: usize = 64 * 1024;
 
+/// The longest wait for `finalize_ack`, which a working process manager
+/// sends at once.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Set once a job took `PMI_FD`: the descriptor is closed with the job,
 /// and its number may since name something else.
 static PMI_FD_TAKEN: AtomicBool = AtomicBool::new(false);
@@ -563,8 +567,10 @@ impl Client {
             .map(drop)
     }
 
-    /// `finalize`, then wait for `finalize_ack`.
+    /// `finalize`, then wait for `finalize_ack` (at most
+    /// [`FINALIZE_TIMEOUT`]: a job dropped after a failure must not hang).
     pub(crate) fn finalize(mut self) -> Result<(), LaunchError> {
+        self.connection.timeout = self.connection.timeout.min(FINALIZE_TIMEOUT);
         self.connection
             .call("finalize", &[], "finalize_ack")
             .map(drop)

@@ -40,6 +40,12 @@ pub(crate) const TYPE_BYTE_OBJECT: u16 = 27;
 pub(crate) const TYPE_PROC_RANK: u16 = 40;
 /// `PMIX_COLLECT_DATA`: a fence that also collects every rank's puts.
 pub(crate) const KEY_COLLECT_DATA: &CStr = c"pmix.collect";
+/// `PMIX_OPTIONAL`: a get that looks only in the local store (where a
+/// collecting fence put every rank's data) instead of asking the server
+/// and waiting for a key that may never come.
+pub(crate) const KEY_OPTIONAL: &CStr = c"pmix.optional";
+/// `PMIX_ERR_NOT_FOUND`.
+pub(crate) const ERR_NOT_FOUND: c_int = -46;
 /// `PMIX_JOB_SIZE`.
 pub(crate) const KEY_JOB_SIZE: &CStr = c"pmix.job.size";
 /// `PMIX_LOCAL_RANK`.
@@ -299,7 +305,7 @@ impl Client {
 
     /// `PMIx_Get` of a number-valued key.
     fn get_number(&self, proc: &Proc, key: &CStr) -> Result<u32, LaunchError> {
-        let value = self.get_value(proc, key)?;
+        let value = self.get_value(proc, key, false)?;
         // SAFETY: the union member read is the one `type_` names.
         let number = unsafe {
             match value.type_ {
@@ -320,11 +326,28 @@ impl Client {
     }
 
     /// `PMIx_Get`, the value owned by a guard that releases it.
-    fn get_value(&self, proc: &Proc, key: &CStr) -> Result<ValueGuard, LaunchError> {
+    fn get_value(
+        &self,
+        proc: &Proc,
+        key: &CStr,
+        local_only: bool,
+    ) -> Result<ValueGuard, LaunchError> {
         let mut value: *mut Value = std::ptr::null_mut();
-        // SAFETY: `proc` and `key` are valid for the call, no info array,
-        // and `value` receives a pointer the library allocated.
-        let status = unsafe { (self.api.get)(proc, key.as_ptr(), std::ptr::null(), 0, &mut value) };
+        let optional = Info::new(
+            KEY_OPTIONAL,
+            Value {
+                type_: TYPE_BOOL,
+                data: ValueData { flag: true },
+            },
+        );
+        let (infos, count) = if local_only {
+            (&optional as *const Info, 1)
+        } else {
+            (std::ptr::null(), 0)
+        };
+        // SAFETY: `proc`, `key` and zero or one info are valid for the
+        // call, and `value` receives a pointer the library allocated.
+        let status = unsafe { (self.api.get)(proc, key.as_ptr(), infos, count, &mut value) };
         self.api.check(
             "PMIx_Get",
             status,
@@ -398,8 +421,12 @@ impl Client {
     pub(crate) fn get(&mut self, rank: u32, key: &str) -> Result<Vec<u8>, LaunchError> {
         let name = Self::key(key);
         let proc = Proc { rank, ..self.proc };
-        let value = match self.get_value(&proc, &name) {
-            Err(LaunchError::Pmix { status_name, .. }) => {
+        let value = match self.get_value(&proc, &name, true) {
+            Err(LaunchError::Pmix {
+                status: ERR_NOT_FOUND,
+                status_name,
+                ..
+            }) => {
                 return Err(LaunchError::NotFound {
                     rank,
                     key: key.into(),
@@ -496,9 +523,9 @@ int main(void) {
     printf("byte_object %zu %zu\n", sizeof(pmix_byte_object_t), offsetof(pmix_byte_object_t, size));
     printf("scope %zu %d\n", sizeof(pmix_scope_t), (int)PMIX_GLOBAL);
     printf("lengths %d %d\n", PMIX_MAX_NSLEN, PMIX_MAX_KEYLEN);
-    printf("ranks %u %d\n", (unsigned)PMIX_RANK_WILDCARD, PMIX_SUCCESS);
+    printf("ranks %u %d %d\n", (unsigned)PMIX_RANK_WILDCARD, PMIX_SUCCESS, PMIX_ERR_NOT_FOUND);
     printf("types %d %d %d %d %d\n", PMIX_BOOL, PMIX_UINT16, PMIX_UINT32, PMIX_BYTE_OBJECT, PMIX_PROC_RANK);
-    printf("keys %s %s %s %s\n", PMIX_COLLECT_DATA, PMIX_JOB_SIZE, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE);
+    printf("keys %s %s %s %s %s\n", PMIX_COLLECT_DATA, PMIX_JOB_SIZE, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE, PMIX_OPTIONAL);
     return 0;
 }
 "#,
@@ -548,16 +575,17 @@ int main(void) {
             ),
             format!("scope {} {}", size_of::<u8>(), SCOPE_GLOBAL),
             format!("lengths {MAX_NSLEN} {MAX_KEYLEN}"),
-            format!("ranks {RANK_WILDCARD} {SUCCESS}"),
+            format!("ranks {RANK_WILDCARD} {SUCCESS} {ERR_NOT_FOUND}"),
             format!(
                 "types {TYPE_BOOL} {TYPE_UINT16} {TYPE_UINT32} {TYPE_BYTE_OBJECT} {TYPE_PROC_RANK}"
             ),
             format!(
-                "keys {} {} {} {}",
+                "keys {} {} {} {} {}",
                 KEY_COLLECT_DATA.to_str().unwrap(),
                 KEY_JOB_SIZE.to_str().unwrap(),
                 KEY_LOCAL_RANK.to_str().unwrap(),
-                KEY_LOCAL_SIZE.to_str().unwrap()
+                KEY_LOCAL_SIZE.to_str().unwrap(),
+                KEY_OPTIONAL.to_str().unwrap()
             ),
         ];
         let c: Vec<&str> = c.lines().collect();
