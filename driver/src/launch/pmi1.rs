@@ -58,12 +58,18 @@ static PMI_FD_TAKEN: AtomicBool = AtomicBool::new(false);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reply {
     pairs: Vec<(String, String)>,
+    line: String,
 }
 
 impl Reply {
     /// The value of `cmd`.
     pub(crate) fn command(&self) -> &str {
         &self.pairs[0].1
+    }
+
+    /// The whole line.
+    pub(crate) fn line(&self) -> &str {
+        &self.line
     }
 
     /// The value of the first word `key=...`.
@@ -94,7 +100,10 @@ pub(crate) fn parse_reply(line: &str) -> Result<Reply, String> {
     match pairs.first() {
         None => Err("empty line".into()),
         Some((key, _)) if key != "cmd" => Err(format!("starts with {key:?}, not cmd")),
-        Some(_) => Ok(Reply { pairs }),
+        Some(_) => Ok(Reply {
+            pairs,
+            line: line.into(),
+        }),
     }
 }
 
@@ -424,7 +433,7 @@ impl Client {
             if version != "1" {
                 return Err(LaunchError::Protocol {
                     command: "init".into(),
-                    reply: format!("pmi_version={version}"),
+                    reply: init.line().into(),
                     reason: "the process manager does not speak PMI version 1".into(),
                 });
             }
@@ -436,7 +445,7 @@ impl Client {
                 Ok(n) if (2..=1 << 20).contains(&n) => Ok(n),
                 _ => Err(LaunchError::Protocol {
                     command: "get_maxes".into(),
-                    reply: format!("{key}={value}"),
+                    reply: maxes.line().into(),
                     reason: format!("{key} is missing or not a number from 2 to 2^20"),
                 }),
             }
@@ -449,7 +458,7 @@ impl Client {
         if !wire_safe(&kvsname) || kvsname.len() >= kvsname_max {
             return Err(LaunchError::Protocol {
                 command: "get_my_kvsname".into(),
-                reply: format!("kvsname={kvsname}"),
+                reply: named.line().into(),
                 reason: format!(
                     "the kvsname is empty, holds spaces or '=', or is not below kvsname_max={kvsname_max}"
                 ),
