@@ -523,3 +523,12 @@ fn an_unreachable_pmi_port_is_an_error() {
     ]);
     assert_eq!(variable, "PMI_PORT");
 }
+
+#[test]
+fn a_job_can_move_to_another_thread() {
+    fn send<T: Send>() {}
+    send::<Job>();
+    let job = Job::single();
+    let rank = std::thread::spawn(move || job.rank()).join().unwrap();
+    assert_eq!(rank, 0);
+}
