@@ -28,6 +28,10 @@
 //!   host; [`vfio::VfioTransport`], the VFIO virtio-pci transport for use
 //!   inside a QEMU guest, implements the same trait.
 //!
+//! [`launch`] is the bootstrap every rank calls first: it joins the job an
+//! existing launcher (Hydra, Open MPI's `mpirun`, Slurm) started and
+//! exchanges device addresses through the launcher's key-value space.
+//!
 //! [`datatype`] builds MPI derived datatypes and compiles them to the
 //! device's access patterns for vector transfers, with a descriptor cache.
 //!
@@ -82,6 +86,7 @@
 
 pub mod arena;
 pub mod datatype;
+pub mod launch;
 pub mod pinner;
 pub mod rdma_queue;
 pub mod reach;
