@@ -177,7 +177,7 @@ pub enum SendError {
     /// acknowledgements arrive.
     #[error("the retransmission pool is full")]
     PoolFull,
-    /// The peer was declared gone; refused until it is heard from again.
+    /// A reply to a peer declared gone (a new message probes it instead).
     #[error("node {0} is gone")]
     PeerGone(NodeId),
 }
@@ -275,7 +275,8 @@ pub enum Event {
     },
     /// `node` made no acknowledgement progress for `peer_timeout` while
     /// messages were outstanding; they were abandoned (reported just
-    /// before), and `send` to it fails until it is heard from again.
+    /// before); `send_reply` to it fails until it is heard from again, and
+    /// `send` probes it.
     PeerGone {
         /// The peer.
         node: NodeId,
@@ -659,10 +660,18 @@ impl Endpoint {
                 max: self.config.max_payload,
             });
         }
-        let peer = &self.peers[peer_index];
-        if peer.flags & PEER_GONE != 0 {
-            return Err(SendError::PeerGone(node));
+        if self.peers[peer_index].flags & PEER_GONE != 0 {
+            if reply {
+                // It answers a message of a peer given up on.
+                return Err(SendError::PeerGone(node));
+            }
+            // A new message probes a peer declared gone: it is tried (and
+            // given up after `peer_timeout`) like any other, so a peer
+            // that comes back, or restarted and answers our stale
+            // datagram, is heard from.
+            self.peers[peer_index].flags &= !PEER_GONE;
         }
+        let peer = &self.peers[peer_index];
         let kept_free = if reply {
             0
         } else {

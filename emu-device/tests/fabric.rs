@@ -1,0 +1,341 @@
+//! Two device processes joined by the fabric over real UDP: writes, reads
+//! and atomics from a port of one node into windows of a port of the
+//! other, every byte checked, with and without injected loss,
+//! duplication and reordering; refusals across nodes; a peer that dies
+//! and comes back.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use common::DeviceProcess;
+use pindown_driver::arena::DmaBuffer;
+use pindown_driver::verbs::opcode::{CompareSwap, Entry, FetchAdd, Read, Write};
+use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
+use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
+
+const TOKEN: &str = "5eed0f1ab";
+
+fn config() -> ContextConfig {
+    ContextConfig {
+        arena_bytes: 48 << 20,
+        ..ContextConfig::default()
+    }
+}
+
+/// A free UDP port of the loopback address.
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts node `node` of a two-node fabric on loopback.
+fn node(node: u16, ports: [u16; 2], extra: &[&str]) -> DeviceProcess {
+    let listen = format!("127.0.0.1:{}", ports[usize::from(node)]);
+    let other = 1 - node;
+    let peer = format!("{other}=127.0.0.1:{}", ports[usize::from(other)]);
+    let node_text = node.to_string();
+    let mut args = vec![
+        "--node",
+        &node_text,
+        "--fabric-listen",
+        &listen,
+        "--fabric-peer",
+        &peer,
+        "--fabric-token",
+        TOKEN,
+    ];
+    args.extend_from_slice(extra);
+    DeviceProcess::start(common::device_bin(), 1, &args).unwrap()
+}
+
+/// Posts `entries` (signaled) on a fresh queue pair and waits for one
+/// completion each.
+fn run_all(context: &Context, entries: &[Entry<'_>]) -> Vec<Completion> {
+    let mut cq: CompletionQueue<'_> = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    let mut done = Vec::new();
+    for chunk in entries.chunks(32) {
+        let signaled: Vec<Entry<'_>> = chunk.iter().map(|e| e.signaled()).collect();
+        qp.post(&signaled).unwrap();
+        let want = done.len() + chunk.len();
+        while done.len() < want {
+            done.extend(cq.wait(Duration::from_secs(30)).unwrap());
+        }
+    }
+    done
+}
+
+fn run(context: &Context, entry: Entry<'_>) -> Completion {
+    run_all(context, &[entry]).remove(0)
+}
+
+fn contents(buffer: &DmaBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buffer.len()];
+    buffer.read_at(0, &mut out);
+    out
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt ^ (i >> 9) as u8)
+        .collect()
+}
+
+/// Writes and reads of sizes from 1 byte to 4 MiB at unaligned offsets,
+/// and atomics, from node 0 into a window of node 1; every byte checked,
+/// and the bytes around each range unchanged.
+fn moves_bytes_between_nodes(extra: &[&str]) {
+    let ports = [free_port(), free_port()];
+    let zero = node(0, ports, extra);
+    let one = node(1, ports, extra);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let target = Context::open(one.socket(0), config()).unwrap();
+    assert_eq!((initiator.info().node, target.info().node), (0, 1));
+
+    const SPAN: usize = 5 << 20;
+    let near = initiator.alloc(SPAN, 64).unwrap();
+    let far = target.alloc(SPAN, 64).unwrap();
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(
+            &far_region,
+            0,
+            SPAN as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    let remote = window.remote();
+    assert_eq!(remote.node, 1);
+
+    for (round, &(len, near_at, far_at)) in [
+        (1usize, 3usize, 5usize),
+        (7, 4095, 4093),
+        (1400, 1, 2),
+        (1401, 100, 9),
+        (64 << 10, 17, 4096 + 3),
+        (1 << 20, 4096, 1),
+        (4 << 20, 33, 65),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let source = pattern(SPAN, round as u8);
+        let before = pattern(SPAN, 0xa5 ^ round as u8);
+        near.write_at(0, &source);
+        far.write_at(0, &before);
+        let local = near_region.local(near_at as u64, len as u32).unwrap();
+        let done = run(
+            &initiator,
+            Write::new(local, remote.at(far_at as u64))
+                .build()
+                .user_data(round as u64),
+        );
+        assert_eq!(
+            (done.status, done.detail, done.byte_len, done.user_data),
+            (Status::Success, ErrorDetail::None, len as u32, round as u64),
+            "write of {len} bytes: {done:?}"
+        );
+        let mut expected = before.clone();
+        expected[far_at..far_at + len].copy_from_slice(&source[near_at..near_at + len]);
+        assert!(
+            contents(&far) == expected,
+            "write of {len} bytes: remote memory differs"
+        );
+
+        // Read it back into other bytes of the initiator.
+        let back_at = SPAN - len - 7;
+        near.write_at(0, &before);
+        let local = near_region.local(back_at as u64, len as u32).unwrap();
+        let done = run(
+            &initiator,
+            Read::new(local, remote.at(far_at as u64)).build(),
+        );
+        assert_eq!(
+            (done.status, done.byte_len),
+            (Status::Success, len as u32),
+            "read of {len} bytes: {done:?}"
+        );
+        let mut expected_near = before.clone();
+        expected_near[back_at..back_at + len].copy_from_slice(&source[near_at..near_at + len]);
+        assert!(
+            contents(&near) == expected_near,
+            "read of {len} bytes: local memory differs"
+        );
+    }
+
+    // Atomics on a word of node 1, seen by its owner's CPU.
+    far.write_at(64, &40u64.to_le_bytes());
+    let adds: Vec<Entry<'_>> = (1..=100)
+        .map(|i| FetchAdd::new(remote.at(64), i).build().user_data(i))
+        .collect();
+    let done = run_all(&initiator, &adds);
+    let mut olds: Vec<u64> = done
+        .iter()
+        .map(|c| {
+            assert!(c.is_success(), "{c:?}");
+            c.value
+        })
+        .collect();
+    olds.sort_unstable();
+    // Each add ran once: the old values are the 100 partial sums.
+    let mut expected_olds = Vec::new();
+    let mut total = 40u64;
+    for i in 1..=100u64 {
+        expected_olds.push(total);
+        total += i;
+    }
+    let mut sorted = expected_olds.clone();
+    sorted.sort_unstable();
+    assert_ne!(olds, vec![40; 100]);
+    let mut word = [0u8; 8];
+    far.read_at(64, &mut word);
+    assert_eq!(u64::from_le_bytes(word), 40 + 5050);
+    assert_eq!(olds.len(), 100);
+    assert!(olds.iter().all(|&old| (40..40 + 5050).contains(&old)));
+    let unique: std::collections::BTreeSet<u64> = olds.iter().copied().collect();
+    assert_eq!(unique.len(), 100, "every add saw its own old value");
+    let swapped = run(
+        &initiator,
+        CompareSwap::new(remote.at(64), 40 + 5050, 7).build(),
+    );
+    assert_eq!((swapped.status, swapped.value), (Status::Success, 5090));
+    far.read_at(64, &mut word);
+    assert_eq!(u64::from_le_bytes(word), 7);
+    drop((zero, one));
+}
+
+#[test]
+fn writes_reads_and_atomics_cross_two_nodes() {
+    moves_bytes_between_nodes(&[]);
+}
+
+#[test]
+fn writes_reads_and_atomics_cross_two_nodes_under_loss_duplication_and_reordering() {
+    moves_bytes_between_nodes(&[
+        "--fault-in",
+        "loss=0.05,dup=0.02,reorder=0.05,seed=11",
+        "--fault-out",
+        "loss=0.05,dup=0.02,reorder=0.05,seed=12",
+    ]);
+}
+
+#[test]
+fn refusals_across_nodes_touch_nothing_and_unknown_nodes_are_named() {
+    let ports = [free_port(), free_port()];
+    let zero = node(0, ports, &[]);
+    let one = node(1, ports, &[]);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let target = Context::open(one.socket(0), config()).unwrap();
+    let near = initiator.alloc(1 << 16, 64).unwrap();
+    let far = target.alloc(1 << 16, 64).unwrap();
+    near.write_at(0, &pattern(1 << 16, 1));
+    let before = pattern(1 << 16, 2);
+    far.write_at(0, &before);
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let read_only_window = target
+        .bind_window(&far_region, 0, 1 << 16, Access::REMOTE_READ)
+        .unwrap();
+    let read_only = read_only_window.remote();
+    let local = near_region.local(0, 5000).unwrap();
+    let forged = RemoteAddress {
+        key: RemoteKey(read_only.key.0 ^ 0x55),
+        ..read_only.at(0)
+    };
+    for (what, remote) in [
+        ("no write right", read_only.at(0)),
+        ("forged key", forged),
+        ("past the window", read_only.at((1 << 16) - 100)),
+    ] {
+        let done = run(&initiator, Write::new(local, remote).build());
+        assert_eq!(
+            (done.status, done.detail),
+            (Status::RemoteAccessError, ErrorDetail::NotGranted),
+            "{what}: {done:?}"
+        );
+    }
+    assert!(contents(&far) == before, "a refused write changed memory");
+    let nowhere = RemoteAddress {
+        node: 9,
+        ..read_only.at(0)
+    };
+    let done = run(&initiator, Write::new(local, nowhere).build());
+    assert_eq!(
+        (done.status, done.detail),
+        (Status::InvalidRequest, ErrorDetail::UnknownNode)
+    );
+    // Both still serve.
+    let done = run(&initiator, Read::new(local, read_only.at(8)).build());
+    assert!(done.is_success(), "{done:?}");
+    let mut got = vec![0u8; 5000];
+    near.read_at(0, &mut got);
+    assert_eq!(got, before[8..5008]);
+}
+
+#[test]
+fn a_dead_peer_fails_requests_within_the_timeout_and_a_restarted_one_serves_again() {
+    let ports = [free_port(), free_port()];
+    let timeout = ["--peer-timeout", "400ms"];
+    let zero = node(0, ports, &timeout);
+    let one = node(1, ports, &timeout);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let near = initiator.alloc(1 << 16, 64).unwrap();
+    near.write_at(0, &pattern(1 << 16, 3));
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let local = near_region.local(0, 1 << 16).unwrap();
+    let window = {
+        let target = Context::open(one.socket(0), config()).unwrap();
+        let far = target.alloc(1 << 16, 64).unwrap();
+        let region = target.register_buffer(&far).unwrap();
+        let window = target
+            .bind_window(&region, 0, 1 << 16, Access::REMOTE_WRITE)
+            .unwrap();
+        let remote = window.remote();
+        let done = run(&initiator, Write::new(local, remote.at(0)).build());
+        assert!(done.is_success(), "{done:?}");
+        std::mem::forget(window);
+        std::mem::forget(region);
+        std::mem::forget(far);
+        std::mem::forget(target);
+        remote
+    };
+    drop(one);
+    let started = Instant::now();
+    let done = run(&initiator, Write::new(local, window.at(0)).build());
+    let took = started.elapsed();
+    assert_eq!(
+        (done.status, done.detail),
+        (Status::PeerGone, ErrorDetail::NodeUnreachable),
+        "{done:?}"
+    );
+    assert!(took < Duration::from_secs(20), "failed only after {took:?}");
+
+    // A new device process for node 1 at the same address.
+    let one = node(1, ports, &timeout);
+    let target = Context::open(one.socket(0), config()).unwrap();
+    let far = target.alloc(1 << 16, 64).unwrap();
+    let region = target.register_buffer(&far).unwrap();
+    let fresh_window = target
+        .bind_window(&region, 0, 1 << 16, Access::REMOTE_WRITE)
+        .unwrap();
+    let fresh = fresh_window.remote();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let done = run(&initiator, Write::new(local, fresh.at(0)).build());
+        if done.is_success() {
+            break;
+        }
+        assert_eq!(done.detail, ErrorDetail::NodeUnreachable, "{done:?}");
+        assert!(Instant::now() < deadline, "node 1 never served again");
+    }
+    assert!(contents(&far) == pattern(1 << 16, 3));
+    // The old window's key died with the old device.
+    let done = run(&initiator, Write::new(local, window.at(0)).build());
+    assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
+}
