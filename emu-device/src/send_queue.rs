@@ -98,20 +98,29 @@ enum Advanced {
 /// pair takes no new request beyond (a completion wakes it).
 pub const MAX_IN_FLIGHT: usize = 64;
 
-/// The node a request's remote address names, for requests that have one.
-fn remote_node(op: &Operation) -> Option<NodeId> {
+/// The nodes a request's remote addresses name (none, one, or a copy's
+/// two).
+fn remote_nodes(op: &Operation) -> [Option<NodeId>; 2] {
     match op {
         Operation::Write { remote, .. }
         | Operation::Read { remote, .. }
         | Operation::WriteInline { remote, .. }
         | Operation::CompareSwap { remote, .. }
         | Operation::FetchAdd { remote, .. }
-        | Operation::Swap { remote, .. } => Some(remote.node),
-        Operation::VectorWrite(vector) | Operation::VectorRead(vector) => Some(vector.remote.node),
+        | Operation::Swap { remote, .. }
+        | Operation::FetchBitwise { remote, .. } => [Some(remote.node), None],
+        Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+            [Some(vector.remote.node), None]
+        }
+        Operation::Copy {
+            source,
+            destination,
+            ..
+        } => [Some(source.node), Some(destination.node)],
         Operation::Nop
         | Operation::Query
         | Operation::BindWindow { .. }
-        | Operation::RevokeWindow { .. } => None,
+        | Operation::RevokeWindow { .. } => [None, None],
     }
 }
 
@@ -400,9 +409,10 @@ impl SendQueue {
         if running.request.flags.contains(WrFlags::FENCE) && self.in_flight > 0 {
             return Advanced::Fenced;
         }
-        if let Some(node) = remote_node(&running.request.op).filter(|&node| node != info.node) {
+        let nodes = remote_nodes(&running.request.op);
+        if nodes.iter().flatten().any(|&node| node != info.node) {
             let running = self.running.take().expect("a running request");
-            self.hand_over(running, node, link);
+            self.hand_over(running, nodes, link);
             return Advanced::Completed;
         }
         let (turn, own_miss) = fabric.execute(
@@ -433,16 +443,16 @@ impl SendQueue {
         Advanced::Completed
     }
 
-    /// Hands a request that names node `node` (not this one) to the
-    /// fabric link, or fails it.
-    fn hand_over(&mut self, running: Running, node: NodeId, link: Option<&Link>) {
+    /// Hands a request that names `nodes`, one of them not this one, to
+    /// the fabric link, or fails it.
+    fn hand_over(&mut self, running: Running, nodes: [Option<NodeId>; 2], link: Option<&Link>) {
         let request = running.request;
         let refused = |detail| {
             let status = Status::InvalidRequest;
             Completion::error(request.user_data, Some(request.op.opcode()), status, detail)
         };
         match link {
-            Some(link) if link.knows(node) => {
+            Some(link) if nodes.iter().flatten().all(|&node| link.knows(node)) => {
                 if matches!(
                     request.op,
                     Operation::VectorWrite(_) | Operation::VectorRead(_)

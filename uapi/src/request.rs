@@ -72,12 +72,21 @@ pub enum Opcode {
     Query = 0x08,
     /// Copies bytes carried in the send queue itself into a remote window.
     WriteInline = 0x09,
+    /// Atomic fetch-and-and on a remote word.
+    FetchAnd = 0x0a,
+    /// Atomic fetch-and-or on a remote word.
+    FetchOr = 0x0b,
+    /// Atomic fetch-and-xor on a remote word.
+    FetchXor = 0x0c,
     /// Copies local memory, read by one access pattern, into a remote
     /// window, written by another (DIMMnet-2's remote vector write).
     VectorWrite = 0x10,
     /// Copies a remote window's memory, read by one access pattern, into
     /// local memory, written by another.
     VectorRead = 0x11,
+    /// Copies bytes between two remote windows, on any nodes, started by a
+    /// third port and carried out by the source's device (ACP's copy).
+    Copy = 0x20,
 }
 
 impl Opcode {
@@ -103,6 +112,10 @@ impl Opcode {
             Opcode::RevokeWindow => "REVOKE_WINDOW",
             Opcode::Query => "QUERY",
             Opcode::WriteInline => "WRITE_INLINE",
+            Opcode::FetchAnd => "FETCH_AND",
+            Opcode::FetchOr => "FETCH_OR",
+            Opcode::FetchXor => "FETCH_XOR",
+            Opcode::Copy => "COPY",
             Opcode::VectorWrite => "VECTOR_WRITE",
             Opcode::VectorRead => "VECTOR_READ",
         }
@@ -121,6 +134,10 @@ impl Opcode {
             0x07 => Opcode::RevokeWindow,
             0x08 => Opcode::Query,
             0x09 => Opcode::WriteInline,
+            0x0a => Opcode::FetchAnd,
+            0x0b => Opcode::FetchOr,
+            0x0c => Opcode::FetchXor,
+            0x20 => Opcode::Copy,
             0x10 => Opcode::VectorWrite,
             0x11 => Opcode::VectorRead,
             code if Self::VECTOR_RANGE.contains(&code) => {
@@ -231,6 +248,25 @@ bitflags::bitflags! {
     }
 }
 
+/// The logic of a [`Operation::FetchBitwise`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bitwise {
+    /// `word & mask`.
+    And,
+    /// `word | mask`.
+    Or,
+    /// `word ^ mask`.
+    Xor,
+}
+
+/// Packs a window offset and a node into one 64-bit field, as the request
+/// carries them. An offset past the 48 bits is sent as the largest one,
+/// which no window reaches (a window is shorter): the access is refused,
+/// never redirected.
+fn pack_offset(offset: u64, node: u16) -> u64 {
+    offset.min(MAX_REMOTE_OFFSET) | u64::from(node) << 48
+}
+
 /// Width of an atomic operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AtomicWidth {
@@ -330,6 +366,32 @@ pub enum Operation {
         /// New value.
         value: u64,
     },
+    /// Apply `op` with `mask` to the word at `remote`; the old value comes
+    /// back.
+    FetchBitwise {
+        /// The word.
+        remote: RemoteAddress,
+        /// Its width.
+        width: AtomicWidth,
+        /// AND, OR or XOR.
+        op: Bitwise,
+        /// The other operand.
+        mask: u64,
+    },
+    /// Copy `len` bytes from the window at `source` to the window at
+    /// `destination`: any two windows of the fabric the initiator holds
+    /// keys for (the two may be on two other nodes). The source's device
+    /// reads the source window and writes the destination, both checked
+    /// against the initiator's rights; the initiator's completion comes
+    /// once every byte landed.
+    Copy {
+        /// Where the bytes come from.
+        source: RemoteAddress,
+        /// Where they go.
+        destination: RemoteAddress,
+        /// Bytes.
+        len: u32,
+    },
     /// Grant `access` to `[start, start + len)` of the initiator's registered
     /// memory, to one port or to any; the completion's value is the new
     /// [`RemoteKey`].
@@ -401,6 +463,12 @@ impl Operation {
             Operation::CompareSwap { .. } => Opcode::CompareSwap,
             Operation::FetchAdd { .. } => Opcode::FetchAdd,
             Operation::Swap { .. } => Opcode::Swap,
+            Operation::FetchBitwise { op, .. } => match op {
+                Bitwise::And => Opcode::FetchAnd,
+                Bitwise::Or => Opcode::FetchOr,
+                Bitwise::Xor => Opcode::FetchXor,
+            },
+            Operation::Copy { .. } => Opcode::Copy,
             Operation::BindWindow { .. } => Opcode::BindWindow,
             Operation::RevokeWindow { .. } => Opcode::RevokeWindow,
             Operation::Query => Opcode::Query,
@@ -487,6 +555,27 @@ impl WorkRequest {
                 fields.aux = width.bytes();
                 fields.operand0 = value;
             }
+            Operation::FetchBitwise {
+                remote,
+                width,
+                mask,
+                ..
+            } => {
+                set_remote(&mut fields, &remote);
+                fields.aux = width.bytes();
+                fields.operand0 = mask;
+            }
+            Operation::Copy {
+                source,
+                destination,
+                len,
+            } => {
+                set_remote(&mut fields, &destination);
+                fields.len = len;
+                fields.local = pack_offset(source.offset, source.node);
+                fields.operand0 = source.key.0;
+                fields.aux = u32::from(source.port);
+            }
             Operation::BindWindow {
                 start,
                 len,
@@ -527,12 +616,8 @@ impl WorkRequest {
         bytes[4..8].copy_from_slice(&fields.len.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.user_data.to_le_bytes());
         bytes[16..24].copy_from_slice(&fields.local.to_le_bytes());
-        // An offset past the 48 bits is sent as the largest one, which no
-        // window reaches (a window is shorter): the access is refused,
-        // never redirected.
-        let offset = fields.remote_offset.min(MAX_REMOTE_OFFSET);
-        bytes[24..30].copy_from_slice(&offset.to_le_bytes()[..6]);
-        bytes[30..32].copy_from_slice(&fields.node.to_le_bytes());
+        let remote = pack_offset(fields.remote_offset, fields.node);
+        bytes[24..32].copy_from_slice(&remote.to_le_bytes());
         bytes[32..40].copy_from_slice(&fields.remote_key.to_le_bytes());
         bytes[40..48].copy_from_slice(&fields.operand0.to_le_bytes());
         bytes[48..56].copy_from_slice(&fields.operand1.to_le_bytes());
@@ -637,6 +722,52 @@ impl WorkRequest {
                     len: true,
                     operand0: true,
                     operand1: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::FetchAnd | Opcode::FetchOr | Opcode::FetchXor => {
+                let width = AtomicWidth::from_bytes(fields.aux)?;
+                let op = Operation::FetchBitwise {
+                    remote,
+                    width,
+                    op: match opcode {
+                        Opcode::FetchAnd => Bitwise::And,
+                        Opcode::FetchOr => Bitwise::Or,
+                        _ => Bitwise::Xor,
+                    },
+                    mask: width.check_operand("operand 0", fields.operand0)?,
+                };
+                let uses = Uses {
+                    remote: true,
+                    aux: true,
+                    operand0: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::Copy => {
+                let source_port =
+                    u16::try_from(fields.aux).map_err(|_| DecodeError::OutOfRange {
+                        field: "source port",
+                        value: u64::from(fields.aux),
+                    })?;
+                let op = Operation::Copy {
+                    source: RemoteAddress {
+                        node: (fields.local >> 48) as u16,
+                        port: source_port,
+                        key: RemoteKey(fields.operand0),
+                        offset: fields.local & MAX_REMOTE_OFFSET,
+                    },
+                    destination: remote,
+                    len: fields.len,
+                };
+                let uses = Uses {
+                    remote: true,
+                    len: true,
+                    local: true,
+                    aux: true,
+                    operand0: true,
                     ..none
                 };
                 (op, uses)

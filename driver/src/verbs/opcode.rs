@@ -20,7 +20,8 @@ use std::marker::PhantomData;
 
 use pindown_uapi::pattern::{encode_pair, Pattern, PatternError};
 use pindown_uapi::{
-    AtomicWidth, Descriptor, Operation, RemoteAddress, VectorTransfer, WorkRequest, WrFlags,
+    AtomicWidth, Bitwise, Descriptor, Operation, RemoteAddress, VectorTransfer, WorkRequest,
+    WrFlags,
 };
 
 use super::{Local, VerbsError};
@@ -272,6 +273,90 @@ impl Swap {
             remote: self.remote,
             width: self.width,
             value: self.value,
+        })
+    }
+}
+
+/// Atomic fetch-and-and, fetch-and-or or fetch-and-xor; the old value
+/// comes back in the completion.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchBitwise {
+    remote: RemoteAddress,
+    op: Bitwise,
+    mask: u64,
+    width: AtomicWidth,
+}
+
+impl FetchBitwise {
+    /// ANDs the 8-byte word `remote` with `mask`.
+    pub fn and(remote: RemoteAddress, mask: u64) -> Self {
+        Self::new(remote, Bitwise::And, mask)
+    }
+
+    /// ORs the 8-byte word `remote` with `mask`.
+    pub fn or(remote: RemoteAddress, mask: u64) -> Self {
+        Self::new(remote, Bitwise::Or, mask)
+    }
+
+    /// XORs the 8-byte word `remote` with `mask`.
+    pub fn xor(remote: RemoteAddress, mask: u64) -> Self {
+        Self::new(remote, Bitwise::Xor, mask)
+    }
+
+    fn new(remote: RemoteAddress, op: Bitwise, mask: u64) -> Self {
+        FetchBitwise {
+            remote,
+            op,
+            mask,
+            width: AtomicWidth::Eight,
+        }
+    }
+
+    /// Works on a 4-byte word instead.
+    pub fn four_bytes(mut self) -> Self {
+        self.width = AtomicWidth::Four;
+        self
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry<'static> {
+        Entry::new(Operation::FetchBitwise {
+            remote: self.remote,
+            width: self.width,
+            op: self.op,
+            mask: self.mask,
+        })
+    }
+}
+
+/// A copy between two remote windows, on any nodes of the fabric, that
+/// this port holds keys for (ACP's third-party copy): the source's device
+/// reads the source window and writes the destination, both checked
+/// against this port's rights (REMOTE_READ on the source, REMOTE_WRITE on
+/// the destination); the completion comes once every byte landed.
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteCopy {
+    source: RemoteAddress,
+    destination: RemoteAddress,
+    len: u32,
+}
+
+impl RemoteCopy {
+    /// Copies `len` bytes from `source` to `destination`.
+    pub fn new(source: RemoteAddress, destination: RemoteAddress, len: u32) -> Self {
+        RemoteCopy {
+            source,
+            destination,
+            len,
+        }
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry<'static> {
+        Entry::new(Operation::Copy {
+            source: self.source,
+            destination: self.destination,
+            len: self.len,
         })
     }
 }

@@ -223,18 +223,16 @@ impl Link {
     }
 }
 
-/// An operation of a local port under way towards another node.
+/// An operation under way towards another node: a request of a local
+/// port, or a copy another node delegated to this one.
 struct Op {
+    /// Where its messages go.
     node: NodeId,
-    port: Arc<Port>,
-    /// The port's incarnation when the request was taken: memory of a
-    /// later frontend of the port is never touched for it.
-    incarnation: u64,
-    pair: u16,
-    user_data: u64,
-    opcode: Opcode,
-    /// The request asked for a completion on success.
-    signaled: bool,
+    /// Who gets the outcome.
+    requester: Requester,
+    /// The port whose rights are checked (the initiator, for a delegated
+    /// copy the port that asked for it).
+    origin: PortId,
     kind: OpKind,
     /// Messages sent and not yet acknowledged or abandoned.
     unacked: u32,
@@ -244,14 +242,44 @@ struct Op {
     failure: Option<Failure>,
 }
 
+/// Who gets an operation's outcome.
+enum Requester {
+    /// A queue pair of a local port: a completion.
+    Port {
+        port: Arc<Port>,
+        /// The port's incarnation when the request was taken: memory of
+        /// a later frontend of the port is never touched for it.
+        incarnation: u64,
+        pair: u16,
+        user_data: u64,
+        opcode: Opcode,
+        /// The request asked for a completion on success.
+        signaled: bool,
+    },
+    /// Another node that delegated a copy: a RESULT.
+    Node { node: NodeId, tag: u64 },
+}
+
+/// Where a write's bytes come from.
+enum Source {
+    /// The initiator's registered memory at this IOVA.
+    Local(u64),
+    /// Bytes the request carried.
+    Inline(Vec<u8>),
+    /// A window of a port of this device (a copy's source), read with the
+    /// origin's rights.
+    Window(RemoteAddress),
+}
+
 enum OpKind {
     Write {
-        /// Local IOVA of the source; `None` for inline bytes.
-        local: Option<u64>,
-        inline: Vec<u8>,
+        source: Source,
         remote: RemoteAddress,
         len: u32,
         sent: u32,
+        /// A first part went (a write of no bytes sends one empty part:
+        /// the target still checks the window).
+        started: bool,
     },
     Read {
         local: u64,
@@ -268,6 +296,14 @@ enum OpKind {
         op: AtomicOp,
         requested: bool,
         value: Option<u64>,
+    },
+    /// A copy delegated to the source's node (`Op::node`).
+    Copy {
+        source: RemoteAddress,
+        destination: RemoteAddress,
+        len: u32,
+        requested: bool,
+        done: bool,
     },
 }
 
@@ -346,7 +382,7 @@ impl Worker {
                 worked = true;
             }
             worked |= self.produce(now);
-            self.finish_ops();
+            self.finish_ops(now);
             worked |= self.transmit(now, &mut datagram);
             self.publish_stats();
             if worked {
@@ -427,21 +463,18 @@ impl Worker {
             request,
             inline,
         } = submission;
+        let write = |source, remote, len| OpKind::Write {
+            source,
+            remote,
+            len,
+            sent: 0,
+            started: false,
+        };
         let kind = match request.op {
-            Operation::Write { local, len, remote } => OpKind::Write {
-                local: Some(local),
-                inline: Vec::new(),
-                remote,
-                len,
-                sent: 0,
-            },
-            Operation::WriteInline { len, remote, .. } => OpKind::Write {
-                local: None,
-                inline,
-                remote,
-                len,
-                sent: 0,
-            },
+            Operation::Write { local, len, remote } => write(Source::Local(local), remote, len),
+            Operation::WriteInline { len, remote, .. } => {
+                write(Source::Inline(inline), remote, len)
+            }
             Operation::Read { local, len, remote } => OpKind::Read {
                 local,
                 remote,
@@ -464,6 +497,30 @@ impl Worker {
                 width,
                 value,
             } => atomic(remote, width, AtomicOp::Swap { value }),
+            Operation::FetchBitwise {
+                remote,
+                width,
+                op,
+                mask,
+            } => atomic(remote, width, AtomicOp::Bitwise { op, mask }),
+            // The source's device carries a copy out; when that is this
+            // one, the copy is a write from a window.
+            Operation::Copy {
+                source,
+                destination,
+                len,
+            } if source.node == self.link.node => write(Source::Window(source), destination, len),
+            Operation::Copy {
+                source,
+                destination,
+                len,
+            } => OpKind::Copy {
+                source,
+                destination,
+                len,
+                requested: false,
+                done: false,
+            },
             _ => {
                 // The send queue hands over only these operations.
                 let failure = (Status::InvalidRequest, ErrorDetail::Unsupported);
@@ -471,35 +528,46 @@ impl Worker {
                 return;
             }
         };
+        let incarnation = port.shared.incarnation();
+        let origin = PortId {
+            node: self.link.node,
+            index: port.index as u16,
+            incarnation,
+        };
+        let requester = Requester::Port {
+            port,
+            incarnation,
+            pair,
+            user_data: request.user_data,
+            opcode: request.op.opcode(),
+            signaled: request.flags.contains(WrFlags::SIGNALED),
+        };
+        self.insert_op(requester, origin, kind);
+    }
+
+    /// Files a new operation under a new tag.
+    fn insert_op(&mut self, requester: Requester, origin: PortId, kind: OpKind) {
         let node = match &kind {
             OpKind::Write { remote, .. }
             | OpKind::Read { remote, .. }
             | OpKind::Atomic { remote, .. } => remote.node,
+            OpKind::Copy { source, .. } => source.node,
         };
+        let known = node == self.link.node || self.link.peers.contains_key(&node);
         let tag = self.next_tag;
         self.next_tag += 1;
-        let incarnation = port.shared.incarnation();
         self.ops.insert(
             tag,
             Op {
                 node,
-                port,
-                incarnation,
-                pair,
-                user_data: request.user_data,
-                opcode: request.op.opcode(),
-                signaled: request.flags.contains(WrFlags::SIGNALED),
+                requester,
+                origin,
                 kind,
                 unacked: 0,
                 horizon: None,
-                failure: None,
+                failure: (!known).then_some((Status::InvalidRequest, ErrorDetail::UnknownNode)),
             },
         );
-        if let Some(op) = self.ops.get_mut(&tag) {
-            if !self.link.peers.contains_key(&node) {
-                op.failure = Some((Status::InvalidRequest, ErrorDetail::UnknownNode));
-            }
-        }
     }
 
     /// Reads every datagram waiting on the socket.
@@ -570,8 +638,19 @@ impl Worker {
             Err(error) => return self.bad_message(node, &error),
         };
         let own = self.link.node;
+        // Only a write names a port of another node than its sender: the
+        // part of a copy that node delegated to the sender.
+        let origin_node = match &message {
+            Message::Read { origin, .. }
+            | Message::Atomic { origin, .. }
+            | Message::Copy { origin, .. } => Some(origin.node),
+            _ => None,
+        };
+        if origin_node.is_some_and(|origin| origin != node) {
+            return self.bad_message(node, &"a request for a port of another node");
+        }
         let initiator = |origin: Origin| PortId {
-            node,
+            node: origin.node,
             index: origin.port,
             incarnation: origin.incarnation,
         };
@@ -645,6 +724,28 @@ impl Worker {
                     Err((status, detail)) => (status, detail, 0),
                 };
                 self.answer(now, node, origin.tag, status, detail, value);
+            }
+            Message::Copy {
+                origin,
+                dst_port,
+                key,
+                offset,
+                destination,
+                len,
+            } => {
+                self.served();
+                let kind = OpKind::Write {
+                    source: Source::Window(at(dst_port, key, offset)),
+                    remote: destination,
+                    len,
+                    sent: 0,
+                    started: false,
+                };
+                let requester = Requester::Node {
+                    node,
+                    tag: origin.tag,
+                };
+                self.insert_op(requester, initiator(origin), kind);
             }
             Message::ReadData { tag, at, bytes } => self.read_data(node, tag, at, bytes),
             Message::Result {
@@ -736,8 +837,14 @@ impl Worker {
         if op.failure.is_some() {
             return;
         }
-        let (iova, incarnation) = (*local + u64::from(at), op.incarnation);
-        let landed = on_port(&self.ports, op.port.index as u16, |own| {
+        let Requester::Port {
+            port, incarnation, ..
+        } = &op.requester
+        else {
+            return;
+        };
+        let (iova, incarnation) = (*local + u64::from(at), *incarnation);
+        let landed = on_port(&self.ports, port.index as u16, |own| {
             if own.incarnation != incarnation {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
@@ -760,6 +867,7 @@ impl Worker {
         match &mut op.kind {
             OpKind::Read { finished, .. } => *finished = true,
             OpKind::Atomic { value: old, .. } => *old = Some(value),
+            OpKind::Copy { done, .. } => *done = true,
             OpKind::Write { .. } => {}
         }
     }
@@ -825,134 +933,189 @@ impl Worker {
 
     /// Sends what operation `tag` can send now.
     fn produce_op(&mut self, now: Instant, tag: u64) -> bool {
-        let max = self.endpoint.config().max_payload;
         let mut worked = false;
         loop {
-            let Some(op) = self.ops.get_mut(&tag) else {
+            let Some(op) = self.ops.get(&tag) else {
                 return worked;
             };
             if op.failure.is_some() {
                 return worked;
             }
             let origin = Origin {
-                port: op.port.index as u16,
-                incarnation: op.incarnation,
+                node: op.origin.node,
+                port: op.origin.index,
+                incarnation: op.origin.incarnation,
                 tag,
             };
             let node = op.node;
             self.message.clear();
-            match &mut op.kind {
-                OpKind::Write {
-                    local,
-                    inline,
-                    remote,
-                    len,
-                    sent,
-                } => {
-                    // Every part went (a write of no bytes sends one empty
-                    // part: the target still checks the window).
-                    if *sent == *len && (*len != 0 || op.unacked > 0 || op.horizon.is_some()) {
-                        return worked;
+            let request = match &op.kind {
+                OpKind::Write { .. } => {
+                    match self.write_part(now, tag) {
+                        Some(true) => worked = true,
+                        Some(false) => return true,
+                        None => return worked,
                     }
-                    let chunk = (*len - *sent).min((max - WRITE_HEADER) as u32) as usize;
-                    let bytes = &mut self.bytes[..chunk];
-                    match local {
-                        None => bytes.copy_from_slice(&inline[*sent as usize..][..chunk]),
-                        Some(iova) => {
-                            let (iova, incarnation) = (*iova + u64::from(*sent), op.incarnation);
-                            let read = on_port(&self.ports, origin.port, |own| {
-                                if own.incarnation != incarnation {
-                                    return Err((
-                                        Status::LocalProtectionError,
-                                        ErrorDetail::Unregistered,
-                                    ));
-                                }
-                                remote::read_local(own, iova, bytes)
-                            });
-                            if let Err(failure) = read {
-                                op.failure = Some(failure);
-                                return true;
-                            }
-                        }
-                    }
-                    Message::Write {
-                        origin,
-                        dst_port: remote.port,
-                        key: remote.key,
-                        offset: remote.offset + u64::from(*sent),
-                        bytes: &self.bytes[..chunk],
-                    }
-                    .encode(&mut self.message);
-                    let message = std::mem::take(&mut self.message);
-                    let sent_now = self.send(now, node, &message);
-                    self.message = message;
-                    let Some(op) = self.ops.get_mut(&tag) else {
-                        return worked;
-                    };
-                    match sent_now {
-                        Err(()) => return worked,
-                        Ok(None) => {
-                            op.failure = Some(GONE);
-                            return true;
-                        }
-                        Ok(Some(seq)) => {
-                            worked = true;
-                            op.unacked += 1;
-                            self.seq_tags.insert((node, seq), tag);
-                            if let OpKind::Write { sent, .. } = &mut op.kind {
-                                *sent += chunk as u32;
-                            }
-                            if chunk == 0 {
-                                return worked;
-                            }
-                        }
-                    }
+                    continue;
                 }
                 OpKind::Read {
                     remote,
                     len,
-                    requested,
+                    requested: false,
                     ..
-                } => {
-                    if *requested {
-                        return worked;
-                    }
-                    Message::Read {
-                        origin,
-                        dst_port: remote.port,
-                        key: remote.key,
-                        offset: remote.offset,
-                        len: *len,
-                    }
-                    .encode(&mut self.message);
-                    return self.send_request(now, tag, node) | worked;
-                }
+                } => Message::Read {
+                    origin,
+                    dst_port: remote.port,
+                    key: remote.key,
+                    offset: remote.offset,
+                    len: *len,
+                },
                 OpKind::Atomic {
                     remote,
                     width,
                     op: atomic,
-                    requested,
+                    requested: false,
                     ..
-                } => {
-                    if *requested {
-                        return worked;
+                } => Message::Atomic {
+                    origin,
+                    dst_port: remote.port,
+                    key: remote.key,
+                    offset: remote.offset,
+                    width: *width,
+                    op: *atomic,
+                },
+                OpKind::Copy {
+                    source,
+                    destination,
+                    len,
+                    requested: false,
+                    ..
+                } => Message::Copy {
+                    origin,
+                    dst_port: source.port,
+                    key: source.key,
+                    offset: source.offset,
+                    destination: *destination,
+                    len: *len,
+                },
+                _ => return worked,
+            };
+            request.encode(&mut self.message);
+            return self.send_request(now, tag, node) | worked;
+        }
+    }
+
+    /// Moves the next part of write `tag`: into a window of this device
+    /// directly, or as a message to the target's node. `Some(true)`: a
+    /// part went; `Some(false)`: the write failed; `None`: nothing to do
+    /// now (done, or the endpoint cannot take a message).
+    fn write_part(&mut self, now: Instant, tag: u64) -> Option<bool> {
+        let max = self.endpoint.config().max_payload - WRITE_HEADER;
+        let own = self.link.node;
+        let op = self.ops.get_mut(&tag)?;
+        let origin = op.origin;
+        let OpKind::Write {
+            source,
+            remote,
+            len,
+            sent,
+            started,
+        } = &mut op.kind
+        else {
+            return None;
+        };
+        if *started && *sent == *len {
+            return None;
+        }
+        let chunk = (*len - *sent).min(max as u32) as usize;
+        let at = *sent;
+        let remote = RemoteAddress {
+            offset: remote.offset + u64::from(at),
+            ..*remote
+        };
+        let bytes = &mut self.bytes[..chunk];
+        let read = match source {
+            Source::Inline(inline) => {
+                bytes.copy_from_slice(&inline[at as usize..][..chunk]);
+                Ok(())
+            }
+            Source::Local(iova) => {
+                let iova = *iova + u64::from(at);
+                on_port(&self.ports, origin.index, |own| {
+                    if own.incarnation != origin.incarnation {
+                        return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
                     }
-                    Message::Atomic {
-                        origin,
-                        dst_port: remote.port,
-                        key: remote.key,
-                        offset: remote.offset,
-                        width: *width,
-                        op: *atomic,
-                    }
-                    .encode(&mut self.message);
-                    return self.send_request(now, tag, node) | worked;
+                    remote::read_local(own, iova, bytes)
+                })
+            }
+            Source::Window(window) => {
+                let window = RemoteAddress {
+                    offset: window.offset + u64::from(at),
+                    ..*window
+                };
+                on_port(&self.ports, window.port, |target| {
+                    remote::read_from(target, origin, window, bytes)
+                })
+            }
+        };
+        if let Err(failure) = read {
+            op.failure = Some(failure);
+            return Some(false);
+        }
+        if remote.node == own {
+            // A copy whose two windows are both here.
+            let bytes = &self.bytes[..chunk];
+            let written = on_port(&self.ports, remote.port, |target| {
+                remote::write_into(target, origin, remote, bytes)
+            });
+            let op = self.ops.get_mut(&tag)?;
+            if let Err(failure) = written {
+                op.failure = Some(failure);
+                return Some(false);
+            }
+            if let OpKind::Write { sent, started, .. } = &mut op.kind {
+                *sent += chunk as u32;
+                *started = true;
+            }
+            return Some(true);
+        }
+        self.message.clear();
+        Message::Write {
+            origin: Origin {
+                node: origin.node,
+                port: origin.index,
+                incarnation: origin.incarnation,
+                tag,
+            },
+            dst_port: remote.port,
+            key: remote.key,
+            offset: remote.offset,
+            bytes: &self.bytes[..chunk],
+        }
+        .encode(&mut self.message);
+        let message = std::mem::take(&mut self.message);
+        let sent_now = self.send(now, remote.node, &message);
+        self.message = message;
+        let op = self.ops.get_mut(&tag)?;
+        match sent_now {
+            Err(()) => None,
+            Ok(None) => {
+                op.failure = Some(GONE);
+                Some(false)
+            }
+            Ok(Some(seq)) => {
+                op.unacked += 1;
+                self.seq_tags.insert((remote.node, seq), tag);
+                if let OpKind::Write { sent, started, .. } = &mut op.kind {
+                    *sent += chunk as u32;
+                    *started = true;
                 }
+                Some(true)
             }
         }
     }
 
-    /// Sends the request message built for a read or an atomic.
+    /// Sends the request message built for a read, an atomic or a copy.
     fn send_request(&mut self, now: Instant, tag: u64, node: NodeId) -> bool {
         let message = std::mem::take(&mut self.message);
         let sent = self.send(now, node, &message);
@@ -967,9 +1130,9 @@ impl Worker {
                 op.unacked += 1;
                 self.seq_tags.insert((node, seq), tag);
                 match &mut op.kind {
-                    OpKind::Read { requested, .. } | OpKind::Atomic { requested, .. } => {
-                        *requested = true
-                    }
+                    OpKind::Read { requested, .. }
+                    | OpKind::Atomic { requested, .. }
+                    | OpKind::Copy { requested, .. } => *requested = true,
                     OpKind::Write { .. } => {}
                 }
             }
@@ -1049,7 +1212,7 @@ impl Worker {
     }
 
     /// Completes the operations that are done.
-    fn finish_ops(&mut self) {
+    fn finish_ops(&mut self, now: Instant) {
         let done: Vec<u64> = self
             .ops
             .iter()
@@ -1061,24 +1224,41 @@ impl Worker {
             let outcome = match op.failure {
                 Some(failure) => Err(failure),
                 None => Ok(match op.kind {
-                    OpKind::Write { len, .. } | OpKind::Read { len, .. } => (len, 0),
+                    OpKind::Write { len, .. }
+                    | OpKind::Read { len, .. }
+                    | OpKind::Copy { len, .. } => (len, 0),
                     OpKind::Atomic { width, value, .. } => (width.bytes(), value.unwrap_or(0)),
                 }),
             };
-            let completion = match outcome {
-                Ok((len, value)) => {
-                    self.link.stats.completed.fetch_add(1, Ordering::Relaxed);
-                    Completion::success(op.user_data, op.opcode, len, value)
+            match op.requester {
+                Requester::Port {
+                    port,
+                    incarnation,
+                    pair,
+                    user_data,
+                    opcode,
+                    signaled,
+                } => {
+                    let completion = match outcome {
+                        Ok((len, value)) => {
+                            self.link.stats.completed.fetch_add(1, Ordering::Relaxed);
+                            Completion::success(user_data, opcode, len, value)
+                        }
+                        Err((status, detail)) => {
+                            self.link.stats.failed.fetch_add(1, Ordering::Relaxed);
+                            Completion::error(user_data, Some(opcode), status, detail)
+                        }
+                    };
+                    if port.shared.incarnation() == incarnation {
+                        port.inbox.deliver_completion(pair, completion, signaled);
+                    }
                 }
-                Err((status, detail)) => {
-                    self.link.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    Completion::error(op.user_data, Some(op.opcode), status, detail)
+                Requester::Node { node, tag } => {
+                    let (status, detail) = outcome
+                        .err()
+                        .unwrap_or((Status::Success, ErrorDetail::None));
+                    self.answer(now, node, tag, status, detail, 0);
                 }
-            };
-            if op.port.shared.incarnation() == op.incarnation {
-                op.port
-                    .inbox
-                    .deliver_completion(op.pair, completion, op.signaled);
             }
         }
     }
@@ -1099,9 +1279,16 @@ impl Worker {
             _ if op.failure == Some(GONE) => true,
             // Every part acknowledged, and every answer sent before the
             // acknowledgements received: a refused part is known.
-            OpKind::Write { len, sent, .. } => {
-                (op.failure.is_some() || (*sent == *len && op.horizon.is_some()))
-                    && answered(op.horizon)
+            OpKind::Write {
+                len,
+                sent,
+                started,
+                remote,
+                ..
+            } => {
+                let all_went = *started && *sent == *len;
+                let all_landed = remote.node == self.link.node || op.horizon.is_some();
+                (op.failure.is_some() || (all_went && all_landed)) && answered(op.horizon)
             }
             // Read data arriving after a failure is dropped (the tag is
             // gone).
@@ -1112,6 +1299,7 @@ impl Worker {
                 ..
             } => op.failure.is_some() || (*finished && *received == *len),
             OpKind::Atomic { value, .. } => op.failure.is_some() || value.is_some(),
+            OpKind::Copy { done, .. } => op.failure.is_some() || *done,
         }
     }
 

@@ -8,18 +8,30 @@
 //! Layout (little-endian; `tag` names the operation in the initiator's
 //! table and comes back in every answer):
 //!
-//! | kind | fields after the kind byte |
+//! WRITE, READ, ATOMIC and COPY share a 48-byte header: kind u8, code u8
+//! (the atomic's operation), origin port u16, target port u16, extra u16
+//! (an atomic's width; a COPY's destination port), tag u64, origin
+//! incarnation u64, key u64, offset u64, origin node u16, destination node
+//! u16 (COPY), len u32 (READ, COPY).
+//! The origin is the port whose rights are checked: the sender's own port,
+//! or for a write a COPY delegated, the port that asked for the copy.
+//!
+//! | kind | after the header |
 //! |---|---|
-//! | 1 WRITE | 1 pad, src port u16, dst port u16, 2 pad, tag u64, src incarnation u64, key u64, offset u64, bytes |
-//! | 2 READ | 1 pad, src port, dst port, 2 pad, tag, src incarnation, key, offset, len u32 |
-//! | 3 READ_DATA | 7 pad, tag, at u32 (offset inside the read), 4 pad, bytes |
-//! | 4 ATOMIC | op u8, src port, dst port, width u8, 1 pad, tag, src incarnation, key, offset, operand 0 u64, operand 1 u64 |
-//! | 5 RESULT | status u8, detail u8, 5 pad, tag, value u64 |
+//! | 1 WRITE | the bytes |
+//! | 2 READ | nothing |
+//! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
+//! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
+//!
+//! | kind | layout |
+//! |---|---|
+//! | 3 READ_DATA | kind, 7 pad, tag, at u32 (offset inside the read), 4 pad, bytes |
+//! | 5 RESULT | kind, status u8, detail u8, 5 pad, tag, value u64 |
 //!
 //! Decoding checks the kind, the lengths and every code; it never panics
 //! on hostile bytes.
 
-use pindown_uapi::{AtomicWidth, ErrorDetail, RemoteKey, Status};
+use pindown_uapi::{AtomicWidth, Bitwise, ErrorDetail, NodeId, RemoteAddress, RemoteKey, Status};
 
 use crate::rdma::remote::AtomicOp;
 
@@ -64,6 +76,24 @@ pub enum Message<'a> {
         /// The bytes.
         bytes: &'a [u8],
     },
+    /// A copy of `len` bytes from `offset` in window `key` of `dst_port`
+    /// (on the receiving node) to the window `destination` (on any node),
+    /// for `origin`: the receiver carries it out and answers with one
+    /// [`Message::Result`].
+    Copy {
+        /// The port that asked for the copy (on the sending node).
+        origin: Origin,
+        /// The source port (on the receiving node).
+        dst_port: u16,
+        /// The source window.
+        key: RemoteKey,
+        /// Where in the source window.
+        offset: u64,
+        /// Where the bytes go.
+        destination: RemoteAddress,
+        /// Bytes.
+        len: u32,
+    },
     /// An atomic on the word at `offset` in window `key` of `dst_port`.
     Atomic {
         /// The initiator.
@@ -93,11 +123,14 @@ pub enum Message<'a> {
     },
 }
 
-/// Who asks: the initiating port of the sending node, and the operation's
-/// tag in that node's table.
+/// Who asks: the port whose rights are checked, and the operation's tag
+/// in the sending node's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Origin {
-    /// The initiating port (on the sending node).
+    /// The port's node (the sender, or the node that asked the sender for
+    /// a copy).
+    pub node: NodeId,
+    /// The port.
     pub port: u16,
     /// Its incarnation (windows bound to it check it).
     pub incarnation: u64,
@@ -124,18 +157,23 @@ const READ: u8 = 2;
 const READ_DATA: u8 = 3;
 const ATOMIC: u8 = 4;
 const RESULT: u8 = 5;
+const COPY: u8 = 6;
 
-/// Header bytes of a WRITE (its bytes follow).
-pub const WRITE_HEADER: usize = 40;
+/// Header bytes of a WRITE (its bytes follow), and of READ.
+pub const WRITE_HEADER: usize = 48;
 /// Header bytes of a READ_DATA (its bytes follow).
 pub const READ_DATA_HEADER: usize = 24;
-const READ_LEN: usize = 44;
-const ATOMIC_LEN: usize = 56;
+const READ_LEN: usize = WRITE_HEADER;
+const ATOMIC_LEN: usize = WRITE_HEADER + 16;
+const COPY_LEN: usize = WRITE_HEADER + 16;
 const RESULT_LEN: usize = 24;
 
 const CAS: u8 = 1;
 const FETCH_ADD: u8 = 2;
 const SWAP: u8 = 3;
+const FETCH_AND: u8 = 4;
+const FETCH_OR: u8 = 5;
+const FETCH_XOR: u8 = 6;
 
 impl<'a> Message<'a> {
     /// Appends the encoded message to `out`.
@@ -148,7 +186,8 @@ impl<'a> Message<'a> {
                 offset,
                 bytes,
             } => {
-                request_header(out, WRITE, 0, origin, dst_port, 0, key, offset);
+                let header = RequestHeader::new(WRITE, origin, dst_port, key, offset);
+                header.encode(out);
                 out.extend_from_slice(bytes);
             }
             Message::Read {
@@ -157,9 +196,28 @@ impl<'a> Message<'a> {
                 key,
                 offset,
                 len,
+            } => RequestHeader {
+                len,
+                ..RequestHeader::new(READ, origin, dst_port, key, offset)
+            }
+            .encode(out),
+            Message::Copy {
+                origin,
+                dst_port,
+                key,
+                offset,
+                destination,
+                len,
             } => {
-                request_header(out, READ, 0, origin, dst_port, 0, key, offset);
-                out.extend_from_slice(&len.to_le_bytes());
+                RequestHeader {
+                    len,
+                    destination_node: destination.node,
+                    extra: destination.port,
+                    ..RequestHeader::new(COPY, origin, dst_port, key, offset)
+                }
+                .encode(out);
+                out.extend_from_slice(&destination.key.0.to_le_bytes());
+                out.extend_from_slice(&destination.offset.to_le_bytes());
             }
             Message::ReadData { tag, at, bytes } => {
                 out.extend_from_slice(&[READ_DATA, 0, 0, 0, 0, 0, 0, 0]);
@@ -180,9 +238,18 @@ impl<'a> Message<'a> {
                     AtomicOp::CompareSwap { compare, swap } => (CAS, compare, swap),
                     AtomicOp::FetchAdd { add } => (FETCH_ADD, add, 0),
                     AtomicOp::Swap { value } => (SWAP, value, 0),
+                    AtomicOp::Bitwise { op, mask } => match op {
+                        Bitwise::And => (FETCH_AND, mask, 0),
+                        Bitwise::Or => (FETCH_OR, mask, 0),
+                        Bitwise::Xor => (FETCH_XOR, mask, 0),
+                    },
                 };
-                let width = width.bytes() as u8;
-                request_header(out, ATOMIC, code, origin, dst_port, width, key, offset);
+                RequestHeader {
+                    code,
+                    extra: width.bytes() as u16,
+                    ..RequestHeader::new(ATOMIC, origin, dst_port, key, offset)
+                }
+                .encode(out);
                 out.extend_from_slice(&operand0.to_le_bytes());
                 out.extend_from_slice(&operand1.to_le_bytes());
             }
@@ -213,6 +280,7 @@ impl<'a> Message<'a> {
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
         let origin = || Origin {
+            node: u16_at(40),
             port: u16_at(2),
             incarnation: u64_at(16),
             tag: u64_at(8),
@@ -236,7 +304,25 @@ impl<'a> Message<'a> {
                     dst_port: u16_at(4),
                     key: key()?,
                     offset: u64_at(32),
-                    len: u32_at(40),
+                    len: u32_at(44),
+                }
+            }
+            COPY => {
+                need(COPY_LEN)?;
+                let destination_key = RemoteKey::try_from(u64_at(WRITE_HEADER))
+                    .map_err(|_| MessageError::BadField("destination key"))?;
+                Message::Copy {
+                    origin: origin(),
+                    dst_port: u16_at(4),
+                    key: key()?,
+                    offset: u64_at(32),
+                    destination: RemoteAddress {
+                        node: u16_at(42),
+                        port: u16_at(6),
+                        key: destination_key,
+                        offset: u64_at(WRITE_HEADER + 8),
+                    },
+                    len: u32_at(44),
                 }
             }
             READ_DATA => {
@@ -249,9 +335,9 @@ impl<'a> Message<'a> {
             }
             ATOMIC => {
                 need(ATOMIC_LEN)?;
-                let width = AtomicWidth::from_bytes(u32::from(bytes[6]))
+                let width = AtomicWidth::from_bytes(u32::from(u16_at(6)))
                     .map_err(|_| MessageError::BadField("atomic width"))?;
-                let (operand0, operand1) = (u64_at(40), u64_at(48));
+                let (operand0, operand1) = (u64_at(WRITE_HEADER), u64_at(WRITE_HEADER + 8));
                 let op = match bytes[1] {
                     CAS => AtomicOp::CompareSwap {
                         compare: operand0,
@@ -259,6 +345,14 @@ impl<'a> Message<'a> {
                     },
                     FETCH_ADD => AtomicOp::FetchAdd { add: operand0 },
                     SWAP => AtomicOp::Swap { value: operand0 },
+                    code @ (FETCH_AND | FETCH_OR | FETCH_XOR) => AtomicOp::Bitwise {
+                        op: match code {
+                            FETCH_AND => Bitwise::And,
+                            FETCH_OR => Bitwise::Or,
+                            _ => Bitwise::Xor,
+                        },
+                        mask: operand0,
+                    },
                     _ => return Err(MessageError::BadField("atomic operation")),
                 };
                 Message::Atomic {
@@ -286,28 +380,49 @@ impl<'a> Message<'a> {
     }
 }
 
-/// The common header of WRITE, READ and ATOMIC (40 bytes).
-#[allow(clippy::too_many_arguments)]
-fn request_header(
-    out: &mut Vec<u8>,
+/// The common header of WRITE, READ, ATOMIC and COPY.
+struct RequestHeader {
     kind: u8,
     code: u8,
     origin: Origin,
     dst_port: u16,
-    width: u8,
+    /// An atomic's width, a copy's destination port.
+    extra: u16,
     key: RemoteKey,
     offset: u64,
-) {
-    out.extend_from_slice(&[kind, code]);
-    out.extend_from_slice(&origin.port.to_le_bytes());
-    out.extend_from_slice(&dst_port.to_le_bytes());
-    out.extend_from_slice(&[width, 0]);
-    out.extend_from_slice(&origin.tag.to_le_bytes());
-    out.extend_from_slice(&origin.incarnation.to_le_bytes());
-    out.extend_from_slice(&key.0.to_le_bytes());
-    out.extend_from_slice(&offset.to_le_bytes());
+    destination_node: NodeId,
+    len: u32,
 }
 
+impl RequestHeader {
+    fn new(kind: u8, origin: Origin, dst_port: u16, key: RemoteKey, offset: u64) -> Self {
+        RequestHeader {
+            kind,
+            code: 0,
+            origin,
+            dst_port,
+            extra: 0,
+            key,
+            offset,
+            destination_node: 0,
+            len: 0,
+        }
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[self.kind, self.code]);
+        out.extend_from_slice(&self.origin.port.to_le_bytes());
+        out.extend_from_slice(&self.dst_port.to_le_bytes());
+        out.extend_from_slice(&self.extra.to_le_bytes());
+        out.extend_from_slice(&self.origin.tag.to_le_bytes());
+        out.extend_from_slice(&self.origin.incarnation.to_le_bytes());
+        out.extend_from_slice(&self.key.0.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.origin.node.to_le_bytes());
+        out.extend_from_slice(&self.destination_node.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +430,7 @@ mod tests {
 
     fn origin() -> Origin {
         Origin {
+            node: 2,
             port: 3,
             incarnation: 0x1122,
             tag: 0xfeed_0001,
@@ -339,6 +455,19 @@ mod tests {
                 key,
                 offset: 7,
                 len: 1 << 20,
+            },
+            Message::Copy {
+                origin: origin(),
+                dst_port: 4,
+                key,
+                offset: 12,
+                destination: RemoteAddress {
+                    node: 7,
+                    port: 5,
+                    key: RemoteKey(0x77),
+                    offset: 99,
+                },
+                len: 3 << 20,
             },
             Message::ReadData {
                 tag: 9,

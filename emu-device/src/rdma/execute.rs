@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pindown_uapi::{
-    Access, Arrival, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    Access, Arrival, AtomicWidth, Bitwise, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
     RemoteAddress, Status, WorkRequest,
 };
 
@@ -207,6 +207,30 @@ fn run(
             still_there(&target)?;
             done(Opcode::Swap, width.bytes(), old)
         }),
+        Operation::FetchBitwise {
+            remote,
+            width,
+            op,
+            mask,
+        } => on_port(fabric, own, remote.port, &mut |local, target| {
+            let word = atomic_word(&target, id_of(own, &local), remote, width)?;
+            let old = word.fetch_bitwise(op, mask);
+            still_there(&target)?;
+            done(request.op.opcode(), width.bytes(), old)
+        }),
+        Operation::Copy {
+            source,
+            destination,
+            len,
+        } => {
+            let initiator = PortId {
+                node: info.node,
+                index: own,
+                incarnation: fabric.incarnation(own),
+            };
+            let finished = copy(fabric, initiator, source, destination, len, progress)?;
+            return Ok(finished.then(|| Completion::success(user_data, Opcode::Copy, len, 0)));
+        }
         Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
             let opcode = request.op.opcode();
             let direction = if opcode == Opcode::VectorWrite {
@@ -311,6 +335,58 @@ fn transfer(
                 Direction::Write => copy_spans(near, far, step),
                 Direction::Read => copy_spans(far, near, step),
             }
+            Ok(())
+        },
+    )
+}
+
+/// Copies `len` bytes between two windows of this device's ports, for
+/// `initiator` (which needs REMOTE_READ on the source's window and
+/// REMOTE_WRITE on the destination's), in guarded steps as [`transfer`]
+/// does: the first step checks the whole range on both sides.
+fn copy(
+    fabric: &dyn Fabric,
+    initiator: PortId,
+    source: RemoteAddress,
+    destination: RemoteAddress,
+    len: u32,
+    progress: &mut Progress,
+) -> Result<bool, Failure> {
+    let len = u64::from(len);
+    guarded_steps(
+        fabric,
+        source.port,
+        destination.port,
+        len,
+        &mut progress.moved,
+        &mut |from_port, to_port, moved, step| {
+            let checked = if moved == 0 { len } else { step };
+            let at = |address: RemoteAddress| RemoteAddress {
+                offset: address.offset.saturating_add(moved),
+                ..address
+            };
+            let (mut near, mut far) = (Spans::new(), Spans::new());
+            let read = Access::REMOTE_READ;
+            remote_range(
+                from_port,
+                initiator,
+                at(source),
+                checked,
+                read,
+                false,
+                &mut near,
+            )?;
+            let write = Access::REMOTE_WRITE;
+            remote_range(
+                to_port,
+                initiator,
+                at(destination),
+                checked,
+                write,
+                true,
+                &mut far,
+            )?;
+            copy_spans(near, far, usize::try_from(step).unwrap_or(usize::MAX));
             Ok(())
         },
     )
@@ -532,6 +608,23 @@ impl Word<'_> {
         match self {
             Word::Four(word) => u64::from(word.fetch_add(add as u32, Ordering::SeqCst)),
             Word::Eight(word) => word.fetch_add(add, Ordering::SeqCst),
+        }
+    }
+
+    pub(super) fn fetch_bitwise(&self, op: Bitwise, mask: u64) -> u64 {
+        match (self, op) {
+            (Word::Four(word), Bitwise::And) => {
+                u64::from(word.fetch_and(mask as u32, Ordering::SeqCst))
+            }
+            (Word::Four(word), Bitwise::Or) => {
+                u64::from(word.fetch_or(mask as u32, Ordering::SeqCst))
+            }
+            (Word::Four(word), Bitwise::Xor) => {
+                u64::from(word.fetch_xor(mask as u32, Ordering::SeqCst))
+            }
+            (Word::Eight(word), Bitwise::And) => word.fetch_and(mask, Ordering::SeqCst),
+            (Word::Eight(word), Bitwise::Or) => word.fetch_or(mask, Ordering::SeqCst),
+            (Word::Eight(word), Bitwise::Xor) => word.fetch_xor(mask, Ordering::SeqCst),
         }
     }
 

@@ -9,7 +9,7 @@
 //! (the caller lends it, holding its access gate), touches nothing before
 //! every byte is checked, and fails as the local engine does.
 
-use pindown_uapi::{Access, AtomicWidth, ErrorDetail, RemoteAddress, Status};
+use pindown_uapi::{Access, AtomicWidth, Bitwise, ErrorDetail, RemoteAddress, Status};
 
 use super::execute::{atomic_word, copy_in, copy_spans, local_fault, remote_range, still_there};
 use super::{Failure, PortId, Span, Spans, Target};
@@ -33,6 +33,13 @@ pub enum AtomicOp {
     Swap {
         /// The new value.
         value: u64,
+    },
+    /// Applies AND, OR or XOR with `mask`.
+    Bitwise {
+        /// Which.
+        op: Bitwise,
+        /// The other operand.
+        mask: u64,
     },
 }
 
@@ -117,6 +124,7 @@ pub fn atomic(
         AtomicOp::CompareSwap { compare, swap } => word.compare_swap(compare, swap),
         AtomicOp::FetchAdd { add } => word.fetch_add(add),
         AtomicOp::Swap { value } => word.swap(value),
+        AtomicOp::Bitwise { op, mask } => word.fetch_bitwise(op, mask),
     };
     still_there(target)?;
     Ok(old)
