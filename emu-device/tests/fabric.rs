@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::DeviceProcess;
 use pindown_driver::arena::DmaBuffer;
-use pindown_driver::verbs::opcode::{CompareSwap, Entry, FetchAdd, Read, Write};
+use pindown_driver::verbs::opcode::{
+    CompareSwap, Entry, FetchAdd, FetchBitwise, Read, RemoteCopy, Write,
+};
 use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
 use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status};
 
@@ -33,22 +35,20 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts node `node` of a two-node fabric on loopback.
-fn node(node: u16, ports: [u16; 2], extra: &[&str]) -> DeviceProcess {
+/// Starts node `node` of a fabric on loopback whose node `i` listens on
+/// UDP port `ports[i]`.
+fn node(node: u16, ports: &[u16], extra: &[&str]) -> DeviceProcess {
     let listen = format!("127.0.0.1:{}", ports[usize::from(node)]);
-    let other = 1 - node;
-    let peer = format!("{other}=127.0.0.1:{}", ports[usize::from(other)]);
     let node_text = node.to_string();
-    let mut args = vec![
-        "--node",
-        &node_text,
-        "--fabric-listen",
-        &listen,
-        "--fabric-peer",
-        &peer,
-        "--fabric-token",
-        TOKEN,
-    ];
+    let peers: Vec<String> = (0..ports.len())
+        .filter(|&other| other != usize::from(node))
+        .map(|other| format!("{other}=127.0.0.1:{}", ports[other]))
+        .collect();
+    let mut args = vec!["--node", &node_text, "--fabric-listen", &listen];
+    for peer in &peers {
+        args.extend_from_slice(&["--fabric-peer", peer]);
+    }
+    args.extend_from_slice(&["--fabric-token", TOKEN]);
     args.extend_from_slice(extra);
     DeviceProcess::start(common::device_bin(), 1, &args).unwrap()
 }
@@ -91,8 +91,8 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
 /// and the bytes around each range unchanged.
 fn moves_bytes_between_nodes(extra: &[&str]) {
     let ports = [free_port(), free_port()];
-    let zero = node(0, ports, extra);
-    let one = node(1, ports, extra);
+    let zero = node(0, &ports, extra);
+    let one = node(1, &ports, extra);
     let initiator = Context::open(zero.socket(0), config()).unwrap();
     let target = Context::open(one.socket(0), config()).unwrap();
     assert_eq!((initiator.info().node, target.info().node), (0, 1));
@@ -228,8 +228,8 @@ fn writes_reads_and_atomics_cross_two_nodes_under_loss_duplication_and_reorderin
 #[test]
 fn refusals_across_nodes_touch_nothing_and_unknown_nodes_are_named() {
     let ports = [free_port(), free_port()];
-    let zero = node(0, ports, &[]);
-    let one = node(1, ports, &[]);
+    let zero = node(0, &ports, &[]);
+    let one = node(1, &ports, &[]);
     let initiator = Context::open(zero.socket(0), config()).unwrap();
     let target = Context::open(one.socket(0), config()).unwrap();
     let near = initiator.alloc(1 << 16, 64).unwrap();
@@ -282,8 +282,8 @@ fn refusals_across_nodes_touch_nothing_and_unknown_nodes_are_named() {
 fn a_dead_peer_fails_requests_within_the_timeout_and_a_restarted_one_serves_again() {
     let ports = [free_port(), free_port()];
     let timeout = ["--peer-timeout", "400ms"];
-    let zero = node(0, ports, &timeout);
-    let one = node(1, ports, &timeout);
+    let zero = node(0, &ports, &timeout);
+    let one = node(1, &ports, &timeout);
     let initiator = Context::open(zero.socket(0), config()).unwrap();
     let near = initiator.alloc(1 << 16, 64).unwrap();
     near.write_at(0, &pattern(1 << 16, 3));
@@ -317,7 +317,7 @@ fn a_dead_peer_fails_requests_within_the_timeout_and_a_restarted_one_serves_agai
     assert!(took < Duration::from_secs(20), "failed only after {took:?}");
 
     // A new device process for node 1 at the same address.
-    let one = node(1, ports, &timeout);
+    let one = node(1, &ports, &timeout);
     let target = Context::open(one.socket(0), config()).unwrap();
     let far = target.alloc(1 << 16, 64).unwrap();
     let region = target.register_buffer(&far).unwrap();
@@ -338,4 +338,125 @@ fn a_dead_peer_fails_requests_within_the_timeout_and_a_restarted_one_serves_agai
     // The old window's key died with the old device.
     let done = run(&initiator, Write::new(local, window.at(0)).build());
     assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
+}
+
+/// Copies started by a port of node 0 between windows of nodes 1 and 2
+/// (and from its own node, and within one other node), and bitwise
+/// atomics on a word of node 2: every byte checked, rights checked on
+/// both windows, under loss.
+#[test]
+fn third_party_copies_and_bitwise_atomics_across_three_nodes() {
+    let ports = [free_port(), free_port(), free_port()];
+    let lossy = [
+        "--fault-in",
+        "loss=0.03,dup=0.01,reorder=0.03,seed=5",
+        "--fault-out",
+        "loss=0.03,reorder=0.03,seed=6",
+    ];
+    let devices: Vec<DeviceProcess> = (0..3).map(|n| node(n, &ports, &lossy)).collect();
+    let contexts: Vec<Context> = devices
+        .iter()
+        .map(|d| Context::open(d.socket(0), config()).unwrap())
+        .collect();
+    const SPAN: usize = 1 << 20;
+    let buffers: Vec<DmaBuffer> = contexts
+        .iter()
+        .map(|c| c.alloc(SPAN, 64).unwrap())
+        .collect();
+    let originals: Vec<Vec<u8>> = (0..3).map(|n| pattern(SPAN, 0x30 + n as u8)).collect();
+    for (buffer, bytes) in buffers.iter().zip(&originals) {
+        buffer.write_at(0, bytes);
+    }
+    let regions: Vec<_> = contexts
+        .iter()
+        .zip(&buffers)
+        .map(|(c, b)| c.register_buffer(b).unwrap())
+        .collect();
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let windows: Vec<_> = contexts
+        .iter()
+        .zip(&regions)
+        .map(|(c, r)| c.bind_window(r, 0, SPAN as u64, all).unwrap())
+        .collect();
+    let read_only = contexts[1]
+        .bind_window(&regions[1], 0, SPAN as u64, Access::REMOTE_READ)
+        .unwrap();
+    let remote = |n: usize, offset: u64| windows[n].remote().at(offset);
+    let mut expected = originals.clone();
+    // (source node, source offset, destination node, destination offset, len)
+    let copies = [
+        (1usize, 3usize, 2usize, 100usize, 200_000usize),
+        (0, 7, 1, 4096, 70_001),
+        (1, 500_000, 1, 10, 1400),
+        (2, 0, 0, 900_000, 9),
+    ];
+    for &(from, from_at, to, to_at, len) in &copies {
+        let done = run(
+            &contexts[0],
+            RemoteCopy::new(
+                remote(from, from_at as u64),
+                remote(to, to_at as u64),
+                len as u32,
+            )
+            .build(),
+        );
+        assert_eq!(
+            (done.status, done.detail, done.byte_len),
+            (Status::Success, ErrorDetail::None, len as u32),
+            "copy {from}->{to} of {len}: {done:?}"
+        );
+        let moved = expected[from][from_at..from_at + len].to_vec();
+        expected[to][to_at..to_at + len].copy_from_slice(&moved);
+        for n in 0..3 {
+            assert!(
+                contents(&buffers[n]) == expected[n],
+                "after copy {from}->{to} of {len}: node {n}'s memory differs"
+            );
+        }
+    }
+    // The destination must grant the initiator the write right.
+    let done = run(
+        &contexts[0],
+        RemoteCopy::new(remote(2, 0), read_only.remote().at(0), 4096).build(),
+    );
+    assert_eq!(
+        (done.status, done.detail),
+        (Status::RemoteAccessError, ErrorDetail::NotGranted),
+        "{done:?}"
+    );
+    assert!(contents(&buffers[1]) == expected[1], "a refused copy wrote");
+
+    // Bitwise atomics on a word of node 2 from node 0, against a model.
+    let word_at = 64usize;
+    let mut model = u64::from_le_bytes(expected[2][word_at..word_at + 8].try_into().unwrap());
+    for (i, mask) in [0xFF00_FF00_FF00_FF00u64, 0x1234, 0x8000_0000_0000_0001]
+        .into_iter()
+        .enumerate()
+    {
+        let (entry, next) = match i {
+            0 => (
+                FetchBitwise::and(remote(2, word_at as u64), mask),
+                model & mask,
+            ),
+            1 => (
+                FetchBitwise::or(remote(2, word_at as u64), mask),
+                model | mask,
+            ),
+            _ => (
+                FetchBitwise::xor(remote(2, word_at as u64), mask),
+                model ^ mask,
+            ),
+        };
+        let done = run(&contexts[0], entry.build());
+        assert_eq!(
+            (done.status, done.value),
+            (Status::Success, model),
+            "{done:?}"
+        );
+        model = next;
+    }
+    let mut word = [0u8; 8];
+    buffers[2].read_at(word_at, &mut word);
+    assert_eq!(u64::from_le_bytes(word), model);
+    drop(devices);
 }

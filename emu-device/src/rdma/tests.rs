@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DeviceInfo, ErrorDetail, Operation, RemoteAddress, RemoteKey,
-    Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
+    Access, AtomicWidth, Bitwise, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    RemoteAddress, RemoteKey, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };
 
 use super::{
@@ -1009,4 +1009,112 @@ fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mapping
             assert!(pair == &results[..2]);
         }
     }
+}
+
+#[test]
+fn bitwise_atomics_apply_their_logic_and_return_the_old_word() {
+    let device = Device::new(2);
+    let key = device.bind(1, device.base(1), 4096, Access::REMOTE_ATOMIC);
+    let word = remote(1, key, 64);
+    let start = 0xF0F0_1234_5678_9ABCu64;
+    device.ports[1]
+        .memory
+        .write(device.base(1) + 64, &start.to_le_bytes());
+    let mut model = start;
+    for (op, mask) in [
+        (Bitwise::And, 0xFFFF_0000_FFFF_0000u64),
+        (Bitwise::Or, 0x0000_00FF_0000_00FF),
+        (Bitwise::Xor, 0x1111_1111_1111_1111),
+    ] {
+        let done = device.run(
+            0,
+            Operation::FetchBitwise {
+                remote: word,
+                width: AtomicWidth::Eight,
+                op,
+                mask,
+            },
+        );
+        assert_eq!(
+            (done.status, done.value),
+            (Status::Success, model),
+            "{op:?}"
+        );
+        model = match op {
+            Bitwise::And => model & mask,
+            Bitwise::Or => model | mask,
+            Bitwise::Xor => model ^ mask,
+        };
+        let now = device.ports[1].memory.read(device.base(1) + 64, 8);
+        assert_eq!(now, model.to_le_bytes().to_vec(), "{op:?}");
+    }
+    // A 4-byte word leaves its neighbour alone.
+    let four = remote(1, key, 128);
+    device.ports[1]
+        .memory
+        .write(device.base(1) + 128, &[0xFF; 8]);
+    let done = device.run(
+        0,
+        Operation::FetchBitwise {
+            remote: four,
+            width: AtomicWidth::Four,
+            op: Bitwise::And,
+            mask: 0x0F,
+        },
+    );
+    assert_eq!(done.value, 0xFFFF_FFFF);
+    assert_eq!(
+        device.ports[1].memory.read(device.base(1) + 128, 8),
+        vec![0x0F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]
+    );
+}
+
+#[test]
+fn a_copy_between_two_other_ports_needs_both_rights_and_moves_exact_bytes() {
+    let device = Device::with_memory(3, 1 << 20);
+    let len = 300_000u32;
+    let source: Vec<u8> = (0..len as usize).map(|i| (i * 13 + 7) as u8).collect();
+    device.ports[1].memory.write(device.base(1) + 5, &source);
+    let before: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+    device.ports[2].memory.write(device.base(2), &before);
+    let read_key = device.bind(1, device.base(1), 1 << 20, Access::REMOTE_READ);
+    let write_key = device.bind(2, device.base(2), 1 << 20, Access::REMOTE_WRITE);
+    let copy = |from: RemoteAddress, to: RemoteAddress| Operation::Copy {
+        source: from,
+        destination: to,
+        len,
+    };
+    // Without the read right on the source, or the write right on the
+    // destination, nothing moves.
+    for (what, op) in [
+        (
+            "write window as source",
+            copy(remote(2, write_key, 0), remote(2, write_key, 9)),
+        ),
+        (
+            "read window as destination",
+            copy(remote(1, read_key, 5), remote(1, read_key, 0)),
+        ),
+        (
+            "past the source window",
+            copy(remote(1, read_key, (1 << 20) - 10), remote(2, write_key, 0)),
+        ),
+    ] {
+        let done = device.run(0, op);
+        assert_eq!(done.status, Status::RemoteAccessError, "{what}: {done:?}");
+        assert_eq!(
+            device.ports[2].memory.read(device.base(2), 1 << 20),
+            before,
+            "{what}"
+        );
+    }
+    let done = device.run(0, copy(remote(1, read_key, 5), remote(2, write_key, 17)));
+    assert_eq!(
+        (done.status, done.opcode, done.byte_len),
+        (Status::Success, Some(Opcode::Copy), len),
+        "{done:?}"
+    );
+    let mut expected = before.clone();
+    expected[17..17 + len as usize].copy_from_slice(&source);
+    assert!(device.ports[2].memory.read(device.base(2), 1 << 20) == expected);
 }
