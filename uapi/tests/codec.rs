@@ -2,8 +2,9 @@
 
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{
-    Access, AtomicWidth, Completion, DecodeError, ErrorDetail, Opcode, Operation, PortAddress,
-    RemoteAddress, RemoteKey, Status, WindowFlags, WorkRequest, WrFlags, MAX_REMOTE_OFFSET,
+    Access, AtomicWidth, Bitwise, Completion, DecodeError, ErrorDetail, Opcode, Operation,
+    PortAddress, RemoteAddress, RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
+    MAX_REMOTE_OFFSET,
 };
 use proptest::prelude::*;
 
@@ -83,6 +84,26 @@ fn operation() -> impl Strategy<Value = Operation> {
                     peer: peer.map(|(node, port)| PortAddress { node, port }),
                 }
             }),
+        (
+            remote(),
+            width(),
+            prop_oneof![Just(Bitwise::And), Just(Bitwise::Or), Just(Bitwise::Xor)]
+        )
+            .prop_flat_map(|(remote, width, op)| operand(width).prop_map(move |mask| {
+                Operation::FetchBitwise {
+                    remote,
+                    width,
+                    op,
+                    mask,
+                }
+            })),
+        (remote(), remote(), any::<u32>()).prop_map(|(source, destination, len)| {
+            Operation::Copy {
+                source,
+                destination,
+                len,
+            }
+        }),
         any::<u64>().prop_map(|key| Operation::RevokeWindow {
             key: RemoteKey(key)
         }),
