@@ -453,14 +453,6 @@ impl SendQueue {
         };
         match link {
             Some(link) if nodes.iter().flatten().all(|&node| link.knows(node)) => {
-                if matches!(
-                    request.op,
-                    Operation::VectorWrite(_) | Operation::VectorRead(_)
-                ) {
-                    // Vector transfers between nodes are not carried yet.
-                    self.pending.push_back(refused(ErrorDetail::Unsupported));
-                    return;
-                }
                 link.submit(Submission {
                     port: Arc::clone(&self.port),
                     pair: self.pair,

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pindown_uapi::pattern::{Pattern, Plan};
 use pindown_uapi::{
     AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, RemoteAddress, Status,
-    WorkRequest, WrFlags,
+    VectorTransfer, WorkRequest, WrFlags,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -23,7 +24,7 @@ use crate::net::wire::{seq_before, Header};
 use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq};
 use crate::port::{Port, PortTable};
 use crate::rdma::remote::{self, AtomicOp};
-use crate::rdma::{Failure, PortId, Target};
+use crate::rdma::{self, Failure, PortId, Target};
 
 /// Reads other nodes may have under way here at once; one more is
 /// refused with [`ErrorDetail::NodeBusy`].
@@ -297,6 +298,30 @@ enum OpKind {
         requested: bool,
         value: Option<u64>,
     },
+    /// A vector write, sent in parts that each carry the remote
+    /// pattern of their bytes.
+    VectorWrite {
+        /// The local pattern (offsets from `base`).
+        local: Plan<'static>,
+        base: u64,
+        /// The remote pattern (offsets from `remote.offset`).
+        pattern: Plan<'static>,
+        remote: RemoteAddress,
+        len: u32,
+        sent: u32,
+        started: bool,
+    },
+    /// A vector read, asked for in parts that each carry the remote
+    /// pattern of their bytes and are answered by one READ_DATA each.
+    VectorRead {
+        local: Plan<'static>,
+        base: u64,
+        pattern: Plan<'static>,
+        remote: RemoteAddress,
+        len: u32,
+        requested: u32,
+        received: u32,
+    },
     /// A copy delegated to the source's node (`Op::node`).
     Copy {
         source: RemoteAddress,
@@ -305,6 +330,50 @@ enum OpKind {
         requested: bool,
         done: bool,
     },
+}
+
+/// Where a read's answer lands in the initiator's memory.
+enum Landing<'p> {
+    /// From this IOVA on.
+    At(u64),
+    /// Along this plan, whose offsets count from this IOVA.
+    Pattern(&'p Plan<'static>, u64),
+}
+
+/// The largest part (halving from `max_bytes`) of a pattern's bytes
+/// `from..from + left` whose standalone pattern, encoded, and length
+/// `fits`; `None` when not even one byte does (a pattern too intricate for
+/// a datagram).
+fn pattern_part(
+    plan: &Plan<'_>,
+    from: u64,
+    left: u64,
+    fits: impl Fn(usize, usize) -> bool,
+    max_bytes: usize,
+) -> Option<(u64, Vec<u8>)> {
+    let mut len = left.min(max_bytes as u64).max(1);
+    loop {
+        let part = plan.slice(from, len.min(left));
+        let encoded = part.encode();
+        if fits(encoded.len(), len.min(left) as usize) {
+            return Some((len.min(left), encoded));
+        }
+        if len == 1 {
+            return None;
+        }
+        len /= 2;
+    }
+}
+
+/// Decodes the pattern a part of a vector transfer carries: one pattern,
+/// all of the bytes, its lists carried along.
+fn part_plan(bytes: &[u8]) -> Result<Plan<'static>, Failure> {
+    let malformed = (Status::InvalidRequest, ErrorDetail::Malformed);
+    let (pattern, used): (Pattern, usize) = Pattern::decode(bytes, 0).map_err(|_| malformed)?;
+    if used != bytes.len() || pattern.blocks_in_memory() != 0 {
+        return Err(malformed);
+    }
+    pattern.into_plan().map_err(|_| malformed)
 }
 
 /// A read another node asked of a port here, being answered.
@@ -521,6 +590,34 @@ impl Worker {
                 requested: false,
                 done: false,
             },
+            Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
+                match self.plan_vector(&port, &vector, &inline) {
+                    Err(failure) => {
+                        deliver(&self.link, &port, pair, &request, Err(failure));
+                        return;
+                    }
+                    Ok((local, pattern)) if matches!(request.op, Operation::VectorWrite(_)) => {
+                        OpKind::VectorWrite {
+                            local,
+                            base: vector.local,
+                            pattern,
+                            remote: vector.remote,
+                            len: vector.len,
+                            sent: 0,
+                            started: false,
+                        }
+                    }
+                    Ok((local, pattern)) => OpKind::VectorRead {
+                        local,
+                        base: vector.local,
+                        pattern,
+                        remote: vector.remote,
+                        len: vector.len,
+                        requested: 0,
+                        received: 0,
+                    },
+                }
+            }
             _ => {
                 // The send queue hands over only these operations.
                 let failure = (Status::InvalidRequest, ErrorDetail::Unsupported);
@@ -545,12 +642,34 @@ impl Worker {
         self.insert_op(requester, origin, kind);
     }
 
+    /// Takes a vector transfer's descriptor (carried, or in the
+    /// initiator's memory), resolves its lists and plans both patterns.
+    fn plan_vector(
+        &self,
+        port: &Port,
+        vector: &VectorTransfer,
+        inline: &[u8],
+    ) -> Result<(Plan<'static>, Plan<'static>), Failure> {
+        if vector.notify.is_some() {
+            // Arrival notices name a port of the writer's node only.
+            return Err((Status::InvalidRequest, ErrorDetail::Unsupported));
+        }
+        let own = port.index as u16;
+        let limits = port.vector_limits;
+        on_port(&self.ports, own, |local| {
+            rdma::vector::prepare(own, local.memory, vector, inline, limits)
+        })
+        .map(rdma::VectorState::into_plans)
+    }
+
     /// Files a new operation under a new tag.
     fn insert_op(&mut self, requester: Requester, origin: PortId, kind: OpKind) {
         let node = match &kind {
             OpKind::Write { remote, .. }
             | OpKind::Read { remote, .. }
-            | OpKind::Atomic { remote, .. } => remote.node,
+            | OpKind::Atomic { remote, .. }
+            | OpKind::VectorWrite { remote, .. }
+            | OpKind::VectorRead { remote, .. } => remote.node,
             OpKind::Copy { source, .. } => source.node,
         };
         let known = node == self.link.node || self.link.peers.contains_key(&node);
@@ -747,6 +866,71 @@ impl Worker {
                 };
                 self.insert_op(requester, initiator(origin), kind);
             }
+            Message::VectorWrite {
+                origin,
+                dst_port,
+                key,
+                offset,
+                pattern,
+                bytes,
+            } => {
+                self.served();
+                let base = at(dst_port, key, offset);
+                let written = part_plan(pattern).and_then(|plan| {
+                    on_port(&self.ports, dst_port, |target| {
+                        remote::write_pattern(target, initiator(origin), base, &plan, bytes)
+                    })
+                });
+                if let Err((status, detail)) = written {
+                    self.answer(now, node, origin.tag, status, detail, 0);
+                }
+            }
+            Message::VectorRead {
+                origin,
+                dst_port,
+                key,
+                offset,
+                at: part_at,
+                pattern,
+            } => {
+                self.served();
+                let base = at(dst_port, key, offset);
+                let room = self.endpoint.config().max_payload - READ_DATA_HEADER;
+                let plan = part_plan(pattern).and_then(|plan| {
+                    if plan.len() > room as u64 {
+                        Err((Status::InvalidRequest, ErrorDetail::Malformed))
+                    } else {
+                        Ok(plan)
+                    }
+                });
+                let mut bytes = std::mem::take(&mut self.bytes);
+                let read = plan.and_then(|plan| {
+                    let out = &mut bytes[..plan.len() as usize];
+                    on_port(&self.ports, dst_port, |target| {
+                        remote::read_pattern(target, initiator(origin), base, &plan, out)
+                    })
+                    .map(|()| plan.len() as usize)
+                });
+                match read {
+                    Ok(len) => {
+                        let mut answer = Vec::with_capacity(READ_DATA_HEADER + len);
+                        Message::ReadData {
+                            tag: origin.tag,
+                            at: part_at,
+                            bytes: &bytes[..len],
+                        }
+                        .encode(&mut answer);
+                        if !self.deferred.is_empty() || self.send_reply(now, node, &answer).is_err()
+                        {
+                            self.deferred.push_back((node, answer));
+                        }
+                    }
+                    Err((status, detail)) => {
+                        self.answer(now, node, origin.tag, status, detail, 0);
+                    }
+                }
+                self.bytes = bytes;
+            }
             Message::ReadData { tag, at, bytes } => self.read_data(node, tag, at, bytes),
             Message::Result {
                 tag,
@@ -818,15 +1002,23 @@ impl Worker {
             // A read that completed with an error already, or a stray.
             return self.bad_message(node, &"read data of no read of ours");
         };
-        let OpKind::Read {
-            local,
-            len,
-            received,
-            ..
-        } = &mut op.kind
-        else {
-            return self.bad_message(node, &"read data for an operation that is no read");
+        let (local, len, received) = match &mut op.kind {
+            OpKind::Read {
+                local,
+                len,
+                received,
+                ..
+            } => (Landing::At(*local), *len, received),
+            OpKind::VectorRead {
+                local,
+                base,
+                len,
+                received,
+                ..
+            } => (Landing::Pattern(local, *base), *len, received),
+            _ => return self.bad_message(node, &"read data for an operation that is no read"),
         };
+        let len = &len;
         let end = u64::from(at) + bytes.len() as u64;
         if end > u64::from(*len) || u64::from(*received) + bytes.len() as u64 > u64::from(*len) {
             op.failure
@@ -843,12 +1035,21 @@ impl Worker {
         else {
             return;
         };
-        let (iova, incarnation) = (*local + u64::from(at), *incarnation);
+        let incarnation = *incarnation;
+        let mut scratch = Vec::new();
         let landed = on_port(&self.ports, port.index as u16, |own| {
             if own.incarnation != incarnation {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
-            remote::write_local(own, iova, bytes)
+            match &local {
+                Landing::At(iova) => remote::write_local(own, iova + u64::from(at), bytes),
+                Landing::Pattern(plan, base) => {
+                    scratch.clear();
+                    scratch.extend_from_slice(bytes);
+                    let blocks = plan.segments(u64::from(at), bytes.len() as u64);
+                    remote::local_pattern(own, *base, blocks, &mut scratch, true)
+                }
+            }
         });
         if let Err(failure) = landed {
             op.failure = Some(failure);
@@ -868,7 +1069,7 @@ impl Worker {
             OpKind::Read { finished, .. } => *finished = true,
             OpKind::Atomic { value: old, .. } => *old = Some(value),
             OpKind::Copy { done, .. } => *done = true,
-            OpKind::Write { .. } => {}
+            OpKind::Write { .. } | OpKind::VectorWrite { .. } | OpKind::VectorRead { .. } => {}
         }
     }
 
@@ -958,6 +1159,22 @@ impl Worker {
                     }
                     continue;
                 }
+                OpKind::VectorWrite { .. } => {
+                    match self.vector_write_part(now, tag) {
+                        Some(true) => worked = true,
+                        Some(false) => return true,
+                        None => return worked,
+                    }
+                    continue;
+                }
+                OpKind::VectorRead { .. } => {
+                    match self.vector_read_part(now, tag) {
+                        Some(true) => worked = true,
+                        Some(false) => return true,
+                        None => return worked,
+                    }
+                    continue;
+                }
                 OpKind::Read {
                     remote,
                     len,
@@ -1002,6 +1219,150 @@ impl Worker {
             };
             request.encode(&mut self.message);
             return self.send_request(now, tag, node) | worked;
+        }
+    }
+
+    /// Sends the next part of vector write `tag`: the bytes gathered from
+    /// the local pattern, with the remote pattern of just those bytes.
+    /// Returns as [`write_part`](Self::write_part) does.
+    fn vector_write_part(&mut self, now: Instant, tag: u64) -> Option<bool> {
+        let room = self.endpoint.config().max_payload - WRITE_HEADER;
+        let op = self.ops.get_mut(&tag)?;
+        let origin = op.origin;
+        let OpKind::VectorWrite {
+            local,
+            base,
+            pattern,
+            remote,
+            len,
+            sent,
+            started,
+        } = &mut op.kind
+        else {
+            return None;
+        };
+        if *started && *sent == *len {
+            return None;
+        }
+        let from = u64::from(*sent);
+        let left = u64::from(*len - *sent);
+        let fits = |encoded: usize, bytes: usize| encoded + bytes <= room;
+        let Some((part, encoded)) = pattern_part(pattern, from, left, fits, room) else {
+            op.failure = Some((Status::LimitReached, ErrorDetail::PatternLimit));
+            return Some(false);
+        };
+        let (base, remote) = (*base, *remote);
+        let bytes = &mut self.bytes[..part as usize];
+        let blocks = local.segments(from, part);
+        let gathered = on_port(&self.ports, origin.index, |own| {
+            if own.incarnation != origin.incarnation {
+                return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
+            }
+            remote::local_pattern(own, base, blocks.clone(), bytes, false)
+        });
+        if let Err(failure) = gathered {
+            op.failure = Some(failure);
+            return Some(false);
+        }
+        self.message.clear();
+        Message::VectorWrite {
+            origin: Origin {
+                node: origin.node,
+                port: origin.index,
+                incarnation: origin.incarnation,
+                tag,
+            },
+            dst_port: remote.port,
+            key: remote.key,
+            offset: remote.offset,
+            pattern: &encoded,
+            bytes: &self.bytes[..part as usize],
+        }
+        .encode(&mut self.message);
+        let message = std::mem::take(&mut self.message);
+        let sent_now = self.send(now, remote.node, &message);
+        self.message = message;
+        let op = self.ops.get_mut(&tag)?;
+        match sent_now {
+            Err(()) => None,
+            Ok(None) => {
+                op.failure = Some(GONE);
+                Some(false)
+            }
+            Ok(Some(seq)) => {
+                op.unacked += 1;
+                self.seq_tags.insert((remote.node, seq), tag);
+                if let OpKind::VectorWrite { sent, started, .. } = &mut op.kind {
+                    *sent += part as u32;
+                    *started = true;
+                }
+                Some(true)
+            }
+        }
+    }
+
+    /// Asks for the next part of vector read `tag`: the remote pattern of
+    /// as many bytes as one READ_DATA carries. Returns as
+    /// [`write_part`](Self::write_part) does.
+    fn vector_read_part(&mut self, now: Instant, tag: u64) -> Option<bool> {
+        let max_payload = self.endpoint.config().max_payload;
+        let op = self.ops.get_mut(&tag)?;
+        let origin = op.origin;
+        let OpKind::VectorRead {
+            pattern,
+            remote,
+            len,
+            requested,
+            ..
+        } = &mut op.kind
+        else {
+            return None;
+        };
+        if *requested == *len {
+            return None;
+        }
+        let from = u64::from(*requested);
+        let left = u64::from(*len - *requested);
+        let fits = |encoded: usize, _| encoded <= max_payload - WRITE_HEADER - 4;
+        let max_bytes = max_payload - READ_DATA_HEADER;
+        let Some((part, encoded)) = pattern_part(pattern, from, left, fits, max_bytes) else {
+            op.failure = Some((Status::LimitReached, ErrorDetail::PatternLimit));
+            return Some(false);
+        };
+        let remote = *remote;
+        self.message.clear();
+        Message::VectorRead {
+            origin: Origin {
+                node: origin.node,
+                port: origin.index,
+                incarnation: origin.incarnation,
+                tag,
+            },
+            dst_port: remote.port,
+            key: remote.key,
+            offset: remote.offset,
+            at: from as u32,
+            pattern: &encoded,
+        }
+        .encode(&mut self.message);
+        let message = std::mem::take(&mut self.message);
+        let sent_now = self.send(now, remote.node, &message);
+        self.message = message;
+        let op = self.ops.get_mut(&tag)?;
+        match sent_now {
+            Err(()) => None,
+            Ok(None) => {
+                op.failure = Some(GONE);
+                Some(false)
+            }
+            Ok(Some(seq)) => {
+                op.unacked += 1;
+                self.seq_tags.insert((remote.node, seq), tag);
+                if let OpKind::VectorRead { requested, .. } = &mut op.kind {
+                    *requested += part as u32;
+                }
+                Some(true)
+            }
         }
     }
 
@@ -1133,7 +1494,9 @@ impl Worker {
                     OpKind::Read { requested, .. }
                     | OpKind::Atomic { requested, .. }
                     | OpKind::Copy { requested, .. } => *requested = true,
-                    OpKind::Write { .. } => {}
+                    OpKind::Write { .. }
+                    | OpKind::VectorWrite { .. }
+                    | OpKind::VectorRead { .. } => {}
                 }
             }
         }
@@ -1226,7 +1589,9 @@ impl Worker {
                 None => Ok(match op.kind {
                     OpKind::Write { len, .. }
                     | OpKind::Read { len, .. }
-                    | OpKind::Copy { len, .. } => (len, 0),
+                    | OpKind::Copy { len, .. }
+                    | OpKind::VectorWrite { len, .. }
+                    | OpKind::VectorRead { len, .. } => (len, 0),
                     OpKind::Atomic { width, value, .. } => (width.bytes(), value.unwrap_or(0)),
                 }),
             };
@@ -1300,6 +1665,13 @@ impl Worker {
             } => op.failure.is_some() || (*finished && *received == *len),
             OpKind::Atomic { value, .. } => op.failure.is_some() || value.is_some(),
             OpKind::Copy { done, .. } => op.failure.is_some() || *done,
+            OpKind::VectorWrite {
+                len, sent, started, ..
+            } => {
+                (op.failure.is_some() || (*started && *sent == *len && op.horizon.is_some()))
+                    && answered(op.horizon)
+            }
+            OpKind::VectorRead { len, received, .. } => op.failure.is_some() || received == len,
         }
     }
 

@@ -22,6 +22,8 @@
 //! | 2 READ | nothing |
 //! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
 //! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
+//! | 7 VECTOR_WRITE | the remote pattern of these bytes (len bytes, [`Pattern`](pindown_uapi::pattern::Pattern) encoding; offsets from the header's offset), then the bytes |
+//! | 8 VECTOR_READ | at u32 (offset of this part inside the read), the remote pattern of the part (len bytes) |
 //!
 //! | kind | layout |
 //! |---|---|
@@ -66,6 +68,39 @@ pub enum Message<'a> {
         offset: u64,
         /// Bytes to read.
         len: u32,
+    },
+    /// Part of a vector write: `bytes` go to the blocks of `pattern`
+    /// (offsets from `offset`) in window `key` of `dst_port`.
+    VectorWrite {
+        /// The writer.
+        origin: Origin,
+        /// The target port.
+        dst_port: u16,
+        /// The window.
+        key: RemoteKey,
+        /// Where the pattern's offsets count from.
+        offset: u64,
+        /// The encoded pattern of this part.
+        pattern: &'a [u8],
+        /// The bytes, in the pattern's order.
+        bytes: &'a [u8],
+    },
+    /// Part of a vector read: the blocks of `pattern` (offsets from
+    /// `offset`) in window `key` of `dst_port`, answered by one
+    /// [`Message::ReadData`] at `at`, or an error [`Message::Result`].
+    VectorRead {
+        /// The reader.
+        origin: Origin,
+        /// The port read.
+        dst_port: u16,
+        /// The window.
+        key: RemoteKey,
+        /// Where the pattern's offsets count from.
+        offset: u64,
+        /// Offset of this part inside the whole read.
+        at: u32,
+        /// The encoded pattern of this part.
+        pattern: &'a [u8],
     },
     /// Part of a read's answer: `bytes` from offset `at` of the read.
     ReadData {
@@ -158,6 +193,8 @@ const READ_DATA: u8 = 3;
 const ATOMIC: u8 = 4;
 const RESULT: u8 = 5;
 const COPY: u8 = 6;
+const VECTOR_WRITE: u8 = 7;
+const VECTOR_READ: u8 = 8;
 
 /// Header bytes of a WRITE (its bytes follow), and of READ.
 pub const WRITE_HEADER: usize = 48;
@@ -218,6 +255,38 @@ impl<'a> Message<'a> {
                 .encode(out);
                 out.extend_from_slice(&destination.key.0.to_le_bytes());
                 out.extend_from_slice(&destination.offset.to_le_bytes());
+            }
+            Message::VectorWrite {
+                origin,
+                dst_port,
+                key,
+                offset,
+                pattern,
+                bytes,
+            } => {
+                RequestHeader {
+                    len: pattern.len() as u32,
+                    ..RequestHeader::new(VECTOR_WRITE, origin, dst_port, key, offset)
+                }
+                .encode(out);
+                out.extend_from_slice(pattern);
+                out.extend_from_slice(bytes);
+            }
+            Message::VectorRead {
+                origin,
+                dst_port,
+                key,
+                offset,
+                at,
+                pattern,
+            } => {
+                RequestHeader {
+                    len: pattern.len() as u32,
+                    ..RequestHeader::new(VECTOR_READ, origin, dst_port, key, offset)
+                }
+                .encode(out);
+                out.extend_from_slice(&at.to_le_bytes());
+                out.extend_from_slice(pattern);
             }
             Message::ReadData { tag, at, bytes } => {
                 out.extend_from_slice(&[READ_DATA, 0, 0, 0, 0, 0, 0, 0]);
@@ -323,6 +392,38 @@ impl<'a> Message<'a> {
                         offset: u64_at(WRITE_HEADER + 8),
                     },
                     len: u32_at(44),
+                }
+            }
+            VECTOR_WRITE => {
+                need(WRITE_HEADER)?;
+                let pattern_len = u32_at(44) as usize;
+                let rest = &bytes[WRITE_HEADER..];
+                if pattern_len > rest.len() {
+                    return Err(MessageError::BadField("pattern length"));
+                }
+                Message::VectorWrite {
+                    origin: origin(),
+                    dst_port: u16_at(4),
+                    key: key()?,
+                    offset: u64_at(32),
+                    pattern: &rest[..pattern_len],
+                    bytes: &rest[pattern_len..],
+                }
+            }
+            VECTOR_READ => {
+                need(WRITE_HEADER + 4)?;
+                let pattern_len = u32_at(44) as usize;
+                let rest = &bytes[WRITE_HEADER + 4..];
+                if pattern_len != rest.len() {
+                    return Err(MessageError::BadField("pattern length"));
+                }
+                Message::VectorRead {
+                    origin: origin(),
+                    dst_port: u16_at(4),
+                    key: key()?,
+                    offset: u64_at(32),
+                    at: u32_at(WRITE_HEADER),
+                    pattern: rest,
                 }
             }
             READ_DATA => {
@@ -469,6 +570,22 @@ mod tests {
                 },
                 len: 3 << 20,
             },
+            Message::VectorWrite {
+                origin: origin(),
+                dst_port: 1,
+                key,
+                offset: 8,
+                pattern: &payload[..40],
+                bytes: &payload[40..],
+            },
+            Message::VectorRead {
+                origin: origin(),
+                dst_port: 1,
+                key,
+                offset: 8,
+                at: 2800,
+                pattern: &payload[..40],
+            },
             Message::ReadData {
                 tag: 9,
                 at: 1400,
@@ -506,7 +623,8 @@ mod tests {
             assert_eq!(Message::decode(&bytes), Ok(message.clone()));
             // Every shorter prefix of a fixed header is refused.
             let fixed = match message {
-                Message::Write { .. } => WRITE_HEADER,
+                Message::Write { .. } | Message::VectorWrite { .. } => WRITE_HEADER,
+                Message::VectorRead { .. } => WRITE_HEADER + 4,
                 Message::ReadData { .. } => READ_DATA_HEADER,
                 _ => bytes.len(),
             };

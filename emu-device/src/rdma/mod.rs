@@ -18,7 +18,7 @@
 
 mod execute;
 pub mod remote;
-mod vector;
+pub mod vector;
 mod windows;
 
 // This file holds the seams: spans, `MemoryAccess`, `Target` and

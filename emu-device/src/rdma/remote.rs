@@ -9,6 +9,7 @@
 //! (the caller lends it, holding its access gate), touches nothing before
 //! every byte is checked, and fails as the local engine does.
 
+use pindown_uapi::pattern::{Block, Plan};
 use pindown_uapi::{Access, AtomicWidth, Bitwise, ErrorDetail, RemoteAddress, Status};
 
 use super::execute::{atomic_word, copy_in, copy_spans, local_fault, remote_range, still_there};
@@ -128,6 +129,96 @@ pub fn atomic(
     };
     still_there(target)?;
     Ok(old)
+}
+
+/// The spans of every block of `plan` (offsets from `base`), in stream
+/// order, each checked against the target's window for `initiator` with
+/// `needed`, before anything moves.
+fn pattern_spans(
+    target: &Target<'_>,
+    initiator: PortId,
+    base: RemoteAddress,
+    plan: &Plan<'_>,
+    needed: Access,
+    write: bool,
+) -> Result<Spans, Failure> {
+    let mut spans = Spans::new();
+    for block in plan.segments(0, plan.len()) {
+        let offset = u64::try_from(i128::from(base.offset) + i128::from(block.offset))
+            .map_err(|_| refuse_outside(target))?;
+        let at = RemoteAddress { offset, ..base };
+        remote_range(target, initiator, at, block.len, needed, write, &mut spans)?;
+    }
+    Ok(spans)
+}
+
+/// A block before the window's start: refused like any access outside.
+fn refuse_outside(target: &Target<'_>) -> Failure {
+    super::execute::refuse(target, super::Refusal::OutOfBounds)
+}
+
+/// Writes `bytes` into the blocks of `plan` (offsets from `base`, in
+/// stream order) in `target`, for `initiator` (a part of a vector write
+/// of another node): every block is checked before the first byte moves.
+pub fn write_pattern(
+    target: &Target<'_>,
+    initiator: PortId,
+    base: RemoteAddress,
+    plan: &Plan<'_>,
+    bytes: &[u8],
+) -> Result<(), Failure> {
+    if plan.len() != bytes.len() as u64 {
+        return Err((Status::InvalidRequest, ErrorDetail::LengthMismatch));
+    }
+    let spans = pattern_spans(target, initiator, base, plan, Access::REMOTE_WRITE, true)?;
+    copy_in(bytes, &spans);
+    still_there(target)
+}
+
+/// Reads the blocks of `plan` (offsets from `base`, in stream order) in
+/// `target` into `out`, for `initiator` (a part of a vector read of
+/// another node): every block is checked before the first byte moves.
+pub fn read_pattern(
+    target: &Target<'_>,
+    initiator: PortId,
+    base: RemoteAddress,
+    plan: &Plan<'_>,
+    out: &mut [u8],
+) -> Result<(), Failure> {
+    if plan.len() != out.len() as u64 {
+        return Err((Status::InvalidRequest, ErrorDetail::LengthMismatch));
+    }
+    let spans = pattern_spans(target, initiator, base, plan, Access::REMOTE_READ, false)?;
+    copy_out(&spans, out);
+    still_there(target)
+}
+
+/// Gathers (`write` false: reads into `bytes`) or scatters (`write`:
+/// copies `bytes` out) the initiator's own memory along the blocks
+/// `blocks` (offsets from IOVA `base`, in stream order): the local side
+/// of a part of a vector transfer with another node. Every block is
+/// checked first.
+pub fn local_pattern(
+    local: &Target<'_>,
+    base: u64,
+    blocks: impl Iterator<Item = Block>,
+    bytes: &mut [u8],
+    write: bool,
+) -> Result<(), Failure> {
+    let mut spans = Spans::new();
+    for block in blocks {
+        let iova = base.wrapping_add_signed(block.offset);
+        local
+            .memory
+            .spans(iova, block.len, write, &mut spans)
+            .map_err(local_fault)?;
+    }
+    if write {
+        copy_in(bytes, &spans);
+    } else {
+        copy_out(&spans, bytes);
+    }
+    lost_locally(local)
 }
 
 /// Copies `out.len()` bytes of the initiator's own registered memory at

@@ -69,6 +69,13 @@ pub struct VectorState {
     remote: Plan<'static>,
 }
 
+impl VectorState {
+    /// The local and the remote plan.
+    pub fn into_plans(self) -> (Plan<'static>, Plan<'static>) {
+        (self.local, self.remote)
+    }
+}
+
 /// The error completion of a descriptor that does not decode or plan.
 fn malformed(own: u16, error: &PatternError) -> Failure {
     tracing::debug!(port = own, reason = %error, "vector descriptor refused");
