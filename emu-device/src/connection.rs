@@ -91,7 +91,7 @@ pub struct Context<'a> {
 pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
-    ctx.switch.learn(port.mac, index);
+    ctx.switch.learn(port.mac, switch::Station::Port(index));
     let mut send_queues: Vec<SendQueue> = (0..ctx.config.rdma_queue_pairs)
         .map(|pair| SendQueue::new(Arc::clone(&port), pair))
         .collect();
@@ -169,7 +169,8 @@ fn process_ring(
     }
     work.done |= !frames.is_empty();
     for f in frames {
-        ctx.switch.forward(ctx.ports, port.index, &f);
+        ctx.switch
+            .forward(ctx.ports, switch::Station::Port(port.index), &f, ctx.link);
     }
     work
 }

@@ -93,7 +93,7 @@ pub struct Device {
     /// Configuration.
     pub config: DeviceConfig,
     /// The MAC learning switch of queue pair 0.
-    pub switch: Switch,
+    pub switch: Arc<Switch>,
     /// The ports.
     pub ports: Arc<PortTable>,
     /// The link to the other nodes of the fabric, once started.
@@ -120,7 +120,7 @@ impl Device {
     /// frontends connect to one socket).
     pub fn new(config: DeviceConfig, sockets: usize) -> io::Result<Arc<Device>> {
         Ok(Arc::new(Device {
-            switch: Switch::default(),
+            switch: Arc::new(Switch::default()),
             ports: Arc::new(PortTable::new(sockets, &config)),
             link: std::sync::OnceLock::new(),
             sockets,
@@ -141,7 +141,7 @@ impl Device {
 
     /// Joins the fabric: starts the link to the other nodes' devices.
     pub fn start_link(&self, config: LinkConfig) -> io::Result<()> {
-        let link = Link::start(config, Arc::clone(&self.ports))?;
+        let link = Link::start(config, Arc::clone(&self.ports), Arc::clone(&self.switch))?;
         self.link
             .set(link)
             .map_err(|_| io::Error::other("the fabric link is started already"))

@@ -10,7 +10,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
+use pindown_uapi::NodeId;
+
 use crate::inbox::Pushed;
+use crate::internode::Link;
 use crate::port::{Port, PortState, PortStats, PortTable, RX_BACKLOG_MAX};
 use crate::queues::{self, ChainError, Pop};
 
@@ -26,7 +29,38 @@ pub const MAX_TX_CHAIN: usize = NET_HDR_LEN + 65_536;
 /// The MAC learning table.
 #[derive(Debug, Default)]
 pub struct Switch {
-    table: Mutex<HashMap<[u8; 6], usize>>,
+    table: Mutex<HashMap<[u8; 6], Station>>,
+}
+
+/// Where a MAC address lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Station {
+    /// Behind a port of this device.
+    Port(usize),
+    /// Behind another node of the fabric.
+    Node(NodeId),
+}
+
+/// Where a frame goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Route {
+    /// Ports of this device.
+    pub ports: Vec<usize>,
+    /// Other nodes of the fabric: one, or every one (a broadcast, or an
+    /// address not learnt yet).
+    pub nodes: Nodes,
+}
+
+/// The nodes a frame goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Nodes {
+    /// None.
+    #[default]
+    None,
+    /// This one.
+    One(NodeId),
+    /// Every node.
+    All,
 }
 
 /// Destination MAC of a frame (without virtio-net header).
@@ -45,54 +79,89 @@ pub fn is_group(mac: &[u8; 6]) -> bool {
 }
 
 impl Switch {
-    /// Records that `mac` lives behind `port`.
-    pub fn learn(&self, mac: [u8; 6], port: usize) {
+    /// Records that `mac` lives at `station`.
+    pub fn learn(&self, mac: [u8; 6], station: Station) {
         if is_group(&mac) || mac == [0; 6] {
             return;
         }
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.insert(mac, port);
+        t.insert(mac, station);
     }
 
     /// Forgets every MAC learnt on `port` (on disconnect).
     pub fn forget_port(&self, port: usize) {
-        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.retain(|_, p| *p != port);
+        self.forget(Station::Port(port));
     }
 
-    /// Port owning `mac`, if known.
-    pub fn lookup(&self, mac: &[u8; 6]) -> Option<usize> {
+    /// Forgets every MAC learnt at `station`.
+    pub fn forget(&self, station: Station) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, s| *s != station);
+    }
+
+    /// Where `mac` lives, if known.
+    pub fn lookup(&self, mac: &[u8; 6]) -> Option<Station> {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         t.get(mac).copied()
     }
 
-    /// Learns the source of `frame` (sent by `from`) and returns the ports
-    /// it goes to, chosen among `ports` (the connected ones).
-    pub fn route(&self, from: usize, frame: &[u8], ports: &[usize]) -> Vec<usize> {
+    /// Learns the source of `frame` (sent from `from`) and returns where
+    /// it goes: ports among `ports` (the connected ones), and, for a frame
+    /// of a local port (`fabric`: the device has other nodes), other
+    /// nodes. A frame that came from another node never goes back to the
+    /// fabric (every node hears every flood directly).
+    pub fn route(&self, from: Station, frame: &[u8], ports: &[usize], fabric: bool) -> Route {
         let (Some(dst), Some(src)) = (dst_mac(frame), src_mac(frame)) else {
-            return Vec::new();
+            return Route::default();
         };
         self.learn(src, from);
-        if !is_group(&dst) {
-            if let Some(p) = self.lookup(&dst) {
-                return if p == from || !ports.contains(&p) {
-                    Vec::new()
-                } else {
+        let to_nodes = fabric && matches!(from, Station::Port(_));
+        let station = (!is_group(&dst)).then(|| self.lookup(&dst)).flatten();
+        match station {
+            Some(station) if station == from => Route::default(),
+            Some(Station::Port(p)) => Route {
+                ports: if ports.contains(&p) {
                     vec![p]
-                };
-            }
+                } else {
+                    Vec::new()
+                },
+                nodes: Nodes::None,
+            },
+            Some(Station::Node(node)) => Route {
+                ports: Vec::new(),
+                nodes: if to_nodes {
+                    Nodes::One(node)
+                } else {
+                    Nodes::None
+                },
+            },
+            None => Route {
+                ports: ports
+                    .iter()
+                    .copied()
+                    .filter(|&p| Station::Port(p) != from)
+                    .collect(),
+                nodes: if to_nodes { Nodes::All } else { Nodes::None },
+            },
         }
-        ports.iter().copied().filter(|p| *p != from).collect()
     }
 
-    /// Delivers a frame (without virtio-net header) sent by port `from`:
-    /// queues it in the inbox of each target port among the connected
-    /// `ports` (never waits for them).
-    pub fn forward(&self, ports: &PortTable, from: usize, frame: &[u8]) {
-        let targets = self.route(from, frame, &ports.connected());
-        for to in targets {
+    /// Delivers a frame (without virtio-net header) sent from `from` (a
+    /// port of this device, or another node through `link`): queues it in
+    /// the inbox of each target port among the connected ones (never waits
+    /// for them), and hands it to the fabric link for other nodes.
+    pub fn forward(&self, ports: &PortTable, from: Station, frame: &[u8], link: Option<&Link>) {
+        let route = self.route(from, frame, &ports.connected(), link.is_some());
+        for to in route.ports {
             if let Some(p) = ports.get(to) {
                 deliver(&p, frame);
+            }
+        }
+        if let Some(link) = link {
+            match route.nodes {
+                Nodes::None => {}
+                Nodes::One(node) => link.send_frame(Some(node), frame),
+                Nodes::All => link.send_frame(None, frame),
             }
         }
     }
@@ -369,18 +438,45 @@ mod tests {
         let a = [2, 0, 0, 0, 0, 1];
         let b = [2, 0, 0, 0, 0, 2];
         let ports = [0, 1, 2];
+        let route = |from, frame: &[u8]| s.route(Station::Port(from), frame, &ports, false).ports;
         // Unknown unicast floods.
-        assert_eq!(s.route(0, &frame(b, a), &ports), vec![1, 2]);
+        assert_eq!(route(0, &frame(b, a)), vec![1, 2]);
         // a was learnt on port 0.
-        assert_eq!(s.route(1, &frame(a, b), &ports), vec![0]);
-        assert_eq!(s.route(2, &frame(b, [2, 0, 0, 0, 0, 3]), &ports), vec![1]);
+        assert_eq!(route(1, &frame(a, b)), vec![0]);
+        assert_eq!(route(2, &frame(b, [2, 0, 0, 0, 0, 3])), vec![1]);
         // Broadcast to all others.
-        assert_eq!(s.route(1, &frame([0xff; 6], b), &ports), vec![0, 2]);
+        assert_eq!(route(1, &frame([0xff; 6], b)), vec![0, 2]);
         // Never back to the sender.
-        assert_eq!(s.route(0, &frame(a, a), &ports), Vec::<usize>::new());
+        assert_eq!(route(0, &frame(a, a)), Vec::<usize>::new());
         s.forget_port(0);
         assert_eq!(s.lookup(&a), None);
         // Runt frames go nowhere.
-        assert!(s.route(0, &[1, 2, 3], &ports).is_empty());
+        assert!(route(0, &[1, 2, 3]).is_empty());
+    }
+
+    #[test]
+    fn frames_cross_the_fabric_once_and_learn_remote_stations() {
+        let s = Switch::default();
+        let (local, remote) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9]);
+        let ports = [0, 1];
+        // A broadcast of a local port floods locally and to every node.
+        let route = s.route(Station::Port(0), &frame([0xff; 6], local), &ports, true);
+        assert_eq!((route.ports, route.nodes), (vec![1], Nodes::All));
+        // The answer from node 3 is learnt there and goes to port 0 only.
+        let route = s.route(Station::Node(3), &frame(local, remote), &ports, true);
+        assert_eq!((route.ports, route.nodes), (vec![0], Nodes::None));
+        // Unicast to the remote station goes to node 3 only.
+        let route = s.route(
+            Station::Port(1),
+            &frame(remote, [2, 0, 0, 0, 0, 2]),
+            &ports,
+            true,
+        );
+        assert_eq!((route.ports, route.nodes), (vec![], Nodes::One(3)));
+        // A flood from another node never goes back to the fabric.
+        let route = s.route(Station::Node(3), &frame([0xff; 6], remote), &ports, true);
+        assert_eq!((route.ports, route.nodes), (vec![0, 1], Nodes::None));
+        s.forget(Station::Node(3));
+        assert_eq!(s.lookup(&remote), None);
     }
 }

@@ -267,6 +267,17 @@ impl DeviceProcess {
         Ok(parse_status(&text))
     }
 
+    /// The fabric link's counters (the status line `fabric`), parsed as
+    /// one port's are; empty when the device has no fabric.
+    pub fn fabric_status(&self) -> io::Result<PortStatus> {
+        let mut s = UnixStream::connect(self.control_path())?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"fabric\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(parse_status(&text).pop().unwrap_or_default())
+    }
+
     /// Status of port `i` (empty if unknown).
     pub fn port(&self, i: usize) -> PortStatus {
         self.status()

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use common::DeviceProcess;
@@ -27,30 +26,16 @@ fn config() -> ContextConfig {
     }
 }
 
-/// A free UDP port of the loopback address.
 fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    common::free_udp_port()
 }
 
 /// Starts node `node` of a fabric on loopback whose node `i` listens on
 /// UDP port `ports[i]`.
 fn node(node: u16, ports: &[u16], extra: &[&str]) -> DeviceProcess {
-    let listen = format!("127.0.0.1:{}", ports[usize::from(node)]);
-    let node_text = node.to_string();
-    let peers: Vec<String> = (0..ports.len())
-        .filter(|&other| other != usize::from(node))
-        .map(|other| format!("{other}=127.0.0.1:{}", ports[other]))
-        .collect();
-    let mut args = vec!["--node", &node_text, "--fabric-listen", &listen];
-    for peer in &peers {
-        args.extend_from_slice(&["--fabric-peer", peer]);
-    }
-    args.extend_from_slice(&["--fabric-token", TOKEN]);
-    args.extend_from_slice(extra);
+    let mut args = common::fabric_args(node, ports, TOKEN);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     DeviceProcess::start(common::device_bin(), 1, &args).unwrap()
 }
 

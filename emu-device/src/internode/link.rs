@@ -18,13 +18,17 @@ use pindown_uapi::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::message::{Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
+use super::message::{FrameDatagram, Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
 use crate::fabric::with_port;
 use crate::net::wire::{seq_before, Header};
 use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq};
 use crate::port::{Port, PortTable};
 use crate::rdma::remote::{self, AtomicOp};
 use crate::rdma::{self, Failure, PortId, Target};
+use crate::switch::{Station, Switch};
+
+/// Ethernet frames waiting for the link at most; more are dropped.
+pub const MAX_FRAMES_QUEUED: usize = 512;
 
 /// Reads other nodes may have under way here at once; one more is
 /// refused with [`ErrorDetail::NodeBusy`].
@@ -91,6 +95,12 @@ pub struct LinkStats {
     pub datagrams_received: AtomicU64,
     /// Messages sent again.
     pub retransmissions: AtomicU64,
+    /// Ethernet frames sent to other nodes (one per node).
+    pub frames_sent: AtomicU64,
+    /// Ethernet frames received from other nodes.
+    pub frames_received: AtomicU64,
+    /// Ethernet frames dropped (queue full, bad frame datagrams).
+    pub frames_dropped: AtomicU64,
 }
 
 /// The link of this device to the other nodes' devices.
@@ -98,6 +108,10 @@ pub struct Link {
     node: NodeId,
     peers: BTreeMap<NodeId, SocketAddr>,
     queue: Mutex<VecDeque<Submission>>,
+    /// Ethernet frames for other nodes (`None`: every node).
+    frames: Mutex<VecDeque<(Option<NodeId>, Vec<u8>)>>,
+    /// The job token (frame datagrams carry it too).
+    fabric: u64,
     wake: EventFd,
     stop: AtomicBool,
     /// Counters.
@@ -118,7 +132,11 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     /// Binds the socket and starts the link's thread over `ports`.
-    pub fn start(config: LinkConfig, ports: Arc<PortTable>) -> io::Result<Arc<Link>> {
+    pub fn start(
+        config: LinkConfig,
+        ports: Arc<PortTable>,
+        switch: Arc<Switch>,
+    ) -> io::Result<Arc<Link>> {
         let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
         let socket = UdpSocket::bind(config.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", config.listen)))?;
@@ -137,6 +155,8 @@ impl Link {
             node: config.node,
             peers: config.peers.clone(),
             queue: Mutex::new(VecDeque::new()),
+            frames: Mutex::new(VecDeque::new()),
+            fabric: config.fabric,
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
             stats: LinkStats::default(),
@@ -146,6 +166,7 @@ impl Link {
         let worker = Worker {
             link: Arc::clone(&link),
             ports,
+            switch,
             socket,
             endpoint,
             fault_in: (!config.fault_in.is_none()).then(|| FaultInjector::new(config.fault_in)),
@@ -188,6 +209,20 @@ impl Link {
         let _ = self.wake.write(1);
     }
 
+    /// Sends an Ethernet frame of queue pair 0 (without virtio-net
+    /// header) to node `node`, or to every node: best effort, as Ethernet
+    /// is. Dropped (counted) when [`MAX_FRAMES_QUEUED`] wait already.
+    pub fn send_frame(&self, node: Option<NodeId>, frame: &[u8]) {
+        let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+        if frames.len() >= MAX_FRAMES_QUEUED {
+            self.stats.frames_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        frames.push_back((node, frame.to_vec()));
+        drop(frames);
+        let _ = self.wake.write(1);
+    }
+
     /// Stops the thread (the device is shutting down).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -205,7 +240,8 @@ impl Link {
         format!(
             "fabric node={} peers={} started={} completed={} failed={} served={} \
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
-             datagrams_received={} retransmissions={} memory_fixed={} memory_per_peer={}\n",
+             datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
+             frames_dropped={} memory_fixed={} memory_per_peer={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -218,6 +254,9 @@ impl Link {
             g(&s.datagrams_sent),
             g(&s.datagrams_received),
             g(&s.retransmissions),
+            g(&s.frames_sent),
+            g(&s.frames_received),
+            g(&s.frames_dropped),
             self.memory.0,
             self.memory.1,
         )
@@ -389,6 +428,7 @@ struct ReadJob {
 struct Worker {
     link: Arc<Link>,
     ports: Arc<PortTable>,
+    switch: Arc<Switch>,
     socket: UdpSocket,
     endpoint: Endpoint,
     fault_in: Option<FaultInjector>,
@@ -451,6 +491,7 @@ impl Worker {
                 worked = true;
             }
             worked |= self.produce(now);
+            worked |= self.send_frames(now);
             self.finish_ops(now);
             worked |= self.transmit(now, &mut datagram);
             self.publish_stats();
@@ -709,19 +750,27 @@ impl Worker {
                 .stats
                 .datagrams_received
                 .fetch_add(1, Ordering::Relaxed);
-            if !self.addresses.contains_key(&from) {
+            let Some(&node) = self.addresses.get(&from) else {
                 self.link
                     .stats
                     .stray_datagrams
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
+            };
+            let bytes = &datagram[..len];
+            if FrameDatagram::is_one(bytes)
+                && FrameDatagram::decode(bytes).map_or(true, |frame| frame.source != node)
+            {
+                // A frame datagram must come from its node's address.
+                self.link
+                    .stats
+                    .frames_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
             }
             match &mut self.fault_in {
-                Some(faults) => faults.push(now, &datagram[..len]),
-                None => {
-                    let bytes = datagram[..len].to_vec();
-                    self.handle_datagram(now, &bytes);
-                }
+                Some(faults) => faults.push(now, bytes),
+                None => self.handle_datagram(now, bytes),
             }
         }
         while let Some(bytes) = self.fault_in.as_mut().and_then(|f| f.pop_ready(now)) {
@@ -732,6 +781,9 @@ impl Worker {
     }
 
     fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        if FrameDatagram::is_one(datagram) {
+            return self.receive_frame(datagram);
+        }
         match self.endpoint.receive(now, datagram) {
             Ok(Some(message)) => self.on_message(now, message.node, message.payload),
             Ok(None) => {}
@@ -743,6 +795,67 @@ impl Worker {
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Puts an Ethernet frame from another node on this device's switch.
+    fn receive_frame(&self, datagram: &[u8]) {
+        let frame = match FrameDatagram::decode(datagram) {
+            Ok(frame)
+                if frame.fabric == self.link.fabric
+                    && frame.destination == self.link.node
+                    && self.link.peers.contains_key(&frame.source) =>
+            {
+                frame
+            }
+            _ => {
+                self.link
+                    .stats
+                    .frames_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        self.link
+            .stats
+            .frames_received
+            .fetch_add(1, Ordering::Relaxed);
+        self.switch
+            .forward(&self.ports, Station::Node(frame.source), frame.frame, None);
+    }
+
+    /// Sends the Ethernet frames local ports switched to other nodes.
+    fn send_frames(&mut self, now: Instant) -> bool {
+        let frames: Vec<(Option<NodeId>, Vec<u8>)> = {
+            let mut queue = self.link.frames.lock().unwrap_or_else(|e| e.into_inner());
+            queue.drain(..).collect()
+        };
+        let worked = !frames.is_empty();
+        let mut datagram = Vec::new();
+        for (node, frame) in frames {
+            let nodes: Vec<NodeId> = match node {
+                Some(node) => vec![node],
+                None => self.link.peers.keys().copied().collect(),
+            };
+            for destination in nodes {
+                let Some(&address) = self.link.peers.get(&destination) else {
+                    continue;
+                };
+                datagram.clear();
+                FrameDatagram {
+                    fabric: self.link.fabric,
+                    source: self.link.node,
+                    destination,
+                    frame: &frame,
+                }
+                .encode(&mut datagram);
+                self.link.stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+                match &mut self.fault_out {
+                    Some(faults) => faults.push(now, &datagram),
+                    None => self.put_on_wire(address, &datagram),
+                }
+            }
+        }
+        worked
     }
 
     fn bad_message(&self, node: NodeId, what: &dyn std::fmt::Display) {
@@ -1109,6 +1222,7 @@ impl Worker {
                     op.horizon = None;
                 }
                 self.reads.retain(|job| job.node != node);
+                self.switch.forget(Station::Node(node));
                 self.deferred.retain(|(to, _)| *to != node);
             }
         }
@@ -1692,9 +1806,17 @@ impl Worker {
             while let Some(bytes) = self.fault_out.as_mut().and_then(|f| f.pop_ready(now)) {
                 // The injector keeps datagrams, not their destinations:
                 // the header names the node.
-                if let Some(address) = Header::decode(&bytes)
-                    .ok()
-                    .and_then(|(header, _)| self.link.peers.get(&header.destination).copied())
+                let destination = if FrameDatagram::is_one(&bytes) {
+                    FrameDatagram::decode(&bytes)
+                        .ok()
+                        .map(|frame| frame.destination)
+                } else {
+                    Header::decode(&bytes)
+                        .ok()
+                        .map(|(header, _)| header.destination)
+                };
+                if let Some(address) =
+                    destination.and_then(|node| self.link.peers.get(&node).copied())
                 {
                     self.put_on_wire(address, &bytes);
                 }

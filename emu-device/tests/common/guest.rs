@@ -376,6 +376,19 @@ impl Bed {
         self.start_on(0, spec)
     }
 
+    /// Starts a guest on socket 0 of another device process `dev` (another
+    /// node of a fabric) and waits until that device has a connection.
+    /// Returns its index.
+    pub fn start_elsewhere(&mut self, dev: &DeviceProcess, spec: &GuestSpec) -> usize {
+        let g = Guest::start(self.kit, &dev.socket(0), dev.dir(), spec);
+        self.guests.push(g);
+        let ok = dev.wait_for(Duration::from_secs(30), |s| {
+            s.iter().any(|p| p.n("connected") == 1)
+        });
+        assert!(ok, "{} never connected to the other device", spec.name);
+        self.guests.len() - 1
+    }
+
     /// Starts a guest on socket `socket` and waits until the device has
     /// one more connection (so ports are numbered in start order). Returns
     /// its index.

@@ -35,6 +35,35 @@ pub const MEM_SIZE: usize = 1 << 20;
 
 use pindown_uapi::features::{ACCESS_PLATFORM, PROTOCOL_FEATURES, VERSION_1};
 
+/// A free UDP port of the loopback address (for a fabric's nodes).
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The device options that make it node `node` of a fabric on loopback
+/// whose node `i` listens on UDP port `ports[i]`, with job token `token`.
+pub fn fabric_args(node: u16, ports: &[u16], token: &str) -> Vec<String> {
+    let mut args = vec![
+        "--node".to_string(),
+        node.to_string(),
+        "--fabric-listen".to_string(),
+        format!("127.0.0.1:{}", ports[usize::from(node)]),
+        "--fabric-token".to_string(),
+        token.to_string(),
+    ];
+    for (other, port) in ports.iter().enumerate() {
+        if other != usize::from(node) {
+            args.push("--fabric-peer".to_string());
+            args.push(format!("{other}=127.0.0.1:{port}"));
+        }
+    }
+    args
+}
+
 pub fn device_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pindown-emu-device"))
 }
