@@ -35,7 +35,7 @@
 //!   6298 round-trip estimate (samples only from messages sent once,
 //!   Karn's rule), clamped to `rto_min..=rto_max`. When the timer fires,
 //!   every message unacknowledged for a full timeout is sent again and the
-//!   timeout doubles up to `rto_max`; acknowledgement progress ends the
+//!   timeout doubles up to `rto_max`; a fresh round-trip sample ends the
 //!   backoff. A hole is retransmitted at once, once, when
 //!   `fast_retransmit_threshold` later messages were selectively
 //!   acknowledged.

@@ -858,7 +858,12 @@ impl Endpoint {
             self.stats.bad_acks += 1;
             return Err(DropReason::BadAck);
         }
-        self.peers[peer_index].flags &= !PEER_GONE;
+        if self.peers[peer_index].flags & PEER_GONE != 0 {
+            // Heard from again: sendable again, and an acknowledgement
+            // carries our floor so the peer skips what was abandoned.
+            self.peers[peer_index].flags &= !PEER_GONE;
+            self.schedule_ack(peer_index, now);
+        }
         self.apply_acknowledgement(peer_index, &header, now);
         self.apply_floor(peer_index, header.floor);
 
@@ -1005,17 +1010,17 @@ impl Endpoint {
             }
         }
         if let Some(sample) = rtt_sample {
+            // A fresh sample ends the backoff. Acknowledgements of
+            // retransmitted messages alone keep it (Karn): were the round
+            // trip longer than the timeout, every message would be
+            // retransmitted before its acknowledgement and no sample taken.
             self.update_rtt(peer_index, sample);
+            let peer = &mut self.peers[peer_index];
+            peer.rto = Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max);
         }
         if progress {
             let peer = &mut self.peers[peer_index];
             peer.last_progress = now;
-            // Progress ends the backoff.
-            peer.rto = if peer.srtt == 0 {
-                self.rto_initial
-            } else {
-                Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max)
-            };
             peer.rto_deadline = if peer.unacked_count > 0 {
                 now.saturating_add(u64::from(peer.rto))
             } else {
@@ -1317,6 +1322,18 @@ impl Endpoint {
             per_peer_bytes,
             peers: self.peers.len(),
         }
+    }
+}
+
+#[cfg(test)]
+impl Endpoint {
+    /// Starts the sequence numbers towards `node` at `send_next` and from it
+    /// at `recv_next` (to test wrapping); only before any traffic.
+    pub(super) fn start_sequences_at(&mut self, node: NodeId, send_next: Seq, recv_next: Seq) {
+        let index = self.peer_of(node).unwrap();
+        assert_eq!(self.peers[index].unacked_count, 0);
+        self.peers[index].send_next = send_next;
+        self.peers[index].recv_next = recv_next;
     }
 }
 

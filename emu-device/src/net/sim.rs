@@ -127,6 +127,36 @@ impl Sim {
         endpoint
     }
 
+    /// What all links did, summed; and how many datagrams they still hold.
+    pub fn link_totals(&self) -> (super::FaultStats, usize) {
+        let mut total = super::FaultStats::default();
+        let mut held = 0;
+        for link in self.links.values() {
+            let stats = link.stats();
+            total.pushed += stats.pushed;
+            total.lost += stats.lost;
+            total.duplicated += stats.duplicated;
+            total.reordered += stats.reordered;
+            total.overflowed += stats.overflowed;
+            total.released += stats.released;
+            held += link.held();
+        }
+        (total, held)
+    }
+
+    /// Starts every pair's sequence numbers at `first` (to test wrapping).
+    pub fn start_sequences_at(&mut self, first: Seq) {
+        let count = self.nodes.len() as NodeId;
+        for node in 0..count {
+            for peer in (0..count).filter(|&peer| peer != node) {
+                self.nodes[usize::from(node)]
+                    .endpoint
+                    .start_sequences_at(peer, first, first);
+            }
+        }
+        self.check_cumulative = false;
+    }
+
     pub fn set_faults(&mut self, from: NodeId, to: NodeId, faults: Faults) {
         self.links.insert((from, to), FaultInjector::new(faults));
     }

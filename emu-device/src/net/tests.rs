@@ -118,6 +118,19 @@ fn assert_counters_add_up(sim: &Sim) {
         .map(|n| n.endpoint.stats().datagrams_sent)
         .sum();
     assert_eq!(sent as usize, sim.transmissions.len());
+    // The network: what went in came out, less losses, plus copies.
+    let (links, held) = sim.link_totals();
+    assert_eq!(links.pushed, sent);
+    assert_eq!(
+        links.released + held as u64,
+        links.pushed - links.lost - links.overflowed + links.duplicated
+    );
+    let received: u64 = sim
+        .nodes
+        .iter()
+        .map(|n| n.endpoint.stats().datagrams_received)
+        .sum();
+    assert_eq!(received, links.released);
 }
 
 trait OutstandingTotal {
@@ -201,6 +214,37 @@ fn exactly_once_under_loss_duplication_and_reordering() {
         assert_eq!(
             node.endpoint.free_pool_slots(),
             Config::default().pool_slots
+        );
+    }
+}
+
+#[test]
+fn sequence_numbers_wrap_around() {
+    let mut sim = Sim::new(3, Config::default(), lossy(21));
+    let first = u32::MAX - 40;
+    sim.start_sequences_at(first);
+    for from in 0..3 {
+        for to in (0..3).filter(|&to| to != from) {
+            for index in 0..200 {
+                sim.queue(from, to, payload(from, to, index));
+            }
+        }
+    }
+    sim.run_until_quiet(Duration::from_secs(2));
+    assert_exactly_once(&sim);
+    assert_counters_add_up(&sim);
+    let seqs: HashSet<Seq> = sim.nodes[1].delivered.iter().map(|d| d.seq).collect();
+    assert!(seqs.contains(&u32::MAX) && seqs.contains(&0) && seqs.contains(&158));
+    let repaired: u64 = sim
+        .nodes
+        .iter()
+        .map(|n| n.endpoint.stats().retransmissions)
+        .sum();
+    assert!(repaired > 0);
+    for node in 1..3 {
+        assert_eq!(
+            sim.nodes[0].endpoint.delivered_through(node),
+            Some(first.wrapping_add(200))
         );
     }
 }
