@@ -52,23 +52,33 @@
 //!   seqs below are acknowledged or abandoned), so a receiver whose peer
 //!   abandoned messages moves its cumulative ack past them
 //!   ([`Event::PeerAbandoned`]) instead of waiting forever.
+//! - **Requests and replies.** A message sent with [`Endpoint::send`] may
+//!   be answered; one sent with [`Endpoint::send_reply`] (an operation's
+//!   result) is never answered. A request is delivered only when its
+//!   receiver could queue `response_reserve` replies to the sender at once
+//!   (else it is dropped, [`DropReason::NoResponseRoom`], and retransmitted
+//!   later), and requests leave that much of the window and the pool free.
+//!   Replies are always delivered, so they always drain, and two peers busy
+//!   with each other's requests cannot block each other.
 //!
-//! Every `seq` returned by `send` ends in exactly one [`Event::Acked`] or
-//! one [`Event::Abandoned`].
+//! Every `seq` returned by `send` or `send_reply` ends in exactly one
+//! [`Event::Acked`] or one [`Event::Abandoned`].
 //!
 //! ## The horizon rule
 //!
 //! Every header carries the sender's *horizon*: its next unassigned seq
 //! towards the destination when the header was built (after the
-//! datagram's own seq). The device handles a delivered message and queues
-//! its responses with `send` before it calls `poll_transmit` again, and the
-//! acknowledgement of the message leaves with (or after) those responses.
-//! So when the initiator sees `Acked { seq, horizon }`, every response to
+//! datagram's own seq). The device handles a delivered request and queues
+//! its replies to the requester with `send_reply` (at most
+//! `response_reserve` of them, which always succeed right after `receive`
+//! returned the request) before it calls `poll_transmit` again, and the
+//! acknowledgement of the request leaves with (or after) those replies. So
+//! when the initiator sees `Acked { seq, horizon }`, every response to
 //! `seq` has a seq below `horizon`, and all have been delivered once
 //! [`Endpoint::delivered_through`] reaches `horizon` (or were given up,
 //! reported by [`Event::PeerAbandoned`]). The caller must keep that
-//! order: drain the delivered message and queue its responses before the
-//! next `poll_transmit`.
+//! order: handle each delivered request and queue its replies before the
+//! next `receive` or `poll_transmit`.
 //!
 //! ## Identity and incarnations
 //!

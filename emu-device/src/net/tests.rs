@@ -271,16 +271,13 @@ fn the_same_seed_gives_the_same_run() {
 /// request's seq. Whenever node 0 sees `Acked { seq, horizon }`, every
 /// response to `seq` has a seq below `horizon`, and all of them had arrived
 /// by the time `delivered_through(1)` first reached `horizon`.
-#[test]
-fn horizon_covers_every_response_under_loss() {
-    for seed in [1, 2, 3] {
+/// Returns the retransmissions of both nodes.
+fn check_horizon(faults: Faults) -> u64 {
+    let seed = faults.seed;
+    {
         let config = Config {
             response_reserve: 2,
             ..Config::default()
-        };
-        let faults = Faults {
-            loss: 0.1,
-            ..lossy(seed)
         };
         let mut sim = Sim::new(2, config, faults);
         sim.responders.insert(
@@ -348,7 +345,19 @@ fn horizon_covers_every_response_under_loss() {
         }
         assert_eq!(acked_requests, 600);
         assert!(responses.len() >= 500, "{} responses", responses.len());
-        assert!(sim.nodes[0].endpoint.stats().retransmissions > 0);
+        sim.nodes[0].endpoint.stats().retransmissions
+            + sim.nodes[1].endpoint.stats().retransmissions
+    }
+}
+
+#[test]
+fn horizon_covers_every_response_under_loss() {
+    for seed in [1, 2, 3] {
+        let retransmissions = check_horizon(Faults {
+            loss: 0.1,
+            ..lossy(seed)
+        });
+        assert!(retransmissions > 0);
     }
 }
 
@@ -1057,6 +1066,22 @@ proptest! {
         sim.run_until_quiet(Duration::from_secs(2));
         assert_exactly_once(&sim);
         assert_counters_add_up(&sim);
+    }
+
+    #[test]
+    fn horizon_holds_for_any_seed_and_fault_rates(
+        seed in any::<u64>(),
+        loss in 0.0..0.2f64,
+        duplicate in 0.0..0.1f64,
+        reorder in 0.0..0.2f64,
+        delay_us in 0u64..300,
+    ) {
+        check_horizon(Faults {
+            loss, duplicate, reorder,
+            delay: Duration::from_micros(delay_us),
+            reorder_hold: Duration::from_micros(200),
+            seed,
+        });
     }
 
     #[test]
