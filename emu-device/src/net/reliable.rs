@@ -1270,6 +1270,20 @@ impl Endpoint {
         self.peer_of(node).map(|index| self.peers[index].recv_next)
     }
 
+    /// Lets `send` to a peer declared gone try again (the caller's policy,
+    /// e.g. after a pause): a peer that only answers never speaks first, so
+    /// without this it stays gone until it sends something. If it is still
+    /// unreachable it is declared gone again `peer_timeout` later. Returns
+    /// whether the peer was gone.
+    pub fn revive_peer(&mut self, node: NodeId) -> bool {
+        let Some(index) = self.peer_of(node) else {
+            return false;
+        };
+        let was_gone = self.peers[index].flags & PEER_GONE != 0;
+        self.peers[index].flags &= !PEER_GONE;
+        was_gone
+    }
+
     /// Messages to `node` sent and not yet acknowledged or abandoned.
     pub fn outstanding(&self, node: NodeId) -> Option<usize> {
         self.peer_of(node)

@@ -923,6 +923,52 @@ fn after_a_partition_the_receiver_skips_what_the_sender_abandoned() {
 }
 
 #[test]
+fn a_gone_peer_can_be_revived_by_the_caller() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    sim.queue(0, 1, b"first".to_vec());
+    sim.run_until_quiet(Duration::from_millis(10));
+    sim.set_faults(
+        0,
+        1,
+        Faults {
+            loss: 1.0,
+            ..Faults::NONE
+        },
+    );
+    sim.queue(0, 1, b"lost".to_vec());
+    sim.run_for(config.peer_timeout + Duration::from_millis(10));
+    assert!(sim.nodes[0].endpoint.is_gone(1));
+    // Node 1 never speaks first; node 0's caller tries again.
+    sim.set_faults(0, 1, Faults::NONE);
+    assert!(sim.nodes[0].endpoint.revive_peer(1));
+    assert!(!sim.nodes[0].endpoint.revive_peer(1));
+    assert!(!sim.nodes[0].endpoint.revive_peer(77));
+    sim.queue(0, 1, b"retry".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+    let last = sim.nodes[1].delivered.last().unwrap();
+    assert_eq!((last.seq, &last.payload[..]), (2, &b"retry"[..]));
+    assert_eq!(
+        sim.nodes[1].events.last().unwrap().1,
+        Event::PeerAbandoned {
+            node: 0,
+            from: 1,
+            until: 2,
+            missing: 1
+        }
+    );
+    assert_eq!(
+        sim.nodes[0].events.last().unwrap().1,
+        Event::Acked {
+            node: 1,
+            seq: 2,
+            horizon: 0
+        }
+    );
+}
+
+#[test]
 fn no_response_room_defers_a_message_until_acks_free_the_window() {
     let config = Config {
         window: 2,
