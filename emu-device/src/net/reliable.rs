@@ -223,6 +223,14 @@ pub enum DropReason {
     /// were applied; the sender retransmits it).
     #[error("message beyond the receive window")]
     BeyondWindow,
+    /// A message from a peer that does not know this incarnation yet
+    /// (destination incarnation 0). It is not delivered: a previous
+    /// incarnation of this node may have delivered it already, and each
+    /// message must be delivered by at most one incarnation. The
+    /// acknowledgement sent back introduces this incarnation, and the
+    /// sender retransmits at once, naming it.
+    #[error("message from a peer that does not know this incarnation yet")]
+    NotYetIntroduced,
     /// A new message that was not delivered because fewer than
     /// `response_reserve` messages could be sent back to its sender now
     /// (its acknowledgements were applied; the sender retransmits it).
@@ -330,6 +338,9 @@ pub struct Stats {
     pub beyond_window: u64,
     /// New messages dropped for want of room to respond.
     pub no_response_room: u64,
+    /// Messages dropped because their sender did not know this
+    /// incarnation yet.
+    pub not_yet_introduced: u64,
     /// Datagrams not of this format, or oversized.
     pub malformed: u64,
     /// Datagrams of another fabric.
@@ -851,19 +862,26 @@ impl Endpoint {
             return Err(DropReason::UnknownSource);
         };
         self.check_incarnation(peer_index, &header, now)?;
-
-        let peer = &self.peers[peer_index];
+        if header.destination_incarnation == 0 {
+            // The peer has not heard from this incarnation: its ack fields
+            // describe nothing of ours, and its message, which a previous
+            // incarnation of this node may have delivered, is not
+            // delivered. Our acknowledgement introduces us; the peer sends
+            // the message again naming us.
+            self.heard_from(peer_index, now);
+            if header.seq.is_none() {
+                return Ok(None);
+            }
+            self.schedule_ack(peer_index, now);
+            self.stats.not_yet_introduced += 1;
+            return Err(DropReason::NotYetIntroduced);
+        }
         // The peer cannot acknowledge what was never sent.
-        if !seq_at_or_before(header.ack, peer.send_next) {
+        if !seq_at_or_before(header.ack, self.peers[peer_index].send_next) {
             self.stats.bad_acks += 1;
             return Err(DropReason::BadAck);
         }
-        if self.peers[peer_index].flags & PEER_GONE != 0 {
-            // Heard from again: sendable again, and an acknowledgement
-            // carries our floor so the peer skips what was abandoned.
-            self.peers[peer_index].flags &= !PEER_GONE;
-            self.schedule_ack(peer_index, now);
-        }
+        self.heard_from(peer_index, now);
         self.apply_acknowledgement(peer_index, &header, now);
         self.apply_floor(peer_index, header.floor);
 
@@ -956,10 +974,37 @@ impl Endpoint {
         }
         if recorded == 0 {
             self.peers[peer_index].incarnation = source;
+            self.introduced(peer_index);
         } else {
             self.restart_peer(peer_index, source, now);
         }
         Ok(())
+    }
+
+    /// The peer's incarnation became known: every message already sent to
+    /// it named no incarnation, so it was not delivered (see
+    /// [`DropReason::NotYetIntroduced`]); send them again now, naming it.
+    fn introduced(&mut self, peer_index: usize) {
+        let peer = self.peers[peer_index];
+        let mut cursor = peer.unacked_head;
+        for _ in 0..peer.unacked_count {
+            let slot_index = cursor;
+            let slot = &mut self.slots[usize::from(slot_index)];
+            cursor = slot.next;
+            if slot.flags & SLOT_QUEUED == 0 && slot.last_sent != NEVER {
+                slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
+                self.transmit_queue.push_back((slot_index, slot.generation));
+            }
+        }
+    }
+
+    /// Heard from a peer declared gone: it may be sent to again, and an
+    /// acknowledgement carries our floor so it skips what was abandoned.
+    fn heard_from(&mut self, peer_index: usize, now: u64) {
+        if self.peers[peer_index].flags & PEER_GONE != 0 {
+            self.peers[peer_index].flags &= !PEER_GONE;
+            self.schedule_ack(peer_index, now);
+        }
     }
 
     /// Applies the cumulative and selective acknowledgement of a datagram
