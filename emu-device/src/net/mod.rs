@@ -140,5 +140,5 @@ pub type Seq = u32;
 pub use faults::{FaultInjector, FaultStats, Faults, FaultsParseError};
 pub use reliable::{
     AddPeerError, Config, ConfigError, DropReason, Endpoint, Event, Identity, MemoryReport,
-    Message, SendError, Stats,
+    Message, SendError, Stats, Stream,
 };
