@@ -99,7 +99,8 @@ pub enum FaultsParseError {
     BadSeed(String),
 }
 
-fn parse_duration(text: &str) -> Option<Duration> {
+/// A duration such as `3s`, `500ms`, `100us` or `20ns` (whole numbers).
+pub fn parse_duration(text: &str) -> Option<Duration> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

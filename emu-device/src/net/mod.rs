@@ -61,8 +61,11 @@
 //! - **Liveness.** A peer that makes no acknowledgement progress for
 //!   `peer_timeout` while messages to it are outstanding is declared gone:
 //!   its messages are abandoned ([`Event::Abandoned`] each, then
-//!   [`Event::PeerGone`]) and `send` to it fails until a datagram from it
-//!   arrives again or the caller calls [`Endpoint::revive_peer`]. Every
+//!   [`Event::PeerGone`]); `send_reply` to it fails until a datagram from
+//!   it arrives again (or [`Endpoint::revive_peer`]), while a new message
+//!   (`send`) probes it and is given up after `peer_timeout` in turn. A
+//!   restarted peer answers a probe addressed to its previous life with a
+//!   pure acknowledgement, which reveals its new incarnation. Every
 //!   datagram carries the sender's *floor* per stream (all its seqs below
 //!   are acknowledged or abandoned), so a receiver whose peer abandoned
 //!   messages moves its cumulative ack past them ([`Event::PeerAbandoned`])

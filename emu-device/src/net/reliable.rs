@@ -205,7 +205,7 @@ pub enum SendError {
     /// acknowledgements arrive.
     #[error("the retransmission pool is full")]
     PoolFull,
-    /// The peer was declared gone; refused until it is heard from again.
+    /// A reply to a peer declared gone (a new message probes it instead).
     #[error("node {0} is gone")]
     PeerGone(NodeId),
 }
@@ -317,7 +317,8 @@ pub enum Event {
     },
     /// `node` made no acknowledgement progress for `peer_timeout` while
     /// messages were outstanding; they were abandoned (reported just
-    /// before), and `send` to it fails until it is heard from again.
+    /// before); `send_reply` to it fails until it is heard from again, and
+    /// `send` probes it.
     PeerGone {
         /// The peer.
         node: NodeId,
@@ -712,10 +713,18 @@ impl Endpoint {
             });
         }
         let s = stream.index();
-        let peer = &self.peers[peer_index];
-        if peer.flags & PEER_GONE != 0 {
-            return Err(SendError::PeerGone(node));
+        if self.peers[peer_index].flags & PEER_GONE != 0 {
+            if stream == Stream::Reply {
+                // It answers a message of a peer given up on.
+                return Err(SendError::PeerGone(node));
+            }
+            // A new message probes a peer declared gone: it is tried (and
+            // given up after `peer_timeout`) like any other, so a peer
+            // that comes back, or restarted and answers our stale
+            // datagram, is heard from.
+            self.peers[peer_index].flags &= !PEER_GONE;
         }
+        let peer = &self.peers[peer_index];
         let in_window = peer.send_next[s].wrapping_sub(self.floor(peer_index, s));
         if in_window >= self.config.window {
             return Err(SendError::WindowFull);
@@ -1412,9 +1421,8 @@ impl Endpoint {
             .map(|index| self.peers[index].recv_next[stream.index()])
     }
 
-    /// Lets `send` to a peer declared gone try again (the caller's policy,
-    /// e.g. after a pause): a peer that only answers never speaks first, so
-    /// without this it stays gone until it sends something. If it is still
+    /// Lets `send_reply` to a peer declared gone try again (the caller's
+    /// policy; `send` of a request does this by itself). If it is still
     /// unreachable it is declared gone again `peer_timeout` later. Returns
     /// whether the peer was gone.
     pub fn revive_peer(&mut self, node: NodeId) -> bool {

@@ -480,14 +480,22 @@ fn retransmission_backs_off_to_rto_max_then_the_peer_is_gone() {
         ]
     );
     assert!(sim.nodes[0].endpoint.is_gone(1));
-    assert_eq!(
-        sim.nodes[0].endpoint.send(sim.now, 1, b"x"),
-        Err(SendError::PeerGone(1))
-    );
     // Nothing more goes out to a gone peer, and no timer runs.
     assert_eq!(transmissions_of(&sim, 0, 0).len(), times.len());
     assert_eq!(sim.nodes[0].endpoint.poll_timeout(), None);
     assert_eq!(sim.nodes[0].endpoint.free_pool_slots(), config.pool_slots);
+    // A reply to it is refused; a new message probes it.
+    assert_eq!(
+        sim.nodes[0].endpoint.send_reply(sim.now, 1, b"x"),
+        Err(SendError::PeerGone(1))
+    );
+    assert!(sim.nodes[0].endpoint.send(sim.now, 1, b"x").is_ok());
+    assert!(!sim.nodes[0].endpoint.is_gone(1));
+    assert!(sim.nodes[0].endpoint.poll_timeout().is_some());
+    assert_eq!(
+        sim.nodes[0].endpoint.free_pool_slots(),
+        config.pool_slots - 1
+    );
 }
 
 #[test]
@@ -1025,7 +1033,7 @@ fn a_gone_peer_rejoins_after_restart() {
     let gone_at = sim.nodes[0].events.last().unwrap().0;
     assert_eq!(gone_at - crashed_at, config.peer_timeout);
     assert_eq!(
-        sim.nodes[0].endpoint.send(sim.now, 1, b"x"),
+        sim.nodes[0].endpoint.send_reply(sim.now, 1, b"x"),
         Err(SendError::PeerGone(1))
     );
 
@@ -1124,8 +1132,13 @@ fn a_gone_peer_can_be_revived_by_the_caller() {
     sim.queue(0, 1, b"lost".to_vec());
     sim.run_for(config.peer_timeout + Duration::from_millis(10));
     assert!(sim.nodes[0].endpoint.is_gone(1));
-    // Node 1 never speaks first; node 0's caller tries again.
+    // Node 1 never speaks first. A reply to it is refused until node 0's
+    // caller revives it (a request would probe it by itself).
     sim.set_faults(0, 1, Faults::NONE);
+    assert_eq!(
+        sim.nodes[0].endpoint.send_reply(sim.now, 1, b"x"),
+        Err(SendError::PeerGone(1))
+    );
     assert!(sim.nodes[0].endpoint.revive_peer(1));
     assert!(!sim.nodes[0].endpoint.revive_peer(1));
     assert!(!sim.nodes[0].endpoint.revive_peer(77));
