@@ -89,8 +89,8 @@ pub struct Config {
     /// Messages held for retransmission, shared by all peers (default
     /// 512); the pool is allocated once.
     pub pool_slots: usize,
-    /// Largest message (default 1400 bytes, so a datagram fits a 1500-byte
-    /// MTU with IP and UDP headers).
+    /// Largest message (default [`Config::MTU_PAYLOAD`], 1376 bytes, so a
+    /// datagram fits a 1500-byte MTU under IPv6 and UDP headers).
     pub max_payload: usize,
     /// A message is retransmitted at once (once) when this many later
     /// messages were selectively acknowledged (default 3).
@@ -114,6 +114,9 @@ impl Config {
     pub const MAX_WINDOW: u32 = 64;
     /// Largest `pool_slots` (slot numbers are 16-bit).
     pub const MAX_POOL_SLOTS: usize = u16::MAX as usize - 1;
+    /// The largest message whose datagram fits a 1500-byte Ethernet MTU
+    /// with an IPv6 (40 bytes) and a UDP (8 bytes) header: 1376 bytes.
+    pub const MTU_PAYLOAD: usize = 1500 - 40 - 8 - HEADER_LEN;
     /// Largest `rto_max` (timeouts are kept in 32-bit nanoseconds).
     pub const RTO_LIMIT: Duration = Duration::from_secs(4);
 
@@ -160,7 +163,7 @@ impl Default for Config {
             peer_timeout: Duration::from_secs(3),
             window: 64,
             pool_slots: 512,
-            max_payload: 1400,
+            max_payload: Self::MTU_PAYLOAD,
             fast_retransmit_threshold: 3,
             ack_delay: Duration::from_micros(20),
             response_reserve: 1,

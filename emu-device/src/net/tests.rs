@@ -174,6 +174,13 @@ impl OutstandingTotal for super::sim::SimNode {
 }
 
 #[test]
+fn the_largest_default_datagram_fits_an_ethernet_mtu() {
+    let endpoint = Sim::endpoint(0, 1, Config::default(), 1);
+    // IPv6 and UDP headers.
+    assert_eq!(endpoint.max_datagram_len() + 40 + 8, 1500);
+}
+
+#[test]
 fn per_peer_state_and_fixed_cost_fit_their_budgets() {
     // Two streams of sequence numbers, acknowledgements and lists, the
     // incarnation, three timers, the round-trip estimate.
