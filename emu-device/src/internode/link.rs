@@ -21,7 +21,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::message::{FrameDatagram, Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
 use crate::fabric::with_port;
 use crate::net::wire::{seq_before, Header};
-use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq};
+use crate::net::{
+    self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream,
+};
 use crate::port::{Port, PortTable};
 use crate::rdma::remote::{self, AtomicOp};
 use crate::rdma::{self, Failure, PortId, Target};
@@ -1188,7 +1190,14 @@ impl Worker {
 
     fn on_event(&mut self, event: Event) {
         match event {
-            Event::Acked { node, seq, horizon } => {
+            // Only requests belong to operations of ours; replies we sent
+            // are nobody's concern once sent.
+            Event::Acked {
+                node,
+                seq,
+                horizon,
+                stream: Stream::Request,
+            } => {
                 if let Some(op) = self
                     .seq_tags
                     .remove(&(node, seq))
@@ -1201,7 +1210,11 @@ impl Worker {
                     });
                 }
             }
-            Event::Abandoned { node, seq } => {
+            Event::Abandoned {
+                node,
+                seq,
+                stream: Stream::Request,
+            } => {
                 if let Some(op) = self
                     .seq_tags
                     .remove(&(node, seq))
@@ -1211,6 +1224,7 @@ impl Worker {
                     op.failure = Some(GONE);
                 }
             }
+            Event::Acked { .. } | Event::Abandoned { .. } => {}
             Event::PeerGone { node }
             | Event::PeerRestarted { node }
             | Event::PeerAbandoned { node, .. } => {
@@ -1750,7 +1764,7 @@ impl Worker {
         let answered = |horizon: Option<Seq>| {
             horizon.is_none_or(|h| {
                 self.endpoint
-                    .delivered_through(op.node)
+                    .delivered_through(op.node, Stream::Reply)
                     .is_none_or(|through| !seq_before(through, h))
             })
         };

@@ -3,10 +3,11 @@
 //! of its own (in the manner of quinn-proto).
 //!
 //! The caller owns the sockets and the clock. It feeds received datagrams
-//! to [`Endpoint::receive`], sends what [`Endpoint::poll_transmit`] hands
-//! out, calls [`Endpoint::handle_timeout`] at [`Endpoint::poll_timeout`],
-//! and reads [`Event`]s with [`Endpoint::poll_event`]. Because nothing here
-//! reads a clock or a socket, loss, duplication and reordering are tested
+//! to [`Endpoint::receive`] (which hands back a new message, borrowed from
+//! the datagram), sends what [`Endpoint::poll_transmit`] hands out, calls
+//! [`Endpoint::handle_timeout`] at [`Endpoint::poll_timeout`], and reads
+//! [`Event`]s with [`Endpoint::poll_event`]. Because nothing here reads a
+//! clock or a socket, loss, duplication and reordering are tested
 //! deterministically on a virtual clock ([`FaultInjector`] and the
 //! simulated network of the tests).
 //!
@@ -17,61 +18,76 @@
 //! backoff from 100 us to 100 ms, a job token in every datagram), improved
 //! where ACP pays for simplicity:
 //!
+//! - **Two streams: requests and replies.** A message sent with
+//!   [`Endpoint::send`] is a request and may be answered; one sent with
+//!   [`Endpoint::send_reply`] (an operation's result) is a reply and is
+//!   never answered. Each [`Stream`] has its own sequence numbers, window
+//!   and acknowledgements in each direction. A request is delivered only
+//!   when its receiver could queue `response_reserve` replies to the sender
+//!   at once (else it is dropped, [`DropReason::NoResponseRoom`], and
+//!   retransmitted later); replies are always delivered. So replies always
+//!   drain, the room for them comes back, and two peers busy answering
+//!   each other's requests cannot stall each other — which they could if
+//!   replies shared a window with requests a peer refuses.
 //! - **Selective acknowledgement instead of go-back-N.** ACP drops every
 //!   datagram that is not the next in sequence. Here messages are
 //!   independent (each RDMA operation is self-contained), so a receiver
 //!   delivers each new message at once, in any order, at most once. It
-//!   keeps per peer only a cumulative acknowledgement (every seq below it
-//!   delivered) and a 64-bit bitmap of the 64 seqs after it — no receive
-//!   buffers. A message beyond that window is dropped and retransmitted
-//!   later; the sender never lets its unacknowledged span exceed the
-//!   window, so that only happens after a peer abandoned messages.
+//!   keeps per peer and stream only a cumulative acknowledgement (every
+//!   seq below it delivered) and a 64-bit bitmap of the 64 seqs after it —
+//!   no receive buffers. A message beyond that window is dropped and
+//!   retransmitted later; the sender never lets its unacknowledged span
+//!   exceed the window, so that only happens after a peer abandoned
+//!   messages.
 //! - **Acknowledgements ride on reverse traffic.** Every datagram's header
-//!   carries the cumulative ack and the bitmap for its destination; a pure
-//!   acknowledgement goes out only when no message to that peer left
+//!   carries the acknowledgements of both streams for its destination; a
+//!   pure acknowledgement goes out only when no message to that peer left
 //!   within `ack_delay`. Only messages are acknowledged, never
 //!   acknowledgements.
 //! - **Retransmission.** Per peer, a retransmission timeout from an RFC
 //!   6298 round-trip estimate (samples only from messages sent once,
 //!   Karn's rule), clamped to `rto_min..=rto_max`. When the timer fires,
 //!   every message unacknowledged for a full timeout is sent again and the
-//!   timeout doubles up to `rto_max`; acknowledgement progress ends the
+//!   timeout doubles up to `rto_max`; a fresh round-trip sample ends the
 //!   backoff. A hole is retransmitted at once, once, when
-//!   `fast_retransmit_threshold` later messages were selectively
-//!   acknowledged.
+//!   `fast_retransmit_threshold` later messages of its stream were
+//!   selectively acknowledged.
 //! - **One shared pool.** Unacknowledged messages live in one fixed pool of
 //!   `pool_slots` slots allocated at start, shared by all peers (ACP keeps
-//!   64 fixed entries as well); per peer there are only 64 bytes of state.
+//!   64 fixed entries as well); per peer there are 88 bytes of state.
 //!   `send` refuses with [`SendError::WindowFull`] or
-//!   [`SendError::PoolFull`] rather than queueing without bound.
+//!   [`SendError::PoolFull`] rather than queueing without bound; requests
+//!   leave `response_reserve` slots for replies.
 //! - **Liveness.** A peer that makes no acknowledgement progress for
 //!   `peer_timeout` while messages to it are outstanding is declared gone:
 //!   its messages are abandoned ([`Event::Abandoned`] each, then
 //!   [`Event::PeerGone`]); `send_reply` to it fails until a datagram from
-//!   it arrives again, while a new message (`send`) probes it and is given
-//!   up after `peer_timeout` in turn. A restarted peer answers a probe
-//!   addressed to its previous life with a pure acknowledgement, which
-//!   reveals its new incarnation. Every datagram carries the sender's *floor* (all its
-//!   seqs below are acknowledged or abandoned), so a receiver whose peer
-//!   abandoned messages moves its cumulative ack past them
-//!   ([`Event::PeerAbandoned`]) instead of waiting forever.
+//!   it arrives again (or [`Endpoint::revive_peer`]), while a new message
+//!   (`send`) probes it and is given up after `peer_timeout` in turn. A
+//!   restarted peer answers a probe addressed to its previous life with a
+//!   pure acknowledgement, which reveals its new incarnation. Every
+//!   datagram carries the sender's *floor* per stream (all its seqs below
+//!   are acknowledged or abandoned), so a receiver whose peer abandoned
+//!   messages moves its cumulative ack past them ([`Event::PeerAbandoned`])
+//!   instead of waiting forever.
 //!
-//! Every `seq` returned by `send` ends in exactly one [`Event::Acked`] or
-//! one [`Event::Abandoned`].
+//! Every `seq` returned by `send` or `send_reply` ends in exactly one
+//! [`Event::Acked`] or one [`Event::Abandoned`] of its stream.
 //!
 //! ## The horizon rule
 //!
-//! Every header carries the sender's *horizon*: its next unassigned seq
-//! towards the destination when the header was built (after the
-//! datagram's own seq). The device handles a delivered message and queues
-//! its responses with `send` before it calls `poll_transmit` again, and the
-//! acknowledgement of the message leaves with (or after) those responses.
-//! So when the initiator sees `Acked { seq, horizon }`, every response to
-//! `seq` has a seq below `horizon`, and all have been delivered once
-//! [`Endpoint::delivered_through`] reaches `horizon` (or were given up,
-//! reported by [`Event::PeerAbandoned`]). The caller must keep that
-//! order: drain the delivered message and queue its responses before the
-//! next `poll_transmit`.
+//! Every header carries the sender's *horizon*: its next unassigned reply
+//! seq towards the destination when the header was built (after the
+//! datagram's own seq if it is a reply). The device handles a delivered
+//! request and queues its replies to the requester with `send_reply` (at
+//! most `response_reserve` of them, which always succeed right after
+//! `receive` returned the request) before it calls `receive` or
+//! `poll_transmit` again, and the acknowledgement of the request leaves
+//! with (or after) those replies. So when the initiator sees
+//! `Acked { stream: Request, seq, horizon }`, every reply to `seq` has a
+//! reply seq below `horizon`, and all have been delivered once
+//! `delivered_through(node, Stream::Reply)` reaches `horizon` (or were
+//! given up, reported by [`Event::PeerAbandoned`]).
 //!
 //! ## Identity and incarnations
 //!
@@ -83,6 +99,15 @@
 //! node, a truncated or oversized datagram, and a destination incarnation
 //! that is neither 0 nor its own (meant for its previous life).
 //!
+//! A message that names no destination incarnation (0) is not delivered:
+//! an earlier incarnation of the receiver may have delivered it already.
+//! The receiver answers with an acknowledgement naming itself, and the
+//! sender, on learning the incarnation, sends everything outstanding again
+//! naming it ([`DropReason::NotYetIntroduced`]; one extra round trip when
+//! two devices first meet). Outstanding messages are abandoned whenever the
+//! recorded incarnation changes, so every copy of a message names the same
+//! incarnation and no message is delivered by two incarnations of a node.
+//!
 //! Incarnations are random, so their values do not tell old from new. The
 //! rules, for a datagram from peer `P` with source incarnation `s` when `r`
 //! is recorded for `P`:
@@ -91,7 +116,7 @@
 //! 2. `s == r`: accept.
 //! 3. `s` was retired for `P` less than `peer_timeout` ago: drop as stale.
 //! 4. Otherwise `P` restarted: retire `r`, abandon everything outstanding to
-//!    `P`, start both sequence spaces from 0, emit
+//!    `P`, start both streams in both directions from 0, emit
 //!    [`Event::PeerRestarted`], and process the datagram.
 //!
 //! The destination check comes first, so a restart is only ever accepted
@@ -103,7 +128,9 @@
 //! (far beyond any LAN delay) could reset the peer once more, and a
 //! datagram of an incarnation never seen, delayed across a whole restart
 //! of its sender, could displace the live one until the entry expires —
-//! both heal by themselves.
+//! both heal by themselves. The job token is not an authenticator: a
+//! host that knows it can reset or confuse a peer's state, never crash or
+//! hang the device.
 //!
 //! When a device restarts, its peers still address the old incarnation. On
 //! such a stale datagram from a peer it has not heard from in this life,
@@ -114,7 +141,7 @@
 //!
 //! ## Wire format
 //!
-//! See [`wire`]: a 60-byte little-endian header, then the message.
+//! See [`wire`]: a 76-byte little-endian header, then the message.
 
 pub mod faults;
 pub mod reliable;
@@ -126,12 +153,12 @@ pub mod wire;
 
 /// A node of the fabric: one device process.
 pub type NodeId = u16;
-/// A message's sequence number from one sender to one receiver; compared
-/// modulo 2^32 ([`wire::seq_before`]).
+/// A message's sequence number from one sender to one receiver in one
+/// [`Stream`]; compared modulo 2^32 ([`wire::seq_before`]).
 pub type Seq = u32;
 
 pub use faults::{FaultInjector, FaultStats, Faults, FaultsParseError};
 pub use reliable::{
     AddPeerError, Config, ConfigError, DropReason, Endpoint, Event, Identity, MemoryReport,
-    Message, SendError, Stats,
+    Message, SendError, Stats, Stream,
 };

@@ -5,8 +5,36 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::wire::{seq_at_or_before, seq_before, Header, WireError, HEADER_LEN};
+use super::wire::{seq_at_or_before, seq_before, Header, StreamHeader, WireError, HEADER_LEN};
 use super::{NodeId, Seq};
+
+/// The two sequence spaces between two peers, each direction.
+///
+/// Requests ([`Endpoint::send`]) may be answered, replies
+/// ([`Endpoint::send_reply`]) never are. Each stream has its own sequence
+/// numbers, window and acknowledgements, so replies never wait behind
+/// requests: a request is delivered only when replies to it can be queued
+/// at once, and replies are always delivered, so neither stream can block
+/// the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// Messages that may be answered.
+    Request,
+    /// Messages that are never answered (operation results).
+    Reply,
+}
+
+impl Stream {
+    /// Both streams.
+    pub const ALL: [Stream; 2] = [Stream::Request, Stream::Reply];
+
+    fn index(self) -> usize {
+        match self {
+            Stream::Request => 0,
+            Stream::Reply => 1,
+        }
+    }
+}
 
 /// Who this endpoint is on the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,15 +81,16 @@ pub struct Config {
     /// A peer that makes no acknowledgement progress for this long while
     /// messages to it are outstanding is declared gone (default 3 s).
     pub peer_timeout: Duration,
-    /// Largest span of unacknowledged sequence numbers per peer: a message
-    /// is refused while `next seq - oldest unacknowledged seq` reaches it
-    /// (default and maximum 64, the receiver's selective-ack window).
+    /// Largest span of unacknowledged sequence numbers per peer and
+    /// stream: a message is refused while `next seq - oldest
+    /// unacknowledged seq` reaches it (default and maximum 64, the
+    /// receiver's selective-ack window).
     pub window: u32,
     /// Messages held for retransmission, shared by all peers (default
     /// 512); the pool is allocated once.
     pub pool_slots: usize,
-    /// Largest message (default 1400 bytes, so a datagram fits a 1500-byte
-    /// MTU with IP and UDP headers).
+    /// Largest message (default [`Config::MTU_PAYLOAD`], 1376 bytes, so a
+    /// datagram fits a 1500-byte MTU under IPv6 and UDP headers).
     pub max_payload: usize,
     /// A message is retransmitted at once (once) when this many later
     /// messages were selectively acknowledged (default 3).
@@ -69,15 +98,14 @@ pub struct Config {
     /// How long an acknowledgement may wait for reverse data to ride on
     /// before it goes out alone (default 20 us).
     pub ack_delay: Duration,
-    /// Room kept for replies (see [`Endpoint::send_reply`]): a new message
-    /// that may be answered is delivered only when this many replies to its
-    /// sender could be sent right away (window and pool); otherwise it is
-    /// dropped ([`DropReason::NoResponseRoom`]) and its sender retransmits
-    /// it later. [`Endpoint::send`] leaves this much of the window and of
-    /// the pool free, so replies always find room eventually and two busy
-    /// peers cannot block each other. This keeps the horizon rule (module
-    /// docs) true when a message is answered by at most this many replies.
-    /// Default 1; 0 turns the check off. Below `window` and `pool_slots`.
+    /// Room kept for replies: a new request is delivered only when this
+    /// many replies to its sender could be sent right away (reply window
+    /// and pool); otherwise it is dropped ([`DropReason::NoResponseRoom`])
+    /// and its sender retransmits it later. Requests leave this much of the
+    /// pool free. Replies are always delivered, so the room comes back, and
+    /// the horizon rule (module docs) holds for requests answered by at
+    /// most this many replies. Default 1; 0 turns the check off. At most
+    /// `window`, below `pool_slots`.
     pub response_reserve: u32,
 }
 
@@ -86,6 +114,9 @@ impl Config {
     pub const MAX_WINDOW: u32 = 64;
     /// Largest `pool_slots` (slot numbers are 16-bit).
     pub const MAX_POOL_SLOTS: usize = u16::MAX as usize - 1;
+    /// The largest message whose datagram fits a 1500-byte Ethernet MTU
+    /// with an IPv6 (40 bytes) and a UDP (8 bytes) header: 1376 bytes.
+    pub const MTU_PAYLOAD: usize = 1500 - 40 - 8 - HEADER_LEN;
     /// Largest `rto_max` (timeouts are kept in 32-bit nanoseconds).
     pub const RTO_LIMIT: Duration = Duration::from_secs(4);
 
@@ -110,11 +141,11 @@ impl Config {
         if self.max_payload == 0 || self.max_payload > usize::from(u16::MAX) - HEADER_LEN {
             return fail("max_payload must be 1 to 65475");
         }
-        if self.response_reserve >= self.window
+        if self.response_reserve > self.window
             || usize::try_from(self.response_reserve)
                 .map_or(true, |reserve| reserve >= self.pool_slots)
         {
-            return fail("response_reserve must be below window and pool_slots");
+            return fail("response_reserve must be at most window and below pool_slots");
         }
         if self.fast_retransmit_threshold == 0 {
             return fail("fast_retransmit_threshold must be nonzero");
@@ -132,7 +163,7 @@ impl Default for Config {
             peer_timeout: Duration::from_secs(3),
             window: 64,
             pool_slots: 512,
-            max_payload: 1400,
+            max_payload: Self::MTU_PAYLOAD,
             fast_retransmit_threshold: 3,
             ack_delay: Duration::from_micros(20),
             response_reserve: 1,
@@ -223,9 +254,17 @@ pub enum DropReason {
     /// were applied; the sender retransmits it).
     #[error("message beyond the receive window")]
     BeyondWindow,
-    /// A new message that was not delivered because fewer than
-    /// `response_reserve` messages could be sent back to its sender now
-    /// (its acknowledgements were applied; the sender retransmits it).
+    /// A message from a peer that does not know this incarnation yet
+    /// (destination incarnation 0). It is not delivered: a previous
+    /// incarnation of this node may have delivered it already, and each
+    /// message must be delivered by at most one incarnation. The
+    /// acknowledgement sent back introduces this incarnation, and the
+    /// sender retransmits at once, naming it.
+    #[error("message from a peer that does not know this incarnation yet")]
+    NotYetIntroduced,
+    /// A new request that was not delivered because fewer than
+    /// `response_reserve` replies could be sent back to its sender now (its
+    /// acknowledgements were applied; the sender retransmits it).
     #[error("no room to respond to the message")]
     NoResponseRoom,
 }
@@ -236,29 +275,33 @@ pub enum DropReason {
 pub struct Message<'a> {
     /// The sender.
     pub node: NodeId,
-    /// Its sequence number from that sender.
+    /// Its stream: a request may be answered, a reply is not.
+    pub stream: Stream,
+    /// Its sequence number in that stream from that sender.
     pub seq: Seq,
     /// Its bytes.
     pub payload: &'a [u8],
-    /// Sent with [`Endpoint::send_reply`]: not to be answered.
-    pub reply: bool,
 }
 
 /// What happened, in the order it happened; taken with
 /// [`Endpoint::poll_event`].
 ///
-/// Every `seq` [`Endpoint::send`] returned ends in exactly one
-/// [`Event::Acked`] or one [`Event::Abandoned`].
+/// Every `seq` [`Endpoint::send`] or [`Endpoint::send_reply`] returned
+/// ends in exactly one [`Event::Acked`] or one [`Event::Abandoned`] of its
+/// stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// `seq` sent to `node` was delivered there. `horizon` is the peer's
-    /// next unassigned seq towards this endpoint when it built the
-    /// acknowledgement: every message it queued in response to `seq` has a
-    /// seq below `horizon`, so they have all been delivered here once
-    /// [`Endpoint::delivered_through`] reaches `horizon`.
+    /// `seq` of `stream` sent to `node` was delivered there. `horizon` is
+    /// the peer's next unassigned reply seq towards this endpoint when it
+    /// built the acknowledgement: every reply it queued in response to a
+    /// request has a seq below `horizon`, so they have all been delivered
+    /// here once [`Endpoint::delivered_through`] of the reply stream
+    /// reaches `horizon`.
     Acked {
         /// The peer.
         node: NodeId,
+        /// The acknowledged message's stream.
+        stream: Stream,
         /// The acknowledged message.
         seq: Seq,
         /// See above.
@@ -270,6 +313,8 @@ pub enum Event {
     Abandoned {
         /// The peer.
         node: NodeId,
+        /// The message's stream.
+        stream: Stream,
         /// The message given up.
         seq: Seq,
     },
@@ -288,13 +333,15 @@ pub enum Event {
         /// The peer.
         node: NodeId,
     },
-    /// `node` gave up on its messages with seqs in `from..until` that were
-    /// not delivered yet (`missing` of them) — it declared this endpoint
-    /// gone. [`Endpoint::delivered_through`] jumped to `until`; responses
-    /// awaited from those messages will not come.
+    /// `node` gave up on its messages of `stream` with seqs in
+    /// `from..until` that were not delivered yet (`missing` of them) — it
+    /// declared this endpoint gone. [`Endpoint::delivered_through`] jumped
+    /// to `until`; replies awaited below it will not come.
     PeerAbandoned {
         /// The peer.
         node: NodeId,
+        /// The stream.
+        stream: Stream,
         /// The first seq given up.
         from: Seq,
         /// The seq after the last one given up.
@@ -331,6 +378,9 @@ pub struct Stats {
     pub beyond_window: u64,
     /// New messages dropped for want of room to respond.
     pub no_response_room: u64,
+    /// Messages dropped because their sender did not know this
+    /// incarnation yet.
+    pub not_yet_introduced: u64,
     /// Datagrams not of this format, or oversized.
     pub malformed: u64,
     /// Datagrams of another fabric.
@@ -421,7 +471,8 @@ const PEER_GONE: u8 = 1;
 /// The peer has an entry in the ack queue.
 const PEER_ACK_QUEUED: u8 = 2;
 
-/// Everything kept per peer (at most 64 bytes; asserted in the tests).
+/// Everything kept per peer (88 bytes; asserted in the tests). Arrays are
+/// indexed by [`Stream::index`].
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     /// The peer's incarnation; 0 = not heard from yet.
@@ -434,12 +485,12 @@ struct Peer {
     /// When the retransmission timer fires; `NEVER` when not armed.
     rto_deadline: u64,
     /// Receive side: bit `i` = seq `recv_next + 1 + i` was delivered.
-    recv_sack: u64,
+    recv_sack: [u64; 2],
     /// Receive side: every seq below it was delivered (or abandoned by
     /// the peer).
-    recv_next: Seq,
+    recv_next: [Seq; 2],
     /// Send side: the next unassigned seq.
-    send_next: Seq,
+    send_next: [Seq; 2],
     /// Smoothed round-trip time, ns; 0 = no sample yet.
     srtt: u32,
     /// Round-trip time variation, ns.
@@ -447,9 +498,9 @@ struct Peer {
     /// Current retransmission timeout, ns (backed off).
     rto: u32,
     /// Oldest unacknowledged message; `NO_SLOT` when none.
-    unacked_head: u16,
+    unacked_head: [u16; 2],
     /// Unacknowledged messages (at most the window, 64).
-    unacked_count: u8,
+    unacked_count: [u8; 2],
     flags: u8,
 }
 
@@ -460,16 +511,21 @@ impl Peer {
             last_progress: now,
             ack_due: NEVER,
             rto_deadline: NEVER,
-            recv_sack: 0,
-            recv_next: 0,
-            send_next: 0,
+            recv_sack: [0; 2],
+            recv_next: [0; 2],
+            send_next: [0; 2],
             srtt: 0,
             rttvar: 0,
             rto: rto_initial,
-            unacked_head: NO_SLOT,
-            unacked_count: 0,
+            unacked_head: [NO_SLOT; 2],
+            unacked_count: [0; 2],
             flags: 0,
         }
+    }
+
+    /// Unacknowledged messages of both streams.
+    fn outstanding(&self) -> usize {
+        usize::from(self.unacked_count[0]) + usize::from(self.unacked_count[1])
     }
 }
 
@@ -623,26 +679,25 @@ impl Endpoint {
         self.peer_index.get(&node).map(|&index| usize::from(index))
     }
 
-    /// Queues one message of at most `max_payload` bytes for reliable
-    /// delivery to `node`; returns its sequence number. The receiver may
-    /// answer it with up to `response_reserve` replies
-    /// ([`send_reply`](Self::send_reply)); it is delivered only when there
-    /// is room for them, and it leaves `response_reserve` of the window
-    /// and the pool free.
+    /// Queues a request of at most `max_payload` bytes for reliable
+    /// delivery to `node`; returns its seq in the request stream. The
+    /// receiver may answer it with up to `response_reserve` replies; it is
+    /// delivered only when there is room for them. Requests leave
+    /// `response_reserve` slots of the pool free.
     pub fn send(&mut self, now: Instant, node: NodeId, payload: &[u8]) -> Result<Seq, SendError> {
-        self.send_message(now, node, payload, false)
+        self.send_message(now, node, payload, Stream::Request)
     }
 
     /// Queues a reply: a message its receiver does not answer (an
-    /// operation's result). It may use the whole window and pool, and its
-    /// receiver always has room for it.
+    /// operation's result); returns its seq in the reply stream. Its
+    /// receiver always delivers it, and it may use the whole pool.
     pub fn send_reply(
         &mut self,
         now: Instant,
         node: NodeId,
         payload: &[u8],
     ) -> Result<Seq, SendError> {
-        self.send_message(now, node, payload, true)
+        self.send_message(now, node, payload, Stream::Reply)
     }
 
     fn send_message(
@@ -650,7 +705,7 @@ impl Endpoint {
         now: Instant,
         node: NodeId,
         payload: &[u8],
-        reply: bool,
+        stream: Stream,
     ) -> Result<Seq, SendError> {
         let now = self.clock(now);
         let peer_index = self.peer_of(node).ok_or(SendError::UnknownPeer(node))?;
@@ -660,8 +715,9 @@ impl Endpoint {
                 max: self.config.max_payload,
             });
         }
+        let s = stream.index();
         if self.peers[peer_index].flags & PEER_GONE != 0 {
-            if reply {
+            if stream == Stream::Reply {
                 // It answers a message of a peer given up on.
                 return Err(SendError::PeerGone(node));
             }
@@ -672,63 +728,76 @@ impl Endpoint {
             self.peers[peer_index].flags &= !PEER_GONE;
         }
         let peer = &self.peers[peer_index];
-        let kept_free = if reply {
-            0
-        } else {
-            self.config.response_reserve
-        };
-        let in_window = peer.send_next.wrapping_sub(self.floor(peer_index));
-        if in_window + 1 + kept_free > self.config.window {
+        let in_window = peer.send_next[s].wrapping_sub(self.floor(peer_index, s));
+        if in_window >= self.config.window {
             return Err(SendError::WindowFull);
         }
-        if self.free_slots < 1 + kept_free as usize {
+        let kept_free = match stream {
+            Stream::Request => self.config.response_reserve as usize,
+            Stream::Reply => 0,
+        };
+        if self.free_slots < 1 + kept_free {
             return Err(SendError::PoolFull);
         }
         let slot_index = self.free_head;
         let slot = &mut self.slots[usize::from(slot_index)];
         self.free_head = slot.next;
         self.free_slots -= 1;
-        let seq = self.peers[peer_index].send_next;
+        let seq = self.peers[peer_index].send_next[s];
         slot.generation = slot.generation.wrapping_add(1);
         slot.seq = seq;
         slot.first_sent = NEVER;
         slot.last_sent = NEVER;
         slot.peer = peer_index as u16;
         slot.len = payload.len() as u16;
-        slot.flags = SLOT_IN_USE | SLOT_QUEUED | if reply { SLOT_REPLY } else { 0 };
+        slot.flags = SLOT_IN_USE
+            | SLOT_QUEUED
+            | match stream {
+                Stream::Request => 0,
+                Stream::Reply => SLOT_REPLY,
+            };
         let generation = slot.generation;
         let start = usize::from(slot_index) * self.config.max_payload;
         self.payloads[start..start + payload.len()].copy_from_slice(payload);
 
         let peer = &mut self.peers[peer_index];
-        peer.send_next = seq.wrapping_add(1);
-        if peer.unacked_count == 0 {
+        peer.send_next[s] = seq.wrapping_add(1);
+        if peer.outstanding() == 0 {
             // The peer-gone clock runs while something is outstanding.
             peer.last_progress = now;
         }
-        self.list_push_back(peer_index, slot_index);
+        self.list_push_back(peer_index, s, slot_index);
         self.transmit_queue.push_back((slot_index, generation));
         self.stats.messages_sent += 1;
         Ok(seq)
     }
 
-    /// Every seq of ours below this is acknowledged or abandoned.
-    fn floor(&self, peer_index: usize) -> Seq {
+    /// Every seq of ours in stream `s` below this is acknowledged or
+    /// abandoned.
+    fn floor(&self, peer_index: usize, s: usize) -> Seq {
         let peer = &self.peers[peer_index];
-        if peer.unacked_head == NO_SLOT {
-            peer.send_next
+        if peer.unacked_head[s] == NO_SLOT {
+            peer.send_next[s]
         } else {
-            self.slots[usize::from(peer.unacked_head)].seq
+            self.slots[usize::from(peer.unacked_head[s])].seq
         }
     }
 
-    fn list_push_back(&mut self, peer_index: usize, slot_index: u16) {
-        let head = self.peers[peer_index].unacked_head;
+    fn slot_stream(slot: &Slot) -> usize {
+        if slot.flags & SLOT_REPLY != 0 {
+            Stream::Reply.index()
+        } else {
+            Stream::Request.index()
+        }
+    }
+
+    fn list_push_back(&mut self, peer_index: usize, s: usize, slot_index: u16) {
+        let head = self.peers[peer_index].unacked_head[s];
         if head == NO_SLOT {
             let slot = &mut self.slots[usize::from(slot_index)];
             slot.prev = slot_index;
             slot.next = slot_index;
-            self.peers[peer_index].unacked_head = slot_index;
+            self.peers[peer_index].unacked_head[s] = slot_index;
         } else {
             let tail = self.slots[usize::from(head)].prev;
             self.slots[usize::from(slot_index)].prev = tail;
@@ -736,23 +805,24 @@ impl Endpoint {
             self.slots[usize::from(tail)].next = slot_index;
             self.slots[usize::from(head)].prev = slot_index;
         }
-        self.peers[peer_index].unacked_count += 1;
+        self.peers[peer_index].unacked_count[s] += 1;
     }
 
     /// Unlinks the slot from its peer's list and frees it.
     fn release_slot(&mut self, peer_index: usize, slot_index: u16) {
-        let Slot { prev, next, .. } = self.slots[usize::from(slot_index)];
+        let slot = self.slots[usize::from(slot_index)];
+        let s = Self::slot_stream(&slot);
         let peer = &mut self.peers[peer_index];
-        if next == slot_index {
-            peer.unacked_head = NO_SLOT;
+        if slot.next == slot_index {
+            peer.unacked_head[s] = NO_SLOT;
         } else {
-            self.slots[usize::from(prev)].next = next;
-            self.slots[usize::from(next)].prev = prev;
-            if peer.unacked_head == slot_index {
-                peer.unacked_head = next;
+            self.slots[usize::from(slot.prev)].next = slot.next;
+            self.slots[usize::from(slot.next)].prev = slot.prev;
+            if peer.unacked_head[s] == slot_index {
+                peer.unacked_head[s] = slot.next;
             }
         }
-        peer.unacked_count -= 1;
+        peer.unacked_count[s] -= 1;
         let slot = &mut self.slots[usize::from(slot_index)];
         slot.flags = 0;
         slot.prev = NO_SLOT;
@@ -764,14 +834,34 @@ impl Endpoint {
     /// Abandons every unacknowledged message to the peer, reporting each.
     fn abandon_all(&mut self, peer_index: usize) {
         let node = self.peer_nodes[peer_index];
-        while self.peers[peer_index].unacked_head != NO_SLOT {
-            let slot_index = self.peers[peer_index].unacked_head;
-            let seq = self.slots[usize::from(slot_index)].seq;
-            self.release_slot(peer_index, slot_index);
-            self.events.push_back(Event::Abandoned { node, seq });
-            self.stats.abandoned += 1;
+        for stream in Stream::ALL {
+            let s = stream.index();
+            while self.peers[peer_index].unacked_head[s] != NO_SLOT {
+                let slot_index = self.peers[peer_index].unacked_head[s];
+                let seq = self.slots[usize::from(slot_index)].seq;
+                self.release_slot(peer_index, slot_index);
+                self.events
+                    .push_back(Event::Abandoned { node, stream, seq });
+                self.stats.abandoned += 1;
+            }
         }
         self.peers[peer_index].rto_deadline = NEVER;
+    }
+
+    /// The peer's unacknowledged slots of both streams (at most 128),
+    /// written into `out`; returns how many.
+    fn unacked_slots(&self, peer_index: usize, out: &mut [u16; 128]) -> usize {
+        let peer = &self.peers[peer_index];
+        let mut count = 0;
+        for s in 0..2 {
+            let mut cursor = peer.unacked_head[s];
+            for _ in 0..peer.unacked_count[s] {
+                out[count] = cursor;
+                count += 1;
+                cursor = self.slots[usize::from(cursor)].next;
+            }
+        }
+        count
     }
 
     fn schedule_ack(&mut self, peer_index: usize, now: u64) {
@@ -828,7 +918,8 @@ impl Endpoint {
 
     /// Feeds one datagram received from the network (any bytes). Returns
     /// the message it carried when that is new; acknowledgements and peer
-    /// changes it carried become events.
+    /// changes it carried become events. Handle a returned request (queue
+    /// its replies) before the next `receive` or `poll_transmit`.
     pub fn receive<'a>(
         &mut self,
         now: Instant,
@@ -860,29 +951,51 @@ impl Endpoint {
             return Err(DropReason::UnknownSource);
         };
         self.check_incarnation(peer_index, &header, now)?;
-
-        let peer = &self.peers[peer_index];
+        if header.destination_incarnation == 0 {
+            // The peer has not heard from this incarnation: its ack fields
+            // describe nothing of ours, and its message, which a previous
+            // incarnation of this node may have delivered, is not
+            // delivered. Our acknowledgement introduces us; the peer sends
+            // the message again naming us.
+            self.heard_from(peer_index, now);
+            if header.seq.is_none() {
+                return Ok(None);
+            }
+            self.schedule_ack(peer_index, now);
+            self.stats.not_yet_introduced += 1;
+            return Err(DropReason::NotYetIntroduced);
+        }
         // The peer cannot acknowledge what was never sent.
-        if !seq_at_or_before(header.ack, peer.send_next) {
+        let stream_headers = [header.requests, header.replies];
+        let peer = &self.peers[peer_index];
+        if (0..2).any(|s| !seq_at_or_before(stream_headers[s].ack, peer.send_next[s])) {
             self.stats.bad_acks += 1;
             return Err(DropReason::BadAck);
         }
-        self.peers[peer_index].flags &= !PEER_GONE;
-        self.apply_acknowledgement(peer_index, &header, now);
-        self.apply_floor(peer_index, header.floor);
+        self.heard_from(peer_index, now);
+        self.apply_acknowledgement(peer_index, &stream_headers, header.horizon, now);
+        for stream in Stream::ALL {
+            self.apply_floor(peer_index, stream, stream_headers[stream.index()].floor);
+        }
 
         let Some(seq) = header.seq else {
             return Ok(None);
         };
+        let stream = if header.reply {
+            Stream::Reply
+        } else {
+            Stream::Request
+        };
+        let s = stream.index();
         // Any message, new or not, is answered so the sender learns.
         self.schedule_ack(peer_index, now);
         let peer = self.peers[peer_index];
-        let distance = seq.wrapping_sub(peer.recv_next);
+        let distance = seq.wrapping_sub(peer.recv_next[s]);
         let already_delivered = if distance >= super::wire::SEQ_HALF_RANGE {
             // Before the cumulative ack.
             true
         } else if (1..=Config::MAX_WINDOW).contains(&distance) {
-            peer.recv_sack & (1u64 << (distance - 1)) != 0
+            peer.recv_sack[s] & (1u64 << (distance - 1)) != 0
         } else {
             false
         };
@@ -894,36 +1007,37 @@ impl Endpoint {
             self.stats.beyond_window += 1;
             return Err(DropReason::BeyondWindow);
         }
-        if !header.reply && !self.has_response_room(peer_index) {
+        if stream == Stream::Request && !self.has_response_room(peer_index) {
             self.stats.no_response_room += 1;
             return Err(DropReason::NoResponseRoom);
         }
         let peer = &mut self.peers[peer_index];
         if distance == 0 {
-            let run = peer.recv_sack.trailing_ones();
-            peer.recv_next = peer.recv_next.wrapping_add(1 + run);
-            peer.recv_sack = shift_right(peer.recv_sack, 1 + run);
+            let run = peer.recv_sack[s].trailing_ones();
+            peer.recv_next[s] = peer.recv_next[s].wrapping_add(1 + run);
+            peer.recv_sack[s] = shift_right(peer.recv_sack[s], 1 + run);
         } else {
-            peer.recv_sack |= 1u64 << (distance - 1);
+            peer.recv_sack[s] |= 1u64 << (distance - 1);
         }
         self.stats.messages_delivered += 1;
         Ok(Some(Message {
             node: header.source,
+            stream,
             seq,
             payload,
-            reply: header.reply,
         }))
     }
 
-    /// `true` when `response_reserve` messages to the peer would be
-    /// accepted by `send` now.
+    /// `true` when `response_reserve` replies to the peer would be accepted
+    /// by `send_reply` now.
     fn has_response_room(&self, peer_index: usize) -> bool {
         let reserve = self.config.response_reserve;
         if reserve == 0 {
             return true;
         }
+        let s = Stream::Reply.index();
         let peer = &self.peers[peer_index];
-        let in_window = peer.send_next.wrapping_sub(self.floor(peer_index));
+        let in_window = peer.send_next[s].wrapping_sub(self.floor(peer_index, s));
         peer.flags & PEER_GONE == 0
             && in_window + reserve <= self.config.window
             && self.free_slots >= reserve as usize
@@ -960,30 +1074,60 @@ impl Endpoint {
         }
         if recorded == 0 {
             self.peers[peer_index].incarnation = source;
+            self.introduced(peer_index);
         } else {
             self.restart_peer(peer_index, source, now);
         }
         Ok(())
     }
 
-    /// Applies the cumulative and selective acknowledgement of a datagram
+    /// The peer's incarnation became known: every message already sent to
+    /// it named no incarnation, so it was not delivered (see
+    /// [`DropReason::NotYetIntroduced`]); send them again now, naming it.
+    fn introduced(&mut self, peer_index: usize) {
+        let mut slots = [0u16; 128];
+        let count = self.unacked_slots(peer_index, &mut slots);
+        for &slot_index in &slots[..count] {
+            let slot = &mut self.slots[usize::from(slot_index)];
+            if slot.flags & SLOT_QUEUED == 0 && slot.last_sent != NEVER {
+                slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
+                self.transmit_queue.push_back((slot_index, slot.generation));
+            }
+        }
+    }
+
+    /// Heard from a peer declared gone: it may be sent to again, and an
+    /// acknowledgement carries our floors so it skips what was abandoned.
+    fn heard_from(&mut self, peer_index: usize, now: u64) {
+        if self.peers[peer_index].flags & PEER_GONE != 0 {
+            self.peers[peer_index].flags &= !PEER_GONE;
+            self.schedule_ack(peer_index, now);
+        }
+    }
+
+    /// Applies the cumulative and selective acknowledgements of a datagram
     /// from the peer: acknowledged messages are released, a round-trip
     /// sample taken, holes fast-retransmitted.
-    fn apply_acknowledgement(&mut self, peer_index: usize, header: &Header, now: u64) {
+    fn apply_acknowledgement(
+        &mut self,
+        peer_index: usize,
+        stream_headers: &[StreamHeader; 2],
+        horizon: Seq,
+        now: u64,
+    ) {
         let node = self.peer_nodes[peer_index];
         let mut progress = false;
         let mut rtt_sample = None;
-        let mut cursor = self.peers[peer_index].unacked_head;
-        let mut remaining = self.peers[peer_index].unacked_count;
-        while remaining > 0 {
-            remaining -= 1;
-            let slot_index = cursor;
+        let mut slots = [0u16; 128];
+        let count = self.unacked_slots(peer_index, &mut slots);
+        for &slot_index in &slots[..count] {
             let slot = self.slots[usize::from(slot_index)];
-            cursor = slot.next;
-            let distance = slot.seq.wrapping_sub(header.ack);
-            let acked = seq_before(slot.seq, header.ack)
+            let s = Self::slot_stream(&slot);
+            let StreamHeader { ack, sack, .. } = stream_headers[s];
+            let distance = slot.seq.wrapping_sub(ack);
+            let acked = seq_before(slot.seq, ack)
                 || (1..=Config::MAX_WINDOW).contains(&distance)
-                    && header.sack & (1u64 << (distance - 1)) != 0;
+                    && sack & (1u64 << (distance - 1)) != 0;
             if acked {
                 // A message never sent cannot be acknowledged (a lying
                 // peer); it stays until it is sent.
@@ -996,16 +1140,16 @@ impl Endpoint {
                 self.release_slot(peer_index, slot_index);
                 self.events.push_back(Event::Acked {
                     node,
+                    stream: Stream::ALL[s],
                     seq: slot.seq,
-                    horizon: header.horizon,
+                    horizon,
                 });
                 self.stats.acked += 1;
                 progress = true;
             } else if slot.flags & (SLOT_FAST_RETRANSMITTED | SLOT_QUEUED) == 0
                 && slot.first_sent != NEVER
                 && distance < Config::MAX_WINDOW
-                && shift_right(header.sack, distance).count_ones()
-                    >= self.config.fast_retransmit_threshold
+                && shift_right(sack, distance).count_ones() >= self.config.fast_retransmit_threshold
             {
                 let slot = &mut self.slots[usize::from(slot_index)];
                 slot.flags |= SLOT_FAST_RETRANSMITTED | SLOT_RETRANSMITTED | SLOT_QUEUED;
@@ -1014,18 +1158,18 @@ impl Endpoint {
             }
         }
         if let Some(sample) = rtt_sample {
+            // A fresh sample ends the backoff. Acknowledgements of
+            // retransmitted messages alone keep it (Karn): were the round
+            // trip longer than the timeout, every message would be
+            // retransmitted before its acknowledgement and no sample taken.
             self.update_rtt(peer_index, sample);
+            let peer = &mut self.peers[peer_index];
+            peer.rto = Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max);
         }
         if progress {
             let peer = &mut self.peers[peer_index];
             peer.last_progress = now;
-            // Progress ends the backoff.
-            peer.rto = if peer.srtt == 0 {
-                self.rto_initial
-            } else {
-                Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max)
-            };
-            peer.rto_deadline = if peer.unacked_count > 0 {
+            peer.rto_deadline = if peer.outstanding() > 0 {
                 now.saturating_add(u64::from(peer.rto))
             } else {
                 NEVER
@@ -1055,10 +1199,11 @@ impl Endpoint {
         }
     }
 
-    /// Applies the peer's floor: seqs below it will never come.
-    fn apply_floor(&mut self, peer_index: usize, floor: Seq) {
+    /// Applies the peer's floor of `stream`: seqs below it will never come.
+    fn apply_floor(&mut self, peer_index: usize, stream: Stream, floor: Seq) {
+        let s = stream.index();
         let peer = &mut self.peers[peer_index];
-        let from = peer.recv_next;
+        let from = peer.recv_next[s];
         if !seq_before(from, floor) {
             return;
         }
@@ -1070,19 +1215,20 @@ impl Endpoint {
         } else {
             (1u64 << gap_bits) - 1
         };
-        let delivered_in_gap = (peer.recv_sack & gap_mask).count_ones();
+        let delivered_in_gap = (peer.recv_sack[s] & gap_mask).count_ones();
         let missing = jump - delivered_in_gap;
-        let floor_delivered = jump <= 64 && peer.recv_sack & (1u64 << (jump - 1)) != 0;
-        peer.recv_next = floor;
-        peer.recv_sack = shift_right(peer.recv_sack, jump);
+        let floor_delivered = jump <= 64 && peer.recv_sack[s] & (1u64 << (jump - 1)) != 0;
+        peer.recv_next[s] = floor;
+        peer.recv_sack[s] = shift_right(peer.recv_sack[s], jump);
         if floor_delivered {
-            let run = peer.recv_sack.trailing_ones();
-            peer.recv_next = floor.wrapping_add(1 + run);
-            peer.recv_sack = shift_right(peer.recv_sack, 1 + run);
+            let run = peer.recv_sack[s].trailing_ones();
+            peer.recv_next[s] = floor.wrapping_add(1 + run);
+            peer.recv_sack[s] = shift_right(peer.recv_sack[s], 1 + run);
         }
         self.stats.peer_abandoned += u64::from(missing);
         self.events.push_back(Event::PeerAbandoned {
             node: self.peer_nodes[peer_index],
+            stream,
             from,
             until: floor,
             missing,
@@ -1092,23 +1238,26 @@ impl Endpoint {
     fn build_header(
         &self,
         peer_index: usize,
-        seq: Option<Seq>,
-        reply: bool,
+        message: Option<(Stream, Seq)>,
         payload_len: u16,
     ) -> Header {
         let peer = &self.peers[peer_index];
+        let stream_header = |s: usize| StreamHeader {
+            ack: peer.recv_next[s],
+            floor: self.floor(peer_index, s),
+            sack: peer.recv_sack[s],
+        };
         Header {
             fabric: self.identity.fabric,
             source: self.identity.node,
             destination: self.peer_nodes[peer_index],
             source_incarnation: self.identity.incarnation,
             destination_incarnation: peer.incarnation,
-            seq,
-            reply,
-            ack: peer.recv_next,
-            sack: peer.recv_sack,
-            horizon: peer.send_next,
-            floor: self.floor(peer_index),
+            seq: message.map(|(_, seq)| seq),
+            reply: matches!(message, Some((Stream::Reply, _))),
+            horizon: peer.send_next[Stream::Reply.index()],
+            requests: stream_header(Stream::Request.index()),
+            replies: stream_header(Stream::Reply.index()),
             payload_len,
         }
     }
@@ -1118,7 +1267,7 @@ impl Endpoint {
     /// [`max_datagram_len`](Self::max_datagram_len) bytes; a shorter one
     /// gets nothing.
     ///
-    /// Messages go first (every one carries the latest acknowledgement to
+    /// Messages go first (every one carries the latest acknowledgements to
     /// its destination), then pure acknowledgements that are due.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<(NodeId, usize)> {
         if buf.len() < self.max_datagram_len() {
@@ -1138,12 +1287,13 @@ impl Endpoint {
                 self.stats.retransmissions += 1;
             }
             slot.last_sent = now;
-            let (seq, len, peer_index) = (slot.seq, slot.len, usize::from(slot.peer));
-            let reply = slot.flags & SLOT_REPLY != 0;
-            let header = self.build_header(peer_index, Some(seq), reply, len);
+            let slot = *slot;
+            let stream = Stream::ALL[Self::slot_stream(&slot)];
+            let peer_index = usize::from(slot.peer);
+            let header = self.build_header(peer_index, Some((stream, slot.seq)), slot.len);
             header.encode(buf);
             let start = usize::from(slot_index) * self.config.max_payload;
-            let len = usize::from(len);
+            let len = usize::from(slot.len);
             buf[HEADER_LEN..HEADER_LEN + len].copy_from_slice(&self.payloads[start..start + len]);
             let peer = &mut self.peers[peer_index];
             peer.ack_due = NEVER;
@@ -1172,7 +1322,7 @@ impl Endpoint {
             }
             peer.flags &= !PEER_ACK_QUEUED;
             peer.ack_due = NEVER;
-            let header = self.build_header(peer_index, None, false, 0);
+            let header = self.build_header(peer_index, None, 0);
             header.encode(buf);
             self.stats.acks_sent += 1;
             self.stats.datagrams_sent += 1;
@@ -1196,7 +1346,7 @@ impl Endpoint {
             .peers
             .iter()
             .map(|peer| {
-                let gone_at = if peer.unacked_count > 0 {
+                let gone_at = if peer.outstanding() > 0 {
                     peer.last_progress.saturating_add(peer_timeout)
                 } else {
                     NEVER
@@ -1220,7 +1370,7 @@ impl Endpoint {
         let peer_timeout = nanos_u64(self.config.peer_timeout);
         for peer_index in 0..self.peers.len() {
             let peer = self.peers[peer_index];
-            if peer.unacked_count == 0 {
+            if peer.outstanding() == 0 {
                 continue;
             }
             if now >= peer.last_progress.saturating_add(peer_timeout) {
@@ -1237,11 +1387,10 @@ impl Endpoint {
             let rto = u64::from(peer.rto);
             let mut retransmitted = false;
             let mut oldest_sent = NEVER;
-            let mut cursor = peer.unacked_head;
-            for _ in 0..peer.unacked_count {
-                let slot_index = cursor;
+            let mut slots = [0u16; 128];
+            let count = self.unacked_slots(peer_index, &mut slots);
+            for &slot_index in &slots[..count] {
                 let slot = &mut self.slots[usize::from(slot_index)];
-                cursor = slot.next;
                 if slot.flags & SLOT_QUEUED != 0 || slot.last_sent == NEVER {
                     continue;
                 }
@@ -1267,17 +1416,32 @@ impl Endpoint {
         }
     }
 
-    /// Every seq from `node` below this was delivered (or given up by the
-    /// node, reported by [`Event::PeerAbandoned`]); `None` for a node that
-    /// is not a peer.
-    pub fn delivered_through(&self, node: NodeId) -> Option<Seq> {
-        self.peer_of(node).map(|index| self.peers[index].recv_next)
+    /// Every seq of `stream` from `node` below this was delivered (or given
+    /// up by the node, reported by [`Event::PeerAbandoned`]); `None` for a
+    /// node that is not a peer.
+    pub fn delivered_through(&self, node: NodeId, stream: Stream) -> Option<Seq> {
+        self.peer_of(node)
+            .map(|index| self.peers[index].recv_next[stream.index()])
     }
 
-    /// Messages to `node` sent and not yet acknowledged or abandoned.
+    /// Lets `send_reply` to a peer declared gone try again (the caller's
+    /// policy; `send` of a request does this by itself). If it is still
+    /// unreachable it is declared gone again `peer_timeout` later. Returns
+    /// whether the peer was gone.
+    pub fn revive_peer(&mut self, node: NodeId) -> bool {
+        let Some(index) = self.peer_of(node) else {
+            return false;
+        };
+        let was_gone = self.peers[index].flags & PEER_GONE != 0;
+        self.peers[index].flags &= !PEER_GONE;
+        was_gone
+    }
+
+    /// Messages to `node` (both streams) sent and not yet acknowledged or
+    /// abandoned.
     pub fn outstanding(&self, node: NodeId) -> Option<usize> {
         self.peer_of(node)
-            .map(|index| usize::from(self.peers[index].unacked_count))
+            .map(|index| self.peers[index].outstanding())
     }
 
     /// `true` while `node` is declared gone.
@@ -1326,6 +1490,19 @@ impl Endpoint {
             per_peer_bytes,
             peers: self.peers.len(),
         }
+    }
+}
+
+#[cfg(test)]
+impl Endpoint {
+    /// Starts the sequence numbers of both streams towards `node` at
+    /// `send_next` and from it at `recv_next` (to test wrapping); only
+    /// before any traffic.
+    pub(super) fn start_sequences_at(&mut self, node: NodeId, send_next: Seq, recv_next: Seq) {
+        let index = self.peer_of(node).unwrap();
+        assert_eq!(self.peers[index].outstanding(), 0);
+        self.peers[index].send_next = [send_next; 2];
+        self.peers[index].recv_next = [recv_next; 2];
     }
 }
 

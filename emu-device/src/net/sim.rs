@@ -6,7 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::wire::Header;
-use super::{Config, DropReason, Endpoint, Event, FaultInjector, Faults, Identity, NodeId, Seq};
+use super::{
+    Config, DropReason, Endpoint, Event, FaultInjector, Faults, Identity, NodeId, Seq, Stream,
+};
 
 /// The fabric token of simulated networks.
 pub const FABRIC: u64 = 0xfab1_c0de;
@@ -26,6 +28,7 @@ pub struct Transmission {
 pub struct Delivery {
     pub at: Instant,
     pub from: NodeId,
+    pub stream: Stream,
     pub seq: Seq,
     pub payload: Vec<u8>,
 }
@@ -44,7 +47,7 @@ pub struct SimNode {
     pub outbox: VecDeque<(NodeId, Vec<u8>)>,
     /// Sequence numbers given to messages from the outbox and responses,
     /// with their destination and payload.
-    pub sent: Vec<(NodeId, Seq, Vec<u8>)>,
+    pub sent: Vec<(NodeId, Stream, Seq, Vec<u8>)>,
     pub delivered: Vec<Delivery>,
     pub events: Vec<(Instant, Event)>,
     pub drops: Vec<DropReason>,
@@ -63,8 +66,9 @@ pub struct Sim {
     pub responders: HashMap<NodeId, Responder>,
     /// Transmissions for which this returns `true` are lost on the wire.
     pub drop_filter: Option<DropFilter>,
-    /// Every change of `delivered_through`: (when, receiver, sender, value).
-    pub through_log: Vec<(Instant, NodeId, NodeId, Seq)>,
+    /// Every change of `delivered_through`: (when, receiver, sender,
+    /// stream, value).
+    pub through_log: Vec<(Instant, NodeId, NodeId, Stream, Seq)>,
     /// Check after every receive that every seq below `delivered_through`
     /// was delivered (off when peers abandon messages).
     pub check_cumulative: bool,
@@ -127,6 +131,36 @@ impl Sim {
         endpoint
     }
 
+    /// What all links did, summed; and how many datagrams they still hold.
+    pub fn link_totals(&self) -> (super::FaultStats, usize) {
+        let mut total = super::FaultStats::default();
+        let mut held = 0;
+        for link in self.links.values() {
+            let stats = link.stats();
+            total.pushed += stats.pushed;
+            total.lost += stats.lost;
+            total.duplicated += stats.duplicated;
+            total.reordered += stats.reordered;
+            total.overflowed += stats.overflowed;
+            total.released += stats.released;
+            held += link.held();
+        }
+        (total, held)
+    }
+
+    /// Starts every pair's sequence numbers at `first` (to test wrapping).
+    pub fn start_sequences_at(&mut self, first: Seq) {
+        let count = self.nodes.len() as NodeId;
+        for node in 0..count {
+            for peer in (0..count).filter(|&peer| peer != node) {
+                self.nodes[usize::from(node)]
+                    .endpoint
+                    .start_sequences_at(peer, first, first);
+            }
+        }
+        self.check_cumulative = false;
+    }
+
     pub fn set_faults(&mut self, from: NodeId, to: NodeId, faults: Faults) {
         self.links.insert((from, to), FaultInjector::new(faults));
     }
@@ -160,7 +194,7 @@ impl Sim {
     ) -> Result<Seq, super::SendError> {
         let node = &mut self.nodes[usize::from(from)];
         let seq = node.endpoint.send(self.now, to, payload)?;
-        node.sent.push((to, seq, payload.to_vec()));
+        node.sent.push((to, Stream::Request, seq, payload.to_vec()));
         Ok(seq)
     }
 
@@ -249,18 +283,27 @@ impl Sim {
         let from = Header::decode(datagram)
             .map(|(header, _)| header.source)
             .ok();
-        let through_before = from.and_then(|from| node.endpoint.delivered_through(from));
+        let through = |endpoint: &Endpoint, from: Option<NodeId>| {
+            from.map(|from| {
+                Stream::ALL.map(|stream| endpoint.delivered_through(from, stream).unwrap())
+            })
+        };
+        let through_before = through(&node.endpoint, from);
         let result = node.endpoint.receive(now, datagram);
-        if let Some(from) = from {
-            let through = node.endpoint.delivered_through(from);
-            if through != through_before {
-                self.through_log.push((now, to, from, through.unwrap()));
+        if let (Some(from), Some(before), Some(after)) =
+            (from, through_before, through(&node.endpoint, from))
+        {
+            for (index, stream) in Stream::ALL.into_iter().enumerate() {
+                if before[index] != after[index] {
+                    self.through_log.push((now, to, from, stream, after[index]));
+                }
             }
         }
         let delivery = match result {
             Ok(Some(message)) => Delivery {
                 at: now,
                 from: message.node,
+                stream: message.stream,
                 seq: message.seq,
                 payload: message.payload.to_vec(),
             },
@@ -275,11 +318,16 @@ impl Sim {
         };
         node.delivered.push(delivery.clone());
         if self.check_cumulative {
-            let through = node.endpoint.delivered_through(delivery.from).unwrap();
+            let through = node
+                .endpoint
+                .delivered_through(delivery.from, delivery.stream)
+                .unwrap();
             let mut seen: Vec<Seq> = node
                 .delivered
                 .iter()
-                .filter(|earlier| earlier.from == delivery.from)
+                .filter(|earlier| {
+                    earlier.from == delivery.from && earlier.stream == delivery.stream
+                })
                 .map(|earlier| earlier.seq)
                 .collect();
             seen.sort_unstable();
@@ -305,7 +353,7 @@ impl Sim {
                     .endpoint
                     .send_reply(now, dest, &payload)
                     .expect("response_reserve leaves room for the replies");
-                node.sent.push((dest, seq, payload));
+                node.sent.push((dest, Stream::Reply, seq, payload));
             }
         }
     }

@@ -7,8 +7,10 @@ use proptest::prelude::*;
 
 use super::reliable::peer_state_size;
 use super::sim::{Delivery, Sim, FABRIC};
-use super::wire::{seq_before, Header, HEADER_LEN};
-use super::{Config, DropReason, Endpoint, Event, Faults, Identity, NodeId, SendError, Seq};
+use super::wire::{seq_before, Header, StreamHeader, HEADER_LEN};
+use super::{
+    Config, DropReason, Endpoint, Event, Faults, Identity, NodeId, SendError, Seq, Stream,
+};
 
 fn lossy(seed: u64) -> Faults {
     Faults {
@@ -28,28 +30,41 @@ fn payload(from: NodeId, to: NodeId, index: u32) -> Vec<u8> {
     bytes
 }
 
+/// The floor of the stream of the message a header carries.
+fn floor_of(header: &Header) -> Seq {
+    if header.reply {
+        header.replies.floor
+    } else {
+        header.requests.floor
+    }
+}
+
 /// Every message sent was delivered exactly once with its bytes, and every
 /// seq ended in exactly one `Acked` (none abandoned).
 fn assert_exactly_once(sim: &Sim) {
     for (receiver, node) in sim.nodes.iter().enumerate() {
         let receiver = receiver as NodeId;
-        let mut delivered: HashMap<(NodeId, Seq), &Vec<u8>> = HashMap::new();
+        let mut delivered: HashMap<(NodeId, Stream, Seq), &Vec<u8>> = HashMap::new();
         for Delivery {
-            from, seq, payload, ..
+            from,
+            stream,
+            seq,
+            payload,
+            ..
         } in &node.delivered
         {
             assert!(
-                delivered.insert((*from, *seq), payload).is_none(),
-                "node {receiver} got ({from}, {seq}) twice"
+                delivered.insert((*from, *stream, *seq), payload).is_none(),
+                "node {receiver} got ({from}, {stream:?}, {seq}) twice"
             );
         }
         let mut expected = 0;
         for (sender, other) in sim.nodes.iter().enumerate() {
-            for (to, seq, bytes) in &other.sent {
+            for (to, stream, seq, bytes) in &other.sent {
                 if *to == receiver {
                     expected += 1;
                     assert_eq!(
-                        delivered.get(&(sender as NodeId, *seq)),
+                        delivered.get(&(sender as NodeId, *stream, *seq)),
                         Some(&bytes),
                         "message ({sender}, {seq}) to {receiver}"
                     );
@@ -66,14 +81,24 @@ fn assert_exactly_once(sim: &Sim) {
         for (_, event) in &node.events {
             match event {
                 Event::Acked {
-                    node: peer, seq, ..
+                    node: peer,
+                    stream,
+                    seq,
+                    ..
                 } => {
-                    assert!(acked.insert((*peer, *seq)), "({peer}, {seq}) acked twice")
+                    assert!(
+                        acked.insert((*peer, *stream, *seq)),
+                        "({peer}, {stream:?}, {seq}) acked twice"
+                    )
                 }
                 other => panic!("node {receiver}: unexpected {other:?}"),
             }
         }
-        let sent: HashSet<_> = node.sent.iter().map(|(to, seq, _)| (*to, *seq)).collect();
+        let sent: HashSet<_> = node
+            .sent
+            .iter()
+            .map(|(to, stream, seq, _)| (*to, *stream, *seq))
+            .collect();
         assert_eq!(acked, sent, "node {receiver}: acks do not match sends");
     }
 }
@@ -118,6 +143,19 @@ fn assert_counters_add_up(sim: &Sim) {
         .map(|n| n.endpoint.stats().datagrams_sent)
         .sum();
     assert_eq!(sent as usize, sim.transmissions.len());
+    // The network: what went in came out, less losses, plus copies.
+    let (links, held) = sim.link_totals();
+    assert_eq!(links.pushed, sent);
+    assert_eq!(
+        links.released + held as u64,
+        links.pushed - links.lost - links.overflowed + links.duplicated
+    );
+    let received: u64 = sim
+        .nodes
+        .iter()
+        .map(|n| n.endpoint.stats().datagrams_received)
+        .sum();
+    assert_eq!(received, links.released);
 }
 
 trait OutstandingTotal {
@@ -136,9 +174,18 @@ impl OutstandingTotal for super::sim::SimNode {
 }
 
 #[test]
+fn the_largest_default_datagram_fits_an_ethernet_mtu() {
+    let endpoint = Sim::endpoint(0, 1, Config::default(), 1);
+    // IPv6 and UDP headers.
+    assert_eq!(endpoint.max_datagram_len() + 40 + 8, 1500);
+}
+
+#[test]
 fn per_peer_state_and_fixed_cost_fit_their_budgets() {
+    // Two streams of sequence numbers, acknowledgements and lists, the
+    // incarnation, three timers, the round-trip estimate.
     assert!(
-        peer_state_size() <= 64,
+        peer_state_size() <= 88,
         "per-peer state is {} bytes",
         peer_state_size()
     );
@@ -193,7 +240,7 @@ fn exactly_once_under_loss_duplication_and_reordering() {
     let window = Config::default().window;
     for transmission in &sim.transmissions {
         if let Some(seq) = transmission.header.seq {
-            assert!(seq.wrapping_sub(transmission.header.floor) < window);
+            assert!(seq.wrapping_sub(floor_of(&transmission.header)) < window);
         }
     }
     // All slots came back to the pool.
@@ -201,6 +248,39 @@ fn exactly_once_under_loss_duplication_and_reordering() {
         assert_eq!(
             node.endpoint.free_pool_slots(),
             Config::default().pool_slots
+        );
+    }
+}
+
+#[test]
+fn sequence_numbers_wrap_around() {
+    let mut sim = Sim::new(3, Config::default(), lossy(21));
+    let first = u32::MAX - 40;
+    sim.start_sequences_at(first);
+    for from in 0..3 {
+        for to in (0..3).filter(|&to| to != from) {
+            for index in 0..200 {
+                sim.queue(from, to, payload(from, to, index));
+            }
+        }
+    }
+    sim.run_until_quiet(Duration::from_secs(2));
+    assert_exactly_once(&sim);
+    assert_counters_add_up(&sim);
+    let seqs: HashSet<Seq> = sim.nodes[1].delivered.iter().map(|d| d.seq).collect();
+    assert!(seqs.contains(&u32::MAX) && seqs.contains(&0) && seqs.contains(&158));
+    let repaired: u64 = sim
+        .nodes
+        .iter()
+        .map(|n| n.endpoint.stats().retransmissions)
+        .sum();
+    assert!(repaired > 0);
+    for node in 1..3 {
+        assert_eq!(
+            sim.nodes[0]
+                .endpoint
+                .delivered_through(node, Stream::Request),
+            Some(first.wrapping_add(200))
         );
     }
 }
@@ -223,25 +303,22 @@ fn the_same_seed_gives_the_same_run() {
     assert_ne!(run(5), run(6));
 }
 
-/// Node 1 answers request `i` from node 0 with `i % 3` responses naming the
-/// request's seq. Whenever node 0 sees `Acked { seq, horizon }`, every
-/// response to `seq` has a seq below `horizon`, and all of them had arrived
-/// by the time `delivered_through(1)` first reached `horizon`.
-#[test]
-fn horizon_covers_every_response_under_loss() {
-    for seed in [1, 2, 3] {
-        let config = Config {
-            response_reserve: 2,
-            ..Config::default()
-        };
-        let faults = Faults {
-            loss: 0.1,
-            ..lossy(seed)
-        };
-        let mut sim = Sim::new(2, config, faults);
+/// Both nodes send 600 requests to each other and answer request `i`
+/// with `i % 3` replies naming the request's seq. Whenever a node sees
+/// `Acked { Request, seq, horizon }`, every reply to `seq` has a reply seq
+/// below `horizon`, and all of them had arrived by the time its
+/// `delivered_through(peer, Reply)` first reached `horizon`. Returns the
+/// retransmissions of both nodes.
+fn check_horizon(faults: Faults, config: Config) -> u64 {
+    let seed = faults.seed;
+    let mut sim = Sim::new(2, config, faults);
+    for node in 0..2 {
         sim.responders.insert(
-            1,
+            node,
             Box::new(|_, request: &Delivery| {
+                if request.stream == Stream::Reply {
+                    return Vec::new();
+                }
                 let count = request.payload[0] % 3;
                 (0..count)
                     .map(|index| {
@@ -252,83 +329,103 @@ fn horizon_covers_every_response_under_loss() {
                     .collect()
             }),
         );
-        for index in 0..600u32 {
-            sim.queue(0, 1, vec![(index % 256) as u8; 1 + index as usize % 50]);
+    }
+    for index in 0..600u32 {
+        for (from, to) in [(0, 1), (1, 0)] {
+            sim.queue(from, to, vec![(index % 256) as u8; 1 + index as usize % 50]);
         }
-        sim.run_until_quiet(Duration::from_secs(3));
-        assert_exactly_once_delivery_only(&sim);
+    }
+    sim.run_until_quiet(Duration::from_secs(5));
+    assert_exactly_once(&sim);
 
-        let responses: Vec<(Seq, Seq)> = sim.nodes[1]
+    for (me, peer) in [(0u16, 1u16), (1, 0)] {
+        // (request seq, reply seq) of the peer's replies to us.
+        let replies: Vec<(Seq, Seq)> = sim.nodes[usize::from(peer)]
             .sent
             .iter()
-            .map(|(to, seq, bytes)| {
-                assert_eq!(*to, 0);
-                (u32::from_le_bytes(bytes[..4].try_into().unwrap()), *seq)
-            })
+            .filter(|(to, stream, ..)| *to == me && *stream == Stream::Reply)
+            .map(|(_, _, seq, bytes)| (u32::from_le_bytes(bytes[..4].try_into().unwrap()), *seq))
             .collect();
-        let arrival: HashMap<Seq, Instant> = sim.nodes[0]
+        assert!(replies.len() >= 500, "{} replies", replies.len());
+        let arrival: HashMap<Seq, Instant> = sim.nodes[usize::from(me)]
             .delivered
             .iter()
+            .filter(|delivery| delivery.stream == Stream::Reply)
             .map(|delivery| (delivery.seq, delivery.at))
             .collect();
         let mut acked_requests = 0;
-        for (_, event) in &sim.nodes[0].events {
+        for (_, event) in &sim.nodes[usize::from(me)].events {
             let Event::Acked {
-                node: 1,
+                node,
+                stream: Stream::Request,
                 seq,
                 horizon,
             } = *event
             else {
-                panic!("unexpected {event:?}");
+                continue;
             };
+            assert_eq!(node, peer);
             acked_requests += 1;
-            // When node 0 first had delivered_through(1) >= horizon.
+            // When we first had delivered_through(peer, Reply) >= horizon.
             let reached = if horizon == 0 {
                 sim.start
             } else {
                 sim.through_log
                     .iter()
-                    .find(|(_, receiver, from, through)| {
-                        *receiver == 0 && *from == 1 && !seq_before(*through, horizon)
+                    .find(|(_, receiver, from, stream, through)| {
+                        *receiver == me
+                            && *from == peer
+                            && *stream == Stream::Reply
+                            && !seq_before(*through, horizon)
                     })
                     .map(|(at, ..)| *at)
                     .expect("delivered_through reaches every horizon")
             };
-            for &(_, response_seq) in responses.iter().filter(|(request, _)| *request == seq) {
+            for &(_, reply_seq) in replies.iter().filter(|(request, _)| *request == seq) {
                 assert!(
-                    seq_before(response_seq, horizon),
-                    "seed {seed}: response {response_seq} to {seq} not below horizon {horizon}"
+                    seq_before(reply_seq, horizon),
+                    "seed {seed}: reply {reply_seq} to {seq} not below horizon {horizon}"
                 );
-                assert!(arrival[&response_seq] <= reached);
+                assert!(arrival[&reply_seq] <= reached);
             }
         }
         assert_eq!(acked_requests, 600);
-        assert!(responses.len() >= 500, "{} responses", responses.len());
-        assert!(sim.nodes[0].endpoint.stats().retransmissions > 0);
+    }
+    sim.nodes[0].endpoint.stats().retransmissions + sim.nodes[1].endpoint.stats().retransmissions
+}
+
+#[test]
+fn horizon_covers_every_response_under_loss() {
+    let config = Config {
+        response_reserve: 2,
+        ..Config::default()
+    };
+    for seed in [1, 2, 3] {
+        let retransmissions = check_horizon(
+            Faults {
+                loss: 0.1,
+                ..lossy(seed)
+            },
+            config,
+        );
+        assert!(retransmissions > 0);
     }
 }
 
-/// Like `assert_exactly_once`, for runs where events other than `Acked`
-/// are checked by the test itself.
-fn assert_exactly_once_delivery_only(sim: &Sim) {
-    for (receiver, node) in sim.nodes.iter().enumerate() {
-        let mut seen = HashSet::new();
-        for delivery in &node.delivered {
-            assert!(seen.insert((delivery.from, delivery.seq)));
-        }
-        let expected: usize = sim
-            .nodes
-            .iter()
-            .map(|other| {
-                other
-                    .sent
-                    .iter()
-                    .filter(|(to, ..)| usize::from(*to) == receiver)
-                    .count()
-            })
-            .sum();
-        assert_eq!(seen.len(), expected);
+/// Small windows filled by both sides' requests and replies at once: the
+/// reply stream never waits behind requests, so nothing stalls.
+#[test]
+fn requests_both_ways_in_small_windows_do_not_block_each_other() {
+    let config = Config {
+        window: 4,
+        pool_slots: 16,
+        response_reserve: 2,
+        ..Config::default()
+    };
+    for seed in [4, 5] {
+        check_horizon(lossy(seed), config);
     }
+    check_horizon(Faults::NONE, config);
 }
 
 fn transmissions_of(sim: &Sim, from: NodeId, seq: Seq) -> Vec<Duration> {
@@ -378,7 +475,14 @@ fn retransmission_backs_off_to_rto_max_then_the_peer_is_gone() {
     assert_eq!(
         events,
         vec![
-            (config.peer_timeout, Event::Abandoned { node: 1, seq: 0 }),
+            (
+                config.peer_timeout,
+                Event::Abandoned {
+                    node: 1,
+                    stream: Stream::Request,
+                    seq: 0
+                }
+            ),
             (config.peer_timeout, Event::PeerGone { node: 1 }),
         ]
     );
@@ -432,9 +536,15 @@ fn round_trip_estimate_sets_the_timeout_within_bounds() {
 fn fast_retransmit_fills_a_hole_before_the_timer() {
     let config = Config::default();
     let mut sim = Sim::new(2, config, Faults::NONE);
+    // Introductions first: node 0's first message names no incarnation of
+    // node 1 and is sent again once node 1 answers.
+    sim.queue(0, 1, b"hello".to_vec());
+    sim.run_until_quiet(Duration::from_millis(10));
+    let before = *sim.nodes[0].endpoint.stats();
+    assert_eq!(before.retransmissions, 1);
     let mut dropped = false;
     sim.drop_filter = Some(Box::new(move |t| {
-        let hit = !dropped && t.from == 0 && t.header.seq == Some(2);
+        let hit = !dropped && t.from == 0 && t.header.seq == Some(3);
         dropped |= hit;
         hit
     }));
@@ -445,9 +555,9 @@ fn fast_retransmit_fills_a_hole_before_the_timer() {
     assert_exactly_once(&sim);
     let stats = sim.nodes[0].endpoint.stats();
     assert_eq!(stats.fast_retransmits, 1);
-    assert_eq!(stats.retransmissions, 1);
+    assert_eq!(stats.retransmissions - before.retransmissions, 1);
     assert_eq!(stats.timeouts, 0);
-    let times = transmissions_of(&sim, 0, 2);
+    let times = transmissions_of(&sim, 0, 3);
     assert_eq!(times.len(), 2);
     assert!(times[1] - times[0] < config.rto_initial);
 }
@@ -461,19 +571,15 @@ fn window_and_pool_bound_what_is_outstanding() {
     };
     let mut endpoint = Sim::endpoint(0, 7, config, 3);
     let now = Instant::now();
-    // Requests leave room for one reply.
-    for _ in 0..15 {
+    // Each stream has its own window.
+    for _ in 0..16 {
         endpoint.send(now, 1, b"m").unwrap();
     }
     assert_eq!(endpoint.send(now, 1, b"m"), Err(SendError::WindowFull));
     endpoint.send_reply(now, 1, b"r").unwrap();
-    assert_eq!(
-        endpoint.send_reply(now, 1, b"r"),
-        Err(SendError::WindowFull)
-    );
-    assert_eq!(endpoint.outstanding(1), Some(16));
-    // 4 slots left: requests take 3 and leave one for a reply.
-    for _ in 0..3 {
+    assert_eq!(endpoint.outstanding(1), Some(17));
+    // 3 slots left: requests take 2 and leave one for a reply.
+    for _ in 0..2 {
         endpoint.send(now, 2, b"m").unwrap();
     }
     assert_eq!(endpoint.send(now, 2, b"m"), Err(SendError::PoolFull));
@@ -500,8 +606,10 @@ fn window_and_pool_bound_what_is_outstanding() {
     for transmission in sim.transmissions.iter().filter(|t| t.from == 0) {
         assert_eq!(transmission.to, 1);
         if let Some(seq) = transmission.header.seq {
-            assert!(seq.wrapping_sub(transmission.header.floor) < config.window);
-            assert!(seq_before(seq, transmission.header.horizon));
+            assert!(seq.wrapping_sub(floor_of(&transmission.header)) < config.window);
+            // Node 0 sends only requests: the reply horizon stays 0.
+            assert!(!transmission.header.reply);
+            assert_eq!(transmission.header.horizon, 0);
         }
     }
 }
@@ -523,10 +631,9 @@ fn datagram(
         destination_incarnation,
         seq,
         reply: false,
-        ack: 0,
-        sack: 0,
-        horizon: seq.map_or(0, |seq| seq + 1),
-        floor: 0,
+        horizon: 0,
+        requests: StreamHeader::default(),
+        replies: StreamHeader::default(),
         payload_len: len as u16,
     };
     let mut bytes = vec![0; HEADER_LEN + len];
@@ -539,7 +646,7 @@ fn datagram(
 fn foreign_and_stale_datagrams_are_dropped_and_counted() {
     let mut endpoint = Sim::endpoint(0, 100, Config::default(), 3);
     let now = Instant::now();
-    let good = datagram(1, 55, 0, Some(0));
+    let good = datagram(1, 55, 100, Some(0));
     let change = |at: std::ops::Range<usize>, value: &[u8]| {
         let mut bytes = good.clone();
         bytes[at].copy_from_slice(value);
@@ -547,6 +654,11 @@ fn foreign_and_stale_datagrams_are_dropped_and_counted() {
     };
     let cases = [
         (change(4..12, &7u64.to_le_bytes()), DropReason::WrongFabric),
+        // The sender does not know node 0's incarnation yet.
+        (
+            change(24..32, &0u64.to_le_bytes()),
+            DropReason::NotYetIntroduced,
+        ),
         (
             change(14..16, &2u16.to_le_bytes()),
             DropReason::WrongDestination,
@@ -565,7 +677,7 @@ fn foreign_and_stale_datagrams_are_dropped_and_counted() {
             DropReason::Malformed(super::wire::WireError::Truncated(30)),
         ),
         // Acknowledges seq 5 of ours, never sent.
-        (change(36..40, &5u32.to_le_bytes()), DropReason::BadAck),
+        (change(40..44, &5u32.to_le_bytes()), DropReason::BadAck),
     ];
     for (bytes, reason) in &cases {
         assert_eq!(endpoint.receive(now, bytes), Err(*reason));
@@ -576,11 +688,12 @@ fn foreign_and_stale_datagrams_are_dropped_and_counted() {
     assert_eq!(stats.unknown_source, 1);
     assert_eq!(stats.stale_incarnation, 1);
     assert_eq!(stats.malformed, 1);
+    assert_eq!(stats.not_yet_introduced, 1);
     assert_eq!(stats.bad_acks, 1);
     assert_eq!(stats.datagrams_received, cases.len() as u64);
     // Nothing was delivered and nobody was recorded (the bad ack came from
     // an incarnation adopted by then, but delivered nothing).
-    assert_eq!(endpoint.delivered_through(1), Some(0));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(0));
     assert_eq!(stats.messages_delivered, 0);
 
     let oversized = {
@@ -601,7 +714,7 @@ fn foreign_and_stale_datagrams_are_dropped_and_counted() {
     );
     assert_eq!(endpoint.receive(now, &good), Err(DropReason::Duplicate));
     assert_eq!(endpoint.stats().duplicates, 1);
-    assert_eq!(endpoint.delivered_through(1), Some(1));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(1));
     // A datagram beyond the window is dropped.
     assert_eq!(
         endpoint.receive(now, &datagram(1, 55, 100, Some(66))),
@@ -615,7 +728,7 @@ fn foreign_and_stale_datagrams_are_dropped_and_counted() {
             .seq,
         65
     );
-    assert_eq!(endpoint.delivered_through(1), Some(1));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(1));
 }
 
 #[test]
@@ -658,7 +771,11 @@ fn a_restart_resets_the_peer_once_and_late_datagrams_cannot_undo_it() {
         .unwrap();
     assert_eq!(
         events[restart_at - 1],
-        Event::Abandoned { node: 1, seq: 20 }
+        Event::Abandoned {
+            node: 1,
+            stream: Stream::Request,
+            seq: 20
+        }
     );
     assert_eq!(sim.nodes[0].endpoint.peer_incarnation(1), Some(0xbeef));
     let last = sim.nodes[0].delivered.last().unwrap();
@@ -696,6 +813,109 @@ fn a_restart_resets_the_peer_once_and_late_datagrams_cannot_undo_it() {
     );
 }
 
+/// Node 2 restarts in the middle of traffic on a lossy, reordering
+/// network. Every message still ends in exactly one `Acked` or
+/// `Abandoned`, an acknowledged message was delivered, nothing is delivered
+/// twice, and traffic not involving the old incarnation is unaffected.
+#[test]
+fn a_restart_under_faults_keeps_every_promise() {
+    let mut sim = Sim::new(3, Config::default(), lossy(8));
+    sim.check_cumulative = false;
+    let queue_all = |sim: &mut Sim, base: u32| {
+        for from in 0..3 {
+            for to in (0..3).filter(|&to| to != from) {
+                for index in 0..100 {
+                    sim.queue(from, to, payload(from, to, base + index));
+                }
+            }
+        }
+    };
+    queue_all(&mut sim, 0);
+    sim.run_for(Duration::from_micros(100));
+    let old_sent = sim.nodes[2].sent.len();
+    let old_events = sim.nodes[2].events.len();
+    // Who had heard from the old incarnation sees it restart.
+    let knew_old: Vec<bool> = (0..2)
+        .map(|node| sim.nodes[node].endpoint.peer_incarnation(2) != Some(0))
+        .collect();
+    assert!(knew_old.contains(&true));
+    assert!(old_sent > 0 && old_sent < 200, "{old_sent}");
+    sim.restart(2, 0x7777);
+    queue_all(&mut sim, 1000);
+    sim.run_until_quiet(Duration::from_secs(3));
+
+    let mut delivered = HashSet::new();
+    for node in &sim.nodes {
+        for delivery in &node.delivered {
+            assert!(
+                delivered.insert(delivery.payload.clone()),
+                "delivered twice"
+            );
+        }
+    }
+    for (index, node) in sim.nodes.iter().enumerate() {
+        // The new incarnation of node 2 owns only its own records.
+        let (sent, events) = if index == 2 {
+            (&node.sent[old_sent..], &node.events[old_events..])
+        } else {
+            (&node.sent[..], &node.events[..])
+        };
+        let payload_of: HashMap<(NodeId, Stream, Seq), Vec<&Vec<u8>>> =
+            sent.iter()
+                .fold(HashMap::new(), |mut map, (to, stream, seq, bytes)| {
+                    map.entry((*to, *stream, *seq)).or_default().push(bytes);
+                    map
+                });
+        let mut finished = 0;
+        for (_, event) in events {
+            match *event {
+                Event::Acked {
+                    node: peer,
+                    stream,
+                    seq,
+                    ..
+                } => {
+                    finished += 1;
+                    // Some message with this seq to that peer was delivered.
+                    assert!(payload_of[&(peer, stream, seq)]
+                        .iter()
+                        .any(|p| delivered.contains(*p)));
+                }
+                Event::Abandoned { node: peer, .. } => {
+                    finished += 1;
+                    assert!(index != 2 && peer == 2, "node {index} abandoned to {peer}");
+                }
+                Event::PeerRestarted { node: peer } => assert!(index != 2 && peer == 2),
+                other => panic!("node {index}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(finished, sent.len(), "node {index}");
+        let restarts = events
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::PeerRestarted { .. }))
+            .count();
+        let expected = index != 2 && knew_old[index];
+        assert_eq!(restarts, usize::from(expected), "node {index}");
+    }
+    // Between the nodes that did not restart, exactly once.
+    for (from, to) in [(0, 1), (1, 0)] {
+        let sent = sim.nodes[usize::from(from)]
+            .sent
+            .iter()
+            .filter(|(dest, ..)| *dest == to)
+            .count();
+        let got = sim.nodes[usize::from(to)]
+            .delivered
+            .iter()
+            .filter(|d| d.from == from)
+            .count();
+        assert_eq!((sent, got), (200, 200));
+    }
+    // The new incarnation sent everything it was given, and all arrived.
+    assert_eq!(sim.nodes[2].sent.len() - old_sent, 200);
+    assert_eq!(sim.nodes[2].endpoint.stats().acked, 200);
+}
+
 #[test]
 fn a_restarted_device_is_noticed_within_a_round_trip() {
     let config = Config::default();
@@ -723,10 +943,12 @@ fn a_restarted_device_is_noticed_within_a_round_trip() {
     assert_eq!(sim.nodes[1].endpoint.stats().stale_incarnation, 1);
     // The message caught by the restart was abandoned, not delivered; a
     // new one goes through.
-    assert!(sim.nodes[0]
-        .events
-        .iter()
-        .any(|(_, e)| *e == Event::Abandoned { node: 1, seq: 1 }));
+    assert!(sim.nodes[0].events.iter().any(|(_, e)| *e
+        == Event::Abandoned {
+            node: 1,
+            stream: Stream::Request,
+            seq: 1
+        }));
     assert_eq!(sim.nodes[1].delivered.len(), 1, "only the message before");
     sim.queue(0, 1, b"again".to_vec());
     sim.run_until_quiet(Duration::from_millis(100));
@@ -739,25 +961,36 @@ fn a_restarted_device_is_noticed_within_a_round_trip() {
 fn the_first_datagram_of_a_new_incarnation_resets_only_once() {
     let mut endpoint = Sim::endpoint(0, 100, Config::default(), 2);
     let now = Instant::now();
-    // Incarnation 1 of node 1 talks; then incarnation 2 starts (knows
-    // nothing of node 0: destination 0); then incarnation 1's late
-    // datagrams (which name node 0 correctly) arrive interleaved with 2's.
-    assert!(endpoint
-        .receive(now, &datagram(1, 1, 0, Some(0)))
-        .unwrap()
-        .is_some());
-    assert!(endpoint
-        .receive(now, &datagram(1, 1, 100, Some(1)))
-        .unwrap()
-        .is_some());
-    assert!(endpoint
-        .receive(now, &datagram(1, 2, 0, Some(0)))
-        .unwrap()
-        .is_some());
+    // Incarnation 1 of node 1 talks (its first message names no
+    // incarnation of node 0 and is not delivered until sent again naming
+    // it); then incarnation 2 starts (knows nothing of node 0: destination
+    // 0); then incarnation 1's late datagrams (which name node 0 correctly)
+    // arrive interleaved with 2's.
+    assert_eq!(
+        endpoint.receive(now, &datagram(1, 1, 0, Some(0))),
+        Err(DropReason::NotYetIntroduced)
+    );
+    assert_eq!(endpoint.peer_incarnation(1), Some(1));
+    for seq in 0..2 {
+        assert!(endpoint
+            .receive(now, &datagram(1, 1, 100, Some(seq)))
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(
+        endpoint.receive(now, &datagram(1, 2, 0, Some(0))),
+        Err(DropReason::NotYetIntroduced)
+    );
     assert_eq!(
         endpoint.poll_event(),
         Some(Event::PeerRestarted { node: 1 })
     );
+    assert_eq!(endpoint.peer_incarnation(1), Some(2));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(0));
+    assert!(endpoint
+        .receive(now, &datagram(1, 2, 100, Some(0)))
+        .unwrap()
+        .is_some());
     for seq in 2..10 {
         assert_eq!(
             endpoint.receive(now, &datagram(1, 1, 100, Some(seq))),
@@ -770,7 +1003,7 @@ fn the_first_datagram_of_a_new_incarnation_resets_only_once() {
     }
     assert_eq!(endpoint.poll_event(), None);
     assert_eq!(endpoint.stats().peers_restarted, 1);
-    assert_eq!(endpoint.delivered_through(1), Some(9));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(9));
     // Once the retirement expires (a peer timeout later) the old
     // incarnation would count as new again: documented, bounded.
     let later = now + Config::default().peer_timeout;
@@ -796,7 +1029,11 @@ fn a_gone_peer_rejoins_after_restart() {
     sim.run_for(config.peer_timeout + Duration::from_millis(10));
     let events: Vec<Event> = sim.nodes[0].events.iter().map(|(_, e)| *e).collect();
     let mut expected: Vec<Event> = (0..5)
-        .map(|seq| Event::Abandoned { node: 1, seq })
+        .map(|seq| Event::Abandoned {
+            node: 1,
+            stream: Stream::Request,
+            seq,
+        })
         .collect();
     expected.push(Event::PeerGone { node: 1 });
     assert_eq!(events, expected);
@@ -847,7 +1084,10 @@ fn after_a_partition_the_receiver_skips_what_the_sender_abandoned() {
     }
     sim.run_for(config.peer_timeout + Duration::from_millis(10));
     assert!(sim.nodes[0].endpoint.is_gone(1));
-    assert_eq!(sim.nodes[1].endpoint.delivered_through(0), Some(3));
+    assert_eq!(
+        sim.nodes[1].endpoint.delivered_through(0, Stream::Request),
+        Some(3)
+    );
 
     // Healed: node 1 speaks, node 0 hears it and may send again.
     sim.set_faults(0, 1, Faults::NONE);
@@ -866,6 +1106,7 @@ fn after_a_partition_the_receiver_skips_what_the_sender_abandoned() {
         skipped,
         vec![Event::PeerAbandoned {
             node: 0,
+            stream: Stream::Request,
             from: 3,
             until: 7,
             missing: 4
@@ -874,7 +1115,106 @@ fn after_a_partition_the_receiver_skips_what_the_sender_abandoned() {
     assert_eq!(sim.nodes[1].endpoint.stats().peer_abandoned, 4);
     let last = sim.nodes[1].delivered.last().unwrap();
     assert_eq!((last.seq, &last.payload[..]), (7, &b"resumed"[..]));
-    assert_eq!(sim.nodes[1].endpoint.delivered_through(0), Some(8));
+    assert_eq!(
+        sim.nodes[1].endpoint.delivered_through(0, Stream::Request),
+        Some(8)
+    );
+}
+
+#[test]
+fn a_gone_peer_can_be_revived_by_the_caller() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    sim.check_cumulative = false;
+    sim.queue(0, 1, b"first".to_vec());
+    sim.run_until_quiet(Duration::from_millis(10));
+    sim.set_faults(
+        0,
+        1,
+        Faults {
+            loss: 1.0,
+            ..Faults::NONE
+        },
+    );
+    sim.queue(0, 1, b"lost".to_vec());
+    sim.run_for(config.peer_timeout + Duration::from_millis(10));
+    assert!(sim.nodes[0].endpoint.is_gone(1));
+    // Node 1 never speaks first. A reply to it is refused until node 0's
+    // caller revives it (a request would probe it by itself).
+    sim.set_faults(0, 1, Faults::NONE);
+    assert_eq!(
+        sim.nodes[0].endpoint.send_reply(sim.now, 1, b"x"),
+        Err(SendError::PeerGone(1))
+    );
+    assert!(sim.nodes[0].endpoint.revive_peer(1));
+    assert!(!sim.nodes[0].endpoint.revive_peer(1));
+    assert!(!sim.nodes[0].endpoint.revive_peer(77));
+    sim.queue(0, 1, b"retry".to_vec());
+    sim.run_until_quiet(Duration::from_millis(50));
+    let last = sim.nodes[1].delivered.last().unwrap();
+    assert_eq!((last.seq, &last.payload[..]), (2, &b"retry"[..]));
+    assert_eq!(
+        sim.nodes[1].events.last().unwrap().1,
+        Event::PeerAbandoned {
+            node: 0,
+            stream: Stream::Request,
+            from: 1,
+            until: 2,
+            missing: 1
+        }
+    );
+    assert_eq!(
+        sim.nodes[0].events.last().unwrap().1,
+        Event::Acked {
+            node: 1,
+            stream: Stream::Request,
+            seq: 2,
+            horizon: 0
+        }
+    );
+}
+
+/// Moves datagrams between two endpoints and runs their timers until both
+/// are quiet or `limit` passed; returns the time reached and the payloads
+/// each delivered.
+fn pump(
+    a: &mut Endpoint,
+    b: &mut Endpoint,
+    mut now: Instant,
+    limit: Duration,
+) -> (Instant, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let end = now + limit;
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let mut buf = vec![0; a.max_datagram_len().max(b.max_datagram_len())];
+    for _ in 0..100_000 {
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        let mut moved = false;
+        while let Some((_, len)) = a.poll_transmit(now, &mut buf) {
+            moved = true;
+            if let Ok(Some(message)) = b.receive(now, &buf[..len]) {
+                got_b.push(message.payload.to_vec());
+            }
+        }
+        while let Some((_, len)) = b.poll_transmit(now, &mut buf) {
+            moved = true;
+            if let Ok(Some(message)) = a.receive(now, &buf[..len]) {
+                got_a.push(message.payload.to_vec());
+            }
+        }
+        if moved {
+            continue;
+        }
+        match [a.poll_timeout(), b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+        {
+            Some(at) if at <= end => now = now.max(at),
+            _ => return (now, got_a, got_b),
+        }
+    }
+    panic!("the endpoints spin");
 }
 
 #[test]
@@ -892,44 +1232,46 @@ fn no_response_room_defers_a_message_until_acks_free_the_window() {
     let mut b = Endpoint::new(identity(1, 20), config).unwrap();
     a.add_peer(1).unwrap();
     b.add_peer(0).unwrap();
-    let now = Instant::now();
+    // They get to know each other.
+    let start = Instant::now();
+    a.send(start, 1, b"hi").unwrap();
+    b.send(start, 0, b"hi").unwrap();
+    let (now, got_a, got_b) = pump(&mut a, &mut b, start, Duration::from_millis(10));
+    assert_eq!((got_a.len(), got_b.len()), (1, 1));
+    assert_eq!((a.outstanding(1), b.outstanding(0)), (Some(0), Some(0)));
+    // A's first message named no incarnation of B and was sent again; B's
+    // left after B had heard from A, so it named A.
+    assert_eq!(a.stats().not_yet_introduced, 0);
+    assert_eq!(b.stats().not_yet_introduced, 1);
+
     let mut buf = vec![0; a.max_datagram_len()];
-    // A fills its window to B (a request and a reply); they are lost.
-    a.send(now, 1, b"1").unwrap();
+    // A fills its reply window to B; the replies are lost. Its request
+    // window is its own.
+    a.send_reply(now, 1, b"1").unwrap();
     a.send_reply(now, 1, b"2").unwrap();
+    assert_eq!(a.send_reply(now, 1, b"3"), Err(SendError::WindowFull));
     while a.poll_transmit(now, &mut buf).is_some() {}
     // B's request cannot be answered yet: not delivered.
     b.send(now, 0, b"request").unwrap();
     let (_, len) = b.poll_transmit(now, &mut buf).unwrap();
     let request = buf[..len].to_vec();
+    let through = a.delivered_through(1, Stream::Request);
     assert_eq!(a.receive(now, &request), Err(DropReason::NoResponseRoom));
-    assert_eq!(a.delivered_through(1), Some(0));
+    assert_eq!(a.delivered_through(1, Stream::Request), through);
     assert_eq!(a.stats().no_response_room, 1);
+    // A reply needs no room: delivered even while A's window is full.
+    b.send_reply(now, 0, b"reply").unwrap();
+    let (_, len) = b.poll_transmit(now, &mut buf).unwrap();
+    let reply_datagram = buf[..len].to_vec();
+    let reply = a.receive(now, &reply_datagram).unwrap().unwrap();
+    assert_eq!(reply.stream, Stream::Reply);
+    assert_eq!(reply.payload, b"reply");
     // Once B acknowledges A's messages, the retransmitted request is
     // delivered.
-    let later = now + Duration::from_millis(5);
-    a.handle_timeout(later);
-    while let Some((_, len)) = a.poll_transmit(later, &mut buf) {
-        let datagram = buf[..len].to_vec();
-        let _ = b.receive(later, &datagram);
-    }
-    let ack_time = later + config.ack_delay;
-    let (_, len) = b.poll_transmit(ack_time, &mut buf).unwrap();
-    assert!(a.receive(ack_time, &buf[..len]).unwrap().is_none());
-    assert_eq!(a.outstanding(1), Some(0));
-    let message = a.receive(ack_time, &request).unwrap().unwrap();
-    assert_eq!(message.payload, b"request");
-    assert!(!message.reply);
-    // A reply needs no room: delivered even while A's window is full.
-    a.send(ack_time, 1, b"3").unwrap();
-    a.send_reply(ack_time, 1, b"4").unwrap();
-    assert_eq!(a.send_reply(ack_time, 1, b"5"), Err(SendError::WindowFull));
-    b.send_reply(ack_time, 0, b"reply").unwrap();
-    let (_, len) = b.poll_transmit(ack_time, &mut buf).unwrap();
-    let reply_datagram = buf[..len].to_vec();
-    let reply = a.receive(ack_time, &reply_datagram).unwrap().unwrap();
-    assert!(reply.reply);
-    assert_eq!(reply.payload, b"reply");
+    let (_, got_a, got_b) = pump(&mut a, &mut b, now, Duration::from_millis(100));
+    assert_eq!(got_a, vec![b"request".to_vec()]);
+    assert_eq!(got_b, vec![b"1".to_vec(), b"2".to_vec()]);
+    assert_eq!((a.outstanding(1), b.outstanding(0)), (Some(0), Some(0)));
 }
 
 #[test]
@@ -969,7 +1311,7 @@ fn invalid_configurations_are_refused() {
             ..Config::default()
         },
         Config {
-            response_reserve: 64,
+            response_reserve: 65,
             window: 64,
             ..Config::default()
         },
@@ -1024,6 +1366,25 @@ proptest! {
     }
 
     #[test]
+    fn horizon_holds_for_any_seed_and_fault_rates(
+        seed in any::<u64>(),
+        loss in 0.0..0.2f64,
+        duplicate in 0.0..0.1f64,
+        reorder in 0.0..0.2f64,
+        delay_us in 0u64..300,
+    ) {
+        check_horizon(
+            Faults {
+                loss, duplicate, reorder,
+                delay: Duration::from_micros(delay_us),
+                reorder_hold: Duration::from_micros(200),
+                seed,
+            },
+            Config { response_reserve: 2, ..Config::default() },
+        );
+    }
+
+    #[test]
     fn receive_never_panics_on_hostile_bytes(
         bytes in proptest::collection::vec(any::<u8>(), 0..200),
         flips in proptest::collection::vec((0usize..HEADER_LEN + 5, any::<u8>()), 0..6),
@@ -1033,7 +1394,7 @@ proptest! {
         let now = Instant::now();
         let _ = endpoint.receive(now, &bytes);
         // Valid datagrams with a few bytes changed reach deeper checks.
-        let mut mutated = datagram(1, 55, 0, seq);
+        let mut mutated = datagram(1, 55, if flips.len() % 2 == 0 { 100 } else { 0 }, seq);
         for (at, value) in flips {
             if let Some(byte) = mutated.get_mut(at) {
                 *byte = value;

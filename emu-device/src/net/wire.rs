@@ -13,13 +13,20 @@
 //! |     14 |    2 | destination node  |                                                               |
 //! |     16 |    8 | source incarnation| nonzero, random per device start                              |
 //! |     24 |    8 | dest. incarnation | as the sender knows it; 0 = not known yet                     |
-//! |     32 |    4 | seq               | the message's sequence number; 0 in a pure acknowledgement    |
-//! |     36 |    4 | ack               | cumulative: every seq below it was delivered                  |
-//! |     40 |    8 | sack              | bit `i`: seq `ack + 1 + i` was delivered                      |
-//! |     48 |    4 | horizon           | the sender's next unassigned seq towards the destination      |
-//! |     52 |    4 | floor             | every seq below it is acknowledged or abandoned by the sender |
-//! |     56 |    2 | payload length    | exactly the bytes after the header; 0 in a pure ack           |
-//! |     58 |    2 | reserved          | zero                                                          |
+//! |     32 |    4 | seq               | the message's sequence number in its stream; 0 in a pure ack  |
+//! |     36 |    4 | horizon           | the sender's next unassigned reply seq to the destination     |
+//! |     40 |   16 | requests          | [`StreamHeader`] of the request stream                        |
+//! |     56 |   16 | replies           | [`StreamHeader`] of the reply stream                          |
+//! |     72 |    2 | payload length    | exactly the bytes after the header; 0 in a pure ack           |
+//! |     74 |    2 | reserved          | zero                                                          |
+//!
+//! A [`StreamHeader`] (per stream, both directions' state in one place):
+//!
+//! | offset | size | field | meaning                                                                   |
+//! |-------:|-----:|-------|---------------------------------------------------------------------------|
+//! |      0 |    4 | ack   | cumulative: every seq of the receiver's stream below it was delivered     |
+//! |      4 |    4 | floor | every seq of the sender's stream below it is acknowledged or abandoned    |
+//! |      8 |    8 | sack  | bit `i`: seq `ack + 1 + i` of the receiver's stream was delivered         |
 
 use super::{NodeId, Seq};
 
@@ -29,11 +36,11 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"pd");
 pub const VERSION: u8 = 1;
 /// Flag: the datagram carries a message (`seq` and payload are meaningful).
 pub const FLAG_DATA: u8 = 1;
-/// Flag: the message is a reply, which its receiver does not answer (only
-/// with [`FLAG_DATA`]).
+/// Flag: the message belongs to the reply stream (replies are never
+/// answered); only with [`FLAG_DATA`].
 pub const FLAG_REPLY: u8 = 2;
 /// Bytes of the header in front of the payload.
-pub const HEADER_LEN: usize = 60;
+pub const HEADER_LEN: usize = 76;
 /// Sequence numbers compare modulo 2^32: `b` is after `a` when
 /// `b - a` (wrapping) is below this.
 pub const SEQ_HALF_RANGE: u32 = 1 << 31;
@@ -47,6 +54,27 @@ pub fn seq_before(a: Seq, b: Seq) -> bool {
 /// `true` when `a` precedes or equals `b` in the wrapping sequence space.
 pub fn seq_at_or_before(a: Seq, b: Seq) -> bool {
     b.wrapping_sub(a) < SEQ_HALF_RANGE
+}
+
+/// One stream's acknowledgement state in a header: `ack` and `sack`
+/// describe what the sender of the header delivered of the destination's
+/// stream, `floor` the sender's own stream towards the destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamHeader {
+    /// Cumulative acknowledgement: every seq below it was delivered.
+    pub ack: Seq,
+    /// Every seq of the sender below this is acknowledged or abandoned.
+    pub floor: Seq,
+    /// Selective acknowledgement: bit `i` set = seq `ack + 1 + i` delivered.
+    pub sack: u64,
+}
+
+impl StreamHeader {
+    fn encode(&self, out: &mut [u8]) {
+        out[0..4].copy_from_slice(&self.ack.to_le_bytes());
+        out[4..8].copy_from_slice(&self.floor.to_le_bytes());
+        out[8..16].copy_from_slice(&self.sack.to_le_bytes());
+    }
 }
 
 /// The decoded header of one datagram.
@@ -64,17 +92,15 @@ pub struct Header {
     pub destination_incarnation: u64,
     /// The message's sequence number, `None` for a pure acknowledgement.
     pub seq: Option<Seq>,
-    /// The message is a reply (never answered); `false` without a message.
+    /// The message belongs to the reply stream; `false` without a message.
     pub reply: bool,
-    /// Cumulative acknowledgement: every seq below it was delivered.
-    pub ack: Seq,
-    /// Selective acknowledgement: bit `i` set = seq `ack + 1 + i` delivered.
-    pub sack: u64,
-    /// The sender's next unassigned seq towards the destination when the
-    /// header was built.
+    /// The sender's next unassigned reply seq towards the destination when
+    /// the header was built.
     pub horizon: Seq,
-    /// Every seq of the sender below this is acknowledged or abandoned.
-    pub floor: Seq,
+    /// The request stream's acknowledgement state.
+    pub requests: StreamHeader,
+    /// The reply stream's acknowledgement state.
+    pub replies: StreamHeader,
     /// Bytes of payload following the header.
     pub payload_len: u16,
 }
@@ -108,12 +134,14 @@ pub enum WireError {
     /// A pure acknowledgement with a seq or payload.
     #[error("pure acknowledgement with a seq or payload")]
     AckWithData,
-    /// `floor <= seq < horizon` does not hold.
+    /// A message below its stream's floor, or a reply seq or reply floor
+    /// not below the horizon.
     #[error("inconsistent seq {seq}, floor {floor}, horizon {horizon}")]
     InconsistentSeq {
         /// The message's seq (0 for a pure acknowledgement).
         seq: Seq,
-        /// The declared floor.
+        /// The floor of the message's stream (of the reply stream for a
+        /// pure acknowledgement).
         floor: Seq,
         /// The declared horizon.
         horizon: Seq,
@@ -140,12 +168,11 @@ impl Header {
         out[16..24].copy_from_slice(&self.source_incarnation.to_le_bytes());
         out[24..32].copy_from_slice(&self.destination_incarnation.to_le_bytes());
         out[32..36].copy_from_slice(&self.seq.unwrap_or(0).to_le_bytes());
-        out[36..40].copy_from_slice(&self.ack.to_le_bytes());
-        out[40..48].copy_from_slice(&self.sack.to_le_bytes());
-        out[48..52].copy_from_slice(&self.horizon.to_le_bytes());
-        out[52..56].copy_from_slice(&self.floor.to_le_bytes());
-        out[56..58].copy_from_slice(&self.payload_len.to_le_bytes());
-        out[58..60].copy_from_slice(&0u16.to_le_bytes());
+        out[36..40].copy_from_slice(&self.horizon.to_le_bytes());
+        self.requests.encode(&mut out[40..56]);
+        self.replies.encode(&mut out[56..72]);
+        out[72..74].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[74..76].copy_from_slice(&0u16.to_le_bytes());
     }
 
     /// Decodes and validates one datagram; returns the header and the
@@ -175,10 +202,10 @@ impl Header {
         } else {
             0
         };
-        if flags & !known_flags != 0 || u16_at(58) != 0 {
+        if flags & !known_flags != 0 || u16_at(74) != 0 {
             return Err(WireError::ReservedBits);
         }
-        let payload_len = u16_at(56);
+        let payload_len = u16_at(72);
         if usize::from(payload_len) != payload.len() {
             return Err(WireError::LengthMismatch {
                 declared: payload_len,
@@ -190,8 +217,14 @@ impl Header {
             return Err(WireError::ZeroIncarnation);
         }
         let raw_seq = u32_at(32);
-        let horizon = u32_at(48);
-        let floor = u32_at(52);
+        let horizon = u32_at(36);
+        let stream_at = |at: usize| StreamHeader {
+            ack: u32_at(at),
+            floor: u32_at(at + 4),
+            sack: u64_at(at + 8),
+        };
+        let requests = stream_at(40);
+        let replies = stream_at(56);
         let seq = if flags & FLAG_DATA != 0 {
             Some(raw_seq)
         } else {
@@ -200,11 +233,19 @@ impl Header {
             }
             None
         };
-        // floor <= seq < horizon for a message, floor <= horizon always.
-        let consistent = match seq {
-            Some(seq) => seq_at_or_before(floor, seq) && seq_before(seq, horizon),
-            None => seq_at_or_before(floor, horizon),
+        // Reply floor <= horizon; a message at or above its stream's floor,
+        // a reply below the horizon.
+        let reply = flags & FLAG_REPLY != 0;
+        let floor = if reply || seq.is_none() {
+            replies.floor
+        } else {
+            requests.floor
         };
+        let consistent = seq_at_or_before(replies.floor, horizon)
+            && match seq {
+                Some(seq) => seq_at_or_before(floor, seq) && (!reply || seq_before(seq, horizon)),
+                None => true,
+            };
         if !consistent {
             return Err(WireError::InconsistentSeq {
                 seq: raw_seq,
@@ -219,11 +260,10 @@ impl Header {
             source_incarnation,
             destination_incarnation: u64_at(24),
             seq,
-            reply: flags & FLAG_REPLY != 0,
-            ack: u32_at(36),
-            sack: u64_at(40),
+            reply,
             horizon,
-            floor,
+            requests,
+            replies,
             payload_len,
         };
         Ok((header, payload))
@@ -244,10 +284,17 @@ mod tests {
             destination_incarnation: 0,
             seq,
             reply: seq.is_some(),
-            ack: 5,
-            sack: 0b1011,
             horizon: seq.map_or(12, |seq| seq.wrapping_add(4)),
-            floor: seq.map_or(10, |seq| seq.wrapping_sub(2)),
+            requests: StreamHeader {
+                ack: 5,
+                floor: 1,
+                sack: 0b1011,
+            },
+            replies: StreamHeader {
+                ack: 8,
+                floor: seq.map_or(10, |seq| seq.wrapping_sub(2)),
+                sack: 1 << 63,
+            },
             payload_len,
         }
     }
@@ -279,7 +326,7 @@ mod tests {
         assert_eq!(broken(&|b| b[3] |= 4), WireError::ReservedBits);
         // A reply flag without a message.
         assert_eq!(broken(&|b| b[3] = FLAG_REPLY), WireError::ReservedBits);
-        assert_eq!(broken(&|b| b[59] = 1), WireError::ReservedBits);
+        assert_eq!(broken(&|b| b[75] = 1), WireError::ReservedBits);
         assert!(matches!(
             broken(&|b| b.push(0)),
             WireError::LengthMismatch {
@@ -290,14 +337,22 @@ mod tests {
         assert_eq!(broken(&|b| b[16..24].fill(0)), WireError::ZeroIncarnation);
         // Pure ack flag with a payload.
         assert_eq!(broken(&|b| b[3] = 0), WireError::AckWithData);
-        // Horizon not after seq.
+        // Horizon not after the reply's seq.
         assert!(matches!(
-            broken(&|b| b[48..52].copy_from_slice(&40u32.to_le_bytes())),
+            broken(&|b| b[36..40].copy_from_slice(&40u32.to_le_bytes())),
             WireError::InconsistentSeq { .. }
         ));
-        // Floor after seq.
+        // Reply floor after the reply's seq.
         assert!(matches!(
-            broken(&|b| b[52..56].copy_from_slice(&41u32.to_le_bytes())),
+            broken(&|b| b[60..64].copy_from_slice(&41u32.to_le_bytes())),
+            WireError::InconsistentSeq { .. }
+        ));
+        // A request below the request floor.
+        assert!(matches!(
+            broken(&|b| {
+                b[3] = FLAG_DATA;
+                b[44..48].copy_from_slice(&41u32.to_le_bytes());
+            }),
             WireError::InconsistentSeq { .. }
         ));
     }
@@ -321,15 +376,18 @@ mod tests {
             fabric in any::<u64>(), source in any::<u16>(), destination in any::<u16>(),
             source_incarnation in 1..u64::MAX, destination_incarnation in any::<u64>(),
             seq in proptest::option::of(any::<u32>()), reply in any::<bool>(),
-            ack in any::<u32>(), sack in any::<u64>(),
+            acks in any::<[u32; 2]>(), sacks in any::<[u64; 2]>(),
             ahead in 1u32..1000, behind in 0u32..1000, len in 0u16..64,
         ) {
             let len = if seq.is_some() { len } else { 0 };
-            let base = seq.unwrap_or(ack);
+            let base = seq.unwrap_or(acks[0]);
+            let floor = base.wrapping_sub(behind);
             let header = Header {
                 fabric, source, destination, source_incarnation, destination_incarnation,
-                seq, reply: reply && seq.is_some(), ack, sack, horizon: base.wrapping_add(ahead),
-                floor: base.wrapping_sub(behind), payload_len: len,
+                seq, reply: reply && seq.is_some(), horizon: base.wrapping_add(ahead),
+                requests: StreamHeader { ack: acks[0], floor, sack: sacks[0] },
+                replies: StreamHeader { ack: acks[1], floor, sack: sacks[1] },
+                payload_len: len,
             };
             let mut datagram = vec![0xa5u8; HEADER_LEN + usize::from(len)];
             header.encode(&mut datagram);
