@@ -591,3 +591,79 @@ fn vector_writes_and_reads_cross_nodes_in_self_describing_parts() {
         );
     }
 }
+
+/// Datagrams nobody of the fabric sends (random bytes, another job's
+/// token, frames naming another node, datagrams from addresses that are
+/// no peer's) are dropped and counted; the device goes on serving its
+/// peer.
+#[test]
+fn hostile_datagrams_are_dropped_and_counted_and_the_fabric_goes_on() {
+    let ports = [free_port(), free_port()];
+    let zero = node(0, &ports, &[]);
+    let target_address = format!("127.0.0.1:{}", ports[0]);
+    // Pose as node 1 (its address) before node 1 starts, then as a
+    // stranger.
+    let impostor = std::net::UdpSocket::bind(format!("127.0.0.1:{}", ports[1])).unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut sent = 0;
+    for round in 0..500 {
+        let len = (next() % 1500) as usize;
+        let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        match round % 4 {
+            // The endpoint's magic and version, the rest random.
+            0 if len >= 4 => bytes[..3].copy_from_slice(&[b'p', b'd', 1]),
+            // A frame datagram's magic, with random token and nodes.
+            1 if len >= 4 => bytes[..4].copy_from_slice(&[b'p', b'f', 1, 0]),
+            _ => {}
+        }
+        impostor.send_to(&bytes, &target_address).unwrap();
+        stranger.send_to(&bytes, &target_address).unwrap();
+        sent += 2;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let counted = |s: &pindown_emu_device::testing::PortStatus| {
+        s.n("stray_datagrams") + s.n("dropped_datagrams") + s.n("frames_dropped")
+    };
+    loop {
+        let status = zero.fabric_status().unwrap();
+        if status.n("datagrams_received") >= sent || Instant::now() > deadline {
+            assert!(
+                status.n("stray_datagrams") >= status.n("datagrams_received") / 2,
+                "{status:?}"
+            );
+            assert!(counted(&status) > 0, "{status:?}");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(impostor);
+    // The real node 1 joins, and both serve.
+    let one = node(1, &ports, &[]);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let target = Context::open(one.socket(0), config()).unwrap();
+    let near = initiator.alloc(1 << 16, 64).unwrap();
+    let far = target.alloc(1 << 16, 64).unwrap();
+    near.write_at(0, &pattern(1 << 16, 9));
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(&far_region, 0, 1 << 16, Access::REMOTE_WRITE)
+        .unwrap();
+    let done = run(
+        &initiator,
+        Write::new(
+            near_region.local(0, 1 << 16).unwrap(),
+            window.remote().at(0),
+        )
+        .build(),
+    );
+    assert!(done.is_success(), "{done:?}");
+    assert!(contents(&far) == pattern(1 << 16, 9));
+}

@@ -21,13 +21,20 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::message::{FrameDatagram, Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
 use crate::fabric::with_port;
 use crate::net::wire::{seq_before, Header};
-use crate::net::{
-    self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream,
-};
+use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream};
 use crate::port::{Port, PortTable};
 use crate::rdma::remote::{self, AtomicOp};
 use crate::rdma::{self, Failure, PortId, Target};
 use crate::switch::{Station, Switch};
+
+/// Copies other nodes may have delegated to this one at once; one more is
+/// refused with [`ErrorDetail::NodeBusy`].
+pub const MAX_DELEGATED: usize = 1024;
+
+/// Answers waiting for room in the endpoint at most; beyond, the oldest
+/// is dropped (logged), and its initiator's operation fails by its own
+/// timeout.
+pub const MAX_DEFERRED: usize = 4096;
 
 /// Ethernet frames waiting for the link at most; more are dropped.
 pub const MAX_FRAMES_QUEUED: usize = 512;
@@ -178,6 +185,8 @@ impl Link {
             next_tag: 1,
             seq_tags: HashMap::new(),
             reads: VecDeque::new(),
+            delegated: 0,
+            op_timeout: config.endpoint.peer_timeout * 2,
             deferred: VecDeque::new(),
             message: Vec::with_capacity(config.endpoint.max_payload),
             bytes: vec![0; config.endpoint.max_payload],
@@ -282,6 +291,9 @@ struct Op {
     /// the operation have seqs below it.
     horizon: Option<Seq>,
     failure: Option<Failure>,
+    /// When it last made progress (started, a part acknowledged, an
+    /// answer arrived).
+    progress: Instant,
 }
 
 /// Who gets an operation's outcome.
@@ -441,6 +453,12 @@ struct Worker {
     /// Which operation each message in flight belongs to.
     seq_tags: HashMap<(NodeId, Seq), u64>,
     reads: VecDeque<ReadJob>,
+    /// Copies other nodes delegated here, under way.
+    delegated: usize,
+    /// How long an operation may make no progress (no acknowledgement,
+    /// no answer) before it fails with NodeUnreachable: a peer that
+    /// acknowledges but never answers cannot hold it forever.
+    op_timeout: Duration,
     /// Answers the endpoint could not take at once (sent first).
     deferred: VecDeque<(NodeId, Vec<u8>)>,
     /// The message being built.
@@ -728,6 +746,7 @@ impl Worker {
                 unacked: 0,
                 horizon: None,
                 failure: (!known).then_some((Status::InvalidRequest, ErrorDetail::UnknownNode)),
+                progress: Instant::now(),
             },
         );
     }
@@ -975,6 +994,12 @@ impl Worker {
                     sent: 0,
                     started: false,
                 };
+                if self.delegated >= MAX_DELEGATED {
+                    let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
+                    self.answer(now, node, origin.tag, status, detail, 0);
+                    return;
+                }
+                self.delegated += 1;
                 let requester = Requester::Node {
                     node,
                     tag: origin.tag,
@@ -1037,7 +1062,7 @@ impl Worker {
                         .encode(&mut answer);
                         if !self.deferred.is_empty() || self.send_reply(now, node, &answer).is_err()
                         {
-                            self.deferred.push_back((node, answer));
+                            self.defer(node, answer);
                         }
                     }
                     Err((status, detail)) => {
@@ -1080,8 +1105,18 @@ impl Worker {
         }
         .encode(&mut bytes);
         if !self.deferred.is_empty() || self.send_reply(now, node, &bytes).is_err() {
-            self.deferred.push_back((node, bytes));
+            self.defer(node, bytes);
         }
+    }
+
+    /// Keeps an answer for when the endpoint has room, within
+    /// [`MAX_DEFERRED`].
+    fn defer(&mut self, node: NodeId, answer: Vec<u8>) {
+        if self.deferred.len() >= MAX_DEFERRED {
+            tracing::warn!(node, "fabric answers pile up: the oldest is dropped");
+            self.deferred.pop_front();
+        }
+        self.deferred.push_back((node, answer));
     }
 
     /// Sends one request (a message the peer answers); `Ok(None)` when
@@ -1141,6 +1176,7 @@ impl Worker {
             return;
         }
         *received += bytes.len() as u32;
+        op.progress = Instant::now();
         if op.failure.is_some() {
             return;
         }
@@ -1176,6 +1212,7 @@ impl Worker {
         let Some(op) = self.ops.get_mut(&tag).filter(|op| op.node == node) else {
             return self.bad_message(node, &"result of no operation of ours");
         };
+        op.progress = Instant::now();
         if status != Status::Success {
             op.failure.get_or_insert((status, detail));
             return;
@@ -1204,6 +1241,7 @@ impl Worker {
                     .and_then(|tag| self.ops.get_mut(&tag))
                 {
                     op.unacked -= 1;
+                    op.progress = Instant::now();
                     op.horizon = Some(match op.horizon {
                         Some(h) if seq_before(horizon, h) => h,
                         _ => horizon,
@@ -1221,6 +1259,7 @@ impl Worker {
                     .and_then(|tag| self.ops.get_mut(&tag))
                 {
                     op.unacked -= 1;
+                    op.progress = Instant::now();
                     op.failure = Some(GONE);
                 }
             }
@@ -1704,6 +1743,16 @@ impl Worker {
 
     /// Completes the operations that are done.
     fn finish_ops(&mut self, now: Instant) {
+        let op_timeout = self.op_timeout;
+        for op in self.ops.values_mut() {
+            if op.failure.is_none() && now.saturating_duration_since(op.progress) > op_timeout {
+                tracing::warn!(
+                    node = op.node,
+                    "fabric operation made no progress: given up"
+                );
+                op.failure = Some(GONE);
+            }
+        }
         let done: Vec<u64> = self
             .ops
             .iter()
@@ -1747,6 +1796,7 @@ impl Worker {
                     }
                 }
                 Requester::Node { node, tag } => {
+                    self.delegated -= 1;
                     let (status, detail) = outcome
                         .err()
                         .unwrap_or((Status::Success, ErrorDetail::None));
