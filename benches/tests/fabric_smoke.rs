@@ -95,7 +95,10 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
         let latency = &lossless["latency"];
         assert_eq!(latency["verified"], true);
         assert_eq!(number(latency, "/bytes"), 8.0);
-        assert_eq!(number(latency, "/us/samples"), 100.0);
+        // Fewer when the figure's time ran out (a loaded machine), never
+        // fewer than ten.
+        let samples = number(latency, "/us/samples");
+        assert!((10.0..=100.0).contains(&samples), "{samples}");
         let median = number(latency, "/us/median");
         assert!(median > 0.0);
         assert!(close(
@@ -113,6 +116,7 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
             assert_eq!(f["verified"], true, "{f}");
             let rate = number(f, "/gb_per_s/median");
             assert!(rate > 0.0);
+            assert!(number(f, "/gb_per_s/samples") >= 1.0);
             assert!(close(number(f, "/over_udp_bulk"), rate / bulk));
             assert!(f["over_lossless"].is_null());
         }

@@ -174,6 +174,8 @@ const UDP_DATAGRAM: usize = 1400;
 /// The write of the latency figure.
 const LATENCY_BYTES: u32 = 8;
 const WRITE_SEED: u64 = 0xfab_1000;
+/// Timed samples a latency figure keeps however long they take.
+const MIN_SAMPLES: usize = 10;
 /// Room in each context's DMA arena beyond the buffers (rings).
 const ARENA_SLACK: usize = 8 << 20;
 
@@ -207,6 +209,12 @@ struct Plan {
     bandwidth_bytes_per_round: u64,
     bandwidth_rounds: usize,
     in_flight: usize,
+    /// Time one figure may take: a latency figure stops taking samples
+    /// (keeping at least [`MIN_SAMPLES`]) and a bandwidth figure stops
+    /// starting rounds (keeping at least one) once it is spent, so that a
+    /// loaded machine cannot stretch a run without bound; the sample
+    /// counts say what was taken.
+    figure_seconds: f64,
     /// Faults each device injects into what it receives, lossy figures.
     lossy_fault_in: Option<String>,
     lossy_bandwidth_bytes: Vec<u32>,
@@ -218,10 +226,10 @@ struct Plan {
 impl Plan {
     fn new(args: &Args) -> Result<Plan, String> {
         let quick = args.quick;
-        let (samples, bytes_per_round, rounds) = if quick {
-            (200, 2 << 20, 3)
+        let (samples, bytes_per_round, rounds, figure_seconds) = if quick {
+            (200, 2 << 20, 3, 5.0)
         } else {
-            (5_000, 64 << 20, 7)
+            (5_000, 64 << 20, 7, 30.0)
         };
         let latency_samples = args.samples.unwrap_or(samples).max(1);
         let bandwidth_bytes = match (args.sizes.is_empty(), quick) {
@@ -260,6 +268,7 @@ impl Plan {
             bandwidth_bytes_per_round: bytes_per_round,
             bandwidth_rounds: rounds,
             in_flight: IN_FLIGHT,
+            figure_seconds,
             lossy_fault_in: (!args.no_loss).then(|| args.loss.clone()),
             lossy_bandwidth_bytes: if args.no_loss { Vec::new() } else { lossy },
             endpoint_peers: peers,
@@ -788,7 +797,11 @@ fn writes(
         let mut samples = Vec::with_capacity(plan.latency_samples);
         let mut verified = true;
         let mut landed = vec![0u8; len];
+        let began = Instant::now();
         for i in 0..(plan.latency_warmup + plan.latency_samples) as u64 {
+            if samples.len() >= MIN_SAMPLES && began.elapsed().as_secs_f64() > plan.figure_seconds {
+                break;
+            }
             let value = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             word.write_at(0, &value.to_le_bytes()[..len.min(8)]);
             let entry = Write::new(word_region.local(0, plan.latency_bytes)?, remote.at(0))
@@ -832,7 +845,11 @@ fn writes(
         stream(writes.min(4))?;
         let total = f64::from(size) * writes as f64;
         let mut rates: Vec<f64> = Vec::with_capacity(plan.bandwidth_rounds);
+        let began = Instant::now();
         for _ in 0..plan.bandwidth_rounds {
+            if !rates.is_empty() && began.elapsed().as_secs_f64() > plan.figure_seconds {
+                break;
+            }
             rates.push(gb_per_s(total, stream(writes)?.as_secs_f64()));
         }
         let rate = Summary::of(&mut rates);
