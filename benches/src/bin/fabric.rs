@@ -401,7 +401,10 @@ struct MemoryReport {
     /// fabric, in bytes (the pool's pages are counted only once touched).
     device_fabric_fixed_rss_bytes: Option<f64>,
     /// Resident memory growth from 2 to `rss_peers` peers, per peer, in
-    /// bytes (page granular, so only indicative).
+    /// bytes: page granular, and an upper bound, since it includes the
+    /// command line's own cost (the `--fabric-peer` arguments, their
+    /// parse, the link's address tables and heap the parse freed but the
+    /// allocator kept).
     device_rss_per_peer_bytes: Option<f64>,
     /// The per-peer heap the endpoint took with the most peers, over its
     /// own per-peer figure.
