@@ -52,6 +52,20 @@ impl DeviceChild {
     /// Starts the device on a new temporary directory and waits until its
     /// port and control sockets exist.
     pub fn start(exe: &Path, flag: &str, ports: usize, args: &[&str]) -> io::Result<DeviceChild> {
+        Self::start_in(exe, flag, ports, args, None)
+    }
+
+    /// Like [`DeviceChild::start`], with the device in the network
+    /// namespace `netns` (an open `/var/run/netns/NAME` or
+    /// `/proc/PID/ns/net`) when one is given: its UDP sockets live there,
+    /// while its unix sockets are in the shared filesystem as usual.
+    pub fn start_in(
+        exe: &Path,
+        flag: &str,
+        ports: usize,
+        args: &[&str],
+        netns: Option<&std::fs::File>,
+    ) -> io::Result<DeviceChild> {
         let dir = std::env::temp_dir().join(format!(
             "pindown-{}-{}",
             std::process::id(),
@@ -66,7 +80,23 @@ impl DeviceChild {
             .map_err(|e| failed(&format!("cannot create {}", dir.display()), e))?;
         let log = std::fs::File::create(dir.join("device.log"))
             .map_err(|e| failed("cannot create the device's log", e))?;
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        if let Some(netns) = netns {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(netns);
+            // SAFETY: the closure runs in the forked child before exec and
+            // only calls setns(2), which is async-signal-safe, on a
+            // descriptor the parent keeps open until spawn returns.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = command
             .arg(flag)
             .arg("--socket-dir")
             .arg(&dir)
@@ -96,6 +126,16 @@ impl DeviceChild {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The device's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The device's socket directory (its log is `device.log` there).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The socket of port `i`.

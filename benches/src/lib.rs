@@ -22,15 +22,19 @@
 //!   pack, unpack and one-pass copy, and cache eviction.
 //! * [`mpi`]: the MPI baseline program, built and launched by each MPI's
 //!   own tools.
+//! * [`fabric`]: two hosts (network namespaces and a veth pair, or
+//!   loopback) for device processes joined over UDP, the raw UDP
+//!   baselines between them, and the fabric's memory figures.
 //!
-//! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo`, `latency` and
-//! `vector-transfer`, the criterion
+//! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo`, `latency`,
+//! `vector-transfer` and `fabric`, the criterion
 //! benchmarks and the integration tests all use these modules, so that what
 //! the tests check is what the programs measure.
 
 #![warn(missing_docs)]
 
 pub mod child;
+pub mod fabric;
 pub mod memory_kind;
 pub mod mpi;
 pub mod output;
