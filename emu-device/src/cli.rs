@@ -414,6 +414,10 @@ fn link_config(cli: &Cli) -> Result<Option<LinkConfig>, String> {
     }
     let endpoint = crate::net::Config {
         peer_timeout: cli.peer_timeout,
+        // The link takes every datagram waiting before it transmits, so
+        // acknowledgements are batched by the pass anyway; delaying them
+        // further would make every isolated request wait.
+        ack_delay: Duration::ZERO,
         ..crate::net::Config::default()
     };
     endpoint.validate().map_err(|e| e.to_string())?;
@@ -425,7 +429,8 @@ fn link_config(cli: &Cli) -> Result<Option<LinkConfig>, String> {
         endpoint,
         fault_in: cli.fault_in,
         fault_out: cli.fault_out,
-        spin: (!cli.poll).then(|| Duration::from_micros(cli.spin_us)),
+        spin: Duration::from_micros(cli.spin_us),
+        poll: cli.poll,
     }))
 }
 

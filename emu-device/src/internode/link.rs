@@ -61,8 +61,12 @@ pub struct LinkConfig {
     /// Faults injected into sent datagrams.
     pub fault_out: Faults,
     /// How long the thread polls its socket after activity before it
-    /// sleeps (`None`: it never sleeps while the device runs).
-    pub spin: Option<Duration>,
+    /// sleeps.
+    pub spin: Duration,
+    /// Busy-poll: the thread also polls for as long as operations are
+    /// under way (it sleeps when there are none, so that an idle fabric
+    /// leaves the cores to the ports).
+    pub poll: bool,
 }
 
 /// A request of a local port that names another node.
@@ -122,6 +126,8 @@ pub struct Link {
     /// The job token (frame datagrams carry it too).
     fabric: u64,
     wake: EventFd,
+    /// The thread sleeps (or is about to): submitters wake it.
+    asleep: AtomicBool,
     stop: AtomicBool,
     /// Counters.
     pub stats: LinkStats,
@@ -167,6 +173,7 @@ impl Link {
             frames: Mutex::new(VecDeque::new()),
             fabric: config.fabric,
             wake: EventFd::new(EFD_NONBLOCK)?,
+            asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             stats: LinkStats::default(),
             memory: (report.fixed_bytes, report.per_peer_bytes),
@@ -181,6 +188,7 @@ impl Link {
             fault_in: (!config.fault_in.is_none()).then(|| FaultInjector::new(config.fault_in)),
             fault_out: (!config.fault_out.is_none()).then(|| FaultInjector::new(config.fault_out)),
             spin: config.spin,
+            poll: config.poll,
             ops: BTreeMap::new(),
             next_tag: 1,
             seq_tags: HashMap::new(),
@@ -217,7 +225,7 @@ impl Link {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push_back(submission);
-        let _ = self.wake.write(1);
+        self.wake_if_asleep();
     }
 
     /// Sends an Ethernet frame of queue pair 0 (without virtio-net
@@ -231,7 +239,14 @@ impl Link {
         }
         frames.push_back((node, frame.to_vec()));
         drop(frames);
-        let _ = self.wake.write(1);
+        self.wake_if_asleep();
+    }
+
+    /// Wakes the thread if it sleeps (no system call while it polls).
+    fn wake_if_asleep(&self) {
+        if self.asleep.load(Ordering::SeqCst) {
+            let _ = self.wake.write(1);
+        }
     }
 
     /// Stops the thread (the device is shutting down).
@@ -447,7 +462,8 @@ struct Worker {
     endpoint: Endpoint,
     fault_in: Option<FaultInjector>,
     fault_out: Option<FaultInjector>,
-    spin: Option<Duration>,
+    spin: Duration,
+    poll: bool,
     ops: BTreeMap<u64, Op>,
     next_tag: u64,
     /// Which operation each message in flight belongs to.
@@ -518,10 +534,8 @@ impl Worker {
             if worked {
                 last_work = now;
             }
-            let spinning = match self.spin {
-                None => true,
-                Some(spin) => now.duration_since(last_work) < spin,
-            };
+            let under_way = !self.ops.is_empty() || !self.reads.is_empty();
+            let spinning = (self.poll && under_way) || now.duration_since(last_work) < self.spin;
             if !spinning {
                 self.sleep();
             }
@@ -531,6 +545,26 @@ impl Worker {
     /// Sleeps until the socket is readable, a submission arrives, or the
     /// next timer (endpoint, fault injectors) is due.
     fn sleep(&self) {
+        // Submitters write the eventfd only while the thread sleeps: say
+        // so first, then look at the queues once more, so that a
+        // submission made in between is not left waiting.
+        self.link.asleep.store(true, Ordering::SeqCst);
+        let queued = !self
+            .link
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+            || !self
+                .link
+                .frames
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty();
+        if queued {
+            self.link.asleep.store(false, Ordering::SeqCst);
+            return;
+        }
         let now = Instant::now();
         let due = [
             self.endpoint.poll_timeout(),
@@ -570,6 +604,7 @@ impl Worker {
         // SAFETY: `fds` is a live array of two pollfds and `wait` a live
         // timespec; no signal mask is passed.
         unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &wait, std::ptr::null()) };
+        self.link.asleep.store(false, Ordering::SeqCst);
         let _ = self.link.wake.read();
     }
 
