@@ -4,11 +4,11 @@
 //! talk real UDP through real interfaces, while their unix sockets stay in
 //! the shared filesystem for driver processes of the root namespace.
 //!
-//! Layout for `count` hosts of a set named `pindown-PID-N`:
+//! Layout for `count` hosts of a set named `pindown-hosts-PID-N`:
 //!
 //! ```text
-//!  pindown-PID-N-0 (eth0 10.201.0.1/24) --veth--+
-//!  pindown-PID-N-1 (eth0 10.201.0.2/24) --veth--+-- br0 in pindown-PID-N-br
+//!  pindown-hosts-PID-N-0 (eth0 10.201.0.1/24) --veth--+
+//!  pindown-hosts-PID-N-1 (eth0 10.201.0.2/24) --veth--+-- br0 in pindown-hosts-PID-N-br
 //!  ...                                          |
 //! ```
 //!
@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub const NETNS_DIR: &str = "/run/netns";
 
 /// The prefix of every namespace these tests create.
-const PREFIX: &str = "pindown-";
+const PREFIX: &str = "pindown-hosts-";
 
 static SETS: AtomicUsize = AtomicUsize::new(0);
 
