@@ -7,7 +7,9 @@
 //! [`RemoteWindow`]). Then, for every round and every other rank (the
 //! target), it writes blocks of several sizes (`--sizes`, default 8 B, 1400
 //! B, 64 KiB and 1 MiB; the 8-byte one inline) into its own slot of the
-//! target's window, reads them back and compares, and fetch-adds `rank + 1`
+//! target's window, reads them back and compares (right after writing to
+//! that target, or with `--reads-in-turn` after every rank has written,
+//! one rank reading at a time between barriers), and fetch-adds `rank + 1`
 //! on a counter word of rank 0's window. After a barrier every rank checks
 //! every byte its window received from every writer (the last round's
 //! blocks), and that its own slot, which nobody writes, is still zero; rank
@@ -38,7 +40,9 @@ use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::opcode::{Entry, FetchAdd, Read, Write};
-use pindown_driver::verbs::{Completion, Context, ContextConfig, RemoteWindow};
+use pindown_driver::verbs::{
+    Completion, CompletionQueue, Context, ContextConfig, QueuePair, RemoteWindow,
+};
 use pindown_uapi::{Access, Status};
 
 /// What a rank is asked to do.
@@ -52,6 +56,10 @@ pub struct Options {
     pub output_dir: Option<PathBuf>,
     /// How long one batch of requests may take.
     pub batch_timeout: Duration,
+    /// Whether ranks read back one at a time (between barriers) after
+    /// all have written, instead of each right after its writes to a
+    /// target.
+    pub reads_in_turn: bool,
 }
 
 impl Default for Options {
@@ -61,6 +69,7 @@ impl Default for Options {
             rounds: 2,
             output_dir: None,
             batch_timeout: Duration::from_secs(120),
+            reads_in_turn: false,
         }
     }
 }
@@ -71,6 +80,10 @@ impl Options {
         let mut options = Options::default();
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
+            if arg == "--reads-in-turn" {
+                options.reads_in_turn = true;
+                continue;
+            }
             let value = args.next().ok_or_else(|| format!("{arg} needs a value"))?;
             match arg.as_str() {
                 "--sizes" => {
@@ -167,8 +180,8 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
 /// Posts `entries` (all signaled) and waits for a successful completion
 /// of each.
 fn run_batch(
-    qp: &mut pindown_driver::verbs::QueuePair<'_>,
-    cq: &mut pindown_driver::verbs::CompletionQueue<'_>,
+    qp: &mut QueuePair<'_>,
+    cq: &mut CompletionQueue<'_>,
     entries: &[Entry<'_>],
     timeout: Duration,
     what: &str,
@@ -280,26 +293,55 @@ fn exchange(job: &mut Job, options: &Options) -> Result<Report, String> {
     };
     let source_at = 0u64;
     let back_at = slot_len as u64;
+    let slot = (SLOTS_AT + rank as usize * slot_len) as u64;
+    let locals = |base: u64| {
+        options
+            .sizes
+            .iter()
+            .zip(&offsets)
+            .map(|(&len, &at)| staging_region.local(base + at as u64, len as u32))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("local range: {e}"))
+    };
+    // Reads this rank's slot of `target`'s window back and compares it
+    // with what `round` wrote there.
+    let read_back = |qp: &mut QueuePair<'_>,
+                     cq: &mut CompletionQueue<'_>,
+                     round: u32,
+                     target: u32|
+     -> Result<u64, String> {
+        let remote = &windows[target as usize];
+        staging.write_at(slot_len, &vec![0u8; slot_len]);
+        let reads: Vec<Entry<'_>> = locals(back_at)?
+            .into_iter()
+            .zip(&offsets)
+            .map(|(local, &at)| Read::new(local, remote.at(slot + at as u64)).build())
+            .collect();
+        let what = format!("round {round}: reads from rank {target} ({remote})");
+        let done = run_batch(qp, cq, &reads, options.batch_timeout, &what)?;
+        for (b, (&len, &at)) in options.sizes.iter().zip(&offsets).enumerate() {
+            let mut got = vec![0u8; len];
+            staging.read_at(slot_len + at, &mut got);
+            let want = block(rank, target, round, b, len);
+            if let Some(i) = first_difference(&got, &want) {
+                return Err(format!(
+                    "round {round}: the {len}-byte block read back from rank {target} \
+                     ({remote}) differs at byte {i}: got {:#04x}, wrote {:#04x}",
+                    got[i], want[i]
+                ));
+            }
+        }
+        Ok(done.iter().map(|c| u64::from(c.byte_len)).sum())
+    };
     for round in 0..options.rounds {
         for step in 1..size {
             // Staggered, so that not every rank writes to the same target
             // at once.
             let target = (rank + step) % size;
             let remote = &windows[target as usize];
-            let slot = (SLOTS_AT + rank as usize * slot_len) as u64;
             for (b, (&len, &at)) in options.sizes.iter().zip(&offsets).enumerate() {
                 staging.write_at(at, &block(rank, target, round, b, len));
-                staging.write_at(slot_len + at, &vec![0u8; len]);
             }
-            let locals = |base: u64| {
-                options
-                    .sizes
-                    .iter()
-                    .zip(&offsets)
-                    .map(|(&len, &at)| staging_region.local(base + at as u64, len as u32))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("local range: {e}"))
-            };
             let writes: Vec<Entry<'_>> = locals(source_at)?
                 .into_iter()
                 .zip(&offsets)
@@ -315,26 +357,22 @@ fn exchange(job: &mut Job, options: &Options) -> Result<Report, String> {
             let what = format!("round {round}: writes to rank {target} ({remote})");
             let done = run_batch(&mut qp, &mut cq, &writes, options.batch_timeout, &what)?;
             report.written += done.iter().map(|c| u64::from(c.byte_len)).sum::<u64>();
-            let reads: Vec<Entry<'_>> = locals(back_at)?
-                .into_iter()
-                .zip(&offsets)
-                .map(|(local, &at)| Read::new(local, remote.at(slot + at as u64)).build())
-                .collect();
-            let what = format!("round {round}: reads from rank {target} ({remote})");
-            let done = run_batch(&mut qp, &mut cq, &reads, options.batch_timeout, &what)?;
-            report.read_back += done.iter().map(|c| u64::from(c.byte_len)).sum::<u64>();
-            for (b, (&len, &at)) in options.sizes.iter().zip(&offsets).enumerate() {
-                let mut got = vec![0u8; len];
-                staging.read_at(slot_len + at, &mut got);
-                let want = block(rank, target, round, b, len);
-                if let Some(i) = first_difference(&got, &want) {
-                    return Err(format!(
-                        "round {round}: the {len}-byte block read back from rank {target} \
-                         ({remote}) differs at byte {i}: got {:#04x}, wrote {:#04x}",
-                        got[i], want[i]
-                    ));
+            if !options.reads_in_turn {
+                report.read_back += read_back(&mut qp, &mut cq, round, target)?;
+            }
+        }
+        if options.reads_in_turn {
+            // One rank reads at a time, between barriers.
+            for reader in 0..size {
+                job.barrier().map_err(|e| e.to_string())?;
+                if reader == rank {
+                    for step in 1..size {
+                        let target = (rank + step) % size;
+                        report.read_back += read_back(&mut qp, &mut cq, round, target)?;
+                    }
                 }
             }
+            job.barrier().map_err(|e| e.to_string())?;
         }
         let add = FetchAdd::new(windows[0].at(COUNTER_AT), u64::from(rank) + 1).build();
         let what = format!(
@@ -420,7 +458,7 @@ pub fn rank_main(args: impl IntoIterator<Item = String>) -> u8 {
             eprintln!("pindown-fabric-rank: {error}");
             eprintln!(
                 "usage: pindown-fabric-rank [--sizes B,B,..] [--rounds N] [--output-dir DIR] \
-                 [--batch-timeout SECONDS]"
+                 [--batch-timeout SECONDS] [--reads-in-turn]"
             );
             return 64;
         }
