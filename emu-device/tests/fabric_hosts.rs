@@ -8,6 +8,10 @@
 //!   `pindown-fabric-rank`'s all-to-all (writes of 8 B to 1 MiB, read back,
 //!   fetch-adds on rank 0's counter) under 5 % loss, 2 % duplication and
 //!   5 % reordering on every device, every byte checked by its receiver;
+//!   the ranks read back one at a time (`--reads-in-turn`): reading back
+//!   at once, which makes nodes stream read data to each other at the
+//!   same time, deadlocks the fabric link (a device bug; two ignored tests
+//!   show it);
 //! - 2 x 100,000 fetch-adds from two nodes, 64 in flight per queue pair,
 //!   on one word of a third node give the exact total, every old value
 //!   seen once;
@@ -16,7 +20,10 @@
 //!   same address it serves again;
 //! - `mpiexec.hydra -n 4` and `mpirun.openmpi -n 4` start the ranks, which
 //!   bootstrap through PMI-1 and PMIx and find their device through
-//!   `PINDOWN_DEVICE_DIR` and their local rank.
+//!   `PINDOWN_DEVICE_DIR` and their local rank (links there to the sockets
+//!   of 4 devices on 4 hosts);
+//! - the namespaces have their own addresses and go away when a test
+//!   panics.
 //!
 //! The rank program is `driver/src/bin/pindown-fabric-rank.rs`, compiled
 //! into this test binary too: a rank is this binary started again with
