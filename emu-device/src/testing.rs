@@ -9,6 +9,12 @@
 //! let status = dev.status().unwrap();
 //! assert_eq!(status[0].n("connected"), 0);
 //! ```
+//!
+//! [`netns`] gives devices hosts of their own (network namespaces with
+//! their own addresses) for fabric tests:
+//! [`DeviceProcess::start_in_netns`].
+
+pub mod netns;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -104,7 +110,20 @@ impl DeviceProcess {
         uid: u32,
         nproc: Option<u64>,
     ) -> io::Result<DeviceProcess> {
-        Self::spawn_with(bin, ports, args, None, Some((uid, nproc)))
+        Self::spawn_with(bin, ports, args, None, Some((uid, nproc)), None)
+    }
+
+    /// Like [`DeviceProcess::start`], with the device in the network
+    /// namespace `host` (its UDP sockets bind and send there), while its
+    /// socket directory stays in the shared filesystem, where drivers of
+    /// any namespace connect.
+    pub fn start_in_netns(
+        bin: &Path,
+        ports: usize,
+        args: &[&str],
+        host: &netns::Namespace,
+    ) -> io::Result<DeviceProcess> {
+        Self::spawn_with(bin, ports, args, None, None, Some(&host.path()))
     }
 
     fn spawn(
@@ -113,7 +132,7 @@ impl DeviceProcess {
         args: &[&str],
         nofile: Option<(u64, u64)>,
     ) -> io::Result<DeviceProcess> {
-        Self::spawn_with(bin, ports, args, nofile, None)
+        Self::spawn_with(bin, ports, args, nofile, None, None)
     }
 
     fn spawn_with(
@@ -122,6 +141,7 @@ impl DeviceProcess {
         args: &[&str],
         nofile: Option<(u64, u64)>,
         user: Option<(u32, Option<u64>)>,
+        netns: Option<&Path>,
     ) -> io::Result<DeviceProcess> {
         let dir = std::env::temp_dir().join(format!(
             "emu-device-test-{}-{}",
@@ -188,6 +208,34 @@ impl DeviceProcess {
                 });
             }
         }
+        // Opened here, held open until the child has been spawned: the
+        // child enters the namespace through this descriptor.
+        let namespace = match netns {
+            Some(path) => Some(std::fs::File::open(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("network namespace {}: {e}", path.display()),
+                )
+            })?),
+            None => None,
+        };
+        if let Some(file) = &namespace {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+            // SAFETY: the closure runs in the forked child before exec and
+            // only calls setns(2), which is async-signal-safe, on `fd`: a
+            // descriptor of the parent's `namespace` file, which stays open
+            // until after spawn returns, so the child has it too (it is
+            // close-on-exec, so the device does not keep it).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         command
             .arg("--socket-dir")
             .arg(&dir)
@@ -202,6 +250,7 @@ impl DeviceProcess {
             .stdout(Stdio::null())
             .stderr(log);
         let child = spawn_retrying_busy_text(&mut command)?;
+        drop(namespace);
         let mut dev = DeviceProcess { child, dir, ports };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -267,15 +316,21 @@ impl DeviceProcess {
         Ok(parse_status(&text))
     }
 
-    /// The fabric link's counters (the status line `fabric`), parsed as
-    /// one port's are; empty when the device has no fabric.
-    pub fn fabric_status(&self) -> io::Result<PortStatus> {
-        let mut s = UnixStream::connect(self.control_path())?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"fabric\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(parse_status(&text).pop().unwrap_or_default())
+    /// The fabric link's counters (the status socket's `fabric` line;
+    /// empty without a fabric or when the device does not answer).
+    pub fn fabric_status(&self) -> PortStatus {
+        let ask = || -> io::Result<String> {
+            let mut s = UnixStream::connect(self.control_path())?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"fabric\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        };
+        ask()
+            .ok()
+            .and_then(|text| parse_status(&text).into_iter().next())
+            .unwrap_or_default()
     }
 
     /// Status of port `i` (empty if unknown).

@@ -37,6 +37,18 @@
 //! example to pick one port of the device each; the device's address is
 //! what they then publish with [`Job::all_gather`].
 //!
+//! [`device_socket`] is that lookup, in this order:
+//!
+//! 1. `PINDOWN_DEVICE`: the path of the vhost-user socket of this rank's
+//!    port (a wrapper script can set it per rank);
+//! 2. `PINDOWN_DEVICE_DIR`: the device's socket directory (its
+//!    `--socket-dir`): the rank takes `PINDOWN_DEVICE_DIR/port{L}.sock`,
+//!    `L` its [`Job::local_rank`], so the ranks of one host use ports 0,
+//!    1, ... of their host's device (the directory may also hold symbolic
+//!    links to the sockets of other devices);
+//! 3. neither: an error naming both variables (a missing local rank with
+//!    `PINDOWN_DEVICE_DIR` also is one).
+//!
 //! ## Keys and values
 //!
 //! Keys are 1 to [`MAX_KEY_LEN`] characters from `A-Z a-z 0-9 _ - .`; every
@@ -65,6 +77,53 @@ use std::time::Duration;
 mod env;
 mod pmi1;
 mod pmix;
+
+/// The path of the vhost-user socket of this rank's device port:
+/// `PINDOWN_DEVICE`, else `PINDOWN_DEVICE_DIR/port{local rank}.sock`
+/// (see [Finding the host's device](self#finding-the-hosts-device)).
+///
+/// The path is not checked: opening the port
+/// ([`Context::open`](crate::verbs::Context::open)) says whether a
+/// device serves it.
+pub fn device_socket(job: &Job) -> Result<PathBuf, LaunchError> {
+    device_socket_from(&ProcessEnvironment, job)
+}
+
+/// [`device_socket`] with variables from `vars`.
+pub(crate) fn device_socket_from(vars: &dyn Variables, job: &Job) -> Result<PathBuf, LaunchError> {
+    if let Some(path) = vars.var("PINDOWN_DEVICE") {
+        if path.is_empty() {
+            return Err(LaunchError::Variable {
+                variable: "PINDOWN_DEVICE".into(),
+                reason: "is empty: it names the socket of this rank's device port".into(),
+            });
+        }
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(dir) = vars.var("PINDOWN_DEVICE_DIR") {
+        if dir.is_empty() {
+            return Err(LaunchError::Variable {
+                variable: "PINDOWN_DEVICE_DIR".into(),
+                reason: "is empty: it names the device's socket directory".into(),
+            });
+        }
+        let local = job.local_rank().ok_or_else(|| LaunchError::Variable {
+            variable: "PINDOWN_DEVICE_DIR".into(),
+            reason: format!(
+                "is set, but the {} launcher does not say this rank's local rank, \
+                 which picks the port: set PINDOWN_DEVICE for each rank instead",
+                job.launcher()
+            ),
+        })?;
+        return Ok(PathBuf::from(dir).join(format!("port{local}.sock")));
+    }
+    Err(LaunchError::Variable {
+        variable: "PINDOWN_DEVICE".into(),
+        reason: "not set, nor PINDOWN_DEVICE_DIR: set PINDOWN_DEVICE to the socket of this \
+                 rank's device port, or PINDOWN_DEVICE_DIR to the device's socket directory"
+            .into(),
+    })
+}
 
 /// The longest key [`Job::put`] takes.
 pub const MAX_KEY_LEN: usize = 32;

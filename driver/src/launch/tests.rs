@@ -532,3 +532,59 @@ fn a_job_can_move_to_another_thread() {
     let rank = std::thread::spawn(move || job.rank()).join().unwrap();
     assert_eq!(rank, 0);
 }
+
+#[test]
+fn the_device_socket_comes_from_pindown_device_or_the_directory_and_local_rank() {
+    let job_with_local = |local: Option<(u32, u32)>| Job {
+        rank: 5,
+        size: 8,
+        local,
+        launcher: Launcher::Environment,
+        space: Some(Space::Local(HashMap::new())),
+    };
+    let third = job_with_local(Some((3, 4)));
+    // PINDOWN_DEVICE wins over the directory.
+    let both = vars(&[
+        ("PINDOWN_DEVICE", "/run/dev/node1/port1.sock"),
+        ("PINDOWN_DEVICE_DIR", "/run/dev/node0"),
+    ]);
+    assert_eq!(
+        device_socket_from(&both, &third).unwrap(),
+        PathBuf::from("/run/dev/node1/port1.sock")
+    );
+    // The directory: the local rank picks the port.
+    let dir = vars(&[("PINDOWN_DEVICE_DIR", "/run/dev/node0")]);
+    assert_eq!(
+        device_socket_from(&dir, &third).unwrap(),
+        PathBuf::from("/run/dev/node0/port3.sock")
+    );
+    assert_eq!(
+        device_socket_from(&dir, &job_with_local(Some((0, 4)))).unwrap(),
+        PathBuf::from("/run/dev/node0/port0.sock")
+    );
+    // No local rank: the directory cannot pick a port.
+    match device_socket_from(&dir, &job_with_local(None)) {
+        Err(LaunchError::Variable { variable, reason }) => {
+            assert_eq!(variable, "PINDOWN_DEVICE_DIR");
+            assert!(reason.contains("local rank"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Neither variable, or an empty one: errors naming them.
+    for table in [
+        &[][..],
+        &[("PINDOWN_DEVICE", "")][..],
+        &[("PINDOWN_DEVICE_DIR", "")][..],
+    ] {
+        match device_socket_from(&vars(table), &third) {
+            Err(LaunchError::Variable { variable, reason }) => {
+                assert!(variable.starts_with("PINDOWN_DEVICE"), "{variable}");
+                assert!(
+                    reason.contains("PINDOWN_DEVICE") || reason.contains("empty"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{table:?}: {other:?}"),
+        }
+    }
+}
