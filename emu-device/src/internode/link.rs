@@ -538,6 +538,10 @@ impl Worker {
             let spinning = (self.poll && under_way) || now.duration_since(last_work) < self.spin;
             if !spinning {
                 self.sleep();
+            } else if !worked {
+                // Polling with nothing to do: let a thread that has work
+                // (a port, a driver) have the core first.
+                std::thread::yield_now();
             }
         }
     }
