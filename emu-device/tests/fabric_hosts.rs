@@ -268,9 +268,15 @@ fn check_ranks(
         let moved = u64::from(ROUNDS) * others * per_target;
         assert_eq!(report["written"].as_u64(), Some(moved), "{context}");
         assert_eq!(report["read_back"].as_u64(), Some(moved), "{context}");
+        let vector = fabric_rank::VECTOR_BYTES as u64;
+        assert_eq!(
+            report["vector_written"].as_u64(),
+            Some(u64::from(ROUNDS) * others * vector),
+            "{context}"
+        );
         assert_eq!(
             report["received"].as_u64(),
-            Some(others * per_target),
+            Some(others * (per_target + vector)),
             "{context}"
         );
         assert_eq!(

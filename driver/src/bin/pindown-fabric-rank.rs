@@ -7,7 +7,9 @@
 //! [`RemoteWindow`]). Then, for every round and every other rank (the
 //! target), it writes blocks of several sizes (`--sizes`, default 8 B, 1400
 //! B, 64 KiB and 1 MiB; the 8-byte one inline) into its own slot of the
-//! target's window, reads them back and compares (right after writing to
+//! target's window, a vector write of 512 contiguous 8-byte elements into
+//! every other element of a 8 KiB area of that slot, reads the blocks back
+//! and compares (right after writing to
 //! that target, or with `--reads-in-turn` after every rank has written,
 //! one rank reading at a time between barriers), and fetch-adds `rank + 1`
 //! on a counter word of rank 0's window. After a barrier every rank checks
@@ -20,7 +22,7 @@
 //! ```text
 //! {"rank":1,"size":8,"launcher":"environment","local_rank":1,"node":0,
 //!  "port":1,"device":"/run/dev/port1.sock","rounds":2,"written":..,
-//!  "read_back":..,"received":..,"fetch_adds":..,"counter":null,
+//!  "vector_written":..,"read_back":..,"received":..,"fetch_adds":..,"counter":null,
 //!  "expected_counter":null,"seconds":1.2,"verified":true}
 //! ```
 //!
@@ -39,10 +41,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
-use pindown_driver::verbs::opcode::{Entry, FetchAdd, Read, Write};
+use pindown_driver::verbs::opcode::{Entry, FetchAdd, Read, Vector, Write};
 use pindown_driver::verbs::{
     Completion, CompletionQueue, Context, ContextConfig, QueuePair, RemoteWindow,
 };
+use pindown_uapi::pattern::{Pattern, Piece};
 use pindown_uapi::{Access, Status};
 
 /// What a rank is asked to do.
@@ -119,7 +122,7 @@ impl Options {
 const MAX_BLOCK: usize = 16 << 20;
 
 /// Where blocks start in a slot, and the slot's length: each block
-/// 64-byte aligned.
+/// 64-byte aligned, then the area the vector write scatters into.
 fn layout(sizes: &[usize]) -> (Vec<usize>, usize) {
     let mut offsets = Vec::with_capacity(sizes.len());
     let mut at = 0;
@@ -127,7 +130,20 @@ fn layout(sizes: &[usize]) -> (Vec<usize>, usize) {
         offsets.push(at);
         at += size.next_multiple_of(64);
     }
-    (offsets, at)
+    (offsets, at + VECTOR_AREA)
+}
+
+/// Elements of 8 bytes each vector write scatters, one every 16 bytes of
+/// the target's slot (the 8 bytes between stay untouched).
+const VECTOR_ELEMENTS: usize = 512;
+/// Bytes each vector write moves.
+pub const VECTOR_BYTES: usize = VECTOR_ELEMENTS * 8;
+const VECTOR_AREA: usize = 2 * VECTOR_BYTES;
+
+/// The target's side of the vector write: every other 8-byte element.
+fn vector_pattern() -> Pattern {
+    Pattern::new(vec![Piece::vector(0, 8, VECTOR_ELEMENTS as u64, 16)], 1, 0)
+        .expect("a valid pattern")
 }
 
 /// The window: the counter word at 0, then one slot per writer from
@@ -166,6 +182,7 @@ struct Report {
     port: u16,
     device: PathBuf,
     written: u64,
+    vector_written: u64,
     read_back: u64,
     received: u64,
     fetch_adds: u64,
@@ -286,6 +303,7 @@ fn exchange(job: &mut Job, options: &Options) -> Result<Report, String> {
         port: info.port,
         device,
         written: 0,
+        vector_written: 0,
         read_back: 0,
         received: 0,
         fetch_adds: 0,
@@ -357,6 +375,33 @@ fn exchange(job: &mut Job, options: &Options) -> Result<Report, String> {
             let what = format!("round {round}: writes to rank {target} ({remote})");
             let done = run_batch(&mut qp, &mut cq, &writes, options.batch_timeout, &what)?;
             report.written += done.iter().map(|c| u64::from(c.byte_len)).sum::<u64>();
+            // A vector write: contiguous elements here, every other
+            // element there.
+            let vector_at = slot_len - VECTOR_AREA;
+            let elements = options.sizes.len();
+            staging.write_at(
+                vector_at,
+                &block(rank, target, round, elements, VECTOR_BYTES),
+            );
+            let local = staging_region
+                .local(source_at + vector_at as u64, VECTOR_BYTES as u32)
+                .map_err(|e| format!("local range: {e}"))?;
+            let vector = Vector::write(
+                local,
+                Pattern::contiguous(VECTOR_BYTES as u64),
+                remote.at(slot + vector_at as u64),
+                vector_pattern(),
+            )
+            .map_err(|e| format!("vector write: {e}"))?;
+            let what = format!("round {round}: vector write to rank {target} ({remote})");
+            let done = run_batch(
+                &mut qp,
+                &mut cq,
+                &[vector.build()],
+                options.batch_timeout,
+                &what,
+            )?;
+            report.vector_written += done.iter().map(|c| u64::from(c.byte_len)).sum::<u64>();
             if !options.reads_in_turn {
                 report.read_back += read_back(&mut qp, &mut cq, round, target)?;
             }
@@ -407,6 +452,29 @@ fn exchange(job: &mut Job, options: &Options) -> Result<Report, String> {
             if writer != rank {
                 report.received += len as u64;
             }
+        }
+        // The vector area: each element where the pattern put it, the
+        // bytes between untouched.
+        let mut area = vec![0u8; VECTOR_AREA];
+        exposed.read_at(slot + slot_len - VECTOR_AREA, &mut area);
+        let elements = if writer == rank {
+            vec![0u8; VECTOR_BYTES]
+        } else {
+            block(writer, rank, last, options.sizes.len(), VECTOR_BYTES)
+        };
+        let mut want = vec![0u8; VECTOR_AREA];
+        for (i, element) in elements.chunks(8).enumerate() {
+            want[16 * i..16 * i + 8].copy_from_slice(element);
+        }
+        if let Some(i) = first_difference(&area, &want) {
+            return Err(format!(
+                "the vector write of rank {writer} into this rank's window differs at byte \
+                 {i} of its area: got {:#04x}, want {:#04x}",
+                area[i], want[i]
+            ));
+        }
+        if writer != rank {
+            report.received += VECTOR_BYTES as u64;
         }
     }
     if rank == 0 {
@@ -484,13 +552,14 @@ pub fn rank_main(args: impl IntoIterator<Item = String>) -> u8 {
             let finalized = job.finalize().map_err(|e| e.to_string());
             let line = format!(
                 "{{{head},\"node\":{},\"port\":{},\"device\":{},\"rounds\":{},\"written\":{},\
-                 \"read_back\":{},\"received\":{},\"fetch_adds\":{},\"counter\":{},\
+                 \"vector_written\":{},\"read_back\":{},\"received\":{},\"fetch_adds\":{},\"counter\":{},\
                  \"expected_counter\":{},\"seconds\":{:.3},\"verified\":{}{}}}\n",
                 report.node,
                 report.port,
                 json_string(&report.device.display().to_string()),
                 options.rounds,
                 report.written,
+                report.vector_written,
                 report.read_back,
                 report.received,
                 report.fetch_adds,
