@@ -1605,3 +1605,58 @@ fn an_acknowledgement_owed_across_a_long_stall_is_sent() {
         acknowledgement_leaves_at(&mut a, &mut b, owed + stall, &mut buf);
     }
 }
+
+/// The retransmission and peer-gone timers live with the peer's oldest
+/// outstanding message (a request before a reply): when a request joins an
+/// outstanding reply they carry on unchanged, and the peer is given up
+/// `peer_timeout` after the reply became outstanding.
+#[test]
+fn timers_carry_on_when_the_oldest_outstanding_message_changes() {
+    let config = Config::default();
+    let mut a = Sim::endpoint(0, 0xa, config, 2);
+    let mut b = Sim::endpoint(1, 0xb, config, 2);
+    let start = Instant::now();
+    a.send(start, 1, b"hello").unwrap();
+    let (met, _, _) = pump(&mut a, &mut b, start, Duration::from_millis(10));
+    while a.poll_event().is_some() {}
+    let rto = a.rto(1).unwrap();
+
+    // A reply goes out and is lost; the retransmission timer runs.
+    let mut buf = vec![0; a.max_datagram_len()];
+    let first = met + Duration::from_millis(1);
+    a.send_reply(first, 1, b"reply").unwrap();
+    assert!(a.poll_transmit(first, &mut buf).is_some());
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    // A request joins it before the timer fires: same timers.
+    let later = first + rto / 2;
+    a.send(later, 1, b"request").unwrap();
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    assert!(a.poll_transmit(later, &mut buf).is_some());
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    assert_eq!(a.outstanding(1), Some(2));
+
+    // Everything is lost from now on: the reply is retransmitted when the
+    // timer it started fires, and the peer is given up `peer_timeout` after the reply
+    // became outstanding.
+    let mut retransmitted_at = Vec::new();
+    let gone_at = loop {
+        let at = a.poll_timeout().expect("a timer runs");
+        assert!(at <= first + config.peer_timeout, "{:?}", at - first);
+        a.handle_timeout(at);
+        while let Some((_, len)) = a.poll_transmit(at, &mut buf) {
+            let (header, _) = Header::decode(&buf[..len]).unwrap();
+            retransmitted_at.push((at, header.reply));
+        }
+        if let Some(event) = std::iter::from_fn(|| a.poll_event())
+            .find(|event| matches!(event, Event::PeerGone { .. }))
+        {
+            assert_eq!(event, Event::PeerGone { node: 1 });
+            break at;
+        }
+    };
+    // Only the reply had waited a full timeout when the timer fired.
+    assert_eq!(retransmitted_at[0], (first + rto, true));
+    assert!(retransmitted_at[1].0 > first + rto);
+    assert_eq!(gone_at, first + config.peer_timeout);
+    assert_eq!(a.outstanding(1), Some(0));
+}
