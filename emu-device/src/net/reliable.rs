@@ -117,8 +117,9 @@ impl Config {
     /// The largest message whose datagram fits a 1500-byte Ethernet MTU
     /// with an IPv6 (40 bytes) and a UDP (8 bytes) header: 1376 bytes.
     pub const MTU_PAYLOAD: usize = 1500 - 40 - 8 - HEADER_LEN;
-    /// Largest `rto_max` (timers count whole microseconds, rounded up, and
-    /// the round-trip estimate is kept in 23 bits of them).
+    /// Largest `rto_max` (timeouts count whole microseconds, rounded up;
+    /// the round-trip estimate is kept in 23 bits of microseconds and the
+    /// backoff in 5 bits).
     pub const RTO_LIMIT: Duration = Duration::from_secs(4);
     /// Largest `ack_delay` (a pending acknowledgement's due time is kept
     /// in 32 bits of microseconds, which wrap every 71.6 minutes).
@@ -494,6 +495,15 @@ struct Slot {
     next: u16,
     flags: u8,
 }
+
+// The limits fit the fields: the backoff doubles `rto_min` (at least 1 us)
+// at most log2(RTO_LIMIT in us) times, and an acknowledgement's due time
+// lies less than half the 32-bit microsecond clock ahead.
+const _: () = assert!(
+    Config::RTO_LIMIT.as_micros() < 1 << ((1 << PeerBits::BACKOFF.width) - 1)
+        && Config::RTO_LIMIT.as_micros() <= PeerBits::RTT_MAX as u128
+        && Config::ACK_DELAY_LIMIT.as_micros() < 1 << 31
+);
 
 /// A bit field of [`PeerBits`]: `width` bits from bit `shift`.
 #[derive(Debug, Clone, Copy)]
@@ -1018,10 +1028,12 @@ impl Endpoint {
     }
 
     /// When the peer's owed acknowledgement is due, us since the epoch;
-    /// `NEVER` when none is owed. The due time was set at most `latest`
-    /// (times only grow) plus `ack_delay` (below 2^32 us), so its low 32
-    /// bits place it: up to `ack_delay` after `latest`, or else before it
-    /// (exactly when less than 71.6 minutes before, and in any case before).
+    /// `NEVER` when none is owed. It was set to a `now` (at most `latest`,
+    /// the latest time seen) plus `ack_delay` (below 2^31 us), so its low
+    /// 32 bits place it: at most `ack_delay` after `latest`, or else before
+    /// `latest` — exactly when less than 71.6 minutes before, and before in
+    /// any case, so an acknowledgement owed across a long stall of the
+    /// caller is sent when it resumes.
     fn ack_due_at(&self, peer: &Peer) -> u64 {
         if !peer.bits.is(PeerBits::ACK_OWED) {
             return NEVER;
