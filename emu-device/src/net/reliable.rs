@@ -421,8 +421,10 @@ pub struct MemoryReport {
     pub fixed_bytes: usize,
     /// Of which the retransmission pool (slots and payload bytes).
     pub pool_bytes: usize,
-    /// Bytes of state per peer (its record, its node number and its
-    /// index entry, not counting the hash table's spare capacity).
+    /// Bytes of state per peer (its record, its node number, its index
+    /// entry and its possible ack-queue entry, not counting the hash
+    /// table's spare capacity). The timers that run while messages are
+    /// outstanding are kept with those messages, in the pool.
     pub per_peer_bytes: usize,
     /// Peers now.
     pub peers: usize,

@@ -1433,7 +1433,10 @@ fn a_run_across_the_wrap_of_the_acknowledgement_clock_keeps_every_promise() {
     let mut sim = Sim::new(3, config, lossy(21));
     let before_wrap = Duration::from_millis(20);
     sim.idle(ACK_CLOCK_PERIOD - before_wrap);
+    let total_timeouts =
+        |sim: &Sim| -> u64 { sim.nodes.iter().map(|n| n.endpoint.stats().timeouts).sum() };
     // Traffic in every direction from before the wrap until after it.
+    let mut timeouts_at_wrap = None;
     let mut index = 0;
     while sim.elapsed() < ACK_CLOCK_PERIOD + before_wrap {
         for from in 0..3 {
@@ -1443,6 +1446,9 @@ fn a_run_across_the_wrap_of_the_acknowledgement_clock_keeps_every_promise() {
         }
         index += 1;
         sim.run_for(Duration::from_micros(200));
+        if sim.elapsed() >= ACK_CLOCK_PERIOD && timeouts_at_wrap.is_none() {
+            timeouts_at_wrap = Some(total_timeouts(&sim));
+        }
     }
     sim.run_until_quiet(Duration::from_secs(2));
     assert_exactly_once(&sim);
@@ -1469,26 +1475,25 @@ fn a_run_across_the_wrap_of_the_acknowledgement_clock_keeps_every_promise() {
             after.len()
         );
     }
-    // Retransmission timeouts fired on both sides of the wrap.
+    // Messages were retransmitted, and retransmission timers fired, on
+    // both sides of the wrap.
+    let mut seen = HashSet::new();
     let retransmitted_at: Vec<Instant> = sim
         .transmissions
         .iter()
         .filter(|t| {
-            t.header.seq.is_some()
-                && sim.transmissions.iter().any(|earlier| {
-                    earlier.at < t.at
-                        && earlier.from == t.from
-                        && earlier.header.seq == t.header.seq
-                        && earlier.header.reply == t.header.reply
-                        && earlier.to == t.to
-                })
+            let Some(seq) = t.header.seq else {
+                return false;
+            };
+            !seen.insert((t.from, t.to, t.header.reply, seq))
         })
         .map(|t| t.at)
         .collect();
     assert!(retransmitted_at.iter().any(|&at| at < wrap));
     assert!(retransmitted_at.iter().any(|&at| at >= wrap));
-    let timeouts: u64 = sim.nodes.iter().map(|n| n.endpoint.stats().timeouts).sum();
-    assert!(timeouts > 0);
+    let timeouts_at_wrap = timeouts_at_wrap.expect("the run crossed the wrap");
+    assert!(timeouts_at_wrap > 0);
+    assert!(total_timeouts(&sim) > timeouts_at_wrap);
 
     // After the wrap a silent peer is still given up `peer_timeout` after
     // the message was sent.
