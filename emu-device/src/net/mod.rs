@@ -54,7 +54,12 @@
 //!   selectively acknowledged.
 //! - **One shared pool.** Unacknowledged messages live in one fixed pool of
 //!   `pool_slots` slots allocated at start, shared by all peers (ACP keeps
-//!   64 fixed entries as well); per peer there are 88 bytes of state.
+//!   64 fixed entries as well). Per peer the endpoint keeps 64 bytes: a
+//!   56-byte record, its node number, its index entry and its possible
+//!   place in the queue of pure acknowledgements. The retransmission and
+//!   peer-gone timers run only while messages are outstanding, so they
+//!   are kept with the peer's oldest outstanding message in the pool.
+//!   Timers count whole microseconds.
 //!   `send` refuses with [`SendError::WindowFull`] or
 //!   [`SendError::PoolFull`] rather than queueing without bound; requests
 //!   leave `response_reserve` slots for replies.

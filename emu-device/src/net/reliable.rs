@@ -117,8 +117,13 @@ impl Config {
     /// The largest message whose datagram fits a 1500-byte Ethernet MTU
     /// with an IPv6 (40 bytes) and a UDP (8 bytes) header: 1376 bytes.
     pub const MTU_PAYLOAD: usize = 1500 - 40 - 8 - HEADER_LEN;
-    /// Largest `rto_max` (timeouts are kept in 32-bit nanoseconds).
+    /// Largest `rto_max` (timeouts count whole microseconds, rounded up;
+    /// the round-trip estimate is kept in 23 bits of microseconds and the
+    /// backoff in 5 bits).
     pub const RTO_LIMIT: Duration = Duration::from_secs(4);
+    /// Largest `ack_delay` (a pending acknowledgement's due time is kept
+    /// in 32 bits of microseconds, which wrap every 71.6 minutes).
+    pub const ACK_DELAY_LIMIT: Duration = Duration::from_secs(4);
 
     /// Checks the values against each other and the limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -149,6 +154,9 @@ impl Config {
         }
         if self.fast_retransmit_threshold == 0 {
             return fail("fast_retransmit_threshold must be nonzero");
+        }
+        if self.ack_delay > Self::ACK_DELAY_LIMIT {
+            return fail("ack_delay must be at most 4 s");
         }
         Ok(())
     }
@@ -413,8 +421,10 @@ pub struct MemoryReport {
     pub fixed_bytes: usize,
     /// Of which the retransmission pool (slots and payload bytes).
     pub pool_bytes: usize,
-    /// Bytes of state per peer (its record, its node number and its
-    /// index entry, not counting the hash table's spare capacity).
+    /// Bytes of state per peer (its record, its node number, its index
+    /// entry and its possible ack-queue entry, not counting the hash
+    /// table's spare capacity). The timers that run while messages are
+    /// outstanding are kept with those messages, in the pool.
     pub per_peer_bytes: usize,
     /// Peers now.
     pub peers: usize,
@@ -429,10 +439,15 @@ impl MemoryReport {
 
 /// "No slot" in slot links.
 const NO_SLOT: u16 = u16::MAX;
-/// "Not armed" for timer fields, in nanoseconds since the epoch.
+/// "Not armed" / "not yet" for times, in microseconds since the epoch.
 const NEVER: u64 = u64::MAX;
 /// Retired incarnations remembered (see the module docs).
 const RETIRED_INCARNATIONS: usize = 64;
+/// Internal times are microseconds since the epoch; a pending
+/// acknowledgement's due time keeps only their low 32 bits, a clock that
+/// wraps after this long.
+#[cfg(test)]
+pub(super) const ACK_CLOCK_PERIOD: Duration = Duration::from_micros(1 << 32);
 
 /// Slot flags.
 const SLOT_IN_USE: u8 = 1;
@@ -445,6 +460,21 @@ const SLOT_FAST_RETRANSMITTED: u8 = 8;
 /// The message is a reply.
 const SLOT_REPLY: u8 = 16;
 
+/// The timers of a peer that only run while messages to it are
+/// outstanding. They live in the peer's anchor slot (see
+/// [`Endpoint::anchor`]), so they cost nothing per peer: the pool is
+/// allocated once, and a peer with nothing outstanding has no timers.
+#[derive(Debug, Clone, Copy)]
+struct OutstandingTimers {
+    /// When acknowledgement progress was last made, or the first message
+    /// became outstanding, us since the epoch; the peer is gone
+    /// `peer_timeout` later.
+    progress_at: u64,
+    /// When the retransmission timer fires, us since the epoch; `NEVER`
+    /// when not armed.
+    rto_deadline: u64,
+}
+
 /// One message held for retransmission. Its bytes are in the payload
 /// area at `index * max_payload`.
 #[derive(Debug, Clone, Copy)]
@@ -453,10 +483,12 @@ struct Slot {
     /// recognised.
     generation: u32,
     seq: Seq,
-    /// First transmission, ns since the epoch; `NEVER` until sent.
+    /// First transmission, us since the epoch; `NEVER` until sent.
     first_sent: u64,
-    /// Latest transmission, ns since the epoch; `NEVER` until sent.
+    /// Latest transmission, us since the epoch; `NEVER` until sent.
     last_sent: u64,
+    /// The peer's timers while this slot is its anchor; stale otherwise.
+    timers: OutstandingTimers,
     peer: u16,
     len: u16,
     /// Links of the peer's circular list of unacknowledged messages in
@@ -466,66 +498,120 @@ struct Slot {
     flags: u8,
 }
 
-/// Per-peer flags.
-const PEER_GONE: u8 = 1;
-/// The peer has an entry in the ack queue.
-const PEER_ACK_QUEUED: u8 = 2;
+// The limits fit the fields: the backoff doubles `rto_min` (at least 1 us)
+// at most log2(RTO_LIMIT in us) times, and an acknowledgement's due time
+// lies less than half the 32-bit microsecond clock ahead.
+const _: () = assert!(
+    Config::RTO_LIMIT.as_micros() < 1 << ((1 << PeerBits::BACKOFF.width) - 1)
+        && Config::RTO_LIMIT.as_micros() <= PeerBits::RTT_MAX as u128
+        && Config::ACK_DELAY_LIMIT.as_micros() < 1 << 31
+);
 
-/// Everything kept per peer (88 bytes; asserted in the tests). Arrays are
-/// indexed by [`Stream::index`].
+/// A bit field of [`PeerBits`]: `width` bits from bit `shift`.
+#[derive(Debug, Clone, Copy)]
+struct BitField {
+    shift: u32,
+    width: u32,
+}
+
+impl BitField {
+    const fn after(previous: BitField, width: u32) -> BitField {
+        BitField {
+            shift: previous.shift + previous.width,
+            width,
+        }
+    }
+
+    const fn mask(self) -> u64 {
+        ((1u64 << self.width) - 1) << self.shift
+    }
+}
+
+/// The round-trip estimate and the flags of a peer, packed in 64 bits.
+#[derive(Debug, Clone, Copy, Default)]
+struct PeerBits(u64);
+
+impl PeerBits {
+    /// Smoothed round-trip time, us; 0 = no sample yet.
+    const SRTT: BitField = BitField {
+        shift: 0,
+        width: 23,
+    };
+    /// Round-trip time variation, us.
+    const RTTVAR: BitField = BitField::after(Self::SRTT, 23);
+    /// Timeouts since the last fresh round-trip sample that doubled the
+    /// retransmission timeout (at most 22: `rto_min` is at least 1 us and
+    /// `rto_max` at most [`Config::RTO_LIMIT`], below 2^22 us).
+    const BACKOFF: BitField = BitField::after(Self::RTTVAR, 5);
+    /// Declared gone.
+    const GONE: BitField = BitField::after(Self::BACKOFF, 1);
+    /// A pure acknowledgement is owed, due at `Peer::ack_due`.
+    const ACK_OWED: BitField = BitField::after(Self::GONE, 1);
+    /// The peer has an entry in the ack queue.
+    const ACK_QUEUED: BitField = BitField::after(Self::ACK_OWED, 1);
+    /// The largest round-trip time the estimate holds, us (8.4 s).
+    const RTT_MAX: u64 = (1 << Self::SRTT.width) - 1;
+
+    fn get(self, field: BitField) -> u32 {
+        ((self.0 & field.mask()) >> field.shift) as u32
+    }
+
+    fn set(&mut self, field: BitField, value: u32) {
+        let value = u64::from(value) << field.shift;
+        debug_assert_eq!(value & !field.mask(), 0, "{value} overflows {field:?}");
+        self.0 = (self.0 & !field.mask()) | (value & field.mask());
+    }
+
+    fn is(self, flag: BitField) -> bool {
+        self.get(flag) != 0
+    }
+
+    fn set_flag(&mut self, flag: BitField, on: bool) {
+        self.set(flag, u32::from(on));
+    }
+}
+
+/// Everything kept per peer: 56 bytes (with its node number, index entry
+/// and possible ack-queue entry, 64; asserted in the tests). Arrays are
+/// indexed by [`Stream::index`]. The timers that run only while messages
+/// are outstanding are in the pool ([`OutstandingTimers`]).
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     /// The peer's incarnation; 0 = not heard from yet.
     incarnation: u64,
-    /// When acknowledgement progress was last made (or the first message
-    /// became outstanding), ns since the epoch.
-    last_progress: u64,
-    /// When a pure acknowledgement is due; `NEVER` when none is owed.
-    ack_due: u64,
-    /// When the retransmission timer fires; `NEVER` when not armed.
-    rto_deadline: u64,
     /// Receive side: bit `i` = seq `recv_next + 1 + i` was delivered.
     recv_sack: [u64; 2],
+    /// Round-trip estimate, backoff, flags.
+    bits: PeerBits,
     /// Receive side: every seq below it was delivered (or abandoned by
     /// the peer).
     recv_next: [Seq; 2],
     /// Send side: the next unassigned seq.
     send_next: [Seq; 2],
-    /// Smoothed round-trip time, ns; 0 = no sample yet.
-    srtt: u32,
-    /// Round-trip time variation, ns.
-    rttvar: u32,
-    /// Current retransmission timeout, ns (backed off).
-    rto: u32,
+    /// When the owed pure acknowledgement is due (valid with
+    /// `PeerBits::ACK_OWED`): the low 32 bits of us since the epoch. It
+    /// lies at most `ack_delay` after the time it was set, which tells
+    /// which wrap it belongs to ([`Endpoint::ack_due_at`]).
+    ack_due: u32,
     /// Oldest unacknowledged message; `NO_SLOT` when none.
     unacked_head: [u16; 2],
-    /// Unacknowledged messages (at most the window, 64).
-    unacked_count: [u8; 2],
-    flags: u8,
 }
 
 impl Peer {
-    fn new(rto_initial: u32, now: u64) -> Self {
+    fn new() -> Self {
         Self {
             incarnation: 0,
-            last_progress: now,
-            ack_due: NEVER,
-            rto_deadline: NEVER,
             recv_sack: [0; 2],
+            bits: PeerBits::default(),
             recv_next: [0; 2],
             send_next: [0; 2],
-            srtt: 0,
-            rttvar: 0,
-            rto: rto_initial,
+            ack_due: 0,
             unacked_head: [NO_SLOT; 2],
-            unacked_count: [0; 2],
-            flags: 0,
         }
     }
 
-    /// Unacknowledged messages of both streams.
-    fn outstanding(&self) -> usize {
-        usize::from(self.unacked_count[0]) + usize::from(self.unacked_count[1])
+    fn is_gone(&self) -> bool {
+        self.bits.is(PeerBits::GONE)
     }
 }
 
@@ -535,16 +621,20 @@ impl Peer {
 struct RetiredIncarnation {
     node: NodeId,
     incarnation: u64,
-    /// When it was retired, ns since the epoch.
+    /// When it was retired, us since the epoch.
     at: u64,
 }
 
-fn nanos_u32(duration: Duration) -> u32 {
-    u32::try_from(duration.as_nanos()).unwrap_or(u32::MAX)
+/// A duration in whole microseconds, rounded up (so a nonzero duration
+/// stays nonzero), saturating.
+fn micros_u64(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
-fn nanos_u64(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+/// [`micros_u64`] for durations checked to fit (timeouts of at most
+/// [`Config::RTO_LIMIT`]).
+fn micros_u32(duration: Duration) -> u32 {
+    u32::try_from(micros_u64(duration)).unwrap_or(u32::MAX)
 }
 
 /// `value >> shift`, 0 when `shift` is 64 or more.
@@ -560,6 +650,8 @@ pub struct Endpoint {
     config: Config,
     /// The instant all internal times count from: the first `now` seen.
     epoch: Option<Instant>,
+    /// The latest `now` seen, us since the epoch.
+    latest: u64,
     peers: Vec<Peer>,
     peer_nodes: Vec<NodeId>,
     peer_index: HashMap<NodeId, u16>,
@@ -576,9 +668,12 @@ pub struct Endpoint {
     retired: Vec<RetiredIncarnation>,
     retired_cursor: usize,
     stats: Stats,
+    /// The timeouts of `config` in us.
     rto_min: u32,
     rto_max: u32,
     rto_initial: u32,
+    peer_timeout: u64,
+    ack_delay: u64,
 }
 
 impl Endpoint {
@@ -595,6 +690,10 @@ impl Endpoint {
                 seq: 0,
                 first_sent: NEVER,
                 last_sent: NEVER,
+                timers: OutstandingTimers {
+                    progress_at: NEVER,
+                    rto_deadline: NEVER,
+                },
                 peer: 0,
                 len: 0,
                 prev: NO_SLOT,
@@ -608,12 +707,13 @@ impl Endpoint {
                 flags: 0,
             })
             .collect();
-        let rto_min = nanos_u32(config.rto_min);
-        let rto_max = nanos_u32(config.rto_max);
+        let rto_min = micros_u32(config.rto_min);
+        let rto_max = micros_u32(config.rto_max);
         Ok(Self {
             identity,
             config,
             epoch: None,
+            latest: 0,
             peers: Vec::new(),
             peer_nodes: Vec::new(),
             peer_index: HashMap::new(),
@@ -629,7 +729,9 @@ impl Endpoint {
             stats: Stats::default(),
             rto_min,
             rto_max,
-            rto_initial: nanos_u32(config.rto_initial).clamp(rto_min, rto_max),
+            rto_initial: micros_u32(config.rto_initial).clamp(rto_min, rto_max),
+            peer_timeout: micros_u64(config.peer_timeout),
+            ack_delay: micros_u64(config.ack_delay),
         })
     }
 
@@ -659,20 +761,24 @@ impl Endpoint {
         }
         // At most 65535 other nodes exist, so the index fits in u16.
         let index = self.peers.len() as u16;
-        // `last_progress` is set when the first message becomes outstanding.
-        self.peers.push(Peer::new(self.rto_initial, 0));
+        self.peers.push(Peer::new());
         self.peer_nodes.push(node);
         self.peer_index.insert(node, index);
         Ok(())
     }
 
+    /// `now` in us since the epoch (whole microseconds, rounded down).
     fn clock(&mut self, now: Instant) -> u64 {
         let epoch = *self.epoch.get_or_insert(now);
-        nanos_u64(now.saturating_duration_since(epoch))
+        let micros =
+            u64::try_from(now.saturating_duration_since(epoch).as_micros()).unwrap_or(u64::MAX - 1);
+        self.latest = self.latest.max(micros);
+        micros
     }
 
-    fn instant(&self, nanos: u64) -> Option<Instant> {
-        self.epoch.map(|epoch| epoch + Duration::from_nanos(nanos))
+    fn instant(&self, micros: u64) -> Option<Instant> {
+        self.epoch
+            .map(|epoch| epoch + Duration::from_micros(micros))
     }
 
     fn peer_of(&self, node: NodeId) -> Option<usize> {
@@ -716,7 +822,7 @@ impl Endpoint {
             });
         }
         let s = stream.index();
-        if self.peers[peer_index].flags & PEER_GONE != 0 {
+        if self.peers[peer_index].is_gone() {
             if stream == Stream::Reply {
                 // It answers a message of a peer given up on.
                 return Err(SendError::PeerGone(node));
@@ -725,7 +831,7 @@ impl Endpoint {
             // given up after `peer_timeout`) like any other, so a peer
             // that comes back, or restarted and answers our stale
             // datagram, is heard from.
-            self.peers[peer_index].flags &= !PEER_GONE;
+            self.peers[peer_index].bits.set_flag(PeerBits::GONE, false);
         }
         let peer = &self.peers[peer_index];
         let in_window = peer.send_next[s].wrapping_sub(self.floor(peer_index, s));
@@ -760,13 +866,8 @@ impl Endpoint {
         let start = usize::from(slot_index) * self.config.max_payload;
         self.payloads[start..start + payload.len()].copy_from_slice(payload);
 
-        let peer = &mut self.peers[peer_index];
-        peer.send_next[s] = seq.wrapping_add(1);
-        if peer.outstanding() == 0 {
-            // The peer-gone clock runs while something is outstanding.
-            peer.last_progress = now;
-        }
-        self.list_push_back(peer_index, s, slot_index);
+        self.peers[peer_index].send_next[s] = seq.wrapping_add(1);
+        self.list_push_back(peer_index, s, slot_index, now);
         self.transmit_queue.push_back((slot_index, generation));
         self.stats.messages_sent += 1;
         Ok(seq)
@@ -791,7 +892,44 @@ impl Endpoint {
         }
     }
 
-    fn list_push_back(&mut self, peer_index: usize, s: usize, slot_index: u16) {
+    /// The slot that holds the peer's [`OutstandingTimers`]: its oldest
+    /// unacknowledged request, else its oldest unacknowledged reply;
+    /// `None` when nothing is outstanding.
+    fn anchor(&self, peer_index: usize) -> Option<u16> {
+        let heads = self.peers[peer_index].unacked_head;
+        heads.into_iter().find(|&head| head != NO_SLOT)
+    }
+
+    fn timers(&self, peer_index: usize) -> Option<OutstandingTimers> {
+        self.anchor(peer_index)
+            .map(|anchor| self.slots[usize::from(anchor)].timers)
+    }
+
+    fn timers_mut(&mut self, peer_index: usize) -> Option<&mut OutstandingTimers> {
+        self.anchor(peer_index)
+            .map(|anchor| &mut self.slots[usize::from(anchor)].timers)
+    }
+
+    /// After a change of the peer's lists: when the anchor moved, the
+    /// timers move with it (`before` still holds them); a first message
+    /// outstanding starts them at `now`.
+    fn move_timers(&mut self, peer_index: usize, before: Option<u16>, now: u64) {
+        let after = self.anchor(peer_index);
+        let Some(after) = after.filter(|&after| Some(after) != before) else {
+            return;
+        };
+        self.slots[usize::from(after)].timers = match before {
+            Some(before) => self.slots[usize::from(before)].timers,
+            // The peer-gone clock runs while something is outstanding.
+            None => OutstandingTimers {
+                progress_at: now,
+                rto_deadline: NEVER,
+            },
+        };
+    }
+
+    fn list_push_back(&mut self, peer_index: usize, s: usize, slot_index: u16, now: u64) {
+        let anchor = self.anchor(peer_index);
         let head = self.peers[peer_index].unacked_head[s];
         if head == NO_SLOT {
             let slot = &mut self.slots[usize::from(slot_index)];
@@ -805,11 +943,12 @@ impl Endpoint {
             self.slots[usize::from(tail)].next = slot_index;
             self.slots[usize::from(head)].prev = slot_index;
         }
-        self.peers[peer_index].unacked_count[s] += 1;
+        self.move_timers(peer_index, anchor, now);
     }
 
     /// Unlinks the slot from its peer's list and frees it.
     fn release_slot(&mut self, peer_index: usize, slot_index: u16) {
+        let anchor = self.anchor(peer_index);
         let slot = self.slots[usize::from(slot_index)];
         let s = Self::slot_stream(&slot);
         let peer = &mut self.peers[peer_index];
@@ -822,7 +961,9 @@ impl Endpoint {
                 peer.unacked_head[s] = slot.next;
             }
         }
-        peer.unacked_count[s] -= 1;
+        // Nothing starts here: a released slot leaves a message behind or
+        // no anchor at all.
+        self.move_timers(peer_index, anchor, NEVER);
         let slot = &mut self.slots[usize::from(slot_index)];
         slot.flags = 0;
         slot.prev = NO_SLOT;
@@ -845,39 +986,71 @@ impl Endpoint {
                 self.stats.abandoned += 1;
             }
         }
-        self.peers[peer_index].rto_deadline = NEVER;
     }
 
     /// The peer's unacknowledged slots of both streams (at most 128),
     /// written into `out`; returns how many.
     fn unacked_slots(&self, peer_index: usize, out: &mut [u16; 128]) -> usize {
-        let peer = &self.peers[peer_index];
         let mut count = 0;
-        for s in 0..2 {
-            let mut cursor = peer.unacked_head[s];
-            for _ in 0..peer.unacked_count[s] {
+        for head in self.peers[peer_index].unacked_head {
+            if head == NO_SLOT {
+                continue;
+            }
+            // At most `window` (64) per stream, so `out` has room.
+            let mut cursor = head;
+            loop {
                 out[count] = cursor;
                 count += 1;
                 cursor = self.slots[usize::from(cursor)].next;
+                if cursor == head {
+                    break;
+                }
             }
         }
         count
     }
 
+    /// Unacknowledged messages of both streams.
+    fn outstanding_count(&self, peer_index: usize) -> usize {
+        self.unacked_slots(peer_index, &mut [0; 128])
+    }
+
     fn schedule_ack(&mut self, peer_index: usize, now: u64) {
-        let due = now.saturating_add(nanos_u64(self.config.ack_delay));
+        let due = now.saturating_add(self.ack_delay);
         let peer = &mut self.peers[peer_index];
-        if peer.ack_due == NEVER {
-            peer.ack_due = due;
+        if !peer.bits.is(PeerBits::ACK_OWED) {
+            peer.bits.set_flag(PeerBits::ACK_OWED, true);
+            // The low 32 bits; `ack_due_at` restores the rest.
+            peer.ack_due = due as u32;
         }
-        if peer.flags & PEER_ACK_QUEUED == 0 {
-            peer.flags |= PEER_ACK_QUEUED;
+        if !peer.bits.is(PeerBits::ACK_QUEUED) {
+            peer.bits.set_flag(PeerBits::ACK_QUEUED, true);
             self.ack_queue.push_back(peer_index as u16);
         }
     }
 
+    /// When the peer's owed acknowledgement is due, us since the epoch;
+    /// `NEVER` when none is owed. It was set to a `now` (at most `latest`,
+    /// the latest time seen) plus `ack_delay` (below 2^31 us), so its low
+    /// 32 bits place it: at most `ack_delay` after `latest`, or else before
+    /// `latest` — exactly when less than 71.6 minutes before, and before in
+    /// any case, so an acknowledgement owed across a long stall of the
+    /// caller is sent when it resumes.
+    fn ack_due_at(&self, peer: &Peer) -> u64 {
+        if !peer.bits.is(PeerBits::ACK_OWED) {
+            return NEVER;
+        }
+        let ahead = peer.ack_due.wrapping_sub(self.latest as u32);
+        if u64::from(ahead) <= self.ack_delay {
+            self.latest + u64::from(ahead)
+        } else {
+            let behind = (self.latest as u32).wrapping_sub(peer.ack_due);
+            self.latest.saturating_sub(u64::from(behind))
+        }
+    }
+
     fn is_retired(&self, node: NodeId, incarnation: u64, now: u64) -> bool {
-        let lifetime = nanos_u64(self.config.peer_timeout);
+        let lifetime = self.peer_timeout;
         self.retired.iter().any(|retired| {
             retired.node == node
                 && retired.incarnation == incarnation
@@ -907,11 +1080,16 @@ impl Endpoint {
         self.retire(node, old, now);
         self.abandon_all(peer_index);
         let peer = &mut self.peers[peer_index];
-        let keep_ack = (peer.ack_due, peer.flags & PEER_ACK_QUEUED);
-        *peer = Peer::new(self.rto_initial, now);
+        let ack = (
+            peer.ack_due,
+            peer.bits.is(PeerBits::ACK_OWED),
+            peer.bits.is(PeerBits::ACK_QUEUED),
+        );
+        *peer = Peer::new();
         peer.incarnation = incarnation;
-        peer.ack_due = keep_ack.0;
-        peer.flags |= keep_ack.1;
+        peer.ack_due = ack.0;
+        peer.bits.set_flag(PeerBits::ACK_OWED, ack.1);
+        peer.bits.set_flag(PeerBits::ACK_QUEUED, ack.2);
         self.events.push_back(Event::PeerRestarted { node });
         self.stats.peers_restarted += 1;
     }
@@ -1038,7 +1216,7 @@ impl Endpoint {
         let s = Stream::Reply.index();
         let peer = &self.peers[peer_index];
         let in_window = peer.send_next[s].wrapping_sub(self.floor(peer_index, s));
-        peer.flags & PEER_GONE == 0
+        !peer.is_gone()
             && in_window + reserve <= self.config.window
             && self.free_slots >= reserve as usize
     }
@@ -1099,8 +1277,8 @@ impl Endpoint {
     /// Heard from a peer declared gone: it may be sent to again, and an
     /// acknowledgement carries our floors so it skips what was abandoned.
     fn heard_from(&mut self, peer_index: usize, now: u64) {
-        if self.peers[peer_index].flags & PEER_GONE != 0 {
-            self.peers[peer_index].flags &= !PEER_GONE;
+        if self.peers[peer_index].is_gone() {
+            self.peers[peer_index].bits.set_flag(PeerBits::GONE, false);
             self.schedule_ack(peer_index, now);
         }
     }
@@ -1163,39 +1341,50 @@ impl Endpoint {
             // trip longer than the timeout, every message would be
             // retransmitted before its acknowledgement and no sample taken.
             self.update_rtt(peer_index, sample);
-            let peer = &mut self.peers[peer_index];
-            peer.rto = Self::rto_from(peer.srtt, peer.rttvar, self.rto_min, self.rto_max);
+            self.peers[peer_index].bits.set(PeerBits::BACKOFF, 0);
         }
         if progress {
-            let peer = &mut self.peers[peer_index];
-            peer.last_progress = now;
-            peer.rto_deadline = if peer.outstanding() > 0 {
-                now.saturating_add(u64::from(peer.rto))
-            } else {
-                NEVER
-            };
+            // With nothing outstanding any more there are no timers.
+            let rto = u64::from(self.rto_of(&self.peers[peer_index]));
+            if let Some(timers) = self.timers_mut(peer_index) {
+                timers.progress_at = now;
+                timers.rto_deadline = now.saturating_add(rto);
+            }
         }
     }
 
-    fn rto_from(srtt: u32, rttvar: u32, rto_min: u32, rto_max: u32) -> u32 {
-        let rto = u64::from(srtt) + 4 * u64::from(rttvar);
-        u32::try_from(rto)
-            .unwrap_or(u32::MAX)
-            .clamp(rto_min, rto_max)
+    /// The current retransmission timeout towards the peer, us: from the
+    /// round-trip estimate (or `rto_initial` before the first sample),
+    /// clamped to `rto_min..=rto_max`, doubled at every backoff up to
+    /// `rto_max`.
+    fn rto_of(&self, peer: &Peer) -> u32 {
+        let srtt = peer.bits.get(PeerBits::SRTT);
+        let base = if srtt == 0 {
+            self.rto_initial
+        } else {
+            let rto = u64::from(srtt) + 4 * u64::from(peer.bits.get(PeerBits::RTTVAR));
+            u32::try_from(rto)
+                .unwrap_or(u32::MAX)
+                .clamp(self.rto_min, self.rto_max)
+        };
+        let backed_off = u64::from(base) << peer.bits.get(PeerBits::BACKOFF);
+        backed_off.min(u64::from(self.rto_max)) as u32
     }
 
-    /// RFC 6298 smoothing of one round-trip sample.
+    /// RFC 6298 smoothing of one round-trip sample (us).
     fn update_rtt(&mut self, peer_index: usize, sample: u64) {
-        let sample = sample.clamp(1, u64::from(u32::MAX));
-        let peer = &mut self.peers[peer_index];
-        if peer.srtt == 0 {
-            peer.srtt = sample as u32;
-            peer.rttvar = (sample / 2) as u32;
+        let sample = sample.clamp(1, PeerBits::RTT_MAX);
+        let bits = &mut self.peers[peer_index].bits;
+        let srtt = u64::from(bits.get(PeerBits::SRTT));
+        // Both stay within `RTT_MAX`: averages of values within it.
+        if srtt == 0 {
+            bits.set(PeerBits::SRTT, sample as u32);
+            bits.set(PeerBits::RTTVAR, (sample / 2) as u32);
         } else {
-            let srtt = u64::from(peer.srtt);
-            let rttvar = (3 * u64::from(peer.rttvar) + srtt.abs_diff(sample)) / 4;
-            peer.rttvar = rttvar as u32;
-            peer.srtt = ((7 * srtt + sample) / 8).max(1) as u32;
+            let rttvar = u64::from(bits.get(PeerBits::RTTVAR));
+            let rttvar = (3 * rttvar + srtt.abs_diff(sample)) / 4;
+            bits.set(PeerBits::RTTVAR, rttvar as u32);
+            bits.set(PeerBits::SRTT, ((7 * srtt + sample) / 8).max(1) as u32);
         }
     }
 
@@ -1295,10 +1484,15 @@ impl Endpoint {
             let start = usize::from(slot_index) * self.config.max_payload;
             let len = usize::from(slot.len);
             buf[HEADER_LEN..HEADER_LEN + len].copy_from_slice(&self.payloads[start..start + len]);
-            let peer = &mut self.peers[peer_index];
-            peer.ack_due = NEVER;
-            if peer.rto_deadline == NEVER {
-                peer.rto_deadline = now.saturating_add(u64::from(peer.rto));
+            self.peers[peer_index]
+                .bits
+                .set_flag(PeerBits::ACK_OWED, false);
+            let rto = u64::from(self.rto_of(&self.peers[peer_index]));
+            let timers = self
+                .timers_mut(peer_index)
+                .expect("a message being sent is outstanding");
+            if timers.rto_deadline == NEVER {
+                timers.rto_deadline = now.saturating_add(rto);
             }
             self.stats.datagrams_sent += 1;
             return Some((header.destination, HEADER_LEN + len));
@@ -1311,17 +1505,18 @@ impl Endpoint {
                 break;
             };
             let peer_index = usize::from(entry);
+            let due = self.ack_due_at(&self.peers[peer_index]);
             let peer = &mut self.peers[peer_index];
-            if peer.ack_due == NEVER {
-                peer.flags &= !PEER_ACK_QUEUED;
+            if due == NEVER {
+                peer.bits.set_flag(PeerBits::ACK_QUEUED, false);
                 continue;
             }
-            if peer.ack_due > now {
+            if due > now {
                 self.ack_queue.push_back(entry);
                 continue;
             }
-            peer.flags &= !PEER_ACK_QUEUED;
-            peer.ack_due = NEVER;
+            peer.bits.set_flag(PeerBits::ACK_QUEUED, false);
+            peer.bits.set_flag(PeerBits::ACK_OWED, false);
             let header = self.build_header(peer_index, None, 0);
             header.encode(buf);
             self.stats.acks_sent += 1;
@@ -1341,17 +1536,16 @@ impl Endpoint {
     /// timer runs. Datagrams already queued are sent by `poll_transmit`
     /// without waiting. Costs one pass over the peers.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let peer_timeout = nanos_u64(self.config.peer_timeout);
-        let earliest = self
-            .peers
-            .iter()
-            .map(|peer| {
-                let gone_at = if peer.outstanding() > 0 {
-                    peer.last_progress.saturating_add(peer_timeout)
-                } else {
-                    NEVER
-                };
-                peer.rto_deadline.min(peer.ack_due).min(gone_at)
+        let earliest = (0..self.peers.len())
+            .map(|peer_index| {
+                let ack_due = self.ack_due_at(&self.peers[peer_index]);
+                match self.timers(peer_index) {
+                    Some(timers) => {
+                        let gone_at = timers.progress_at.saturating_add(self.peer_timeout);
+                        timers.rto_deadline.min(ack_due).min(gone_at)
+                    }
+                    None => ack_due,
+                }
             })
             .min()
             .unwrap_or(NEVER);
@@ -1367,24 +1561,22 @@ impl Endpoint {
     /// leave through `poll_transmit`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock(now);
-        let peer_timeout = nanos_u64(self.config.peer_timeout);
         for peer_index in 0..self.peers.len() {
-            let peer = self.peers[peer_index];
-            if peer.outstanding() == 0 {
+            let Some(timers) = self.timers(peer_index) else {
                 continue;
-            }
-            if now >= peer.last_progress.saturating_add(peer_timeout) {
+            };
+            if now >= timers.progress_at.saturating_add(self.peer_timeout) {
                 self.abandon_all(peer_index);
-                self.peers[peer_index].flags |= PEER_GONE;
+                self.peers[peer_index].bits.set_flag(PeerBits::GONE, true);
                 let node = self.peer_nodes[peer_index];
                 self.events.push_back(Event::PeerGone { node });
                 self.stats.peers_gone += 1;
                 continue;
             }
-            if now < peer.rto_deadline {
+            if now < timers.rto_deadline {
                 continue;
             }
-            let rto = u64::from(peer.rto);
+            let rto = u64::from(self.rto_of(&self.peers[peer_index]));
             let mut retransmitted = false;
             let mut oldest_sent = NEVER;
             let mut slots = [0u16; 128];
@@ -1402,17 +1594,23 @@ impl Endpoint {
                     oldest_sent = oldest_sent.min(slot.last_sent);
                 }
             }
-            let peer = &mut self.peers[peer_index];
-            if retransmitted {
+            let rto_deadline = if retransmitted {
                 self.stats.timeouts += 1;
-                peer.rto = peer.rto.saturating_mul(2).min(self.rto_max);
-                peer.rto_deadline = now.saturating_add(u64::from(peer.rto));
+                if rto < u64::from(self.rto_max) {
+                    let bits = &mut self.peers[peer_index].bits;
+                    bits.set(PeerBits::BACKOFF, bits.get(PeerBits::BACKOFF) + 1);
+                }
+                let backed_off = self.rto_of(&self.peers[peer_index]);
+                now.saturating_add(u64::from(backed_off))
             } else if oldest_sent != NEVER {
-                peer.rto_deadline = oldest_sent.saturating_add(rto);
+                oldest_sent.saturating_add(rto)
             } else {
                 // Everything is queued; `poll_transmit` re-arms.
-                peer.rto_deadline = NEVER;
-            }
+                NEVER
+            };
+            self.timers_mut(peer_index)
+                .expect("nothing was released")
+                .rto_deadline = rto_deadline;
         }
     }
 
@@ -1432,8 +1630,8 @@ impl Endpoint {
         let Some(index) = self.peer_of(node) else {
             return false;
         };
-        let was_gone = self.peers[index].flags & PEER_GONE != 0;
-        self.peers[index].flags &= !PEER_GONE;
+        let was_gone = self.peers[index].is_gone();
+        self.peers[index].bits.set_flag(PeerBits::GONE, false);
         was_gone
     }
 
@@ -1441,13 +1639,13 @@ impl Endpoint {
     /// abandoned.
     pub fn outstanding(&self, node: NodeId) -> Option<usize> {
         self.peer_of(node)
-            .map(|index| self.peers[index].outstanding())
+            .map(|index| self.outstanding_count(index))
     }
 
     /// `true` while `node` is declared gone.
     pub fn is_gone(&self, node: NodeId) -> bool {
         self.peer_of(node)
-            .is_some_and(|index| self.peers[index].flags & PEER_GONE != 0)
+            .is_some_and(|index| self.peers[index].is_gone())
     }
 
     /// The incarnation of `node` as last heard (0 = not heard from yet).
@@ -1459,7 +1657,7 @@ impl Endpoint {
     /// The current retransmission timeout towards `node`.
     pub fn rto(&self, node: NodeId) -> Option<Duration> {
         self.peer_of(node)
-            .map(|index| Duration::from_nanos(u64::from(self.peers[index].rto)))
+            .map(|index| Duration::from_micros(u64::from(self.rto_of(&self.peers[index]))))
     }
 
     /// Free slots of the retransmission pool.
@@ -1500,7 +1698,7 @@ impl Endpoint {
     /// before any traffic.
     pub(super) fn start_sequences_at(&mut self, node: NodeId, send_next: Seq, recv_next: Seq) {
         let index = self.peer_of(node).unwrap();
-        assert_eq!(self.peers[index].outstanding(), 0);
+        assert_eq!(self.anchor(index), None);
         self.peers[index].send_next = [send_next; 2];
         self.peers[index].recv_next = [recv_next; 2];
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::reliable::peer_state_size;
+use super::reliable::{peer_state_size, ACK_CLOCK_PERIOD};
 use super::sim::{Delivery, Sim, FABRIC};
 use super::wire::{seq_before, Header, StreamHeader, HEADER_LEN};
 use super::{
@@ -183,10 +183,12 @@ fn the_largest_default_datagram_fits_an_ethernet_mtu() {
 #[test]
 fn per_peer_state_and_fixed_cost_fit_their_budgets() {
     // Two streams of sequence numbers, acknowledgements and lists, the
-    // incarnation, three timers, the round-trip estimate.
+    // incarnation, the acknowledgement timer, the round-trip estimate and
+    // flags; with the node number, index entry and ack-queue entry at most
+    // 64 bytes per peer (issue 10).
     assert!(
-        peer_state_size() <= 88,
-        "per-peer state is {} bytes",
+        peer_state_size() <= 64,
+        "per-peer record is {} bytes",
         peer_state_size()
     );
     let mut endpoint = Sim::endpoint(0, 1, Config::default(), 1);
@@ -201,6 +203,12 @@ fn per_peer_state_and_fixed_cost_fit_their_budgets() {
     let with_peers = endpoint.memory();
     assert_eq!(with_peers.peers, 100);
     assert!(with_peers.per_peer_bytes >= peer_state_size());
+    assert!(
+        with_peers.per_peer_bytes <= 64,
+        "per-peer state is {} bytes",
+        with_peers.per_peer_bytes
+    );
+    assert!(with_peers.fixed_bytes <= 1 << 20, "{with_peers:?}");
     assert_eq!(
         with_peers.total(),
         with_peers.fixed_bytes + 100 * with_peers.per_peer_bytes
@@ -1311,6 +1319,10 @@ fn invalid_configurations_are_refused() {
             ..Config::default()
         },
         Config {
+            ack_delay: Config::ACK_DELAY_LIMIT + Duration::from_micros(1),
+            ..Config::default()
+        },
+        Config {
             response_reserve: 65,
             window: 64,
             ..Config::default()
@@ -1410,4 +1422,246 @@ proptest! {
         }
         prop_assert_eq!(endpoint.stats().datagrams_received, 2);
     }
+}
+
+/// A device that runs longer than the 32-bit microsecond clock of pending
+/// acknowledgements (71.6 minutes) keeps its promises across the wrap,
+/// under loss, and its timers still fire there.
+#[test]
+fn a_run_across_the_wrap_of_the_acknowledgement_clock_keeps_every_promise() {
+    let config = Config::default();
+    let mut sim = Sim::new(3, config, lossy(21));
+    let before_wrap = Duration::from_millis(20);
+    sim.idle(ACK_CLOCK_PERIOD - before_wrap);
+    let total_timeouts =
+        |sim: &Sim| -> u64 { sim.nodes.iter().map(|n| n.endpoint.stats().timeouts).sum() };
+    // Traffic in every direction from before the wrap until after it.
+    let mut timeouts_at_wrap = None;
+    let mut index = 0;
+    while sim.elapsed() < ACK_CLOCK_PERIOD + before_wrap {
+        for from in 0..3 {
+            for to in (0..3).filter(|&to| to != from) {
+                sim.queue(from, to, payload(from, to, index));
+            }
+        }
+        index += 1;
+        sim.run_for(Duration::from_micros(200));
+        if sim.elapsed() >= ACK_CLOCK_PERIOD && timeouts_at_wrap.is_none() {
+            timeouts_at_wrap = Some(total_timeouts(&sim));
+        }
+    }
+    sim.run_until_quiet(Duration::from_secs(2));
+    assert_exactly_once(&sim);
+    assert_counters_add_up(&sim);
+    let wrap = sim.start + ACK_CLOCK_PERIOD;
+    let sent_before = |kind: fn(&Header) -> bool| {
+        sim.transmissions
+            .iter()
+            .filter(|t| kind(&t.header))
+            .partition::<Vec<_>, _>(|t| t.at < wrap)
+    };
+    for (what, kind) in [
+        (
+            "messages",
+            (|h: &Header| h.seq.is_some()) as fn(&Header) -> bool,
+        ),
+        ("pure acknowledgements", |h: &Header| h.seq.is_none()),
+    ] {
+        let (before, after) = sent_before(kind);
+        assert!(
+            before.len() > 100 && after.len() > 100,
+            "{what}: {} before the wrap, {} after",
+            before.len(),
+            after.len()
+        );
+    }
+    // Messages were retransmitted, and retransmission timers fired, on
+    // both sides of the wrap.
+    let mut seen = HashSet::new();
+    let retransmitted_at: Vec<Instant> = sim
+        .transmissions
+        .iter()
+        .filter(|t| {
+            let Some(seq) = t.header.seq else {
+                return false;
+            };
+            !seen.insert((t.from, t.to, t.header.reply, seq))
+        })
+        .map(|t| t.at)
+        .collect();
+    assert!(retransmitted_at.iter().any(|&at| at < wrap));
+    assert!(retransmitted_at.iter().any(|&at| at >= wrap));
+    let timeouts_at_wrap = timeouts_at_wrap.expect("the run crossed the wrap");
+    assert!(timeouts_at_wrap > 0);
+    assert!(total_timeouts(&sim) > timeouts_at_wrap);
+
+    // After the wrap a silent peer is still given up `peer_timeout` after
+    // the message was sent.
+    sim.set_faults(
+        0,
+        1,
+        Faults {
+            loss: 1.0,
+            ..Faults::NONE
+        },
+    );
+    let events_before = sim.nodes[0].events.len();
+    let sent_at = sim.now;
+    sim.queue(0, 1, b"into the void".to_vec());
+    sim.run_for(config.peer_timeout + Duration::from_millis(10));
+    let gone: Vec<Instant> = sim.nodes[0].events[events_before..]
+        .iter()
+        .filter(|(_, event)| *event == Event::PeerGone { node: 1 })
+        .map(|(at, _)| *at)
+        .collect();
+    // Timers count whole microseconds since the endpoint's first `now`, and
+    // the faults' delays have nanosecond grain: the time is exact to the
+    // microsecond.
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    let exact = sent_at + config.peer_timeout;
+    assert!(gone[0] <= exact && exact - gone[0] < Duration::from_micros(1));
+}
+
+/// Endpoints 0 and 1 that have met; at `at` after their clocks started,
+/// node 1 receives a message and owes its acknowledgement. Returns both,
+/// that instant and a buffer.
+fn owe_an_acknowledgement(config: Config, at: Duration) -> (Endpoint, Endpoint, Instant, Vec<u8>) {
+    let mut a = Sim::endpoint(0, 0xa, config, 2);
+    let mut b = Sim::endpoint(1, 0xb, config, 2);
+    let start = Instant::now();
+    a.send(start, 1, b"hello").unwrap();
+    b.handle_timeout(start);
+    let (met, _, got_b) = pump(&mut a, &mut b, start, Duration::from_millis(10));
+    assert_eq!(got_b, vec![b"hello".to_vec()]);
+    assert_eq!((a.poll_timeout(), b.poll_timeout()), (None, None));
+    let owed = start + at;
+    assert!(owed > met);
+    let mut buf = vec![0; a.max_datagram_len()];
+    a.send(owed, 1, b"again").unwrap();
+    let (_, len) = a.poll_transmit(owed, &mut buf).unwrap();
+    let message = b.receive(owed, &buf[..len]).unwrap().unwrap();
+    assert_eq!(message.payload, b"again");
+    assert_eq!(b.poll_timeout(), Some(owed + config.ack_delay));
+    (a, b, owed, buf)
+}
+
+/// Sends node 1's owed pure acknowledgement at `at` and checks that node 0
+/// takes it.
+fn acknowledgement_leaves_at(a: &mut Endpoint, b: &mut Endpoint, at: Instant, buf: &mut [u8]) {
+    let (to, len) = b.poll_transmit(at, buf).expect("the owed acknowledgement");
+    assert_eq!(to, 0);
+    let (header, _) = Header::decode(&buf[..len]).unwrap();
+    assert_eq!(header.seq, None);
+    assert!(b.poll_transmit(at, buf).is_none());
+    assert_eq!(b.poll_timeout(), None);
+    assert_eq!(a.receive(at, &buf[..len]), Ok(None));
+    assert_eq!(a.outstanding(1), Some(0));
+}
+
+/// A pending acknowledgement's due time keeps 32 bits of microseconds: one
+/// that falls due across their wrap leaves neither early nor late.
+#[test]
+fn an_acknowledgement_due_across_the_wrap_leaves_on_time() {
+    let config = Config::default();
+    let owed_at = ACK_CLOCK_PERIOD - config.ack_delay / 2;
+    let (mut a, mut b, owed, mut buf) = owe_an_acknowledgement(config, owed_at);
+    let due = owed + config.ack_delay;
+    for early in [
+        owed,
+        owed + config.ack_delay / 4,
+        due - Duration::from_micros(1),
+    ] {
+        assert!(b.poll_transmit(early, &mut buf).is_none(), "{early:?}");
+        assert_eq!(b.poll_timeout(), Some(due));
+    }
+    acknowledgement_leaves_at(&mut a, &mut b, due, &mut buf);
+}
+
+/// An acknowledgement owed before the device stalls, across the wrap of
+/// its 32-bit microsecond due time or for longer than that, is sent when
+/// the device resumes.
+#[test]
+fn an_acknowledgement_owed_across_a_long_stall_is_sent() {
+    let config = Config::default();
+    let cases = [
+        (
+            ACK_CLOCK_PERIOD - Duration::from_secs(1),
+            Duration::from_secs(2),
+        ),
+        (
+            Duration::from_millis(20),
+            ACK_CLOCK_PERIOD + Duration::from_secs(1),
+        ),
+        (
+            ACK_CLOCK_PERIOD - Duration::from_secs(1),
+            ACK_CLOCK_PERIOD + Duration::from_secs(2),
+        ),
+        (
+            Duration::from_millis(20),
+            2 * ACK_CLOCK_PERIOD - Duration::from_secs(1),
+        ),
+        (
+            Duration::from_millis(20),
+            3 * ACK_CLOCK_PERIOD + Duration::from_millis(1),
+        ),
+    ];
+    for (owed_at, stall) in cases {
+        let (mut a, mut b, owed, mut buf) = owe_an_acknowledgement(config, owed_at);
+        acknowledgement_leaves_at(&mut a, &mut b, owed + stall, &mut buf);
+    }
+}
+
+/// The retransmission and peer-gone timers live with the peer's oldest
+/// outstanding message (a request before a reply): when a request joins an
+/// outstanding reply they carry on unchanged, and the peer is given up
+/// `peer_timeout` after the reply became outstanding.
+#[test]
+fn timers_carry_on_when_the_oldest_outstanding_message_changes() {
+    let config = Config::default();
+    let mut a = Sim::endpoint(0, 0xa, config, 2);
+    let mut b = Sim::endpoint(1, 0xb, config, 2);
+    let start = Instant::now();
+    a.send(start, 1, b"hello").unwrap();
+    let (met, _, _) = pump(&mut a, &mut b, start, Duration::from_millis(10));
+    while a.poll_event().is_some() {}
+    let rto = a.rto(1).unwrap();
+
+    // A reply goes out and is lost; the retransmission timer runs.
+    let mut buf = vec![0; a.max_datagram_len()];
+    let first = met + Duration::from_millis(1);
+    a.send_reply(first, 1, b"reply").unwrap();
+    assert!(a.poll_transmit(first, &mut buf).is_some());
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    // A request joins it before the timer fires: same timers.
+    let later = first + rto / 2;
+    a.send(later, 1, b"request").unwrap();
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    assert!(a.poll_transmit(later, &mut buf).is_some());
+    assert_eq!(a.poll_timeout(), Some(first + rto));
+    assert_eq!(a.outstanding(1), Some(2));
+
+    // Everything is lost from now on: the reply is retransmitted when the
+    // timer it started fires, and the peer is given up `peer_timeout` after the reply
+    // became outstanding.
+    let mut retransmitted_at = Vec::new();
+    let gone_at = loop {
+        let at = a.poll_timeout().expect("a timer runs");
+        assert!(at <= first + config.peer_timeout, "{:?}", at - first);
+        a.handle_timeout(at);
+        while let Some((_, len)) = a.poll_transmit(at, &mut buf) {
+            let (header, _) = Header::decode(&buf[..len]).unwrap();
+            retransmitted_at.push((at, header.reply));
+        }
+        if let Some(event) = std::iter::from_fn(|| a.poll_event())
+            .find(|event| matches!(event, Event::PeerGone { .. }))
+        {
+            assert_eq!(event, Event::PeerGone { node: 1 });
+            break at;
+        }
+    };
+    // Only the reply had waited a full timeout when the timer fired.
+    assert_eq!(retransmitted_at[0], (first + rto, true));
+    assert!(retransmitted_at[1].0 > first + rto);
+    assert_eq!(gone_at, first + config.peer_timeout);
+    assert_eq!(a.outstanding(1), Some(0));
 }
