@@ -18,6 +18,7 @@ use pindown_uapi::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::batch;
 use super::message::{FrameDatagram, Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
 use crate::fabric::with_port;
 use crate::net::wire::{seq_before, Header};
@@ -197,6 +198,8 @@ impl Link {
             op_timeout: config.endpoint.peer_timeout * 2,
             deferred: VecDeque::new(),
             message: Vec::with_capacity(config.endpoint.max_payload),
+            received: batch::Received::new(),
+            outgoing: batch::Outgoing::default(),
             bytes: vec![0; config.endpoint.max_payload],
             addresses: config.peers.iter().map(|(&n, &a)| (a, n)).collect(),
         };
@@ -479,6 +482,10 @@ struct Worker {
     deferred: VecDeque<(NodeId, Vec<u8>)>,
     /// The message being built.
     message: Vec<u8>,
+    /// Datagrams received in one system call.
+    received: batch::Received,
+    /// Datagrams of the pass, sent in one system call.
+    outgoing: batch::Outgoing,
     /// Bytes being moved for the message being built.
     bytes: Vec<u8>,
     addresses: HashMap<SocketAddr, NodeId>,
@@ -513,12 +520,12 @@ fn on_port<T>(
 
 impl Worker {
     fn run(mut self) {
-        let mut datagram = vec![0u8; 65536];
+        let mut datagram = vec![0u8; batch::DATAGRAM_MAX];
         let mut last_work = Instant::now();
         while !self.link.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             let mut worked = self.take_submissions(now);
-            worked |= self.receive(now, &mut datagram);
+            worked |= self.receive(now);
             if self.endpoint.poll_timeout().is_some_and(|at| at <= now) {
                 self.endpoint.handle_timeout(now);
             }
@@ -530,6 +537,7 @@ impl Worker {
             worked |= self.send_frames(now);
             self.finish_ops(now);
             worked |= self.transmit(now, &mut datagram);
+            self.outgoing.flush(self.socket.as_raw_fd());
             self.publish_stats();
             if worked {
                 last_work = now;
@@ -791,12 +799,13 @@ impl Worker {
     }
 
     /// Reads every datagram waiting on the socket.
-    fn receive(&mut self, now: Instant, datagram: &mut [u8]) -> bool {
+    fn receive(&mut self, now: Instant) -> bool {
         let mut worked = false;
+        let mut received = std::mem::take(&mut self.received);
         loop {
-            let (len, from) = match self.socket.recv_from(datagram) {
-                Ok(got) => got,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            let count = match received.receive(self.socket.as_raw_fd()) {
+                Ok(0) => break,
+                Ok(count) => count,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // ICMP errors of earlier sends (a peer not up yet)
@@ -806,33 +815,46 @@ impl Worker {
                 }
             };
             worked = true;
-            self.link
-                .stats
-                .datagrams_received
-                .fetch_add(1, Ordering::Relaxed);
-            let Some(&node) = self.addresses.get(&from) else {
+            for i in 0..count {
                 self.link
                     .stats
-                    .stray_datagrams
+                    .datagrams_received
                     .fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let bytes = &datagram[..len];
-            if FrameDatagram::is_one(bytes)
-                && FrameDatagram::decode(bytes).map_or(true, |frame| frame.source != node)
-            {
-                // A frame datagram must come from its node's address.
-                self.link
-                    .stats
-                    .frames_dropped
-                    .fetch_add(1, Ordering::Relaxed);
-                continue;
+                let Some((bytes, from)) = received.get(i) else {
+                    // Cut short: nobody of the fabric sends such.
+                    self.link
+                        .stats
+                        .dropped_datagrams
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let Some(&node) = self.addresses.get(&from) else {
+                    self.link
+                        .stats
+                        .stray_datagrams
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if FrameDatagram::is_one(bytes)
+                    && FrameDatagram::decode(bytes).map_or(true, |frame| frame.source != node)
+                {
+                    // A frame datagram must come from its node's address.
+                    self.link
+                        .stats
+                        .frames_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                match &mut self.fault_in {
+                    Some(faults) => faults.push(now, bytes),
+                    None => self.handle_datagram(now, bytes),
+                }
             }
-            match &mut self.fault_in {
-                Some(faults) => faults.push(now, bytes),
-                None => self.handle_datagram(now, bytes),
+            if count < batch::BATCH {
+                break;
             }
         }
+        self.received = received;
         while let Some(bytes) = self.fault_in.as_mut().and_then(|f| f.pop_ready(now)) {
             self.handle_datagram(now, &bytes);
             worked = true;
@@ -1929,16 +1951,13 @@ impl Worker {
         worked
     }
 
-    fn put_on_wire(&self, address: SocketAddr, bytes: &[u8]) {
+    /// Queues a datagram for the pass's batch ([`batch::Outgoing`]).
+    fn put_on_wire(&mut self, address: SocketAddr, bytes: &[u8]) {
         self.link
             .stats
             .datagrams_sent
             .fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.socket.send_to(bytes, address) {
-            // A full socket buffer or an unreachable peer: the endpoint
-            // retransmits what is not acknowledged.
-            tracing::trace!(%address, "fabric send: {e}");
-        }
+        self.outgoing.push(self.socket.as_raw_fd(), address, bytes);
     }
 
     fn publish_stats(&self) {

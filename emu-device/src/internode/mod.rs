@@ -33,6 +33,7 @@
 //! [`ErrorDetail::NodeUnreachable`]; a restarted peer is served again as
 //! soon as it is heard from.
 
+pub mod batch;
 mod link;
 pub mod message;
 
