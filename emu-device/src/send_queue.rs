@@ -7,7 +7,7 @@
 //! the device's ports, and writes the completions in place into the pair's
 //! completion queue.
 //!
-//! Every port's memory and windows live once, in its [`PortShared`],
+//! Every port's memory and windows live once, in its [`PortShared`](crate::port::PortShared),
 //! behind the port's access gate; the ring work of a request (writing the
 //! previous completion, taking the next request) is one guarded step on
 //! the port's own gate, through ring memory translated once
@@ -136,7 +136,7 @@ pub struct Served {
 }
 
 /// Requests taken in one turn before the port's thread does other work.
-const REQUESTS_PER_TURN: usize = 64;
+pub const REQUESTS_PER_TURN: usize = 64;
 
 /// The error completion of a request whose bytes did not decode.
 fn malformed(user_data: u64) -> Completion {

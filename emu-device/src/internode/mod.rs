@@ -30,11 +30,14 @@
 //!
 //! A peer that stops answering for the endpoint's peer timeout, or that
 //! restarts, fails every request in flight to it with
-//! [`ErrorDetail::NodeUnreachable`]; a restarted peer is served again as
+//! [`ErrorDetail::NodeUnreachable`](pindown_uapi::ErrorDetail::NodeUnreachable); a restarted peer is served again as
 //! soon as it is heard from.
 
 pub mod batch;
 mod link;
 pub mod message;
 
-pub use link::{Link, LinkConfig, LinkStats, Submission};
+pub use link::{
+    Link, LinkConfig, LinkStats, Submission, MAX_DEFERRED, MAX_DELEGATED, MAX_FRAMES_QUEUED,
+    MAX_READ_JOBS,
+};
