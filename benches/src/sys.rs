@@ -1,7 +1,7 @@
 //! Anonymous memory, the lockable-memory budget and a few facts about the
 //! machine.
 //!
-//! The page size and `RLIMIT_MEMLOCK` come from [`pincache`]; this module
+//! The page size and `RLIMIT_MEMLOCK` come from [`pindown_pincache`]; this module
 //! adds what the benchmarks need beyond that: mappings to pin, bare
 //! `mlock`/`munlock`/`munmap` for the baselines, and a probe of how much
 //! memory this process can really lock.

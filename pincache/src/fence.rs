@@ -30,7 +30,7 @@ use std::io;
 use crate::uffd::{Userfaultfd, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFD_FEATURE_WP_UNPOPULATED};
 
 /// Writers of a range are held off while this lives; dropping it wakes
-/// them (see the [module documentation](self)).
+/// them (see the `fence` module's documentation).
 pub struct WriteFence {
     /// Closing it lifts the protection of what is still registered and
     /// wakes every thread waiting on it.

@@ -217,8 +217,8 @@ impl fmt::Display for ErrorDetail {
 }
 
 /// What an arrival completion tells the target of a VECTOR_WRITE with
-/// [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) (see the [module
-/// documentation](self)).
+/// [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) (see the
+/// completion layout in [`Completion`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arrival {
     /// The port that wrote.
@@ -296,8 +296,7 @@ impl Completion {
         }
     }
 
-    /// The arrival completion of `arrival` (see the [module
-    /// documentation](self)).
+    /// The arrival completion of `arrival` (see [`Arrival`]).
     pub fn arrival_notice(arrival: Arrival) -> Self {
         Completion {
             user_data: arrival.immediate,
