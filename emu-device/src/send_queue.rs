@@ -117,6 +117,9 @@ fn remote_nodes(op: &Operation) -> [Option<NodeId>; 2] {
             destination,
             ..
         } => [Some(source.node), Some(destination.node)],
+        Operation::AtomicTo {
+            word, destination, ..
+        } => [Some(word.node), Some(destination.node)],
         Operation::Nop
         | Operation::Query
         | Operation::BindWindow { .. }

@@ -93,6 +93,6 @@ pub use layout::{
     MAX_RDMA_QUEUE_PAIRS, RDMA_FEATURES,
 };
 pub use request::{
-    vector_inline_slots, AtomicWidth, Bitwise, Descriptor, Opcode, Operation, VectorFlags,
-    VectorTransfer, WindowFlags, WorkRequest, WrFlags,
+    vector_inline_slots, AtomicOp, AtomicWidth, Bitwise, Descriptor, Opcode, Operation,
+    VectorFlags, VectorTransfer, WindowFlags, WorkRequest, WrFlags, ATOMIC_TO_FOUR,
 };

@@ -40,6 +40,18 @@
 //! | 56 | 4 | descriptor bytes (the two patterns, [`pattern::encode_pair`](crate::pattern::encode_pair)) |
 //! | 60 | 1 | [`VectorFlags`] |
 //!
+//! ATOMIC_TO_COMPARE_SWAP .. ATOMIC_TO_FETCH_XOR (the operation in the
+//! opcode) name a word and a destination window for its old value:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 2, 24, 32 | | the word: port, offset and node, key (as a remote address) |
+//! | 4 | 4 | destination offset and node, low 32 bits (48-bit offset, node in the top 16 bits of the 64) |
+//! | 16 | 8 | destination key |
+//! | 40, 48 | 8 each | operands 0 and 1 (as COMPARE_SWAP, FETCH_ADD, SWAP, FETCH_AND/OR/XOR) |
+//! | 56 | 4 | destination offset and node, high 32 bits |
+//! | 60 | 2 | destination port (below [`ATOMIC_TO_FOUR`]), with [`ATOMIC_TO_FOUR`] for a 4-byte word |
+//!
 //! Without [`VectorFlags::DESCRIPTOR_IN_MEMORY`] the descriptor (at most
 //! [`MAX_INLINE`] bytes) follows the request in the send queue, in
 //! [`vector_inline_slots`] slots of [`INLINE_PER_SLOT`] bytes each.
@@ -87,6 +99,19 @@ pub enum Opcode {
     /// Copies bytes between two remote windows, on any nodes, started by a
     /// third port and carried out by the source's device (ACP's copy).
     Copy = 0x20,
+    /// Compare-and-swap on a remote word, the old value written to a
+    /// window anywhere in the fabric (ACP's atomics).
+    AtomicToCompareSwap = 0x21,
+    /// Fetch-and-add, the old value written to a window.
+    AtomicToFetchAdd = 0x22,
+    /// Swap, the old value written to a window.
+    AtomicToSwap = 0x23,
+    /// Fetch-and-and, the old value written to a window.
+    AtomicToFetchAnd = 0x24,
+    /// Fetch-and-or, the old value written to a window.
+    AtomicToFetchOr = 0x25,
+    /// Fetch-and-xor, the old value written to a window.
+    AtomicToFetchXor = 0x26,
 }
 
 impl Opcode {
@@ -96,6 +121,8 @@ impl Opcode {
     /// Reserved for copies and atomics between two other ports, started by a
     /// third (ACP).
     pub const THIRD_PARTY_RANGE: std::ops::RangeInclusive<u8> = 0x20..=0x2f;
+    /// ATOMIC_TO_COMPARE_SWAP to ATOMIC_TO_FETCH_XOR.
+    pub const ATOMIC_TO_RANGE: std::ops::RangeInclusive<u8> = 0x21..=0x26;
     /// Reserved for messaging: sends, receives and active messages.
     pub const MESSAGING_RANGE: std::ops::RangeInclusive<u8> = 0x30..=0x3f;
 
@@ -116,6 +143,12 @@ impl Opcode {
             Opcode::FetchOr => "FETCH_OR",
             Opcode::FetchXor => "FETCH_XOR",
             Opcode::Copy => "COPY",
+            Opcode::AtomicToCompareSwap => "ATOMIC_TO_COMPARE_SWAP",
+            Opcode::AtomicToFetchAdd => "ATOMIC_TO_FETCH_ADD",
+            Opcode::AtomicToSwap => "ATOMIC_TO_SWAP",
+            Opcode::AtomicToFetchAnd => "ATOMIC_TO_FETCH_AND",
+            Opcode::AtomicToFetchOr => "ATOMIC_TO_FETCH_OR",
+            Opcode::AtomicToFetchXor => "ATOMIC_TO_FETCH_XOR",
             Opcode::VectorWrite => "VECTOR_WRITE",
             Opcode::VectorRead => "VECTOR_READ",
         }
@@ -138,6 +171,12 @@ impl Opcode {
             0x0b => Opcode::FetchOr,
             0x0c => Opcode::FetchXor,
             0x20 => Opcode::Copy,
+            0x21 => Opcode::AtomicToCompareSwap,
+            0x22 => Opcode::AtomicToFetchAdd,
+            0x23 => Opcode::AtomicToSwap,
+            0x24 => Opcode::AtomicToFetchAnd,
+            0x25 => Opcode::AtomicToFetchOr,
+            0x26 => Opcode::AtomicToFetchXor,
             0x10 => Opcode::VectorWrite,
             0x11 => Opcode::VectorRead,
             code if Self::VECTOR_RANGE.contains(&code) => {
@@ -245,6 +284,51 @@ bitflags::bitflags! {
         /// window (as a type-2 memory window is bound to one queue pair);
         /// without it, any port holding the key may.
         const PEER = 1 << 0;
+    }
+}
+
+/// Bytes 60..62 of an ATOMIC_TO request: the destination port, with this
+/// bit set for a 4-byte word (ports are numbered below it).
+pub const ATOMIC_TO_FOUR: u16 = 1 << 15;
+
+/// What an atomic does to its word (the old value always comes back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// Stores `swap` if the word equals `compare`.
+    CompareSwap {
+        /// The value expected.
+        compare: u64,
+        /// The value stored when it matched.
+        swap: u64,
+    },
+    /// Adds `add` (wrapping).
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
+    /// Stores `value`.
+    Swap {
+        /// The new value.
+        value: u64,
+    },
+    /// Applies AND, OR or XOR with `mask`.
+    Bitwise {
+        /// Which.
+        op: Bitwise,
+        /// The other operand.
+        mask: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The two operands as a request carries them.
+    pub fn operands(self) -> (u64, u64) {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => (compare, swap),
+            AtomicOp::FetchAdd { add } => (add, 0),
+            AtomicOp::Swap { value } => (value, 0),
+            AtomicOp::Bitwise { mask, .. } => (mask, 0),
+        }
     }
 }
 
@@ -392,6 +476,23 @@ pub enum Operation {
         /// Bytes.
         len: u32,
     },
+    /// Run `op` on the `width`-byte word at `word`, and write the old
+    /// value (`width` bytes, little-endian) into the window at
+    /// `destination`: three windows anywhere in the fabric (ACP's
+    /// atomics). The word's device runs it, atomic with respect to every
+    /// initiator and the owner's CPU, and then writes the old value with
+    /// the initiator's rights; the completion (which carries the old
+    /// value too) comes once it landed.
+    AtomicTo {
+        /// The word.
+        word: RemoteAddress,
+        /// Its width.
+        width: AtomicWidth,
+        /// What to do to it.
+        op: AtomicOp,
+        /// Where the old value goes.
+        destination: RemoteAddress,
+    },
     /// Grant `access` to `[start, start + len)` of the initiator's registered
     /// memory, to one port or to any; the completion's value is the new
     /// [`RemoteKey`].
@@ -469,6 +570,20 @@ impl Operation {
                 Bitwise::Xor => Opcode::FetchXor,
             },
             Operation::Copy { .. } => Opcode::Copy,
+            Operation::AtomicTo { op, .. } => match op {
+                AtomicOp::CompareSwap { .. } => Opcode::AtomicToCompareSwap,
+                AtomicOp::FetchAdd { .. } => Opcode::AtomicToFetchAdd,
+                AtomicOp::Swap { .. } => Opcode::AtomicToSwap,
+                AtomicOp::Bitwise {
+                    op: Bitwise::And, ..
+                } => Opcode::AtomicToFetchAnd,
+                AtomicOp::Bitwise {
+                    op: Bitwise::Or, ..
+                } => Opcode::AtomicToFetchOr,
+                AtomicOp::Bitwise {
+                    op: Bitwise::Xor, ..
+                } => Opcode::AtomicToFetchXor,
+            },
             Operation::BindWindow { .. } => Opcode::BindWindow,
             Operation::RevokeWindow { .. } => Opcode::RevokeWindow,
             Operation::Query => Opcode::Query,
@@ -502,6 +617,8 @@ struct Fields {
     window_flags: u8,
     operand0: u64,
     operand1: u64,
+    /// ATOMIC_TO's destination port and width (bytes 60..62).
+    destination_port: Option<u16>,
 }
 
 impl WorkRequest {
@@ -565,6 +682,28 @@ impl WorkRequest {
                 fields.aux = width.bytes();
                 fields.operand0 = mask;
             }
+            Operation::AtomicTo {
+                word,
+                width,
+                op,
+                destination,
+            } => {
+                set_remote(&mut fields, &word);
+                (fields.operand0, fields.operand1) = op.operands();
+                fields.local = destination.key.0;
+                let packed = pack_offset(destination.offset, destination.node);
+                fields.len = packed as u32;
+                fields.aux = (packed >> 32) as u32;
+                let four = if width == AtomicWidth::Four {
+                    ATOMIC_TO_FOUR
+                } else {
+                    0
+                };
+                // A port past the 15 bits (none exists) is sent as the
+                // largest one: refused, never another port.
+                let port = destination.port.min(ATOMIC_TO_FOUR - 1);
+                fields.destination_port = Some(port | four);
+            }
             Operation::Copy {
                 source,
                 destination,
@@ -623,6 +762,9 @@ impl WorkRequest {
         bytes[48..56].copy_from_slice(&fields.operand1.to_le_bytes());
         bytes[56..60].copy_from_slice(&fields.aux.to_le_bytes());
         bytes[60] = fields.window_flags;
+        if let Some(port) = fields.destination_port {
+            bytes[60..62].copy_from_slice(&port.to_le_bytes());
+        }
         bytes
     }
 
@@ -631,7 +773,8 @@ impl WorkRequest {
         need(bytes, Self::SIZE)?;
         let opcode = Opcode::from_u8(bytes[0])?;
         let flags = WrFlags::from_bits(bytes[1]).ok_or(DecodeError::UnknownFlags(bytes[1]))?;
-        reserved_zero(bytes, 61..64)?;
+        let atomic_to = Opcode::ATOMIC_TO_RANGE.contains(&bytes[0]);
+        reserved_zero(bytes, if atomic_to { 62..64 } else { 61..64 })?;
         let fields = Fields {
             remote_port: le_u16(bytes, 2),
             node: le_u16(bytes, 30),
@@ -642,7 +785,8 @@ impl WorkRequest {
             operand0: le_u64(bytes, 40),
             operand1: le_u64(bytes, 48),
             aux: le_u32(bytes, 56),
-            window_flags: bytes[60],
+            window_flags: if atomic_to { 0 } else { bytes[60] },
+            destination_port: atomic_to.then(|| le_u16(bytes, 60)),
         };
         let remote = RemoteAddress {
             node: fields.node,
@@ -742,6 +886,55 @@ impl WorkRequest {
                     remote: true,
                     aux: true,
                     operand0: true,
+                    ..none
+                };
+                (op, uses)
+            }
+            Opcode::AtomicToCompareSwap
+            | Opcode::AtomicToFetchAdd
+            | Opcode::AtomicToSwap
+            | Opcode::AtomicToFetchAnd
+            | Opcode::AtomicToFetchOr
+            | Opcode::AtomicToFetchXor => {
+                let packed_port = fields.destination_port.unwrap_or(0);
+                let width = if packed_port & ATOMIC_TO_FOUR != 0 {
+                    AtomicWidth::Four
+                } else {
+                    AtomicWidth::Eight
+                };
+                let first = width.check_operand("operand 0", fields.operand0)?;
+                let second = width.check_operand("operand 1", fields.operand1)?;
+                let bitwise = |op| AtomicOp::Bitwise { op, mask: first };
+                let op = match opcode {
+                    Opcode::AtomicToCompareSwap => AtomicOp::CompareSwap {
+                        compare: first,
+                        swap: second,
+                    },
+                    Opcode::AtomicToFetchAdd => AtomicOp::FetchAdd { add: first },
+                    Opcode::AtomicToSwap => AtomicOp::Swap { value: first },
+                    Opcode::AtomicToFetchAnd => bitwise(Bitwise::And),
+                    Opcode::AtomicToFetchOr => bitwise(Bitwise::Or),
+                    _ => bitwise(Bitwise::Xor),
+                };
+                let packed = u64::from(fields.len) | u64::from(fields.aux) << 32;
+                let op = Operation::AtomicTo {
+                    word: remote,
+                    width,
+                    op,
+                    destination: RemoteAddress {
+                        node: (packed >> 48) as u16,
+                        port: packed_port & !ATOMIC_TO_FOUR,
+                        key: RemoteKey(fields.local),
+                        offset: packed & MAX_REMOTE_OFFSET,
+                    },
+                };
+                let uses = Uses {
+                    remote: true,
+                    len: true,
+                    local: true,
+                    aux: true,
+                    operand0: true,
+                    operand1: opcode == Opcode::AtomicToCompareSwap,
                     ..none
                 };
                 (op, uses)

@@ -2,9 +2,9 @@
 
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{
-    Access, AtomicWidth, Bitwise, Completion, DecodeError, ErrorDetail, Opcode, Operation,
-    PortAddress, RemoteAddress, RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
-    MAX_REMOTE_OFFSET,
+    Access, AtomicOp, AtomicWidth, Bitwise, Completion, DecodeError, ErrorDetail, Opcode,
+    Operation, PortAddress, RemoteAddress, RemoteKey, Status, WindowFlags, WorkRequest, WrFlags,
+    ATOMIC_TO_FOUR, MAX_REMOTE_OFFSET,
 };
 use proptest::prelude::*;
 
@@ -97,6 +97,41 @@ fn operation() -> impl Strategy<Value = Operation> {
                     mask,
                 }
             })),
+        (remote(), width(), 0u8..6, remote(), 0u16..ATOMIC_TO_FOUR).prop_flat_map(
+            |(word, width, code, destination, port)| {
+                (operand(width), operand(width)).prop_map(move |(first, second)| {
+                    let op = match code {
+                        0 => AtomicOp::CompareSwap {
+                            compare: first,
+                            swap: second,
+                        },
+                        1 => AtomicOp::FetchAdd { add: first },
+                        2 => AtomicOp::Swap { value: first },
+                        3 => AtomicOp::Bitwise {
+                            op: Bitwise::And,
+                            mask: first,
+                        },
+                        4 => AtomicOp::Bitwise {
+                            op: Bitwise::Or,
+                            mask: first,
+                        },
+                        _ => AtomicOp::Bitwise {
+                            op: Bitwise::Xor,
+                            mask: first,
+                        },
+                    };
+                    Operation::AtomicTo {
+                        word,
+                        width,
+                        op,
+                        destination: RemoteAddress {
+                            port,
+                            ..destination
+                        },
+                    }
+                })
+            }
+        ),
         (remote(), remote(), any::<u32>()).prop_map(|(source, destination, len)| {
             Operation::Copy {
                 source,

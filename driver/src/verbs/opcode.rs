@@ -20,8 +20,8 @@ use std::marker::PhantomData;
 
 use pindown_uapi::pattern::{encode_pair, Pattern, PatternError};
 use pindown_uapi::{
-    AtomicWidth, Bitwise, Descriptor, Operation, RemoteAddress, VectorTransfer, WorkRequest,
-    WrFlags,
+    AtomicOp, AtomicWidth, Bitwise, Descriptor, Operation, RemoteAddress, VectorTransfer,
+    WorkRequest, WrFlags,
 };
 
 use super::{Local, VerbsError};
@@ -325,6 +325,51 @@ impl FetchBitwise {
             width: self.width,
             op: self.op,
             mask: self.mask,
+        })
+    }
+}
+
+/// An atomic on a remote word whose old value is written into a window
+/// anywhere in the fabric (ACP's atomics, delivering the old value where
+/// the initiator asks): the word's device runs it, atomic with respect to
+/// every initiator and the owner's CPU, then writes the old value with
+/// this port's rights (REMOTE_ATOMIC on the word's window, REMOTE_WRITE on
+/// the destination's). The completion carries the old value too and comes
+/// once it landed. Across nodes, a destination that refuses the write
+/// fails the request after the word changed.
+#[derive(Clone, Copy, Debug)]
+pub struct AtomicTo {
+    word: RemoteAddress,
+    op: AtomicOp,
+    destination: RemoteAddress,
+    width: AtomicWidth,
+}
+
+impl AtomicTo {
+    /// Runs `op` on the 8-byte word `word`; its old value goes to
+    /// `destination`.
+    pub fn new(word: RemoteAddress, op: AtomicOp, destination: RemoteAddress) -> Self {
+        AtomicTo {
+            word,
+            op,
+            destination,
+            width: AtomicWidth::Eight,
+        }
+    }
+
+    /// Works on a 4-byte word instead (4 bytes land at the destination).
+    pub fn four_bytes(mut self) -> Self {
+        self.width = AtomicWidth::Four;
+        self
+    }
+
+    /// The request.
+    pub fn build(self) -> Entry<'static> {
+        Entry::new(Operation::AtomicTo {
+            word: self.word,
+            width: self.width,
+            op: self.op,
+            destination: self.destination,
         })
     }
 }

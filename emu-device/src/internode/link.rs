@@ -312,6 +312,9 @@ struct Op {
     /// When it last made progress (started, a part acknowledged, an
     /// answer arrived).
     progress: Instant,
+    /// The value its completion carries (the old word of an ATOMIC_TO
+    /// whose old value this write carries).
+    value: u64,
 }
 
 /// Who gets an operation's outcome.
@@ -392,6 +395,15 @@ enum OpKind {
         len: u32,
         requested: u32,
         received: u32,
+    },
+    /// An ATOMIC_TO delegated to the word's node (`Op::node`).
+    AtomicTo {
+        word: RemoteAddress,
+        width: AtomicWidth,
+        op: AtomicOp,
+        destination: RemoteAddress,
+        requested: bool,
+        value: Option<u64>,
     },
     /// A copy delegated to the source's node (`Op::node`).
     Copy {
@@ -640,6 +652,13 @@ impl Worker {
             request,
             inline,
         } = submission;
+        let incarnation = port.shared.incarnation();
+        let origin = PortId {
+            node: self.link.node,
+            index: port.index as u16,
+            incarnation,
+        };
+        let mut value = 0;
         let write = |source, remote, len| OpKind::Write {
             source,
             remote,
@@ -687,6 +706,42 @@ impl Worker {
                 destination,
                 len,
             } if source.node == self.link.node => write(Source::Window(source), destination, len),
+            // The word's device runs an ATOMIC_TO; when that is this one,
+            // what is left is a write of the old value.
+            Operation::AtomicTo {
+                word,
+                width,
+                op,
+                destination,
+            } if word.node == self.link.node => {
+                let old = on_port(&self.ports, word.port, |target| {
+                    remote::atomic(target, origin, word, width, op)
+                });
+                match old {
+                    Ok(old) => {
+                        value = old;
+                        let bytes = old.to_le_bytes()[..width.bytes() as usize].to_vec();
+                        write(Source::Inline(bytes), destination, width.bytes())
+                    }
+                    Err(failure) => {
+                        deliver(&self.link, &port, pair, &request, Err(failure));
+                        return;
+                    }
+                }
+            }
+            Operation::AtomicTo {
+                word,
+                width,
+                op,
+                destination,
+            } => OpKind::AtomicTo {
+                word,
+                width,
+                op,
+                destination,
+                requested: false,
+                value: None,
+            },
             Operation::Copy {
                 source,
                 destination,
@@ -733,12 +788,6 @@ impl Worker {
                 return;
             }
         };
-        let incarnation = port.shared.incarnation();
-        let origin = PortId {
-            node: self.link.node,
-            index: port.index as u16,
-            incarnation,
-        };
         let requester = Requester::Port {
             port,
             incarnation,
@@ -747,7 +796,10 @@ impl Worker {
             opcode: request.op.opcode(),
             signaled: request.flags.contains(WrFlags::SIGNALED),
         };
-        self.insert_op(requester, origin, kind);
+        let tag = self.insert_op(requester, origin, kind);
+        if let Some(op) = self.ops.get_mut(&tag) {
+            op.value = value;
+        }
     }
 
     /// Takes a vector transfer's descriptor (carried, or in the
@@ -771,7 +823,7 @@ impl Worker {
     }
 
     /// Files a new operation under a new tag.
-    fn insert_op(&mut self, requester: Requester, origin: PortId, kind: OpKind) {
+    fn insert_op(&mut self, requester: Requester, origin: PortId, kind: OpKind) -> u64 {
         let node = match &kind {
             OpKind::Write { remote, .. }
             | OpKind::Read { remote, .. }
@@ -779,6 +831,7 @@ impl Worker {
             | OpKind::VectorWrite { remote, .. }
             | OpKind::VectorRead { remote, .. } => remote.node,
             OpKind::Copy { source, .. } => source.node,
+            OpKind::AtomicTo { word, .. } => word.node,
         };
         let known = node == self.link.node || self.link.peers.contains_key(&node);
         let tag = self.next_tag;
@@ -794,8 +847,10 @@ impl Worker {
                 horizon: None,
                 failure: (!known).then_some((Status::InvalidRequest, ErrorDetail::UnknownNode)),
                 progress: Instant::now(),
+                value: 0,
             },
         );
+        tag
     }
 
     /// Reads every datagram waiting on the socket.
@@ -957,6 +1012,7 @@ impl Worker {
         let origin_node = match &message {
             Message::Read { origin, .. }
             | Message::Atomic { origin, .. }
+            | Message::AtomicTo { origin, .. }
             | Message::Copy { origin, .. } => Some(origin.node),
             _ => None,
         };
@@ -1132,6 +1188,50 @@ impl Worker {
                 }
                 self.bytes = bytes;
             }
+            Message::AtomicTo {
+                origin,
+                dst_port,
+                key,
+                offset,
+                width,
+                op,
+                destination,
+            } => {
+                self.served();
+                if self.delegated >= MAX_DELEGATED {
+                    let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
+                    self.answer(now, node, origin.tag, status, detail, 0);
+                    return;
+                }
+                let word = at(dst_port, key, offset);
+                let old = on_port(&self.ports, dst_port, |target| {
+                    remote::atomic(target, initiator(origin), word, width, op)
+                });
+                let old = match old {
+                    Ok(old) => old,
+                    Err((status, detail)) => {
+                        self.answer(now, node, origin.tag, status, detail, 0);
+                        return;
+                    }
+                };
+                self.delegated += 1;
+                let bytes = old.to_le_bytes()[..width.bytes() as usize].to_vec();
+                let kind = OpKind::Write {
+                    source: Source::Inline(bytes),
+                    remote: destination,
+                    len: width.bytes(),
+                    sent: 0,
+                    started: false,
+                };
+                let requester = Requester::Node {
+                    node,
+                    tag: origin.tag,
+                };
+                let tag = self.insert_op(requester, initiator(origin), kind);
+                if let Some(op) = self.ops.get_mut(&tag) {
+                    op.value = old;
+                }
+            }
             Message::ReadData { tag, at, bytes } => self.read_data(node, tag, at, bytes),
             Message::Result {
                 tag,
@@ -1280,7 +1380,9 @@ impl Worker {
         }
         match &mut op.kind {
             OpKind::Read { finished, .. } => *finished = true,
-            OpKind::Atomic { value: old, .. } => *old = Some(value),
+            OpKind::Atomic { value: old, .. } | OpKind::AtomicTo { value: old, .. } => {
+                *old = Some(value)
+            }
             OpKind::Copy { done, .. } => *done = true,
             OpKind::Write { .. } | OpKind::VectorWrite { .. } | OpKind::VectorRead { .. } => {}
         }
@@ -1428,6 +1530,22 @@ impl Worker {
                     offset: remote.offset,
                     width: *width,
                     op: *atomic,
+                },
+                OpKind::AtomicTo {
+                    word,
+                    width,
+                    op: atomic,
+                    destination,
+                    requested: false,
+                    ..
+                } => Message::AtomicTo {
+                    origin,
+                    dst_port: word.port,
+                    key: word.key,
+                    offset: word.offset,
+                    width: *width,
+                    op: *atomic,
+                    destination: *destination,
                 },
                 OpKind::Copy {
                     source,
@@ -1721,6 +1839,7 @@ impl Worker {
                 match &mut op.kind {
                     OpKind::Read { requested, .. }
                     | OpKind::Atomic { requested, .. }
+                    | OpKind::AtomicTo { requested, .. }
                     | OpKind::Copy { requested, .. } => *requested = true,
                     OpKind::Write { .. }
                     | OpKind::VectorWrite { .. }
@@ -1825,12 +1944,14 @@ impl Worker {
             let outcome = match op.failure {
                 Some(failure) => Err(failure),
                 None => Ok(match op.kind {
-                    OpKind::Write { len, .. }
-                    | OpKind::Read { len, .. }
+                    OpKind::Write { len, .. } => (len, op.value),
+                    OpKind::Read { len, .. }
                     | OpKind::Copy { len, .. }
                     | OpKind::VectorWrite { len, .. }
                     | OpKind::VectorRead { len, .. } => (len, 0),
-                    OpKind::Atomic { width, value, .. } => (width.bytes(), value.unwrap_or(0)),
+                    OpKind::Atomic { width, value, .. } | OpKind::AtomicTo { width, value, .. } => {
+                        (width.bytes(), value.unwrap_or(0))
+                    }
                 }),
             };
             match op.requester {
@@ -1858,10 +1979,11 @@ impl Worker {
                 }
                 Requester::Node { node, tag } => {
                     self.delegated -= 1;
-                    let (status, detail) = outcome
-                        .err()
-                        .unwrap_or((Status::Success, ErrorDetail::None));
-                    self.answer(now, node, tag, status, detail, 0);
+                    let (status, detail, value) = match outcome {
+                        Ok((_, value)) => (Status::Success, ErrorDetail::None, value),
+                        Err((status, detail)) => (status, detail, 0),
+                    };
+                    self.answer(now, node, tag, status, detail, value);
                 }
             }
         }
@@ -1902,7 +2024,9 @@ impl Worker {
                 finished,
                 ..
             } => op.failure.is_some() || (*finished && *received == *len),
-            OpKind::Atomic { value, .. } => op.failure.is_some() || value.is_some(),
+            OpKind::Atomic { value, .. } | OpKind::AtomicTo { value, .. } => {
+                op.failure.is_some() || value.is_some()
+            }
             OpKind::Copy { done, .. } => op.failure.is_some() || *done,
             OpKind::VectorWrite {
                 len, sent, started, ..

@@ -23,6 +23,7 @@
 //! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
 //! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
 //! | 7 VECTOR_WRITE | the remote pattern of these bytes (len bytes, [`Pattern`](pindown_uapi::pattern::Pattern) encoding; offsets from the header's offset), then the bytes |
+//! | 9 ATOMIC_TO | operand 0 u64, operand 1 u64, destination key u64, destination offset u64, destination port u16 (the header's destination node; code and extra as ATOMIC's) |
 //! | 8 VECTOR_READ | at u32 (offset of this part inside the read), the remote pattern of the part (len bytes) |
 //!
 //! | kind | layout |
@@ -68,6 +69,26 @@ pub enum Message<'a> {
         offset: u64,
         /// Bytes to read.
         len: u32,
+    },
+    /// An atomic on the word at `offset` in window `key` of `dst_port`
+    /// whose old value goes to the window `destination` (on any node):
+    /// the receiver runs it, writes the old value, and answers with one
+    /// [`Message::Result`] carrying it.
+    AtomicTo {
+        /// The initiator.
+        origin: Origin,
+        /// The word's port.
+        dst_port: u16,
+        /// The word's window.
+        key: RemoteKey,
+        /// Where in the window.
+        offset: u64,
+        /// The word's width.
+        width: AtomicWidth,
+        /// What to do.
+        op: AtomicOp,
+        /// Where the old value goes.
+        destination: RemoteAddress,
     },
     /// Part of a vector write: `bytes` go to the blocks of `pattern`
     /// (offsets from `offset`) in window `key` of `dst_port`.
@@ -195,6 +216,8 @@ const RESULT: u8 = 5;
 const COPY: u8 = 6;
 const VECTOR_WRITE: u8 = 7;
 const VECTOR_READ: u8 = 8;
+const ATOMIC_TO: u8 = 9;
+const ATOMIC_TO_LEN: usize = ATOMIC_LEN + 18;
 
 /// Header bytes of a WRITE (its bytes follow), and of READ.
 pub const WRITE_HEADER: usize = 48;
@@ -303,24 +326,26 @@ impl<'a> Message<'a> {
                 width,
                 op,
             } => {
-                let (code, operand0, operand1) = match op {
-                    AtomicOp::CompareSwap { compare, swap } => (CAS, compare, swap),
-                    AtomicOp::FetchAdd { add } => (FETCH_ADD, add, 0),
-                    AtomicOp::Swap { value } => (SWAP, value, 0),
-                    AtomicOp::Bitwise { op, mask } => match op {
-                        Bitwise::And => (FETCH_AND, mask, 0),
-                        Bitwise::Or => (FETCH_OR, mask, 0),
-                        Bitwise::Xor => (FETCH_XOR, mask, 0),
-                    },
+                let header = RequestHeader::new(ATOMIC, origin, dst_port, key, offset);
+                encode_atomic(out, header, width, op);
+            }
+            Message::AtomicTo {
+                origin,
+                dst_port,
+                key,
+                offset,
+                width,
+                op,
+                destination,
+            } => {
+                let header = RequestHeader {
+                    destination_node: destination.node,
+                    ..RequestHeader::new(ATOMIC_TO, origin, dst_port, key, offset)
                 };
-                RequestHeader {
-                    code,
-                    extra: width.bytes() as u16,
-                    ..RequestHeader::new(ATOMIC, origin, dst_port, key, offset)
-                }
-                .encode(out);
-                out.extend_from_slice(&operand0.to_le_bytes());
-                out.extend_from_slice(&operand1.to_le_bytes());
+                encode_atomic(out, header, width, op);
+                out.extend_from_slice(&destination.key.0.to_le_bytes());
+                out.extend_from_slice(&destination.offset.to_le_bytes());
+                out.extend_from_slice(&destination.port.to_le_bytes());
             }
             Message::Result {
                 tag,
@@ -434,28 +459,29 @@ impl<'a> Message<'a> {
                     bytes: &bytes[READ_DATA_HEADER..],
                 }
             }
+            ATOMIC_TO => {
+                need(ATOMIC_TO_LEN)?;
+                let (width, op) = decode_atomic(bytes)?;
+                let destination_key = RemoteKey::try_from(u64_at(ATOMIC_LEN))
+                    .map_err(|_| MessageError::BadField("destination key"))?;
+                Message::AtomicTo {
+                    origin: origin(),
+                    dst_port: u16_at(4),
+                    key: key()?,
+                    offset: u64_at(32),
+                    width,
+                    op,
+                    destination: RemoteAddress {
+                        node: u16_at(42),
+                        port: u16_at(ATOMIC_LEN + 16),
+                        key: destination_key,
+                        offset: u64_at(ATOMIC_LEN + 8),
+                    },
+                }
+            }
             ATOMIC => {
                 need(ATOMIC_LEN)?;
-                let width = AtomicWidth::from_bytes(u32::from(u16_at(6)))
-                    .map_err(|_| MessageError::BadField("atomic width"))?;
-                let (operand0, operand1) = (u64_at(WRITE_HEADER), u64_at(WRITE_HEADER + 8));
-                let op = match bytes[1] {
-                    CAS => AtomicOp::CompareSwap {
-                        compare: operand0,
-                        swap: operand1,
-                    },
-                    FETCH_ADD => AtomicOp::FetchAdd { add: operand0 },
-                    SWAP => AtomicOp::Swap { value: operand0 },
-                    code @ (FETCH_AND | FETCH_OR | FETCH_XOR) => AtomicOp::Bitwise {
-                        op: match code {
-                            FETCH_AND => Bitwise::And,
-                            FETCH_OR => Bitwise::Or,
-                            _ => Bitwise::Xor,
-                        },
-                        mask: operand0,
-                    },
-                    _ => return Err(MessageError::BadField("atomic operation")),
-                };
+                let (width, op) = decode_atomic(bytes)?;
                 Message::Atomic {
                     origin: origin(),
                     dst_port: u16_at(4),
@@ -479,6 +505,57 @@ impl<'a> Message<'a> {
             other => return Err(MessageError::UnknownKind(other)),
         })
     }
+}
+
+/// Encodes an atomic's header (`header` with its code and width), then
+/// its two operands.
+fn encode_atomic(out: &mut Vec<u8>, header: RequestHeader, width: AtomicWidth, op: AtomicOp) {
+    let code = match op {
+        AtomicOp::CompareSwap { .. } => CAS,
+        AtomicOp::FetchAdd { .. } => FETCH_ADD,
+        AtomicOp::Swap { .. } => SWAP,
+        AtomicOp::Bitwise { op, .. } => match op {
+            Bitwise::And => FETCH_AND,
+            Bitwise::Or => FETCH_OR,
+            Bitwise::Xor => FETCH_XOR,
+        },
+    };
+    RequestHeader {
+        code,
+        extra: width.bytes() as u16,
+        ..header
+    }
+    .encode(out);
+    let (operand0, operand1) = op.operands();
+    out.extend_from_slice(&operand0.to_le_bytes());
+    out.extend_from_slice(&operand1.to_le_bytes());
+}
+
+/// The width and operation of an ATOMIC or ATOMIC_TO (at least
+/// `ATOMIC_LEN` bytes).
+fn decode_atomic(bytes: &[u8]) -> Result<(AtomicWidth, AtomicOp), MessageError> {
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+    let width = AtomicWidth::from_bytes(u32::from(u16::from_le_bytes([bytes[6], bytes[7]])))
+        .map_err(|_| MessageError::BadField("atomic width"))?;
+    let (operand0, operand1) = (u64_at(WRITE_HEADER), u64_at(WRITE_HEADER + 8));
+    let op = match bytes[1] {
+        CAS => AtomicOp::CompareSwap {
+            compare: operand0,
+            swap: operand1,
+        },
+        FETCH_ADD => AtomicOp::FetchAdd { add: operand0 },
+        SWAP => AtomicOp::Swap { value: operand0 },
+        code @ (FETCH_AND | FETCH_OR | FETCH_XOR) => AtomicOp::Bitwise {
+            op: match code {
+                FETCH_AND => Bitwise::And,
+                FETCH_OR => Bitwise::Or,
+                _ => Bitwise::Xor,
+            },
+            mask: operand0,
+        },
+        _ => return Err(MessageError::BadField("atomic operation")),
+    };
+    Ok((width, op))
 }
 
 /// The common header of WRITE, READ, ATOMIC and COPY.
@@ -673,6 +750,23 @@ mod tests {
                 offset: 64,
                 width: AtomicWidth::Four,
                 op: AtomicOp::FetchAdd { add: 1 },
+            },
+            Message::AtomicTo {
+                origin: origin(),
+                dst_port: 3,
+                key,
+                offset: 8,
+                width: AtomicWidth::Four,
+                op: AtomicOp::Bitwise {
+                    op: Bitwise::Xor,
+                    mask: 0xf0,
+                },
+                destination: RemoteAddress {
+                    node: 9,
+                    port: 2,
+                    key: RemoteKey(0x99),
+                    offset: 1 << 40,
+                },
             },
             Message::Result {
                 tag: 9,

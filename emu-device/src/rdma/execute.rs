@@ -231,6 +231,43 @@ fn run(
             let finished = copy(fabric, initiator, source, destination, len, progress)?;
             return Ok(finished.then(|| Completion::success(user_data, Opcode::Copy, len, 0)));
         }
+        Operation::AtomicTo {
+            word,
+            width,
+            op,
+            destination,
+        } => {
+            let initiator = PortId {
+                node: info.node,
+                index: own,
+                incarnation: fabric.incarnation(own),
+            };
+            // One guarded step on both ports: the word changes only if
+            // its old value can land.
+            on_port(
+                fabric,
+                word.port,
+                destination.port,
+                &mut |word_port, to_port| {
+                    let mut far = Spans::new();
+                    let write = Access::REMOTE_WRITE;
+                    let bytes = u64::from(width.bytes());
+                    remote_range(
+                        &to_port,
+                        initiator,
+                        destination,
+                        bytes,
+                        write,
+                        true,
+                        &mut far,
+                    )?;
+                    let old = super::remote::atomic(&word_port, initiator, word, width, op)?;
+                    copy_in(&old.to_le_bytes()[..bytes as usize], &far);
+                    still_there(&to_port)?;
+                    done(request.op.opcode(), width.bytes(), old)
+                },
+            )
+        }
         Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
             let opcode = request.op.opcode();
             let direction = if opcode == Opcode::VectorWrite {

@@ -10,39 +10,12 @@
 //! every byte is checked, and fails as the local engine does.
 
 use pindown_uapi::pattern::{Block, Plan};
-use pindown_uapi::{Access, AtomicWidth, Bitwise, ErrorDetail, RemoteAddress, Status};
+use pindown_uapi::{Access, AtomicWidth, ErrorDetail, RemoteAddress, Status};
 
 use super::execute::{atomic_word, copy_in, copy_spans, local_fault, remote_range, still_there};
 use super::{Failure, PortId, Span, Spans, Target};
 
-/// What an atomic does to the word (the old value is always returned).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Stores `swap` if the word equals `compare`.
-    CompareSwap {
-        /// The value expected.
-        compare: u64,
-        /// The value stored when it matched.
-        swap: u64,
-    },
-    /// Adds `add` (wrapping).
-    FetchAdd {
-        /// The addend.
-        add: u64,
-    },
-    /// Stores `value`.
-    Swap {
-        /// The new value.
-        value: u64,
-    },
-    /// Applies AND, OR or XOR with `mask`.
-    Bitwise {
-        /// Which.
-        op: Bitwise,
-        /// The other operand.
-        mask: u64,
-    },
-}
+pub use pindown_uapi::AtomicOp;
 
 /// Writes `bytes` at `remote` in `target`, for `initiator` (a port of
 /// another node), if a live window grants it.

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pindown_uapi::{
-    Access, AtomicWidth, Bitwise, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
+    Access, AtomicOp, AtomicWidth, Bitwise, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
     RemoteAddress, RemoteKey, Status, WorkRequest, WrFlags, ABI_VERSION, RDMA_FEATURES,
 };
 
@@ -1117,4 +1117,47 @@ fn a_copy_between_two_other_ports_needs_both_rights_and_moves_exact_bytes() {
     let mut expected = before.clone();
     expected[17..17 + len as usize].copy_from_slice(&source);
     assert!(device.ports[2].memory.read(device.base(2), 1 << 20) == expected);
+}
+
+#[test]
+fn an_atomic_to_another_window_changes_the_word_only_when_the_old_value_can_land() {
+    let device = Device::new(3);
+    let atomic_key = device.bind(1, device.base(1), 4096, Access::REMOTE_ATOMIC);
+    let write_key = device.bind(2, device.base(2), 4096, Access::REMOTE_WRITE);
+    let read_key = device.bind(2, device.base(2), 4096, Access::REMOTE_READ);
+    device.ports[1]
+        .memory
+        .write(device.base(1) + 64, &40u64.to_le_bytes());
+    let to = |key, offset| Operation::AtomicTo {
+        word: remote(1, atomic_key, 64),
+        width: AtomicWidth::Eight,
+        op: AtomicOp::FetchAdd { add: 2 },
+        destination: remote(2, key, offset),
+    };
+    let done = device.run(0, to(write_key, 8));
+    assert_eq!(
+        (done.status, done.opcode, done.value),
+        (Status::Success, Some(Opcode::AtomicToFetchAdd), 40),
+        "{done:?}"
+    );
+    assert_eq!(
+        device.ports[1].memory.read(device.base(1) + 64, 8),
+        42u64.to_le_bytes().to_vec()
+    );
+    assert_eq!(
+        device.ports[2].memory.read(device.base(2) + 8, 8),
+        40u64.to_le_bytes().to_vec()
+    );
+    // A destination without the write right: refused, and the word is
+    // left as it was.
+    let done = device.run(0, to(read_key, 16));
+    assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
+    assert_eq!(
+        device.ports[1].memory.read(device.base(1) + 64, 8),
+        42u64.to_le_bytes().to_vec()
+    );
+    assert_eq!(
+        device.ports[2].memory.read(device.base(2) + 16, 8),
+        vec![0; 8]
+    );
 }
