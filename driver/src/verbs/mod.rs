@@ -20,7 +20,7 @@
 //! let region = context.register_buffer(&buffer)?;
 //! let mut cq = context.create_completion_queue();
 //! let mut qp = context.create_queue_pair(&mut cq)?;
-//! let peer: RemoteWindow = "1:5f3c0a1d9e2b4c68:4096".parse()?; // from the peer
+//! let peer: RemoteWindow = "0:1:5f3c0a1d9e2b4c68:4096".parse()?; // from the peer
 //! qp.post(&[Write::new(region.local(0, 5)?, peer.at(0)).build().user_data(1).signaled()])?;
 //! for completion in cq.wait(Duration::from_secs(1))? {
 //!     let value = completion.result()?; // Err names the request, the status and the detail
