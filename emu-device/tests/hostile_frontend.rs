@@ -1253,8 +1253,9 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     };
     let bound = queue::decode_completion_slot(&bytes).unwrap();
     assert_eq!(bound.status, Status::Success, "{bound:?}");
-    let window: pindown_driver::verbs::RemoteWindow =
-        format!("0:0:{:016x}:{WINDOW}", bound.value).parse().unwrap();
+    let window: pindown_driver::verbs::RemoteWindow = format!("0:0:{:016x}:{WINDOW}", bound.value)
+        .parse()
+        .unwrap();
 
     // The frontend takes the window's pages away, and then says nothing.
     shared
