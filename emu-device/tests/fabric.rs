@@ -488,12 +488,14 @@ fn vector_writes_and_reads_cross_nodes_in_self_describing_parts() {
         )
         .unwrap();
     // A 512 x 1 column of doubles of a 512 x 256 matrix (row of 2 KiB)
-    // against contiguous bytes; then 1000 listed blocks of 3 bytes.
+    // against contiguous bytes; then 1000 listed blocks of 3 bytes, in a
+    // shuffled order, none overlapping another (parts land in any order:
+    // overlapping blocks would leave either part's bytes).
     let column = Pattern::new(vec![Piece::vector(8, 8, 512, 2048)], 1, 0).unwrap();
     let rows = Pattern::contiguous(512 * 8);
     let blocks: Vec<Block> = (0..1000)
         .map(|i| Block {
-            offset: (i * 37 % 997) * 7,
+            offset: (i * 37 % 1009) * 7,
             len: 3,
         })
         .collect();
