@@ -9,7 +9,7 @@
 //! use pindown_driver::verbs::opcode::{FetchAdd, Nop};
 //! use pindown_uapi::{RemoteAddress, RemoteKey};
 //!
-//! let remote = RemoteAddress { port: 1, key: RemoteKey(42), offset: 0 };
+//! let remote = RemoteAddress { node: 0, port: 1, key: RemoteKey(42), offset: 0 };
 //! let add = FetchAdd::new(remote, 1).build().user_data(7).signaled();
 //! assert_eq!(add.request().user_data, 7);
 //! let fence = Nop::new().build().user_data(8).fence();
