@@ -1472,12 +1472,7 @@ impl Worker {
             if op.failure.is_some() {
                 return worked;
             }
-            let origin = Origin {
-                node: op.origin.node,
-                port: op.origin.index,
-                incarnation: op.origin.incarnation,
-                tag,
-            };
+            let origin = origin_of(op.origin, tag);
             let node = op.node;
             self.message.clear();
             let request = match &op.kind {
@@ -1612,12 +1607,7 @@ impl Worker {
         }
         self.message.clear();
         Message::VectorWrite {
-            origin: Origin {
-                node: origin.node,
-                port: origin.index,
-                incarnation: origin.incarnation,
-                tag,
-            },
+            origin: origin_of(origin, tag),
             dst_port: remote.port,
             key: remote.key,
             offset: remote.offset,
@@ -1625,26 +1615,16 @@ impl Worker {
             bytes: &self.bytes[..part as usize],
         }
         .encode(&mut self.message);
-        let message = std::mem::take(&mut self.message);
-        let sent_now = self.send(now, remote.node, &message);
-        self.message = message;
-        let op = self.ops.get_mut(&tag)?;
-        match sent_now {
-            Err(()) => None,
-            Ok(None) => {
-                op.failure = Some(GONE);
-                Some(false)
-            }
-            Ok(Some(seq)) => {
-                op.unacked += 1;
-                self.seq_tags.insert((remote.node, seq), tag);
-                if let OpKind::VectorWrite { sent, started, .. } = &mut op.kind {
-                    *sent += part as u32;
-                    *started = true;
-                }
-                Some(true)
+        let went = self.send_part(now, tag, remote.node);
+        if went == Some(true) {
+            if let Some(OpKind::VectorWrite { sent, started, .. }) =
+                self.ops.get_mut(&tag).map(|op| &mut op.kind)
+            {
+                *sent += part as u32;
+                *started = true;
             }
         }
+        went
     }
 
     /// Asks for the next part of vector read `tag`: the remote pattern of
@@ -1678,12 +1658,7 @@ impl Worker {
         let remote = *remote;
         self.message.clear();
         Message::VectorRead {
-            origin: Origin {
-                node: origin.node,
-                port: origin.index,
-                incarnation: origin.incarnation,
-                tag,
-            },
+            origin: origin_of(origin, tag),
             dst_port: remote.port,
             key: remote.key,
             offset: remote.offset,
@@ -1691,25 +1666,15 @@ impl Worker {
             pattern: &encoded,
         }
         .encode(&mut self.message);
-        let message = std::mem::take(&mut self.message);
-        let sent_now = self.send(now, remote.node, &message);
-        self.message = message;
-        let op = self.ops.get_mut(&tag)?;
-        match sent_now {
-            Err(()) => None,
-            Ok(None) => {
-                op.failure = Some(GONE);
-                Some(false)
-            }
-            Ok(Some(seq)) => {
-                op.unacked += 1;
-                self.seq_tags.insert((remote.node, seq), tag);
-                if let OpKind::VectorRead { requested, .. } = &mut op.kind {
-                    *requested += part as u32;
-                }
-                Some(true)
+        let went = self.send_part(now, tag, remote.node);
+        if went == Some(true) {
+            if let Some(OpKind::VectorRead { requested, .. }) =
+                self.ops.get_mut(&tag).map(|op| &mut op.kind)
+            {
+                *requested += part as u32;
             }
         }
+        went
     }
 
     /// Moves the next part of write `tag`: into a window of this device
@@ -1788,23 +1753,55 @@ impl Worker {
         }
         self.message.clear();
         Message::Write {
-            origin: Origin {
-                node: origin.node,
-                port: origin.index,
-                incarnation: origin.incarnation,
-                tag,
-            },
+            origin: origin_of(origin, tag),
             dst_port: remote.port,
             key: remote.key,
             offset: remote.offset,
             bytes: &self.bytes[..chunk],
         }
         .encode(&mut self.message);
+        let went = self.send_part(now, tag, remote.node);
+        if went == Some(true) {
+            if let Some(OpKind::Write { sent, started, .. }) =
+                self.ops.get_mut(&tag).map(|op| &mut op.kind)
+            {
+                *sent += chunk as u32;
+                *started = true;
+            }
+        }
+        went
+    }
+
+    /// Sends the request message built for a read, an atomic or a copy.
+    fn send_request(&mut self, now: Instant, tag: u64, node: NodeId) -> bool {
+        match self.send_part(now, tag, node) {
+            None => false,
+            Some(false) => true,
+            Some(true) => {
+                if let Some(
+                    OpKind::Read { requested, .. }
+                    | OpKind::Atomic { requested, .. }
+                    | OpKind::AtomicTo { requested, .. }
+                    | OpKind::Copy { requested, .. },
+                ) = self.ops.get_mut(&tag).map(|op| &mut op.kind)
+                {
+                    *requested = true;
+                }
+                true
+            }
+        }
+    }
+
+    /// Sends the message built in `self.message` to `node` as a request of
+    /// operation `tag`: `Some(true)` when it went (the operation waits for
+    /// its acknowledgement), `Some(false)` when the peer is gone (the
+    /// operation fails), `None` when the endpoint cannot take it now.
+    fn send_part(&mut self, now: Instant, tag: u64, node: NodeId) -> Option<bool> {
         let message = std::mem::take(&mut self.message);
-        let sent_now = self.send(now, remote.node, &message);
+        let sent = self.send(now, node, &message);
         self.message = message;
         let op = self.ops.get_mut(&tag)?;
-        match sent_now {
+        match sent {
             Err(()) => None,
             Ok(None) => {
                 op.failure = Some(GONE);
@@ -1812,42 +1809,10 @@ impl Worker {
             }
             Ok(Some(seq)) => {
                 op.unacked += 1;
-                self.seq_tags.insert((remote.node, seq), tag);
-                if let OpKind::Write { sent, started, .. } = &mut op.kind {
-                    *sent += chunk as u32;
-                    *started = true;
-                }
+                self.seq_tags.insert((node, seq), tag);
                 Some(true)
             }
         }
-    }
-
-    /// Sends the request message built for a read, an atomic or a copy.
-    fn send_request(&mut self, now: Instant, tag: u64, node: NodeId) -> bool {
-        let message = std::mem::take(&mut self.message);
-        let sent = self.send(now, node, &message);
-        self.message = message;
-        let Some(op) = self.ops.get_mut(&tag) else {
-            return false;
-        };
-        match sent {
-            Err(()) => return false,
-            Ok(None) => op.failure = Some(GONE),
-            Ok(Some(seq)) => {
-                op.unacked += 1;
-                self.seq_tags.insert((node, seq), tag);
-                match &mut op.kind {
-                    OpKind::Read { requested, .. }
-                    | OpKind::Atomic { requested, .. }
-                    | OpKind::AtomicTo { requested, .. }
-                    | OpKind::Copy { requested, .. } => *requested = true,
-                    OpKind::Write { .. }
-                    | OpKind::VectorWrite { .. }
-                    | OpKind::VectorRead { .. } => {}
-                }
-            }
-        }
-        true
     }
 
     /// Sends parts of the reads other nodes asked for, oldest first.
@@ -2090,6 +2055,16 @@ impl Worker {
             .stats
             .retransmissions
             .store(stats.retransmissions, Ordering::Relaxed);
+    }
+}
+
+/// How messages of operation `tag` name the port whose rights count.
+fn origin_of(origin: PortId, tag: u64) -> Origin {
+    Origin {
+        node: origin.node,
+        port: origin.index,
+        incarnation: origin.incarnation,
+        tag,
     }
 }
 
