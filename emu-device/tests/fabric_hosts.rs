@@ -207,19 +207,15 @@ fn finish_all(mut children: Vec<Child>, what: &str) -> Vec<Output> {
 }
 
 /// The rank options, with the JSON lines going to `dir`.
-fn rank_args(dir: &Path, sizes: &str, reads_in_turn: bool) -> Vec<String> {
-    let mut args = vec![
+fn rank_args(dir: &Path, sizes: &str) -> Vec<String> {
+    vec![
         "--sizes".into(),
         sizes.into(),
         "--rounds".into(),
         ROUNDS.to_string(),
         "--output-dir".into(),
         dir.display().to_string(),
-    ];
-    if reads_in_turn {
-        args.push("--reads-in-turn".into());
-    }
-    args
+    ]
 }
 
 /// Checks every rank's JSON line in `dir` against what the all-to-all
@@ -325,13 +321,7 @@ fn fabric_rank_process() {
 /// Runs ranks started with the environment launcher on `ports` ports of
 /// each of `nodes` devices, one host each, with `extra` device arguments,
 /// and checks every rank's report and every device's fabric counters.
-fn environment_all_to_all(
-    nodes: usize,
-    ports: usize,
-    sizes: &str,
-    reads_in_turn: bool,
-    extra: &[&str],
-) {
+fn environment_all_to_all(nodes: usize, ports: usize, sizes: &str, extra: &[&str]) {
     let hosts = hosts(nodes);
     let devices: Vec<DeviceProcess> = (0..nodes)
         .map(|node| start_node(&hosts, node, ports, extra))
@@ -347,7 +337,7 @@ fn environment_all_to_all(
     let children: Vec<Child> = (0..size)
         .map(|rank| {
             let device = &devices[usize::from(nodes_of[rank as usize])];
-            rank_command(None, &[], &rank_args(dir.path(), sizes, reads_in_turn))
+            rank_command(None, &[], &rank_args(dir.path(), sizes))
                 .env("PINDOWN_RANK", rank.to_string())
                 .env("PINDOWN_SIZE", size.to_string())
                 .env("PINDOWN_KV_DIR", &space)
@@ -409,7 +399,7 @@ fn environment_all_to_all(
 )]
 fn eight_ranks_on_four_hosts_exchange_all_to_all_under_loss() {
     let faults = ["--fault-in", FAULTS, "--fault-out", FAULTS];
-    environment_all_to_all(4, 2, SIZES, false, &faults);
+    environment_all_to_all(4, 2, SIZES, &faults);
 }
 
 /// The smallest case of the deadlock two nodes streaming read data to
@@ -422,7 +412,7 @@ fn eight_ranks_on_four_hosts_exchange_all_to_all_under_loss() {
 )]
 fn two_ports_of_each_of_two_nodes_read_back_1_mib_blocks_at_once() {
     for _ in 0..3 {
-        environment_all_to_all(2, 2, "1048576", false, &[]);
+        environment_all_to_all(2, 2, "1048576", &[]);
     }
 }
 
@@ -865,7 +855,7 @@ fn launched_all_to_all(launcher: &str, launcher_args: &[&str], name: &str) {
     }
     let mut args: Vec<String> = launcher_args.iter().map(|a| a.to_string()).collect();
     args.extend(["-n".into(), NODES.to_string()]);
-    let child = rank_command(Some(launcher), &args, &rank_args(dir.path(), SIZES, true))
+    let child = rank_command(Some(launcher), &args, &rank_args(dir.path(), SIZES))
         .env("PINDOWN_DEVICE_DIR", &device_dir)
         .spawn()
         .unwrap();

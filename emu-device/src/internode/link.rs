@@ -192,6 +192,7 @@ impl Link {
             poll: config.poll,
             ops: BTreeMap::new(),
             next_tag: 1,
+            tags: Vec::new(),
             seq_tags: HashMap::new(),
             reads: VecDeque::new(),
             delegated: 0,
@@ -481,6 +482,8 @@ struct Worker {
     poll: bool,
     ops: BTreeMap<u64, Op>,
     next_tag: u64,
+    /// The operations' tags, taken once per pass.
+    tags: Vec<u64>,
     /// Which operation each message in flight belongs to.
     seq_tags: HashMap<(NodeId, Seq), u64>,
     reads: VecDeque<ReadJob>,
@@ -1455,10 +1458,15 @@ impl Worker {
             }
             worked = true;
         }
-        let tags: Vec<u64> = self.ops.keys().copied().collect();
-        for tag in tags {
+        // The tags of the pass, in a buffer kept from pass to pass (the
+        // loop runs while operations are under way: no allocation in it).
+        let mut tags = std::mem::take(&mut self.tags);
+        tags.clear();
+        tags.extend(self.ops.keys().copied());
+        for &tag in &tags {
             worked |= self.produce_op(now, tag);
         }
+        self.tags = tags;
         worked | self.produce_reads(now)
     }
 
