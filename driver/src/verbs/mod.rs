@@ -143,7 +143,7 @@ pub use memory::{Local, MemoryRegion};
 pub use opcode::Entry;
 pub use pindown_uapi::Completion;
 pub use queue_pair::QueuePair;
-pub use window::{BadWindowText, MemoryWindow, RemoteWindow};
+pub use window::{BadWindowText, MemoryWindow, RegionWindow, RemoteWindow};
 
 /// Why a verbs call failed.
 #[derive(Debug, thiserror::Error)]

@@ -74,6 +74,31 @@ impl<T: Transport + 'static> Context<T> {
         self.bind_range(start, len, access, peer)
     }
 
+    /// Like [`bind_window`](Context::bind_window) (or, with `peer`,
+    /// [`bind_window_for_peer`](Context::bind_window_for_peer)), but the
+    /// window takes the region with it: a [`RegionWindow`] owns both and
+    /// borrows only the context, so libraries can keep windows over user
+    /// buffers in their own caches. Dropping it revokes the window, then
+    /// releases the registration. On failure the region is handed back
+    /// beside the error.
+    #[allow(clippy::type_complexity)]
+    pub fn bind_region_window<'c>(
+        &'c self,
+        region: MemoryRegion<'c, T>,
+        offset: u64,
+        len: u64,
+        access: Access,
+        peer: Option<PortAddress>,
+    ) -> Result<RegionWindow<'c, T>, (VerbsError, MemoryRegion<'c, T>)> {
+        let bound = self
+            .window_start(&region, offset, len, access)
+            .and_then(|start| self.bind_range(start, len, access, peer));
+        match bound {
+            Ok(window) => Ok(RegionWindow { window, region }),
+            Err(err) => Err((err, region)),
+        }
+    }
+
     fn bind<'r>(
         &'r self,
         region: &'r MemoryRegion<'_, T>,
@@ -82,6 +107,20 @@ impl<T: Transport + 'static> Context<T> {
         access: Access,
         peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'r, T>, VerbsError> {
+        let start = self.window_start(region, offset, len, access)?;
+        self.bind_range(start, len, access, peer)
+    }
+
+    /// Where a window over `[offset, offset + len)` of `region` starts,
+    /// once the region is known to be this context's and the memory to
+    /// allow `access`.
+    fn window_start(
+        &self,
+        region: &MemoryRegion<'_, T>,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u64, VerbsError> {
         if !std::ptr::eq(region.context(), self) {
             return Err(VerbsError::OtherContext {
                 what: "memory region",
@@ -93,7 +132,7 @@ impl<T: Transport + 'static> Context<T> {
         {
             return Err(VerbsError::ReadOnlyMemory { addr: start, len });
         }
-        self.bind_range(start, len, access, peer)
+        Ok(start)
     }
 
     fn bind_range(
@@ -186,6 +225,51 @@ impl<T: Transport + 'static> fmt::Debug for MemoryWindow<'_, T> {
             .field("remote", &self.remote)
             .field("access", &self.access)
             .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+/// A window together with the registration under it
+/// ([`Context::bind_region_window`]): it borrows only the context. Dropping
+/// it revokes the window first, then releases the registration.
+pub struct RegionWindow<'c, T: Transport + 'static = VhostUserTransport> {
+    // Field order is drop order: the window is revoked before the region
+    // under it is released.
+    window: MemoryWindow<'c, T>,
+    region: MemoryRegion<'c, T>,
+}
+
+impl<'c, T: Transport + 'static> RegionWindow<'c, T> {
+    /// How peers reach it; send it to them.
+    pub fn remote(&self) -> RemoteWindow {
+        self.window.remote()
+    }
+
+    /// What peers may do.
+    pub fn access(&self) -> Access {
+        self.window.access()
+    }
+
+    /// The registered memory under the window, to name in local requests.
+    pub fn region(&self) -> &MemoryRegion<'c, T> {
+        &self.region
+    }
+
+    /// Revokes the window, then releases the registration; reports the
+    /// device's answer to the revocation.
+    pub fn revoke(self) -> Result<(), VerbsError> {
+        let RegionWindow { window, region } = self;
+        let revoked = window.revoke();
+        drop(region);
+        revoked
+    }
+}
+
+impl<T: Transport + 'static> fmt::Debug for RegionWindow<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionWindow")
+            .field("window", &self.window)
+            .field("region", &self.region)
             .finish()
     }
 }
