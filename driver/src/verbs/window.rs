@@ -79,9 +79,8 @@ impl<T: Transport + 'static> Context<T> {
     /// window takes the region with it: a [`RegionWindow`] owns both and
     /// borrows only the context, so libraries can keep windows over user
     /// buffers in their own caches. Dropping it revokes the window, then
-    /// releases the registration. On failure the region is handed back
-    /// beside the error.
-    #[allow(clippy::type_complexity)]
+    /// releases the registration. On failure the region is released
+    /// (registering it again is a pin-down cache hit).
     pub fn bind_region_window<'c>(
         &'c self,
         region: MemoryRegion<'c, T>,
@@ -89,14 +88,10 @@ impl<T: Transport + 'static> Context<T> {
         len: u64,
         access: Access,
         peer: Option<PortAddress>,
-    ) -> Result<RegionWindow<'c, T>, (VerbsError, MemoryRegion<'c, T>)> {
-        let bound = self
-            .window_start(&region, offset, len, access)
-            .and_then(|start| self.bind_range(start, len, access, peer));
-        match bound {
-            Ok(window) => Ok(RegionWindow { window, region }),
-            Err(err) => Err((err, region)),
-        }
+    ) -> Result<RegionWindow<'c, T>, VerbsError> {
+        let start = self.window_start(&region, offset, len, access)?;
+        let window = self.bind_range(start, len, access, peer)?;
+        Ok(RegionWindow { window, region })
     }
 
     fn bind<'r>(

@@ -1,0 +1,1180 @@
+//! The protocol engine: one rank's queue pair, control memory, slots and
+//! progress. Communicators and requests are views of it.
+//!
+//! A receive on slot `(context, peer, index)` writes its buffer's window
+//! key, offset and capacity into the peer's match record for this rank,
+//! then (fenced) the receive's generation on that slot: the stamp. The
+//! peer's send on the slot waits for the stamp of the next generation it
+//! has not consumed, writes the body straight into the receive buffer,
+//! then (fenced) the done word into this rank's control memory. One round
+//! trip, no queue, no search, no allocation on either side.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pindown_driver::arena::DmaBuffer;
+use pindown_driver::launch::Job;
+use pindown_driver::verbs::opcode::{Entry, Read, Write};
+use pindown_driver::verbs::{
+    Completion, CompletionQueue, Context, Local, MemoryRegion, QueuePair, RegionWindow,
+    RemoteWindow, VerbsError,
+};
+use pindown_uapi::queue::MAX_INLINE;
+use pindown_uapi::{Access, CompletionError, ErrorDetail, RemoteAddress, Status};
+
+use crate::error::{Error, Result};
+use crate::layout::{self, Layout, MATCH_STAMP_AT};
+use crate::windows::WindowCache;
+
+/// How a rank's messaging is set up. Every rank of a job must use the same
+/// `slots` and `communicators`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Matching slots per (peer, communicator): the tag range, and how many
+    /// nonblocking receives may be outstanding per pair at once.
+    pub slots: u32,
+    /// Communicators that can exist at once (the world included).
+    pub communicators: u32,
+    /// The timeout switch: how long a blocking send waits for its receive
+    /// to be posted before it copies the message into the sender's spool
+    /// and returns. `Some(Duration::ZERO)`: buffered mode (spool at once
+    /// unless the receive is already posted); `None`: synchronous mode
+    /// (wait for the receive, however long).
+    pub send_timeout: Option<Duration>,
+    /// How long waiting polls without yielding the processor.
+    pub spin: Duration,
+    /// How long a wait goes without news from its peer before it checks
+    /// that the peer is still there (a read of its control memory).
+    pub liveness_interval: Duration,
+    /// Windows over receive buffers kept bound for reuse.
+    pub window_cache: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            slots: 64,
+            communicators: 16,
+            send_timeout: Some(Duration::from_millis(1)),
+            spin: Duration::from_micros(50),
+            liveness_interval: Duration::from_millis(200),
+            window_cache: 128,
+        }
+    }
+}
+
+/// Where a pending send's bytes are.
+enum SendData {
+    /// In the caller's memory, which stays valid until the send completes
+    /// (a blocking call, or a request holding the buffer).
+    Borrowed { ptr: *const u8, len: u64 },
+    /// In the sender's spool (the timeout switch copied it).
+    Spooled(Vec<u8>),
+}
+
+impl SendData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: the owner of a borrowed send keeps the buffer alive
+            // and unchanged until the send has completed (see
+            // `Engine::start_send`).
+            SendData::Borrowed { ptr, len } => unsafe {
+                std::slice::from_raw_parts(*ptr, *len as usize)
+            },
+            SendData::Spooled(bytes) => bytes,
+        }
+    }
+}
+
+/// A send waiting for its receive.
+struct PendingSend {
+    generation: u64,
+    data: SendData,
+}
+
+/// A receive posted and not yet completed.
+struct ActiveRecv<'c> {
+    generation: u64,
+    capacity: u64,
+    /// Keeps the receive buffer registered while the peer may write it.
+    region: Option<MemoryRegion<'c>>,
+    /// The cached window the peer writes through (its id), held in use.
+    window_start: Option<u64>,
+    /// The any-tag slot: the done word comes with the index the sender
+    /// used.
+    any_tag: bool,
+    /// Set once the done word arrived (or the post failed).
+    result: Option<Result<Received>>,
+}
+
+/// What a completed receive got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes delivered into the buffer.
+    pub len: u64,
+    /// The slot index the sender named (for any-tag receives).
+    pub index: u32,
+}
+
+/// One slot's local bookkeeping (none of it is shared).
+#[derive(Default)]
+struct SlotState<'c> {
+    /// Receives posted on the slot (the last one's generation).
+    recvs_posted: u64,
+    recv: Option<ActiveRecv<'c>>,
+    /// Result of the last receive completed and not yet taken.
+    finished_recv: Option<(u64, Result<Received>)>,
+    /// Sends started on the slot (generations handed out, matched or not).
+    sends_started: u64,
+    /// Sends whose writes are posted or done.
+    sends_posted: u64,
+    /// Sends whose writes completed.
+    sends_completed: u64,
+    /// Sends a wait by (peer, index) has covered.
+    sends_claimed: u64,
+    /// Sends waiting for their receive, oldest first.
+    waiting: VecDeque<PendingSend>,
+    /// Receives of the peer this rank consumed on the slot (the stamp the
+    /// next send needs is one more).
+    matched: u64,
+}
+
+/// A request posted to the device and not completed.
+enum InFlight<'c> {
+    /// A send's writes: body parts then the done word.
+    Send {
+        slot: u64,
+        generation: u64,
+        _region: Option<MemoryRegion<'c>>,
+        _spool: Option<Vec<u8>>,
+    },
+    /// A receive's match record and stamp.
+    Post { slot: u64, generation: u64 },
+    /// A liveness check of a peer.
+    Probe { peer: u32 },
+    /// Raw writes of the any-source domain or collectives: completion
+    /// recorded by tag.
+    Plain { peer: u32 },
+}
+
+/// User data bit marking a request whose completion is not the last of
+/// its group (only its failure matters).
+const PART_BIT: u64 = 1 << 63;
+
+/// Bytes a done word's batch stages in scratch: the body (inline up to
+/// [`MAX_INLINE`]), the index word, the done word.
+const SCRATCH_BODY: u64 = 0;
+const SCRATCH_INDEX: u64 = 512;
+const SCRATCH_DONE: u64 = 520;
+const SCRATCH_RECORD: u64 = 528;
+const SCRATCH_PROBE: u64 = 576;
+/// Free scratch for the any-source domain and collectives.
+pub(crate) const SCRATCH_FREE: u64 = 1024;
+
+/// The longest write the engine posts as one request.
+const MAX_WRITE: u64 = 1 << 30;
+
+/// Peer state.
+struct Peer {
+    control: RemoteWindow,
+    gone: Option<String>,
+    probe_in_flight: bool,
+}
+
+/// One rank's engine.
+pub(crate) struct Engine<'c> {
+    // Field order is drop order: the queue pair before its completion
+    // queue, windows over user memory before the control window, the
+    // control window before its memory.
+    qp: QueuePair<'c>,
+    cq: CompletionQueue<'c>,
+    pub(crate) windows: WindowCache<'c>,
+    in_flight: HashMap<u64, InFlight<'c>>,
+    control: RegionWindow<'c>,
+    control_memory: DmaBuffer,
+    pub(crate) context: &'c Context,
+    pub(crate) layout: Layout,
+    pub(crate) rank: u32,
+    peers: Vec<Peer>,
+    slots: Vec<SlotState<'c>>,
+    /// Slots with sends waiting for their receive.
+    waiting_slots: Vec<u64>,
+    /// Slots with receives posted.
+    active_slots: Vec<u64>,
+    /// Failures of plain requests, by tag.
+    plain_failures: HashMap<u64, Error>,
+    /// Failures of sends, by slot and generation, until taken.
+    send_failures: HashMap<(u64, u64), Error>,
+    /// Failures of parts of a group whose last request has not completed.
+    part_failures: HashMap<u64, CompletionError>,
+    pub(crate) config: Config,
+    next_tag: u64,
+    completions: Vec<Completion>,
+    /// Which contexts are taken (two per communicator).
+    pub(crate) contexts_taken: Vec<bool>,
+    /// Sends that left the spool.
+    spool_sent: u64,
+    /// Buffers of dropped requests, kept until their operation completes.
+    orphans: Vec<(u64, u64, bool, Box<dyn std::any::Any>)>,
+}
+
+/// Bytes of a rank's address record in the launcher's key-value space.
+const RECORD_BYTES: usize = 20;
+/// The key it is published under.
+const RECORD_KEY: &str = "pindown-messaging";
+
+impl<'c> Engine<'c> {
+    /// Sets up this rank: control memory, its window, the queue pair, and
+    /// every rank's control window through the launcher.
+    pub(crate) fn new(context: &'c Context, job: &mut Job, config: Config) -> Result<Self> {
+        let config = Config {
+            slots: config.slots.max(1),
+            communicators: config.communicators.max(1),
+            ..config
+        };
+        let layout = Layout {
+            ranks: job.size(),
+            contexts: config.communicators * 2,
+            // One hidden slot per (context, peer) for any-tag receives.
+            slots: config.slots + 1,
+        };
+        let bytes = usize::try_from(layout.bytes()).expect("control area fits memory");
+        let control_memory = context.alloc(bytes, 4096)?;
+        // SAFETY: the buffer was just allocated for this engine and
+        // `bytes` long; zeroing it before any peer knows it exists.
+        unsafe { std::ptr::write_bytes(control_memory.as_ptr(), 0, bytes) };
+        let region = context.register_buffer(&control_memory)?;
+        let control = context.bind_region_window(
+            region,
+            0,
+            layout.bytes(),
+            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            None,
+        )?;
+        let mut record = [0u8; RECORD_BYTES];
+        let remote = control.remote();
+        record[..2].copy_from_slice(&remote.node.to_le_bytes());
+        record[2..4].copy_from_slice(&remote.port.to_le_bytes());
+        record[4..12].copy_from_slice(&remote.key.0.to_le_bytes());
+        record[12..20].copy_from_slice(&remote.len.to_le_bytes());
+        let records = job.all_gather(RECORD_KEY, &record)?;
+        let mut peers = Vec::with_capacity(records.len());
+        for (rank, record) in records.iter().enumerate() {
+            let text = format!(
+                "{}:{}:{:016x}:{}",
+                u16::from_le_bytes(field(record, 0, rank)?),
+                u16::from_le_bytes(field(record, 2, rank)?),
+                u64::from_le_bytes(field(record, 4, rank)?),
+                u64::from_le_bytes(field(record, 12, rank)?),
+            );
+            let control: RemoteWindow = text.parse().map_err(|e| Error::BadPeerRecord {
+                rank: rank as u32,
+                why: format!("{e}"),
+            })?;
+            if control.len != layout.bytes() {
+                return Err(Error::Mismatch(format!(
+                    "rank {rank}'s control area is {} bytes, this rank's {}: every rank must use \
+                     the same Config::slots and Config::communicators",
+                    control.len,
+                    layout.bytes()
+                )));
+            }
+            peers.push(Peer {
+                control,
+                gone: None,
+                probe_in_flight: false,
+            });
+        }
+        let mut cq = context.create_completion_queue();
+        let qp = context.create_queue_pair(&mut cq)?;
+        let mut slots = Vec::new();
+        slots.resize_with(layout.slot_count() as usize, SlotState::default);
+        let mut contexts_taken = vec![false; layout.contexts as usize];
+        contexts_taken[0] = true;
+        contexts_taken[1] = true;
+        Ok(Engine {
+            qp,
+            cq,
+            windows: WindowCache::new(config.window_cache),
+            in_flight: HashMap::new(),
+            control,
+            control_memory,
+            context,
+            layout,
+            rank: job.rank(),
+            peers,
+            slots,
+            waiting_slots: Vec::new(),
+            active_slots: Vec::new(),
+            plain_failures: HashMap::new(),
+            send_failures: HashMap::new(),
+            part_failures: HashMap::new(),
+            config,
+            next_tag: 1,
+            completions: Vec::new(),
+            contexts_taken,
+            spool_sent: 0,
+            orphans: Vec::new(),
+        })
+    }
+
+    /// Ranks in the world.
+    pub(crate) fn world_size(&self) -> u32 {
+        self.layout.ranks
+    }
+
+    /// The any-tag slot index.
+    pub(crate) fn any_tag_index(&self) -> u32 {
+        self.config.slots
+    }
+
+    fn word(&self, offset: u64) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.bytes());
+        // SAFETY: `offset` is an 8-aligned offset inside the control
+        // memory (every layout offset is), which lives as long as the
+        // engine; peers write it only through the device, whose aligned
+        // 8-byte writes are single stores, so it is only ever accessed
+        // as an atomic here.
+        unsafe { AtomicU64::from_ptr(self.control_memory.as_ptr().add(offset as usize).cast()) }
+    }
+
+    /// Reads a control word this rank's peers write.
+    pub(crate) fn load(&self, offset: u64) -> u64 {
+        self.word(offset).load(Ordering::Acquire)
+    }
+
+    /// Writes a control word of this rank's own memory.
+    pub(crate) fn store(&self, offset: u64, value: u64) {
+        self.word(offset).store(value, Ordering::Release)
+    }
+
+    /// The control memory's first byte.
+    pub(crate) fn control_ptr(&self) -> *mut u8 {
+        self.control_memory.as_ptr()
+    }
+
+    /// The control window of world rank `peer`.
+    pub(crate) fn peer_control(&self, peer: u32) -> RemoteWindow {
+        self.peers[peer as usize].control
+    }
+
+    /// The control region, to name local ranges of it.
+    pub(crate) fn control_region(&self) -> &MemoryRegion<'c> {
+        self.control.region()
+    }
+
+    /// Fails if `peer` is known to be gone.
+    pub(crate) fn check_peer(&self, peer: u32) -> Result<()> {
+        match &self.peers[peer as usize].gone {
+            Some(why) => Err(Error::PeerGone {
+                peer,
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// Posts `entries`, reaping completions while the send queue is full.
+    pub(crate) fn post(&mut self, entries: &[Entry<'_>]) -> Result<()> {
+        post_entries(&mut self.qp, &mut self.cq, &mut self.completions, entries)
+    }
+
+    /// Posts plain writes of `bytes` (staged inline) to `remote`, fenced
+    /// if asked; the completion is recorded under the returned tag.
+    pub(crate) fn write_small(
+        &mut self,
+        peer: u32,
+        at: u64,
+        bytes: &[u8],
+        remote: RemoteAddress,
+        fence: bool,
+    ) -> Result<u64> {
+        debug_assert!(bytes.len() <= MAX_INLINE as usize);
+        let tag = self.tag();
+        let scratch = self.layout.scratch();
+        let Engine {
+            qp,
+            cq,
+            completions,
+            control,
+            control_memory,
+            ..
+        } = self;
+        let local = stage(
+            control_memory,
+            control.region(),
+            scratch,
+            SCRATCH_FREE + at,
+            bytes,
+        )?;
+        let mut entry = Write::new(local, remote)
+            .build()
+            .inline()
+            .user_data(tag)
+            .signaled();
+        if fence {
+            entry = entry.fence();
+        }
+        post_entries(qp, cq, completions, &[entry])?;
+        self.in_flight.insert(tag, InFlight::Plain { peer });
+        Ok(tag)
+    }
+
+    /// Whether the plain request `tag` completed; its failure, if it failed.
+    pub(crate) fn plain_done(&mut self, tag: u64) -> Result<bool> {
+        if let Some(err) = self.plain_failures.remove(&tag) {
+            return Err(err);
+        }
+        Ok(!self.in_flight.contains_key(&tag))
+    }
+
+    // ---- receives ----
+
+    /// Posts a receive of at most `capacity` bytes at `ptr` on slot
+    /// (`context`, `peer`, `index`) and returns the slot and generation.
+    ///
+    /// The caller keeps `[ptr, ptr + capacity)` valid and untouched until
+    /// the receive completes (or the engine is dropped).
+    pub(crate) fn post_recv(
+        &mut self,
+        context: u32,
+        peer: u32,
+        index: u32,
+        ptr: *mut u8,
+        capacity: u64,
+    ) -> Result<(u64, u64)> {
+        self.check_peer(peer)?;
+        let slot = self.layout.slot(context, peer, index);
+        if self.slots[slot as usize].recv.is_some() {
+            return Err(Error::SlotBusy { peer, index });
+        }
+        let (key, offset, region, window_start) = if capacity == 0 {
+            (self.control.remote().key, self.layout.scratch(), None, None)
+        } else {
+            let region = self.context.register(ptr as u64, capacity)?;
+            let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
+            (window.key, ptr as u64 - start, Some(region), Some(id))
+        };
+        let generation = self.slots[slot as usize].recvs_posted + 1;
+        let mut record = [0u8; 24];
+        record[..8].copy_from_slice(&key.0.to_le_bytes());
+        record[8..16].copy_from_slice(&offset.to_le_bytes());
+        record[16..24].copy_from_slice(&capacity.to_le_bytes());
+        let target = self
+            .layout
+            .match_record(self.layout.slot(context, self.rank, index));
+        let control = self.peers[peer as usize].control;
+        let tag = self.tag();
+        let scratch = self.layout.scratch();
+        let posted = (|| {
+            let Engine {
+                qp,
+                cq,
+                completions,
+                control: window,
+                control_memory,
+                ..
+            } = &mut *self;
+            let region = window.region();
+            let record_local = stage(control_memory, region, scratch, SCRATCH_RECORD, &record)?;
+            let stamp_local = stage(
+                control_memory,
+                region,
+                scratch,
+                SCRATCH_RECORD + 24,
+                &generation.to_le_bytes(),
+            )?;
+            let entries = [
+                Write::new(record_local, control.at(target))
+                    .build()
+                    .inline()
+                    .user_data(tag | PART_BIT),
+                Write::new(stamp_local, control.at(target + MATCH_STAMP_AT))
+                    .build()
+                    .inline()
+                    .fence()
+                    .user_data(tag)
+                    .signaled(),
+            ];
+            post_entries(qp, cq, completions, &entries)
+        })();
+        if let Err(err) = posted {
+            if let Some(id) = window_start {
+                self.windows.release(id);
+            }
+            return Err(err);
+        }
+        self.in_flight
+            .insert(tag, InFlight::Post { slot, generation });
+        let state = &mut self.slots[slot as usize];
+        state.recvs_posted = generation;
+        state.finished_recv = None;
+        state.recv = Some(ActiveRecv {
+            generation,
+            capacity,
+            region,
+            window_start,
+            any_tag: index == self.config.slots,
+            result: None,
+        });
+        self.active_slots.push(slot);
+        Ok((slot, generation))
+    }
+
+    /// The result of receive `generation` on `slot`, once it completed
+    /// (taken: a second call says `None`).
+    pub(crate) fn take_recv(&mut self, slot: u64, generation: u64) -> Option<Result<Received>> {
+        let state = &mut self.slots[slot as usize];
+        match state.finished_recv.take() {
+            Some((g, result)) if g == generation => Some(result),
+            other => {
+                state.finished_recv = other;
+                None
+            }
+        }
+    }
+
+    /// Whether receive `generation` on `slot` is still outstanding.
+    pub(crate) fn recv_outstanding(&self, slot: u64, generation: u64) -> bool {
+        self.slots[slot as usize]
+            .recv
+            .as_ref()
+            .is_some_and(|r| r.generation == generation)
+    }
+
+    /// The generation of the receive outstanding on `slot`, or of the last
+    /// one completed whose result nobody took yet.
+    pub(crate) fn recv_generation(&self, slot: u64) -> Option<u64> {
+        let state = &self.slots[slot as usize];
+        state
+            .recv
+            .as_ref()
+            .map(|r| r.generation)
+            .or(state.finished_recv.as_ref().map(|&(g, _)| g))
+    }
+
+    /// Checks the done words of posted receives.
+    fn check_recvs(&mut self) {
+        let mut i = 0;
+        while i < self.active_slots.len() {
+            let slot = self.active_slots[i];
+            let done_at = self.layout.done_word(slot);
+            let word = self.load(done_at);
+            let state = &self.slots[slot as usize];
+            let Some(recv) = state.recv.as_ref() else {
+                self.active_slots.swap_remove(i);
+                continue;
+            };
+            let result = match &recv.result {
+                Some(_) => self.slots[slot as usize]
+                    .recv
+                    .as_mut()
+                    .unwrap()
+                    .result
+                    .take(),
+                None => layout::done_len(word, recv.generation).map(|len| {
+                    let index = if recv.any_tag {
+                        self.load(done_at + 8) as u32
+                    } else {
+                        (slot % u64::from(self.layout.slots)) as u32
+                    };
+                    if len > recv.capacity {
+                        Err(Error::Truncated {
+                            message: len,
+                            capacity: recv.capacity,
+                        })
+                    } else {
+                        Ok(Received { len, index })
+                    }
+                }),
+            };
+            match result {
+                Some(result) => {
+                    self.finish_recv(slot, result);
+                    self.active_slots.swap_remove(i);
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    fn finish_recv(&mut self, slot: u64, result: Result<Received>) {
+        let state = &mut self.slots[slot as usize];
+        if let Some(recv) = state.recv.take() {
+            if let Some(id) = recv.window_start {
+                self.windows.release(id);
+            }
+            drop(recv.region);
+            state.finished_recv = Some((recv.generation, result));
+        }
+    }
+
+    // ---- sends ----
+
+    /// Starts a send of `data` on slot (`context`, `peer`, `index`) and
+    /// returns the slot and the send's generation. It goes out as soon as
+    /// its receive is posted (now, or from a later progress call).
+    pub(crate) fn start_send(
+        &mut self,
+        context: u32,
+        peer: u32,
+        index: u32,
+        data: SendBytes,
+    ) -> Result<(u64, u64)> {
+        self.check_peer(peer)?;
+        if data.len() > layout::MAX_MESSAGE {
+            return Err(Error::TooLong {
+                len: data.len(),
+                limit: layout::MAX_MESSAGE,
+            });
+        }
+        let slot = self.layout.slot(context, peer, index);
+        let state = &mut self.slots[slot as usize];
+        state.sends_started += 1;
+        let generation = state.sends_started;
+        let data = match data {
+            SendBytes::Borrowed { ptr, len } => SendData::Borrowed { ptr, len },
+            SendBytes::Spooled(v) => SendData::Spooled(v),
+        };
+        if state.waiting.is_empty() {
+            self.waiting_slots.push(slot);
+        }
+        self.slots[slot as usize]
+            .waiting
+            .push_back(PendingSend { generation, data });
+        self.try_sends(slot)?;
+        Ok((slot, generation))
+    }
+
+    /// Whether send `generation` on `slot` left (its writes are posted).
+    pub(crate) fn send_posted(&self, slot: u64, generation: u64) -> bool {
+        self.slots[slot as usize].sends_posted >= generation
+    }
+
+    /// Whether send `generation` on `slot` completed.
+    pub(crate) fn send_completed(&self, slot: u64, generation: u64) -> bool {
+        self.slots[slot as usize].sends_completed >= generation
+    }
+
+    /// The last send started on `slot` that no wait by name has covered
+    /// yet, marking it (and those before it) covered.
+    pub(crate) fn claim_sends(&mut self, slot: u64) -> Option<u64> {
+        let state = &mut self.slots[slot as usize];
+        if state.sends_claimed == state.sends_started {
+            return None;
+        }
+        state.sends_claimed = state.sends_started;
+        Some(state.sends_started)
+    }
+
+    /// Moves a waiting send's bytes into the spool (the timeout switch).
+    pub(crate) fn spool(&mut self, slot: u64, generation: u64) {
+        if let Some(pending) = self.slots[slot as usize]
+            .waiting
+            .iter_mut()
+            .find(|p| p.generation == generation)
+        {
+            if let SendData::Borrowed { .. } = pending.data {
+                pending.data = SendData::Spooled(pending.data.bytes().to_vec());
+            }
+        }
+    }
+
+    /// Sends spooled and still waiting for their receives.
+    pub(crate) fn spooled(&self) -> u64 {
+        self.waiting_slots
+            .iter()
+            .map(|&slot| {
+                self.slots[slot as usize]
+                    .waiting
+                    .iter()
+                    .filter(|p| matches!(p.data, SendData::Spooled(_)))
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// Sends that left the spool so far.
+    pub(crate) fn spool_sent(&self) -> u64 {
+        self.spool_sent
+    }
+
+    /// Matches and posts the waiting sends of `slot`, in order.
+    fn try_sends(&mut self, slot: u64) -> Result<()> {
+        let slots_per_peer = u64::from(self.layout.slots);
+        let peer = ((slot / slots_per_peer) % u64::from(self.layout.ranks)) as u32;
+        let context_peer_base = slot - slot % slots_per_peer;
+        let any_slot = context_peer_base + u64::from(self.config.slots);
+        while let Some(front) = self.slots[slot as usize].waiting.front() {
+            let generation = front.generation;
+            // The explicit slot first, then the any-tag slot.
+            let explicit_stamp = self.load(self.layout.match_record(slot) + MATCH_STAMP_AT);
+            let target_slot = if explicit_stamp == self.slots[slot as usize].matched + 1 {
+                slot
+            } else if slot != any_slot
+                && self.load(self.layout.match_record(any_slot) + MATCH_STAMP_AT)
+                    == self.slots[any_slot as usize].matched + 1
+            {
+                any_slot
+            } else {
+                return Ok(());
+            };
+            let pending = self.slots[slot as usize]
+                .waiting
+                .pop_front()
+                .expect("front");
+            self.slots[target_slot as usize].matched += 1;
+            let receive_generation = self.slots[target_slot as usize].matched;
+            let record_at = self.layout.match_record(target_slot);
+            let key = self.load(record_at);
+            let offset = self.load(record_at + 8);
+            let capacity = self.load(record_at + 16);
+            let index = (slot % slots_per_peer) as u32;
+            let result = self.post_send(
+                peer,
+                slot,
+                generation,
+                pending.data,
+                key,
+                offset,
+                capacity,
+                (target_slot == any_slot && slot != any_slot).then_some(index),
+                self.layout.slot(
+                    ((slot / slots_per_peer) / u64::from(self.layout.ranks)) as u32,
+                    self.rank,
+                    (target_slot % slots_per_peer) as u32,
+                ),
+                receive_generation,
+            );
+            self.slots[slot as usize].sends_posted = generation;
+            if let Err(err) = result {
+                self.fail_send(slot, generation, err);
+            }
+        }
+        self.waiting_slots.retain(|&s| s != slot);
+        Ok(())
+    }
+
+    /// Posts the writes of a matched send: the body into the receive
+    /// buffer (cut at its capacity), the index word for an any-tag
+    /// receive, and the done word, fenced after them.
+    #[allow(clippy::too_many_arguments)]
+    fn post_send(
+        &mut self,
+        peer: u32,
+        slot: u64,
+        generation: u64,
+        data: SendData,
+        key: u64,
+        offset: u64,
+        capacity: u64,
+        any_tag_index: Option<u32>,
+        remote_slot: u64,
+        receive_generation: u64,
+    ) -> Result<()> {
+        let control = self.peers[peer as usize].control;
+        let key = pindown_uapi::RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
+            rank: peer,
+            why: "a match record with key 0".into(),
+        })?;
+        let body_window = RemoteWindow {
+            node: control.node,
+            port: control.port,
+            key,
+            len: offset.saturating_add(capacity),
+        };
+        let bytes = data.bytes();
+        let len = bytes.len() as u64;
+        let moved = len.min(capacity);
+        let tag = self.tag();
+        let region = if moved > u64::from(MAX_INLINE) {
+            Some(self.context.register(bytes.as_ptr() as u64, moved)?)
+        } else {
+            None
+        };
+        let done_at = self.layout.done_word(remote_slot);
+        let scratch = self.layout.scratch();
+        {
+            let Engine {
+                qp,
+                cq,
+                completions,
+                control: window,
+                control_memory,
+                ..
+            } = &mut *self;
+            let own = window.region();
+            let mut entries: Vec<Entry<'_>> = Vec::with_capacity(4);
+            if moved > 0 {
+                match &region {
+                    None => {
+                        let local = stage(
+                            control_memory,
+                            own,
+                            scratch,
+                            SCRATCH_BODY,
+                            &bytes[..moved as usize],
+                        )?;
+                        entries.push(
+                            Write::new(local, body_window.at(offset))
+                                .build()
+                                .inline()
+                                .user_data(tag | PART_BIT),
+                        );
+                    }
+                    Some(region) => {
+                        let mut at = 0;
+                        while at < moved {
+                            let n = (moved - at).min(MAX_WRITE);
+                            entries.push(
+                                Write::new(
+                                    region.local(at, n as u32)?,
+                                    body_window.at(offset + at),
+                                )
+                                .build()
+                                .user_data(tag | PART_BIT),
+                            );
+                            at += n;
+                        }
+                    }
+                }
+            }
+            if let Some(index) = any_tag_index {
+                let local = stage(
+                    control_memory,
+                    own,
+                    scratch,
+                    SCRATCH_INDEX,
+                    &u64::from(index).to_le_bytes(),
+                )?;
+                entries.push(
+                    Write::new(local, control.at(done_at + 8))
+                        .build()
+                        .inline()
+                        .user_data(tag | PART_BIT),
+                );
+            }
+            let word = layout::done_word(receive_generation, len);
+            let local = stage(
+                control_memory,
+                own,
+                scratch,
+                SCRATCH_DONE,
+                &word.to_le_bytes(),
+            )?;
+            entries.push(
+                Write::new(local, control.at(done_at))
+                    .build()
+                    .inline()
+                    .fence()
+                    .user_data(tag)
+                    .signaled(),
+            );
+            post_entries(qp, cq, completions, &entries)?;
+        }
+        let spool = match data {
+            SendData::Spooled(v) => {
+                self.spool_sent += 1;
+                Some(v)
+            }
+            SendData::Borrowed { .. } => None,
+        };
+        self.in_flight.insert(
+            tag,
+            InFlight::Send {
+                slot,
+                generation,
+                _region: region,
+                _spool: spool,
+            },
+        );
+        Ok(())
+    }
+
+    fn fail_send(&mut self, slot: u64, generation: u64, err: Error) {
+        let state = &mut self.slots[slot as usize];
+        state.sends_completed = state.sends_completed.max(generation);
+        self.send_failures.insert((slot, generation), err);
+    }
+
+    /// The failure of send `generation` on `slot`, if it failed (taken).
+    pub(crate) fn take_send_failure(&mut self, slot: u64, generation: u64) -> Option<Error> {
+        self.send_failures.remove(&(slot, generation))
+    }
+
+    // ---- progress ----
+
+    /// Reaps completions.
+    fn reap(&mut self) -> Result<()> {
+        // Completions stashed while posting came first.
+        let mut completions = std::mem::take(&mut self.completions);
+        self.cq.poll_into(&mut completions)?;
+        for completion in completions.drain(..) {
+            self.complete(completion);
+        }
+        self.completions = completions;
+        Ok(())
+    }
+
+    /// The world rank a slot's peer is.
+    fn slot_peer(&self, slot: u64) -> u32 {
+        ((slot / u64::from(self.layout.slots)) % u64::from(self.layout.ranks)) as u32
+    }
+
+    /// The error a failed request to `peer` means: the peer gone (and
+    /// marked so) when the device says its port or node is, else the
+    /// device's own words.
+    fn peer_failure(&mut self, peer: u32, err: CompletionError) -> Error {
+        if err.status == Status::PeerGone
+            || matches!(
+                err.detail,
+                ErrorDetail::PortDown | ErrorDetail::NodeUnreachable | ErrorDetail::UnknownNode
+            )
+        {
+            let why = format!("the device reports {err}");
+            self.peers[peer as usize].gone.get_or_insert(why.clone());
+            return Error::PeerGone { peer, why };
+        }
+        Error::Completion(err)
+    }
+
+    fn complete(&mut self, completion: Completion) {
+        let part = completion.user_data & PART_BIT != 0;
+        let tag = completion.user_data & !PART_BIT;
+        let failure = completion.result().err();
+        if part {
+            // Only a failed part completes; remember it for its group.
+            if let Some(err) = failure {
+                self.part_failures.insert(tag, err);
+            }
+            return;
+        }
+        let failure = self.part_failures.remove(&tag).or(failure);
+        match self.in_flight.remove(&tag) {
+            Some(InFlight::Send {
+                slot, generation, ..
+            }) => {
+                let state = &mut self.slots[slot as usize];
+                state.sends_completed = state.sends_completed.max(generation);
+                if let Some(err) = failure {
+                    let err = self.peer_failure(self.slot_peer(slot), err);
+                    self.send_failures.insert((slot, generation), err);
+                }
+            }
+            Some(InFlight::Post { slot, generation }) => {
+                if let Some(err) = failure {
+                    let err = self.peer_failure(self.slot_peer(slot), err);
+                    if let Some(recv) = self.slots[slot as usize].recv.as_mut() {
+                        if recv.generation == generation {
+                            recv.result = Some(Err(err));
+                        }
+                    }
+                }
+            }
+            Some(InFlight::Probe { peer }) => {
+                self.peers[peer as usize].probe_in_flight = false;
+                if let Some(err) = failure {
+                    let why = format!("its control memory no longer answers: {err}");
+                    self.peers[peer as usize].gone.get_or_insert(why);
+                }
+            }
+            Some(InFlight::Plain { peer }) => {
+                if let Some(err) = failure {
+                    let err = self.peer_failure(peer, err);
+                    self.plain_failures.insert(tag, err);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Advances everything: completions, waiting sends, posted receives,
+    /// buffers of dropped requests.
+    pub(crate) fn progress(&mut self) -> Result<()> {
+        self.reap()?;
+        if !self.waiting_slots.is_empty() {
+            for slot in self.waiting_slots.clone() {
+                self.try_sends(slot)?;
+            }
+        }
+        if !self.active_slots.is_empty() {
+            self.check_recvs();
+        }
+        if !self.orphans.is_empty() {
+            let mut orphans = std::mem::take(&mut self.orphans);
+            orphans.retain(|&(slot, generation, is_send, _)| {
+                if is_send {
+                    !self.send_completed(slot, generation)
+                } else {
+                    self.recv_outstanding(slot, generation)
+                }
+            });
+            self.orphans = orphans;
+        }
+        Ok(())
+    }
+
+    /// Keeps `buffer` until operation `generation` on `slot` completes.
+    pub(crate) fn adopt(
+        &mut self,
+        slot: u64,
+        generation: u64,
+        is_send: bool,
+        buffer: Box<dyn std::any::Any>,
+    ) {
+        self.orphans.push((slot, generation, is_send, buffer));
+    }
+
+    /// Checks that `peer` is still there: a read of its control memory,
+    /// whose failure marks it gone.
+    fn probe(&mut self, peer: u32) -> Result<()> {
+        if peer == self.rank || self.peers[peer as usize].probe_in_flight {
+            return Ok(());
+        }
+        let tag = self.tag();
+        let at = self.layout.scratch() + SCRATCH_PROBE;
+        let control = self.peers[peer as usize].control;
+        let remote = control.at(self.layout.scratch());
+        let Engine {
+            qp,
+            cq,
+            completions,
+            control: window,
+            ..
+        } = &mut *self;
+        let entry = Read::new(window.region().local(at, 8)?, remote)
+            .build()
+            .user_data(tag)
+            .signaled();
+        post_entries(qp, cq, completions, &[entry])?;
+        self.peers[peer as usize].probe_in_flight = true;
+        self.in_flight.insert(tag, InFlight::Probe { peer });
+        Ok(())
+    }
+
+    /// Waits until `ready` says so, progressing meanwhile: polls for
+    /// [`Config::spin`], then yields the processor between polls, then
+    /// naps. While it waits on `peer`, it checks every
+    /// [`Config::liveness_interval`] that the peer is still there, and
+    /// fails with [`Error::PeerGone`] once it is not. `deadline`: give up
+    /// (returning `Ok(false)`) at that instant.
+    pub(crate) fn wait_until(
+        &mut self,
+        peer: Option<u32>,
+        deadline: Option<Instant>,
+        mut ready: impl FnMut(&mut Self) -> Result<bool>,
+    ) -> Result<bool> {
+        let start = Instant::now();
+        let mut next_probe = start + self.config.liveness_interval;
+        let mut polls: u32 = 0;
+        loop {
+            self.progress()?;
+            if ready(self)? {
+                return Ok(true);
+            }
+            if let Some(peer) = peer {
+                self.check_peer(peer)?;
+            }
+            polls = polls.wrapping_add(1);
+            if polls % 64 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(false);
+            }
+            if let Some(peer) = peer {
+                if now >= next_probe {
+                    self.probe(peer)?;
+                    next_probe = now + self.config.liveness_interval;
+                }
+            }
+            let waited = now - start;
+            if waited > Duration::from_millis(20) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if waited > self.config.spin {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// The bytes a send starts with.
+pub(crate) enum SendBytes {
+    /// The caller's memory, valid and unchanged until the send completes.
+    Borrowed { ptr: *const u8, len: u64 },
+    /// Bytes the engine owns.
+    Spooled(Vec<u8>),
+}
+
+impl SendBytes {
+    fn len(&self) -> u64 {
+        match self {
+            SendBytes::Borrowed { len, .. } => *len,
+            SendBytes::Spooled(v) => v.len() as u64,
+        }
+    }
+}
+
+fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N]> {
+    record
+        .get(at..at + N)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Error::BadPeerRecord {
+            rank: rank as u32,
+            why: format!("{} bytes, {RECORD_BYTES} expected", record.len()),
+        })
+}
+
+/// Posts `entries` on `qp`; while the send queue is full, reaps
+/// completions into `stash` (processed by the next reap) to make room.
+fn post_entries(
+    qp: &mut QueuePair<'_>,
+    cq: &mut CompletionQueue<'_>,
+    stash: &mut Vec<Completion>,
+    entries: &[Entry<'_>],
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        match qp.post(entries) {
+            Ok(()) => return Ok(()),
+            Err(VerbsError::QueueFull { .. }) if started.elapsed() < Duration::from_secs(60) => {
+                cq.poll_into(stash)?;
+                std::hint::spin_loop();
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// Stages `bytes` at `at` of the scratch memory (which starts at
+/// `scratch` in `memory`, registered as `region`) and gives the local
+/// range, ready to post inline.
+fn stage<'r>(
+    memory: &DmaBuffer,
+    region: &'r MemoryRegion<'_>,
+    scratch: u64,
+    at: u64,
+    bytes: &[u8],
+) -> Result<Local<'r>> {
+    let offset = scratch + at;
+    assert!(at + bytes.len() as u64 <= layout::SCRATCH_BYTES);
+    // SAFETY: scratch memory is this rank's own, inside the control memory
+    // (the assertion keeps the range inside the scratch area), never a
+    // peer's target; nothing else references it while staging.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            memory.as_ptr().add(offset as usize),
+            bytes.len(),
+        )
+    };
+    Ok(region.local(offset, bytes.len() as u32)?)
+}

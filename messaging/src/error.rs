@@ -1,0 +1,102 @@
+//! Why a messaging call failed.
+
+use pindown_driver::launch::LaunchError;
+use pindown_driver::verbs::VerbsError;
+use pindown_uapi::CompletionError;
+
+/// Why a messaging call failed. Every variant names what was wrong; none
+/// leaves a message half delivered without saying so.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The driver refused or failed (the device may be gone).
+    #[error("driver: {0}")]
+    Verbs(#[from] VerbsError),
+    /// Joining the job or exchanging addresses through the launcher failed.
+    #[error("launcher: {0}")]
+    Launch(#[from] LaunchError),
+    /// A request to the device completed with an error.
+    #[error("device: {0}")]
+    Completion(#[from] CompletionError),
+    /// A rank outside the communicator.
+    #[error("rank {rank} is not in this communicator of {size} ranks")]
+    NoSuchRank {
+        /// The rank named.
+        rank: u32,
+        /// The communicator's size.
+        size: u32,
+    },
+    /// A matching slot index at or beyond the number of slots per peer.
+    #[error("slot index {index} is out of range: {slots} slots per peer and communicator (Config::slots)")]
+    SlotOutOfRange {
+        /// The index named.
+        index: u32,
+        /// Slots per peer and communicator.
+        slots: u32,
+    },
+    /// A receive on a slot whose previous receive has not completed: each
+    /// (peer, communicator, index) holds one receive at a time.
+    #[error("slot {index} from rank {peer} already holds a receive that has not completed")]
+    SlotBusy {
+        /// The peer (rank in the communicator).
+        peer: u32,
+        /// The slot index.
+        index: u32,
+    },
+    /// A wait or test on a (peer, index) with no request outstanding.
+    #[error("no {what} is outstanding on slot {index} of rank {peer}")]
+    NoRequest {
+        /// "send" or "receive".
+        what: &'static str,
+        /// The peer (rank in the communicator).
+        peer: u32,
+        /// The slot index.
+        index: u32,
+    },
+    /// The message was longer than the receive buffer: the first
+    /// `capacity` bytes arrived, nothing was written past the buffer.
+    #[error("message of {message} bytes truncated to the {capacity}-byte receive buffer")]
+    Truncated {
+        /// The message's length.
+        message: u64,
+        /// The receive buffer's length (bytes delivered).
+        capacity: u64,
+    },
+    /// The peer stopped answering (its process or its device is gone):
+    /// the operation with it cannot complete.
+    #[error("rank {peer} (world) is gone: {why}")]
+    PeerGone {
+        /// The peer's world rank.
+        peer: u32,
+        /// What showed it.
+        why: String,
+    },
+    /// Too many communicators: every context id is taken.
+    #[error("no free communicator context: {contexts} in use (Config::communicators)")]
+    NoContext {
+        /// Contexts configured.
+        contexts: u32,
+    },
+    /// Too many any-source messages in flight to one receiver.
+    #[error("any-source message of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLong {
+        /// The message's length.
+        len: u64,
+        /// The largest allowed.
+        limit: u64,
+    },
+    /// A peer's address record did not decode (another version of the
+    /// library, or a corrupted key-value space).
+    #[error("rank {rank}'s address record does not decode: {why}")]
+    BadPeerRecord {
+        /// The rank whose record it is.
+        rank: u32,
+        /// What was wrong.
+        why: String,
+    },
+    /// Ranks disagree about a collective call's arguments.
+    #[error("collective mismatch: {0}")]
+    Mismatch(String),
+}
+
+/// The result of a messaging call.
+pub type Result<T> = std::result::Result<T, Error>;

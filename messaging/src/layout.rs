@@ -1,0 +1,157 @@
+//! Where each shared word lives in a rank's control memory.
+//!
+//! Every rank exposes one control area to its peers through one window.
+//! For each communicator context `c`, each peer `p` (world rank) and each
+//! slot index `i` it holds, at the slot's number `((c * ranks) + p) *
+//! slots + i`:
+//!
+//! * a **match record** (32 bytes) that peer `p` writes when it posts a
+//!   receive from this rank on slot `i`: the receive buffer's window key,
+//!   its offset in that window, its capacity, and last a stamp (the
+//!   receive's generation on the slot), written after the rest by a fenced
+//!   write. This rank's send on the slot reads it: sender-side matching.
+//! * a **done word** (8 bytes) that peer `p` writes when it completes a
+//!   send to this rank on slot `i`: the generation of the receive it
+//!   completes (top 24 bits) and the message's length (low 40 bits). It
+//!   is written after the body, by a fenced write, as one aligned 8-byte
+//!   store.
+//!
+//! Then the any-source area: for each context and each peer, a ring of
+//! [`ANY_ENTRIES`] entries of [`ANY_ENTRY_BYTES`] that the peer fills and
+//! this rank drains, and one credit word per peer the peer's receiver side
+//! writes back. Last comes scratch memory this rank alone uses (inline
+//! payloads are staged there before posting).
+
+/// Bytes of a match record.
+pub const MATCH_RECORD_BYTES: u64 = 32;
+/// Offset of the stamp word inside a match record.
+pub const MATCH_STAMP_AT: u64 = 24;
+/// Bytes of a done word.
+pub const DONE_WORD_BYTES: u64 = 8;
+/// Bits of the message length in a done word.
+pub const DONE_LEN_BITS: u32 = 40;
+/// The longest message a done word can report.
+pub const MAX_MESSAGE: u64 = (1 << DONE_LEN_BITS) - 1;
+/// Entries in each any-source ring.
+pub const ANY_ENTRIES: u64 = 16;
+/// Bytes of each any-source ring entry: a 16-byte header and the body of
+/// an eager message.
+pub const ANY_ENTRY_BYTES: u64 = 1024;
+/// Bytes of an any-source entry's header.
+pub const ANY_HEADER_BYTES: u64 = 16;
+/// Bytes of this rank's own scratch memory.
+pub const SCRATCH_BYTES: u64 = 4096;
+
+/// The done word reporting `len` bytes for the receive of generation `generation`.
+pub fn done_word(generation: u64, len: u64) -> u64 {
+    (generation & 0xff_ffff) << DONE_LEN_BITS | (len & MAX_MESSAGE)
+}
+
+/// Whether `word` completes the receive of generation `generation`, and
+/// the message length it reports.
+pub fn done_len(word: u64, generation: u64) -> Option<u64> {
+    (word >> DONE_LEN_BITS == generation & 0xff_ffff).then_some(word & MAX_MESSAGE)
+}
+
+/// The control area's shape, the same on every rank of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks in the world.
+    pub ranks: u32,
+    /// Communicator contexts (each communicator takes two: point-to-point
+    /// and collective).
+    pub contexts: u32,
+    /// Matching slots per (context, peer).
+    pub slots: u32,
+}
+
+impl Layout {
+    /// Number of (context, peer, index) slots.
+    pub fn slot_count(&self) -> u64 {
+        u64::from(self.contexts) * u64::from(self.ranks) * u64::from(self.slots)
+    }
+
+    /// The slot number of (`context`, `peer`, `index`).
+    pub fn slot(&self, context: u32, peer: u32, index: u32) -> u64 {
+        (u64::from(context) * u64::from(self.ranks) + u64::from(peer)) * u64::from(self.slots)
+            + u64::from(index)
+    }
+
+    /// Offset of the match record of slot `slot`.
+    pub fn match_record(&self, slot: u64) -> u64 {
+        slot * MATCH_RECORD_BYTES
+    }
+
+    /// Offset of the done word of slot `slot`.
+    pub fn done_word(&self, slot: u64) -> u64 {
+        self.slot_count() * MATCH_RECORD_BYTES + slot * DONE_WORD_BYTES
+    }
+
+    fn any_start(&self) -> u64 {
+        self.slot_count() * (MATCH_RECORD_BYTES + DONE_WORD_BYTES)
+    }
+
+    fn rings(&self) -> u64 {
+        u64::from(self.contexts) * u64::from(self.ranks)
+    }
+
+    /// Offset of entry `entry` of the any-source ring peer `peer` fills in
+    /// context `context`.
+    pub fn any_entry(&self, context: u32, peer: u32, entry: u64) -> u64 {
+        let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
+        self.any_start() + (ring * ANY_ENTRIES + entry % ANY_ENTRIES) * ANY_ENTRY_BYTES
+    }
+
+    /// Offset of the credit word peer `peer` writes in context `context`:
+    /// how many entries of this rank's ring at the peer the peer has
+    /// drained.
+    pub fn any_credit(&self, context: u32, peer: u32) -> u64 {
+        let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
+        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * 8
+    }
+
+    /// Offset of the scratch memory.
+    pub fn scratch(&self) -> u64 {
+        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
+    }
+
+    /// Bytes of the whole control area.
+    pub fn bytes(&self) -> u64 {
+        self.scratch() + SCRATCH_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn areas_do_not_overlap_and_fit() {
+        let layout = Layout {
+            ranks: 5,
+            contexts: 3,
+            slots: 7,
+        };
+        let last = layout.slot(2, 4, 6);
+        assert_eq!(last + 1, layout.slot_count());
+        assert!(layout.match_record(last) + MATCH_RECORD_BYTES <= layout.done_word(0));
+        assert!(layout.done_word(last) + DONE_WORD_BYTES <= layout.any_entry(0, 0, 0));
+        assert!(
+            layout.any_entry(2, 4, ANY_ENTRIES - 1) + ANY_ENTRY_BYTES <= layout.any_credit(0, 0)
+        );
+        assert!(layout.any_credit(2, 4) + 8 <= layout.scratch());
+        assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
+        assert_eq!(layout.done_word(0) % 8, 0);
+        assert_eq!(layout.any_credit(1, 1) % 8, 0);
+    }
+
+    #[test]
+    fn done_words_carry_generation_and_length() {
+        for (generation, len) in [(1, 0), (2, 8), (0x100_0001, MAX_MESSAGE), (77, 1 << 30)] {
+            let word = done_word(generation, len);
+            assert_eq!(done_len(word, generation), Some(len));
+            assert_eq!(done_len(word, generation + 1), None);
+        }
+        assert_eq!(done_len(0, 1), None, "a fresh word completes nothing");
+    }
+}

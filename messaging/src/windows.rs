@@ -1,0 +1,115 @@
+//! Windows over receive buffers, kept bound for reuse.
+//!
+//! A receive hands its sender a window over the receive buffer. Binding
+//! one is a request to the device; receiving into the same buffer again
+//! (the common case: a loop over the same arrays) finds the window bound
+//! already. Entries in use by a posted receive are never evicted; idle
+//! ones go least recently used first once the cache is full. A window
+//! covers exactly the buffer it was bound for (or a larger one that
+//! contains it), never the memory around it.
+
+use pindown_driver::verbs::{Context, RegionWindow, RemoteWindow};
+use pindown_uapi::Access;
+
+use crate::error::Result;
+
+struct Entry<'c> {
+    id: u64,
+    start: u64,
+    len: u64,
+    window: RegionWindow<'c>,
+    in_use: u32,
+    last_use: u64,
+}
+
+/// Windows over receive buffers.
+pub(crate) struct WindowCache<'c> {
+    /// Most recently bound last; searched from the end.
+    entries: Vec<Entry<'c>>,
+    capacity: usize,
+    clock: u64,
+    next_id: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl<'c> WindowCache<'c> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        WindowCache {
+            entries: Vec::new(),
+            capacity: capacity.max(1),
+            clock: 0,
+            next_id: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// A window covering `[addr, addr + len)`, bound now or found bound,
+    /// marked in use; with where it starts and the id to
+    /// [`release`](Self::release) it by.
+    pub(crate) fn acquire(
+        &mut self,
+        context: &'c Context,
+        addr: u64,
+        len: u64,
+    ) -> Result<(RemoteWindow, u64, u64)> {
+        self.clock += 1;
+        if let Some(entry) = self
+            .entries
+            .iter_mut()
+            .rev()
+            .find(|e| e.start <= addr && addr + len <= e.start + e.len)
+        {
+            entry.in_use += 1;
+            entry.last_use = self.clock;
+            self.hits += 1;
+            return Ok((entry.window.remote(), entry.start, entry.id));
+        }
+        self.misses += 1;
+        if self.entries.len() >= self.capacity {
+            self.evict();
+        }
+        let region = context.register(addr, len)?;
+        let window = context.bind_region_window(region, 0, len, Access::REMOTE_WRITE, None)?;
+        let remote = window.remote();
+        self.next_id += 1;
+        self.entries.push(Entry {
+            id: self.next_id,
+            start: addr,
+            len,
+            window,
+            in_use: 1,
+            last_use: self.clock,
+        });
+        Ok((remote, addr, self.next_id))
+    }
+
+    /// Marks window `id` no longer used by one receive.
+    pub(crate) fn release(&mut self, id: u64) {
+        if let Some(entry) = self.entries.iter_mut().find(|e| e.id == id) {
+            entry.in_use = entry.in_use.saturating_sub(1);
+        }
+    }
+
+    fn evict(&mut self) {
+        let victim = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.in_use == 0)
+            .min_by_key(|(_, e)| e.last_use)
+            .map(|(i, _)| i);
+        if let Some(i) = victim {
+            let entry = self.entries.remove(i);
+            if let Err(err) = entry.window.revoke() {
+                tracing::warn!("revoking a cached receive window failed: {err}");
+            }
+        }
+    }
+
+    /// (hits, misses) so far.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+}
