@@ -5,12 +5,14 @@
 //! iterations and small sizes. Every figure names its MPI and mode, its
 //! times are positive and finite and agree with each other, and its data
 //! arrived right; one wrong element sent makes the program fail, with the
-//! MPI's name and the program's complaint in the error.
+//! MPI's name and the program's complaint in the error; a launch that says
+//! nothing for too long is stopped.
 //!
 //! Each test is ignored when its MPI is not installed (the build script
 //! looks), except under CI=true, where a missing MPI fails it.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use pindown_benches::mpi::{self, Flavor, FmplMode, Program};
 use serde_json::Value;
@@ -200,6 +202,24 @@ fn every_mode_measures_and_checks(flavor: Flavor) {
             "{error}"
         );
     }
+
+    // A program that says nothing is stopped after the silence allowed,
+    // and the error says so.
+    let started = Instant::now();
+    let error = mpi::launch(
+        flavor,
+        Path::new("/bin/sleep"),
+        1,
+        &["60".to_string()],
+        Duration::from_secs(1),
+    )
+    .expect_err("a silent program is stopped");
+    assert!(started.elapsed() < Duration::from_secs(30), "{error}");
+    let error = error.to_string();
+    assert!(
+        error.contains(flavor.name()) && error.contains("no output within 1s"),
+        "{error}"
+    );
 
     // Ping-pong and the preposted receives are between two ranks.
     let error = mpi::run_fmpl_compare(flavor, &binary, 4, FmplMode::PingPong, &[])
