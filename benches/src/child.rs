@@ -172,7 +172,7 @@ const STDERR_KEPT: usize = 64 << 10;
 /// A child process spoken to in lines: commands on its stdin, answers on its
 /// stdout (read by a thread, so that waiting for an answer can time out).
 /// Its stderr is this process's, unless the command pipes it: then a thread
-/// keeps its last [`STDERR_KEPT`] bytes for [`LineChild::stderr`].
+/// keeps the end of it for [`LineChild::stderr`].
 #[derive(Debug)]
 pub struct LineChild {
     name: String,
@@ -230,9 +230,9 @@ impl LineChild {
         })
     }
 
-    /// What the child wrote to its stderr so far (its last [`STDERR_KEPT`]
-    /// bytes), when its command piped it; empty otherwise. After the child
-    /// exited, waits for the rest of it.
+    /// What the child wrote to its stderr so far (the end of it, as kept),
+    /// when its command piped it; empty otherwise. After the child exited,
+    /// waits (briefly) for the rest of it.
     pub fn stderr(&mut self) -> String {
         let Some(StderrTail { kept, reader }) = &self.stderr else {
             return String::new();
