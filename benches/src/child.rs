@@ -4,11 +4,12 @@
 //! Both are stopped and reaped when dropped (also on an error or a panic),
 //! and the device's directory is removed.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a device may take to create its sockets.
@@ -165,20 +166,32 @@ impl Drop for DeviceChild {
     }
 }
 
+/// The most of a child's stderr [`LineChild`] keeps (its end).
+const STDERR_KEPT: usize = 64 << 10;
+
 /// A child process spoken to in lines: commands on its stdin, answers on its
 /// stdout (read by a thread, so that waiting for an answer can time out).
-/// Its stderr is this process's.
+/// Its stderr is this process's, unless the command pipes it: then a thread
+/// keeps the end of it for [`LineChild::stderr`].
 #[derive(Debug)]
 pub struct LineChild {
     name: String,
     child: Child,
     input: Option<ChildStdin>,
     lines: Receiver<String>,
+    stderr: Option<StderrTail>,
+}
+
+/// The end of a child's stderr, kept by the thread that reads it.
+#[derive(Debug)]
+struct StderrTail {
+    kept: Arc<Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl LineChild {
     /// Spawns `command` with piped stdin and stdout; `name` appears in
-    /// errors.
+    /// errors. A `command` whose stderr is piped has it collected.
     pub fn spawn(name: impl Into<String>, mut command: Command) -> io::Result<LineChild> {
         let mut child = command
             .stdin(Stdio::piped())
@@ -194,12 +207,58 @@ impl LineChild {
                 }
             }
         });
+        let stderr = child.stderr.take().map(|mut errors| {
+            let kept = Arc::new(Mutex::new(Vec::new()));
+            let sink = Arc::clone(&kept);
+            let reader = std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = errors.read(&mut chunk) {
+                    let mut kept = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    kept.extend_from_slice(&chunk[..n]);
+                    let excess = kept.len().saturating_sub(STDERR_KEPT);
+                    kept.drain(..excess);
+                }
+            });
+            StderrTail { kept, reader }
+        });
         Ok(LineChild {
             name: name.into(),
             child,
             input,
             lines,
+            stderr,
         })
+    }
+
+    /// What the child wrote to its stderr so far (the end of it, as kept),
+    /// when its command piped it; empty otherwise. After the child exited,
+    /// waits (briefly) for the rest of it.
+    pub fn stderr(&mut self) -> String {
+        let Some(StderrTail { kept, reader }) = &self.stderr else {
+            return String::new();
+        };
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            // The pipe closes when the child and whatever inherited it exit.
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while !reader.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&kept).into_owned()
+    }
+
+    /// The next line, waiting up to `timeout`; `None` once the child closed
+    /// its stdout (at its end); an error if it said nothing in time.
+    pub fn next_or_end(&mut self, timeout: Duration) -> io::Result<Option<String>> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => Ok(Some(line)),
+            Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{}: no output within {timeout:?}", self.name),
+            )),
+            Err(RecvTimeoutError::Disconnected) => Ok(None),
+        }
     }
 
     /// Sends one line.
@@ -240,6 +299,11 @@ impl LineChild {
     /// Closes the child's stdin and waits up to `timeout` for it to exit
     /// (killing it after that); returns its exit status.
     pub fn finish(mut self, timeout: Duration) -> io::Result<ExitStatus> {
+        self.wait_for_exit(timeout)
+    }
+
+    /// Like [`LineChild::finish`], keeping the child for [`LineChild::stderr`].
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> io::Result<ExitStatus> {
         drop(self.input.take());
         let deadline = Instant::now() + timeout;
         loop {

@@ -20,7 +20,8 @@
 //!   stopped and reaped on drop.
 //! * [`submatrix`]: DIMMnet-2's submatrix transfer: the matrix, the host's
 //!   pack, unpack and one-pass copy, and cache eviction.
-//! * [`mpi`]: the MPI baseline program, built and launched by each MPI's
+//! * [`mpi`]: the MPI baseline programs (the vector ping-pong, the peer of
+//!   the FMPL figures), built and launched by each MPI's
 //!   own tools.
 //! * [`fabric`]: two hosts (network namespaces and a veth pair, or
 //!   loopback) for device processes joined over UDP, the raw UDP

@@ -1,10 +1,18 @@
-//! The MPI baseline of the submatrix transfer: the project's own C program
-//! (`benches/mpi/vector_pingpong.c`, compiled into this crate's binaries
-//! as text) built with an MPI's own compiler wrapper at run time and run
-//! on two ranks of this host by that MPI's own launcher. The program sends
-//! `MPI_Type_vector(m, n, z + 1, MPI_DOUBLE)` by ping-pong, and the same
-//! bytes contiguously, checks every element that arrived, and prints one
-//! JSON object per line, which [`run`] reads.
+//! The MPI baselines: the project's own C programs (`benches/mpi/*.c`,
+//! compiled into this crate's binaries as text), built with an MPI's own
+//! compiler wrapper at run time and run on ranks of this host by that MPI's
+//! own launcher ([`build`], [`launch`]). Each prints one JSON object per
+//! line on rank 0.
+//!
+//! * [`Program::VectorPingPong`] (`vector_pingpong.c`), the baseline of
+//!   `vector-transfer`: sends `MPI_Type_vector(m, n, z + 1, MPI_DOUBLE)` by
+//!   ping-pong between two ranks, and the same bytes contiguously, checks
+//!   every element that arrived; [`run`] reads it.
+//! * [`Program::FmplCompare`] (`fmpl_compare.c`), the peer of the
+//!   `messaging` crate's FMPL figures: ping-pong latency and bandwidth, the
+//!   paper's table 2 (receives posted ahead), barrier, broadcast and
+//!   allreduce, each checking its data; [`run_fmpl_compare`] reads it. Its
+//!   header comment says what each figure measures.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -12,11 +20,36 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::child::LineChild;
 
-/// The program's source.
-pub const SOURCE: &str = include_str!("../mpi/vector_pingpong.c");
+/// One of the project's MPI programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// `benches/mpi/vector_pingpong.c`.
+    VectorPingPong,
+    /// `benches/mpi/fmpl_compare.c`.
+    FmplCompare,
+}
+
+impl Program {
+    /// The file's name without `.c`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Program::VectorPingPong => "vector_pingpong",
+            Program::FmplCompare => "fmpl_compare",
+        }
+    }
+
+    /// The program's source.
+    pub fn source(self) -> &'static str {
+        match self {
+            Program::VectorPingPong => include_str!("../mpi/vector_pingpong.c"),
+            Program::FmplCompare => include_str!("../mpi/fmpl_compare.c"),
+        }
+    }
+}
 
 /// An MPI implementation as Debian installs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -64,21 +97,24 @@ impl Flavor {
         }
     }
 
-    /// The launcher's arguments for two ranks on this host (Open MPI
-    /// refuses to run as root without being told, and to put two ranks on
-    /// fewer than two slots).
-    fn launch_args(self) -> Vec<&'static str> {
+    /// The launcher's arguments for `ranks` ranks on this host (Open MPI
+    /// refuses to run as root without being told, and to put more ranks on
+    /// this host than it has slots).
+    fn launch_args(self, ranks: usize) -> Vec<String> {
+        let mut args = Vec::new();
         match self {
             Flavor::OpenMpi => {
-                let mut args = vec!["--oversubscribe"];
+                args.push("--oversubscribe");
                 if crate::sys::is_root() {
                     args.push("--allow-run-as-root");
                 }
-                args.extend(["-np", "2"]);
-                args
+                args.push("-np");
             }
-            Flavor::Mpich => vec!["-n", "2"],
+            Flavor::Mpich => args.push("-n"),
         }
+        let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+        args.push(ranks.to_string());
+        args
     }
 
     /// Why this MPI cannot be used: the first of its tools not on `PATH`.
@@ -112,17 +148,21 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// Writes [`SOURCE`] into `dir` and compiles it with `flavor`'s wrapper
-/// (`-O2`); returns the executable's path.
-pub fn build(flavor: Flavor, dir: &Path) -> io::Result<PathBuf> {
+/// Writes `program`'s source into `dir` and compiles it with `flavor`'s
+/// wrapper (`-O2`); returns the executable's path (`dir/NAME-FLAVOR`).
+pub fn build(flavor: Flavor, program: Program, dir: &Path) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let source = dir.join("vector_pingpong.c");
-    std::fs::write(&source, SOURCE)?;
-    let binary = dir.join(format!("vector_pingpong-{}", flavor.name()));
+    // Each flavor its own copy of the source, so that builds of both into
+    // one folder at the same time do not write one file together.
+    let stem = format!("{}-{}", program.name(), flavor.name());
+    let source = dir.join(format!("{stem}.c"));
+    std::fs::write(&source, program.source())?;
+    let binary = dir.join(&stem);
     let output = Command::new(flavor.compiler())
         .args(["-O2", "-Wall", "-o"])
         .arg(&binary)
         .arg(&source)
+        .arg("-lm")
         .stdin(Stdio::null())
         .output()
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", flavor.compiler())))?;
@@ -207,39 +247,192 @@ pub struct Run {
     pub points: Vec<Point>,
 }
 
-/// How long one launch may take.
-const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a launched program may print nothing before it is stopped.
+const SILENCE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Launches `binary` (built by [`build`] for `flavor`) on two ranks of this
-/// host with `spec`, and reads what it prints.
-pub fn run(flavor: Flavor, binary: &Path, spec: &RunSpec) -> io::Result<Run> {
-    let ms: Vec<String> = spec.ms.iter().map(usize::to_string).collect();
+/// How much of a failed launch's stderr an error shows (its last lines).
+const STDERR_LINES_SHOWN: usize = 30;
+
+/// Launches `binary` (built by [`build`] for `flavor`) on `ranks` ranks of
+/// this host with `args`, and returns the lines it printed on stdout. Fails
+/// when it printed nothing for `silence` (it is stopped then), or exited
+/// other than with success; the error names the MPI, the command and the
+/// end of its stderr.
+pub fn launch(
+    flavor: Flavor,
+    binary: &Path,
+    ranks: usize,
+    args: &[String],
+    silence: Duration,
+) -> io::Result<Vec<String>> {
+    let launch_args = flavor.launch_args(ranks);
     let mut command = Command::new(flavor.launcher());
     command
-        .args(flavor.launch_args())
+        .args(&launch_args)
         .arg(binary)
-        .arg(format!("z={}", spec.z))
-        .arg(format!("n={}", spec.n))
-        .arg(format!("m={}", ms.join(",")))
-        .arg(format!("iterations={}", spec.iterations))
-        .arg(format!("warmup={}", spec.warmup))
-        .arg(format!("huge={}", u8::from(spec.huge_pages)))
-        .arg(format!("corrupt={}", u8::from(spec.corrupt_one_element)));
-    let name = format!("{} {}", flavor.launcher(), binary.display());
-    let mut child = LineChild::spawn(name.clone(), command)?;
-    let bad = |line: &str, e: serde_json::Error| {
-        io::Error::other(format!("{name} printed {line:?}: {e}"))
+        .args(args)
+        .stderr(Stdio::piped());
+    let name = format!(
+        "{}: {} {} {} {}",
+        flavor.name(),
+        flavor.launcher(),
+        launch_args.join(" "),
+        binary.display(),
+        args.join(" ")
+    );
+    let failed = |child: &mut LineChild, what: String| {
+        let stderr = child.stderr();
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(STDERR_LINES_SHOWN)..].join("\n  ");
+        io::Error::other(format!("{name}: {what}; its stderr:\n  {tail}"))
     };
-    let line = child.next(RUN_TIMEOUT)?;
-    let header: Header = serde_json::from_str(&line).map_err(|e| bad(&line, e))?;
-    let mut points = Vec::with_capacity(2 * spec.ms.len());
-    while points.len() < 2 * spec.ms.len() {
-        let line = child.next(RUN_TIMEOUT)?;
-        points.push(serde_json::from_str(&line).map_err(|e| bad(&line, e))?);
+    let mut child = LineChild::spawn(name.clone(), command)
+        .map_err(|e| io::Error::new(e.kind(), format!("{name}: cannot start: {e}")))?;
+    let mut lines = Vec::new();
+    loop {
+        match child.next_or_end(silence) {
+            Ok(Some(line)) => lines.push(line),
+            Ok(None) => break,
+            Err(e) => {
+                // Stopped (not waited for: it said nothing for too long)
+                // before its stderr is read.
+                let _ = child.wait_for_exit(Duration::ZERO);
+                return Err(failed(&mut child, e.to_string()));
+            }
+        }
     }
-    let status = child.finish(RUN_TIMEOUT)?;
-    if !status.success() {
-        return Err(io::Error::other(format!("{name} exited with {status}")));
+    match child.wait_for_exit(silence) {
+        Ok(status) if status.success() => Ok(lines),
+        Ok(status) => Err(failed(&mut child, format!("exited with {status}"))),
+        Err(e) => Err(failed(&mut child, e.to_string())),
+    }
+}
+
+/// Launches `binary` (built by [`build`] for `flavor` from
+/// [`Program::VectorPingPong`]) on two ranks of this host with `spec`, and
+/// reads what it prints.
+pub fn run(flavor: Flavor, binary: &Path, spec: &RunSpec) -> io::Result<Run> {
+    let ms: Vec<String> = spec.ms.iter().map(usize::to_string).collect();
+    let args = [
+        format!("z={}", spec.z),
+        format!("n={}", spec.n),
+        format!("m={}", ms.join(",")),
+        format!("iterations={}", spec.iterations),
+        format!("warmup={}", spec.warmup),
+        format!("huge={}", u8::from(spec.huge_pages)),
+        format!("corrupt={}", u8::from(spec.corrupt_one_element)),
+    ];
+    let lines = launch(flavor, binary, 2, &args, SILENCE_TIMEOUT)?;
+    let bad = |what: &str| io::Error::other(format!("{} vector_pingpong: {what}", flavor.name()));
+    let parse_error = |line: &str, e: serde_json::Error| bad(&format!("printed {line:?}: {e}"));
+    let (first, rest) = lines.split_first().ok_or_else(|| bad("printed nothing"))?;
+    let header: Header = serde_json::from_str(first).map_err(|e| parse_error(first, e))?;
+    let points = rest
+        .iter()
+        .map(|line| serde_json::from_str(line).map_err(|e| parse_error(line, e)))
+        .collect::<io::Result<Vec<Point>>>()?;
+    if points.len() != 2 * spec.ms.len() {
+        return Err(bad(&format!(
+            "printed {} points, not 2 per size of {:?}",
+            points.len(),
+            spec.ms
+        )));
     }
     Ok(Run { header, points })
+}
+
+/// A mode of [`Program::FmplCompare`] (its first argument).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FmplMode {
+    /// Blocking send/receive ping-pong between 2 ranks: one-way latency
+    /// and bandwidth per size.
+    PingPong,
+    /// The paper's table 2 on 2 ranks: receives posted ahead, the gaps
+    /// between posting them and between sends, and the send's latency.
+    Preposted,
+    /// `MPI_Barrier`.
+    Barrier,
+    /// `MPI_Bcast` from rank 0, per size.
+    Bcast,
+    /// `MPI_Allreduce` of doubles with `MPI_SUM`, per size.
+    Allreduce,
+}
+
+impl FmplMode {
+    /// Every mode.
+    pub const ALL: [FmplMode; 5] = [
+        FmplMode::PingPong,
+        FmplMode::Preposted,
+        FmplMode::Barrier,
+        FmplMode::Bcast,
+        FmplMode::Allreduce,
+    ];
+
+    /// The argument that selects it, also its figures' `"test"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FmplMode::PingPong => "pingpong",
+            FmplMode::Preposted => "preposted",
+            FmplMode::Barrier => "barrier",
+            FmplMode::Bcast => "bcast",
+            FmplMode::Allreduce => "allreduce",
+        }
+    }
+
+    /// Whether it runs on exactly two ranks (otherwise on any number).
+    pub fn needs_two_ranks(self) -> bool {
+        matches!(self, FmplMode::PingPong | FmplMode::Preposted)
+    }
+}
+
+/// Launches `binary` (built by [`build`] for `flavor` from
+/// [`Program::FmplCompare`]) on `ranks` ranks in `mode`, with `extra_args`
+/// (`key=value`, see the program's header: `sizes=8,64`, `iterations=K`,
+/// `warmup=W`, `posted=1,600`, `order=reverse|in_order|both`, `repeats=R`,
+/// `corrupt=1`), and returns its figures: one JSON object each, whose
+/// `"mpi"` is `flavor`'s name and `"test"` the mode's. A failed data check
+/// makes the program exit with status 3, so it is an error here.
+pub fn run_fmpl_compare(
+    flavor: Flavor,
+    binary: &Path,
+    ranks: usize,
+    mode: FmplMode,
+    extra_args: &[&str],
+) -> io::Result<Vec<Value>> {
+    if mode.needs_two_ranks() && ranks != 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("fmpl_compare {} runs on 2 ranks, not {ranks}", mode.name()),
+        ));
+    }
+    let args: Vec<String> = std::iter::once(mode.name())
+        .chain(extra_args.iter().copied())
+        .map(String::from)
+        .collect();
+    let lines = launch(flavor, binary, ranks, &args, SILENCE_TIMEOUT)?;
+    let bad = |what: String| {
+        io::Error::other(format!(
+            "{} fmpl_compare {}: {what}",
+            flavor.name(),
+            mode.name()
+        ))
+    };
+    let mut figures = Vec::with_capacity(lines.len());
+    for line in &lines {
+        let figure: Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("printed {line:?}: {e}")))?;
+        let field = |key: &str| figure.get(key).and_then(Value::as_str);
+        if field("mpi") != Some(flavor.name()) || field("test") != Some(mode.name()) {
+            return Err(bad(format!(
+                "printed {line:?}, not a {} figure of {}",
+                mode.name(),
+                flavor.name()
+            )));
+        }
+        figures.push(figure);
+    }
+    if figures.is_empty() {
+        return Err(bad("printed no figure".into()));
+    }
+    Ok(figures)
 }

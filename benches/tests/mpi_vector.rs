@@ -20,7 +20,8 @@ fn build(flavor: Flavor) -> PathBuf {
         );
     }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mpi-vector");
-    mpi::build(flavor, &dir).unwrap_or_else(|e| panic!("{} build: {e}", flavor.name()))
+    mpi::build(flavor, mpi::Program::VectorPingPong, &dir)
+        .unwrap_or_else(|e| panic!("{} build: {e}", flavor.name()))
 }
 
 fn ping_pong_moves_the_submatrix(flavor: Flavor, library: &str) {

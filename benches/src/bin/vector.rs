@@ -1041,7 +1041,8 @@ fn build_mpi_programs(exe: &std::path::Path) -> Result<Vec<MpiBuild>, Box<dyn Er
                 )
             }
             Some(reason) => Err((Status::Missing, reason)),
-            None => mpi::build(flavor, &dir).map_err(|e| (Status::Failed, e.to_string())),
+            None => mpi::build(flavor, mpi::Program::VectorPingPong, &dir)
+                .map_err(|e| (Status::Failed, e.to_string())),
         };
         builds.push(MpiBuild { flavor, binary });
     }
