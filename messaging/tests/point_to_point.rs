@@ -1,0 +1,93 @@
+//! Point-to-point calls between real rank processes over the emulated
+//! NIC (`examples/msg_check`): every byte that arrives is checked against
+//! what its sender generated.
+
+mod common;
+
+use common::{checked, launch, passes};
+
+#[test]
+fn blocking_nonblocking_named_and_persistent_messages_arrive_whole() {
+    let lines = passes(2, "pingpong", &[]);
+    // 3 rounds of 12 sizes each way blocking, 12 nonblocking, one named
+    // wait and 20 persistent 3000-byte messages: the same on both ranks.
+    let sizes: u64 = [0u64, 1, 8, 511, 512, 513, 4096, 4097, 65536, 1 << 20, (1 << 20) + 3, 4 << 20]
+        .iter()
+        .sum();
+    let expected = 3 * sizes + sizes + 100 + 20 * 3000;
+    for line in &lines {
+        assert_eq!(checked(line), expected, "{line}");
+    }
+}
+
+#[test]
+fn the_timeout_switch_spools_waits_and_switches() {
+    for mode in [&[][..], &["--mode", "switch"][..]] {
+        let lines = passes(2, "timeout-switch", mode);
+        // Rank 1 checks 8 spooled, one synchronous and one switched message.
+        let spooled: u64 = (0..8).map(|n| 1000 + n * 8000).sum();
+        assert_eq!(checked(&lines[1]), spooled + 5000 + 30_000, "{}", lines[1]);
+    }
+}
+
+#[test]
+fn ranks_that_all_send_first_do_not_deadlock() {
+    for n in [2, 3, 4] {
+        for mode in ["buffered", "switch"] {
+            let lines = passes(n, "send-first", &["--mode", mode]);
+            let per_peer: u64 = (0..3).map(|round| 100 + round * 40_000).sum();
+            for line in &lines {
+                assert_eq!(checked(line), per_peer * u64::from(n - 1), "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn synchronous_sends_first_deadlock_is_refused_not_hung() {
+    let run = launch(2, "send-first", &["--mode", "sync"]);
+    assert!(!run.success, "{}", run.text);
+    assert!(run.text.contains("finite send timeout"), "{}", run.text);
+}
+
+#[test]
+fn any_index_receives_report_the_index_the_sender_named() {
+    let lines = passes(2, "any-index", &[]);
+    assert_eq!(checked(&lines[1]), (0..6).map(|n| 64 + n).sum::<u64>());
+}
+
+#[test]
+fn a_short_receive_buffer_is_filled_and_nothing_past_it_is_written() {
+    let lines = passes(2, "truncation", &[]);
+    assert_eq!(checked(&lines[1]), 64 + 4096 + 1000 + 3 * 4096);
+}
+
+#[test]
+fn every_slot_outstanding_at_once_and_clear_errors_beyond() {
+    let lines = passes(2, "slots", &[]);
+    for line in &lines {
+        assert_eq!(checked(line), 64 * 300, "{line}");
+    }
+}
+
+#[test]
+fn split_and_dup_communicators_keep_their_messages_apart() {
+    for n in [1, 2, 3, 5] {
+        let lines = passes(n, "split", &[]);
+        for line in &lines {
+            assert_eq!(checked(line), 2000, "{line}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_dies_fails_the_receives_from_it_without_hanging() {
+    for n in [2, 4] {
+        let run = launch(n, "peer-death", &[]);
+        // The dead rank prints nothing; every other rank noticed.
+        assert_eq!(run.ranks.len(), n as usize - 1, "{}", run.text);
+        for line in &run.ranks {
+            assert_eq!(line["ok"], true, "{}", run.text);
+        }
+    }
+}
