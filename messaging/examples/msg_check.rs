@@ -183,6 +183,10 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     // Everyone done before anyone leaves (but a dead rank).
     if scenario != "peer-death" {
         barrier(&world).map_err(|e| format!("final barrier: {e}"))?;
+        drop(world);
+        messenger
+            .finalize(Duration::from_secs(30))
+            .map_err(|e| format!("finalize: {e}"))?;
     }
     Ok(tally)
 }

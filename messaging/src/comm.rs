@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use pindown_driver::launch::Job;
 use pindown_driver::verbs::Context;
+use pindown_uapi::queue::MAX_INLINE;
 use stable_deref_trait::StableDeref;
 
 use crate::engine::{Config, Engine, Received, SendBytes};
@@ -78,14 +79,27 @@ impl<'c> Messenger<'c> {
     }
 
     /// Progresses (spooled messages whose receives appeared go out) and
-    /// reports how many spooled messages have gone and how many wait.
+    /// reports how many spooled messages have gone and how many wait; or
+    /// the failure of a send that had returned already (a spooled one, or
+    /// a short one whose bytes went inline with the request).
     pub fn sendbuf_check(&self) -> Result<SpoolStatus> {
         let mut engine = self.engine.borrow_mut();
         engine.progress()?;
+        if let Some(err) = engine.take_deferred_failure() {
+            return Err(err);
+        }
         Ok(SpoolStatus {
             sent: engine.spool_sent(),
             spooled: engine.spooled(),
         })
+    }
+
+    /// Leaves message passing cleanly: waits (at most `timeout`) until
+    /// every send has gone out, spooled ones included, and the device has
+    /// finished every request, reporting any failure of a send that had
+    /// returned. Dropping the messenger only lets posted requests finish.
+    pub fn finalize(self, timeout: Duration) -> Result<()> {
+        self.engine.borrow_mut().flush(timeout)
     }
 
     /// Progresses every pending operation once, without waiting.
@@ -202,6 +216,7 @@ impl<'c> Communicator<'c> {
             Ok(true) => {}
             Ok(false) => {
                 engine.spool(slot, generation);
+                engine.defer_failure(slot, generation);
                 return Ok(());
             }
             Err(err) => {
@@ -209,6 +224,18 @@ impl<'c> Communicator<'c> {
                 engine.spool(slot, generation);
                 return Err(err);
             }
+        }
+        if data.len() <= MAX_INLINE as usize {
+            // The bytes went inline with the request: the buffer is free
+            // now. A later failure is kept for wait_send and
+            // Messenger::sendbuf_check.
+            return match engine.take_send_failure(slot, generation) {
+                Some(err) => Err(err),
+                None => {
+                    engine.defer_failure(slot, generation);
+                    Ok(())
+                }
+            };
         }
         let done = engine.wait_until(Some(peer), None, |e| Ok(e.send_completed(slot, generation)));
         if let Err(err) = done {
@@ -587,6 +614,7 @@ impl<B: 'static> Drop for SendRequest<'_, B> {
                     // Still waiting for its receive: copy it out, so that
                     // it can go whenever the receive appears.
                     engine.spool(self.slot, self.generation);
+                    engine.defer_failure(self.slot, self.generation);
                     engine.adopt(self.slot, self.generation, true, Box::new(buffer));
                 }
             } else {

@@ -206,6 +206,10 @@ pub(crate) struct Engine<'c> {
     plain_failures: HashMap<u64, Error>,
     /// Failures of sends, by slot and generation, until taken.
     send_failures: HashMap<(u64, u64), Error>,
+    /// Sends returned to their callers before completing.
+    deferred_sends: Vec<(u64, u64)>,
+    /// Failures of such sends, until reported.
+    deferred_failures: Vec<Error>,
     /// Failures of parts of a group whose last request has not completed.
     part_failures: HashMap<u64, CompletionError>,
     pub(crate) config: Config,
@@ -310,6 +314,8 @@ impl<'c> Engine<'c> {
             plain_failures: HashMap::new(),
             send_failures: HashMap::new(),
             part_failures: HashMap::new(),
+            deferred_sends: Vec::new(),
+            deferred_failures: Vec::new(),
             config,
             next_tag: 1,
             completions: Vec::new(),
@@ -330,7 +336,7 @@ impl<'c> Engine<'c> {
     }
 
     fn word(&self, offset: u64) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.bytes());
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.layout.bytes());
         // SAFETY: `offset` is an 8-aligned offset inside the control
         // memory (every layout offset is), which lives as long as the
         // engine; peers write it only through the device, whose aligned
@@ -903,6 +909,36 @@ impl<'c> Engine<'c> {
         self.send_failures.insert((slot, generation), err);
     }
 
+    /// Marks send `generation` on `slot` as returned to its caller: a
+    /// failure it meets later is reported by the next
+    /// [`take_deferred_failure`](Self::take_deferred_failure).
+    pub(crate) fn defer_failure(&mut self, slot: u64, generation: u64) {
+        if self.send_completed(slot, generation) {
+            if let Some(err) = self.send_failures.remove(&(slot, generation)) {
+                self.deferred_failures.push(err);
+            }
+        } else {
+            self.deferred_sends.push((slot, generation));
+        }
+    }
+
+    /// The first failure of a send that had returned to its caller.
+    pub(crate) fn take_deferred_failure(&mut self) -> Option<Error> {
+        let mut i = 0;
+        while i < self.deferred_sends.len() {
+            let (slot, generation) = self.deferred_sends[i];
+            if self.send_completed(slot, generation) {
+                self.deferred_sends.swap_remove(i);
+                if let Some(err) = self.send_failures.remove(&(slot, generation)) {
+                    self.deferred_failures.push(err);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        (!self.deferred_failures.is_empty()).then(|| self.deferred_failures.remove(0))
+    }
+
     /// The failure of send `generation` on `slot`, if it failed (taken).
     pub(crate) fn take_send_failure(&mut self, slot: u64, generation: u64) -> Option<Error> {
         self.send_failures.remove(&(slot, generation))
@@ -1082,7 +1118,7 @@ impl<'c> Engine<'c> {
                 self.check_peer(peer)?;
             }
             polls = polls.wrapping_add(1);
-            if polls % 64 != 0 {
+            if !polls.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -1103,6 +1139,44 @@ impl<'c> Engine<'c> {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+impl Drop for Engine<'_> {
+    /// Lets the requests already posted finish (a short send returns
+    /// before its writes ran; leaving at once would drop them with the
+    /// port), for at most a few seconds.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.in_flight.is_empty() && Instant::now() < deadline {
+            if self.reap().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Engine<'_> {
+    /// Waits until every send, spooled ones included, has completed and
+    /// every request posted has finished; fails after `timeout` naming
+    /// what is left, or with the first failure of a send that had
+    /// returned.
+    pub(crate) fn flush(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let drained = self.wait_until(None, Some(deadline), |e| {
+            Ok(e.in_flight.is_empty() && e.waiting_slots.is_empty())
+        })?;
+        if let Some(err) = self.take_deferred_failure() {
+            return Err(err);
+        }
+        if !drained {
+            return Err(Error::Unfinished {
+                spooled: self.spooled(),
+                in_flight: self.in_flight.len() as u64,
+            });
+        }
+        Ok(())
     }
 }
 

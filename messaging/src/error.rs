@@ -93,6 +93,15 @@ pub enum Error {
         /// What was wrong.
         why: String,
     },
+    /// Finalizing found sends whose receives never came, or requests the
+    /// device did not finish.
+    #[error("{spooled} spooled sends still wait for their receives and {in_flight} requests are unfinished")]
+    Unfinished {
+        /// Sends still waiting for their receives.
+        spooled: u64,
+        /// Requests posted and not completed.
+        in_flight: u64,
+    },
     /// Ranks disagree about a collective call's arguments.
     #[error("collective mismatch: {0}")]
     Mismatch(String),

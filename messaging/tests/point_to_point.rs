@@ -11,9 +11,22 @@ fn blocking_nonblocking_named_and_persistent_messages_arrive_whole() {
     let lines = passes(2, "pingpong", &[]);
     // 3 rounds of 12 sizes each way blocking, 12 nonblocking, one named
     // wait and 20 persistent 3000-byte messages: the same on both ranks.
-    let sizes: u64 = [0u64, 1, 8, 511, 512, 513, 4096, 4097, 65536, 1 << 20, (1 << 20) + 3, 4 << 20]
-        .iter()
-        .sum();
+    let sizes: u64 = [
+        0u64,
+        1,
+        8,
+        511,
+        512,
+        513,
+        4096,
+        4097,
+        65536,
+        1 << 20,
+        (1 << 20) + 3,
+        4 << 20,
+    ]
+    .iter()
+    .sum();
     let expected = 3 * sizes + sizes + 100 + 20 * 3000;
     for line in &lines {
         assert_eq!(checked(line), expected, "{line}");

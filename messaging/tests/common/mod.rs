@@ -27,7 +27,10 @@ pub fn msg_check() -> PathBuf {
             if release {
                 cargo.arg("--release");
             }
-            assert!(cargo.status().expect("cargo").success(), "building msg_check failed");
+            assert!(
+                cargo.status().expect("cargo").success(),
+                "building msg_check failed"
+            );
         }
     });
     built
@@ -70,7 +73,11 @@ pub fn launch(n: u32, scenario: &str, args: &[&str]) -> Launch {
 /// the lines.
 pub fn passes(n: u32, scenario: &str, args: &[&str]) -> Vec<Value> {
     let launch = launch(n, scenario, args);
-    assert!(launch.success, "{scenario} on {n} ranks {args:?}:\n{}", launch.text);
+    assert!(
+        launch.success,
+        "{scenario} on {n} ranks {args:?}:\n{}",
+        launch.text
+    );
     assert_eq!(launch.ranks.len(), n as usize, "{}", launch.text);
     for (rank, line) in launch.ranks.iter().enumerate() {
         assert_eq!(line["rank"], rank as u64, "{}", launch.text);
