@@ -1,0 +1,665 @@
+//! `fmpl`: the FMPL paper's experiments with `pindown-messaging`, beside
+//! Open MPI and MPICH doing the same on this machine, in one run.
+//!
+//! * **Ping-pong** (the paper's figure 7): one-way latency (median round
+//!   trip / 2, and p99) and bandwidth from 8 B to 16 MiB between two rank
+//!   processes, each on its own port of one emulated NIC, with the
+//!   receives posted ahead (persistent requests), beside (a) the same
+//!   ping-pong done with raw RDMA writes (body, then a fenced flag word:
+//!   the library's protocol without matching), (b) a cache-line ping-pong
+//!   between two threads, and (c) each MPI's blocking ping-pong
+//!   (`benches/mpi/fmpl_compare.c`, started by its own launcher).
+//! * **Table 2**: N receives (1, 600) posted ahead by rank 1; the time per
+//!   posted receive, the gap between rank 0's consecutive 8-byte sends,
+//!   and the latency of one send with N receives outstanding; beside the
+//!   MPIs' (sends in reverse order of posting: a receiver-side queue is
+//!   searched to its end).
+//!
+//! Every message is checked where it lands (a per-iteration stamp, the
+//! whole buffer on the last iteration). One JSON document goes to stdout,
+//! progress to stderr. The targets (8-byte one-way at most 1.0 us;
+//! table-2 gap at 600 within 1.2x of the gap at 1 and 10x below MPI's at
+//! 600; bandwidth from 64 KiB at least 0.9 of the raw RDMA write's) are
+//! reported, not enforced. `--quick` runs fewer sizes and iterations.
+
+use std::error::Error;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use pindown_benches::child::DeviceChild;
+use pindown_benches::mpi::{self, Flavor, FmplMode, Program};
+use pindown_benches::ping_pong;
+use pindown_benches::stats::Summary;
+use pindown_driver::launch::{device_socket, Job};
+use pindown_driver::verbs::opcode::Write;
+use pindown_driver::verbs::{Context, RemoteWindow};
+use pindown_messaging::{Communicator, Config, Messenger};
+use pindown_uapi::Access;
+use serde_json::{json, Value};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--device") => return pindown_emu_device::cli::main(args),
+        Some("--rank") => {
+            return match rank_main(&args[1..]) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("fmpl rank: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        _ => {}
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    match run(quick) {
+        Ok(report) => {
+            println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+            if report["verified"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("fmpl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What one run measures.
+struct Plan {
+    sizes: Vec<usize>,
+    iterations: usize,
+    repeats: usize,
+    posted: Vec<usize>,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        let sizes = if quick {
+            vec![8, 4096, 65536, 1 << 20]
+        } else {
+            vec![
+                8,
+                64,
+                512,
+                4096,
+                32 << 10,
+                64 << 10,
+                256 << 10,
+                1 << 20,
+                4 << 20,
+                16 << 20,
+            ]
+        };
+        Plan {
+            sizes,
+            iterations: if quick { 300 } else { 3000 },
+            repeats: if quick { 3 } else { 10 },
+            posted: vec![1, 600],
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
+        let posted: Vec<String> = self.posted.iter().map(usize::to_string).collect();
+        vec![
+            format!("sizes={}", sizes.join(",")),
+            format!("iterations={}", self.iterations),
+            format!("repeats={}", self.repeats),
+            format!("posted={}", posted.join(",")),
+        ]
+    }
+
+    fn parse(args: &[String]) -> Result<Plan, String> {
+        let mut plan = Plan::new(false);
+        for arg in args {
+            let (key, value) = arg.split_once('=').ok_or(format!("bad argument {arg}"))?;
+            let list = || -> Result<Vec<usize>, String> {
+                value
+                    .split(',')
+                    .map(|v| v.parse().map_err(|_| format!("{key}: {v:?}")))
+                    .collect()
+            };
+            match key {
+                "sizes" => plan.sizes = list()?,
+                "posted" => plan.posted = list()?,
+                "iterations" => plan.iterations = value.parse().map_err(|_| "iterations")?,
+                "repeats" => plan.repeats = value.parse().map_err(|_| "repeats")?,
+                _ => return Err(format!("unknown key {key}")),
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// Iterations for `bytes`, scaled down above 64 KiB as the MPI program does.
+fn iterations_for(bytes: usize, base: usize) -> usize {
+    if bytes <= 64 << 10 {
+        base
+    } else {
+        (base * (64 << 10) / bytes).max(base.min(20))
+    }
+}
+
+fn run(quick: bool) -> Result<Value, Box<dyn Error>> {
+    let plan = Plan::new(quick);
+    let exe = std::env::current_exe()?;
+    eprintln!("fmpl: cache-line ping-pong");
+    let cache_line = ping_pong::round_trips(1000, 20_000);
+    eprintln!("fmpl: pindown ping-pong and table 2");
+    let ours_pingpong = run_ranks(&exe, 2, "pingpong", &plan.args())?;
+    let ours_preposted = run_ranks(&exe, 2, "preposted", &plan.args())?;
+    let mut peers = serde_json::Map::new();
+    let mut verified = true;
+    let mut notes = Vec::new();
+    let dir = tempfile::tempdir()?;
+    for flavor in [Flavor::OpenMpi, Flavor::Mpich] {
+        if let Some(missing) = flavor.missing() {
+            if mpi::under_ci() {
+                return Err(format!("{}: {missing}", flavor.name()).into());
+            }
+            notes.push(format!("{} not measured: {missing}", flavor.name()));
+            continue;
+        }
+        eprintln!("fmpl: {}", flavor.name());
+        let binary = mpi::build(flavor, Program::FmplCompare, dir.path())?;
+        let sizes: Vec<String> = plan.sizes.iter().map(usize::to_string).collect();
+        let sizes = format!("sizes={}", sizes.join(","));
+        let iterations = format!("iterations={}", plan.iterations);
+        let pingpong = mpi::run_fmpl_compare(
+            flavor,
+            &binary,
+            2,
+            FmplMode::PingPong,
+            &[&sizes, &iterations],
+        )?;
+        let repeats = format!("repeats={}", plan.repeats);
+        let preposted = mpi::run_fmpl_compare(
+            flavor,
+            &binary,
+            2,
+            FmplMode::Preposted,
+            &["posted=1,600", "order=reverse", &repeats],
+        )?;
+        peers.insert(
+            flavor.name().to_string(),
+            json!({"pingpong": pingpong, "preposted": preposted}),
+        );
+    }
+    let targets = targets(&ours_pingpong, &ours_preposted, &peers, &mut verified);
+    Ok(json!({
+        "benchmark": "fmpl",
+        "quick": quick,
+        "cache_line_round_trip_us": cache_line.median,
+        "pindown": {"pingpong": ours_pingpong, "preposted": ours_preposted},
+        "mpi": peers,
+        "targets": targets,
+        "notes": notes,
+        "verified": verified,
+    }))
+}
+
+/// The targets, each with its figure and ratio.
+fn targets(
+    pingpong: &[Value],
+    preposted: &[Value],
+    peers: &serde_json::Map<String, Value>,
+    verified: &mut bool,
+) -> Vec<Value> {
+    let mut targets = Vec::new();
+    let at = |bytes: u64| pingpong.iter().find(|f| f["bytes"] == bytes);
+    if let Some(eight) = at(8) {
+        let one_way = eight["one_way_us"].as_f64().unwrap_or(f64::NAN);
+        targets.push(json!({"target": "8-byte one-way latency <= 1.0 us",
+            "one_way_us": one_way, "met": one_way <= 1.0}));
+        for (name, peer) in peers {
+            if let Some(theirs) = peer["pingpong"]
+                .as_array()
+                .and_then(|a| a.iter().find(|f| f["bytes"] == 8))
+            {
+                let theirs = theirs["one_way_us"].as_f64().unwrap_or(f64::NAN);
+                targets.push(json!({"figure": format!("8-byte one-way over {name}'s"),
+                    "ratio": one_way / theirs}));
+            }
+        }
+    }
+    for figure in pingpong
+        .iter()
+        .filter(|f| f["bytes"].as_u64() >= Some(64 << 10))
+    {
+        let ratio = figure["bandwidth_gbs"].as_f64().unwrap_or(f64::NAN)
+            / figure["rdma_write_bandwidth_gbs"]
+                .as_f64()
+                .unwrap_or(f64::NAN);
+        targets.push(json!({"target": "bandwidth >= 0.9 of the raw RDMA write's",
+            "bytes": figure["bytes"], "ratio": ratio, "met": ratio >= 0.9}));
+    }
+    let gap = |posted: u64| {
+        preposted
+            .iter()
+            .find(|f| f["posted"] == posted)
+            .and_then(|f| f["send_gap_us"].as_f64())
+    };
+    if let (Some(one), Some(many)) = (gap(1), gap(600)) {
+        targets.push(
+            json!({"target": "send gap with 600 posted <= 1.2x the gap with 1",
+            "gap_1_us": one, "gap_600_us": many, "ratio": many / one, "met": many / one <= 1.2}),
+        );
+        for (name, peer) in peers {
+            let theirs = peer["preposted"].as_array().and_then(|a| {
+                a.iter()
+                    .find(|f| f["posted"] == 600 && f["order"] == "reverse")
+                    .and_then(|f| f["send_gap_us"].as_f64())
+            });
+            if let Some(theirs) = theirs {
+                targets.push(
+                    json!({"target": format!("send gap at 600 at least 10x below {name}'s"),
+                    "ours_us": many, "theirs_us": theirs, "ratio": theirs / many,
+                    "met": theirs / many >= 10.0}),
+                );
+            }
+        }
+    }
+    if pingpong.is_empty() || preposted.is_empty() {
+        *verified = false;
+    }
+    targets
+}
+
+/// Starts a device with `n` ports and `n` rank processes in `mode`, and
+/// returns rank 0's figures (one JSON line each).
+fn run_ranks(
+    exe: &Path,
+    n: usize,
+    mode: &str,
+    args: &[String],
+) -> Result<Vec<Value>, Box<dyn Error>> {
+    let device = DeviceChild::start(exe, "--device", n, &[])?;
+    let kv = tempfile::tempdir()?;
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(exe)
+                .arg("--rank")
+                .arg(mode)
+                .args(args)
+                .env("PINDOWN_RANK", r.to_string())
+                .env("PINDOWN_SIZE", n.to_string())
+                .env("PINDOWN_LOCAL_RANK", r.to_string())
+                .env("PINDOWN_LOCAL_SIZE", n.to_string())
+                .env("PINDOWN_KV_DIR", kv.path())
+                .env("PINDOWN_DEVICE_DIR", device.dir())
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut figures = Vec::new();
+    let mut failed = Vec::new();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            failed.push(format!("rank {r}: {}", output.status));
+        }
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            figures.push(serde_json::from_str(line)?);
+        }
+    }
+    drop(device);
+    if !failed.is_empty() {
+        return Err(format!("{mode}: {}", failed.join(", ")).into());
+    }
+    Ok(figures)
+}
+
+// ---- the rank processes ----
+
+fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
+    let mode = args.first().ok_or("a mode")?.clone();
+    let plan = Plan::parse(&args[1..])?;
+    let mut job = Job::from_environment()?;
+    let context = Context::open(device_socket(&job)?, pindown_messaging::context_config())?;
+    let config = Config {
+        slots: plan.posted.iter().copied().max().unwrap_or(1).max(64) as u32 + 1,
+        send_timeout: None,
+        ..Config::default()
+    };
+    BARRIER_SLOT.store(config.slots - 1, std::sync::atomic::Ordering::Relaxed);
+    let messenger = Messenger::new(&context, &mut job, config)?;
+    let world = messenger.world();
+    let figures = match mode.as_str() {
+        "pingpong" => pingpong(&context, &mut job, &world, &plan)?,
+        "preposted" => preposted(&world, &plan)?,
+        other => return Err(format!("unknown mode {other}").into()),
+    };
+    if world.rank() == 0 {
+        for figure in figures {
+            println!("{figure}");
+        }
+    }
+    drop(world);
+    messenger.finalize(Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// Byte `i` of the message of iteration `n`; the first 8 bytes carry `n`.
+fn fill(buffer: &mut [u8], n: u64) {
+    for (i, b) in buffer.iter_mut().enumerate() {
+        *b = (i as u64).wrapping_mul(31).wrapping_add(n) as u8;
+    }
+    stamp(buffer, n);
+}
+
+fn stamp(buffer: &mut [u8], n: u64) {
+    let k = buffer.len().min(8);
+    buffer[..k].copy_from_slice(&n.to_le_bytes()[..k]);
+}
+
+fn stamped(buffer: &[u8], n: u64) -> bool {
+    let k = buffer.len().min(8);
+    buffer[..k] == n.to_le_bytes()[..k]
+}
+
+fn whole(buffer: &[u8], n: u64) -> bool {
+    let mut want = vec![0u8; buffer.len()];
+    fill(&mut want, n);
+    want == buffer
+}
+
+fn pingpong(
+    context: &Context,
+    job: &mut Job,
+    world: &Communicator<'_>,
+    plan: &Plan,
+) -> Result<Vec<Value>, Box<dyn Error>> {
+    let me = world.rank();
+    let peer = 1 - me;
+    let largest = plan.sizes.iter().copied().max().unwrap_or(8);
+    // The raw RDMA write baseline: a window over a receive buffer with a
+    // flag word after the largest body.
+    let flag_at = largest.next_multiple_of(64);
+    let target = vec![0u8; flag_at + 64];
+    let target_region = context.register(target.as_ptr() as u64, target.len() as u64)?;
+    let window =
+        context.bind_window(&target_region, 0, target.len() as u64, Access::REMOTE_WRITE)?;
+    let texts = job.all_gather("fmpl-window", window.remote().to_string().as_bytes())?;
+    let peer_window: RemoteWindow = String::from_utf8(texts[peer as usize].clone())?.parse()?;
+    let mut source = vec![0u8; flag_at + 64];
+    let source_region = context.register(source.as_ptr() as u64, source.len() as u64)?;
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq)?;
+    let flag = |memory: &[u8]| -> u64 {
+        // SAFETY: the flag word lies inside `memory` (flag_at + 8 <= len),
+        // 8-aligned in a heap buffer aligned to 8 at least; the device
+        // writes it as one aligned store, so it is read atomically.
+        unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(memory.as_ptr().add(flag_at) as *mut u64)
+                .load(std::sync::atomic::Ordering::Acquire)
+        }
+    };
+    let mut figures = Vec::new();
+    for &bytes in &plan.sizes {
+        let iterations = iterations_for(bytes, plan.iterations);
+        let warmup = (iterations / 10).max(1);
+        let total = (warmup + iterations) as u64;
+        // Messaging: persistent requests, receives posted ahead.
+        let mut send = world.send_init(peer, 0, vec![0u8; bytes])?;
+        let mut recv = world.recv_init(peer, 0, vec![0u8; bytes])?;
+        let mut times = Vec::with_capacity(iterations);
+        if me == 1 {
+            recv.start()?;
+        }
+        for n in 1..=total {
+            let body = send.buffer_mut().ok_or("send buffer busy")?;
+            if n == total {
+                fill(body, n);
+            } else {
+                stamp(body, n);
+            }
+            if me == 0 {
+                recv.start()?;
+                let start = Instant::now();
+                send.start()?;
+                send.wait()?;
+                recv.wait()?;
+                let elapsed = start.elapsed();
+                if n > warmup as u64 {
+                    times.push(elapsed.as_secs_f64() * 1e6 / 2.0);
+                }
+            } else {
+                recv.wait()?;
+                let got = recv.buffer().ok_or("receive buffer busy")?;
+                if !stamped(got, n) || (n == total && !whole(got, n)) {
+                    return Err(format!("ping {n} of {bytes} bytes arrived wrong").into());
+                }
+                if n < total {
+                    recv.start()?;
+                }
+                send.start()?;
+                send.wait()?;
+            }
+            if me == 0 {
+                let got = recv.buffer().ok_or("receive buffer busy")?;
+                if !stamped(got, n) || (n == total && !whole(got, n)) {
+                    return Err(format!("pong {n} of {bytes} bytes arrived wrong").into());
+                }
+            }
+        }
+        drop((send, recv));
+        // The raw RDMA write ping-pong.
+        let mut raw_times = Vec::with_capacity(iterations);
+        let mut outstanding = 0u64;
+        meet(world)?;
+        for n in 1..=total {
+            let write = |n: u64,
+                         source: &mut Vec<u8>,
+                         qp: &mut pindown_driver::verbs::QueuePair<'_>|
+             -> Result<(), Box<dyn Error>> {
+                if n == total {
+                    fill(&mut source[..bytes], n);
+                } else {
+                    stamp(&mut source[..bytes], n);
+                }
+                source[flag_at..flag_at + 8].copy_from_slice(&n.to_le_bytes());
+                let mut entries = Vec::with_capacity(2);
+                if bytes > 0 {
+                    entries.push(
+                        Write::new(source_region.local(0, bytes as u32)?, peer_window.at(0))
+                            .build(),
+                    );
+                }
+                entries.push(
+                    Write::new(
+                        source_region.local(flag_at as u64, 8)?,
+                        peer_window.at(flag_at as u64),
+                    )
+                    .build()
+                    .fence()
+                    .signaled(),
+                );
+                qp.post(&entries)?;
+                Ok(())
+            };
+            let wait_flag = |n: u64,
+                             cq: &mut pindown_driver::verbs::CompletionQueue<'_>,
+                             outstanding: &mut u64|
+             -> Result<(), Box<dyn Error>> {
+                while flag(&target) != n {
+                    for completion in cq.poll()? {
+                        completion.result()?;
+                        *outstanding -= 1;
+                    }
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            };
+            let check = |n: u64| -> Result<(), Box<dyn Error>> {
+                if !stamped(&target[..bytes], n) || (n == total && !whole(&target[..bytes], n)) {
+                    return Err(
+                        format!("rank {me}: raw write {n} of {bytes} bytes arrived wrong").into(),
+                    );
+                }
+                Ok(())
+            };
+            if me == 0 {
+                let start = Instant::now();
+                write(n, &mut source, &mut qp)?;
+                outstanding += 1;
+                wait_flag(n, &mut cq, &mut outstanding)?;
+                let elapsed = start.elapsed();
+                if n > warmup as u64 {
+                    raw_times.push(elapsed.as_secs_f64() * 1e6 / 2.0);
+                }
+                check(n)?;
+            } else {
+                wait_flag(n, &mut cq, &mut outstanding)?;
+                check(n)?;
+                write(n, &mut source, &mut qp)?;
+                outstanding += 1;
+            }
+        }
+        // Drain the completions before the next size (and the reset of
+        // the flag word by the next size's numbering).
+        while outstanding > 0 {
+            for completion in cq.wait(Duration::from_secs(10))? {
+                completion.result()?;
+                outstanding -= 1;
+            }
+        }
+        meet(world)?;
+        let ours = Summary::of(&mut times);
+        let raw = Summary::of(&mut raw_times);
+        figures.push(json!({
+            "test": "pingpong",
+            "bytes": bytes,
+            "iterations": iterations,
+            "one_way_us": ours.median,
+            "p99_one_way_us": ours.p99,
+            "bandwidth_gbs": bytes as f64 / ours.median / 1e3,
+            "rdma_write_one_way_us": raw.median,
+            "rdma_write_bandwidth_gbs": bytes as f64 / raw.median / 1e3,
+            "over_rdma_write": ours.median / raw.median,
+        }));
+        // Fresh flag numbering per size: clear our flag after everyone
+        // stopped writing it.
+        source[flag_at..flag_at + 8].fill(0);
+    }
+    drop(window);
+    Ok(figures)
+}
+
+fn preposted(world: &Communicator<'_>, plan: &Plan) -> Result<Vec<Value>, Box<dyn Error>> {
+    let me = world.rank();
+    let mut figures = Vec::new();
+    for &posted in &plan.posted {
+        let mut post_gaps = Vec::new();
+        let mut send_gaps = Vec::new();
+        let mut latencies = Vec::new();
+        for repeat in 0..plan.repeats as u64 {
+            // Gaps: N receives posted, then N sends in reverse order.
+            let mut recvs = Vec::with_capacity(posted);
+            if me == 1 {
+                let start = Instant::now();
+                for index in 0..posted {
+                    recvs.push(world.irecv(0, index as u32, vec![0u8; 8])?);
+                }
+                post_gaps.push(start.elapsed().as_secs_f64() * 1e6 / posted as f64);
+            }
+            meet(world)?;
+            if me == 0 {
+                let start = Instant::now();
+                for index in (0..posted).rev() {
+                    world.send(1, index as u32, &(index as u64 + repeat).to_le_bytes())?;
+                }
+                send_gaps.push(start.elapsed().as_secs_f64() * 1e6 / posted as f64);
+            } else {
+                for (index, recv) in recvs.into_iter().enumerate() {
+                    let (got, _) = recv.wait()?;
+                    if got[..] != (index as u64 + repeat).to_le_bytes() {
+                        return Err(format!("message {index} arrived wrong").into());
+                    }
+                }
+            }
+            meet(world)?;
+            // Latency of one send with N receives outstanding.
+            let mut recvs = Vec::with_capacity(posted);
+            if me == 1 {
+                for index in 0..posted {
+                    recvs.push(world.irecv(0, index as u32, vec![0u8; 8])?);
+                }
+            }
+            let ack = if me == 0 {
+                Some(world.irecv(1, 0, vec![0u8; 8])?)
+            } else {
+                None
+            };
+            meet(world)?;
+            if me == 0 {
+                let start = Instant::now();
+                world.send(1, 0, &repeat.to_le_bytes())?;
+                let (echo, _) = ack.expect("posted").wait()?;
+                latencies.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+                if echo[..] != repeat.to_le_bytes() {
+                    return Err("the ack did not echo the message".into());
+                }
+                for index in 1..posted {
+                    world.send(1, index as u32, &[0u8; 8])?;
+                }
+            } else {
+                let mut recvs = recvs.into_iter();
+                let (first, _) = recvs.next().ok_or("posted")?.wait()?;
+                world.send(0, 0, &first)?;
+                for recv in recvs {
+                    recv.wait()?;
+                }
+            }
+            meet(world)?;
+        }
+        if me == 0 {
+            // Rank 1's posting gaps travel to rank 0 for the report.
+            let mut gaps = vec![0u8; 8 * plan.repeats];
+            world.recv(1, 1, &mut gaps)?;
+            post_gaps = gaps
+                .chunks(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+        } else {
+            let gaps: Vec<u8> = post_gaps.iter().flat_map(|g| g.to_le_bytes()).collect();
+            world.send(0, 1, &gaps)?;
+        }
+        figures.push(json!({
+            "test": "preposted",
+            "posted": posted,
+            "order": "reverse",
+            "repeats": plan.repeats,
+            "post_gap_us": Summary::of(&mut post_gaps).median,
+            "send_gap_us": Summary::of(&mut send_gaps).median,
+            "latency_us": Summary::of(&mut latencies).median,
+        }));
+    }
+    Ok(figures)
+}
+
+/// Both ranks of the pair meet: an empty message each way on the last
+/// slot index, which no figure uses.
+fn meet(world: &Communicator<'_>) -> Result<(), Box<dyn Error>> {
+    let index = BARRIER_INDEX.with(|i| *i);
+    let peer = 1 - world.rank();
+    if world.rank() == 0 {
+        world.recv(peer, index, &mut [])?;
+        world.send(peer, index, &[])?;
+    } else {
+        world.send(peer, index, &[])?;
+        world.recv(peer, index, &mut [])?;
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The slot index [`meet`] uses: the last one.
+    static BARRIER_INDEX: u32 = BARRIER_SLOT.load(std::sync::atomic::Ordering::Relaxed);
+}
+static BARRIER_SLOT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
