@@ -5,6 +5,7 @@
 //! msg_check launch N SCENARIO [--mode sync|buffered|switch] # a device with N ports, N ranks
 //! msg_check rank SCENARIO                                   # one rank (under mpiexec, or launch)
 //! msg_check device ARGS...                                   # the emulated NIC
+//! msg_check --socket-dir DIR ...                             # the same, as a device binary
 //! ```
 //!
 //! A rank joins the job ([`Job::from_environment`]: Hydra, Open MPI, or
@@ -41,6 +42,8 @@ fn main() -> ExitCode {
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
             pindown_emu_device::cli::main(args)
         }
+        // Started by a test harness as a device binary (`--socket-dir ...`).
+        Some(flag) if flag.starts_with("--") => pindown_emu_device::cli::main(std::env::args()),
         Some("rank") if args.len() >= 2 => rank(&args[1], &args[2..]),
         Some("launch") if args.len() >= 3 => match args[1].parse::<u32>() {
             Ok(n) if n >= 1 => launch(n, &args[2], &args[3..]),
@@ -231,6 +234,19 @@ fn barrier(world: &Communicator<'_>) -> pindown_messaging::Result<()> {
     Ok(())
 }
 
+/// This rank and `peer` meet: an empty message each way on the last slot
+/// index (which the scenarios leave free).
+fn meet(world: &Communicator<'_>, peer: u32) -> pindown_messaging::Result<()> {
+    let index = Config::default().slots - 1;
+    if world.rank() < peer {
+        world.recv(peer, index, &mut [])?;
+        world.send(peer, index, &[])
+    } else {
+        world.send(peer, index, &[])?;
+        world.recv(peer, index, &mut []).map(drop)
+    }
+}
+
 const SIZES: [usize; 12] = [
     0,
     1,
@@ -388,7 +404,7 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
             tally.checked += check(&buffer[..len], peer, me, n, "spooled message")?;
         }
     }
-    barrier(world).map_err(err("barrier"))?;
+    meet(world, 1 - world.rank()).map_err(err("meet"))?;
     // 2. Synchronous: the send waits for the late receive.
     messenger.set_send_timeout(None);
     if me == 0 {
@@ -408,7 +424,7 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
         let len = world.recv(peer, 20, &mut buffer).map_err(err("recv"))?;
         tally.checked += check(&buffer[..len], peer, me, 20, "synchronous message")?;
     }
-    barrier(world).map_err(err("barrier"))?;
+    meet(world, 1 - world.rank()).map_err(err("meet"))?;
     // 3. The switch: a timeout shorter than the receiver's delay spools.
     messenger.set_send_timeout(Some(Duration::from_millis(10)));
     if me == 0 {
