@@ -37,8 +37,39 @@ pub const ANY_ENTRIES: u64 = 16;
 /// Bytes of each any-source ring entry: a 16-byte header and the body of
 /// an eager message.
 pub const ANY_ENTRY_BYTES: u64 = 1024;
-/// Bytes of an any-source entry's header.
+/// Bytes of an any-source entry's header: the stamp word (the message's
+/// sequence number from its sender, 1 first; written last) and the
+/// message word ([`any_message_word`]).
 pub const ANY_HEADER_BYTES: u64 = 16;
+/// The longest body an any-source entry carries in place (eager);
+/// longer messages travel by rendezvous.
+pub const ANY_EAGER_BYTES: u64 = ANY_ENTRY_BYTES - ANY_HEADER_BYTES;
+/// Bytes of the words each peer writes back per any-source ring: the
+/// credit word, then the read-done word.
+pub const ANY_RETURN_BYTES: u64 = 16;
+/// The bit of an any-source message word marking a rendezvous entry
+/// (its body holds the sender's window key and the message length).
+pub const ANY_RENDEZVOUS: u64 = 1 << 63;
+
+/// The message word of an any-source entry: the tag (low 32 bits), the
+/// eager body's length (bits 32..62) or, for rendezvous, the
+/// [`ANY_RENDEZVOUS`] bit.
+pub fn any_message_word(tag: u32, eager_len: Option<u64>) -> u64 {
+    match eager_len {
+        Some(len) => (len & 0x7fff_ffff) << 32 | u64::from(tag),
+        None => ANY_RENDEZVOUS | u64::from(tag),
+    }
+}
+
+/// The tag and (for an eager entry) the body length a message word carries.
+pub fn any_message(word: u64) -> (u32, Option<u64>) {
+    let tag = word as u32;
+    if word & ANY_RENDEZVOUS != 0 {
+        (tag, None)
+    } else {
+        (tag, Some((word >> 32) & 0x7fff_ffff))
+    }
+}
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
 
@@ -107,12 +138,19 @@ impl Layout {
     /// drained.
     pub fn any_credit(&self, context: u32, peer: u32) -> u64 {
         let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
-        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * 8
+        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * ANY_RETURN_BYTES
+    }
+
+    /// Offset of the read-done word peer `peer` writes in context
+    /// `context`: the sequence number of the last rendezvous message of
+    /// this rank whose bytes the peer finished reading.
+    pub fn any_read_done(&self, context: u32, peer: u32) -> u64 {
+        self.any_credit(context, peer) + 8
     }
 
     /// Offset of the scratch memory.
     pub fn scratch(&self) -> u64 {
-        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
+        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + ANY_RETURN_BYTES)
     }
 
     /// Bytes of the whole control area.
@@ -139,10 +177,26 @@ mod tests {
         assert!(
             layout.any_entry(2, 4, ANY_ENTRIES - 1) + ANY_ENTRY_BYTES <= layout.any_credit(0, 0)
         );
-        assert!(layout.any_credit(2, 4) + 8 <= layout.scratch());
+        assert!(layout.any_credit(2, 4) + ANY_RETURN_BYTES <= layout.scratch());
+        assert!(layout.any_read_done(2, 4) + 8 <= layout.scratch());
+        assert_ne!(layout.any_read_done(1, 1), layout.any_credit(1, 2));
+        assert_eq!(layout.any_read_done(1, 1) % 8, 0);
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
         assert_eq!(layout.done_word(0) % 8, 0);
         assert_eq!(layout.any_credit(1, 1) % 8, 0);
+    }
+
+    #[test]
+    fn any_message_words_carry_tag_and_kind() {
+        for tag in [0, 7, u32::MAX] {
+            for len in [0, 1, ANY_EAGER_BYTES] {
+                assert_eq!(
+                    any_message(any_message_word(tag, Some(len))),
+                    (tag, Some(len))
+                );
+            }
+            assert_eq!(any_message(any_message_word(tag, None)), (tag, None));
+        }
     }
 
     #[test]

@@ -25,6 +25,11 @@
 //!   naming works too ([`Communicator::wait_recv`]). Persistent requests
 //!   ([`Communicator::send_init`]) are FMPL's reusable transfer
 //!   descriptors.
+//! * **Any source** ([`Communicator::send_any`],
+//!   [`Communicator::recv_any`], [`Communicator::probe_any`]): FMPL's
+//!   separate domain for receives that name no source, matched at the
+//!   receiver (rings of entries each sender fills, credits, rendezvous by
+//!   RDMA READ for long messages).
 //! * **Communicators**: the world, [`Communicator::dup`] and
 //!   [`Communicator::split`]; each has its own slots.
 //!
@@ -48,12 +53,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod any_source;
 mod comm;
 mod engine;
 mod error;
 pub mod layout;
 mod windows;
 
+pub use any_source::{AnyReceived, AnyStatus};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,

@@ -1,0 +1,576 @@
+//! Receives that name no source: FMPL's separate any-source domain, with
+//! matching at the *receiver* (FMPL section 2.4).
+//!
+//! Sender-side matching needs the receiver to name its source (the
+//! receive writes into that sender's slot), so receives from anyone get a
+//! domain of their own, apart from the zero-copy slots: each rank holds,
+//! per communicator context and per peer, a ring of
+//! [`ANY_ENTRIES`](layout::ANY_ENTRIES) entries that only that peer fills
+//! ([`Layout::any_entry`]).
+//!
+//! * **Send** ([`Communicator::send_any`]): the sender's `n`th message to
+//!   a receiver goes into entry `n - 1` (mod the ring size) of its ring
+//!   there: the message word (tag, kind, eager length) and the body, then
+//!   the stamp word `n`, fenced after them. A body of at most
+//!   [`ANY_EAGER_BYTES`](layout::ANY_EAGER_BYTES) travels in the entry
+//!   (inline when header and body fit an inline write, else from the
+//!   registered send buffer). A longer one travels by **rendezvous**: the
+//!   entry carries a read-only window over the send buffer and the
+//!   message's length; the receiver reads the bytes with RDMA READs
+//!   straight into the receive buffer (zero copy), then writes the
+//!   message's number into the sender's read-done word
+//!   ([`Layout::any_read_done`]); the send returns then and the window is
+//!   revoked.
+//! * **Flow control**: the receiver writes back how many entries of each
+//!   sender it has drained ([`Layout::any_credit`]); a sender never writes
+//!   entry `n` before the receiver drained entry `n - ANY_ENTRIES` (it
+//!   waits, progressing, and drains its own rings meanwhile so that two
+//!   ranks sending to each other do not wait on each other).
+//! * **Receive** ([`Communicator::recv_any`]): first the unexpected queue
+//!   (entries drained earlier without a match), then the rings, visited
+//!   round robin from the member after the last one served so that no
+//!   sender starves. Each ring is taken in order; an entry that does not
+//!   match is moved to the unexpected queue, so rings never stay blocked
+//!   and the messages of each (source, tag) are received in the order
+//!   they were sent (MPI's non-overtaking rule).
+//!
+//! Sends are blocking (an eager send returns when its writes completed, a
+//! rendezvous send when the receiver has read it), so a rank has at most
+//! one rendezvous outstanding per receiver. Like MPI's standard-mode
+//! sends, two ranks that rendezvous-send to each other before receiving
+//! wait for each other.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use pindown_uapi::queue::MAX_INLINE;
+use pindown_uapi::{Access, RemoteKey};
+
+use crate::comm::Communicator;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::layout::{self, Layout, ANY_EAGER_BYTES, ANY_ENTRIES, ANY_HEADER_BYTES};
+
+/// What [`Communicator::recv_any`] received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnyReceived {
+    /// The sender (rank in the communicator).
+    pub source: u32,
+    /// The tag the sender gave.
+    pub tag: u32,
+    /// Bytes delivered into the buffer (the message's length).
+    pub len: u64,
+}
+
+/// What [`Communicator::probe_any`] found: a message that has arrived and
+/// not been received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnyStatus {
+    /// The sender (rank in the communicator).
+    pub source: u32,
+    /// The tag the sender gave.
+    pub tag: u32,
+    /// The message's length.
+    pub len: u64,
+}
+
+/// Where a drained message's bytes are.
+#[derive(Debug)]
+enum Body {
+    /// Copied out of the ring.
+    Eager(Vec<u8>),
+    /// Still in the sender's memory, behind a read-only window.
+    Rendezvous { key: u64, len: u64 },
+    /// Copied straight into the receive buffer when taken (as much as fit).
+    Delivered { len: u64 },
+}
+
+impl Body {
+    fn len(&self) -> u64 {
+        match self {
+            Body::Eager(bytes) => bytes.len() as u64,
+            Body::Rendezvous { len, .. } | Body::Delivered { len } => *len,
+        }
+    }
+}
+
+/// A message taken from a ring.
+#[derive(Debug)]
+struct Drained {
+    context: u32,
+    /// World rank of the sender.
+    peer: u32,
+    /// Its number among the sender's messages to this rank in `context`.
+    seq: u64,
+    tag: u32,
+    body: Body,
+}
+
+/// One rank's any-source state. Rings are numbered `context * ranks +
+/// peer`, as in [`Layout::any_entry`].
+#[derive(Debug)]
+pub(crate) struct AnyState {
+    ranks: u32,
+    /// Per ring: messages this rank has written into its ring at the peer.
+    sent: Vec<u64>,
+    /// Per ring: entries of the peer's ring at this rank drained.
+    drained: Vec<u64>,
+    /// Per ring: the drained count last written back to the peer.
+    credited: Vec<u64>,
+    /// Messages drained from the rings and not yet received, oldest first.
+    unexpected: VecDeque<Drained>,
+    /// Per context: the member whose ring the next receive looks at first.
+    cursor: Vec<usize>,
+    /// Writes back (credits, read-done words) whose completion nobody
+    /// waits for; swept now and then so their records do not pile up.
+    unreaped: Vec<u64>,
+}
+
+impl AnyState {
+    pub(crate) fn new(layout: &Layout) -> Self {
+        let rings = layout.contexts as usize * layout.ranks as usize;
+        AnyState {
+            ranks: layout.ranks,
+            sent: vec![0; rings],
+            drained: vec![0; rings],
+            credited: vec![0; rings],
+            unexpected: VecDeque::new(),
+            cursor: vec![0; layout.contexts as usize],
+            unreaped: Vec::new(),
+        }
+    }
+
+    fn ring(&self, context: u32, peer: u32) -> usize {
+        context as usize * self.ranks as usize + peer as usize
+    }
+}
+
+/// How long a failed wait still waits for the device to finish with a
+/// buffer it may be reading or writing before the buffer goes back.
+const DEVICE_GRACE: Duration = Duration::from_secs(30);
+
+/// The message word of the rendezvous body: window key, then length.
+const RENDEZVOUS_BODY: u64 = 16;
+
+/// Forgets the completed write-backs (their failures only say the peer is
+/// gone, which the next wait on it reports).
+fn sweep(engine: &mut Engine<'_>) {
+    let mut unreaped = std::mem::take(&mut engine.any.unreaped);
+    unreaped.retain(|&tag| matches!(engine.plain_done(tag), Ok(false)));
+    engine.any.unreaped = unreaped;
+}
+
+/// Copies `len` bytes at `offset` of the control memory into `out`.
+fn copy_out(engine: &Engine<'_>, offset: u64, out: &mut [u8]) {
+    assert!(offset + out.len() as u64 <= engine.layout.bytes());
+    // SAFETY: the range lies inside the control memory (asserted), which
+    // lives as long as the engine. It is a ring entry whose stamp this
+    // rank has seen (acquire load) and not yet credited back, so its
+    // sender does not write it until this rank's credit says it may;
+    // `out` is the caller's own memory and cannot overlap it.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            engine.control_ptr().add(offset as usize),
+            out.as_mut_ptr(),
+            out.len(),
+        )
+    };
+}
+
+/// The next entry of `peer`'s ring in `context`, if its stamp is there:
+/// (sequence number, tag, eager length or `None` for rendezvous, offset of
+/// the entry).
+fn peek(engine: &Engine<'_>, context: u32, peer: u32) -> Option<(u64, u32, Option<u64>, u64)> {
+    let seq = engine.any.drained[engine.any.ring(context, peer)] + 1;
+    let entry = engine.layout.any_entry(context, peer, seq - 1);
+    if engine.load(entry) != seq {
+        return None;
+    }
+    let (tag, eager) = layout::any_message(engine.load(entry + 8));
+    Some((seq, tag, eager.map(|len| len.min(ANY_EAGER_BYTES)), entry))
+}
+
+/// Takes the entry [`peek`] found out of the ring: eager bodies into
+/// `into` (at most its length), or into a new vector when `into` is
+/// `None`.
+fn take(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    (seq, tag, eager, entry): (u64, u32, Option<u64>, u64),
+    into: Option<&mut [u8]>,
+) -> Drained {
+    let body = match eager {
+        Some(len) => {
+            let at = entry + ANY_HEADER_BYTES;
+            match into {
+                Some(buffer) => {
+                    let n = len.min(buffer.len() as u64) as usize;
+                    copy_out(engine, at, &mut buffer[..n]);
+                    Body::Delivered { len }
+                }
+                None => {
+                    let mut bytes = vec![0; len as usize];
+                    copy_out(engine, at, &mut bytes);
+                    Body::Eager(bytes)
+                }
+            }
+        }
+        None => Body::Rendezvous {
+            key: engine.load(entry + RENDEZVOUS_BODY),
+            len: engine.load(entry + RENDEZVOUS_BODY + 8),
+        },
+    };
+    let ring = engine.any.ring(context, peer);
+    engine.any.drained[ring] = seq;
+    Drained {
+        context,
+        peer,
+        seq,
+        tag,
+        body,
+    }
+}
+
+/// Writes back the credits of every ring of `context` drained further
+/// than last said.
+fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
+    for peer in 0..engine.any.ranks {
+        let ring = engine.any.ring(context, peer);
+        let drained = engine.any.drained[ring];
+        if drained == engine.any.credited[ring] || engine.peer_gone(peer) {
+            continue;
+        }
+        let at = engine.layout.any_credit(context, engine.rank);
+        let remote = engine.peer_control(peer).at(at);
+        let tag = engine.write_small(peer, 64, &drained.to_le_bytes(), remote, false)?;
+        engine.any.unreaped.push(tag);
+        engine.any.credited[ring] = drained;
+    }
+    Ok(())
+}
+
+/// Moves every entry that has arrived in the rings of `context` into the
+/// unexpected queue, and writes the credits back.
+fn drain_all(engine: &mut Engine<'_>, context: u32) -> Result<()> {
+    for peer in 0..engine.any.ranks {
+        while let Some(head) = peek(engine, context, peer) {
+            let drained = take(engine, context, peer, head, None);
+            engine.any.unexpected.push_back(drained);
+        }
+    }
+    write_credits(engine, context)
+}
+
+/// What a receive is looking for.
+struct Filter<'a> {
+    context: u32,
+    /// World rank of the source, if one was named.
+    peer: Option<u32>,
+    tag: Option<u32>,
+    /// World ranks of the communicator's members.
+    members: &'a [u32],
+}
+
+impl Filter<'_> {
+    fn matches(&self, context: u32, peer: u32, tag: u32) -> bool {
+        context == self.context
+            && self.peer.is_none_or(|p| p == peer)
+            && self.tag.is_none_or(|t| t == tag)
+            && self.members.contains(&peer)
+    }
+
+    fn source(&self, peer: u32) -> u32 {
+        self.members
+            .iter()
+            .position(|&p| p == peer)
+            .expect("a member") as u32
+    }
+}
+
+/// One attempt at a receive: the unexpected queue, then the rings round
+/// robin (eager bodies that match land in `buffer` at once). Gives the
+/// message taken, if any.
+fn try_take(
+    engine: &mut Engine<'_>,
+    filter: &Filter<'_>,
+    buffer: &mut [u8],
+) -> Result<Option<Drained>> {
+    if let Some(i) = engine
+        .any
+        .unexpected
+        .iter()
+        .position(|d| filter.matches(d.context, d.peer, d.tag))
+    {
+        return Ok(engine.any.unexpected.remove(i));
+    }
+    let members = filter.members;
+    let start = engine.any.cursor[filter.context as usize] % members.len().max(1);
+    let mut found = None;
+    'rings: for k in 0..members.len() {
+        let index = (start + k) % members.len();
+        let peer = members[index];
+        while let Some(head) = peek(engine, filter.context, peer) {
+            if filter.matches(filter.context, peer, head.1) {
+                found = Some(take(engine, filter.context, peer, head, Some(buffer)));
+                engine.any.cursor[filter.context as usize] = index + 1;
+                break 'rings;
+            }
+            let drained = take(engine, filter.context, peer, head, None);
+            engine.any.unexpected.push_back(drained);
+        }
+    }
+    write_credits(engine, filter.context)?;
+    Ok(found)
+}
+
+/// Waits until the plain request `tag` to `peer` completed; on failure,
+/// still waits (bounded) for the device to finish with the memory it
+/// names before the caller lets it go.
+fn wait_plain(engine: &mut Engine<'_>, peer: u32, tag: u64) -> Result<()> {
+    let mut failure = None;
+    let done = engine.wait_until(Some(peer), None, |e| match e.plain_done(tag) {
+        Ok(done) => Ok(done),
+        Err(err) => {
+            failure = Some(err);
+            Ok(true)
+        }
+    });
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    if let Err(err) = done {
+        let _ = engine.wait_until(None, Some(Instant::now() + DEVICE_GRACE), |e| {
+            Ok(!matches!(e.plain_done(tag), Ok(false)))
+        });
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Delivers a taken message into `buffer`: copies an eager body from the
+/// queue, or reads a rendezvous body from its sender and tells the sender.
+fn deliver(
+    engine: &mut Engine<'_>,
+    filter: &Filter<'_>,
+    message: Drained,
+    buffer: &mut [u8],
+) -> Result<AnyReceived> {
+    let capacity = buffer.len() as u64;
+    let len = message.body.len();
+    let moved = len.min(capacity);
+    match message.body {
+        Body::Eager(bytes) => buffer[..moved as usize].copy_from_slice(&bytes[..moved as usize]),
+        Body::Delivered { .. } => {}
+        Body::Rendezvous { key, len } => {
+            let peer = message.peer;
+            if moved > 0 {
+                let key = RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
+                    rank: peer,
+                    why: "an any-source rendezvous entry with key 0".into(),
+                })?;
+                let control = engine.peer_control(peer);
+                let window = pindown_driver::verbs::RemoteWindow {
+                    node: control.node,
+                    port: control.port,
+                    key,
+                    len,
+                };
+                let context = engine.context;
+                let region = context.register(buffer.as_mut_ptr() as u64, moved)?;
+                let tag = engine.read_remote(peer, &region, moved, window, 0)?;
+                wait_plain(engine, peer, tag)?;
+                drop(region);
+            }
+            // The sender may let its buffer go.
+            let at = engine.layout.any_read_done(message.context, engine.rank);
+            let remote = engine.peer_control(peer).at(at);
+            let tag = engine.write_small(peer, 72, &message.seq.to_le_bytes(), remote, false)?;
+            engine.any.unreaped.push(tag);
+        }
+    }
+    if len > capacity {
+        return Err(Error::Truncated {
+            message: len,
+            capacity,
+        });
+    }
+    Ok(AnyReceived {
+        source: filter.source(message.peer),
+        tag: message.tag,
+        len,
+    })
+}
+
+impl Communicator<'_> {
+    fn any_members(&self) -> Vec<u32> {
+        self.ranks.clone()
+    }
+
+    /// Sends `data` with `tag` to `dest` in the any-source domain: a
+    /// receive there with [`recv_any`](Self::recv_any) takes it, whatever
+    /// source it names or not. Apart from [`send`](Self::send) and
+    /// [`recv`](Self::recv): messages of one domain never match receives
+    /// of the other. Returns once the message is in the receiver's memory
+    /// (eager, up to [`ANY_EAGER_BYTES`](layout::ANY_EAGER_BYTES)) or, for
+    /// longer messages, once the receiver has read it (rendezvous: the
+    /// receiver reads `data` in place, no copy). Waits, progressing, while
+    /// the receiver's ring for this rank is full. Fails with
+    /// [`Error::PeerGone`] if `dest` goes away meanwhile.
+    pub fn send_any(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let peer = self.world_rank(dest)?;
+        let context = self.context;
+        let mut engine = self.engine();
+        engine.check_peer(peer)?;
+        let len = data.len() as u64;
+        if len > layout::MAX_MESSAGE {
+            return Err(Error::TooLong {
+                len,
+                limit: layout::MAX_MESSAGE,
+            });
+        }
+        sweep(&mut engine);
+        let ring = engine.any.ring(context, peer);
+        let seq = engine.any.sent[ring] + 1;
+        let credit_at = engine.layout.any_credit(context, peer);
+        engine.wait_until(Some(peer), None, |e| {
+            drain_all(e, context)?;
+            Ok(seq <= e.load(credit_at) + ANY_ENTRIES)
+        })?;
+        let entry = engine.layout.any_entry(context, engine.rank, seq - 1);
+        let control = engine.peer_control(peer);
+        let stamp_at = control.at(entry);
+        let head_at = control.at(entry + 8);
+        let ctx = engine.context;
+        if len <= ANY_EAGER_BYTES {
+            let word = layout::any_message_word(tag, Some(len));
+            let mut head = word.to_le_bytes().to_vec();
+            let region;
+            let body = if 8 + len <= u64::from(MAX_INLINE) {
+                head.extend_from_slice(data);
+                None
+            } else {
+                region = ctx.register(data.as_ptr() as u64, len)?;
+                Some((&region, len as u32, control.at(entry + ANY_HEADER_BYTES)))
+            };
+            let tag = engine.write_entry(peer, &head, head_at, body, seq, stamp_at)?;
+            engine.any.sent[ring] = seq;
+            return wait_plain(&mut engine, peer, tag);
+        }
+        // Rendezvous: a read-only window over the send buffer, for the
+        // receiver's port alone.
+        let region = ctx.register(data.as_ptr() as u64, len)?;
+        let window = ctx.bind_region_window(
+            region,
+            0,
+            len,
+            Access::REMOTE_READ,
+            Some(head_at.port_address()),
+        )?;
+        let mut head = Vec::with_capacity(24);
+        head.extend_from_slice(&layout::any_message_word(tag, None).to_le_bytes());
+        head.extend_from_slice(&window.remote().key.0.to_le_bytes());
+        head.extend_from_slice(&len.to_le_bytes());
+        let tag = engine.write_entry(peer, &head, head_at, None, seq, stamp_at)?;
+        engine.any.sent[ring] = seq;
+        wait_plain(&mut engine, peer, tag)?;
+        let read_done_at = engine.layout.any_read_done(context, peer);
+        engine.wait_until(Some(peer), None, |e| {
+            drain_all(e, context)?;
+            Ok(e.load(read_done_at) == seq)
+        })?;
+        // Revokes the window: the receiver has finished reading.
+        drop(window);
+        Ok(())
+    }
+
+    /// Receives a message of the any-source domain (sent with
+    /// [`send_any`](Self::send_any)) from `source` (any member if `None`)
+    /// with `tag` (any tag if `None`) into `buffer`. Messages of one
+    /// (source, tag) arrive in the order they were sent; among senders,
+    /// the receives go round robin, so no sender starves.
+    ///
+    /// A message longer than `buffer` fills it and fails with
+    /// [`Error::Truncated`] (the message is consumed; nothing is written
+    /// past the buffer). A receive from a named source fails with
+    /// [`Error::PeerGone`] once that source is gone and none of its
+    /// messages match; a receive from any source fails so only once every
+    /// other member is gone.
+    pub fn recv_any(
+        &self,
+        source: Option<u32>,
+        tag: Option<u32>,
+        buffer: &mut [u8],
+    ) -> Result<AnyReceived> {
+        let peer = source.map(|s| self.world_rank(s)).transpose()?;
+        let members = self.any_members();
+        let filter = Filter {
+            context: self.context,
+            peer,
+            tag,
+            members: &members,
+        };
+        let mut engine = self.engine();
+        sweep(&mut engine);
+        let others: Vec<u32> = members
+            .iter()
+            .copied()
+            .filter(|&p| p != engine.rank)
+            .collect();
+        let interval = engine.config.liveness_interval;
+        let mut next_probe = Instant::now() + interval;
+        let mut taken = None;
+        engine.wait_until(peer, None, |e| {
+            if let Some(message) = try_take(e, &filter, buffer)? {
+                taken = Some(message);
+                return Ok(true);
+            }
+            if peer.is_none() && !others.is_empty() {
+                if others.iter().all(|&p| e.peer_gone(p)) {
+                    let last = *others.last().expect("others");
+                    return e.check_peer(last).map(|()| false);
+                }
+                if Instant::now() >= next_probe {
+                    for &p in &others {
+                        if !e.peer_gone(p) {
+                            e.watch_peer(p)?;
+                        }
+                    }
+                    next_probe = Instant::now() + interval;
+                }
+            }
+            Ok(false)
+        })?;
+        let message = taken.expect("a message once ready");
+        deliver(&mut engine, &filter, message, buffer)
+    }
+
+    /// Whether a message of the any-source domain from `source` (any if
+    /// `None`) with `tag` (any if `None`) has arrived and waits to be
+    /// received; returns at once. The message found is the one the same
+    /// [`recv_any`](Self::recv_any) would take next.
+    pub fn probe_any(&self, source: Option<u32>, tag: Option<u32>) -> Result<Option<AnyStatus>> {
+        let peer = source.map(|s| self.world_rank(s)).transpose()?;
+        let members = self.any_members();
+        let filter = Filter {
+            context: self.context,
+            peer,
+            tag,
+            members: &members,
+        };
+        let mut engine = self.engine();
+        engine.progress()?;
+        sweep(&mut engine);
+        drain_all(&mut engine, self.context)?;
+        Ok(engine
+            .any
+            .unexpected
+            .iter()
+            .find(|d| filter.matches(d.context, d.peer, d.tag))
+            .map(|d| AnyStatus {
+                source: filter.source(d.peer),
+                tag: d.tag,
+                len: d.body.len(),
+            }))
+    }
+}
