@@ -664,6 +664,7 @@ fn any_sizes() -> [usize; 9] {
 
 /// Tags of the any-source scenario's first phase.
 const ANY_TAGS: u64 = 4;
+use pindown_messaging::layout::ANY_ENTRIES;
 /// Bytes after a truncating receive's buffer that must stay untouched.
 const GUARD: u8 = 0xee;
 
@@ -725,6 +726,7 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
     let phase2 = 20u64;
     let phase2_len = |n: u64| (1 + (n * 37 + 5) % eager) as usize;
     let last = size - 1;
+    let other = world.dup().map_err(err("dup"))?;
     if me != 0 {
         for n in 0..per_sender {
             let data = message(me, 0, n, phase1_len(n));
@@ -750,7 +752,28 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
                     .map_err(err("send_any truncation"))?;
                 tally.checked += data.len() as u64 + 1;
             }
+            // Domains and communicators apart: the same tag on a
+            // zero-copy slot, on another communicator, then here.
+            let zero_copy = message(me, 0, 3000, 64);
+            world.send(0, 5, &zero_copy).map_err(err("send"))?;
+            let elsewhere = message(me, 0, 3001, 64);
+            other
+                .send_any(0, 5, &elsewhere)
+                .map_err(err("send_any on a dup"))?;
+            let here = message(me, 0, 3002, 64);
+            world.send_any(0, 5, &here).map_err(err("send_any"))?;
+            tally.checked += 3 * 65;
         }
+        // Fairness: every sender's ring full before rank 0 receives.
+        barrier(world).map_err(err("barrier"))?;
+        for n in 0..ANY_ENTRIES {
+            let data = message(me, 0, 4000 + n, 32);
+            world
+                .send_any(0, 50, &data)
+                .map_err(err("send_any fairness"))?;
+            tally.checked += 33;
+        }
+        barrier(world).map_err(err("barrier"))?;
         return Ok(tally);
     }
     // Rank 0. Phase 1: everything with no filter, under contention from
@@ -862,6 +885,53 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
         return Err(format!("after truncation: {got:?}"));
     }
     tally.checked += check(&exact, 1, 0, 2022, "after truncation")?;
+    // Each message where it was sent: the world's any-source domain takes
+    // neither the zero-copy message nor the dup's.
+    let mut got = vec![0u8; 64];
+    let here = world
+        .recv_any(None, None, &mut got)
+        .map_err(err("recv_any apart"))?;
+    if (here.source, here.tag, here.len) != (1, 5, 64) {
+        return Err(format!("apart: {here:?}"));
+    }
+    tally.checked += check(&got, 1, 0, 3002, "any-source apart")?;
+    let elsewhere = other
+        .recv_any(Some(1), Some(5), &mut got)
+        .map_err(err("recv_any on a dup"))?;
+    if (elsewhere.source, elsewhere.tag, elsewhere.len) != (1, 5, 64) {
+        return Err(format!("on a dup: {elsewhere:?}"));
+    }
+    tally.checked += check(&got, 1, 0, 3001, "any-source on a dup")?;
+    let len = world.recv(1, 5, &mut got).map_err(err("recv apart"))?;
+    tally.checked += check(&got[..len], 1, 0, 3000, "zero copy apart")?;
+    // Fairness: with every ring full, receives from anyone go round robin:
+    // each run of size - 1 receives takes one message of every sender.
+    barrier(world).map_err(err("barrier"))?;
+    barrier(world).map_err(err("barrier"))?;
+    let mut next: Vec<Vec<u64>> = (0..size).map(|_| vec![0]).collect();
+    let mut window = HashSet::new();
+    for _ in 0..ANY_ENTRIES {
+        window.clear();
+        for _ in 1..size {
+            let (source, checked) = recv_any_checked(
+                world,
+                None,
+                None,
+                &mut buffer,
+                &mut next,
+                50,
+                1,
+                4000,
+                &|_| 32,
+            )?;
+            tally.checked += checked;
+            if !window.insert(source) {
+                return Err(format!(
+                    "fairness: {source} served twice before every sender was: {window:?}"
+                ));
+            }
+        }
+    }
     Ok(tally)
 }
 

@@ -34,9 +34,10 @@
 //!   and the messages of each (source, tag) are received in the order
 //!   they were sent (MPI's non-overtaking rule).
 //!
-//! Sends are blocking (an eager send returns when its writes completed, a
-//! rendezvous send when the receiver has read it), so a rank has at most
-//! one rendezvous outstanding per receiver. Like MPI's standard-mode
+//! Sends are blocking (an eager send returns when its writes completed,
+//! or once posted when every byte travels inline; a rendezvous send when
+//! the receiver has read it), so a rank has at most one rendezvous
+//! outstanding per receiver. Like MPI's standard-mode
 //! sends, two ranks that rendezvous-send to each other before receiving
 //! wait for each other.
 
@@ -124,6 +125,10 @@ pub(crate) struct AnyState {
     /// Writes back (credits, read-done words) whose completion nobody
     /// waits for; swept now and then so their records do not pile up.
     unreaped: Vec<u64>,
+    /// Eager sends that returned once posted (every byte inline, copied
+    /// into the send queue): (peer, tag) of their writes, whose failure
+    /// the next [`send_any`](Communicator::send_any) reports.
+    unconfirmed: Vec<(u32, u64)>,
 }
 
 impl AnyState {
@@ -137,6 +142,7 @@ impl AnyState {
             unexpected: VecDeque::new(),
             cursor: vec![0; layout.contexts as usize],
             unreaped: Vec::new(),
+            unconfirmed: Vec::new(),
         }
     }
 
@@ -158,6 +164,22 @@ fn sweep(engine: &mut Engine<'_>) {
     let mut unreaped = std::mem::take(&mut engine.any.unreaped);
     unreaped.retain(|&tag| matches!(engine.plain_done(tag), Ok(false)));
     engine.any.unreaped = unreaped;
+}
+
+/// The first failure of an eager send that had returned, if one failed
+/// (taken); forgets those that completed.
+fn take_unconfirmed_failure(engine: &mut Engine<'_>) -> Option<Error> {
+    let mut failure = None;
+    let mut unconfirmed = std::mem::take(&mut engine.any.unconfirmed);
+    unconfirmed.retain(|&(_, tag)| match engine.plain_done(tag) {
+        Ok(done) => !done,
+        Err(err) => {
+            failure.get_or_insert(err);
+            false
+        }
+    });
+    engine.any.unconfirmed = unconfirmed;
+    failure
 }
 
 /// Copies `len` bytes at `offset` of the control memory into `out`.
@@ -364,29 +386,21 @@ fn deliver(
         Body::Delivered { .. } => {}
         Body::Rendezvous { key, len } => {
             let peer = message.peer;
-            if moved > 0 {
-                let key = RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
-                    rank: peer,
-                    why: "an any-source rendezvous entry with key 0".into(),
-                })?;
-                let control = engine.peer_control(peer);
-                let window = pindown_driver::verbs::RemoteWindow {
-                    node: control.node,
-                    port: control.port,
-                    key,
-                    len,
-                };
-                let context = engine.context;
-                let region = context.register(buffer.as_mut_ptr() as u64, moved)?;
-                let tag = engine.read_remote(peer, &region, moved, window, 0)?;
-                wait_plain(engine, peer, tag)?;
-                drop(region);
+            let read = if moved > 0 {
+                read_into(engine, peer, key, len, &mut buffer[..moved as usize])
+            } else {
+                Ok(())
+            };
+            // The sender may let its buffer go, whether the read worked
+            // or not (a sender still there must not wait forever).
+            if !engine.peer_gone(peer) {
+                let at = engine.layout.any_read_done(message.context, engine.rank);
+                let remote = engine.peer_control(peer).at(at);
+                let tag =
+                    engine.write_small(peer, 72, &message.seq.to_le_bytes(), remote, false)?;
+                engine.any.unreaped.push(tag);
             }
-            // The sender may let its buffer go.
-            let at = engine.layout.any_read_done(message.context, engine.rank);
-            let remote = engine.peer_control(peer).at(at);
-            let tag = engine.write_small(peer, 72, &message.seq.to_le_bytes(), remote, false)?;
-            engine.any.unreaped.push(tag);
+            read?;
         }
     }
     if len > capacity {
@@ -402,6 +416,34 @@ fn deliver(
     })
 }
 
+/// Reads `buffer.len()` bytes of the rendezvous message behind window
+/// `key` (`len` bytes) of `peer` into `buffer`, zero copy.
+fn read_into(
+    engine: &mut Engine<'_>,
+    peer: u32,
+    key: u64,
+    len: u64,
+    buffer: &mut [u8],
+) -> Result<()> {
+    let key = RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
+        rank: peer,
+        why: "an any-source rendezvous entry with key 0".into(),
+    })?;
+    let control = engine.peer_control(peer);
+    let window = pindown_driver::verbs::RemoteWindow {
+        node: control.node,
+        port: control.port,
+        key,
+        len,
+    };
+    let context = engine.context;
+    let region = context.register(buffer.as_mut_ptr() as u64, buffer.len() as u64)?;
+    let tag = engine.read_remote(peer, &region, buffer.len() as u64, window, 0)?;
+    // The region stays registered until the device is done with it (or
+    // gave up, bounded, in `wait_plain`).
+    wait_plain(engine, peer, tag)
+}
+
 impl Communicator<'_> {
     fn any_members(&self) -> Vec<u32> {
         self.ranks.clone()
@@ -412,7 +454,9 @@ impl Communicator<'_> {
     /// source it names or not. Apart from [`send`](Self::send) and
     /// [`recv`](Self::recv): messages of one domain never match receives
     /// of the other. Returns once the message is in the receiver's memory
-    /// (eager, up to [`ANY_EAGER_BYTES`](layout::ANY_EAGER_BYTES)) or, for
+    /// (eager, up to [`ANY_EAGER_BYTES`](layout::ANY_EAGER_BYTES); a
+    /// message short enough to travel inline returns once posted, and a
+    /// failure of its writes is reported by the next `send_any`) or, for
     /// longer messages, once the receiver has read it (rendezvous: the
     /// receiver reads `data` in place, no copy). Waits, progressing, while
     /// the receiver's ring for this rank is full. Fails with
@@ -430,6 +474,9 @@ impl Communicator<'_> {
             });
         }
         sweep(&mut engine);
+        if let Some(err) = take_unconfirmed_failure(&mut engine) {
+            return Err(err);
+        }
         let ring = engine.any.ring(context, peer);
         let seq = engine.any.sent[ring] + 1;
         let credit_at = engine.layout.any_credit(context, peer);
@@ -445,14 +492,17 @@ impl Communicator<'_> {
         if len <= ANY_EAGER_BYTES {
             let word = layout::any_message_word(tag, Some(len));
             let mut head = word.to_le_bytes().to_vec();
-            let region;
-            let body = if 8 + len <= u64::from(MAX_INLINE) {
+            if 8 + len <= u64::from(MAX_INLINE) {
+                // Every byte goes inline, copied into the send queue: the
+                // caller's buffer is free once posted.
                 head.extend_from_slice(data);
-                None
-            } else {
-                region = ctx.register(data.as_ptr() as u64, len)?;
-                Some((&region, len as u32, control.at(entry + ANY_HEADER_BYTES)))
-            };
+                let tag = engine.write_entry(peer, &head, head_at, None, seq, stamp_at)?;
+                engine.any.sent[ring] = seq;
+                engine.any.unconfirmed.push((peer, tag));
+                return Ok(());
+            }
+            let region = ctx.register(data.as_ptr() as u64, len)?;
+            let body = Some((&region, len as u32, control.at(entry + ANY_HEADER_BYTES)));
             let tag = engine.write_entry(peer, &head, head_at, body, seq, stamp_at)?;
             engine.any.sent[ring] = seq;
             return wait_plain(&mut engine, peer, tag);
