@@ -155,7 +155,8 @@ impl AnyState {
 /// buffer it may be reading or writing before the buffer goes back.
 const DEVICE_GRACE: Duration = Duration::from_secs(30);
 
-/// The message word of the rendezvous body: window key, then length.
+/// Where a rendezvous entry's body starts: the sender's window key, then
+/// the message's length.
 const RENDEZVOUS_BODY: u64 = 16;
 
 /// Forgets the completed write-backs (their failures only say the peer is
