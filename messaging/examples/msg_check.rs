@@ -904,6 +904,24 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
     tally.checked += check(&got, 1, 0, 3001, "any-source on a dup")?;
     let len = world.recv(1, 5, &mut got).map_err(err("recv apart"))?;
     tally.checked += check(&got[..len], 1, 0, 3000, "zero copy apart")?;
+    // To itself (eager only: a rendezvous send to itself would wait for
+    // its own receive).
+    let to_self = [40usize, eager as usize];
+    for (n, &len) in to_self.iter().enumerate() {
+        let data = message(0, 0, 5000 + n as u64, len);
+        world
+            .send_any(0, 60, &data)
+            .map_err(err("send_any to self"))?;
+    }
+    for (n, &len) in to_self.iter().enumerate() {
+        let got = world
+            .recv_any(Some(0), Some(60), &mut buffer)
+            .map_err(err("recv_any from self"))?;
+        if (got.source, got.len) != (0, len as u64) {
+            return Err(format!("to itself: {got:?}, {len} bytes sent"));
+        }
+        tally.checked += check(&buffer[..len], 0, 0, 5000 + n as u64, "to itself")?;
+    }
     // Fairness: with every ring full, receives from anyone go round robin:
     // each run of size - 1 receives takes one message of every sender.
     barrier(world).map_err(err("barrier"))?;
