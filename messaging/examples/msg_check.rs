@@ -25,7 +25,8 @@
 //! tags to rank 0, which receives them with `recv_any`, with and without
 //! filters, and checks bytes, per-(source, tag) order and truncation) and
 //! `any-source-death` (the last rank dies in the middle of a rendezvous
-//! send; rank 0's `recv_any` from it fails with `PeerGone`).
+//! send; rank 0's `recv_any` from it fails with `PeerGone`, and with 3
+//! ranks or more rank 1's `send_any` to it too).
 
 use std::collections::HashSet;
 use std::process::{Command, ExitCode, Stdio};
@@ -957,10 +958,39 @@ fn any_source_death(world: &Communicator<'_>) -> Outcome {
     let mut tally = Tally::default();
     let (me, size) = (world.rank(), world.size());
     let last = size - 1;
-    if size < 2 || (me != 0 && me != last) {
+    if size < 2 || (me != 0 && me != 1 && me != last) {
         return Ok(tally);
     }
     let big = 1usize << 20;
+    if me == 1 && me != last {
+        // Sending to the rank that dies and never receives (it drains its
+        // ring while its own send waits, so credits come back until it
+        // dies): the sends fail once it is gone, not hang.
+        let dead = world.world_rank(last).map_err(err("world rank"))?;
+        let started = Instant::now();
+        let mut sent = 0;
+        let failure = loop {
+            match world.send_any(last, 7, &message(me, last, sent, 32)) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(format!("{sent} sends to a rank that should be dead"));
+            }
+        };
+        if !matches!(failure, Error::PeerGone { peer, .. } if peer == dead) {
+            return Err(format!("sending to a dead rank: {failure}"));
+        }
+        let rendezvous = world.send_any(last, 8, &message(me, last, 0, big));
+        if !matches!(rendezvous, Err(Error::PeerGone { peer, .. }) if peer == dead) {
+            return Err(format!("a rendezvous send to a dead rank: {rendezvous:?}"));
+        }
+        tally.checked += 2;
+        tally
+            .notes
+            .push(format!("{sent} sends before the receiver died"));
+        return Ok(tally);
+    }
     if me == last {
         world
             .send_any(0, 1, &message(me, 0, 1, 100))

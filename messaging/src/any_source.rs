@@ -24,8 +24,9 @@
 //! * **Flow control**: the receiver writes back how many entries of each
 //!   sender it has drained ([`Layout::any_credit`]); a sender never writes
 //!   entry `n` before the receiver drained entry `n - ANY_ENTRIES` (it
-//!   waits, progressing, and drains its own rings meanwhile so that two
-//!   ranks sending to each other do not wait on each other).
+//!   waits, progressing, and drains its own rings meanwhile into its
+//!   unexpected queue, up to a bound, so that two ranks sending to each
+//!   other do not wait on each other).
 //! * **Receive** ([`Communicator::recv_any`]): first the unexpected queue
 //!   (entries drained earlier without a match), then the rings, visited
 //!   round robin from the member after the last one served so that no
@@ -273,11 +274,21 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
     Ok(())
 }
 
-/// Moves every entry that has arrived in the rings of `context` into the
-/// unexpected queue, and writes the credits back.
+/// How many messages [`drain_all`] lets wait in the unexpected queue:
+/// past it, senders wait for this rank's receives again (flow control)
+/// instead of its memory growing. Receives still drain past entries that
+/// do not match, whatever the queue holds.
+const UNEXPECTED_SOFT_LIMIT: usize = 4096;
+
+/// Moves the entries that have arrived in the rings of `context` into the
+/// unexpected queue (up to [`UNEXPECTED_SOFT_LIMIT`] queued), and writes
+/// the credits back.
 fn drain_all(engine: &mut Engine<'_>, context: u32) -> Result<()> {
     for peer in 0..engine.any.ranks {
-        while let Some(head) = peek(engine, context, peer) {
+        while engine.any.unexpected.len() < UNEXPECTED_SOFT_LIMIT {
+            let Some(head) = peek(engine, context, peer) else {
+                break;
+            };
             let drained = take(engine, context, peer, head, None);
             engine.any.unexpected.push_back(drained);
         }
