@@ -923,6 +923,43 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
         }
         tally.checked += check(&buffer[..len], 0, 0, 5000 + n as u64, "to itself")?;
     }
+    // Nonblocking receives match in the order they were posted; one
+    // dropped unmatched loses no message.
+    let first = world
+        .irecv_any(Some(0), Some(61), vec![0u8; 64])
+        .map_err(err("irecv_any"))?;
+    let mut second = world
+        .irecv_any(None, Some(61), vec![0u8; 64])
+        .map_err(err("irecv_any"))?;
+    if second.test().map_err(err("test"))? {
+        return Err("an any-source receive completed before any send".into());
+    }
+    drop(
+        world
+            .irecv_any(Some(0), Some(62), vec![0u8; 64])
+            .map_err(err("irecv_any"))?,
+    );
+    for (n, tag) in [(0u64, 61u32), (1, 61), (2, 62)] {
+        let data = message(0, 0, 6000 + n, 20 + n as usize);
+        world
+            .send_any(0, tag, &data)
+            .map_err(err("send_any to self"))?;
+    }
+    let (got, second_got) = second.wait().map_err(err("wait"))?;
+    let (first_buffer, first_got) = first.wait().map_err(err("wait"))?;
+    for (n, buffer, got) in [(0u64, &first_buffer, first_got), (1, &got, second_got)] {
+        if (got.source, got.tag, got.len) != (0, 61, 20 + n) {
+            return Err(format!("posted receive {n} got {got:?}"));
+        }
+        tally.checked += check(&buffer[..got.len as usize], 0, 0, 6000 + n, "irecv_any")?;
+    }
+    let got = world
+        .recv_any(Some(0), Some(62), &mut buffer)
+        .map_err(err("recv_any after a dropped irecv_any"))?;
+    if got.len != 22 {
+        return Err(format!("after a dropped irecv_any: {got:?}"));
+    }
+    tally.checked += check(&buffer[..22], 0, 0, 6002, "after a dropped irecv_any")?;
     // Fairness: with every ring full, receives from anyone go round robin:
     // each run of size - 1 receives takes one message of every sender.
     barrier(world).map_err(err("barrier"))?;

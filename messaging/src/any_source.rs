@@ -48,7 +48,11 @@ use std::time::{Duration, Instant};
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{Access, RemoteKey};
 
-use crate::comm::Communicator;
+use std::ops::DerefMut;
+
+use stable_deref_trait::StableDeref;
+
+use crate::comm::{Communicator, Shared};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::layout::{self, Layout, ANY_EAGER_BYTES, ANY_ENTRIES, ANY_HEADER_BYTES};
@@ -130,6 +134,33 @@ pub(crate) struct AnyState {
     /// into the send queue): (peer, tag) of their writes, whose failure
     /// the next [`send_any`](Communicator::send_any) reports.
     unconfirmed: Vec<(u32, u64)>,
+    /// Receives posted and not yet matched or taken back, in the order
+    /// they were posted (the order they match in).
+    posted: Vec<Posted>,
+    /// Receives posted so far (ids).
+    posts: u64,
+}
+
+/// A receive waiting for its message.
+struct Posted {
+    id: u64,
+    filter: Filter,
+    /// The receive buffer, which its owner keeps valid and untouched until
+    /// the receive is taken back (see [`post`]).
+    ptr: *mut u8,
+    capacity: usize,
+    /// Set once matched (and, for rendezvous, read).
+    result: Option<Result<AnyReceived>>,
+}
+
+impl std::fmt::Debug for Posted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Posted")
+            .field("id", &self.id)
+            .field("capacity", &self.capacity)
+            .field("done", &self.result.is_some())
+            .finish()
+    }
 }
 
 impl AnyState {
@@ -144,6 +175,8 @@ impl AnyState {
             cursor: vec![0; layout.contexts as usize],
             unreaped: Vec::new(),
             unconfirmed: Vec::new(),
+            posted: Vec::new(),
+            posts: 0,
         }
     }
 
@@ -297,16 +330,16 @@ fn drain_all(engine: &mut Engine<'_>, context: u32) -> Result<()> {
 }
 
 /// What a receive is looking for.
-struct Filter<'a> {
+struct Filter {
     context: u32,
     /// World rank of the source, if one was named.
     peer: Option<u32>,
     tag: Option<u32>,
     /// World ranks of the communicator's members.
-    members: &'a [u32],
+    members: Vec<u32>,
 }
 
-impl Filter<'_> {
+impl Filter {
     fn matches(&self, context: u32, peer: u32, tag: u32) -> bool {
         context == self.context
             && self.peer.is_none_or(|p| p == peer)
@@ -327,7 +360,7 @@ impl Filter<'_> {
 /// message taken, if any.
 fn try_take(
     engine: &mut Engine<'_>,
-    filter: &Filter<'_>,
+    filter: &Filter,
     buffer: &mut [u8],
 ) -> Result<Option<Drained>> {
     if let Some(i) = engine
@@ -338,7 +371,7 @@ fn try_take(
     {
         return Ok(engine.any.unexpected.remove(i));
     }
-    let members = filter.members;
+    let members = &filter.members;
     let start = engine.any.cursor[filter.context as usize] % members.len().max(1);
     let mut found = None;
     'rings: for k in 0..members.len() {
@@ -386,7 +419,7 @@ fn wait_plain(engine: &mut Engine<'_>, peer: u32, tag: u64) -> Result<()> {
 /// queue, or reads a rendezvous body from its sender and tells the sender.
 fn deliver(
     engine: &mut Engine<'_>,
-    filter: &Filter<'_>,
+    filter: &Filter,
     message: Drained,
     buffer: &mut [u8],
 ) -> Result<AnyReceived> {
@@ -456,11 +489,7 @@ fn read_into(
     wait_plain(engine, peer, tag)
 }
 
-impl Communicator<'_> {
-    fn any_members(&self) -> Vec<u32> {
-        self.ranks.clone()
-    }
-
+impl<'c> Communicator<'c> {
     /// Sends `data` with `tag` to `dest` in the any-source domain: a
     /// receive there with [`recv_any`](Self::recv_any) takes it, whatever
     /// source it names or not. Apart from [`send`](Self::send) and
@@ -564,47 +593,50 @@ impl Communicator<'_> {
         tag: Option<u32>,
         buffer: &mut [u8],
     ) -> Result<AnyReceived> {
-        let peer = source.map(|s| self.world_rank(s)).transpose()?;
-        let members = self.any_members();
-        let filter = Filter {
-            context: self.context,
-            peer,
-            tag,
-            members: &members,
-        };
+        let filter = self.any_filter(source, tag)?;
         let mut engine = self.engine();
-        sweep(&mut engine);
-        let others: Vec<u32> = members
-            .iter()
-            .copied()
-            .filter(|&p| p != engine.rank)
-            .collect();
-        let interval = engine.config.liveness_interval;
-        let mut next_probe = Instant::now() + interval;
-        let mut taken = None;
-        engine.wait_until(peer, None, |e| {
-            if let Some(message) = try_take(e, &filter, buffer)? {
-                taken = Some(message);
-                return Ok(true);
-            }
-            if peer.is_none() && !others.is_empty() {
-                if others.iter().all(|&p| e.peer_gone(p)) {
-                    let last = *others.last().expect("others");
-                    return e.check_peer(last).map(|()| false);
-                }
-                if Instant::now() >= next_probe {
-                    for &p in &others {
-                        if !e.peer_gone(p) {
-                            e.watch_peer(p)?;
-                        }
-                    }
-                    next_probe = Instant::now() + interval;
-                }
-            }
-            Ok(false)
-        })?;
-        let message = taken.expect("a message once ready");
-        deliver(&mut engine, &filter, message, buffer)
+        // SAFETY: `buffer` is borrowed for this whole call, and the
+        // receive is taken back (by `wait_posted`) before it returns.
+        let id = unsafe { post(&mut engine, filter, buffer.as_mut_ptr(), buffer.len()) };
+        wait_posted(&mut engine, id)
+    }
+
+    /// Posts a receive like [`recv_any`](Self::recv_any) and returns at
+    /// once; the request gives the buffer back with what arrived. Posted
+    /// receives match in the order they were posted (a later receive,
+    /// blocking or not, never takes a message an earlier one matches).
+    /// Messages are matched when this rank calls into the any-source
+    /// domain ([`AnyRecvRequest::test`], [`AnyRecvRequest::wait`],
+    /// [`recv_any`](Self::recv_any), [`probe_any`](Self::probe_any)).
+    pub fn irecv_any<B>(
+        &self,
+        source: Option<u32>,
+        tag: Option<u32>,
+        mut buffer: B,
+    ) -> Result<AnyRecvRequest<'c, B>>
+    where
+        B: StableDeref + DerefMut<Target = [u8]> + 'static,
+    {
+        let filter = self.any_filter(source, tag)?;
+        let mut engine = self.engine();
+        // SAFETY: the request owns `buffer` (its bytes do not move:
+        // StableDeref) and takes the receive back before it gives the
+        // buffer up (`wait`, or drop).
+        let id = unsafe { post(&mut engine, filter, buffer.as_mut_ptr(), buffer.len()) };
+        Ok(AnyRecvRequest {
+            engine: self.engine.clone(),
+            id,
+            buffer: Some(buffer),
+        })
+    }
+
+    fn any_filter(&self, source: Option<u32>, tag: Option<u32>) -> Result<Filter> {
+        Ok(Filter {
+            context: self.context,
+            peer: source.map(|s| self.world_rank(s)).transpose()?,
+            tag,
+            members: self.ranks.clone(),
+        })
     }
 
     /// Whether a message of the any-source domain from `source` (any if
@@ -612,17 +644,11 @@ impl Communicator<'_> {
     /// received; returns at once. The message found is the one the same
     /// [`recv_any`](Self::recv_any) would take next.
     pub fn probe_any(&self, source: Option<u32>, tag: Option<u32>) -> Result<Option<AnyStatus>> {
-        let peer = source.map(|s| self.world_rank(s)).transpose()?;
-        let members = self.any_members();
-        let filter = Filter {
-            context: self.context,
-            peer,
-            tag,
-            members: &members,
-        };
+        let filter = self.any_filter(source, tag)?;
         let mut engine = self.engine();
         engine.progress()?;
         sweep(&mut engine);
+        match_posted(&mut engine)?;
         drain_all(&mut engine, self.context)?;
         Ok(engine
             .any
@@ -634,5 +660,197 @@ impl Communicator<'_> {
                 tag: d.tag,
                 len: d.body.len(),
             }))
+    }
+}
+
+/// Adds a receive into `capacity` bytes at `ptr` to the posted ones;
+/// gives its id.
+///
+/// # Safety
+///
+/// `[ptr, ptr + capacity)` stays valid, and untouched by anything but
+/// this engine, until the receive is taken back ([`wait_posted`], or
+/// [`AnyRecvRequest`]'s wait or drop).
+unsafe fn post(engine: &mut Engine<'_>, filter: Filter, ptr: *mut u8, capacity: usize) -> u64 {
+    sweep(engine);
+    engine.any.posts += 1;
+    let id = engine.any.posts;
+    engine.any.posted.push(Posted {
+        id,
+        filter,
+        ptr,
+        capacity,
+        result: None,
+    });
+    id
+}
+
+/// Matches the posted receives, oldest first, against the unexpected
+/// queue and the rings, and delivers what matched.
+fn match_posted(engine: &mut Engine<'_>) -> Result<()> {
+    if engine.any.posted.iter().all(|p| p.result.is_some()) {
+        return Ok(());
+    }
+    let mut posted = std::mem::take(&mut engine.any.posted);
+    let mut outcome = Ok(());
+    for receive in posted.iter_mut().filter(|p| p.result.is_none()) {
+        // SAFETY: the owner of a posted receive keeps its buffer valid and
+        // to this engine alone until it takes the receive back (see
+        // `post`); the engine is borrowed mutably here, so no other
+        // reference to the buffer is in use.
+        let buffer = unsafe { std::slice::from_raw_parts_mut(receive.ptr, receive.capacity) };
+        match try_take(engine, &receive.filter, buffer) {
+            Ok(Some(message)) => {
+                receive.result = Some(deliver(engine, &receive.filter, message, buffer));
+            }
+            Ok(None) => {}
+            Err(err) => {
+                outcome = Err(err);
+                break;
+            }
+        }
+    }
+    // Receives posted meanwhile (none: the engine was borrowed) keep
+    // their place after these.
+    posted.append(&mut engine.any.posted);
+    engine.any.posted = posted;
+    outcome
+}
+
+/// The result of posted receive `id`, once matched, taking it back.
+fn take_posted(engine: &mut Engine<'_>, id: u64) -> Option<Result<AnyReceived>> {
+    let i = engine.any.posted.iter().position(|p| p.id == id)?;
+    engine.any.posted[i].result.as_ref()?;
+    engine.any.posted.remove(i).result
+}
+
+/// Takes posted receive `id` back unmatched (its buffer is the owner's
+/// again); nothing if it is gone already.
+fn cancel_posted(engine: &mut Engine<'_>, id: u64) {
+    engine.any.posted.retain(|p| p.id != id);
+}
+
+/// Whether posted receive `id` can no longer match: its named source is
+/// gone, or, naming none, every other member is. The error says so.
+fn posted_hopeless(engine: &Engine<'_>, id: u64) -> Result<()> {
+    let Some(receive) = engine.any.posted.iter().find(|p| p.id == id) else {
+        return Ok(());
+    };
+    if let Some(peer) = receive.filter.peer {
+        return engine.check_peer(peer);
+    }
+    let mut others = receive
+        .filter
+        .members
+        .iter()
+        .copied()
+        .filter(|&p| p != engine.rank)
+        .peekable();
+    if others.peek().is_none() {
+        return Ok(());
+    }
+    let mut last = 0;
+    for p in others {
+        if !engine.peer_gone(p) {
+            return Ok(());
+        }
+        last = p;
+    }
+    engine.check_peer(last)
+}
+
+/// Waits until posted receive `id` is matched and delivered, and takes it
+/// back (also when the wait fails).
+fn wait_posted(engine: &mut Engine<'_>, id: u64) -> Result<AnyReceived> {
+    let Some(receive) = engine.any.posted.iter().find(|p| p.id == id) else {
+        return Err(Error::Mismatch(format!(
+            "no any-source receive {id} is posted"
+        )));
+    };
+    let peer = receive.filter.peer;
+    let others: Vec<u32> = receive
+        .filter
+        .members
+        .iter()
+        .copied()
+        .filter(|&p| p != engine.rank)
+        .collect();
+    let interval = engine.config.liveness_interval;
+    let mut next_probe = Instant::now() + interval;
+    let mut result = None;
+    let waited = engine.wait_until(peer, None, |e| {
+        match_posted(e)?;
+        if let Some(r) = take_posted(e, id) {
+            result = Some(r);
+            return Ok(true);
+        }
+        if peer.is_none() {
+            posted_hopeless(e, id)?;
+            if Instant::now() >= next_probe {
+                for &p in &others {
+                    if !e.peer_gone(p) {
+                        e.watch_peer(p)?;
+                    }
+                }
+                next_probe = Instant::now() + interval;
+            }
+        }
+        Ok(false)
+    });
+    if let Err(err) = waited {
+        cancel_posted(engine, id);
+        return Err(err);
+    }
+    result.expect("a result once ready")
+}
+
+/// A nonblocking any-source receive ([`Communicator::irecv_any`]);
+/// [`wait`](Self::wait) gives the buffer back with what arrived. Dropping
+/// it unfinished takes the receive back (no message is lost: an unmatched
+/// message stays for later receives).
+pub struct AnyRecvRequest<'c, B: 'static> {
+    engine: Shared<'c>,
+    id: u64,
+    buffer: Option<B>,
+}
+
+impl<B: 'static> AnyRecvRequest<'_, B> {
+    /// Whether the receive has its message (matching once, without
+    /// waiting). Fails with [`Error::PeerGone`] when it never can: its
+    /// source is gone (or, naming none, every other member).
+    pub fn test(&mut self) -> Result<bool> {
+        let mut engine = self.engine.borrow_mut();
+        engine.progress()?;
+        match_posted(&mut engine)?;
+        match engine.any.posted.iter().find(|p| p.id == self.id) {
+            Some(receive) if receive.result.is_some() => Ok(true),
+            Some(_) => posted_hopeless(&engine, self.id).map(|()| false),
+            None => Ok(true),
+        }
+    }
+
+    /// Waits for the message; gives the buffer back and what arrived. A
+    /// message longer than the buffer fills it and fails with
+    /// [`Error::Truncated`].
+    pub fn wait(mut self) -> Result<(B, AnyReceived)> {
+        let result = wait_posted(&mut self.engine.borrow_mut(), self.id);
+        let buffer = self.buffer.take().expect("the buffer until wait");
+        result.map(|received| (buffer, received))
+    }
+}
+
+impl<B: 'static> Drop for AnyRecvRequest<'_, B> {
+    fn drop(&mut self) {
+        match self.engine.try_borrow_mut() {
+            Ok(mut engine) => cancel_posted(&mut engine, self.id),
+            // The engine is in use (a panic unwinding through a call):
+            // keep the buffer alive rather than let a later match write
+            // freed memory.
+            Err(_) => {
+                if let Some(buffer) = self.buffer.take() {
+                    std::mem::forget(buffer);
+                }
+            }
+        }
     }
 }

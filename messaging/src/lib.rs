@@ -26,7 +26,8 @@
 //!   ([`Communicator::send_init`]) are FMPL's reusable transfer
 //!   descriptors.
 //! * **Any source** ([`Communicator::send_any`],
-//!   [`Communicator::recv_any`], [`Communicator::probe_any`]): FMPL's
+//!   [`Communicator::recv_any`], [`Communicator::irecv_any`],
+//!   [`Communicator::probe_any`]): FMPL's
 //!   separate domain for receives that name no source, matched at the
 //!   receiver (rings of entries each sender fills, credits, rendezvous by
 //!   RDMA READ for long messages).
@@ -60,7 +61,7 @@ mod error;
 pub mod layout;
 mod windows;
 
-pub use any_source::{AnyReceived, AnyStatus};
+pub use any_source::{AnyReceived, AnyRecvRequest, AnyStatus};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,
