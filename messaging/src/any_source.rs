@@ -27,29 +27,33 @@
 //!   waits, progressing, and drains its own rings meanwhile into its
 //!   unexpected queue, up to a bound, so that two ranks sending to each
 //!   other do not wait on each other).
-//! * **Receive** ([`Communicator::recv_any`]): first the unexpected queue
-//!   (entries drained earlier without a match), then the rings, visited
-//!   round robin from the member after the last one served so that no
-//!   sender starves. Each ring is taken in order; an entry that does not
-//!   match is moved to the unexpected queue, so rings never stay blocked
-//!   and the messages of each (source, tag) are received in the order
-//!   they were sent (MPI's non-overtaking rule).
+//! * **Receive** ([`Communicator::recv_any`],
+//!   [`Communicator::irecv_any`]): receives are posted in order and match
+//!   in that order. Matching first moves what has arrived in the rings
+//!   into the unexpected queue, round robin (one entry of each sender in
+//!   turn, from the one after the last served, so no sender starves under
+//!   contention), and writes the credits back; then each posted receive,
+//!   oldest first, takes the first queued message it matches. Each ring is
+//!   read in order, so the messages of one (source, tag) are received in
+//!   the order they were sent (MPI's non-overtaking rule), and a message
+//!   goes to the oldest receive that matches it. Eager bodies are copied
+//!   out of the ring (at most one entry's body); rendezvous bodies are
+//!   read straight into the receive buffer.
 //!
 //! Sends are blocking (an eager send returns when its writes completed,
 //! or once posted when every byte travels inline; a rendezvous send when
 //! the receiver has read it), so a rank has at most one rendezvous
-//! outstanding per receiver. Like MPI's standard-mode
-//! sends, two ranks that rendezvous-send to each other before receiving
-//! wait for each other.
+//! outstanding per receiver. Like MPI's standard-mode sends, two ranks
+//! that rendezvous-send to each other before receiving wait for each
+//! other, and a rendezvous send to this rank itself waits for a receive
+//! that cannot come (eager sends to itself work).
 
 use std::collections::VecDeque;
+use std::ops::DerefMut;
 use std::time::{Duration, Instant};
 
 use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{Access, RemoteKey};
-
-use std::ops::DerefMut;
-
 use stable_deref_trait::StableDeref;
 
 use crate::comm::{Communicator, Shared};
@@ -87,15 +91,13 @@ enum Body {
     Eager(Vec<u8>),
     /// Still in the sender's memory, behind a read-only window.
     Rendezvous { key: u64, len: u64 },
-    /// Copied straight into the receive buffer when taken (as much as fit).
-    Delivered { len: u64 },
 }
 
 impl Body {
     fn len(&self) -> u64 {
         match self {
             Body::Eager(bytes) => bytes.len() as u64,
-            Body::Rendezvous { len, .. } | Body::Delivered { len } => *len,
+            Body::Rendezvous { len, .. } => *len,
         }
     }
 }
@@ -247,31 +249,19 @@ fn peek(engine: &Engine<'_>, context: u32, peer: u32) -> Option<(u64, u32, Optio
     Some((seq, tag, eager.map(|len| len.min(ANY_EAGER_BYTES)), entry))
 }
 
-/// Takes the entry [`peek`] found out of the ring: eager bodies into
-/// `into` (at most its length), or into a new vector when `into` is
-/// `None`.
+/// Takes the entry [`peek`] found out of the ring (an eager body is
+/// copied out; a rendezvous entry keeps the sender's window key).
 fn take(
     engine: &mut Engine<'_>,
     context: u32,
     peer: u32,
     (seq, tag, eager, entry): (u64, u32, Option<u64>, u64),
-    into: Option<&mut [u8]>,
 ) -> Drained {
     let body = match eager {
         Some(len) => {
-            let at = entry + ANY_HEADER_BYTES;
-            match into {
-                Some(buffer) => {
-                    let n = len.min(buffer.len() as u64) as usize;
-                    copy_out(engine, at, &mut buffer[..n]);
-                    Body::Delivered { len }
-                }
-                None => {
-                    let mut bytes = vec![0; len as usize];
-                    copy_out(engine, at, &mut bytes);
-                    Body::Eager(bytes)
-                }
-            }
+            let mut bytes = vec![0; len as usize];
+            copy_out(engine, entry + ANY_HEADER_BYTES, &mut bytes);
+            Body::Eager(bytes)
         }
         None => Body::Rendezvous {
             key: engine.load(entry + RENDEZVOUS_BODY),
@@ -307,26 +297,40 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
     Ok(())
 }
 
-/// How many messages [`drain_all`] lets wait in the unexpected queue:
-/// past it, senders wait for this rank's receives again (flow control)
-/// instead of its memory growing. Receives still drain past entries that
-/// do not match, whatever the queue holds.
+/// How many messages a sender's wait ([`drain_all`]) lets wait in the
+/// unexpected queue: past it, senders wait for this rank's receives again
+/// (flow control) instead of its memory growing. Posted receives still
+/// drain every ring, whatever the queue holds.
 const UNEXPECTED_SOFT_LIMIT: usize = 4096;
 
 /// Moves the entries that have arrived in the rings of `context` into the
-/// unexpected queue (up to [`UNEXPECTED_SOFT_LIMIT`] queued), and writes
-/// the credits back.
-fn drain_all(engine: &mut Engine<'_>, context: u32) -> Result<()> {
-    for peer in 0..engine.any.ranks {
-        while engine.any.unexpected.len() < UNEXPECTED_SOFT_LIMIT {
-            let Some(head) = peek(engine, context, peer) else {
-                break;
-            };
-            let drained = take(engine, context, peer, head, None);
-            engine.any.unexpected.push_back(drained);
+/// unexpected queue (until it holds `limit`), round robin: one entry of
+/// each ring in turn, from the ring after the last one served, so that
+/// the queue interleaves the senders and none starves. Writes the credits
+/// back.
+fn drain(engine: &mut Engine<'_>, context: u32, limit: usize) -> Result<()> {
+    let ranks = engine.any.ranks;
+    let mut next = engine.any.cursor[context as usize] % ranks as usize;
+    let mut idle = 0;
+    while idle < ranks && engine.any.unexpected.len() < limit {
+        let peer = next as u32;
+        next = (next + 1) % ranks as usize;
+        match peek(engine, context, peer) {
+            Some(head) => {
+                let drained = take(engine, context, peer, head);
+                engine.any.unexpected.push_back(drained);
+                engine.any.cursor[context as usize] = next;
+                idle = 0;
+            }
+            None => idle += 1,
         }
     }
     write_credits(engine, context)
+}
+
+/// [`drain`] for a sender's wait: bounded by [`UNEXPECTED_SOFT_LIMIT`].
+fn drain_all(engine: &mut Engine<'_>, context: u32) -> Result<()> {
+    drain(engine, context, UNEXPECTED_SOFT_LIMIT)
 }
 
 /// What a receive is looking for.
@@ -353,42 +357,6 @@ impl Filter {
             .position(|&p| p == peer)
             .expect("a member") as u32
     }
-}
-
-/// One attempt at a receive: the unexpected queue, then the rings round
-/// robin (eager bodies that match land in `buffer` at once). Gives the
-/// message taken, if any.
-fn try_take(
-    engine: &mut Engine<'_>,
-    filter: &Filter,
-    buffer: &mut [u8],
-) -> Result<Option<Drained>> {
-    if let Some(i) = engine
-        .any
-        .unexpected
-        .iter()
-        .position(|d| filter.matches(d.context, d.peer, d.tag))
-    {
-        return Ok(engine.any.unexpected.remove(i));
-    }
-    let members = &filter.members;
-    let start = engine.any.cursor[filter.context as usize] % members.len().max(1);
-    let mut found = None;
-    'rings: for k in 0..members.len() {
-        let index = (start + k) % members.len();
-        let peer = members[index];
-        while let Some(head) = peek(engine, filter.context, peer) {
-            if filter.matches(filter.context, peer, head.1) {
-                found = Some(take(engine, filter.context, peer, head, Some(buffer)));
-                engine.any.cursor[filter.context as usize] = index + 1;
-                break 'rings;
-            }
-            let drained = take(engine, filter.context, peer, head, None);
-            engine.any.unexpected.push_back(drained);
-        }
-    }
-    write_credits(engine, filter.context)?;
-    Ok(found)
 }
 
 /// Waits until the plain request `tag` to `peer` completed; on failure,
@@ -428,7 +396,6 @@ fn deliver(
     let moved = len.min(capacity);
     match message.body {
         Body::Eager(bytes) => buffer[..moved as usize].copy_from_slice(&bytes[..moved as usize]),
-        Body::Delivered { .. } => {}
         Body::Rendezvous { key, len } => {
             let peer = message.peer;
             let read = if moved > 0 {
@@ -685,36 +652,49 @@ unsafe fn post(engine: &mut Engine<'_>, filter: Filter, ptr: *mut u8, capacity: 
     id
 }
 
-/// Matches the posted receives, oldest first, against the unexpected
-/// queue and the rings, and delivers what matched.
+/// Matches the posted receives, oldest first, against the messages that
+/// have arrived (every ring of their contexts drained into the unexpected
+/// queue first, so that a message goes to the oldest receive it matches
+/// whenever it landed), and delivers what matched.
 fn match_posted(engine: &mut Engine<'_>) -> Result<()> {
-    if engine.any.posted.iter().all(|p| p.result.is_some()) {
+    let mut contexts: Vec<u32> = engine
+        .any
+        .posted
+        .iter()
+        .filter(|p| p.result.is_none())
+        .map(|p| p.filter.context)
+        .collect();
+    if contexts.is_empty() {
         return Ok(());
     }
+    contexts.sort_unstable();
+    contexts.dedup();
+    for context in contexts {
+        drain(engine, context, usize::MAX)?;
+    }
     let mut posted = std::mem::take(&mut engine.any.posted);
-    let mut outcome = Ok(());
     for receive in posted.iter_mut().filter(|p| p.result.is_none()) {
+        let Some(i) = engine
+            .any
+            .unexpected
+            .iter()
+            .position(|d| receive.filter.matches(d.context, d.peer, d.tag))
+        else {
+            continue;
+        };
+        let message = engine.any.unexpected.remove(i).expect("found");
         // SAFETY: the owner of a posted receive keeps its buffer valid and
         // to this engine alone until it takes the receive back (see
         // `post`); the engine is borrowed mutably here, so no other
         // reference to the buffer is in use.
         let buffer = unsafe { std::slice::from_raw_parts_mut(receive.ptr, receive.capacity) };
-        match try_take(engine, &receive.filter, buffer) {
-            Ok(Some(message)) => {
-                receive.result = Some(deliver(engine, &receive.filter, message, buffer));
-            }
-            Ok(None) => {}
-            Err(err) => {
-                outcome = Err(err);
-                break;
-            }
-        }
+        receive.result = Some(deliver(engine, &receive.filter, message, buffer));
     }
     // Receives posted meanwhile (none: the engine was borrowed) keep
     // their place after these.
     posted.append(&mut engine.any.posted);
     engine.any.posted = posted;
-    outcome
+    Ok(())
 }
 
 /// The result of posted receive `id`, once matched, taking it back.
