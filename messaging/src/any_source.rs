@@ -17,12 +17,13 @@
 //!   registered send buffer). A longer one travels by **rendezvous**: the
 //!   entry carries a read-only window over the send buffer and the
 //!   message's length; the receiver reads the bytes with RDMA READs
-//!   straight into the receive buffer (zero copy), then writes the
-//!   message's number into the sender's read-done word
-//!   ([`Layout::any_read_done`]); the send returns then and the window is
-//!   revoked.
-//! * **Flow control**: the receiver writes back how many entries of each
-//!   sender it has drained ([`Layout::any_credit`]); a sender never writes
+//!   straight into the receive buffer (zero copy), then counts it in the
+//!   credit word it writes back to the sender; the send returns then and
+//!   the window is revoked.
+//! * **Flow control**: the receiver writes back, in one credit word per
+//!   sender ([`Layout::any_credit`], [`layout::any_credit_word`]), how
+//!   many entries of that sender it has drained and how many of its
+//!   rendezvous messages it has read; a sender never writes
 //!   entry `n` before the receiver drained entry `n - ANY_ENTRIES` (it
 //!   waits, progressing, and drains its own rings meanwhile into its
 //!   unexpected queue, up to a bound, so that two ranks sending to each
@@ -123,7 +124,12 @@ pub(crate) struct AnyState {
     sent: Vec<u64>,
     /// Per ring: entries of the peer's ring at this rank drained.
     drained: Vec<u64>,
-    /// Per ring: the drained count last written back to the peer.
+    /// Per ring: rendezvous messages this rank has written into its ring
+    /// at the peer.
+    rendezvous_sent: Vec<u64>,
+    /// Per ring: rendezvous messages of the peer this rank has read.
+    reads: Vec<u64>,
+    /// Per ring: the credit word last written back to the peer.
     credited: Vec<u64>,
     /// Messages drained from the rings and not yet received, oldest first.
     unexpected: VecDeque<Drained>,
@@ -172,6 +178,8 @@ impl AnyState {
             ranks: layout.ranks,
             sent: vec![0; rings],
             drained: vec![0; rings],
+            rendezvous_sent: vec![0; rings],
+            reads: vec![0; rings],
             credited: vec![0; rings],
             unexpected: VecDeque::new(),
             cursor: vec![0; layout.contexts as usize],
@@ -279,20 +287,20 @@ fn take(
     }
 }
 
-/// Writes back the credits of every ring of `context` drained further
-/// than last said.
+/// Writes back the credit word of every ring of `context` whose counts
+/// (entries drained, rendezvous messages read) moved since last said.
 fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
     for peer in 0..engine.any.ranks {
         let ring = engine.any.ring(context, peer);
-        let drained = engine.any.drained[ring];
-        if drained == engine.any.credited[ring] || engine.peer_gone(peer) {
+        let word = layout::any_credit_word(engine.any.drained[ring], engine.any.reads[ring]);
+        if word == engine.any.credited[ring] || engine.peer_gone(peer) {
             continue;
         }
         let at = engine.layout.any_credit(context, engine.rank);
         let remote = engine.peer_control(peer).at(at);
-        let tag = engine.write_small(peer, 64, &drained.to_le_bytes(), remote, false)?;
+        let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, false)?;
         engine.any.unreaped.push(tag);
-        engine.any.credited[ring] = drained;
+        engine.any.credited[ring] = word;
     }
     Ok(())
 }
@@ -405,13 +413,9 @@ fn deliver(
             };
             // The sender may let its buffer go, whether the read worked
             // or not (a sender still there must not wait forever).
-            if !engine.peer_gone(peer) {
-                let at = engine.layout.any_read_done(message.context, engine.rank);
-                let remote = engine.peer_control(peer).at(at);
-                let tag =
-                    engine.write_small(peer, 72, &message.seq.to_le_bytes(), remote, false)?;
-                engine.any.unreaped.push(tag);
-            }
+            let ring = engine.any.ring(message.context, peer);
+            engine.any.reads[ring] += 1;
+            write_credits(engine, message.context)?;
             read?;
         }
     }
@@ -490,7 +494,8 @@ impl<'c> Communicator<'c> {
         let credit_at = engine.layout.any_credit(context, peer);
         engine.wait_until(Some(peer), None, |e| {
             drain_all(e, context)?;
-            Ok(seq <= e.load(credit_at) + ANY_ENTRIES)
+            let (drained, _) = layout::any_credit_counts(e.load(credit_at));
+            Ok((seq as u32).wrapping_sub(drained) <= ANY_ENTRIES as u32)
         })?;
         let entry = engine.layout.any_entry(context, engine.rank, seq - 1);
         let control = engine.peer_control(peer);
@@ -531,11 +536,12 @@ impl<'c> Communicator<'c> {
         head.extend_from_slice(&len.to_le_bytes());
         let tag = engine.write_entry(peer, &head, head_at, None, seq, stamp_at)?;
         engine.any.sent[ring] = seq;
+        engine.any.rendezvous_sent[ring] += 1;
+        let number = engine.any.rendezvous_sent[ring] as u32;
         wait_plain(&mut engine, peer, tag)?;
-        let read_done_at = engine.layout.any_read_done(context, peer);
         engine.wait_until(Some(peer), None, |e| {
             drain_all(e, context)?;
-            Ok(e.load(read_done_at) == seq)
+            Ok(layout::any_credit_counts(e.load(credit_at)).1 == number)
         })?;
         // Revokes the window: the receiver has finished reading.
         drop(window);

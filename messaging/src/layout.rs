@@ -44,9 +44,6 @@ pub const ANY_HEADER_BYTES: u64 = 16;
 /// The longest body an any-source entry carries in place (eager);
 /// longer messages travel by rendezvous.
 pub const ANY_EAGER_BYTES: u64 = ANY_ENTRY_BYTES - ANY_HEADER_BYTES;
-/// Bytes of the words each peer writes back per any-source ring: the
-/// credit word, then the read-done word.
-pub const ANY_RETURN_BYTES: u64 = 16;
 /// The bit of an any-source message word marking a rendezvous entry
 /// (its body holds the sender's window key and the message length).
 pub const ANY_RENDEZVOUS: u64 = 1 << 63;
@@ -70,6 +67,22 @@ pub fn any_message(word: u64) -> (u32, Option<u64>) {
         (tag, Some((word >> 32) & 0x7fff_ffff))
     }
 }
+
+/// The credit word a receiver writes back for one sender's ring: how many
+/// of the sender's entries it has drained (low 32 bits) and how many of
+/// its rendezvous messages it has finished reading (high 32 bits), both
+/// counted modulo 2^32 (a sender compares them with its own counts by
+/// wrapping differences: at most [`ANY_ENTRIES`] entries and one
+/// rendezvous message are ever outstanding).
+pub fn any_credit_word(drained: u64, reads: u64) -> u64 {
+    (reads & 0xffff_ffff) << 32 | (drained & 0xffff_ffff)
+}
+
+/// The (drained, reads) counts of a credit word, modulo 2^32.
+pub fn any_credit_counts(word: u64) -> (u32, u32) {
+    (word as u32, (word >> 32) as u32)
+}
+
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
 
@@ -135,22 +148,16 @@ impl Layout {
 
     /// Offset of the credit word peer `peer` writes in context `context`:
     /// how many entries of this rank's ring at the peer the peer has
-    /// drained.
+    /// drained, and how many of this rank's rendezvous messages it has
+    /// read ([`any_credit_word`]).
     pub fn any_credit(&self, context: u32, peer: u32) -> u64 {
         let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
-        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * ANY_RETURN_BYTES
-    }
-
-    /// Offset of the read-done word peer `peer` writes in context
-    /// `context`: the sequence number of the last rendezvous message of
-    /// this rank whose bytes the peer finished reading.
-    pub fn any_read_done(&self, context: u32, peer: u32) -> u64 {
-        self.any_credit(context, peer) + 8
+        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * 8
     }
 
     /// Offset of the scratch memory.
     pub fn scratch(&self) -> u64 {
-        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + ANY_RETURN_BYTES)
+        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
     }
 
     /// Bytes of the whole control area.
@@ -177,13 +184,20 @@ mod tests {
         assert!(
             layout.any_entry(2, 4, ANY_ENTRIES - 1) + ANY_ENTRY_BYTES <= layout.any_credit(0, 0)
         );
-        assert!(layout.any_credit(2, 4) + ANY_RETURN_BYTES <= layout.scratch());
-        assert!(layout.any_read_done(2, 4) + 8 <= layout.scratch());
-        assert_ne!(layout.any_read_done(1, 1), layout.any_credit(1, 2));
-        assert_eq!(layout.any_read_done(1, 1) % 8, 0);
+        assert!(layout.any_credit(2, 4) + 8 <= layout.scratch());
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
         assert_eq!(layout.done_word(0) % 8, 0);
         assert_eq!(layout.any_credit(1, 1) % 8, 0);
+    }
+
+    #[test]
+    fn done_words_carry_generation_and_length() {
+        for (generation, len) in [(1, 0), (2, 8), (0x100_0001, MAX_MESSAGE), (77, 1 << 30)] {
+            let word = done_word(generation, len);
+            assert_eq!(done_len(word, generation), Some(len));
+            assert_eq!(done_len(word, generation + 1), None);
+        }
+        assert_eq!(done_len(0, 1), None, "a fresh word completes nothing");
     }
 
     #[test]
@@ -200,12 +214,13 @@ mod tests {
     }
 
     #[test]
-    fn done_words_carry_generation_and_length() {
-        for (generation, len) in [(1, 0), (2, 8), (0x100_0001, MAX_MESSAGE), (77, 1 << 30)] {
-            let word = done_word(generation, len);
-            assert_eq!(done_len(word, generation), Some(len));
-            assert_eq!(done_len(word, generation + 1), None);
+    fn credit_words_carry_both_counts_modulo_2_32() {
+        for (drained, reads) in [(0, 0), (17, 3), (u64::from(u32::MAX) + 5, 1 << 33)] {
+            let (d, r) = any_credit_counts(any_credit_word(drained, reads));
+            assert_eq!(
+                (u64::from(d), u64::from(r)),
+                (drained % (1 << 32), reads % (1 << 32))
+            );
         }
-        assert_eq!(done_len(0, 1), None, "a fresh word completes nothing");
     }
 }
