@@ -14,6 +14,14 @@
 //! or `{"rank":0,...,"ok":false,"error":"..."}` (exit status 1).
 //! `launch` prints every rank's line and exits 0 only if all passed.
 //!
+//! Any-source scenarios: `any-source` (every rank but 0 sends mixed
+//! sizes and tags to rank 0, which receives them with `recv_any` and
+//! `irecv_any`, with and without filters, and checks bytes, the
+//! per-(source, tag) order, fairness, truncation and that domains and
+//! communicators stay apart) and `any-source-death` (the last rank dies in
+//! the middle of a rendezvous send; rank 0's `recv_any` from it fails with
+//! `PeerGone`, and with 3 ranks or more rank 1's `send_any` to it too).
+//!
 //! Scenarios: `pingpong` (blocking and nonblocking, 0 B to 4 MiB, FMPL's
 //! (peer, index) waits, persistent requests), `timeout-switch` (buffered,
 //! synchronous and switching sends against late receives, with
@@ -21,12 +29,7 @@
 //! before receiving), `any-index`, `truncation`, `slots` (every slot
 //! outstanding, then the errors beyond), `split` (communicators),
 //! `peer-death` (the last rank exits; the others' receives from it fail),
-//! `collectives`, `any-source` (every rank but 0 sends mixed sizes and
-//! tags to rank 0, which receives them with `recv_any`, with and without
-//! filters, and checks bytes, per-(source, tag) order and truncation) and
-//! `any-source-death` (the last rank dies in the middle of a rendezvous
-//! send; rank 0's `recv_any` from it fails with `PeerGone`, and with 3
-//! ranks or more rank 1's `send_any` to it too).
+//! and `collectives`.
 
 use std::collections::HashSet;
 use std::process::{Command, ExitCode, Stdio};
@@ -175,6 +178,8 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     let messenger = Messenger::new(&context, job, config).map_err(|e| e.to_string())?;
     let world = messenger.world();
     let tally = match scenario {
+        "any-source" => any_source(&world),
+        "any-source-death" => any_source_death(&world),
         "pingpong" => pingpong(&messenger, &world),
         "timeout-switch" => timeout_switch(&messenger, &world),
         "send-first" => send_first(&messenger, &world),
@@ -183,8 +188,6 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "slots" => slots(&world),
         "split" => split(&world),
         "peer-death" => peer_death(&world),
-        "any-source" => any_source(&world),
-        "any-source-death" => any_source_death(&world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank).
@@ -631,29 +634,6 @@ fn split(world: &Communicator<'_>) -> Outcome {
     Ok(tally)
 }
 
-fn peer_death(world: &Communicator<'_>) -> Outcome {
-    let tally = Tally::default();
-    let last = world.size() - 1;
-    if world.size() < 2 {
-        return Ok(tally);
-    }
-    if world.rank() == last {
-        // Leave without a word, mid-job.
-        std::process::exit(0);
-    }
-    let start = Instant::now();
-    match world.recv(last, 0, &mut [0u8; 64]) {
-        Err(Error::PeerGone { peer, .. }) if peer == world.world_rank(last).unwrap() => {}
-        other => return Err(format!("a receive from a dead rank: {other:?}")),
-    }
-    let mut tally = tally;
-    tally.checked += 1;
-    tally
-        .notes
-        .push(format!("death noticed after {:?}", start.elapsed()));
-    Ok(tally)
-}
-
 /// Sizes of the any-source scenario's messages: empty, inline, past the
 /// inline limit, exactly an entry's body, one byte past it (rendezvous),
 /// and large.
@@ -1086,5 +1066,28 @@ fn any_source_death(world: &Communicator<'_>) -> Outcome {
         "death noticed after {waited:?}, all errors after {:?}",
         start.elapsed()
     ));
+    Ok(tally)
+}
+
+fn peer_death(world: &Communicator<'_>) -> Outcome {
+    let tally = Tally::default();
+    let last = world.size() - 1;
+    if world.size() < 2 {
+        return Ok(tally);
+    }
+    if world.rank() == last {
+        // Leave without a word, mid-job.
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    match world.recv(last, 0, &mut [0u8; 64]) {
+        Err(Error::PeerGone { peer, .. }) if peer == world.world_rank(last).unwrap() => {}
+        other => return Err(format!("a receive from a dead rank: {other:?}")),
+    }
+    let mut tally = tally;
+    tally.checked += 1;
+    tally
+        .notes
+        .push(format!("death noticed after {:?}", start.elapsed()));
     Ok(tally)
 }

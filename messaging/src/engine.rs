@@ -210,6 +210,8 @@ pub(crate) struct Engine<'c> {
     part_failures: HashMap<u64, CompletionError>,
     pub(crate) config: Config,
     next_tag: u64,
+    /// The any-source domain's own state (rings, unexpected queue).
+    pub(crate) any: crate::any_source::AnyState,
     completions: Vec<Completion>,
     /// Which contexts are taken (two per communicator).
     pub(crate) contexts_taken: Vec<bool>,
@@ -217,8 +219,6 @@ pub(crate) struct Engine<'c> {
     spool_sent: u64,
     /// Buffers of dropped requests, kept until their operation completes.
     orphans: Vec<(u64, u64, bool, Box<dyn std::any::Any>)>,
-    /// The any-source domain's own state (rings, unexpected queue).
-    pub(crate) any: crate::any_source::AnyState,
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space.
@@ -314,11 +314,11 @@ impl<'c> Engine<'c> {
             part_failures: HashMap::new(),
             config,
             next_tag: 1,
+            any: crate::any_source::AnyState::new(&layout),
             completions: Vec::new(),
             contexts_taken,
             spool_sent: 0,
             orphans: Vec::new(),
-            any: crate::any_source::AnyState::new(&layout),
         })
     }
 
@@ -1126,62 +1126,6 @@ impl SendBytes {
     }
 }
 
-fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N]> {
-    record
-        .get(at..at + N)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| Error::BadPeerRecord {
-            rank: rank as u32,
-            why: format!("{} bytes, {RECORD_BYTES} expected", record.len()),
-        })
-}
-
-/// Posts `entries` on `qp`; while the send queue is full, reaps
-/// completions into `stash` (processed by the next reap) to make room.
-fn post_entries(
-    qp: &mut QueuePair<'_>,
-    cq: &mut CompletionQueue<'_>,
-    stash: &mut Vec<Completion>,
-    entries: &[Entry<'_>],
-) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        match qp.post(entries) {
-            Ok(()) => return Ok(()),
-            Err(VerbsError::QueueFull { .. }) if started.elapsed() < Duration::from_secs(60) => {
-                cq.poll_into(stash)?;
-                std::hint::spin_loop();
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-}
-
-/// Stages `bytes` at `at` of the scratch memory (which starts at
-/// `scratch` in `memory`, registered as `region`) and gives the local
-/// range, ready to post inline.
-fn stage<'r>(
-    memory: &DmaBuffer,
-    region: &'r MemoryRegion<'_>,
-    scratch: u64,
-    at: u64,
-    bytes: &[u8],
-) -> Result<Local<'r>> {
-    let offset = scratch + at;
-    assert!(at + bytes.len() as u64 <= layout::SCRATCH_BYTES);
-    // SAFETY: scratch memory is this rank's own, inside the control memory
-    // (the assertion keeps the range inside the scratch area), never a
-    // peer's target; nothing else references it while staging.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            memory.as_ptr().add(offset as usize),
-            bytes.len(),
-        )
-    };
-    Ok(region.local(offset, bytes.len() as u32)?)
-}
-
 /// Scratch offsets of the any-source domain's staged writes (inside the
 /// free scratch; every one travels inline, so the bytes are copied when
 /// posted and the scratch is free again at once).
@@ -1300,4 +1244,60 @@ impl<'c> Engine<'c> {
     pub(crate) fn peer_gone(&self, peer: u32) -> bool {
         self.peers[peer as usize].gone.is_some()
     }
+}
+
+fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N]> {
+    record
+        .get(at..at + N)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Error::BadPeerRecord {
+            rank: rank as u32,
+            why: format!("{} bytes, {RECORD_BYTES} expected", record.len()),
+        })
+}
+
+/// Posts `entries` on `qp`; while the send queue is full, reaps
+/// completions into `stash` (processed by the next reap) to make room.
+fn post_entries(
+    qp: &mut QueuePair<'_>,
+    cq: &mut CompletionQueue<'_>,
+    stash: &mut Vec<Completion>,
+    entries: &[Entry<'_>],
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        match qp.post(entries) {
+            Ok(()) => return Ok(()),
+            Err(VerbsError::QueueFull { .. }) if started.elapsed() < Duration::from_secs(60) => {
+                cq.poll_into(stash)?;
+                std::hint::spin_loop();
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// Stages `bytes` at `at` of the scratch memory (which starts at
+/// `scratch` in `memory`, registered as `region`) and gives the local
+/// range, ready to post inline.
+fn stage<'r>(
+    memory: &DmaBuffer,
+    region: &'r MemoryRegion<'_>,
+    scratch: u64,
+    at: u64,
+    bytes: &[u8],
+) -> Result<Local<'r>> {
+    let offset = scratch + at;
+    assert!(at + bytes.len() as u64 <= layout::SCRATCH_BYTES);
+    // SAFETY: scratch memory is this rank's own, inside the control memory
+    // (the assertion keeps the range inside the scratch area), never a
+    // peer's target; nothing else references it while staging.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            memory.as_ptr().add(offset as usize),
+            bytes.len(),
+        )
+    };
+    Ok(region.local(offset, bytes.len() as u32)?)
 }

@@ -54,14 +54,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod any_source;
 mod comm;
 mod engine;
 mod error;
 pub mod layout;
 mod windows;
 
-pub use any_source::{AnyReceived, AnyRecvRequest, AnyStatus};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,
@@ -82,3 +80,6 @@ pub fn context_config() -> ContextConfig {
     config
 }
 pub use error::{Error, Result};
+
+mod any_source;
+pub use any_source::{AnyReceived, AnyRecvRequest, AnyStatus};
