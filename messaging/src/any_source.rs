@@ -109,8 +109,6 @@ struct Drained {
     context: u32,
     /// World rank of the sender.
     peer: u32,
-    /// Its number among the sender's messages to this rank in `context`.
-    seq: u64,
     tag: u32,
     body: Body,
 }
@@ -281,7 +279,6 @@ fn take(
     Drained {
         context,
         peer,
-        seq,
         tag,
         body,
     }
