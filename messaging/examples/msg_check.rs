@@ -15,6 +15,14 @@
 //! or `{"rank":0,...,"ok":false,"error":"..."}` (exit status 1).
 //! `launch` prints every rank's line and exits 0 only if all passed.
 //!
+//! Any-source scenarios: `any-source` (every rank but 0 sends mixed
+//! sizes and tags to rank 0, which receives them with `recv_any` and
+//! `irecv_any`, with and without filters, and checks bytes, the
+//! per-(source, tag) order, fairness, truncation and that domains and
+//! communicators stay apart) and `any-source-death` (the last rank dies in
+//! the middle of a rendezvous send; rank 0's `recv_any` from it fails with
+//! `PeerGone`, and with 3 ranks or more rank 1's `send_any` to it too).
+//!
 //! Scenarios: `pingpong` (blocking and nonblocking, 0 B to 4 MiB, FMPL's
 //! (peer, index) waits, persistent requests), `timeout-switch` (buffered,
 //! synchronous and switching sends against late receives, with
@@ -173,6 +181,8 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     let messenger = Messenger::new(&context, job, config).map_err(|e| e.to_string())?;
     let world = messenger.world();
     let tally = match scenario {
+        "any-source" => any_source(&world),
+        "any-source-death" => any_source_death(&world),
         "pingpong" => pingpong(&messenger, &world),
         "timeout-switch" => timeout_switch(&messenger, &world),
         "send-first" => send_first(&messenger, &world),
@@ -184,7 +194,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank).
-    if scenario != "peer-death" {
+    if scenario != "peer-death" && scenario != "any-source-death" {
         barrier(&world).map_err(|e| format!("final barrier: {e}"))?;
         drop(world);
         messenger
@@ -641,6 +651,441 @@ fn split(world: &Communicator<'_>) -> Outcome {
         let sender_tag = u64::from(sender) + 1000 * u64::from(s);
         tally.checked += check(&got, sender, me, sender_tag, "ring")?;
     }
+    Ok(tally)
+}
+
+/// Sizes of the any-source scenario's messages: empty, inline, past the
+/// inline limit, exactly an entry's body, one byte past it (rendezvous),
+/// and large.
+fn any_sizes() -> [usize; 9] {
+    let eager = pindown_messaging::layout::ANY_EAGER_BYTES as usize;
+    let inline = pindown_uapi::queue::MAX_INLINE as usize - 8;
+    [0, 1, inline, inline + 1, eager, eager + 1, 4096, 1 << 20, 3]
+}
+
+/// Tags of the any-source scenario's first phase.
+const ANY_TAGS: u64 = 4;
+use pindown_messaging::layout::ANY_ENTRIES;
+/// Bytes after a truncating receive's buffer that must stay untouched.
+const GUARD: u8 = 0xee;
+
+/// Receives one any-source message and checks it against what its sender
+/// sent as its `n`th of the phase (`next[source][tag]`, stepping by
+/// `step`), `len_of(n)` bytes of `message(source, 0, base + n, ..)`.
+#[allow(clippy::too_many_arguments)]
+fn recv_any_checked(
+    world: &Communicator<'_>,
+    source: Option<u32>,
+    tag: Option<u32>,
+    buffer: &mut [u8],
+    next: &mut [Vec<u64>],
+    tag_base: u32,
+    step: u64,
+    base: u64,
+    len_of: &dyn Fn(u64) -> usize,
+) -> Result<(u32, u64), String> {
+    let got = world
+        .recv_any(source, tag, buffer)
+        .map_err(err("recv_any"))?;
+    if source.is_some_and(|s| s != got.source) || tag.is_some_and(|t| t != got.tag) {
+        return Err(format!(
+            "recv_any({source:?}, {tag:?}) took a message from {} with tag {}",
+            got.source, got.tag
+        ));
+    }
+    let slot = got
+        .tag
+        .checked_sub(tag_base)
+        .and_then(|t| next[got.source as usize].get_mut(t as usize))
+        .ok_or_else(|| format!("unexpected tag {} from {}", got.tag, got.source))?;
+    let n = *slot;
+    *slot += step;
+    let len = len_of(n);
+    if got.len != len as u64 {
+        return Err(format!(
+            "message {n} from {} (tag {}): {} bytes, {len} sent (out of order?)",
+            got.source, got.tag, got.len
+        ));
+    }
+    let what = format!("any-source message {n} from {}", got.source);
+    let checked = check(&buffer[..len], got.source, 0, base + n, &what)?;
+    Ok((got.source, checked + 1))
+}
+
+fn any_source(world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let (me, size) = (world.rank(), world.size());
+    if size < 2 {
+        return Ok(tally);
+    }
+    let sizes = any_sizes();
+    let per_sender = 3 * sizes.len() as u64;
+    let phase1_len = |n: u64| sizes[(n % sizes.len() as u64) as usize];
+    // Phase 2: eager messages only (a blocking rendezvous send would wait
+    // for a receive the filters put off), tags 10 and 11.
+    let eager = pindown_messaging::layout::ANY_EAGER_BYTES;
+    let phase2 = 20u64;
+    let phase2_len = |n: u64| (1 + (n * 37 + 5) % eager) as usize;
+    let last = size - 1;
+    let other = world.dup().map_err(err("dup"))?;
+    if me != 0 {
+        for n in 0..per_sender {
+            let data = message(me, 0, n, phase1_len(n));
+            world
+                .send_any(0, (n % ANY_TAGS) as u32, &data)
+                .map_err(err("send_any"))?;
+            tally.checked += data.len() as u64 + 1;
+        }
+        barrier(world).map_err(err("barrier"))?;
+        for n in 0..phase2 {
+            let data = message(me, 0, 1000 + n, phase2_len(n));
+            world
+                .send_any(0, 10 + (n % 2) as u32, &data)
+                .map_err(err("send_any phase 2"))?;
+            tally.checked += data.len() as u64 + 1;
+        }
+        barrier(world).map_err(err("barrier"))?;
+        if me == 1 {
+            for (tag, len) in [(20u32, 100usize), (21, 8192), (22, 40)] {
+                let data = message(me, 0, 2000 + u64::from(tag), len);
+                world
+                    .send_any(0, tag, &data)
+                    .map_err(err("send_any truncation"))?;
+                tally.checked += data.len() as u64 + 1;
+            }
+            // Domains and communicators apart: the same tag on a
+            // zero-copy slot, on another communicator, then here.
+            let zero_copy = message(me, 0, 3000, 64);
+            world.send(0, 5, &zero_copy).map_err(err("send"))?;
+            let elsewhere = message(me, 0, 3001, 64);
+            other
+                .send_any(0, 5, &elsewhere)
+                .map_err(err("send_any on a dup"))?;
+            let here = message(me, 0, 3002, 64);
+            world.send_any(0, 5, &here).map_err(err("send_any"))?;
+            tally.checked += 3 * 65;
+        }
+        // Fairness: every sender's ring full before rank 0 receives.
+        barrier(world).map_err(err("barrier"))?;
+        for n in 0..ANY_ENTRIES {
+            let data = message(me, 0, 4000 + n, 32);
+            world
+                .send_any(0, 50, &data)
+                .map_err(err("send_any fairness"))?;
+            tally.checked += 33;
+        }
+        barrier(world).map_err(err("barrier"))?;
+        return Ok(tally);
+    }
+    // The zero-copy receive of the domains-apart check, posted early so
+    // that its send finds it (a send that waits spools and goes out
+    // later, which is not what this scenario checks).
+    let zero_copy = world.irecv(1, 5, vec![0u8; 64]).map_err(err("irecv"))?;
+    // Rank 0. Phase 1: everything with no filter, under contention from
+    // every other rank.
+    let mut buffer = vec![0u8; (1 << 20) + 64];
+    let mut next: Vec<Vec<u64>> = (0..size).map(|_| (0..ANY_TAGS).collect()).collect();
+    let (mut run, mut longest, mut previous) = (0u64, 0u64, u32::MAX);
+    for _ in 0..per_sender * u64::from(size - 1) {
+        let (source, checked) = recv_any_checked(
+            world,
+            None,
+            None,
+            &mut buffer,
+            &mut next,
+            0,
+            ANY_TAGS,
+            0,
+            &phase1_len,
+        )?;
+        tally.checked += checked;
+        run = if source == previous { run + 1 } else { 1 };
+        previous = source;
+        longest = longest.max(run);
+    }
+    for source in 1..size {
+        for tag in 0..ANY_TAGS {
+            let expected = (per_sender - tag).div_ceil(ANY_TAGS) * ANY_TAGS + tag;
+            if next[source as usize][tag as usize] != expected {
+                return Err(format!(
+                    "from {source} tag {tag}: not every message arrived"
+                ));
+            }
+        }
+    }
+    tally
+        .notes
+        .push(format!("phase 1: longest run from one sender {longest}"));
+    barrier(world).map_err(err("barrier"))?;
+    // Phase 2: filters. The last rank's tag 11 first, then tag 10 from
+    // anyone, then the rest.
+    let mut next: Vec<Vec<u64>> = (0..size).map(|_| vec![0, 1]).collect();
+    let status = loop {
+        if let Some(status) = world
+            .probe_any(Some(last), Some(11))
+            .map_err(err("probe_any"))?
+        {
+            break status;
+        }
+    };
+    if (status.source, status.tag, status.len) != (last, 11, phase2_len(1) as u64) {
+        return Err(format!("probe_any found {status:?}"));
+    }
+    tally.checked += 1;
+    let each_tag = phase2 / 2;
+    let rounds = [
+        (Some(last), Some(11), each_tag),
+        (None, Some(10), each_tag * u64::from(size - 1)),
+        (None, None, each_tag * u64::from(size - 2)),
+    ];
+    for (source, tag, count) in rounds {
+        for _ in 0..count {
+            let (_, checked) = recv_any_checked(
+                world,
+                source,
+                tag,
+                &mut buffer,
+                &mut next,
+                10,
+                2,
+                1000,
+                &phase2_len,
+            )?;
+            tally.checked += checked;
+        }
+    }
+    if world
+        .probe_any(None, None)
+        .map_err(err("probe_any"))?
+        .is_some()
+    {
+        return Err("a message left over after phase 2".into());
+    }
+    barrier(world).map_err(err("barrier"))?;
+    // Phase 3: truncation (eager and rendezvous), then a message that fits.
+    for (tag, len, capacity) in [(20u32, 100usize, 64usize), (21, 8192, 4000)] {
+        let mut buffer = vec![GUARD; capacity + 64];
+        match world.recv_any(Some(1), Some(tag), &mut buffer[..capacity]) {
+            Err(Error::Truncated {
+                message,
+                capacity: c,
+            }) if message == len as u64 && c == capacity as u64 => {}
+            other => return Err(format!("truncating receive of tag {tag}: {other:?}")),
+        }
+        let what = format!("truncated tag {tag}");
+        tally.checked += check(&buffer[..capacity], 1, 0, 2000 + u64::from(tag), &what)?;
+        if let Some(i) = buffer[capacity..].iter().position(|&b| b != GUARD) {
+            return Err(format!(
+                "{what}: byte {} past the buffer written",
+                capacity + i
+            ));
+        }
+        tally.checked += 64;
+    }
+    let mut exact = vec![0u8; 40];
+    let got = world
+        .recv_any(Some(1), None, &mut exact)
+        .map_err(err("recv_any after truncation"))?;
+    if (got.source, got.tag, got.len) != (1, 22, 40) {
+        return Err(format!("after truncation: {got:?}"));
+    }
+    tally.checked += check(&exact, 1, 0, 2022, "after truncation")?;
+    // Each message where it was sent: the world's any-source domain takes
+    // neither the zero-copy message nor the dup's.
+    let mut got = vec![0u8; 64];
+    let here = world
+        .recv_any(None, None, &mut got)
+        .map_err(err("recv_any apart"))?;
+    if (here.source, here.tag, here.len) != (1, 5, 64) {
+        return Err(format!("apart: {here:?}"));
+    }
+    tally.checked += check(&got, 1, 0, 3002, "any-source apart")?;
+    let elsewhere = other
+        .recv_any(Some(1), Some(5), &mut got)
+        .map_err(err("recv_any on a dup"))?;
+    if (elsewhere.source, elsewhere.tag, elsewhere.len) != (1, 5, 64) {
+        return Err(format!("on a dup: {elsewhere:?}"));
+    }
+    tally.checked += check(&got, 1, 0, 3001, "any-source on a dup")?;
+    let (got, received) = zero_copy.wait().map_err(err("recv apart"))?;
+    tally.checked += check(&got[..received.len as usize], 1, 0, 3000, "zero copy apart")?;
+    // To itself (eager only: a rendezvous send to itself would wait for
+    // its own receive).
+    let to_self = [40usize, eager as usize];
+    for (n, &len) in to_self.iter().enumerate() {
+        let data = message(0, 0, 5000 + n as u64, len);
+        world
+            .send_any(0, 60, &data)
+            .map_err(err("send_any to self"))?;
+    }
+    for (n, &len) in to_self.iter().enumerate() {
+        let got = world
+            .recv_any(Some(0), Some(60), &mut buffer)
+            .map_err(err("recv_any from self"))?;
+        if (got.source, got.len) != (0, len as u64) {
+            return Err(format!("to itself: {got:?}, {len} bytes sent"));
+        }
+        tally.checked += check(&buffer[..len], 0, 0, 5000 + n as u64, "to itself")?;
+    }
+    // Nonblocking receives match in the order they were posted; one
+    // dropped unmatched loses no message.
+    let first = world
+        .irecv_any(Some(0), Some(61), vec![0u8; 64])
+        .map_err(err("irecv_any"))?;
+    let mut second = world
+        .irecv_any(None, Some(61), vec![0u8; 64])
+        .map_err(err("irecv_any"))?;
+    if second.test().map_err(err("test"))? {
+        return Err("an any-source receive completed before any send".into());
+    }
+    drop(
+        world
+            .irecv_any(Some(0), Some(62), vec![0u8; 64])
+            .map_err(err("irecv_any"))?,
+    );
+    for (n, tag) in [(0u64, 61u32), (1, 61), (2, 62)] {
+        let data = message(0, 0, 6000 + n, 20 + n as usize);
+        world
+            .send_any(0, tag, &data)
+            .map_err(err("send_any to self"))?;
+    }
+    let (got, second_got) = second.wait().map_err(err("wait"))?;
+    let (first_buffer, first_got) = first.wait().map_err(err("wait"))?;
+    for (n, buffer, got) in [(0u64, &first_buffer, first_got), (1, &got, second_got)] {
+        if (got.source, got.tag, got.len) != (0, 61, 20 + n) {
+            return Err(format!("posted receive {n} got {got:?}"));
+        }
+        tally.checked += check(&buffer[..got.len as usize], 0, 0, 6000 + n, "irecv_any")?;
+    }
+    let got = world
+        .recv_any(Some(0), Some(62), &mut buffer)
+        .map_err(err("recv_any after a dropped irecv_any"))?;
+    if got.len != 22 {
+        return Err(format!("after a dropped irecv_any: {got:?}"));
+    }
+    tally.checked += check(&buffer[..22], 0, 0, 6002, "after a dropped irecv_any")?;
+    // Fairness: with every ring full, receives from anyone go round robin:
+    // each run of size - 1 receives takes one message of every sender.
+    barrier(world).map_err(err("barrier"))?;
+    barrier(world).map_err(err("barrier"))?;
+    let mut next: Vec<Vec<u64>> = (0..size).map(|_| vec![0]).collect();
+    let mut window = HashSet::new();
+    for _ in 0..ANY_ENTRIES {
+        window.clear();
+        for _ in 1..size {
+            let (source, checked) = recv_any_checked(
+                world,
+                None,
+                None,
+                &mut buffer,
+                &mut next,
+                50,
+                1,
+                4000,
+                &|_| 32,
+            )?;
+            tally.checked += checked;
+            if !window.insert(source) {
+                return Err(format!(
+                    "fairness: {source} served twice before every sender was: {window:?}"
+                ));
+            }
+        }
+    }
+    Ok(tally)
+}
+
+fn any_source_death(world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let (me, size) = (world.rank(), world.size());
+    let last = size - 1;
+    if size < 2 || (me != 0 && me != 1 && me != last) {
+        return Ok(tally);
+    }
+    let big = 1usize << 20;
+    if me == 1 && me != last {
+        // Sending to the rank that dies and never receives (it drains its
+        // ring while its own send waits, so credits come back until it
+        // dies): the sends fail once it is gone, not hang.
+        let dead = world.world_rank(last).map_err(err("world rank"))?;
+        let started = Instant::now();
+        let mut sent = 0;
+        let failure = loop {
+            match world.send_any(last, 7, &message(me, last, sent, 32)) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(format!("{sent} sends to a rank that should be dead"));
+            }
+        };
+        if !matches!(failure, Error::PeerGone { peer, .. } if peer == dead) {
+            return Err(format!("sending to a dead rank: {failure}"));
+        }
+        let rendezvous = world.send_any(last, 8, &message(me, last, 0, big));
+        if !matches!(rendezvous, Err(Error::PeerGone { peer, .. }) if peer == dead) {
+            return Err(format!("a rendezvous send to a dead rank: {rendezvous:?}"));
+        }
+        tally.checked += 2;
+        tally
+            .notes
+            .push(format!("{sent} sends before the receiver died"));
+        return Ok(tally);
+    }
+    if me == last {
+        world
+            .send_any(0, 1, &message(me, 0, 1, 100))
+            .map_err(err("send_any"))?;
+        // Die while the rendezvous send below waits for its reader.
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            std::process::exit(0);
+        });
+        let data = message(me, 0, 2, big);
+        let result = world.send_any(0, 2, &data);
+        return Err(format!(
+            "a rendezvous send nobody reads returned: {result:?}"
+        ));
+    }
+    let mut buffer = vec![0u8; big];
+    let got = world
+        .recv_any(Some(last), Some(1), &mut buffer)
+        .map_err(err("recv_any"))?;
+    if (got.source, got.tag, got.len) != (last, 1, 100) {
+        return Err(format!("first message: {got:?}"));
+    }
+    tally.checked += check(&buffer[..100], last, 0, 1, "before death")?;
+    let start = Instant::now();
+    let dead = world.world_rank(last).map_err(err("world rank"))?;
+    let is_gone = |r: &pindown_messaging::Result<_>| matches!(r, Err(Error::PeerGone { peer, .. }) if *peer == dead);
+    // Waits while the sender lives (its rendezvous entry goes to the
+    // unexpected queue meanwhile), fails once it is gone.
+    let never_sent = world.recv_any(Some(last), Some(99), &mut buffer);
+    if !is_gone(&never_sent) {
+        return Err(format!("waiting on a sender that dies: {never_sent:?}"));
+    }
+    let waited = start.elapsed();
+    // The rendezvous message it announced cannot be read any more.
+    let rendezvous = world.recv_any(Some(last), Some(2), &mut buffer);
+    if !is_gone(&rendezvous) {
+        return Err(format!("reading from a dead sender: {rendezvous:?}"));
+    }
+    let named = world.recv_any(Some(last), None, &mut buffer);
+    if !is_gone(&named) {
+        return Err(format!("a receive from a dead sender: {named:?}"));
+    }
+    tally.checked += 3;
+    if size == 2 {
+        let anyone = world.recv_any(None, None, &mut buffer);
+        if !is_gone(&anyone) {
+            return Err(format!("a receive from anyone, everyone dead: {anyone:?}"));
+        }
+        tally.checked += 1;
+    }
+    tally.notes.push(format!(
+        "death noticed after {waited:?}, all errors after {:?}",
+        start.elapsed()
+    ));
     Ok(tally)
 }
 

@@ -214,6 +214,8 @@ pub(crate) struct Engine<'c> {
     part_failures: HashMap<u64, CompletionError>,
     pub(crate) config: Config,
     next_tag: u64,
+    /// The any-source domain's own state (rings, unexpected queue).
+    pub(crate) any: crate::any_source::AnyState,
     completions: Vec<Completion>,
     /// Which contexts are taken (two per communicator).
     pub(crate) contexts_taken: Vec<bool>,
@@ -318,6 +320,7 @@ impl<'c> Engine<'c> {
             deferred_failures: Vec::new(),
             config,
             next_tag: 1,
+            any: crate::any_source::AnyState::new(&layout),
             completions: Vec::new(),
             contexts_taken,
             spool_sent: 0,
@@ -1194,6 +1197,126 @@ impl SendBytes {
             SendBytes::Borrowed { len, .. } => *len,
             SendBytes::Spooled(v) => v.len() as u64,
         }
+    }
+}
+
+/// Scratch offsets of the any-source domain's staged writes (inside the
+/// free scratch; every one travels inline, so the bytes are copied when
+/// posted and the scratch is free again at once).
+const SCRATCH_ANY_HEAD: u64 = 0;
+const SCRATCH_ANY_STAMP: u64 = MAX_INLINE as u64;
+
+/// The any-source domain's requests.
+impl<'c> Engine<'c> {
+    /// Posts the writes of one any-source entry to `peer`: `head` (staged
+    /// in scratch, inline) at `head_at`, then `body` (the first `len`
+    /// bytes of a registered region) at its address, then the 8-byte
+    /// `stamp` at `stamp_at`, fenced after them. The completion of the
+    /// group is recorded under the returned tag (see
+    /// [`plain_done`](Self::plain_done)); the caller keeps `body`'s region
+    /// until then.
+    pub(crate) fn write_entry(
+        &mut self,
+        peer: u32,
+        head: &[u8],
+        head_at: RemoteAddress,
+        body: Option<(&MemoryRegion<'_>, u32, RemoteAddress)>,
+        stamp: u64,
+        stamp_at: RemoteAddress,
+    ) -> Result<u64> {
+        assert!(head.len() <= MAX_INLINE as usize);
+        let tag = self.tag();
+        let scratch = self.layout.scratch();
+        let Engine {
+            qp,
+            cq,
+            completions,
+            control,
+            control_memory,
+            ..
+        } = &mut *self;
+        let own = control.region();
+        let head_local = stage(
+            control_memory,
+            own,
+            scratch,
+            SCRATCH_FREE + SCRATCH_ANY_HEAD,
+            head,
+        )?;
+        let stamp_local = stage(
+            control_memory,
+            own,
+            scratch,
+            SCRATCH_FREE + SCRATCH_ANY_STAMP,
+            &stamp.to_le_bytes(),
+        )?;
+        let mut entries: Vec<Entry<'_>> = Vec::with_capacity(3);
+        entries.push(
+            Write::new(head_local, head_at)
+                .build()
+                .inline()
+                .user_data(tag | PART_BIT),
+        );
+        if let Some((region, len, at)) = body {
+            entries.push(
+                Write::new(region.local(0, len)?, at)
+                    .build()
+                    .user_data(tag | PART_BIT),
+            );
+        }
+        entries.push(
+            Write::new(stamp_local, stamp_at)
+                .build()
+                .inline()
+                .fence()
+                .user_data(tag)
+                .signaled(),
+        );
+        post_entries(qp, cq, completions, &entries)?;
+        self.in_flight.insert(tag, InFlight::Plain { peer });
+        Ok(tag)
+    }
+
+    /// Posts reads of the first `len` bytes of `region` from `remote`
+    /// (a window of `peer`) starting at its offset `offset`; the
+    /// completion of the group is recorded under the returned tag. The
+    /// caller keeps `region` until then.
+    pub(crate) fn read_remote(
+        &mut self,
+        peer: u32,
+        region: &MemoryRegion<'_>,
+        len: u64,
+        remote: RemoteWindow,
+        offset: u64,
+    ) -> Result<u64> {
+        let tag = self.tag();
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(MAX_WRITE);
+            let last = at + n == len;
+            let entry = Read::new(region.local(at, n as u32)?, remote.at(offset + at)).build();
+            entries.push(if last {
+                entry.user_data(tag).signaled()
+            } else {
+                entry.user_data(tag | PART_BIT)
+            });
+            at += n;
+        }
+        self.post(&entries)?;
+        self.in_flight.insert(tag, InFlight::Plain { peer });
+        Ok(tag)
+    }
+
+    /// Starts a liveness check of `peer` (a read of its control memory)
+    /// unless one is in flight; a failure marks the peer gone.
+    pub(crate) fn watch_peer(&mut self, peer: u32) -> Result<()> {
+        self.probe(peer)
+    }
+
+    /// Whether `peer` is known to be gone.
+    pub(crate) fn peer_gone(&self, peer: u32) -> bool {
+        self.peers[peer as usize].gone.is_some()
     }
 }
 

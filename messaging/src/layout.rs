@@ -37,8 +37,52 @@ pub const ANY_ENTRIES: u64 = 16;
 /// Bytes of each any-source ring entry: a 16-byte header and the body of
 /// an eager message.
 pub const ANY_ENTRY_BYTES: u64 = 1024;
-/// Bytes of an any-source entry's header.
+/// Bytes of an any-source entry's header: the stamp word (the message's
+/// sequence number from its sender, 1 first; written last) and the
+/// message word ([`any_message_word`]).
 pub const ANY_HEADER_BYTES: u64 = 16;
+/// The longest body an any-source entry carries in place (eager);
+/// longer messages travel by rendezvous.
+pub const ANY_EAGER_BYTES: u64 = ANY_ENTRY_BYTES - ANY_HEADER_BYTES;
+/// The bit of an any-source message word marking a rendezvous entry
+/// (its body holds the sender's window key and the message length).
+pub const ANY_RENDEZVOUS: u64 = 1 << 63;
+
+/// The message word of an any-source entry: the tag (low 32 bits), the
+/// eager body's length (bits 32..62) or, for rendezvous, the
+/// [`ANY_RENDEZVOUS`] bit.
+pub fn any_message_word(tag: u32, eager_len: Option<u64>) -> u64 {
+    match eager_len {
+        Some(len) => (len & 0x7fff_ffff) << 32 | u64::from(tag),
+        None => ANY_RENDEZVOUS | u64::from(tag),
+    }
+}
+
+/// The tag and (for an eager entry) the body length a message word carries.
+pub fn any_message(word: u64) -> (u32, Option<u64>) {
+    let tag = word as u32;
+    if word & ANY_RENDEZVOUS != 0 {
+        (tag, None)
+    } else {
+        (tag, Some((word >> 32) & 0x7fff_ffff))
+    }
+}
+
+/// The credit word a receiver writes back for one sender's ring: how many
+/// of the sender's entries it has drained (low 32 bits) and how many of
+/// its rendezvous messages it has finished reading (high 32 bits), both
+/// counted modulo 2^32 (a sender compares them with its own counts by
+/// wrapping differences: at most [`ANY_ENTRIES`] entries and one
+/// rendezvous message are ever outstanding).
+pub fn any_credit_word(drained: u64, reads: u64) -> u64 {
+    (reads & 0xffff_ffff) << 32 | (drained & 0xffff_ffff)
+}
+
+/// The (drained, reads) counts of a credit word, modulo 2^32.
+pub fn any_credit_counts(word: u64) -> (u32, u32) {
+    (word as u32, (word >> 32) as u32)
+}
+
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
 
@@ -104,7 +148,8 @@ impl Layout {
 
     /// Offset of the credit word peer `peer` writes in context `context`:
     /// how many entries of this rank's ring at the peer the peer has
-    /// drained.
+    /// drained, and how many of this rank's rendezvous messages it has
+    /// read ([`any_credit_word`]).
     pub fn any_credit(&self, context: u32, peer: u32) -> u64 {
         let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
         self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * 8
@@ -153,5 +198,29 @@ mod tests {
             assert_eq!(done_len(word, generation + 1), None);
         }
         assert_eq!(done_len(0, 1), None, "a fresh word completes nothing");
+    }
+
+    #[test]
+    fn any_message_words_carry_tag_and_kind() {
+        for tag in [0, 7, u32::MAX] {
+            for len in [0, 1, ANY_EAGER_BYTES] {
+                assert_eq!(
+                    any_message(any_message_word(tag, Some(len))),
+                    (tag, Some(len))
+                );
+            }
+            assert_eq!(any_message(any_message_word(tag, None)), (tag, None));
+        }
+    }
+
+    #[test]
+    fn credit_words_carry_both_counts_modulo_2_32() {
+        for (drained, reads) in [(0, 0), (17, 3), (u64::from(u32::MAX) + 5, 1 << 33)] {
+            let (d, r) = any_credit_counts(any_credit_word(drained, reads));
+            assert_eq!(
+                (u64::from(d), u64::from(r)),
+                (drained % (1 << 32), reads % (1 << 32))
+            );
+        }
     }
 }

@@ -25,6 +25,12 @@
 //!   naming works too ([`Communicator::wait_recv`]). Persistent requests
 //!   ([`Communicator::send_init`]) are FMPL's reusable transfer
 //!   descriptors.
+//! * **Any source** ([`Communicator::send_any`],
+//!   [`Communicator::recv_any`], [`Communicator::irecv_any`],
+//!   [`Communicator::probe_any`]): FMPL's
+//!   separate domain for receives that name no source, matched at the
+//!   receiver (rings of entries each sender fills, credits, rendezvous by
+//!   RDMA READ for long messages).
 //! * **Communicators**: the world, [`Communicator::dup`] and
 //!   [`Communicator::split`]; each has its own slots.
 //!
@@ -74,3 +80,6 @@ pub fn context_config() -> ContextConfig {
     config
 }
 pub use error::{Error, Result};
+
+mod any_source;
+pub use any_source::{AnyReceived, AnyRecvRequest, AnyStatus};

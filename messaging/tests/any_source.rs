@@ -1,0 +1,142 @@
+//! The any-source domain end to end: `msg_check launch N any-source`
+//! (every rank but 0 sends mixed sizes and tags to rank 0, which checks
+//! every byte, the per-(source, tag) order, filters, probing and
+//! truncation) on 2, 4 and 8 ranks, and `any-source-death` (a sender dies
+//! in the middle of a rendezvous send; rank 0's receives from it, and
+//! rank 1's sends to it, fail with `PeerGone` instead of hanging).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `msg_check` example's executable, built now if this test's build
+/// did not make it (it lies in `examples/` beside this test's `deps/`).
+fn msg_check() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let built = profile_dir.join("examples/msg_check");
+    if built.exists() {
+        return built;
+    }
+    let release = profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+        "build",
+        "-p",
+        "pindown-messaging",
+        "--example",
+        "msg_check",
+    ]);
+    if release {
+        cargo.arg("--release");
+    }
+    let target = profile_dir.parent().expect("target directory");
+    let status = cargo
+        .arg("--target-dir")
+        .arg(target)
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building msg_check failed");
+    assert!(built.exists(), "{} missing", built.display());
+    built
+}
+
+/// Runs `msg_check launch ranks scenario`, killed if it takes longer than
+/// `limit` (a hang is a failure); returns its exit success and each
+/// rank's JSON line.
+fn launch(ranks: u32, scenario: &str, limit: Duration) -> (bool, Vec<serde_json::Value>) {
+    let mut child = Command::new(msg_check())
+        .args(["launch", &ranks.to_string(), scenario])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start msg_check");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for msg_check") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("msg_check launch {ranks} {scenario} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stdout = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_string(&mut stdout)
+        .expect("read msg_check's output");
+    let lines = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    (status.success(), lines)
+}
+
+/// The line of rank `rank`, asserted to say ok with a nonzero count.
+fn passed(lines: &[serde_json::Value], rank: u64) -> &serde_json::Value {
+    let line = lines
+        .iter()
+        .find(|l| l["rank"].as_u64() == Some(rank))
+        .unwrap_or_else(|| panic!("no line from rank {rank}: {lines:?}"));
+    assert_eq!(line["ok"], serde_json::Value::Bool(true), "{line}");
+    assert!(line["checked"].as_u64().is_some_and(|c| c > 0), "{line}");
+    line
+}
+
+fn any_source_on(ranks: u32) {
+    let (success, lines) = launch(ranks, "any-source", Duration::from_secs(180));
+    assert!(success, "{lines:?}");
+    assert_eq!(lines.len(), ranks as usize, "{lines:?}");
+    for rank in 0..u64::from(ranks) {
+        passed(&lines, rank);
+    }
+}
+
+#[test]
+fn any_source_on_two_ranks() {
+    any_source_on(2);
+}
+
+#[test]
+fn any_source_on_four_ranks() {
+    any_source_on(4);
+}
+
+#[test]
+fn any_source_under_contention_from_seven_senders() {
+    any_source_on(8);
+}
+
+#[test]
+fn a_sender_dying_mid_message_fails_the_receives_from_it() {
+    for ranks in [2, 3] {
+        let (success, lines) = launch(ranks, "any-source-death", Duration::from_secs(60));
+        assert!(success, "{lines:?}");
+        let line = passed(&lines, 0);
+        // The scenario fails unless the message sent before death arrived
+        // intact and every receive from the dead rank said PeerGone.
+        let notes = line["notes"].to_string();
+        assert!(notes.contains("death noticed after"), "{line}");
+        if ranks > 2 {
+            // Rank 1 sent to the dying rank until a send failed with
+            // PeerGone.
+            passed(&lines, 1);
+        }
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["rank"].as_u64() != Some(u64::from(ranks) - 1)),
+            "the dying rank printed a line: {lines:?}"
+        );
+    }
+}
