@@ -29,7 +29,10 @@
 //! `sendbuf_check`), `send-first` (every rank sends to every other
 //! before receiving), `any-index`, `truncation`, `slots` (every slot
 //! outstanding, then the errors beyond), `split` (communicators),
-//! `peer-death` (the last rank exits; the others' receives from it fail),
+//! `typed` (datatypes on either side: a matrix column, a 3-D sub-block,
+//! plain sends into typed receives and back, an oversized message, a type
+//! past its buffer), `peer-death` (the last rank exits; the others'
+//! receives from it fail),
 //! and `collectives`.
 
 use std::collections::HashSet;
@@ -190,6 +193,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "truncation" => truncation(&world),
         "slots" => slots(&world),
         "split" => split(&world),
+        "typed" => typed(&world),
         "peer-death" => peer_death(&world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
@@ -1086,6 +1090,170 @@ fn any_source_death(world: &Communicator<'_>) -> Outcome {
         "death noticed after {waited:?}, all errors after {:?}",
         start.elapsed()
     ));
+    Ok(tally)
+}
+
+/// The byte offsets (of 8-byte elements) of the column `col` of a
+/// `rows` x `row_len` row-major matrix of doubles.
+fn column_offsets(rows: usize, row_len: usize, col: usize) -> Vec<usize> {
+    (0..rows).map(|r| (r * row_len + col) * 8).collect()
+}
+
+/// The byte offsets of the sub-block `sub` at `start` of a C-order 3-D
+/// array of doubles of `dims`.
+fn block_offsets(dims: [usize; 3], sub: [usize; 3], start: [usize; 3]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for i in 0..sub[0] {
+        for j in 0..sub[1] {
+            for k in 0..sub[2] {
+                let (a, b, c) = (start[0] + i, start[1] + j, start[2] + k);
+                out.push(((a * dims[1] + b) * dims[2] + c) * 8);
+            }
+        }
+    }
+    out
+}
+
+/// Gathers the 8-byte elements at `offsets` of `memory`.
+fn gather(memory: &[u8], offsets: &[usize]) -> Vec<u8> {
+    offsets
+        .iter()
+        .flat_map(|&o| memory[o..o + 8].to_vec())
+        .collect()
+}
+
+fn typed(world: &Communicator<'_>) -> Outcome {
+    use pindown_driver::datatype::{Datatype, Order};
+    let mut tally = Tally::default();
+    if world.size() < 2 || world.rank() > 1 {
+        return Ok(tally);
+    }
+    let me = world.rank();
+    let peer = 1 - me;
+    let f64t = Datatype::f64();
+    let (rows, row_len) = (300usize, 301usize);
+    let column = Datatype::vector(rows as u64, 1, row_len as i64, &f64t)
+        .and_then(|t| t.commit())
+        .map_err(|e| e.to_string())?;
+    let dims = [10usize, 12, 14];
+    let (sub, start) = ([3usize, 4, 5], [2usize, 5, 7]);
+    let block = Datatype::subarray(
+        &dims.map(|d| d as u64),
+        &sub.map(|d| d as u64),
+        &start.map(|d| d as u64),
+        Order::C,
+        &f64t,
+    )
+    .and_then(|t| t.commit())
+    .map_err(|e| e.to_string())?;
+    let block_count = sub.iter().product::<usize>();
+    // The 60 elements of the block go to a column of 60 rows.
+    let short_column = Datatype::vector(block_count as u64, 1, row_len as i64, &f64t)
+        .and_then(|t| t.commit())
+        .map_err(|e| e.to_string())?;
+    let matrix_bytes = rows * row_len * 8;
+    let guard = 0x5au8;
+    for round in 0..3u64 {
+        let n = 100 + round;
+        // 1. Column to column (both typed), 2. column to a plain receive,
+        // 3. a plain send to a typed receive.
+        let sender_matrix = message(0, 1, n, matrix_bytes);
+        let offsets = column_offsets(rows, row_len, (round as usize * 7) % row_len);
+        let col = (round as usize * 7) % row_len;
+        if me == 0 {
+            let shifted = &sender_matrix[col * 8..];
+            world
+                .send_typed(peer, 3, shifted, 1, &column)
+                .map_err(err("typed send"))?;
+            world
+                .send_typed(peer, 4, shifted, 1, &column)
+                .map_err(err("typed send to a plain receive"))?;
+            world
+                .send(peer, 5, &gather(&sender_matrix, &offsets))
+                .map_err(err("plain send to a typed receive"))?;
+        } else {
+            let want = gather(&sender_matrix, &offsets);
+            let mut target = vec![guard; matrix_bytes];
+            let got = world
+                .recv_typed(peer, 3, &mut target[col * 8..], 1, &column)
+                .map_err(err("typed receive"))?;
+            if got != rows * 8 || gather(&target, &offsets) != want {
+                return Err(format!("round {round}: column to column arrived wrong"));
+            }
+            let mut inside = vec![false; matrix_bytes];
+            for &o in &offsets {
+                inside[o..o + 8].fill(true);
+            }
+            if (0..matrix_bytes).any(|i| !inside[i] && target[i] != guard) {
+                return Err("a typed receive wrote outside its column".into());
+            }
+            tally.checked += matrix_bytes as u64;
+            let mut plain = vec![0u8; rows * 8];
+            let got = world
+                .recv(peer, 4, &mut plain)
+                .map_err(err("plain receive"))?;
+            if got != rows * 8 || plain != want {
+                return Err(format!("round {round}: column to plain arrived wrong"));
+            }
+            tally.checked += plain.len() as u64;
+            let mut target = vec![guard; matrix_bytes];
+            let got = world
+                .recv_typed(
+                    peer,
+                    5,
+                    &mut target[col * 8..],
+                    rows as u64,
+                    &f64t.commit().map_err(|e| e.to_string())?,
+                )
+                .map_err(err("typed receive of contiguous doubles"))?;
+            if got != rows * 8 || target[col * 8..][..rows * 8] != want[..] {
+                return Err(format!("round {round}: plain to typed arrived wrong"));
+            }
+            tally.checked += (rows * 8) as u64;
+        }
+        // 4. A 3-D sub-block to a column of another shape.
+        let array = message(0, 1, n + 50, dims.iter().product::<usize>() * 8);
+        let block_at = block_offsets(dims, sub, start);
+        if me == 0 {
+            world
+                .send_typed(peer, 6, &array, 1, &block)
+                .map_err(err("sub-block send"))?;
+        } else {
+            let mut target = vec![guard; block_count * row_len * 8];
+            world
+                .recv_typed(peer, 6, &mut target, 1, &short_column)
+                .map_err(err("sub-block receive"))?;
+            let column_at = column_offsets(block_count, row_len, 0);
+            if gather(&target, &column_at) != gather(&array, &block_at) {
+                return Err(format!("round {round}: sub-block to column arrived wrong"));
+            }
+            tally.checked += (block_count * 8) as u64;
+        }
+    }
+    // 5. Too many bytes for a typed receive: an error there, nothing
+    // written, and the sender completes.
+    if me == 0 {
+        let matrix = message(0, 1, 9, matrix_bytes);
+        world
+            .send_typed(peer, 7, &matrix, 1, &column)
+            .map_err(err("oversized typed send"))?;
+    } else {
+        let mut target = vec![guard; block_count * row_len * 8];
+        match world.recv_typed(peer, 7, &mut target, 1, &short_column) {
+            Err(Error::Truncated { message, capacity })
+                if message == (rows * 8) as u64 && capacity == (block_count * 8) as u64 => {}
+            other => return Err(format!("an oversized typed message: {other:?}")),
+        }
+        if target.iter().any(|&b| b != guard) {
+            return Err("a refused typed message wrote bytes".into());
+        }
+        tally.checked += target.len() as u64;
+    }
+    // 6. A type reaching past the buffer is refused before anything moves.
+    match world.recv_typed(peer, 8, &mut [0u8; 64], 1, &column) {
+        Err(Error::Mismatch(_)) => {}
+        other => return Err(format!("a type past its buffer: {other:?}")),
+    }
     Ok(tally)
 }
 

@@ -6,13 +6,16 @@ use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use pindown_driver::datatype::Committed;
 use pindown_driver::launch::Job;
 use pindown_driver::verbs::Context;
+use pindown_uapi::pattern::Pattern;
 use pindown_uapi::queue::MAX_INLINE;
 use stable_deref_trait::StableDeref;
 
 use crate::engine::{Config, Engine, Received, SendBytes};
 use crate::error::{Error, Result};
+use crate::typed::TypedRecv;
 
 /// What [`Messenger::sendbuf_check`] reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +207,7 @@ impl<'c> Communicator<'c> {
                 ptr: data.as_ptr(),
                 len: data.len() as u64,
             },
+            None,
         )?;
         let deadline = timeout.map(|t| Instant::now() + t);
         let posted =
@@ -306,6 +310,7 @@ impl<'c> Communicator<'c> {
                 ptr: buffer.as_ptr(),
                 len: buffer.len() as u64,
             },
+            None,
         )?;
         Ok(SendRequest {
             engine: self.engine.clone(),
@@ -438,6 +443,90 @@ impl<'c> Communicator<'c> {
         })
     }
 
+    /// Sends `count` elements of `datatype` laid out from the start of
+    /// `buffer` (as MPI lays out a typed buffer) to `dest` on slot
+    /// `index`, with no pack: into a typed receive, the receiver reads the
+    /// elements straight from `buffer` with one vector read naming both
+    /// layouts (and tells this rank when it is done); into a plain receive,
+    /// one vector write lands them contiguous. Returns once the bytes have
+    /// moved (the timeout switch spools a typed send as it does any other).
+    pub fn send_typed(
+        &self,
+        dest: u32,
+        index: u32,
+        buffer: &[u8],
+        count: u64,
+        datatype: &Committed,
+    ) -> Result<()> {
+        self.check_index(index)?;
+        let peer = self.world_rank(dest)?;
+        let mut engine = self.engine();
+        let pattern = typed_pattern(&mut engine, buffer.len(), count, datatype)?;
+        let timeout = engine.config.send_timeout;
+        let (slot, generation) = engine.start_send(
+            self.context,
+            peer,
+            index,
+            SendBytes::Borrowed {
+                ptr: buffer.as_ptr(),
+                len: buffer.len() as u64,
+            },
+            Some(pattern),
+        )?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        match engine.wait_until(
+            Some(peer),
+            deadline,
+            |e| Ok(e.send_posted(slot, generation)),
+        ) {
+            Ok(true) => {}
+            Ok(false) => {
+                engine.spool(slot, generation);
+                engine.defer_failure(slot, generation);
+                return Ok(());
+            }
+            Err(err) => {
+                engine.spool(slot, generation);
+                return Err(err);
+            }
+        }
+        engine.wait_until(Some(peer), None, |e| Ok(e.send_completed(slot, generation)))?;
+        match engine.take_send_failure(slot, generation) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Receives `count` elements of `datatype` into `buffer` (laid out from
+    /// its start) from `source` on slot `index`: the receiver-driven vector
+    /// read of [`send_typed`](Self::send_typed) (a plain send works too:
+    /// its bytes are read as a contiguous layout). The message must carry
+    /// exactly the type's bytes: more is [`Error::Truncated`], fewer
+    /// [`Error::Mismatch`]; nothing moves then. Returns the bytes received.
+    pub fn recv_typed(
+        &self,
+        source: u32,
+        index: u32,
+        buffer: &mut [u8],
+        count: u64,
+        datatype: &Committed,
+    ) -> Result<usize> {
+        self.check_index(index)?;
+        let peer = self.world_rank(source)?;
+        let mut engine = self.engine();
+        let pattern = typed_pattern(&mut engine, buffer.len(), count, datatype)?;
+        let offer = engine.take_offer_buffer();
+        let (slot, generation) = engine.post_recv_as(
+            self.context,
+            peer,
+            index,
+            buffer.as_mut_ptr(),
+            buffer.len() as u64,
+            Some(TypedRecv { pattern, offer }),
+        )?;
+        wait_recv(&mut engine, peer, slot, generation).map(|r| r.len as usize)
+    }
+
     /// Every member's `value` (all of the same length), in rank order:
     /// gathered at rank 0 and sent back, on the collective context.
     pub(crate) fn exchange(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -549,6 +638,34 @@ impl<'c> Communicator<'c> {
             owns_context: true,
         }))
     }
+}
+
+/// The pattern of `count` elements of `datatype` over a buffer of
+/// `buffer_len` bytes, checked to lie inside it.
+fn typed_pattern(
+    engine: &mut Engine<'_>,
+    buffer_len: usize,
+    count: u64,
+    datatype: &Committed,
+) -> Result<Pattern> {
+    let lookup = engine
+        .datatypes
+        .get(datatype, count)
+        .map_err(|e| Error::Mismatch(format!("datatype: {e}")))?;
+    let pattern = lookup.descriptor.pattern.clone();
+    let hull = pattern
+        .plan()
+        .map_err(|e| Error::Mismatch(format!("datatype pattern: {e}")))?
+        .hull();
+    if let Some((low, high)) = hull {
+        if low < 0 || high > buffer_len as i64 {
+            return Err(Error::Mismatch(format!(
+                "{count} elements of the datatype span bytes [{low}, {high}) of a \
+                 {buffer_len}-byte buffer"
+            )));
+        }
+    }
+    Ok(pattern)
 }
 
 /// Waits for receive `generation` on `slot` and takes its result.
@@ -710,6 +827,7 @@ impl<B: StableDeref + Deref<Target = [u8]> + 'static> PersistentSend<'_, B> {
                 ptr: buffer.as_ptr(),
                 len: buffer.len() as u64,
             },
+            None,
         )?;
         self.active = Some(started);
         Ok(())

@@ -65,7 +65,7 @@ impl Default for Config {
 }
 
 /// Where a pending send's bytes are.
-enum SendData {
+pub(crate) enum SendData {
     /// In the caller's memory, which stays valid until the send completes
     /// (a blocking call, or a request holding the buffer).
     Borrowed { ptr: *const u8, len: u64 },
@@ -74,7 +74,7 @@ enum SendData {
 }
 
 impl SendData {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             // SAFETY: the owner of a borrowed send keeps the buffer alive
             // and unchanged until the send has completed (see
@@ -91,14 +91,16 @@ impl SendData {
 struct PendingSend {
     generation: u64,
     data: SendData,
+    /// The layout of a typed send's bytes in its buffer (contiguous if none).
+    pattern: Option<pindown_uapi::pattern::Pattern>,
 }
 
 /// A receive posted and not yet completed.
-struct ActiveRecv<'c> {
-    generation: u64,
-    capacity: u64,
+pub(crate) struct ActiveRecv<'c> {
+    pub(crate) generation: u64,
+    pub(crate) capacity: u64,
     /// Keeps the receive buffer registered while the peer may write it.
-    region: Option<MemoryRegion<'c>>,
+    pub(crate) region: Option<MemoryRegion<'c>>,
     /// The cached window the peer writes through (its id), held in use.
     window_start: Option<u64>,
     /// The any-tag slot: the done word comes with the index the sender
@@ -106,6 +108,10 @@ struct ActiveRecv<'c> {
     any_tag: bool,
     /// Set once the done word arrived (or the post failed).
     result: Option<Result<Received>>,
+    /// A typed receive: its pattern and offer buffer.
+    pub(crate) typed: Option<crate::typed::TypedRecv>,
+    /// A typed receive reading the sender's bytes: the tag of its read.
+    pub(crate) reading: Option<u64>,
 }
 
 /// What a completed receive got.
@@ -119,10 +125,10 @@ pub struct Received {
 
 /// One slot's local bookkeeping (none of it is shared).
 #[derive(Default)]
-struct SlotState<'c> {
+pub(crate) struct SlotState<'c> {
     /// Receives posted on the slot (the last one's generation).
     recvs_posted: u64,
-    recv: Option<ActiveRecv<'c>>,
+    pub(crate) recv: Option<ActiveRecv<'c>>,
     /// Result of the last receive completed and not yet taken.
     finished_recv: Option<(u64, Result<Received>)>,
     /// Sends started on the slot (generations handed out, matched or not).
@@ -130,7 +136,7 @@ struct SlotState<'c> {
     /// Sends whose writes are posted or done.
     sends_posted: u64,
     /// Sends whose writes completed.
-    sends_completed: u64,
+    pub(crate) sends_completed: u64,
     /// Sends a wait by (peer, index) has covered.
     sends_claimed: u64,
     /// Sends waiting for their receive, oldest first.
@@ -141,7 +147,7 @@ struct SlotState<'c> {
 }
 
 /// A request posted to the device and not completed.
-enum InFlight<'c> {
+pub(crate) enum InFlight<'c> {
     /// A send's writes: body parts then the done word.
     Send {
         slot: u64,
@@ -153,6 +159,11 @@ enum InFlight<'c> {
     Post { slot: u64, generation: u64 },
     /// A liveness check of a peer.
     Probe { peer: u32 },
+    /// A typed send's offer and done word; the send completes on the
+    /// receiver's notice.
+    Offer(crate::typed::Notice<'c>),
+    /// A typed receive's read of the sender's bytes.
+    TypedRead { slot: u64, generation: u64 },
     /// Raw writes of the any-source domain or collectives: completion
     /// recorded by tag.
     Plain { peer: u32 },
@@ -160,13 +171,13 @@ enum InFlight<'c> {
 
 /// User data bit marking a request whose completion is not the last of
 /// its group (only its failure matters).
-const PART_BIT: u64 = 1 << 63;
+pub(crate) const PART_BIT: u64 = 1 << 63;
 
 /// Bytes a done word's batch stages in scratch: the body (inline up to
 /// [`MAX_INLINE`]), the index word, the done word.
-const SCRATCH_BODY: u64 = 0;
-const SCRATCH_INDEX: u64 = 512;
-const SCRATCH_DONE: u64 = 520;
+pub(crate) const SCRATCH_BODY: u64 = 0;
+pub(crate) const SCRATCH_INDEX: u64 = 512;
+pub(crate) const SCRATCH_DONE: u64 = 520;
 const SCRATCH_RECORD: u64 = 528;
 const SCRATCH_PROBE: u64 = 576;
 /// Free scratch for the any-source domain and collectives.
@@ -176,8 +187,8 @@ pub(crate) const SCRATCH_FREE: u64 = 1024;
 const MAX_WRITE: u64 = 1 << 30;
 
 /// Peer state.
-struct Peer {
-    control: RemoteWindow,
+pub(crate) struct Peer {
+    pub(crate) control: RemoteWindow,
     gone: Option<String>,
     probe_in_flight: bool,
 }
@@ -187,17 +198,17 @@ pub(crate) struct Engine<'c> {
     // Field order is drop order: the queue pair before its completion
     // queue, windows over user memory before the control window, the
     // control window before its memory.
-    qp: QueuePair<'c>,
-    cq: CompletionQueue<'c>,
+    pub(crate) qp: QueuePair<'c>,
+    pub(crate) cq: CompletionQueue<'c>,
     pub(crate) windows: WindowCache<'c>,
-    in_flight: HashMap<u64, InFlight<'c>>,
-    control: RegionWindow<'c>,
-    control_memory: DmaBuffer,
+    pub(crate) in_flight: HashMap<u64, InFlight<'c>>,
+    pub(crate) control: RegionWindow<'c>,
+    pub(crate) control_memory: DmaBuffer,
     pub(crate) context: &'c Context,
     pub(crate) layout: Layout,
     pub(crate) rank: u32,
-    peers: Vec<Peer>,
-    slots: Vec<SlotState<'c>>,
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) slots: Vec<SlotState<'c>>,
     /// Slots with sends waiting for their receive.
     waiting_slots: Vec<u64>,
     /// Slots with receives posted.
@@ -206,6 +217,15 @@ pub(crate) struct Engine<'c> {
     plain_failures: HashMap<u64, Error>,
     /// Failures of sends, by slot and generation, until taken.
     send_failures: HashMap<(u64, u64), Error>,
+    /// Patterns of (datatype, count), compiled once.
+    pub(crate) datatypes: pindown_driver::datatype::DescriptorCache,
+    /// Offer buffers of typed receives, kept for reuse (their windows stay
+    /// bound in the cache).
+    pub(crate) offer_pool: Vec<Box<[u8]>>,
+    /// Typed sends whose offer went out, waiting for the receiver's notice.
+    pub(crate) notices: Vec<crate::typed::Notice<'c>>,
+    /// Typed reads that completed, to finish at the next progress.
+    pub(crate) reads_done: Vec<(u64, u64, Option<CompletionError>)>,
     /// Sends returned to their callers before completing.
     deferred_sends: Vec<(u64, u64)>,
     /// Failures of such sends, until reported.
@@ -216,7 +236,7 @@ pub(crate) struct Engine<'c> {
     next_tag: u64,
     /// The any-source domain's own state (rings, unexpected queue).
     pub(crate) any: crate::any_source::AnyState,
-    completions: Vec<Completion>,
+    pub(crate) completions: Vec<Completion>,
     /// Which contexts are taken (two per communicator).
     pub(crate) contexts_taken: Vec<bool>,
     /// Sends that left the spool.
@@ -316,6 +336,10 @@ impl<'c> Engine<'c> {
             plain_failures: HashMap::new(),
             send_failures: HashMap::new(),
             part_failures: HashMap::new(),
+            datatypes: pindown_driver::datatype::DescriptorCache::new(Default::default()),
+            offer_pool: Vec::new(),
+            notices: Vec::new(),
+            reads_done: Vec::new(),
             deferred_sends: Vec::new(),
             deferred_failures: Vec::new(),
             config,
@@ -458,17 +482,63 @@ impl<'c> Engine<'c> {
         ptr: *mut u8,
         capacity: u64,
     ) -> Result<(u64, u64)> {
+        self.post_recv_as(context, peer, index, ptr, capacity, None)
+    }
+
+    /// [`post_recv`](Self::post_recv), typed when `typed` is given: the
+    /// receive's pattern over its buffer, with its offer buffer. The match
+    /// record then names the offer buffer and carries the pattern's length
+    /// with [`layout::TYPED_RECEIVE`].
+    pub(crate) fn post_recv_as(
+        &mut self,
+        context: u32,
+        peer: u32,
+        index: u32,
+        ptr: *mut u8,
+        capacity: u64,
+        typed: Option<crate::typed::TypedRecv>,
+    ) -> Result<(u64, u64)> {
         self.check_peer(peer)?;
         let slot = self.layout.slot(context, peer, index);
         if self.slots[slot as usize].recv.is_some() {
             return Err(Error::SlotBusy { peer, index });
         }
-        let (key, offset, region, window_start) = if capacity == 0 {
-            (self.control.remote().key, self.layout.scratch(), None, None)
+        let (key, offset, region, window_start, capacity) = if let Some(typed) = &typed {
+            let region = if capacity == 0 {
+                None
+            } else {
+                Some(self.context.register(ptr as u64, capacity)?)
+            };
+            let offer = typed.offer.as_ptr() as u64;
+            let (window, start, id) =
+                self.windows
+                    .acquire(self.context, offer, typed.offer.len() as u64)?;
+            let len = typed.pattern.len;
+            (
+                window.key,
+                offer - start,
+                region,
+                Some(id),
+                len | layout::TYPED_RECEIVE,
+            )
+        } else if capacity == 0 {
+            (
+                self.control.remote().key,
+                self.layout.scratch(),
+                None,
+                None,
+                0,
+            )
         } else {
             let region = self.context.register(ptr as u64, capacity)?;
             let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
-            (window.key, ptr as u64 - start, Some(region), Some(id))
+            (
+                window.key,
+                ptr as u64 - start,
+                Some(region),
+                Some(id),
+                capacity,
+            )
         };
         let generation = self.slots[slot as usize].recvs_posted + 1;
         let mut record = [0u8; 24];
@@ -526,11 +596,13 @@ impl<'c> Engine<'c> {
         state.finished_recv = None;
         state.recv = Some(ActiveRecv {
             generation,
-            capacity,
+            capacity: capacity & !layout::TYPED_RECEIVE,
             region,
             window_start,
             any_tag: index == self.config.slots,
             result: None,
+            typed,
+            reading: None,
         });
         self.active_slots.push(slot);
         Ok((slot, generation))
@@ -587,7 +659,18 @@ impl<'c> Engine<'c> {
                     .unwrap()
                     .result
                     .take(),
-                None => layout::done_len(word, recv.generation).map(|len| {
+                None if recv.typed.is_some() => match layout::done_len(word, recv.generation) {
+                    Some((len, true)) if recv.reading.is_none() => {
+                        self.start_typed_read(slot, len);
+                        i += 1;
+                        continue;
+                    }
+                    Some((len, false)) => Some(Err(Error::Mismatch(format!(
+                        "a typed receive got {len} bytes written, not an offer"
+                    )))),
+                    _ => None,
+                },
+                None => layout::done_len(word, recv.generation).map(|(len, _)| {
                     let index = if recv.any_tag {
                         self.load(done_at + 8) as u32
                     } else {
@@ -613,7 +696,7 @@ impl<'c> Engine<'c> {
         }
     }
 
-    fn finish_recv(&mut self, slot: u64, result: Result<Received>) {
+    pub(crate) fn finish_recv(&mut self, slot: u64, result: Result<Received>) {
         let state = &mut self.slots[slot as usize];
         if let Some(recv) = state.recv.take() {
             if let Some(id) = recv.window_start {
@@ -621,6 +704,9 @@ impl<'c> Engine<'c> {
             }
             drop(recv.region);
             state.finished_recv = Some((recv.generation, result));
+            if let Some(typed) = recv.typed {
+                self.offer_pool.push(typed.offer);
+            }
         }
     }
 
@@ -635,6 +721,7 @@ impl<'c> Engine<'c> {
         peer: u32,
         index: u32,
         data: SendBytes,
+        pattern: Option<pindown_uapi::pattern::Pattern>,
     ) -> Result<(u64, u64)> {
         self.check_peer(peer)?;
         if data.len() > layout::MAX_MESSAGE {
@@ -654,9 +741,11 @@ impl<'c> Engine<'c> {
         if state.waiting.is_empty() {
             self.waiting_slots.push(slot);
         }
-        self.slots[slot as usize]
-            .waiting
-            .push_back(PendingSend { generation, data });
+        self.slots[slot as usize].waiting.push_back(PendingSend {
+            generation,
+            data,
+            pattern,
+        });
         self.try_sends(slot)?;
         Ok((slot, generation))
     }
@@ -745,6 +834,36 @@ impl<'c> Engine<'c> {
             let offset = self.load(record_at + 8);
             let capacity = self.load(record_at + 16);
             let index = (slot % slots_per_peer) as u32;
+            let remote_slot = self.layout.slot(
+                ((slot / slots_per_peer) / u64::from(self.layout.ranks)) as u32,
+                self.rank,
+                (target_slot % slots_per_peer) as u32,
+            );
+            if capacity & layout::TYPED_RECEIVE != 0 || pending.pattern.is_some() {
+                let result = self.post_typed_send(
+                    crate::typed::Matched {
+                        peer,
+                        slot,
+                        generation,
+                        key,
+                        offset,
+                        capacity,
+                        any_tag_index: (target_slot == any_slot && slot != any_slot)
+                            .then_some(index),
+                        remote_slot,
+                        record_at,
+                        target_slot,
+                        receive_generation,
+                    },
+                    pending.data,
+                    pending.pattern,
+                );
+                self.slots[slot as usize].sends_posted = generation;
+                if let Err(err) = result {
+                    self.fail_send(slot, generation, err);
+                }
+                continue;
+            }
             let result = self.post_send(
                 peer,
                 slot,
@@ -869,7 +988,7 @@ impl<'c> Engine<'c> {
                         .user_data(tag | PART_BIT),
                 );
             }
-            let word = layout::done_word(receive_generation, len);
+            let word = layout::done_word(receive_generation, len, false);
             let local = stage(
                 control_memory,
                 own,
@@ -906,7 +1025,7 @@ impl<'c> Engine<'c> {
         Ok(())
     }
 
-    fn fail_send(&mut self, slot: u64, generation: u64, err: Error) {
+    pub(crate) fn fail_send(&mut self, slot: u64, generation: u64, err: Error) {
         let state = &mut self.slots[slot as usize];
         state.sends_completed = state.sends_completed.max(generation);
         self.send_failures.insert((slot, generation), err);
@@ -952,24 +1071,24 @@ impl<'c> Engine<'c> {
     /// Reaps completions.
     fn reap(&mut self) -> Result<()> {
         // Completions stashed while posting came first.
-        let mut completions = std::mem::take(&mut self.completions);
-        self.cq.poll_into(&mut completions)?;
-        for completion in completions.drain(..) {
-            self.complete(completion);
+        self.cq.poll_into(&mut self.completions)?;
+        while !self.completions.is_empty() {
+            for completion in std::mem::take(&mut self.completions) {
+                self.complete(completion);
+            }
         }
-        self.completions = completions;
         Ok(())
     }
 
     /// The world rank a slot's peer is.
-    fn slot_peer(&self, slot: u64) -> u32 {
+    pub(crate) fn slot_peer(&self, slot: u64) -> u32 {
         ((slot / u64::from(self.layout.slots)) % u64::from(self.layout.ranks)) as u32
     }
 
     /// The error a failed request to `peer` means: the peer gone (and
     /// marked so) when the device says its port or node is, else the
     /// device's own words.
-    fn peer_failure(&mut self, peer: u32, err: CompletionError) -> Error {
+    pub(crate) fn peer_failure(&mut self, peer: u32, err: CompletionError) -> Error {
         if err.status == Status::PeerGone
             || matches!(
                 err.detail,
@@ -1016,6 +1135,17 @@ impl<'c> Engine<'c> {
                     }
                 }
             }
+            Some(InFlight::Offer(notice)) => match failure {
+                None => self.notices.push(notice),
+                Some(err) => {
+                    let err = self.peer_failure(self.slot_peer(notice.slot), err);
+                    self.fail_send(notice.slot, notice.generation, err);
+                    self.windows.release(notice.window_id);
+                }
+            },
+            Some(InFlight::TypedRead { slot, generation }) => {
+                self.reads_done.push((slot, generation, failure));
+            }
             Some(InFlight::Probe { peer }) => {
                 self.peers[peer as usize].probe_in_flight = false;
                 if let Some(err) = failure {
@@ -1037,6 +1167,12 @@ impl<'c> Engine<'c> {
     /// buffers of dropped requests.
     pub(crate) fn progress(&mut self) -> Result<()> {
         self.reap()?;
+        if !self.reads_done.is_empty() {
+            self.finish_typed_reads()?;
+        }
+        if !self.notices.is_empty() {
+            self.check_notices();
+        }
         if !self.waiting_slots.is_empty() {
             for slot in self.waiting_slots.clone() {
                 self.try_sends(slot)?;
@@ -1332,7 +1468,7 @@ fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N
 
 /// Posts `entries` on `qp`; while the send queue is full, reaps
 /// completions into `stash` (processed by the next reap) to make room.
-fn post_entries(
+pub(crate) fn post_entries(
     qp: &mut QueuePair<'_>,
     cq: &mut CompletionQueue<'_>,
     stash: &mut Vec<Completion>,
@@ -1354,7 +1490,7 @@ fn post_entries(
 /// Stages `bytes` at `at` of the scratch memory (which starts at
 /// `scratch` in `memory`, registered as `region`) and gives the local
 /// range, ready to post inline.
-fn stage<'r>(
+pub(crate) fn stage<'r>(
     memory: &DmaBuffer,
     region: &'r MemoryRegion<'_>,
     scratch: u64,

@@ -28,10 +28,22 @@ pub const MATCH_RECORD_BYTES: u64 = 32;
 pub const MATCH_STAMP_AT: u64 = 24;
 /// Bytes of a done word.
 pub const DONE_WORD_BYTES: u64 = 8;
-/// Bits of the message length in a done word.
+/// Bits of the message length in a done word (the top one of them is
+/// [`OFFER_FLAG`]).
 pub const DONE_LEN_BITS: u32 = 40;
+/// Set in a done word's length field when the sender left an offer (its
+/// window and access pattern) for the receiver to read from, instead of
+/// writing the body: the typed rendezvous.
+pub const OFFER_FLAG: u64 = 1 << (DONE_LEN_BITS - 1);
 /// The longest message a done word can report.
-pub const MAX_MESSAGE: u64 = (1 << DONE_LEN_BITS) - 1;
+pub const MAX_MESSAGE: u64 = OFFER_FLAG - 1;
+/// Set in a match record's capacity when the receive is typed: its key
+/// and offset name the receiver's offer buffer, not the receive buffer.
+pub const TYPED_RECEIVE: u64 = 1 << 63;
+/// Set in the first word of a match record by a typed receive once it has
+/// read the sender's bytes: the sender's notice (the low bits carry the
+/// receive's generation).
+pub const READ_NOTICE: u64 = 1 << 62;
 /// Entries in each any-source ring.
 pub const ANY_ENTRIES: u64 = 16;
 /// Bytes of each any-source ring entry: a 16-byte header and the body of
@@ -86,15 +98,18 @@ pub fn any_credit_counts(word: u64) -> (u32, u32) {
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
 
-/// The done word reporting `len` bytes for the receive of generation `generation`.
-pub fn done_word(generation: u64, len: u64) -> u64 {
-    (generation & 0xff_ffff) << DONE_LEN_BITS | (len & MAX_MESSAGE)
+/// The done word reporting `len` bytes for the receive of generation
+/// `generation`; `offer`: the bytes wait in the sender's memory.
+pub fn done_word(generation: u64, len: u64, offer: bool) -> u64 {
+    let flag = if offer { OFFER_FLAG } else { 0 };
+    (generation & 0xff_ffff) << DONE_LEN_BITS | (len & MAX_MESSAGE) | flag
 }
 
-/// Whether `word` completes the receive of generation `generation`, and
-/// the message length it reports.
-pub fn done_len(word: u64, generation: u64) -> Option<u64> {
-    (word >> DONE_LEN_BITS == generation & 0xff_ffff).then_some(word & MAX_MESSAGE)
+/// Whether `word` completes the receive of generation `generation`: the
+/// message length it reports, and whether it is an offer.
+pub fn done_len(word: u64, generation: u64) -> Option<(u64, bool)> {
+    (word >> DONE_LEN_BITS == generation & 0xff_ffff)
+        .then_some((word & MAX_MESSAGE, word & OFFER_FLAG != 0))
 }
 
 /// The control area's shape, the same on every rank of a job.
@@ -193,9 +208,11 @@ mod tests {
     #[test]
     fn done_words_carry_generation_and_length() {
         for (generation, len) in [(1, 0), (2, 8), (0x100_0001, MAX_MESSAGE), (77, 1 << 30)] {
-            let word = done_word(generation, len);
-            assert_eq!(done_len(word, generation), Some(len));
-            assert_eq!(done_len(word, generation + 1), None);
+            for offer in [false, true] {
+                let word = done_word(generation, len, offer);
+                assert_eq!(done_len(word, generation), Some((len, offer)));
+                assert_eq!(done_len(word, generation + 1), None);
+            }
         }
         assert_eq!(done_len(0, 1), None, "a fresh word completes nothing");
     }

@@ -58,6 +58,7 @@ mod comm;
 mod engine;
 mod error;
 pub mod layout;
+mod typed;
 mod windows;
 
 pub use comm::{

@@ -15,6 +15,7 @@ use crate::error::Result;
 
 struct Entry<'c> {
     id: u64,
+    access: Access,
     start: u64,
     len: u64,
     window: RegionWindow<'c>,
@@ -54,12 +55,23 @@ impl<'c> WindowCache<'c> {
         addr: u64,
         len: u64,
     ) -> Result<(RemoteWindow, u64, u64)> {
+        self.acquire_for(context, addr, len, Access::REMOTE_WRITE)
+    }
+
+    /// [`acquire`](Self::acquire) a window granting `access`.
+    pub(crate) fn acquire_for(
+        &mut self,
+        context: &'c Context,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(RemoteWindow, u64, u64)> {
         self.clock += 1;
         if let Some(entry) = self
             .entries
             .iter_mut()
             .rev()
-            .find(|e| e.start <= addr && addr + len <= e.start + e.len)
+            .find(|e| e.access == access && e.start <= addr && addr + len <= e.start + e.len)
         {
             entry.in_use += 1;
             entry.last_use = self.clock;
@@ -71,11 +83,12 @@ impl<'c> WindowCache<'c> {
             self.evict();
         }
         let region = context.register(addr, len)?;
-        let window = context.bind_region_window(region, 0, len, Access::REMOTE_WRITE, None)?;
+        let window = context.bind_region_window(region, 0, len, access, None)?;
         let remote = window.remote();
         self.next_id += 1;
         self.entries.push(Entry {
             id: self.next_id,
+            access,
             start: addr,
             len,
             window,

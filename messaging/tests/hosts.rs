@@ -110,6 +110,8 @@ fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
         ("truncation", &[][..]),
         ("slots", &[][..]),
         ("split", &[][..]),
+        ("typed", &[][..]),
+        ("any-source", &[][..]),
     ] {
         let lines = hydra(dir.path(), scenario, args);
         let checked: u64 = lines.iter().map(common::checked).sum();
