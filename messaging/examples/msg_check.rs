@@ -92,6 +92,7 @@ fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
         if ready.elapsed() > Duration::from_secs(20) {
             eprintln!("the device did not create its sockets");
             let _ = device.kill();
+            let _ = device.wait();
             return ExitCode::FAILURE;
         }
         std::thread::sleep(Duration::from_millis(10));

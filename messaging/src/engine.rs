@@ -377,11 +377,6 @@ impl<'c> Engine<'c> {
         self.word(offset).load(Ordering::Acquire)
     }
 
-    /// Writes a control word of this rank's own memory.
-    pub(crate) fn store(&self, offset: u64, value: u64) {
-        self.word(offset).store(value, Ordering::Release)
-    }
-
     /// The control memory's first byte.
     pub(crate) fn control_ptr(&self) -> *mut u8 {
         self.control_memory.as_ptr()
@@ -390,11 +385,6 @@ impl<'c> Engine<'c> {
     /// The control window of world rank `peer`.
     pub(crate) fn peer_control(&self, peer: u32) -> RemoteWindow {
         self.peers[peer as usize].control
-    }
-
-    /// The control region, to name local ranges of it.
-    pub(crate) fn control_region(&self) -> &MemoryRegion<'c> {
-        self.control.region()
     }
 
     /// Fails if `peer` is known to be gone.
@@ -736,7 +726,6 @@ impl<'c> Engine<'c> {
         let generation = state.sends_started;
         let data = match data {
             SendBytes::Borrowed { ptr, len } => SendData::Borrowed { ptr, len },
-            SendBytes::Spooled(v) => SendData::Spooled(v),
         };
         if state.waiting.is_empty() {
             self.waiting_slots.push(slot);
@@ -852,7 +841,6 @@ impl<'c> Engine<'c> {
                             .then_some(index),
                         remote_slot,
                         record_at,
-                        target_slot,
                         receive_generation,
                     },
                     pending.data,
@@ -1323,15 +1311,12 @@ impl Engine<'_> {
 pub(crate) enum SendBytes {
     /// The caller's memory, valid and unchanged until the send completes.
     Borrowed { ptr: *const u8, len: u64 },
-    /// Bytes the engine owns.
-    Spooled(Vec<u8>),
 }
 
 impl SendBytes {
     fn len(&self) -> u64 {
         match self {
             SendBytes::Borrowed { len, .. } => *len,
-            SendBytes::Spooled(v) => v.len() as u64,
         }
     }
 }

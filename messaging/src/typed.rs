@@ -51,7 +51,6 @@ pub(crate) struct Matched {
     pub(crate) any_tag_index: Option<u32>,
     pub(crate) remote_slot: u64,
     pub(crate) record_at: u64,
-    pub(crate) target_slot: u64,
     pub(crate) receive_generation: u64,
 }
 
