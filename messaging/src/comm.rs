@@ -296,6 +296,20 @@ impl<'c> Communicator<'c> {
     /// once; the request gives the buffer back when the send completed. The
     /// message goes out when its receive is posted (from any later call on
     /// this rank).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// // Exchange with a neighbour: post the receive, start the send, compute, wait.
+    /// let peer = (world.rank() + 1) % world.size();
+    /// let from = (world.rank() + world.size() - 1) % world.size();
+    /// let incoming = world.irecv(from, 3, vec![0u8; 1 << 20])?;
+    /// let outgoing = world.isend(peer, 3, vec![7u8; 1 << 20])?;
+    /// // ... computation overlaps the transfer ...
+    /// let (data, received) = incoming.wait()?;
+    /// let buffer = outgoing.wait()?; // the send buffer, reusable
+    /// assert_eq!(received.len as usize, data.len());
+    /// # Ok(()) }
+    /// ```
     pub fn isend<B>(&self, dest: u32, index: u32, buffer: B) -> Result<SendRequest<'c, B>>
     where
         B: StableDeref + Deref<Target = [u8]> + 'static,
@@ -450,6 +464,22 @@ impl<'c> Communicator<'c> {
     /// layouts (and tells this rank when it is done); into a plain receive,
     /// one vector write lands them contiguous. Returns once the bytes have
     /// moved (the timeout switch spools a typed send as it does any other).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use pindown_driver::datatype::Datatype;
+    /// // Column 0 of a 1000 x 1000 matrix of doubles, into 1000 contiguous doubles.
+    /// let column = Datatype::vector(1000, 1, 1000, &Datatype::f64())?.commit()?;
+    /// let dense = Datatype::contiguous(1000, &Datatype::f64())?.commit()?;
+    /// if world.rank() == 0 {
+    ///     let matrix = vec![0u8; 1000 * 1000 * 8];
+    ///     world.send_typed(1, 0, &matrix, 1, &column)?;
+    /// } else if world.rank() == 1 {
+    ///     let mut values = vec![0u8; 1000 * 8];
+    ///     world.recv_typed(0, 0, &mut values, 1, &dense)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn send_typed(
         &self,
         dest: u32,
