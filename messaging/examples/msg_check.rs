@@ -195,11 +195,12 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "slots" => slots(&world),
         "split" => split(&world),
         "typed" => typed(&world),
+        "device-death" => device_death(&world),
         "peer-death" => peer_death(&world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank).
-    if scenario != "peer-death" && scenario != "any-source-death" {
+    if !["peer-death", "any-source-death", "device-death"].contains(&scenario) {
         barrier(&world).map_err(|e| format!("final barrier: {e}"))?;
         drop(world);
         messenger
@@ -1255,6 +1256,24 @@ fn typed(world: &Communicator<'_>) -> Outcome {
         Err(Error::Mismatch(_)) => {}
         other => return Err(format!("a type past its buffer: {other:?}")),
     }
+    Ok(tally)
+}
+
+/// Every rank waits for a message nobody sends, until the device is taken
+/// away (by the test): the wait must end with `PeerGone`.
+fn device_death(world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let peer = (world.rank() + 1) % world.size();
+    let start = Instant::now();
+    match world.recv(peer, 0, &mut [0u8; 8]) {
+        Err(Error::PeerGone { .. }) => {}
+        other => return Err(format!("a wait with the device gone: {other:?}")),
+    }
+    tally.checked += 1;
+    tally.notes.push(format!(
+        "the device's end noticed after {:?}",
+        start.elapsed()
+    ));
     Ok(tally)
 }
 

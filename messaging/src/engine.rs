@@ -186,11 +186,17 @@ pub(crate) const SCRATCH_FREE: u64 = 1024;
 /// The longest write the engine posts as one request.
 const MAX_WRITE: u64 = 1 << 30;
 
+/// How many liveness intervals a check may go unanswered before its peer
+/// counts as gone.
+const PROBE_PATIENCE: u32 = 10;
+
 /// Peer state.
 pub(crate) struct Peer {
     pub(crate) control: RemoteWindow,
     gone: Option<String>,
     probe_in_flight: bool,
+    /// When the liveness check in flight was posted.
+    probe_sent: Option<Instant>,
 }
 
 /// One rank's engine.
@@ -310,6 +316,7 @@ impl<'c> Engine<'c> {
                 control,
                 gone: None,
                 probe_in_flight: false,
+                probe_sent: None,
             });
         }
         let mut cq = context.create_completion_queue();
@@ -1217,6 +1224,7 @@ impl<'c> Engine<'c> {
             .signaled();
         post_entries(qp, cq, completions, &[entry])?;
         self.peers[peer as usize].probe_in_flight = true;
+        self.peers[peer as usize].probe_sent = Some(Instant::now());
         self.in_flight.insert(tag, InFlight::Probe { peer });
         Ok(())
     }
@@ -1258,6 +1266,17 @@ impl<'c> Engine<'c> {
                     self.probe(peer)?;
                     next_probe = now + self.config.liveness_interval;
                 }
+                // A check the device never answers: the device (ours or
+                // the peer's) is gone or stuck.
+                let patience = self.config.liveness_interval * PROBE_PATIENCE;
+                let state = &mut self.peers[peer as usize];
+                if state.probe_in_flight
+                    && state.probe_sent.is_some_and(|sent| now - sent > patience)
+                {
+                    state.gone.get_or_insert(format!(
+                        "the device did not answer a check of it within {patience:?}"
+                    ));
+                }
             }
             let waited = now - start;
             if waited > Duration::from_millis(20) {
@@ -1275,7 +1294,13 @@ impl Drop for Engine<'_> {
     /// port), for at most a few seconds.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.in_flight.is_empty() && Instant::now() < deadline {
+        let unfinished = |engine: &Self| {
+            engine
+                .in_flight
+                .values()
+                .any(|request| !matches!(request, InFlight::Probe { .. }))
+        };
+        while unfinished(self) && Instant::now() < deadline {
             if self.reap().is_err() {
                 break;
             }

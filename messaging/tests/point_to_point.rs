@@ -119,3 +119,38 @@ fn typed_messages_move_between_any_layouts_with_no_pack() {
         lines[1]
     );
 }
+
+#[test]
+fn waits_end_with_peer_gone_when_the_device_goes_away() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut device =
+        pindown_emu_device::testing::DeviceProcess::start(&common::msg_check(), 2, &[]).unwrap();
+    let kv = tempfile::tempdir().unwrap();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(common::msg_check())
+                .args(["rank", "device-death"])
+                .env("PINDOWN_RANK", r.to_string())
+                .env("PINDOWN_SIZE", "2")
+                .env("PINDOWN_LOCAL_RANK", r.to_string())
+                .env("PINDOWN_KV_DIR", kv.path())
+                .env("PINDOWN_DEVICE_DIR", device.dir())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Instant::now();
+    assert!(device.terminate(Duration::from_secs(5)));
+    for rank in ranks {
+        let output = rank.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        let line: serde_json::Value = serde_json::from_str(text.trim()).expect(&text);
+        assert_eq!(line["ok"], true, "{line}");
+        eprintln!("{line}");
+    }
+    // Liveness checks every 200 ms, unanswered after 10 of them: gone.
+    assert!(killed.elapsed() < Duration::from_secs(30));
+}

@@ -34,7 +34,7 @@ use pindown_benches::stats::Summary;
 use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::opcode::Write;
 use pindown_driver::verbs::{Context, RemoteWindow};
-use pindown_messaging::{Communicator, Config, Messenger};
+use pindown_messaging::{Communicator, Config, Messenger, Op};
 use pindown_uapi::Access;
 use serde_json::{json, Value};
 
@@ -73,6 +73,10 @@ fn main() -> ExitCode {
 /// What one run measures.
 struct Plan {
     sizes: Vec<usize>,
+    /// Rank counts of the collectives (2, then the growth).
+    ranks: Vec<usize>,
+    /// Sizes of the broadcasts and allreduces beyond 2 ranks.
+    growth_sizes: Vec<usize>,
     iterations: usize,
     repeats: usize,
     posted: Vec<usize>,
@@ -98,6 +102,8 @@ impl Plan {
         };
         Plan {
             sizes,
+            ranks: if quick { vec![2, 4] } else { vec![2, 4, 8] },
+            growth_sizes: vec![8, 1 << 20],
             iterations: if quick { 300 } else { 3000 },
             repeats: if quick { 3 } else { 10 },
             posted: vec![1, 600],
@@ -112,6 +118,15 @@ impl Plan {
             format!("iterations={}", self.iterations),
             format!("repeats={}", self.repeats),
             format!("posted={}", posted.join(",")),
+        ]
+    }
+
+    /// The arguments of collective runs beyond 2 ranks.
+    fn collective_args(&self) -> Vec<String> {
+        let sizes: Vec<String> = self.growth_sizes.iter().map(usize::to_string).collect();
+        vec![
+            format!("sizes={}", sizes.join(",")),
+            format!("iterations={}", self.iterations),
         ]
     }
 
@@ -154,6 +169,19 @@ fn run(quick: bool) -> Result<Value, Box<dyn Error>> {
     eprintln!("fmpl: pindown ping-pong and table 2");
     let ours_pingpong = run_ranks(&exe, 2, "pingpong", &plan.args())?;
     let ours_preposted = run_ranks(&exe, 2, "preposted", &plan.args())?;
+    let mut ours_collectives = Vec::new();
+    let collective_sizes = plan.collective_args();
+    for &ranks in &plan.ranks {
+        eprintln!("fmpl: pindown collectives on {ranks} ranks");
+        let args = if ranks == 2 {
+            plan.args()
+        } else {
+            collective_sizes.clone()
+        };
+        for mode in ["barrier", "bcast", "allreduce"] {
+            ours_collectives.extend(run_ranks(&exe, ranks, mode, &args)?);
+        }
+    }
     let mut peers = serde_json::Map::new();
     let mut verified = true;
     let mut notes = Vec::new();
@@ -186,17 +214,48 @@ fn run(quick: bool) -> Result<Value, Box<dyn Error>> {
             FmplMode::Preposted,
             &["posted=1,600", "order=reverse", &repeats],
         )?;
+        let mut collectives = Vec::new();
+        for &ranks in &plan.ranks {
+            let sizes: Vec<String> = if ranks == 2 {
+                plan.sizes.iter().map(usize::to_string).collect()
+            } else {
+                plan.growth_sizes.iter().map(usize::to_string).collect()
+            };
+            let sizes = format!("sizes={}", sizes.join(","));
+            for mode in [FmplMode::Barrier, FmplMode::Bcast, FmplMode::Allreduce] {
+                collectives.extend(mpi::run_fmpl_compare(
+                    flavor,
+                    &binary,
+                    ranks,
+                    mode,
+                    &[&sizes, &iterations],
+                )?);
+            }
+        }
         peers.insert(
             flavor.name().to_string(),
-            json!({"pingpong": pingpong, "preposted": preposted}),
+            json!({"pingpong": pingpong, "preposted": preposted, "collectives": collectives}),
         );
     }
-    let targets = targets(&ours_pingpong, &ours_preposted, &peers, &mut verified);
+    let mut targets = targets(&ours_pingpong, &ours_preposted, &peers, &mut verified);
+    if let Some(barrier) = ours_collectives
+        .iter()
+        .find(|f| f["test"] == "barrier" && f["ranks"] == 2)
+    {
+        let time = barrier["time_us"].as_f64().unwrap_or(f64::NAN);
+        targets.push(
+            json!({"target": "barrier on 2 ranks <= 1.5 us", "time_us": time,
+            "met": time <= 1.5}),
+        );
+    } else {
+        verified = false;
+    }
     Ok(json!({
         "benchmark": "fmpl",
         "quick": quick,
         "cache_line_round_trip_us": cache_line.median,
-        "pindown": {"pingpong": ours_pingpong, "preposted": ours_preposted},
+        "pindown": {"pingpong": ours_pingpong, "preposted": ours_preposted,
+            "collectives": ours_collectives},
         "mpi": peers,
         "targets": targets,
         "notes": notes,
@@ -333,6 +392,9 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
     let figures = match mode.as_str() {
         "pingpong" => pingpong(&context, &mut job, &world, &plan)?,
         "preposted" => preposted(&world, &plan)?,
+        "barrier" => barrier(&world, &plan)?,
+        "bcast" => bcast(&world, &plan)?,
+        "allreduce" => allreduce(&world, &plan)?,
         other => return Err(format!("unknown mode {other}").into()),
     };
     if world.rank() == 0 {
@@ -641,6 +703,118 @@ fn preposted(world: &Communicator<'_>, plan: &Plan) -> Result<Vec<Value>, Box<dy
             "send_gap_us": Summary::of(&mut send_gaps).median,
             "latency_us": Summary::of(&mut latencies).median,
         }));
+    }
+    Ok(figures)
+}
+
+/// Times `call` `iterations` times after `warmup` untimed ones, each
+/// after a barrier, and returns each iteration's time as the largest over
+/// the ranks (microseconds), as the MPI program does.
+fn time_collective(
+    world: &Communicator<'_>,
+    warmup: usize,
+    iterations: usize,
+    mut call: impl FnMut() -> Result<(), Box<dyn Error>>,
+) -> Result<Vec<f64>, Box<dyn Error>> {
+    for _ in 0..warmup {
+        call()?;
+    }
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        world.barrier()?;
+        let start = Instant::now();
+        call()?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut largest = vec![0.0; times.len()];
+    world.allreduce(&times, &mut largest, Op::Max)?;
+    Ok(largest)
+}
+
+fn barrier(world: &Communicator<'_>, plan: &Plan) -> Result<Vec<Value>, Box<dyn Error>> {
+    let iterations = plan.iterations;
+    for _ in 0..iterations / 10 {
+        world.barrier()?;
+    }
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        world.barrier()?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut largest = vec![0.0; times.len()];
+    world.allreduce(&times, &mut largest, Op::Max)?;
+    let summary = Summary::of(&mut largest);
+    Ok(vec![
+        json!({"test": "barrier", "ranks": world.size(), "iterations": iterations,
+        "time_us": summary.median, "p99_us": summary.p99}),
+    ])
+}
+
+fn bcast(world: &Communicator<'_>, plan: &Plan) -> Result<Vec<Value>, Box<dyn Error>> {
+    let mut figures = Vec::new();
+    for &bytes in &plan.sizes {
+        let iterations = iterations_for(bytes, plan.iterations);
+        let mut buffer = vec![0u8; bytes];
+        let mut n = 0u64;
+        let mut mismatch = false;
+        let mut times = time_collective(world, (iterations / 10).max(1), iterations, || {
+            n += 1;
+            if world.rank() == 0 {
+                fill(&mut buffer, n);
+            }
+            world.broadcast(0, &mut buffer)?;
+            if world.rank() != 0 && !stamped(&buffer, n) {
+                mismatch = true;
+            }
+            Ok(())
+        })?;
+        if mismatch || (world.rank() != 0 && !whole(&buffer, n)) {
+            return Err(format!("broadcast of {bytes} bytes arrived wrong").into());
+        }
+        let summary = Summary::of(&mut times);
+        figures.push(
+            json!({"test": "bcast", "ranks": world.size(), "bytes": bytes,
+            "iterations": iterations, "time_us": summary.median, "p99_us": summary.p99}),
+        );
+    }
+    Ok(figures)
+}
+
+fn allreduce(world: &Communicator<'_>, plan: &Plan) -> Result<Vec<Value>, Box<dyn Error>> {
+    let mut figures = Vec::new();
+    let size = f64::from(world.size());
+    for &bytes in plan.sizes.iter().filter(|&&b| b >= 8) {
+        let count = bytes / 8;
+        let iterations = iterations_for(bytes, plan.iterations);
+        let mut n = 0u64;
+        let mut wrong = None;
+        let mut result = vec![0.0f64; count];
+        let mut mine = vec![0.0f64; count];
+        let mut times = time_collective(world, (iterations / 10).max(1), iterations, || {
+            n += 1;
+            // Small integers: every sum is exact, in any order.
+            for (i, v) in mine.iter_mut().enumerate() {
+                *v = ((i as u64 + n) % 1000) as f64 + f64::from(world.rank());
+            }
+            world.allreduce(&mine, &mut result, Op::Sum)?;
+            let ranks_sum = size * (size - 1.0) / 2.0;
+            if let Some(i) =
+                (0..count).find(|&i| result[i] != ((i as u64 + n) % 1000) as f64 * size + ranks_sum)
+            {
+                wrong = Some(i);
+            }
+            Ok(())
+        })?;
+        if let Some(i) = wrong {
+            return Err(format!("allreduce of {bytes} bytes: element {i} wrong").into());
+        }
+        let summary = Summary::of(&mut times);
+        figures.push(
+            json!({"test": "allreduce", "ranks": world.size(), "bytes": bytes,
+            "count": count, "iterations": iterations, "time_us": summary.median,
+            "p99_us": summary.p99}),
+        );
     }
     Ok(figures)
 }
