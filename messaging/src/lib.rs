@@ -48,12 +48,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod collective;
 mod comm;
 mod engine;
 mod error;
 pub mod layout;
 mod windows;
 
+pub use collective::{BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,

@@ -70,7 +70,12 @@ impl<'c> WindowCache<'c> {
         if self.entries.len() >= self.capacity {
             self.evict();
         }
-        let region = context.register(addr, len)?;
+        let region = match context.register(addr, len) {
+            // Idle windows hold pinned memory: under the pin limit, let
+            // them go and try again.
+            Err(_) if self.evict_idle() > 0 => context.register(addr, len)?,
+            other => other?,
+        };
         let window = context.bind_region_window(region, 0, len, Access::REMOTE_WRITE, None)?;
         let remote = window.remote();
         self.next_id += 1;
@@ -83,6 +88,16 @@ impl<'c> WindowCache<'c> {
             last_use: self.clock,
         });
         Ok((remote, addr, self.next_id))
+    }
+
+    /// Revokes every window no receive uses (their pinned memory goes
+    /// back to the pin-down cache); how many.
+    pub(crate) fn evict_idle(&mut self) -> usize {
+        let before = self.entries.len();
+        while self.entries.iter().any(|e| e.in_use == 0) {
+            self.evict();
+        }
+        before - self.entries.len()
     }
 
     /// Marks window `id` no longer used by one receive.
