@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! msg_check launch N SCENARIO [--mode sync|buffered|switch] # a device with N ports, N ranks
+//!                                  [--poll]                   # the device busy-polls
 //! msg_check rank SCENARIO                                   # one rank (under mpiexec, or launch)
 //! msg_check device ARGS...                                   # the emulated NIC
 //! ```
@@ -73,6 +74,8 @@ fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
         .arg(&sockets)
         .arg("--ports")
         .arg(n.to_string())
+        // `--poll`: the device busy-polls its rings (for timings).
+        .args(args.iter().filter(|a| *a == "--poll"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -82,6 +85,7 @@ fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
         if ready.elapsed() > Duration::from_secs(20) {
             eprintln!("the device did not create its sockets");
             let _ = device.kill();
+            let _ = device.wait();
             return ExitCode::FAILURE;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -128,6 +132,12 @@ struct Tally {
 type Outcome = Result<Tally, String>;
 
 fn rank(scenario: &str, args: &[String]) -> ExitCode {
+    // The heap never shrinks through brk: a trim from inside the pin-down
+    // cache's locked sections blocks on the unmap monitor, which waits for
+    // that lock (a deadlock of the cache seen with the collectives'
+    // large-buffer churn; to be fixed in pincache).
+    // SAFETY: mallopt only changes the allocator's tuning parameters.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) };
     let mut job = match Job::from_environment() {
         Ok(job) => job,
         Err(err) => {
@@ -147,6 +157,9 @@ fn rank(scenario: &str, args: &[String]) -> ExitCode {
         ),
     };
     println!("{line}");
+    if std::env::var_os("MSG_CHECK_TRACE").is_some() {
+        eprintln!("{line}");
+    }
     if outcome.is_ok() {
         let _ = job.finalize();
         ExitCode::SUCCESS
@@ -896,6 +909,9 @@ mod collectives {
             if all { "allreduce" } else { "reduce" },
             T::NAME
         );
+        if std::env::var_os("MSG_CHECK_TRACE").is_some() {
+            eprintln!("rank {}: {what}", comm.rank());
+        }
         if all {
             comm.allreduce_with(&mine, &mut got, op, algorithm)
         } else {
@@ -1064,7 +1080,12 @@ mod collectives {
             };
             let all = random.below(2) == 0;
             if std::env::var_os("MSG_CHECK_TRACE").is_some() {
-                eprintln!("rank {} (of {}): case {}", comm.rank(), comm.size(), case.case);
+                eprintln!(
+                    "rank {} (of {}): case {}",
+                    comm.rank(),
+                    comm.size(),
+                    case.case
+                );
             }
             let checked = match case.case % 10 {
                 0 => barrier(&case, &mut random, BarrierAlgorithm::Dissemination)?,
@@ -1083,7 +1104,101 @@ mod collectives {
         Ok(())
     }
 
+    /// Microseconds per call of `call`, run `iterations` times after a
+    /// warm-up, the slowest rank's figure (every rank reports the same).
+    fn time(
+        world: &Communicator<'_>,
+        iterations: u32,
+        mut call: impl FnMut() -> pindown_messaging::Result<()>,
+    ) -> Result<f64, String> {
+        for _ in 0..iterations.div_ceil(10) {
+            call().map_err(err("warm-up"))?;
+        }
+        world.barrier().map_err(err("barrier"))?;
+        let start = std::time::Instant::now();
+        for _ in 0..iterations {
+            call().map_err(err("timed call"))?;
+        }
+        let mine = [start.elapsed().as_secs_f64() * 1e6 / f64::from(iterations)];
+        let mut slowest = [0.0];
+        world
+            .allreduce(&mine, &mut slowest, Op::Max)
+            .map_err(err("allreduce"))?;
+        Ok(slowest[0])
+    }
+
+    /// `--time`: figures of each algorithm (notes), for the default table.
+    fn timing(world: &Communicator<'_>, args: &[String]) -> Outcome {
+        let mut tally = Tally::default();
+        let scale = flag(args, "--iterations", 1000) as u32;
+        if world.size() == 2 {
+            let mut buffer = [0u8; 8];
+            let peer = 1 - world.rank();
+            let us = time(world, scale * 5, || {
+                if world.rank() == 0 {
+                    world.send(peer, 0, &buffer)?;
+                    world.recv(peer, 0, &mut buffer).map(drop)
+                } else {
+                    world.recv(peer, 0, &mut buffer)?;
+                    world.send(peer, 0, &buffer)
+                }
+            })?;
+            tally.notes.push(format!("ping-pong 8 B one way: {:.2} us", us / 2.0));
+        }
+        for algorithm in [
+            BarrierAlgorithm::Dissemination,
+            BarrierAlgorithm::BinaryTree,
+        ] {
+            let us = time(world, scale * 5, || world.barrier_with(algorithm))?;
+            tally
+                .notes
+                .push(format!("barrier {algorithm:?}: {us:.2} us"));
+        }
+        for bytes in [8usize, 256, 4096, 65536, 1 << 20] {
+            let send = vec![1.0f64; bytes / 8];
+            let mut receive = vec![0.0f64; bytes / 8];
+            for algorithm in [
+                ReduceAlgorithm::FlagWords,
+                ReduceAlgorithm::RecursiveDoubling,
+                ReduceAlgorithm::BinaryTree,
+            ] {
+                if algorithm == ReduceAlgorithm::FlagWords && bytes > 256 {
+                    continue;
+                }
+                let iterations = (scale * 64 / (bytes as u32 / 64 + 64)).max(10);
+                let us = time(world, iterations, || {
+                    world.allreduce_with(&send, &mut receive, Op::Sum, algorithm)
+                })?;
+                tally
+                    .notes
+                    .push(format!("allreduce {bytes} B {algorithm:?}: {us:.2} us"));
+            }
+        }
+        for bytes in [8usize, 65536, 256 << 10, 1 << 20, 4 << 20] {
+            let mut buffer = vec![7u8; bytes];
+            for algorithm in [
+                BroadcastAlgorithm::BinomialTree,
+                BroadcastAlgorithm::Pipelined,
+            ] {
+                let iterations = (scale * 64 / (bytes as u32 / 1024 + 64)).max(10);
+                let mut root = 0;
+                let us = time(world, iterations, || {
+                    root = (root + 1) % world.size();
+                    world.broadcast_with(root, &mut buffer, algorithm)
+                })?;
+                tally
+                    .notes
+                    .push(format!("broadcast {bytes} B {algorithm:?}: {us:.2} us"));
+            }
+        }
+        tally.checked = tally.notes.len() as u64;
+        Ok(tally)
+    }
+
     pub(super) fn run(world: &Communicator<'_>, args: &[String]) -> Outcome {
+        if args.iter().any(|a| a == "--time") {
+            return timing(world, args);
+        }
         let seed = flag(args, "--seed", 0x00c0_11ec);
         let count = flag(args, "--cases", 60);
         let mut tally = Tally::default();

@@ -318,7 +318,7 @@ impl Group<'_> {
     }
 
     /// World rank of the member at `relative` ranks after `root`.
-    fn from_root(&self, root: u32, relative: u32) -> u32 {
+    fn world_of_relative(&self, root: u32, relative: u32) -> u32 {
         self.world((root + relative) % self.size())
     }
 
@@ -679,7 +679,7 @@ fn broadcast_binomial(
     let mut mask = 1;
     while mask < n {
         if relative & mask != 0 {
-            let parent = group.from_root(root, relative - mask);
+            let parent = group.world_of_relative(root, relative - mask);
             let posted = post_recv(
                 engine,
                 group.context,
@@ -697,7 +697,7 @@ fn broadcast_binomial(
         mask >>= 1;
         while mask > 0 {
             if relative + mask < n {
-                let child = group.from_root(root, relative + mask);
+                let child = group.world_of_relative(root, relative + mask);
                 sends.start(
                     engine,
                     group.context,
@@ -722,11 +722,11 @@ fn broadcast_pipelined(
 ) -> Result<()> {
     let n = group.size();
     let relative = group.relative(root);
-    let parent = (relative > 0).then(|| group.from_root(root, (relative - 1) / 2));
+    let parent = (relative > 0).then(|| group.world_of_relative(root, (relative - 1) / 2));
     let children: Vec<u32> = [2 * relative + 1, 2 * relative + 2]
         .into_iter()
         .filter(|&c| c < n)
-        .map(|c| group.from_root(root, c))
+        .map(|c| group.world_of_relative(root, c))
         .collect();
     let len = buffer.len();
     let chunks = len.div_ceil(chunk).max(1);
@@ -808,7 +808,7 @@ fn reduce_tree<T: Element>(
     let relative = group.relative(root);
     for child in [2 * relative + 1, 2 * relative + 2] {
         if child < n {
-            let peer = group.from_root(root, child);
+            let peer = group.world_of_relative(root, child);
             let incoming = recv_temporary(
                 engine,
                 group.context,
@@ -819,7 +819,7 @@ fn reduce_tree<T: Element>(
         }
     }
     if relative > 0 {
-        let parent = group.from_root(root, (relative - 1) / 2);
+        let parent = group.world_of_relative(root, (relative - 1) / 2);
         let bytes = bytes_of(accumulated);
         with_sends(engine, |engine, sends| {
             sends.start(

@@ -334,7 +334,7 @@ impl<'c> Engine<'c> {
     }
 
     fn word(&self, offset: u64) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.bytes());
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.layout.bytes());
         // SAFETY: `offset` is an 8-aligned offset inside the control
         // memory (every layout offset is), which lives as long as the
         // engine; peers write it only through the device, whose aligned
@@ -1093,7 +1093,7 @@ impl<'c> Engine<'c> {
                 self.check_peer(peer)?;
             }
             polls = polls.wrapping_add(1);
-            if polls % 64 != 0 {
+            if !polls.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }

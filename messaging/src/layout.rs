@@ -69,6 +69,11 @@ const STEP_EPOCH_WORD: u64 = TREE_RELEASE_WORD + 1;
 /// Bits of a step epoch word that carry the data's length (the epoch is
 /// above them).
 pub const STEP_LEN_BITS: u32 = 12;
+// A step's data goes in one inline write, and its length fits its word.
+const _: () = assert!(
+    COLLECTIVE_DATA_BYTES <= pindown_uapi::queue::MAX_INLINE as u64
+        && COLLECTIVE_DATA_BYTES < 1 << STEP_LEN_BITS
+);
 
 /// The done word reporting `len` bytes for the receive of generation `generation`.
 pub fn done_word(generation: u64, len: u64) -> u64 {
@@ -292,8 +297,6 @@ mod tests {
         for pair in ranges.windows(2) {
             assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{pair:?} overlap");
         }
-        assert!(COLLECTIVE_DATA_BYTES <= u64::from(pindown_uapi::queue::MAX_INLINE));
-        assert!(COLLECTIVE_DATA_BYTES < 1 << STEP_LEN_BITS);
         for (epoch, len) in [(1, 0), (7, 256), (1 << 40, 8)] {
             assert_eq!(step_epoch_len(step_word(epoch, len)), (epoch, len));
         }
