@@ -734,7 +734,8 @@ mod collectives {
         /// A user operation (associative and commutative), differing
         /// from the built-in ones.
         fn user(a: Self, b: Self) -> Self;
-        fn magnitude(self) -> f64;
+        /// Compares absolute values, written out independently.
+        fn compare_magnitudes(self, other: Self) -> Ordering;
         fn same(self, other: Self) -> bool;
     }
 
@@ -750,8 +751,8 @@ mod collectives {
                     // The larger of the two, both rounded down.
                     a.floor().max(b.floor())
                 }
-                fn magnitude(self) -> f64 {
-                    f64::from(self).abs()
+                fn compare_magnitudes(self, other: Self) -> Ordering {
+                    f64::total_cmp(&f64::from(self).abs(), &f64::from(other).abs())
                 }
                 fn same(self, other: Self) -> bool {
                     self.to_bits() == other.to_bits()
@@ -776,8 +777,10 @@ mod collectives {
                 fn user(a: Self, b: Self) -> Self {
                     a ^ b
                 }
-                fn magnitude(self) -> f64 {
-                    (self as i128).unsigned_abs() as f64
+                fn compare_magnitudes(self, other: Self) -> Ordering {
+                    (self as i128)
+                        .unsigned_abs()
+                        .cmp(&(other as i128).unsigned_abs())
                 }
                 fn same(self, other: Self) -> bool {
                     self == other
@@ -832,18 +835,15 @@ mod collectives {
             }
             Which::Max => greater(a, b),
             Which::MaxAbs | Which::MinAbs => {
-                let (ma, mb) = (a.magnitude(), b.magnitude());
-                let b_wins = if matches!(which, Which::MaxAbs) {
-                    mb > ma
+                let wanted = if matches!(which, Which::MaxAbs) {
+                    Ordering::Greater
                 } else {
-                    mb < ma
+                    Ordering::Less
                 };
-                if b_wins {
-                    b
-                } else if ma == mb {
-                    greater(a, b)
-                } else {
-                    a
+                match b.compare_magnitudes(a) {
+                    Ordering::Equal => greater(a, b),
+                    order if order == wanted => b,
+                    _ => a,
                 }
             }
             Which::User => T::user(a, b),
@@ -1143,7 +1143,9 @@ mod collectives {
                     world.send(peer, 0, &buffer)
                 }
             })?;
-            tally.notes.push(format!("ping-pong 8 B one way: {:.2} us", us / 2.0));
+            tally
+                .notes
+                .push(format!("ping-pong 8 B one way: {:.2} us", us / 2.0));
         }
         for algorithm in [
             BarrierAlgorithm::Dissemination,

@@ -42,25 +42,46 @@ use crate::engine::{Engine, SendBytes};
 use crate::error::{Error, Result};
 use crate::layout::{self, COLLECTIVE_DATA_BYTES, COLLECTIVE_ROUNDS, COLLECTIVE_STEPS};
 
-// ---- the default choice (measured; see the algorithms' docs) ----
+// ---- the default choice ----
+//
+// Measured with `msg_check launch N collectives --time` on the 2-core
+// development machine (event-driven device; microseconds per call, the
+// slowest rank; 8-byte ping-pong one way: 258 us on 2 ranks there):
+//
+// | call                    | 2 ranks                        | 4 ranks                        |
+// |-------------------------|--------------------------------|--------------------------------|
+// | barrier                 | dissemination 195, tree 231    | dissemination 631, tree 853    |
+// | allreduce 8 B           | flags 200, rec. doubling 438, tree 514 | flags 569, r.d. 1686, tree 1909 |
+// | allreduce 256 B         | flags 203, r.d. 439, tree 490  | flags 884, r.d. 1770, tree 1729 |
+// | allreduce 4 KiB, 64 KiB | r.d. 440/435, tree 477/485     | r.d. 1843/1897, tree 1689/1855 |
+// | allreduce 1 MiB         | r.d. 5718, tree 3716           | r.d. 10137, tree 13833         |
+// | broadcast 1 MiB         | binomial 329, pipelined 1797   | binomial 893, pipelined 4530   |
+// | broadcast 4 MiB         | binomial 503, pipelined 7118   | binomial 1231, pipelined 17701 |
+//
+// Hence: flag words for every barrier and every reduction that fits
+// them; recursive doubling above, but the tree from 1 MiB on 2 ranks;
+// the binomial broadcast at every size (each chunk of the pipeline
+// costs a device wake-up here, more than the overlap gains).
 
 /// Broadcasts of at least this many bytes use the pipelined binary tree
-/// (on 3 ranks or more); shorter ones the binomial tree.
-pub const BROADCAST_PIPELINE_MIN: usize = 256 << 10;
+/// by default: never on the machine measured (see the table in the
+/// source), where the binomial tree won at every size up to 4 MiB.
+pub const BROADCAST_PIPELINE_MIN: usize = usize::MAX;
 /// Chunk of the pipelined broadcast.
 pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
-/// Reductions of at most this many bytes ride the flag words.
+/// Reductions of at most this many bytes ride the flag words by default.
 pub const REDUCE_FLAG_MAX: usize = COLLECTIVE_DATA_BYTES as usize;
-/// Allreduces of at least this many bytes reduce up a binary tree and
-/// broadcast back; shorter ones (beyond the flag words) use recursive
-/// doubling.
+/// Allreduces of at least this many bytes on 2 ranks reduce and
+/// broadcast (binary tree) by default; shorter ones beyond the flag
+/// words, and all on more ranks, use recursive doubling.
 pub const ALLREDUCE_TREE_MIN: usize = 1 << 20;
 
 /// How a barrier synchronises.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BarrierAlgorithm {
-    /// The default: [`Dissemination`](Self::Dissemination) (fewer
-    /// sequential writes than the tree on every rank count measured).
+    /// The default: [`Dissemination`](Self::Dissemination) (faster than
+    /// the tree on every rank count measured: 195 against 231 us on 2
+    /// ranks, 631 against 853 on 4).
     #[default]
     Auto,
     /// FMPL's software barrier: arrivals go up a binary tree of flag
@@ -76,8 +97,8 @@ pub enum BarrierAlgorithm {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BroadcastAlgorithm {
     /// The default: [`Pipelined`](Self::Pipelined) for messages of
-    /// [`BROADCAST_PIPELINE_MIN`] bytes and more on 3 ranks or more,
-    /// else [`BinomialTree`](Self::BinomialTree).
+    /// [`BROADCAST_PIPELINE_MIN`] bytes and more on 3 ranks or more
+    /// (never, as measured), else [`BinomialTree`](Self::BinomialTree).
     #[default]
     Auto,
     /// Whole-message zero-copy sends down a binomial tree rooted at the
@@ -95,9 +116,9 @@ pub enum ReduceAlgorithm {
     /// The default: [`FlagWords`](Self::FlagWords) up to
     /// [`REDUCE_FLAG_MAX`] bytes; above, a reduce uses
     /// [`BinaryTree`](Self::BinaryTree), an allreduce
-    /// [`RecursiveDoubling`](Self::RecursiveDoubling) below
-    /// [`ALLREDUCE_TREE_MIN`] bytes and the binary tree (reduce, then
-    /// broadcast) from there.
+    /// [`RecursiveDoubling`](Self::RecursiveDoubling), but on 2 ranks
+    /// from [`ALLREDUCE_TREE_MIN`] bytes the binary tree (reduce, then
+    /// broadcast).
     #[default]
     Auto,
     /// Recursive doubling over flag words (data, then a fenced epoch
@@ -1163,7 +1184,7 @@ impl Communicator<'_> {
         let bytes = std::mem::size_of_val(send);
         let algorithm = match algorithm {
             ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => ReduceAlgorithm::FlagWords,
-            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN => {
+            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN || group.size() > 2 => {
                 ReduceAlgorithm::RecursiveDoubling
             }
             ReduceAlgorithm::Auto => ReduceAlgorithm::BinaryTree,

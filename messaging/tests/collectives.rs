@@ -91,7 +91,7 @@ fn collectives_on_one_to_eight_ranks_match_the_reference() {
     eprintln!("collectives seed {seed}");
     for ranks in 1..=8 {
         // Fewer cases as the ranks crowd the cores.
-        let cases = if ranks <= 4 { 40 } else { 24 };
+        let cases = if ranks <= 4 { 80 } else { 50 };
         run_collectives(&exe, ranks, seed, cases);
     }
 }
