@@ -64,9 +64,10 @@ use crate::layout::{self, COLLECTIVE_DATA_BYTES, COLLECTIVE_ROUNDS, COLLECTIVE_S
 // costs a device wake-up here, more than the overlap gains).
 
 /// Broadcasts of at least this many bytes use the pipelined binary tree
-/// by default: never on the machine measured (see the table in the
-/// source), where the binomial tree won at every size up to 4 MiB.
-pub const BROADCAST_PIPELINE_MIN: usize = usize::MAX;
+/// by default (on 3 ranks or more): `None`, never, on the machine
+/// measured (see the table in the source), where the binomial tree won
+/// at every size up to 4 MiB.
+pub const BROADCAST_PIPELINE_MIN: Option<usize> = None;
 /// Chunk of the pipelined broadcast.
 pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
 /// Reductions of at most this many bytes ride the flag words by default.
@@ -1033,7 +1034,8 @@ impl Communicator<'_> {
         let mut engine = self.engine();
         let algorithm = match algorithm {
             BroadcastAlgorithm::Auto
-                if buffer.len() >= BROADCAST_PIPELINE_MIN && group.size() >= 3 =>
+                if BROADCAST_PIPELINE_MIN.is_some_and(|min| buffer.len() >= min)
+                    && group.size() >= 3 =>
             {
                 BroadcastAlgorithm::Pipelined
             }

@@ -55,7 +55,10 @@ mod error;
 pub mod layout;
 mod windows;
 
-pub use collective::{BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm};
+pub use collective::{
+    BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm, ALLREDUCE_TREE_MIN,
+    BROADCAST_PIPELINE_MIN, PIPELINE_CHUNK_BYTES, REDUCE_FLAG_MAX,
+};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,
