@@ -27,6 +27,13 @@
 //!   descriptors.
 //! * **Communicators**: the world, [`Communicator::dup`] and
 //!   [`Communicator::split`]; each has its own slots.
+//! * **Collectives** on any communicator: [`Communicator::barrier`],
+//!   [`Communicator::broadcast`], [`Communicator::reduce`] and
+//!   [`Communicator::allreduce`] ([`Op`]: sum, min, max, FMPL's
+//!   max-absolute and min-absolute, user closures; [`Element`] types),
+//!   barriers and small reductions on flag words written with one remote
+//!   write each, larger data zero copy; each with a `_with` variant that
+//!   names the algorithm, the default chosen by size and rank count.
 //!
 //! ```no_run
 //! use pindown_driver::launch::{device_socket, Job};
