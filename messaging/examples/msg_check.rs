@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! msg_check launch N SCENARIO [--mode sync|buffered|switch] # a device with N ports, N ranks
+//!                                  [--poll]                   # the device busy-polls
 //! msg_check rank SCENARIO                                   # one rank (under mpiexec, or launch)
 //! msg_check device ARGS...                                   # the emulated NIC
 //! msg_check --socket-dir DIR ...                             # the same, as a device binary
@@ -32,8 +33,12 @@
 //! `typed` (datatypes on either side: a matrix column, a 3-D sub-block,
 //! plain sends into typed receives and back, an oversized message, a type
 //! past its buffer), `peer-death` (the last rank exits; the others'
-//! receives from it fail),
-//! and `collectives`.
+//! receives from it fail), `device-death` (every rank waits until the
+//! device is taken away), and `collectives` (barriers, broadcasts,
+//! reduces and allreduces with every algorithm, random roots, sizes 0 B to
+//! 4 MiB, element types and operations, on the world, a split and a dup;
+//! `--seed S`, `--cases N`; results compared with a reference each rank
+//! computes from every rank's seeded contribution).
 
 use std::collections::HashSet;
 use std::process::{Command, ExitCode, Stdio};
@@ -83,6 +88,8 @@ fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
         .arg(&sockets)
         .arg("--ports")
         .arg(n.to_string())
+        // `--poll`: the device busy-polls its rings (for timings).
+        .args(args.iter().filter(|a| *a == "--poll"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -139,6 +146,12 @@ struct Tally {
 type Outcome = Result<Tally, String>;
 
 fn rank(scenario: &str, args: &[String]) -> ExitCode {
+    // The heap never shrinks through brk: a trim from inside the pin-down
+    // cache's locked sections blocks on the unmap monitor, which waits for
+    // that lock (a deadlock of the cache seen with the collectives'
+    // large-buffer churn; to be fixed in pincache).
+    // SAFETY: mallopt only changes the allocator's tuning parameters.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) };
     let mut job = match Job::from_environment() {
         Ok(job) => job,
         Err(err) => {
@@ -158,6 +171,9 @@ fn rank(scenario: &str, args: &[String]) -> ExitCode {
         ),
     };
     println!("{line}");
+    if std::env::var_os("MSG_CHECK_TRACE").is_some() {
+        eprintln!("{line}");
+    }
     if outcome.is_ok() {
         let _ = job.finalize();
         ExitCode::SUCCESS
@@ -197,6 +213,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "typed" => typed(&world),
         "device-death" => device_death(&world),
         "peer-death" => peer_death(&world),
+        "collectives" => collectives::run(&world, args),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank).
@@ -1298,4 +1315,565 @@ fn peer_death(world: &Communicator<'_>) -> Outcome {
         .notes
         .push(format!("death noticed after {:?}", start.elapsed()));
     Ok(tally)
+}
+
+/// The `collectives` scenario.
+mod collectives {
+    use std::cmp::Ordering;
+
+    use pindown_messaging::{
+        BarrierAlgorithm, BroadcastAlgorithm, Communicator, Element, Error, Op, ReduceAlgorithm,
+    };
+
+    use super::{err, Outcome, Tally};
+
+    /// splitmix64: the same stream on every rank for the same seed.
+    struct Random(u64);
+
+    impl Random {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+
+        /// A length of 0 to `max`: the edges often, else log-uniform.
+        fn length(&mut self, max: u64) -> u64 {
+            match self.below(8) {
+                0 => 0,
+                1 => max,
+                2 => self.below(16),
+                _ => {
+                    let bits = self.below(u64::from(64 - max.leading_zeros()) + 1);
+                    (self.below(1 << bits) + 1).min(max)
+                }
+            }
+        }
+    }
+
+    fn flag(args: &[String], name: &str, default: u64) -> u64 {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// Nanoseconds of the system-wide monotonic clock (the same on every
+    /// rank of this machine).
+    fn now_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given, which
+        // lives on this stack frame.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    /// Element types as the test makes and checks them: values that sum
+    /// exactly, and the reference operations written out here.
+    trait TestElement: Element {
+        const NAME: &'static str;
+        fn make(bits: u64) -> Self;
+        /// A user operation (associative and commutative), differing
+        /// from the built-in ones.
+        fn user(a: Self, b: Self) -> Self;
+        /// Compares absolute values, written out independently.
+        fn compare_magnitudes(self, other: Self) -> Ordering;
+        fn same(self, other: Self) -> bool;
+    }
+
+    macro_rules! test_float {
+        ($t:ty) => {
+            impl TestElement for $t {
+                const NAME: &'static str = stringify!($t);
+                fn make(bits: u64) -> Self {
+                    // Halves from -1000 to 1000: sums of 8 are exact.
+                    ((bits % 4001) as i64 - 2000) as $t * 0.5
+                }
+                fn user(a: Self, b: Self) -> Self {
+                    // The larger of the two, both rounded down.
+                    a.floor().max(b.floor())
+                }
+                fn compare_magnitudes(self, other: Self) -> Ordering {
+                    f64::total_cmp(&f64::from(self).abs(), &f64::from(other).abs())
+                }
+                fn same(self, other: Self) -> bool {
+                    self.to_bits() == other.to_bits()
+                }
+            }
+        };
+    }
+    macro_rules! test_int {
+        ($t:ty, $signed:expr) => {
+            impl TestElement for $t {
+                const NAME: &'static str = stringify!($t);
+                fn make(bits: u64) -> Self {
+                    if bits % 7 == 0 {
+                        // Extremes: wrapping sums, magnitudes beyond i32.
+                        [<$t>::MIN, <$t>::MAX][(bits >> 8) as usize % 2]
+                    } else if $signed {
+                        ((bits % 2001) as i64 - 1000) as $t
+                    } else {
+                        (bits % 2001) as $t
+                    }
+                }
+                fn user(a: Self, b: Self) -> Self {
+                    a ^ b
+                }
+                fn compare_magnitudes(self, other: Self) -> Ordering {
+                    (self as i128)
+                        .unsigned_abs()
+                        .cmp(&(other as i128).unsigned_abs())
+                }
+                fn same(self, other: Self) -> bool {
+                    self == other
+                }
+            }
+        };
+    }
+    test_float!(f64);
+    test_float!(f32);
+    test_int!(i64, true);
+    test_int!(i32, true);
+    test_int!(u64, false);
+    test_int!(u32, false);
+
+    #[derive(Clone, Copy, Debug)]
+    enum Which {
+        Sum,
+        Min,
+        Max,
+        MaxAbs,
+        MinAbs,
+        User,
+    }
+
+    const WHICH: [Which; 6] = [
+        Which::Sum,
+        Which::Min,
+        Which::Max,
+        Which::MaxAbs,
+        Which::MinAbs,
+        Which::User,
+    ];
+
+    /// The reference: `a` combined with `b` as the operation is defined
+    /// (min and max in total order; of equal magnitudes, the greater).
+    fn reference<T: TestElement>(which: Which, a: T, b: T) -> T {
+        let greater = |x: T, y: T| {
+            if y.total_cmp(x) == Ordering::Greater {
+                y
+            } else {
+                x
+            }
+        };
+        match which {
+            Which::Sum => a.sum(b),
+            Which::Min => {
+                if b.total_cmp(a) == Ordering::Less {
+                    b
+                } else {
+                    a
+                }
+            }
+            Which::Max => greater(a, b),
+            Which::MaxAbs | Which::MinAbs => {
+                let wanted = if matches!(which, Which::MaxAbs) {
+                    Ordering::Greater
+                } else {
+                    Ordering::Less
+                };
+                match b.compare_magnitudes(a) {
+                    Ordering::Equal => greater(a, b),
+                    order if order == wanted => b,
+                    _ => a,
+                }
+            }
+            Which::User => T::user(a, b),
+        }
+    }
+
+    /// Member `rank`'s contribution to case `case` (from its world rank).
+    fn contribution<T: TestElement>(seed: u64, case: u64, world_rank: u32, count: usize) -> Vec<T> {
+        let mut random = Random(seed ^ case << 20 ^ u64::from(world_rank) << 52);
+        (0..count).map(|_| T::make(random.next())).collect()
+    }
+
+    struct Case<'a, 'c> {
+        comm: &'a Communicator<'c>,
+        seed: u64,
+        case: u64,
+    }
+
+    fn reduction<T: TestElement>(
+        case: &Case<'_, '_>,
+        random: &mut Random,
+        algorithm: ReduceAlgorithm,
+        all: bool,
+    ) -> Result<u64, String> {
+        let comm = case.comm;
+        let max_bytes = if algorithm == ReduceAlgorithm::FlagWords {
+            256
+        } else {
+            4 << 20
+        };
+        let count = random.length(max_bytes / std::mem::size_of::<T>() as u64) as usize;
+        let which = WHICH[random.below(6) as usize];
+        let root = random.below(u64::from(comm.size())) as u32;
+        let user = |acc: &mut [T], incoming: &[T]| {
+            acc.iter_mut()
+                .zip(incoming)
+                .for_each(|(a, &b)| *a = T::user(*a, b))
+        };
+        let op = match which {
+            Which::Sum => Op::Sum,
+            Which::Min => Op::Min,
+            Which::Max => Op::Max,
+            Which::MaxAbs => Op::MaxAbs,
+            Which::MinAbs => Op::MinAbs,
+            Which::User => Op::User(&user),
+        };
+        let members: Vec<u32> = (0..comm.size())
+            .map(|r| comm.world_rank(r).unwrap())
+            .collect();
+        let mine = contribution::<T>(case.seed, case.case, members[comm.rank() as usize], count);
+        let mut expected = contribution::<T>(case.seed, case.case, members[0], count);
+        for &member in &members[1..] {
+            let theirs = contribution::<T>(case.seed, case.case, member, count);
+            for (e, t) in expected.iter_mut().zip(theirs) {
+                *e = reference(which, *e, t);
+            }
+        }
+        let poison = T::make(0x5555);
+        let mut got = vec![poison; count];
+        let what = format!(
+            "case {} {} of {count} {} {which:?} by {algorithm:?} (root {root})",
+            case.case,
+            if all { "allreduce" } else { "reduce" },
+            T::NAME
+        );
+        if std::env::var_os("MSG_CHECK_TRACE").is_some() {
+            eprintln!("rank {}: {what}", comm.rank());
+        }
+        if all {
+            comm.allreduce_with(&mine, &mut got, op, algorithm)
+        } else {
+            comm.reduce_with(root, &mine, &mut got, op, algorithm)
+        }
+        .map_err(|e| format!("{what}: {e}"))?;
+        let check_here = all || comm.rank() == root;
+        let want: &[T] = if check_here {
+            &expected
+        } else {
+            &vec![poison; count]
+        };
+        if let Some(i) = (0..count).find(|&i| !got[i].same(want[i])) {
+            return Err(format!(
+                "{what}: element {i} is {:?}, {:?} expected",
+                got[i], want[i]
+            ));
+        }
+        Ok(count as u64)
+    }
+
+    fn reduction_any(
+        case: &Case<'_, '_>,
+        random: &mut Random,
+        algorithm: ReduceAlgorithm,
+        all: bool,
+    ) -> Result<u64, String> {
+        match random.below(6) {
+            0 => reduction::<f64>(case, random, algorithm, all),
+            1 => reduction::<f32>(case, random, algorithm, all),
+            2 => reduction::<i64>(case, random, algorithm, all),
+            3 => reduction::<i32>(case, random, algorithm, all),
+            4 => reduction::<u64>(case, random, algorithm, all),
+            _ => reduction::<u32>(case, random, algorithm, all),
+        }
+    }
+
+    fn broadcast(
+        case: &Case<'_, '_>,
+        random: &mut Random,
+        algorithm: BroadcastAlgorithm,
+    ) -> Result<u64, String> {
+        let comm = case.comm;
+        let len = random.length(4 << 20) as usize;
+        let root = random.below(u64::from(comm.size())) as u32;
+        let world_root = comm.world_rank(root).unwrap();
+        let bytes = |len| -> Vec<u8> {
+            let mut r = Random(case.seed ^ case.case << 24 ^ 0xb7);
+            (0..len).map(|_| r.next() as u8).collect()
+        };
+        let expected = bytes(len);
+        let mut buffer = if comm.rank() == root {
+            expected.clone()
+        } else {
+            vec![0xa5; len]
+        };
+        comm.broadcast_with(root, &mut buffer, algorithm)
+            .map_err(|e| {
+                format!(
+                    "case {} broadcast of {len} from {world_root} by {algorithm:?}: {e}",
+                    case.case
+                )
+            })?;
+        match (0..len).find(|&i| buffer[i] != expected[i]) {
+            None => Ok(len as u64),
+            Some(i) => Err(format!(
+                "case {} broadcast of {len} from {world_root} by {algorithm:?}: byte {i} differs",
+                case.case
+            )),
+        }
+    }
+
+    /// Barriers: no rank leaves before the last one arrived (arrival
+    /// times after random delays, gathered with an allreduce of maxima).
+    fn barrier(
+        case: &Case<'_, '_>,
+        random: &mut Random,
+        algorithm: BarrierAlgorithm,
+    ) -> Result<u64, String> {
+        let comm = case.comm;
+        let delays: Vec<u64> = (0..comm.size()).map(|_| random.below(1500)).collect();
+        std::thread::sleep(std::time::Duration::from_micros(
+            delays[comm.rank() as usize],
+        ));
+        let arrived = now_ns();
+        comm.barrier_with(algorithm)
+            .map_err(|e| format!("case {} barrier by {algorithm:?}: {e}", case.case))?;
+        let left = now_ns();
+        let mut last_arrival = [0u64];
+        comm.allreduce(&[arrived], &mut last_arrival, Op::Max)
+            .map_err(err("allreduce of arrival times"))?;
+        if left < last_arrival[0] {
+            return Err(format!(
+                "case {} barrier by {algorithm:?}: left {} ns before the last rank arrived",
+                case.case,
+                last_arrival[0] - left
+            ));
+        }
+        Ok(1)
+    }
+
+    /// The calls' own checks: wrong lengths, roots and algorithms.
+    fn errors(comm: &Communicator<'_>) -> Result<u64, String> {
+        let mut checked = 0;
+        match comm.allreduce(&[1u32, 2], &mut [0u32; 3], Op::Sum) {
+            Err(Error::Mismatch(_)) => checked += 1,
+            other => return Err(format!("allreduce into a longer buffer: {other:?}")),
+        }
+        match comm.broadcast(comm.size(), &mut [0u8; 4]) {
+            Err(Error::NoSuchRank { rank, size }) if rank == size => checked += 1,
+            other => return Err(format!("broadcast from beyond the communicator: {other:?}")),
+        }
+        if comm.size() > 1 {
+            match comm.allreduce_with(
+                &[0u64; 33],
+                &mut [0u64; 33],
+                Op::Sum,
+                ReduceAlgorithm::FlagWords,
+            ) {
+                Err(Error::Unsuitable(_)) => checked += 1,
+                other => return Err(format!("264 bytes on the flag words: {other:?}")),
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Ranks 0 and 1 disagree about a broadcast's length: the receiver
+    /// says so, and both go on.
+    fn length_mismatch(world: &Communicator<'_>) -> Result<u64, String> {
+        let me = world.rank();
+        let pair = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("split"))?;
+        let Some(pair) = pair else { return Ok(0) };
+        if pair.size() < 2 {
+            return Ok(0);
+        }
+        let mut buffer = vec![1u8; if me == 0 { 16 } else { 8 }];
+        let outcome = pair.broadcast_with(0, &mut buffer, BroadcastAlgorithm::BinomialTree);
+        match (me, outcome) {
+            (0, Ok(())) | (_, Err(Error::Mismatch(_))) => {}
+            (_, other) => return Err(format!("broadcast of 16 bytes into 8: {other:?}")),
+        }
+        // The pair still works.
+        let mut sum = [0u32];
+        pair.allreduce(&[me + 1], &mut sum, Op::Sum)
+            .map_err(err("allreduce after a mismatch"))?;
+        if sum[0] != 3 {
+            return Err(format!("sum of 1 and 2 after a mismatch: {}", sum[0]));
+        }
+        Ok(2)
+    }
+
+    fn cases(
+        comm: &Communicator<'_>,
+        seed: u64,
+        count: u64,
+        tally: &mut Tally,
+    ) -> Result<(), String> {
+        let mut random = Random(seed);
+        for case in 0..count {
+            let case = Case {
+                comm,
+                seed,
+                case: case + (u64::from(comm.size()) << 32),
+            };
+            let all = random.below(2) == 0;
+            if std::env::var_os("MSG_CHECK_TRACE").is_some() {
+                eprintln!(
+                    "rank {} (of {}): case {}",
+                    comm.rank(),
+                    comm.size(),
+                    case.case
+                );
+            }
+            let checked = match case.case % 10 {
+                0 => barrier(&case, &mut random, BarrierAlgorithm::Dissemination)?,
+                1 => barrier(&case, &mut random, BarrierAlgorithm::BinaryTree)?,
+                2 => broadcast(&case, &mut random, BroadcastAlgorithm::BinomialTree)?,
+                3 => broadcast(&case, &mut random, BroadcastAlgorithm::Pipelined)?,
+                4 => broadcast(&case, &mut random, BroadcastAlgorithm::Auto)?,
+                5 => reduction_any(&case, &mut random, ReduceAlgorithm::FlagWords, all)?,
+                6 => reduction_any(&case, &mut random, ReduceAlgorithm::BinaryTree, all)?,
+                7 => reduction_any(&case, &mut random, ReduceAlgorithm::RecursiveDoubling, all)?,
+                8 => reduction_any(&case, &mut random, ReduceAlgorithm::Auto, true)?,
+                _ => reduction_any(&case, &mut random, ReduceAlgorithm::Auto, false)?,
+            };
+            tally.checked += checked;
+        }
+        Ok(())
+    }
+
+    /// Microseconds per call of `call`, run `iterations` times after a
+    /// warm-up, the slowest rank's figure (every rank reports the same).
+    fn time(
+        world: &Communicator<'_>,
+        iterations: u32,
+        mut call: impl FnMut() -> pindown_messaging::Result<()>,
+    ) -> Result<f64, String> {
+        for _ in 0..iterations.div_ceil(10) {
+            call().map_err(err("warm-up"))?;
+        }
+        world.barrier().map_err(err("barrier"))?;
+        let start = std::time::Instant::now();
+        for _ in 0..iterations {
+            call().map_err(err("timed call"))?;
+        }
+        let mine = [start.elapsed().as_secs_f64() * 1e6 / f64::from(iterations)];
+        let mut slowest = [0.0];
+        world
+            .allreduce(&mine, &mut slowest, Op::Max)
+            .map_err(err("allreduce"))?;
+        Ok(slowest[0])
+    }
+
+    /// `--time`: figures of each algorithm (notes), for the default table.
+    fn timing(world: &Communicator<'_>, args: &[String]) -> Outcome {
+        let mut tally = Tally::default();
+        let scale = flag(args, "--iterations", 1000) as u32;
+        if world.size() == 2 {
+            let mut buffer = [0u8; 8];
+            let peer = 1 - world.rank();
+            let us = time(world, scale * 5, || {
+                if world.rank() == 0 {
+                    world.send(peer, 0, &buffer)?;
+                    world.recv(peer, 0, &mut buffer).map(drop)
+                } else {
+                    world.recv(peer, 0, &mut buffer)?;
+                    world.send(peer, 0, &buffer)
+                }
+            })?;
+            tally
+                .notes
+                .push(format!("ping-pong 8 B one way: {:.2} us", us / 2.0));
+        }
+        for algorithm in [
+            BarrierAlgorithm::Dissemination,
+            BarrierAlgorithm::BinaryTree,
+        ] {
+            let us = time(world, scale * 5, || world.barrier_with(algorithm))?;
+            tally
+                .notes
+                .push(format!("barrier {algorithm:?}: {us:.2} us"));
+        }
+        for bytes in [8usize, 256, 4096, 65536, 1 << 20] {
+            let send = vec![1.0f64; bytes / 8];
+            let mut receive = vec![0.0f64; bytes / 8];
+            for algorithm in [
+                ReduceAlgorithm::FlagWords,
+                ReduceAlgorithm::RecursiveDoubling,
+                ReduceAlgorithm::BinaryTree,
+            ] {
+                if algorithm == ReduceAlgorithm::FlagWords && bytes > 256 {
+                    continue;
+                }
+                let iterations = (scale * 64 / (bytes as u32 / 64 + 64)).max(10);
+                let us = time(world, iterations, || {
+                    world.allreduce_with(&send, &mut receive, Op::Sum, algorithm)
+                })?;
+                tally
+                    .notes
+                    .push(format!("allreduce {bytes} B {algorithm:?}: {us:.2} us"));
+            }
+        }
+        for bytes in [8usize, 65536, 256 << 10, 1 << 20, 4 << 20] {
+            let mut buffer = vec![7u8; bytes];
+            for algorithm in [
+                BroadcastAlgorithm::BinomialTree,
+                BroadcastAlgorithm::Pipelined,
+            ] {
+                let iterations = (scale * 64 / (bytes as u32 / 1024 + 64)).max(10);
+                let mut root = 0;
+                let us = time(world, iterations, || {
+                    root = (root + 1) % world.size();
+                    world.broadcast_with(root, &mut buffer, algorithm)
+                })?;
+                tally
+                    .notes
+                    .push(format!("broadcast {bytes} B {algorithm:?}: {us:.2} us"));
+            }
+        }
+        tally.checked = tally.notes.len() as u64;
+        Ok(tally)
+    }
+
+    pub(super) fn run(world: &Communicator<'_>, args: &[String]) -> Outcome {
+        if args.iter().any(|a| a == "--time") {
+            return timing(world, args);
+        }
+        let seed = flag(args, "--seed", 0x00c0_11ec);
+        let count = flag(args, "--cases", 60);
+        let mut tally = Tally::default();
+        tally.notes.push(format!("seed {seed}, {count} cases"));
+        cases(world, seed, count, &mut tally)?;
+        tally.checked += errors(world)?;
+        // A split (odd and even world ranks, reversed) and a dup.
+        let me = world.rank();
+        let half = world
+            .split(Some(me % 2), world.size() - me)
+            .map_err(err("split"))?
+            .ok_or("split gave no communicator")?;
+        cases(&half, seed ^ 0x1, count / 3, &mut tally)?;
+        drop(half);
+        let dup = world.dup().map_err(err("dup"))?;
+        cases(&dup, seed ^ 0x2, count / 3, &mut tally)?;
+        drop(dup);
+        // The contexts freed are taken again with fresh epochs.
+        let again = world.dup().map_err(err("dup"))?;
+        cases(&again, seed ^ 0x3, 10, &mut tally)?;
+        tally.checked += length_mismatch(world)?;
+        Ok(tally)
+    }
 }

@@ -137,6 +137,7 @@ impl Drop for Communicator<'_> {
             if let Ok(mut engine) = self.engine.try_borrow_mut() {
                 engine.contexts_taken[self.context as usize] = false;
                 engine.contexts_taken[self.context as usize + 1] = false;
+                crate::collective::release_context(&mut engine, self.context + 1);
             }
         }
     }

@@ -249,6 +249,9 @@ pub(crate) struct Engine<'c> {
     spool_sent: u64,
     /// Buffers of dropped requests, kept until their operation completes.
     orphans: Vec<(u64, u64, bool, Box<dyn std::any::Any>)>,
+    /// Collective calls made so far on each context (barriers and
+    /// flag-word reductions): their epochs.
+    pub(crate) collective_epochs: Vec<crate::collective::Epochs>,
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space.
@@ -356,6 +359,7 @@ impl<'c> Engine<'c> {
             contexts_taken,
             spool_sent: 0,
             orphans: Vec::new(),
+            collective_epochs: vec![Default::default(); layout.contexts as usize],
         })
     }
 
@@ -382,6 +386,11 @@ impl<'c> Engine<'c> {
     /// Reads a control word this rank's peers write.
     pub(crate) fn load(&self, offset: u64) -> u64 {
         self.word(offset).load(Ordering::Acquire)
+    }
+
+    /// Writes a control word of this rank's own memory.
+    pub(crate) fn store(&self, offset: u64, value: u64) {
+        self.word(offset).store(value, Ordering::Release)
     }
 
     /// The control memory's first byte.
@@ -500,6 +509,7 @@ impl<'c> Engine<'c> {
         if self.slots[slot as usize].recv.is_some() {
             return Err(Error::SlotBusy { peer, index });
         }
+        self.windows.refresh(self.context);
         let (key, offset, region, window_start, capacity) = if let Some(typed) = &typed {
             let region = if capacity == 0 {
                 None
@@ -527,7 +537,14 @@ impl<'c> Engine<'c> {
                 0,
             )
         } else {
-            let region = self.context.register(ptr as u64, capacity)?;
+            let region = match self.context.register(ptr as u64, capacity) {
+                // Idle cached windows hold pinned memory: under the pin
+                // limit, let them go and try again.
+                Err(_) if self.windows.evict_idle() > 0 => {
+                    self.context.register(ptr as u64, capacity)?
+                }
+                other => other?,
+            };
             let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
             (
                 window.key,
@@ -917,6 +934,7 @@ impl<'c> Engine<'c> {
         let moved = len.min(capacity);
         let tag = self.tag();
         let region = if moved > u64::from(MAX_INLINE) {
+            self.windows.refresh(self.context);
             Some(self.context.register(bytes.as_ptr() as u64, moved)?)
         } else {
             None
@@ -1520,4 +1538,46 @@ pub(crate) fn stage<'r>(
         )
     };
     Ok(region.local(offset, bytes.len() as u32)?)
+}
+
+/// Where flag-word writes of collectives are staged in scratch (after
+/// what the any-source domain uses; inline writes copy it when posted).
+const SCRATCH_COLLECTIVE: u64 = SCRATCH_FREE + 1024;
+
+impl Engine<'_> {
+    /// Posts writes of `writes` (offset in `peer`'s control memory,
+    /// bytes staged inline; at most [`MAX_INLINE`] bytes each, 1024 in
+    /// all) in order, the last one fenced after the others: the flag word
+    /// of a collective after its data. The completion of the group is
+    /// recorded under the returned tag ([`plain_done`](Self::plain_done)).
+    pub(crate) fn write_words(&mut self, peer: u32, writes: &[(u64, &[u8])]) -> Result<u64> {
+        let tag = self.tag();
+        let scratch = self.layout.scratch();
+        let control = self.peers[peer as usize].control;
+        let Engine {
+            qp,
+            cq,
+            completions,
+            control: window,
+            control_memory,
+            ..
+        } = self;
+        let region = window.region();
+        let mut entries: Vec<Entry<'_>> = Vec::with_capacity(writes.len());
+        let mut staged = SCRATCH_COLLECTIVE;
+        for (i, &(at, bytes)) in writes.iter().enumerate() {
+            debug_assert!(bytes.len() <= MAX_INLINE as usize);
+            let local = stage(control_memory, region, scratch, staged, bytes)?;
+            staged += bytes.len().next_multiple_of(8) as u64;
+            let entry = Write::new(local, control.at(at)).build().inline();
+            entries.push(if i + 1 == writes.len() {
+                entry.fence().user_data(tag).signaled()
+            } else {
+                entry.user_data(tag | PART_BIT)
+            });
+        }
+        post_entries(qp, cq, completions, &entries)?;
+        self.in_flight.insert(tag, InFlight::Plain { peer });
+        Ok(tag)
+    }
 }

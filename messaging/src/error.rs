@@ -105,6 +105,10 @@ pub enum Error {
     /// Ranks disagree about a collective call's arguments.
     #[error("collective mismatch: {0}")]
     Mismatch(String),
+    /// A collective algorithm chosen explicitly cannot do what was asked
+    /// (data too long for the flag words, too many ranks).
+    #[error("collective algorithm unsuitable: {0}")]
+    Unsuitable(String),
 }
 
 /// The result of a messaging call.

@@ -19,8 +19,13 @@
 //! Then the any-source area: for each context and each peer, a ring of
 //! [`ANY_ENTRIES`] entries of [`ANY_ENTRY_BYTES`] that the peer fills and
 //! this rank drains, and one credit word per peer the peer's receiver side
-//! writes back. Last comes scratch memory this rank alone uses (inline
-//! payloads are staged there before posting).
+//! writes back. Then the collective area: for each context,
+//! [`COLLECTIVE_WORDS`] flag words (barrier rounds, tree arrival and
+//! release, reduction step epochs) and the data areas of small
+//! reductions ([`COLLECTIVE_STEPS`] steps, two parities each, of
+//! [`COLLECTIVE_DATA_BYTES`]); every word of it has one writer per
+//! collective call. Last comes scratch memory this rank alone uses
+//! (inline payloads are staged there before posting).
 
 /// Bytes of a match record.
 pub const MATCH_RECORD_BYTES: u64 = 32;
@@ -97,6 +102,34 @@ pub fn any_credit_counts(word: u64) -> (u32, u32) {
 
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
+/// Flag words of each context's collective area.
+pub const COLLECTIVE_WORDS: u64 = 64;
+/// Dissemination barrier rounds the flag words hold (up to 2^16 ranks).
+pub const COLLECTIVE_ROUNDS: u32 = 16;
+/// Steps of a small reduction over flag words: the fold of a rank beyond
+/// the largest power of two, [`COLLECTIVE_ROUNDS`] recursive-doubling
+/// rounds, and the result sent back to the folded rank.
+pub const COLLECTIVE_STEPS: u32 = COLLECTIVE_ROUNDS + 2;
+/// Bytes of each small-reduction data area (one step, one parity): the
+/// largest reduction the flag words carry. Fits one inline write.
+pub const COLLECTIVE_DATA_BYTES: u64 = 256;
+/// Bytes of each context's collective area.
+pub const COLLECTIVE_BYTES: u64 =
+    COLLECTIVE_WORDS * 8 + COLLECTIVE_STEPS as u64 * 2 * COLLECTIVE_DATA_BYTES;
+/// First flag word of the tree barrier: the arrival words of the two
+/// children, then the release word the parent writes.
+const TREE_ARRIVE_WORD: u64 = COLLECTIVE_ROUNDS as u64;
+const TREE_RELEASE_WORD: u64 = TREE_ARRIVE_WORD + 2;
+/// First flag word of the small-reduction steps' epochs.
+const STEP_EPOCH_WORD: u64 = TREE_RELEASE_WORD + 1;
+/// Bits of a step epoch word that carry the data's length (the epoch is
+/// above them).
+pub const STEP_LEN_BITS: u32 = 12;
+// A step's data goes in one inline write, and its length fits its word.
+const _: () = assert!(
+    COLLECTIVE_DATA_BYTES <= pindown_uapi::queue::MAX_INLINE as u64
+        && COLLECTIVE_DATA_BYTES < 1 << STEP_LEN_BITS
+);
 
 /// The done word reporting `len` bytes for the receive of generation
 /// `generation`; `offer`: the bytes wait in the sender's memory.
@@ -172,13 +205,91 @@ impl Layout {
 
     /// Offset of the scratch memory.
     pub fn scratch(&self) -> u64 {
-        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
+        self.collective_start() + u64::from(self.contexts) * COLLECTIVE_BYTES
     }
 
     /// Bytes of the whole control area.
     pub fn bytes(&self) -> u64 {
         self.scratch() + SCRATCH_BYTES
     }
+}
+
+/// The collective area (after the any-source area, before scratch).
+impl Layout {
+    fn collective_start(&self) -> u64 {
+        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
+    }
+
+    fn collective_word(&self, context: u32, word: u64) -> u64 {
+        debug_assert!(word < COLLECTIVE_WORDS);
+        self.collective_start() + u64::from(context) * COLLECTIVE_BYTES + word * 8
+    }
+
+    /// Offset of the flag word that round `round` of a dissemination
+    /// barrier in `context` sets (to the barrier's epoch).
+    pub fn barrier_round(&self, context: u32, round: u32) -> u64 {
+        assert!(
+            round < COLLECTIVE_ROUNDS,
+            "barrier round {round} out of range"
+        );
+        self.collective_word(context, u64::from(round))
+    }
+
+    /// Offset of the flag word child `child` (0 or 1) of a tree barrier
+    /// sets on arrival.
+    pub fn tree_arrive(&self, context: u32, child: u32) -> u64 {
+        assert!(child < 2, "a binary tree node has two children");
+        self.collective_word(context, TREE_ARRIVE_WORD + u64::from(child))
+    }
+
+    /// Offset of the flag word the parent in a tree barrier sets to
+    /// release this rank.
+    pub fn tree_release(&self, context: u32) -> u64 {
+        self.collective_word(context, TREE_RELEASE_WORD)
+    }
+
+    /// Offset of the epoch word of small-reduction step `step`: the
+    /// reduction's epoch above [`STEP_LEN_BITS`], its data length below,
+    /// written after the data.
+    pub fn step_epoch(&self, context: u32, step: u32) -> u64 {
+        assert!(
+            step < COLLECTIVE_STEPS,
+            "reduction step {step} out of range"
+        );
+        self.collective_word(context, STEP_EPOCH_WORD + u64::from(step))
+    }
+
+    /// Offset of the data area of small-reduction step `step` for the
+    /// reductions of parity `parity` (epoch modulo 2).
+    pub fn step_data(&self, context: u32, step: u32, parity: u64) -> u64 {
+        assert!(
+            step < COLLECTIVE_STEPS,
+            "reduction step {step} out of range"
+        );
+        self.collective_start()
+            + u64::from(context) * COLLECTIVE_BYTES
+            + COLLECTIVE_WORDS * 8
+            + (u64::from(step) * 2 + parity % 2) * COLLECTIVE_DATA_BYTES
+    }
+
+    /// The range of `context`'s collective area: offset and bytes.
+    pub fn collective_area(&self, context: u32) -> (u64, u64) {
+        (
+            self.collective_start() + u64::from(context) * COLLECTIVE_BYTES,
+            COLLECTIVE_BYTES,
+        )
+    }
+}
+
+/// The word encoding a small-reduction step's `epoch` and data length.
+pub fn step_word(epoch: u64, len: u64) -> u64 {
+    debug_assert!(len < 1 << STEP_LEN_BITS);
+    epoch << STEP_LEN_BITS | len
+}
+
+/// The epoch and data length a step's epoch word reports.
+pub fn step_epoch_len(word: u64) -> (u64, u64) {
+    (word >> STEP_LEN_BITS, word & ((1 << STEP_LEN_BITS) - 1))
 }
 
 #[cfg(test)]
@@ -203,6 +314,52 @@ mod tests {
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
         assert_eq!(layout.done_word(0) % 8, 0);
         assert_eq!(layout.any_credit(1, 1) % 8, 0);
+    }
+
+    #[test]
+    fn collective_areas_are_disjoint_aligned_and_between_any_source_and_scratch() {
+        let layout = Layout {
+            ranks: 5,
+            contexts: 3,
+            slots: 7,
+        };
+        let any_end = layout.any_credit(2, 4) + 8;
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for context in 0..3 {
+            let (start, bytes) = layout.collective_area(context);
+            let mut words: Vec<u64> = (0..COLLECTIVE_ROUNDS)
+                .map(|r| layout.barrier_round(context, r))
+                .collect();
+            words.extend([
+                layout.tree_arrive(context, 0),
+                layout.tree_arrive(context, 1),
+                layout.tree_release(context),
+            ]);
+            words.extend((0..COLLECTIVE_STEPS).map(|s| layout.step_epoch(context, s)));
+            for &word in &words {
+                assert_eq!(word % 8, 0);
+                assert!(word >= start && word + 8 <= start + COLLECTIVE_WORDS * 8);
+                ranges.push((word, 8));
+            }
+            for step in 0..COLLECTIVE_STEPS {
+                for parity in 0..2 {
+                    let at = layout.step_data(context, step, parity);
+                    assert_eq!(at % 8, 0);
+                    assert!(at >= start + COLLECTIVE_WORDS * 8);
+                    assert!(at + COLLECTIVE_DATA_BYTES <= start + bytes);
+                    ranges.push((at, COLLECTIVE_DATA_BYTES));
+                }
+            }
+            assert!(start >= any_end);
+            assert!(start + bytes <= layout.scratch());
+        }
+        ranges.sort_unstable();
+        for pair in ranges.windows(2) {
+            assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{pair:?} overlap");
+        }
+        for (epoch, len) in [(1, 0), (7, 256), (1 << 40, 8)] {
+            assert_eq!(step_epoch_len(step_word(epoch, len)), (epoch, len));
+        }
     }
 
     #[test]

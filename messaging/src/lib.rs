@@ -33,6 +33,13 @@
 //!   RDMA READ for long messages).
 //! * **Communicators**: the world, [`Communicator::dup`] and
 //!   [`Communicator::split`]; each has its own slots.
+//! * **Collectives** on any communicator: [`Communicator::barrier`],
+//!   [`Communicator::broadcast`], [`Communicator::reduce`] and
+//!   [`Communicator::allreduce`] ([`Op`]: sum, min, max, FMPL's
+//!   max-absolute and min-absolute, user closures; [`Element`] types),
+//!   barriers and small reductions on flag words written with one remote
+//!   write each, larger data zero copy; each with a `_with` variant that
+//!   names the algorithm, the default chosen by size and rank count.
 //!
 //! ```no_run
 //! use pindown_driver::launch::{device_socket, Job};
@@ -54,6 +61,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod collective;
 mod comm;
 mod engine;
 mod error;
@@ -61,6 +69,10 @@ pub mod layout;
 mod typed;
 mod windows;
 
+pub use collective::{
+    BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm, ALLREDUCE_TREE_MIN,
+    BROADCAST_PIPELINE_MIN, PIPELINE_CHUNK_BYTES, REDUCE_FLAG_MAX,
+};
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,

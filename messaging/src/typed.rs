@@ -100,6 +100,7 @@ impl<'c> Engine<'c> {
         let tag = self.tag();
         let done_at = self.layout.done_word(matched.remote_slot);
         let scratch = self.layout.scratch();
+        self.windows.refresh(self.context);
         if typed_receive {
             // The offer: a read window over the buffer, and the pattern.
             let (window, start, window_id) = if bytes.is_empty() {

@@ -21,6 +21,10 @@ struct Entry<'c> {
     window: RegionWindow<'c>,
     in_use: u32,
     last_use: u64,
+    /// Memory was invalidated since it was bound: perhaps its own (freed,
+    /// and other memory mapped at its address), so it is never found again
+    /// and goes once idle.
+    stale: bool,
 }
 
 /// Windows over receive buffers.
@@ -32,6 +36,9 @@ pub(crate) struct WindowCache<'c> {
     next_id: u64,
     hits: u64,
     misses: u64,
+    /// The pin-down cache's invalidation count when entries were last
+    /// known current.
+    seen_invalidations: u64,
 }
 
 impl<'c> WindowCache<'c> {
@@ -43,6 +50,7 @@ impl<'c> WindowCache<'c> {
             next_id: 0,
             hits: 0,
             misses: 0,
+            seen_invalidations: 0,
         }
     }
 
@@ -67,12 +75,10 @@ impl<'c> WindowCache<'c> {
         access: Access,
     ) -> Result<(RemoteWindow, u64, u64)> {
         self.clock += 1;
-        if let Some(entry) = self
-            .entries
-            .iter_mut()
-            .rev()
-            .find(|e| e.access == access && e.start <= addr && addr + len <= e.start + e.len)
-        {
+        self.refresh(context);
+        if let Some(entry) = self.entries.iter_mut().rev().find(|e| {
+            !e.stale && e.access == access && e.start <= addr && addr + len <= e.start + e.len
+        }) {
             entry.in_use += 1;
             entry.last_use = self.clock;
             self.hits += 1;
@@ -82,7 +88,12 @@ impl<'c> WindowCache<'c> {
         if self.entries.len() >= self.capacity {
             self.evict();
         }
-        let region = context.register(addr, len)?;
+        let region = match context.register(addr, len) {
+            // Idle windows hold pinned memory: under the pin limit, let
+            // them go and try again.
+            Err(_) if self.evict_idle() > 0 => context.register(addr, len)?,
+            other => other?,
+        };
         let window = context.bind_region_window(region, 0, len, access, None)?;
         let remote = window.remote();
         self.next_id += 1;
@@ -94,14 +105,48 @@ impl<'c> WindowCache<'c> {
             window,
             in_use: 1,
             last_use: self.clock,
+            stale: false,
         });
         Ok((remote, addr, self.next_id))
     }
 
+    /// Marks every entry stale, and lets the idle ones go, once registered
+    /// memory went away anywhere since the last look: an entry may then
+    /// name old pages at an address that now holds other memory. Call it
+    /// before registering memory that may lie where such an entry did, so
+    /// that the old registration goes before the new one is made.
+    pub(crate) fn refresh(&mut self, context: &'c Context) {
+        let invalidations = context.registration_stats().invalidations;
+        if invalidations != self.seen_invalidations {
+            self.seen_invalidations = invalidations;
+            for entry in &mut self.entries {
+                entry.stale = true;
+            }
+            self.evict_idle();
+        }
+    }
+
+    /// Revokes every window no receive uses (their pinned memory goes
+    /// back to the pin-down cache); how many.
+    pub(crate) fn evict_idle(&mut self) -> usize {
+        let before = self.entries.len();
+        while self.entries.iter().any(|e| e.in_use == 0) {
+            self.evict();
+        }
+        before - self.entries.len()
+    }
+
     /// Marks window `id` no longer used by one receive.
     pub(crate) fn release(&mut self, id: u64) {
-        if let Some(entry) = self.entries.iter_mut().find(|e| e.id == id) {
+        if let Some(at) = self.entries.iter().position(|e| e.id == id) {
+            let entry = &mut self.entries[at];
             entry.in_use = entry.in_use.saturating_sub(1);
+            if entry.stale && entry.in_use == 0 {
+                let entry = self.entries.remove(at);
+                if let Err(err) = entry.window.revoke() {
+                    tracing::warn!("revoking a stale receive window failed: {err}");
+                }
+            }
         }
     }
 

@@ -1,0 +1,1269 @@
+//! Collectives: barrier, broadcast, reduce and allreduce on any
+//! communicator, any number of ranks, any root, as FMPL builds them.
+//!
+//! * **Flag words.** Barriers and small reductions do not go through
+//!   matched messages (a receive's match record, then the send: two
+//!   remote writes per hop). Each rank's control memory holds, per
+//!   context, flag words that exactly one peer writes in a call
+//!   ([`crate::layout::Layout::barrier_round`] and the rest) with one
+//!   8-byte inline write carrying a per-communicator epoch that only
+//!   grows; the waiting rank sees the epoch reach its own. A small
+//!   reduction writes its data first, then (fenced) the step's epoch
+//!   word. Its data areas alternate by epoch parity: a peer can be at
+//!   most one reduction ahead (it needs this rank's data of the next one
+//!   to go further), so it never overwrites data not yet read.
+//! * **Messages.** Larger data moves zero copy through point-to-point
+//!   messages on the communicator's collective context (its context + 1,
+//!   slot indices 0 and 1): every rank calls the collectives in the same
+//!   order, and per-slot generations keep them matching in order.
+//!
+//! The algorithms ([`BarrierAlgorithm`], [`BroadcastAlgorithm`],
+//! [`ReduceAlgorithm`]): FMPL's binary trees, a dissemination barrier,
+//! a binomial-tree broadcast, FMPL's pipelined broadcast (the message
+//! cut into chunks that flow down a binary tree through two alternating
+//! receive slots, so that receiving chunk `j + 1` overlaps forwarding
+//! chunk `j`), and recursive doubling. `Auto` chooses by size and rank
+//! count as the table of [`BroadcastAlgorithm::Auto`] and
+//! [`ReduceAlgorithm::Auto`] says (thresholds measured on the
+//! development machine, as FMPL chose between its two broadcasts).
+//!
+//! Every member must call a collective with the same root, the same
+//! length and the same algorithm. Lengths that differ within one
+//! algorithm fail with [`Error::Mismatch`]; lengths on either side of an
+//! `Auto` threshold make the ranks run different algorithms, which
+//! cannot complete.
+
+use std::cmp::Ordering;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::comm::Communicator;
+use crate::engine::{Engine, SendBytes};
+use crate::error::{Error, Result};
+use crate::layout::{self, COLLECTIVE_DATA_BYTES, COLLECTIVE_ROUNDS, COLLECTIVE_STEPS};
+
+// ---- the default choice ----
+//
+// Measured with `msg_check launch N collectives --time` on the 2-core
+// development machine (event-driven device; microseconds per call, the
+// slowest rank; 8-byte ping-pong one way: 258 us on 2 ranks there):
+//
+// | call                    | 2 ranks                        | 4 ranks                        |
+// |-------------------------|--------------------------------|--------------------------------|
+// | barrier                 | dissemination 195, tree 231    | dissemination 631, tree 853    |
+// | allreduce 8 B           | flags 200, rec. doubling 438, tree 514 | flags 569, r.d. 1686, tree 1909 |
+// | allreduce 256 B         | flags 203, r.d. 439, tree 490  | flags 884, r.d. 1770, tree 1729 |
+// | allreduce 4 KiB, 64 KiB | r.d. 440/435, tree 477/485     | r.d. 1843/1897, tree 1689/1855 |
+// | allreduce 1 MiB         | r.d. 5718, tree 3716           | r.d. 10137, tree 13833         |
+// | broadcast 1 MiB         | binomial 329, pipelined 1797   | binomial 893, pipelined 4530   |
+// | broadcast 4 MiB         | binomial 503, pipelined 7118   | binomial 1231, pipelined 17701 |
+//
+// Hence: flag words for every barrier and every reduction that fits
+// them; recursive doubling above, but the tree from 1 MiB on 2 ranks;
+// the binomial broadcast at every size (each chunk of the pipeline
+// costs a device wake-up here, more than the overlap gains).
+
+/// Broadcasts of at least this many bytes use the pipelined binary tree
+/// by default (on 3 ranks or more): `None`, never, on the machine
+/// measured (see the table in the source), where the binomial tree won
+/// at every size up to 4 MiB.
+pub const BROADCAST_PIPELINE_MIN: Option<usize> = None;
+/// Chunk of the pipelined broadcast.
+pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
+/// Reductions of at most this many bytes ride the flag words by default.
+pub const REDUCE_FLAG_MAX: usize = COLLECTIVE_DATA_BYTES as usize;
+/// Allreduces of at least this many bytes on 2 ranks reduce and
+/// broadcast (binary tree) by default; shorter ones beyond the flag
+/// words, and all on more ranks, use recursive doubling.
+pub const ALLREDUCE_TREE_MIN: usize = 1 << 20;
+
+/// How a barrier synchronises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BarrierAlgorithm {
+    /// The default: [`Dissemination`](Self::Dissemination) (faster than
+    /// the tree on every rank count measured: 195 against 231 us on 2
+    /// ranks, 631 against 853 on 4).
+    #[default]
+    Auto,
+    /// FMPL's software barrier: arrivals go up a binary tree of flag
+    /// words to rank 0, the release comes down it (2 log2 p writes in
+    /// sequence).
+    BinaryTree,
+    /// ceil(log2 p) rounds; in round `k` each rank sets a flag at rank
+    /// `+ 2^k` and waits for the one from rank `- 2^k`.
+    Dissemination,
+}
+
+/// How a broadcast moves the data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BroadcastAlgorithm {
+    /// The default: [`Pipelined`](Self::Pipelined) for messages of
+    /// [`BROADCAST_PIPELINE_MIN`] bytes and more on 3 ranks or more
+    /// (never, as measured), else [`BinomialTree`](Self::BinomialTree).
+    #[default]
+    Auto,
+    /// Whole-message zero-copy sends down a binomial tree rooted at the
+    /// root (ceil(log2 p) steps).
+    BinomialTree,
+    /// FMPL's pipelined broadcast: chunks of [`PIPELINE_CHUNK_BYTES`] down
+    /// a binary tree, received through two alternating slots so that
+    /// each rank forwards chunk `j` while chunk `j + 1` arrives.
+    Pipelined,
+}
+
+/// How a reduction combines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReduceAlgorithm {
+    /// The default: [`FlagWords`](Self::FlagWords) up to
+    /// [`REDUCE_FLAG_MAX`] bytes; above, a reduce uses
+    /// [`BinaryTree`](Self::BinaryTree), an allreduce
+    /// [`RecursiveDoubling`](Self::RecursiveDoubling), but on 2 ranks
+    /// from [`ALLREDUCE_TREE_MIN`] bytes the binary tree (reduce, then
+    /// broadcast).
+    #[default]
+    Auto,
+    /// Recursive doubling over flag words (data, then a fenced epoch
+    /// word; at most [`REDUCE_FLAG_MAX`] bytes): ranks beyond the largest
+    /// power of two fold into a partner first and get the result back
+    /// last. A reduce runs the allreduce and the root keeps the result.
+    FlagWords,
+    /// FMPL's: partial results combine up a binary tree rooted at the
+    /// root (zero-copy messages); an allreduce then broadcasts from it.
+    BinaryTree,
+    /// Recursive doubling with zero-copy messages (folding as
+    /// [`FlagWords`](Self::FlagWords)).
+    RecursiveDoubling,
+}
+
+// ---- element types and operations ----
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type reductions work on: f64, f32, i64, i32, u64, u32 (sealed).
+/// Integer sums wrap.
+pub trait Element:
+    sealed::Sealed + Copy + Default + PartialOrd + std::fmt::Debug + 'static
+{
+    /// `self + other` (wrapping for integers).
+    fn sum(self, other: Self) -> Self;
+    /// Compares absolute values (integers' without overflow; NaNs equal
+    /// everything).
+    fn magnitude_cmp(self, other: Self) -> Ordering;
+    /// A total order (floats: IEEE 754 totalOrder, so -0 < +0 and NaNs
+    /// have places): what makes min, max and ties commutative.
+    fn total_cmp(self, other: Self) -> Ordering;
+}
+
+macro_rules! float_element {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            fn sum(self, other: Self) -> Self {
+                self + other
+            }
+            fn magnitude_cmp(self, other: Self) -> Ordering {
+                self.abs().partial_cmp(&other.abs()).unwrap_or(Ordering::Equal)
+            }
+            fn total_cmp(self, other: Self) -> Ordering {
+                <$t>::total_cmp(&self, &other)
+            }
+        }
+    )*};
+}
+macro_rules! signed_element {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            fn sum(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+            fn magnitude_cmp(self, other: Self) -> Ordering {
+                self.unsigned_abs().cmp(&other.unsigned_abs())
+            }
+            fn total_cmp(self, other: Self) -> Ordering {
+                self.cmp(&other)
+            }
+        }
+    )*};
+}
+macro_rules! unsigned_element {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            fn sum(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+            fn magnitude_cmp(self, other: Self) -> Ordering {
+                self.cmp(&other)
+            }
+            fn total_cmp(self, other: Self) -> Ordering {
+                self.cmp(&other)
+            }
+        }
+    )*};
+}
+float_element!(f64, f32);
+signed_element!(i64, i32);
+unsigned_element!(u64, u32);
+
+/// What a reduction computes, element by element.
+///
+/// Operations must be associative and commutative (algorithms combine in
+/// tree or butterfly order); floating-point sums are then exact only as
+/// far as reassociation keeps them.
+pub enum Op<'f, T> {
+    /// The sum (FMPL's `vsum`).
+    Sum,
+    /// The smallest value ([`Element::total_cmp`]: -0 below +0).
+    Min,
+    /// The largest value ([`Element::total_cmp`]).
+    Max,
+    /// The value of largest absolute value (FMPL's `vmax`), sign kept; of
+    /// `x` and `-x`, the greater in [`Element::total_cmp`].
+    MaxAbs,
+    /// The value of smallest absolute value (FMPL's `vmin`), sign kept;
+    /// of `x` and `-x`, the greater in [`Element::total_cmp`].
+    MinAbs,
+    /// A user function: combines `incoming` into `accumulated`
+    /// (`accumulated[i] = f(accumulated[i], incoming[i])`), both of the
+    /// reduction's length.
+    User(&'f dyn Fn(&mut [T], &[T])),
+}
+
+impl<T> Clone for Op<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Op<'_, T> {}
+
+impl<T> std::fmt::Debug for Op<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Sum => "Sum",
+            Op::Min => "Min",
+            Op::Max => "Max",
+            Op::MaxAbs => "MaxAbs",
+            Op::MinAbs => "MinAbs",
+            Op::User(_) => "User",
+        })
+    }
+}
+
+/// Combines `incoming` into `accumulated` with `op`.
+fn combine<T: Element>(op: Op<'_, T>, accumulated: &mut [T], incoming: &[T]) {
+    debug_assert_eq!(accumulated.len(), incoming.len());
+    let pairs = accumulated.iter_mut().zip(incoming.iter().copied());
+    match op {
+        Op::Sum => pairs.for_each(|(a, b)| *a = a.sum(b)),
+        Op::Min => pairs.for_each(|(a, b)| {
+            if b.total_cmp(*a) == Ordering::Less {
+                *a = b
+            }
+        }),
+        Op::Max => pairs.for_each(|(a, b)| {
+            if b.total_cmp(*a) == Ordering::Greater {
+                *a = b
+            }
+        }),
+        Op::MaxAbs => pairs.for_each(|(a, b)| match b.magnitude_cmp(*a) {
+            Ordering::Greater => *a = b,
+            Ordering::Equal if b.total_cmp(*a) == Ordering::Greater => *a = b,
+            _ => {}
+        }),
+        Op::MinAbs => pairs.for_each(|(a, b)| match b.magnitude_cmp(*a) {
+            Ordering::Less => *a = b,
+            Ordering::Equal if b.total_cmp(*a) == Ordering::Greater => *a = b,
+            _ => {}
+        }),
+        Op::User(f) => f(accumulated, incoming),
+    }
+}
+
+fn bytes_of<T: Element>(values: &[T]) -> &[u8] {
+    // SAFETY: `Element` is sealed to primitive integers and floats: no
+    // padding, every byte initialised; the view covers exactly the
+    // slice's memory and borrows it.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
+}
+
+fn bytes_of_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`, and every bit pattern is a valid value of
+    // these types, so any bytes written through the view are too.
+    unsafe {
+        std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), std::mem::size_of_val(values))
+    }
+}
+
+// ---- per-context state ----
+
+/// A context's collective calls so far: the epochs of its flag words.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Epochs {
+    barrier: u64,
+    flag_reduce: u64,
+    /// Flag writes posted and not yet seen complete: (world peer, tag).
+    writes: Vec<(u32, u64)>,
+}
+
+/// Forgets a context's collective state when its communicator goes (on
+/// every member, after its last collective call): epochs back to zero
+/// and the flag words cleared, so the next communicator on the context
+/// starts from zero on every member.
+pub(crate) fn release_context(engine: &mut Engine<'_>, context: u32) {
+    engine.collective_epochs[context as usize] = Epochs::default();
+    let (start, bytes) = engine.layout.collective_area(context);
+    for at in (start..start + bytes).step_by(8) {
+        engine.store(at, 0);
+    }
+}
+
+/// The members of a communicator as a collective sees them.
+struct Group<'a> {
+    /// World rank of each member.
+    ranks: &'a [u32],
+    me: u32,
+    /// The collective context.
+    context: u32,
+}
+
+impl Group<'_> {
+    fn size(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    fn world(&self, rank: u32) -> u32 {
+        self.ranks[rank as usize]
+    }
+
+    /// World rank of the member at `relative` ranks after `root`.
+    fn world_of_relative(&self, root: u32, relative: u32) -> u32 {
+        self.world((root + relative) % self.size())
+    }
+
+    /// This rank's place counted from `root`.
+    fn relative(&self, root: u32) -> u32 {
+        (self.me + self.size() - root) % self.size()
+    }
+}
+
+/// The largest power of two at most `n` (n >= 1), and its log2.
+fn power_of_two_below(n: u32) -> (u32, u32) {
+    let log = 31 - n.leading_zeros();
+    (1 << log, log)
+}
+
+// ---- flag words ----
+
+/// Posts flag writes to `peer`, remembered for a later completion check.
+fn write_flags(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    writes: &[(u64, &[u8])],
+) -> Result<()> {
+    let tag = engine.write_words(peer, writes)?;
+    engine.collective_epochs[context as usize]
+        .writes
+        .push((peer, tag));
+    Ok(())
+}
+
+/// Reports the failure of any flag write of `context` that completed,
+/// forgetting those done (without waiting for the others).
+fn check_flag_writes(engine: &mut Engine<'_>, context: u32) -> Result<()> {
+    let writes = std::mem::take(&mut engine.collective_epochs[context as usize].writes);
+    let mut pending = Vec::with_capacity(writes.len());
+    let mut failure = None;
+    for (peer, tag) in writes {
+        match engine.plain_done(tag) {
+            Ok(true) => {}
+            Ok(false) => pending.push((peer, tag)),
+            Err(err) => {
+                failure.get_or_insert(err);
+            }
+        }
+    }
+    engine.collective_epochs[context as usize].writes = pending;
+    failure.map_or(Ok(()), Err)
+}
+
+/// Waits until the flag word at `at` reaches `epoch` (the word is set
+/// by `peer`, checked for liveness meanwhile).
+fn wait_flag(engine: &mut Engine<'_>, peer: u32, at: u64, epoch: u64) -> Result<()> {
+    engine.wait_until(Some(peer), None, |e| Ok(e.load(at) >= epoch))?;
+    Ok(())
+}
+
+fn barrier_dissemination(engine: &mut Engine<'_>, group: &Group<'_>, epoch: u64) -> Result<()> {
+    let n = group.size();
+    let rounds = 32 - (n - 1).leading_zeros();
+    if rounds > COLLECTIVE_ROUNDS {
+        return Err(Error::Unsuitable(format!(
+            "a dissemination barrier on {n} ranks needs {rounds} rounds, the flag words hold \
+             {COLLECTIVE_ROUNDS}"
+        )));
+    }
+    for round in 0..rounds {
+        let distance = 1 << round;
+        let to = group.world((group.me + distance) % n);
+        let from = group.world((group.me + n - distance) % n);
+        let at = engine.layout.barrier_round(group.context, round);
+        write_flags(engine, group.context, to, &[(at, &epoch.to_le_bytes())])?;
+        wait_flag(engine, from, at, epoch)?;
+    }
+    Ok(())
+}
+
+fn barrier_tree(engine: &mut Engine<'_>, group: &Group<'_>, epoch: u64) -> Result<()> {
+    let (n, me, context) = (group.size(), group.me, group.context);
+    let children: Vec<u32> = [2 * me + 1, 2 * me + 2]
+        .into_iter()
+        .filter(|&c| c < n)
+        .collect();
+    for (child_slot, &child) in children.iter().enumerate() {
+        let at = engine.layout.tree_arrive(context, child_slot as u32);
+        wait_flag(engine, group.world(child), at, epoch)?;
+    }
+    if me > 0 {
+        let parent = group.world((me - 1) / 2);
+        let arrive = engine.layout.tree_arrive(context, (me - 1) % 2);
+        write_flags(engine, context, parent, &[(arrive, &epoch.to_le_bytes())])?;
+        let release = engine.layout.tree_release(context);
+        wait_flag(engine, parent, release, epoch)?;
+    }
+    let release = engine.layout.tree_release(context);
+    for &child in &children {
+        write_flags(
+            engine,
+            context,
+            group.world(child),
+            &[(release, &epoch.to_le_bytes())],
+        )?;
+    }
+    Ok(())
+}
+
+/// One small-reduction step's data sent to `peer` (member rank): data,
+/// then the fenced epoch word.
+fn send_step<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    peer: u32,
+    step: u32,
+    epoch: u64,
+    data: &[T],
+) -> Result<()> {
+    let bytes = bytes_of(data);
+    let word = layout::step_word(epoch, bytes.len() as u64).to_le_bytes();
+    let data_at = engine.layout.step_data(group.context, step, epoch);
+    let epoch_at = engine.layout.step_epoch(group.context, step);
+    let peer = group.world(peer);
+    if bytes.is_empty() {
+        write_flags(engine, group.context, peer, &[(epoch_at, &word)])
+    } else {
+        write_flags(
+            engine,
+            group.context,
+            peer,
+            &[(data_at, bytes), (epoch_at, &word)],
+        )
+    }
+}
+
+/// Waits for a small-reduction step's data from `peer` (member rank) and
+/// copies it into `into`.
+fn recv_step<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    peer: u32,
+    step: u32,
+    epoch: u64,
+    into: &mut [T],
+) -> Result<()> {
+    let epoch_at = engine.layout.step_epoch(group.context, step);
+    let world = group.world(peer);
+    engine.wait_until(Some(world), None, |e| {
+        Ok(layout::step_epoch_len(e.load(epoch_at)).0 >= epoch)
+    })?;
+    let (seen, len) = layout::step_epoch_len(engine.load(epoch_at));
+    let into = bytes_of_mut(into);
+    if seen == epoch && len != into.len() as u64 {
+        return Err(Error::Mismatch(format!(
+            "rank {peer} reduces {len} bytes, this rank {}",
+            into.len()
+        )));
+    }
+    let data_at = engine.layout.step_data(group.context, step, epoch);
+    // SAFETY: the data area lies inside the control memory (the layout's
+    // test checks it) and `into` is at most COLLECTIVE_DATA_BYTES long
+    // (checked by the caller); the peer wrote it before the epoch word
+    // just read with Acquire, and writes the other parity's area until
+    // this rank has sent it the next reduction's data, so nothing writes
+    // these bytes while they are copied.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            engine.control_ptr().add(data_at as usize),
+            into.as_mut_ptr(),
+            into.len(),
+        )
+    };
+    Ok(())
+}
+
+/// Allreduce over flag words: recursive doubling among the largest
+/// power of two, the ranks beyond it folded in first and answered last.
+fn allreduce_flags<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    accumulated: &mut [T],
+    op: Op<'_, T>,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(accumulated);
+    let n = group.size();
+    let (power, rounds) = power_of_two_below(n);
+    if bytes > REDUCE_FLAG_MAX || rounds > COLLECTIVE_ROUNDS {
+        return Err(Error::Unsuitable(format!(
+            "flag-word reductions carry at most {REDUCE_FLAG_MAX} bytes on at most 2^{} ranks: \
+             {bytes} bytes on {n} ranks asked",
+            COLLECTIVE_ROUNDS + 1
+        )));
+    }
+    let epochs = &mut engine.collective_epochs[group.context as usize];
+    epochs.flag_reduce += 1;
+    let epoch = epochs.flag_reduce;
+    let fold_in = 0;
+    let fold_out = COLLECTIVE_STEPS - 1;
+    let me = group.me;
+    let mut incoming = vec![T::default(); accumulated.len()];
+    if me >= power {
+        send_step(engine, group, me - power, fold_in, epoch, accumulated)?;
+        return recv_step(engine, group, me - power, fold_out, epoch, accumulated);
+    }
+    let folded = me + power < n;
+    if folded {
+        recv_step(engine, group, me + power, fold_in, epoch, &mut incoming)?;
+        combine(op, accumulated, &incoming);
+    }
+    for round in 0..rounds {
+        let partner = me ^ (1 << round);
+        send_step(engine, group, partner, 1 + round, epoch, accumulated)?;
+        recv_step(engine, group, partner, 1 + round, epoch, &mut incoming)?;
+        combine(op, accumulated, &incoming);
+    }
+    if folded {
+        send_step(engine, group, me + power, fold_out, epoch, accumulated)?;
+    }
+    Ok(())
+}
+
+// ---- zero-copy messages ----
+
+/// Sends a collective started from the caller's memory (or its own
+/// temporaries), all waited for before it returns.
+#[derive(Default)]
+struct Sends(Vec<(u32, u64, u64)>);
+
+impl Sends {
+    /// Starts a send of `len` bytes at `ptr` to world rank `peer`. The
+    /// bytes stay valid and unchanged until [`finish`](Self::finish) or
+    /// [`abandon`](Self::abandon).
+    fn start(
+        &mut self,
+        engine: &mut Engine<'_>,
+        context: u32,
+        peer: u32,
+        index: u32,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        let data = SendBytes::Borrowed {
+            ptr,
+            len: len as u64,
+        };
+        let (slot, generation) = engine.start_send(context, peer, index, data, None)?;
+        self.0.push((peer, slot, generation));
+        Ok(())
+    }
+
+    /// Waits for every send.
+    fn finish(&mut self, engine: &mut Engine<'_>) -> Result<()> {
+        while let Some(&(peer, slot, generation)) = self.0.first() {
+            engine.wait_until(Some(peer), None, |e| Ok(e.send_completed(slot, generation)))?;
+            self.0.remove(0);
+            if let Some(err) = engine.take_send_failure(slot, generation) {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failure: sends still waiting for their receives are
+    /// copied out (they go if the receive ever appears), those on the
+    /// wire get the device's time to finish, so that the caller's memory
+    /// is free once the call returns.
+    fn abandon(&mut self, engine: &mut Engine<'_>) {
+        for (_, slot, generation) in self.0.drain(..) {
+            engine.spool(slot, generation);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let _ = engine.wait_until(None, Some(deadline), |e| {
+                Ok(!e.send_posted(slot, generation) || e.send_completed(slot, generation))
+            });
+        }
+    }
+}
+
+/// Runs `body` with a set of sends that all complete before this
+/// returns (or are made safe by [`Sends::abandon`] on failure).
+fn with_sends<R>(
+    engine: &mut Engine<'_>,
+    body: impl FnOnce(&mut Engine<'_>, &mut Sends) -> Result<R>,
+) -> Result<R> {
+    let mut sends = Sends::default();
+    let result = body(engine, &mut sends).and_then(|r| sends.finish(engine).map(|()| r));
+    if result.is_err() {
+        sends.abandon(engine);
+    }
+    result
+}
+
+/// Posts a receive of `len` bytes at `ptr` from world rank `peer`.
+fn post_recv(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    index: u32,
+    ptr: *mut u8,
+    len: usize,
+) -> Result<(u32, u64, u64)> {
+    let (slot, generation) = engine.post_recv(context, peer, index, ptr, len as u64)?;
+    Ok((peer, slot, generation))
+}
+
+/// Waits for a posted receive; it must bring exactly `expected` bytes.
+fn finish_recv(engine: &mut Engine<'_>, posted: (u32, u64, u64), expected: usize) -> Result<()> {
+    let (peer, slot, generation) = posted;
+    engine.wait_until(Some(peer), None, |e| {
+        Ok(!e.recv_outstanding(slot, generation))
+    })?;
+    match engine.take_recv(slot, generation) {
+        Some(Ok(received)) if received.len == expected as u64 => Ok(()),
+        Some(Ok(received)) => Err(Error::Mismatch(format!(
+            "world rank {peer} sent {} bytes where this rank expects {expected}",
+            received.len
+        ))),
+        Some(Err(Error::Truncated { message, .. })) => Err(Error::Mismatch(format!(
+            "world rank {peer} sent {message} bytes where this rank expects {expected}"
+        ))),
+        Some(Err(err)) => Err(err),
+        None => Err(Error::NoRequest {
+            what: "receive",
+            peer,
+            index: (slot % u64::from(engine.layout.slots)) as u32,
+        }),
+    }
+}
+
+/// Receives into a temporary of this call; if the call fails before the
+/// receive completes, the engine keeps the temporary until it does.
+fn recv_temporary<T: Element>(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    into: Vec<T>,
+) -> Result<Vec<T>> {
+    let mut into = into;
+    let len = std::mem::size_of_val(&into[..]);
+    let posted = post_recv(engine, context, peer, 0, into.as_mut_ptr().cast(), len)?;
+    match finish_recv(engine, posted, len) {
+        Ok(()) => Ok(into),
+        Err(err) => {
+            let (_, slot, generation) = posted;
+            if engine.recv_outstanding(slot, generation) {
+                engine.adopt(slot, generation, false, Box::new(into));
+            }
+            Err(err)
+        }
+    }
+}
+
+fn broadcast_binomial(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    root: u32,
+    buffer: &mut [u8],
+) -> Result<()> {
+    let n = group.size();
+    let relative = group.relative(root);
+    let mut mask = 1;
+    while mask < n {
+        if relative & mask != 0 {
+            let parent = group.world_of_relative(root, relative - mask);
+            let posted = post_recv(
+                engine,
+                group.context,
+                parent,
+                0,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+            )?;
+            finish_recv(engine, posted, buffer.len())?;
+            break;
+        }
+        mask <<= 1;
+    }
+    with_sends(engine, |engine, sends| {
+        mask >>= 1;
+        while mask > 0 {
+            if relative + mask < n {
+                let child = group.world_of_relative(root, relative + mask);
+                sends.start(
+                    engine,
+                    group.context,
+                    child,
+                    0,
+                    buffer.as_ptr(),
+                    buffer.len(),
+                )?;
+            }
+            mask >>= 1;
+        }
+        Ok(())
+    })
+}
+
+fn broadcast_pipelined(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    root: u32,
+    buffer: &mut [u8],
+    chunk: usize,
+) -> Result<()> {
+    let n = group.size();
+    let relative = group.relative(root);
+    let parent = (relative > 0).then(|| group.world_of_relative(root, (relative - 1) / 2));
+    let children: Vec<u32> = [2 * relative + 1, 2 * relative + 2]
+        .into_iter()
+        .filter(|&c| c < n)
+        .map(|c| group.world_of_relative(root, c))
+        .collect();
+    let len = buffer.len();
+    let chunks = len.div_ceil(chunk).max(1);
+    let range = |j: usize| (j * chunk, ((j + 1) * chunk).min(len) - (j * chunk).min(len));
+    // Two alternating receive slots (one if the configuration has one).
+    let depth = engine.config.slots.min(2) as usize;
+    let base = buffer.as_mut_ptr();
+    // One window over the whole buffer, held for the call: every chunk's
+    // receive finds it instead of binding its own.
+    let held_window = match (parent, len) {
+        (Some(_), 1..) => {
+            let context = engine.context;
+            Some(engine.windows.acquire(context, base as u64, len as u64)?.2)
+        }
+        _ => None,
+    };
+    let result = with_sends(engine, |engine, sends| {
+        let mut posted = VecDeque::with_capacity(depth);
+        if let Some(parent) = parent {
+            for j in 0..depth.min(chunks) {
+                let (start, bytes) = range(j);
+                // SAFETY: `start <= len`: the pointer stays inside (or one
+                // past) the caller's buffer.
+                let at = unsafe { base.add(start) };
+                posted.push_back(post_recv(
+                    engine,
+                    group.context,
+                    parent,
+                    (j % depth) as u32,
+                    at,
+                    bytes,
+                )?);
+            }
+        }
+        for j in 0..chunks {
+            let (start, bytes) = range(j);
+            if parent.is_some() {
+                let receive = posted.pop_front().expect("a receive per chunk");
+                finish_recv(engine, receive, bytes)?;
+                if let (Some(parent), true) = (parent, j + depth < chunks) {
+                    let (next, next_bytes) = range(j + depth);
+                    // SAFETY: as above, `next <= len`.
+                    let at = unsafe { base.add(next) };
+                    posted.push_back(post_recv(
+                        engine,
+                        group.context,
+                        parent,
+                        (j % depth) as u32,
+                        at,
+                        next_bytes,
+                    )?);
+                }
+            }
+            for &child in &children {
+                // SAFETY: as above, `start <= len`; the chunk has arrived
+                // and nothing writes it any more.
+                let at = unsafe { base.add(start) };
+                sends.start(engine, group.context, child, (j % depth) as u32, at, bytes)?;
+            }
+        }
+        Ok(())
+    });
+    if let Some(id) = held_window {
+        engine.windows.release(id);
+    }
+    result
+}
+
+/// Combines everyone's `accumulated` up a binary tree rooted at `root`;
+/// the root's holds the result.
+fn reduce_tree<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    root: u32,
+    accumulated: &mut [T],
+    op: Op<'_, T>,
+) -> Result<()> {
+    let n = group.size();
+    let relative = group.relative(root);
+    for child in [2 * relative + 1, 2 * relative + 2] {
+        if child < n {
+            let peer = group.world_of_relative(root, child);
+            let incoming = recv_temporary(
+                engine,
+                group.context,
+                peer,
+                vec![T::default(); accumulated.len()],
+            )?;
+            combine(op, accumulated, &incoming);
+        }
+    }
+    if relative > 0 {
+        let parent = group.world_of_relative(root, (relative - 1) / 2);
+        let bytes = bytes_of(accumulated);
+        with_sends(engine, |engine, sends| {
+            sends.start(
+                engine,
+                group.context,
+                parent,
+                0,
+                bytes.as_ptr(),
+                bytes.len(),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// One step of recursive doubling: receives `incoming` from member
+/// `peer` while (if `send`) sending it `accumulated`; both complete before
+/// this returns, so `accumulated` may change afterwards.
+fn exchange<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    peer: u32,
+    send: bool,
+    incoming: Vec<T>,
+    accumulated: &[T],
+) -> Result<Vec<T>> {
+    let peer = group.world(peer);
+    let context = group.context;
+    let mut incoming = incoming;
+    let len = std::mem::size_of_val(&incoming[..]);
+    let posted = post_recv(engine, context, peer, 0, incoming.as_mut_ptr().cast(), len)?;
+    let bytes = bytes_of(accumulated);
+    let result = with_sends(engine, |engine, sends| {
+        if send {
+            sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())?;
+        }
+        finish_recv(engine, posted, len)
+    });
+    match result {
+        Ok(()) => Ok(incoming),
+        Err(err) => {
+            let (_, slot, generation) = posted;
+            if engine.recv_outstanding(slot, generation) {
+                engine.adopt(slot, generation, false, Box::new(incoming));
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Allreduce by recursive doubling with messages.
+fn allreduce_recursive_doubling<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    accumulated: &mut [T],
+    op: Op<'_, T>,
+) -> Result<()> {
+    let n = group.size();
+    let (power, rounds) = power_of_two_below(n);
+    let me = group.me;
+    let context = group.context;
+    let mut incoming = vec![T::default(); accumulated.len()];
+    if me >= power {
+        let result = exchange(engine, group, me - power, true, incoming, accumulated)?;
+        accumulated.copy_from_slice(&result);
+        return Ok(());
+    }
+    let folded = me + power < n;
+    if folded {
+        incoming = exchange(engine, group, me + power, false, incoming, accumulated)?;
+        combine(op, accumulated, &incoming);
+    }
+    for round in 0..rounds {
+        incoming = exchange(
+            engine,
+            group,
+            me ^ (1 << round),
+            true,
+            incoming,
+            accumulated,
+        )?;
+        combine(op, accumulated, &incoming);
+    }
+    if folded {
+        let peer = group.world(me + power);
+        let bytes = bytes_of(accumulated);
+        with_sends(engine, |engine, sends| {
+            sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())
+        })?;
+    }
+    Ok(())
+}
+
+// ---- the public calls ----
+
+/// Collectives (every member calls them, in the same order).
+impl Communicator<'_> {
+    fn group(&self) -> Group<'_> {
+        Group {
+            ranks: &self.ranks,
+            me: self.rank,
+            context: self.context + 1,
+        }
+    }
+
+    fn check_root(&self, root: u32) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::NoSuchRank {
+                rank: root,
+                size: self.size(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Blocks until every member has called it (the default algorithm,
+    /// see [`BarrierAlgorithm::Auto`]).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// world.barrier()?; // no rank passes before all have arrived
+    /// # Ok(()) }
+    /// ```
+    pub fn barrier(&self) -> Result<()> {
+        self.barrier_with(BarrierAlgorithm::Auto)
+    }
+
+    /// [`barrier`](Self::barrier) with the algorithm named.
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::BarrierAlgorithm;
+    /// world.barrier_with(BarrierAlgorithm::BinaryTree)?; // FMPL's software barrier
+    /// # Ok(()) }
+    /// ```
+    pub fn barrier_with(&self, algorithm: BarrierAlgorithm) -> Result<()> {
+        let group = self.group();
+        let mut engine = self.engine();
+        let context = group.context as usize;
+        engine.collective_epochs[context].barrier += 1;
+        let epoch = engine.collective_epochs[context].barrier;
+        if group.size() > 1 {
+            match algorithm {
+                BarrierAlgorithm::BinaryTree => barrier_tree(&mut engine, &group, epoch)?,
+                BarrierAlgorithm::Auto | BarrierAlgorithm::Dissemination => {
+                    barrier_dissemination(&mut engine, &group, epoch)?
+                }
+            }
+        }
+        check_flag_writes(&mut engine, group.context)
+    }
+
+    /// Copies `root`'s `buffer` into every member's `buffer` (all of the
+    /// same length; a different length fails with [`Error::Mismatch`]).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// let mut table = vec![0u8; 1 << 20];
+    /// if world.rank() == 0 {
+    ///     table.fill(7);
+    /// }
+    /// world.broadcast(0, &mut table)?;
+    /// assert!(table.iter().all(|&b| b == 7));
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast(&self, root: u32, buffer: &mut [u8]) -> Result<()> {
+        self.broadcast_with(root, buffer, BroadcastAlgorithm::Auto)
+    }
+
+    /// [`broadcast`](Self::broadcast) with the algorithm named.
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::BroadcastAlgorithm;
+    /// let mut data = vec![1u8; 8 << 20];
+    /// world.broadcast_with(0, &mut data, BroadcastAlgorithm::Pipelined)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_with(
+        &self,
+        root: u32,
+        buffer: &mut [u8],
+        algorithm: BroadcastAlgorithm,
+    ) -> Result<()> {
+        self.check_root(root)?;
+        let group = self.group();
+        if group.size() == 1 {
+            return Ok(());
+        }
+        let mut engine = self.engine();
+        let algorithm = match algorithm {
+            BroadcastAlgorithm::Auto
+                if BROADCAST_PIPELINE_MIN.is_some_and(|min| buffer.len() >= min)
+                    && group.size() >= 3 =>
+            {
+                BroadcastAlgorithm::Pipelined
+            }
+            BroadcastAlgorithm::Auto => BroadcastAlgorithm::BinomialTree,
+            chosen => chosen,
+        };
+        match algorithm {
+            BroadcastAlgorithm::Pipelined => {
+                broadcast_pipelined(&mut engine, &group, root, buffer, PIPELINE_CHUNK_BYTES)
+            }
+            _ => broadcast_binomial(&mut engine, &group, root, buffer),
+        }
+    }
+
+    /// Combines every member's `send` element by element with `op` into
+    /// `root`'s `receive` (as long as `send`); on the other members
+    /// `receive` is not touched (it may be empty).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::Op;
+    /// let mine = [world.rank() as f64, 1.0];
+    /// let mut total = [0.0; 2];
+    /// world.reduce(0, &mine, &mut total, Op::Sum)?;
+    /// if world.rank() == 0 {
+    ///     assert_eq!(total[1], world.size() as f64);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce<T: Element>(
+        &self,
+        root: u32,
+        send: &[T],
+        receive: &mut [T],
+        op: Op<'_, T>,
+    ) -> Result<()> {
+        self.reduce_with(root, send, receive, op, ReduceAlgorithm::Auto)
+    }
+
+    /// [`reduce`](Self::reduce) with the algorithm named.
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::{Op, ReduceAlgorithm};
+    /// let mine = vec![world.rank() as i64; 1 << 16];
+    /// let mut largest = vec![0i64; 1 << 16];
+    /// world.reduce_with(0, &mine, &mut largest, Op::Max, ReduceAlgorithm::BinaryTree)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_with<T: Element>(
+        &self,
+        root: u32,
+        send: &[T],
+        receive: &mut [T],
+        op: Op<'_, T>,
+        algorithm: ReduceAlgorithm,
+    ) -> Result<()> {
+        self.check_root(root)?;
+        if self.rank == root && receive.len() != send.len() {
+            return Err(Error::Mismatch(format!(
+                "the root's receive buffer holds {} elements, its send buffer {}",
+                receive.len(),
+                send.len()
+            )));
+        }
+        let group = self.group();
+        let mut accumulated = send.to_vec();
+        {
+            let mut engine = self.engine();
+            let bytes = std::mem::size_of_val(send);
+            let algorithm = match algorithm {
+                ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => ReduceAlgorithm::FlagWords,
+                ReduceAlgorithm::Auto => ReduceAlgorithm::BinaryTree,
+                chosen => chosen,
+            };
+            if group.size() > 1 {
+                match algorithm {
+                    ReduceAlgorithm::FlagWords => {
+                        allreduce_flags(&mut engine, &group, &mut accumulated, op)?;
+                        check_flag_writes(&mut engine, group.context)?;
+                    }
+                    ReduceAlgorithm::RecursiveDoubling => {
+                        allreduce_recursive_doubling(&mut engine, &group, &mut accumulated, op)?
+                    }
+                    _ => reduce_tree(&mut engine, &group, root, &mut accumulated, op)?,
+                }
+            }
+        }
+        if self.rank == root {
+            receive.copy_from_slice(&accumulated);
+        }
+        Ok(())
+    }
+
+    /// Combines every member's `send` element by element with `op` into
+    /// every member's `receive` (as long as `send`).
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::Op;
+    /// let residual = [0.25f64 * world.rank() as f64];
+    /// let mut worst = [0.0f64];
+    /// world.allreduce(&residual, &mut worst, Op::MaxAbs)?;
+    /// let clamp = |acc: &mut [u32], incoming: &[u32]| {
+    ///     acc.iter_mut().zip(incoming).for_each(|(a, b)| *a = (*a + b).min(100))
+    /// };
+    /// let mut votes = [0u32];
+    /// world.allreduce(&[60], &mut votes, Op::User(&clamp))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn allreduce<T: Element>(
+        &self,
+        send: &[T],
+        receive: &mut [T],
+        op: Op<'_, T>,
+    ) -> Result<()> {
+        self.allreduce_with(send, receive, op, ReduceAlgorithm::Auto)
+    }
+
+    /// [`allreduce`](Self::allreduce) with the algorithm named.
+    ///
+    /// ```no_run
+    /// # fn f(world: &pindown_messaging::Communicator<'_>) -> pindown_messaging::Result<()> {
+    /// use pindown_messaging::{Op, ReduceAlgorithm};
+    /// let mut sum = [0u64; 4];
+    /// world.allreduce_with(&[1, 2, 3, 4], &mut sum, Op::Sum, ReduceAlgorithm::RecursiveDoubling)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn allreduce_with<T: Element>(
+        &self,
+        send: &[T],
+        receive: &mut [T],
+        op: Op<'_, T>,
+        algorithm: ReduceAlgorithm,
+    ) -> Result<()> {
+        if receive.len() != send.len() {
+            return Err(Error::Mismatch(format!(
+                "the receive buffer holds {} elements, the send buffer {}",
+                receive.len(),
+                send.len()
+            )));
+        }
+        receive.copy_from_slice(send);
+        let group = self.group();
+        if group.size() == 1 {
+            return Ok(());
+        }
+        let bytes = std::mem::size_of_val(send);
+        let algorithm = match algorithm {
+            ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => ReduceAlgorithm::FlagWords,
+            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN || group.size() > 2 => {
+                ReduceAlgorithm::RecursiveDoubling
+            }
+            ReduceAlgorithm::Auto => ReduceAlgorithm::BinaryTree,
+            chosen => chosen,
+        };
+        match algorithm {
+            ReduceAlgorithm::FlagWords => {
+                let mut engine = self.engine();
+                allreduce_flags(&mut engine, &group, receive, op)?;
+                check_flag_writes(&mut engine, group.context)
+            }
+            ReduceAlgorithm::RecursiveDoubling => {
+                allreduce_recursive_doubling(&mut self.engine(), &group, receive, op)
+            }
+            _ => {
+                reduce_tree(&mut self.engine(), &group, 0, receive, op)?;
+                self.broadcast(0, bytes_of_mut(receive))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_combine_element_by_element() {
+        let mut acc = [3i32, -7, 5, -5, i32::MIN];
+        let incoming = [-4i32, 6, -5, 5, i32::MAX];
+        let mut sum = acc;
+        combine(Op::Sum, &mut sum, &incoming);
+        for i in 0..acc.len() {
+            assert_eq!(sum[i], acc[i].wrapping_add(incoming[i]));
+        }
+        let mut max_abs = acc;
+        combine(Op::MaxAbs, &mut max_abs, &incoming);
+        assert_eq!(max_abs, [-4, -7, 5, 5, i32::MIN]);
+        let mut min_abs = acc;
+        combine(Op::MinAbs, &mut min_abs, &incoming);
+        assert_eq!(min_abs, [3, 6, 5, 5, i32::MAX]);
+        let mut min = acc;
+        combine(Op::Min, &mut min, &incoming);
+        let mut max = acc;
+        combine(Op::Max, &mut max, &incoming);
+        for i in 0..acc.len() {
+            assert_eq!(min[i], acc[i].min(incoming[i]));
+            assert_eq!(max[i], acc[i].max(incoming[i]));
+        }
+        let product = |a: &mut [i32], b: &[i32]| a.iter_mut().zip(b).for_each(|(a, b)| *a *= b);
+        acc = [2, 3, 4, 5, 6];
+        combine(Op::User(&product), &mut acc, &[1, 2, 3, 4, 5]);
+        assert_eq!(acc, [2, 6, 12, 20, 30]);
+    }
+
+    #[test]
+    fn max_and_min_abs_agree_whichever_side_a_tie_comes_from() {
+        for (a, b) in [(2.5f64, -2.5f64), (-1.0, 1.0), (0.0, -0.0)] {
+            for op in [Op::MaxAbs, Op::MinAbs] {
+                let (mut left, mut right) = ([a], [b]);
+                combine(op, &mut left, &[b]);
+                combine(op, &mut right, &[a]);
+                assert_eq!(
+                    left[0].to_bits(),
+                    right[0].to_bits(),
+                    "{op:?} of {a} and {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn powers_of_two_below() {
+        for n in 1..100u32 {
+            let (power, log) = power_of_two_below(n);
+            assert_eq!(power, 1 << log);
+            assert!(power <= n && n < 2 * power);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The collectives on every rank count from 1 to 8: `msg_check launch N
+//! collectives` (a device with N ports and N rank processes, oversubscribed
+//! on small machines), every rank checking every result against the
+//! reference it computes from every rank's seeded contribution.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `msg_check` example's executable, built now if this test's build
+/// did not make it (it lies in `examples/` beside this test's `deps/`).
+fn msg_check() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let built = profile_dir.join("examples/msg_check");
+    let release = profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+        "build",
+        "-p",
+        "pindown-messaging",
+        "--example",
+        "msg_check",
+    ]);
+    if release {
+        cargo.arg("--release");
+    }
+    let target = profile_dir.parent().expect("target directory");
+    let status = cargo
+        .arg("--target-dir")
+        .arg(target)
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building msg_check failed");
+    assert!(built.exists(), "{} missing", built.display());
+    built
+}
+
+/// Runs the scenario on `ranks` ranks and checks that every rank reports
+/// success with something checked.
+fn run_collectives(exe: &PathBuf, ranks: u32, seed: u64, cases: u32) {
+    let out = Command::new(exe)
+        .args(["launch", &ranks.to_string(), "collectives"])
+        .args(["--seed", &seed.to_string(), "--cases", &cases.to_string()])
+        .output()
+        .expect("run msg_check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        ranks as usize,
+        "{ranks} ranks, one line each expected\n{stdout}\n{stderr}"
+    );
+    let mut seen: Vec<u64> = Vec::new();
+    for line in &lines {
+        assert_eq!(line["ok"], true, "{ranks} ranks (seed {seed}): {line}");
+        assert_eq!(line["size"], ranks, "{line}");
+        let checked = line["checked"].as_u64().expect("a checked count");
+        assert!(checked > 0, "{ranks} ranks: nothing checked: {line}");
+        seen.push(line["rank"].as_u64().expect("a rank"));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..u64::from(ranks)).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+}
+
+#[test]
+fn collectives_on_one_to_eight_ranks_match_the_reference() {
+    let exe = msg_check();
+    // A different seed each run (printed on failure), so that runs
+    // together cover more roots and sizes; PINDOWN_COLLECTIVES_SEED
+    // repeats one.
+    let seed = std::env::var("PINDOWN_COLLECTIVES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(1)
+        });
+    eprintln!("collectives seed {seed}");
+    for ranks in 1..=8 {
+        // Fewer cases as the ranks crowd the cores.
+        let cases = if ranks <= 4 { 80 } else { 50 };
+        run_collectives(&exe, ranks, seed, cases);
+    }
+}
