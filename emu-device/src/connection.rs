@@ -535,10 +535,20 @@ fn poll_rdma(
         {
             break;
         }
-        std::hint::spin_loop();
+        if polls.is_multiple_of(RDMA_POLLS_PER_YIELD) {
+            // Nothing to do for a while: let a thread waiting for this
+            // core run (on few cores the requester that will post next,
+            // or another port's thread, may be queued behind this one).
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
     worked
 }
+
+/// RDMA polls between two yields of the processor while a port polls.
+const RDMA_POLLS_PER_YIELD: u32 = 16;
 
 /// How long a polling port polls its RDMA queues alone between two passes
 /// over everything (rings, socket, inbox): a pass costs microseconds, and

@@ -338,7 +338,11 @@ fn run_ranks(
     mode: &str,
     args: &[String],
 ) -> Result<Vec<Value>, Box<dyn Error>> {
-    let device = DeviceChild::start(exe, "--device", n, &[])?;
+    let device_args: Vec<String> = std::env::var("FMPL_DEVICE_ARGS")
+        .map(|a| a.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let device_args: Vec<&str> = device_args.iter().map(String::as_str).collect();
+    let device = DeviceChild::start(exe, "--device", n, &device_args)?;
     let kv = tempfile::tempdir()?;
     let ranks: Vec<_> = (0..n)
         .map(|r| {
@@ -381,9 +385,11 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
     let plan = Plan::parse(&args[1..])?;
     let mut job = Job::from_environment()?;
     let context = Context::open(device_socket(&job)?, pindown_messaging::context_config())?;
+    let spin = spin_setting();
     let config = Config {
         slots: plan.posted.iter().copied().max().unwrap_or(1).max(64) as u32 + 1,
         send_timeout: None,
+        spin,
         ..Config::default()
     };
     BARRIER_SLOT.store(config.slots - 1, std::sync::atomic::Ordering::Relaxed);
@@ -405,6 +411,15 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
     drop(world);
     messenger.finalize(Duration::from_secs(30))?;
     Ok(())
+}
+
+/// How long a waiting rank polls before it yields: the library's default,
+/// or `FMPL_RANK_SPIN_US`.
+fn spin_setting() -> Duration {
+    std::env::var("FMPL_RANK_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Config::default().spin, Duration::from_micros)
 }
 
 /// Byte `i` of the message of iteration `n`; the first 8 bytes carry `n`.
@@ -440,6 +455,7 @@ fn pingpong(
     let me = world.rank();
     let peer = 1 - me;
     let largest = plan.sizes.iter().copied().max().unwrap_or(8);
+    let spin = spin_setting();
     // The raw RDMA write baseline: a window over a receive buffer with a
     // flag word after the largest body.
     let flag_at = largest.next_multiple_of(64);
@@ -551,12 +567,19 @@ fn pingpong(
                              cq: &mut pindown_driver::verbs::CompletionQueue<'_>,
                              outstanding: &mut u64|
              -> Result<(), Box<dyn Error>> {
+                // Waiting as the library waits: poll for `spin`, then
+                // yield the processor between polls.
+                let start = Instant::now();
                 while flag(&target) != n {
                     for completion in cq.poll()? {
                         completion.result()?;
                         *outstanding -= 1;
                     }
-                    std::hint::spin_loop();
+                    if start.elapsed() >= spin {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
                 }
                 Ok(())
             };
