@@ -384,7 +384,10 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
     let mode = args.first().ok_or("a mode")?.clone();
     let plan = Plan::parse(&args[1..])?;
     let mut job = Job::from_environment()?;
-    let context = Context::open(device_socket(&job)?, pindown_messaging::context_config())?;
+    let mut context_config = pindown_messaging::context_config();
+    // The ping-pong holds four buffers of the largest size registered.
+    context_config.cache.max_pinned_bytes = Some(1 << 30);
+    let context = Context::open(device_socket(&job)?, context_config)?;
     let spin = spin_setting();
     let config = Config {
         slots: plan.posted.iter().copied().max().unwrap_or(1).max(64) as u32 + 1,
