@@ -14,13 +14,21 @@
 //!   and the latency of one send with N receives outstanding; beside the
 //!   MPIs' (sends in reverse order of posting: a receiver-side queue is
 //!   searched to its end).
+//! * **Collectives**: barrier, broadcast and allreduce (doubles, sum) on 2
+//!   ranks for every size, and at 8 B and 1 MiB on 4 and 8 ranks (4 in
+//!   `--quick`), time per call of the slowest rank after a barrier, beside
+//!   both MPIs' on as many ranks.
 //!
 //! Every message is checked where it lands (a per-iteration stamp, the
 //! whole buffer on the last iteration). One JSON document goes to stdout,
 //! progress to stderr. The targets (8-byte one-way at most 1.0 us;
 //! table-2 gap at 600 within 1.2x of the gap at 1 and 10x below MPI's at
-//! 600; bandwidth from 64 KiB at least 0.9 of the raw RDMA write's) are
+//! 600; bandwidth from 64 KiB at least 0.9 of the raw RDMA write's; a
+//! barrier on 2 ranks within 1.5 us) are
 //! reported, not enforced. `--quick` runs fewer sizes and iterations.
+//! `FMPL_DEVICE_ARGS` (for example `--poll` or `--spin-us 1000`) passes
+//! options to the device; `FMPL_RANK_SPIN_US` sets the ranks'
+//! `Config::spin` (the raw RDMA baseline waits the same way).
 
 use std::error::Error;
 use std::path::Path;
