@@ -1,4 +1,4 @@
-//! The point-to-point (and collective) scenarios on ranks spread over two
+//! The point-to-point, any-source, typed and collective scenarios on ranks spread over two
 //! hosts (network namespaces joined by a bridge, one device process each,
 //! joined into one fabric over UDP), started by MPICH's `mpiexec.hydra`.
 //! Rank r talks to port r / 2 of node r % 2, so neighbours in rank order
@@ -112,6 +112,7 @@ fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
         ("split", &[][..]),
         ("typed", &[][..]),
         ("any-source", &[][..]),
+        ("collectives", &["--cases", "20"][..]),
     ] {
         let lines = hydra(dir.path(), scenario, args);
         let checked: u64 = lines.iter().map(common::checked).sum();
