@@ -180,8 +180,8 @@ pub(crate) const PART_BIT: u64 = 1 << 63;
 /// Bytes a done word's batch stages in scratch: the body (inline up to
 /// [`MAX_INLINE`]), the index word, the done word.
 pub(crate) const SCRATCH_BODY: u64 = 0;
-pub(crate) const SCRATCH_INDEX: u64 = 512;
-pub(crate) const SCRATCH_DONE: u64 = 520;
+const SCRATCH_INDEX: u64 = 512;
+const SCRATCH_DONE: u64 = 520;
 const SCRATCH_RECORD: u64 = 528;
 const SCRATCH_PROBE: u64 = 576;
 /// Free scratch for the any-source domain and collectives.
@@ -990,37 +990,14 @@ impl<'c> Engine<'c> {
                     }
                 }
             }
-            if let Some(index) = any_tag_index {
-                let local = stage(
-                    control_memory,
-                    own,
-                    scratch,
-                    SCRATCH_INDEX,
-                    &u64::from(index).to_le_bytes(),
-                )?;
-                entries.push(
-                    Write::new(local, control.at(done_at + 8))
-                        .build()
-                        .inline()
-                        .user_data(tag | PART_BIT),
-                );
+            SendTail {
+                control,
+                done_at,
+                any_tag_index,
+                word: layout::done_word(receive_generation, len, false),
+                tag,
             }
-            let word = layout::done_word(receive_generation, len, false);
-            let local = stage(
-                control_memory,
-                own,
-                scratch,
-                SCRATCH_DONE,
-                &word.to_le_bytes(),
-            )?;
-            entries.push(
-                Write::new(local, control.at(done_at))
-                    .build()
-                    .inline()
-                    .fence()
-                    .user_data(tag)
-                    .signaled(),
-            );
+            .push(control_memory, own, scratch, &mut entries)?;
             post_entries(qp, cq, completions, &entries)?;
         }
         let spool = match data {
@@ -1523,6 +1500,61 @@ pub(crate) fn post_entries(
             }
             Err(err) => return Err(err.into()),
         }
+    }
+}
+
+/// What ends a send on the receiver's side, in order after its body: the
+/// index the sender named (for an any-index receive) and then, fenced, the
+/// done word, which completes the group tagged `tag`.
+pub(crate) struct SendTail {
+    /// The receiver's control window.
+    pub(crate) control: RemoteWindow,
+    /// Offset of the done word there (the index word follows it).
+    pub(crate) done_at: u64,
+    /// The index, for an any-index receive.
+    pub(crate) any_tag_index: Option<u32>,
+    /// The done word.
+    pub(crate) word: u64,
+    /// The group's tag.
+    pub(crate) tag: u64,
+}
+
+impl SendTail {
+    /// Stages the tail's words in scratch memory and appends their writes
+    /// to `entries`.
+    pub(crate) fn push<'r>(
+        &self,
+        memory: &DmaBuffer,
+        region: &'r MemoryRegion<'_>,
+        scratch: u64,
+        entries: &mut Vec<Entry<'r>>,
+    ) -> Result<()> {
+        if let Some(index) = self.any_tag_index {
+            let bytes = u64::from(index).to_le_bytes();
+            let local = stage(memory, region, scratch, SCRATCH_INDEX, &bytes)?;
+            entries.push(
+                Write::new(local, self.control.at(self.done_at + 8))
+                    .build()
+                    .inline()
+                    .user_data(self.tag | PART_BIT),
+            );
+        }
+        let local = stage(
+            memory,
+            region,
+            scratch,
+            SCRATCH_DONE,
+            &self.word.to_le_bytes(),
+        )?;
+        entries.push(
+            Write::new(local, self.control.at(self.done_at))
+                .build()
+                .inline()
+                .fence()
+                .user_data(self.tag)
+                .signaled(),
+        );
+        Ok(())
     }
 }
 

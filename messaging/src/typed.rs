@@ -20,8 +20,7 @@ use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{Access, RemoteAddress, RemoteKey};
 
 use crate::engine::{
-    post_entries, stage, Engine, InFlight, Received, SendData, PART_BIT, SCRATCH_BODY,
-    SCRATCH_DONE, SCRATCH_INDEX,
+    post_entries, stage, Engine, InFlight, Received, SendData, SendTail, PART_BIT, SCRATCH_BODY,
 };
 use crate::error::{Error, Result};
 use crate::layout::{self, MATCH_STAMP_AT, READ_NOTICE, TYPED_RECEIVE};
@@ -161,37 +160,14 @@ impl<'c> Engine<'c> {
                 }
             };
             entries.push(offer_entry.user_data(tag | PART_BIT));
-            if let Some(index) = matched.any_tag_index {
-                let local = stage(
-                    control_memory,
-                    own,
-                    scratch,
-                    SCRATCH_INDEX,
-                    &u64::from(index).to_le_bytes(),
-                )?;
-                entries.push(
-                    Write::new(local, control.at(done_at + 8))
-                        .build()
-                        .inline()
-                        .user_data(tag | PART_BIT),
-                );
+            SendTail {
+                control,
+                done_at,
+                any_tag_index: matched.any_tag_index,
+                word: layout::done_word(matched.receive_generation, len, true),
+                tag,
             }
-            let word = layout::done_word(matched.receive_generation, len, true);
-            let local = stage(
-                control_memory,
-                own,
-                scratch,
-                SCRATCH_DONE,
-                &word.to_le_bytes(),
-            )?;
-            entries.push(
-                Write::new(local, control.at(done_at))
-                    .build()
-                    .inline()
-                    .fence()
-                    .user_data(tag)
-                    .signaled(),
-            );
+            .push(control_memory, own, scratch, &mut entries)?;
             post_entries(qp, cq, completions, &entries)?;
             drop(entries);
             let notice = Notice {
@@ -239,37 +215,14 @@ impl<'c> Engine<'c> {
         if let Some(vector) = &vector {
             entries.push(vector.build().user_data(tag | PART_BIT));
         }
-        if let Some(index) = matched.any_tag_index {
-            let local = stage(
-                control_memory,
-                own,
-                scratch,
-                SCRATCH_INDEX,
-                &u64::from(index).to_le_bytes(),
-            )?;
-            entries.push(
-                Write::new(local, control.at(done_at + 8))
-                    .build()
-                    .inline()
-                    .user_data(tag | PART_BIT),
-            );
+        SendTail {
+            control,
+            done_at,
+            any_tag_index: matched.any_tag_index,
+            word: layout::done_word(matched.receive_generation, len, false),
+            tag,
         }
-        let word = layout::done_word(matched.receive_generation, len, false);
-        let local = stage(
-            control_memory,
-            own,
-            scratch,
-            SCRATCH_DONE,
-            &word.to_le_bytes(),
-        )?;
-        entries.push(
-            Write::new(local, control.at(done_at))
-                .build()
-                .inline()
-                .fence()
-                .user_data(tag)
-                .signaled(),
-        );
+        .push(control_memory, own, scratch, &mut entries)?;
         post_entries(qp, cq, completions, &entries)?;
         drop(entries);
         drop(vector);

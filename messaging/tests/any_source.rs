@@ -5,46 +5,12 @@
 //! in the middle of a rendezvous send; rank 0's receives from it, and
 //! rank 1's sends to it, fail with `PeerGone` instead of hanging).
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `msg_check` example's executable, built now if this test's build
-/// did not make it (it lies in `examples/` beside this test's `deps/`).
-fn msg_check() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let built = profile_dir.join("examples/msg_check");
-    if built.exists() {
-        return built;
-    }
-    let release = profile_dir
-        .file_name()
-        .is_some_and(|name| name == "release");
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-        "build",
-        "-p",
-        "pindown-messaging",
-        "--example",
-        "msg_check",
-    ]);
-    if release {
-        cargo.arg("--release");
-    }
-    let target = profile_dir.parent().expect("target directory");
-    let status = cargo
-        .arg("--target-dir")
-        .arg(target)
-        .status()
-        .expect("run cargo");
-    assert!(status.success(), "building msg_check failed");
-    assert!(built.exists(), "{} missing", built.display());
-    built
-}
+mod common;
+
+use common::msg_check;
 
 /// Runs `msg_check launch ranks scenario`, killed if it takes longer than
 /// `limit` (a hang is a failure); returns its exit success and each

@@ -6,39 +6,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The `msg_check` example's executable, built now if this test's build
-/// did not make it (it lies in `examples/` beside this test's `deps/`).
-fn msg_check() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let built = profile_dir.join("examples/msg_check");
-    let release = profile_dir
-        .file_name()
-        .is_some_and(|name| name == "release");
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-        "build",
-        "-p",
-        "pindown-messaging",
-        "--example",
-        "msg_check",
-    ]);
-    if release {
-        cargo.arg("--release");
-    }
-    let target = profile_dir.parent().expect("target directory");
-    let status = cargo
-        .arg("--target-dir")
-        .arg(target)
-        .status()
-        .expect("run cargo");
-    assert!(status.success(), "building msg_check failed");
-    assert!(built.exists(), "{} missing", built.display());
-    built
-}
+mod common;
+
+use common::msg_check;
 
 /// Runs the scenario on `ranks` ranks and checks that every rank reports
 /// success with something checked.

@@ -9,8 +9,10 @@ use std::sync::Once;
 
 use serde_json::Value;
 
-/// The example's executable, built now if this test's build did not make
-/// it (it lies in `examples/` beside this test's `deps/`).
+/// The example's executable, built (once per test binary) with the same
+/// profile and target directory as this test, so that it is never older
+/// than the library under test: it lies in `examples/` beside this test's
+/// `deps/`.
 pub fn msg_check() -> PathBuf {
     static BUILD: Once = Once::new();
     let exe = std::env::current_exe().expect("test executable");
@@ -20,18 +22,28 @@ pub fn msg_check() -> PathBuf {
         .expect("target/<profile>/deps");
     let built = profile_dir.join("examples/msg_check");
     BUILD.call_once(|| {
-        if !built.exists() {
-            let release = profile_dir.ends_with("release");
-            let mut cargo = Command::new(env!("CARGO"));
-            cargo.args(["build", "-p", "pindown-messaging", "--example", "msg_check"]);
-            if release {
-                cargo.arg("--release");
-            }
-            assert!(
-                cargo.status().expect("cargo").success(),
-                "building msg_check failed"
-            );
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+            "build",
+            "-p",
+            "pindown-messaging",
+            "--example",
+            "msg_check",
+        ]);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            cargo.arg("--release");
         }
+        let target = profile_dir.parent().expect("target directory");
+        let status = cargo
+            .arg("--target-dir")
+            .arg(target)
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building msg_check failed");
+        assert!(built.exists(), "{} missing", built.display());
     });
     built
 }
