@@ -146,12 +146,6 @@ struct Tally {
 type Outcome = Result<Tally, String>;
 
 fn rank(scenario: &str, args: &[String]) -> ExitCode {
-    // The heap never shrinks through brk: a trim from inside the pin-down
-    // cache's locked sections blocks on the unmap monitor, which waits for
-    // that lock (a deadlock of the cache seen with the collectives'
-    // large-buffer churn; to be fixed in pincache).
-    // SAFETY: mallopt only changes the allocator's tuning parameters.
-    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) };
     let mut job = match Job::from_environment() {
         Ok(job) => job,
         Err(err) => {

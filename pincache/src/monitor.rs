@@ -17,16 +17,22 @@
 //!   no fault is ever delivered; only the non-cooperative events are). An
 //!   `munmap`, `mremap` or `madvise(MADV_DONTNEED|MADV_REMOVE)` the hook did
 //!   not see blocks in the kernel until the monitor thread has read its event.
-//!   The monitor raises a pending flag before it reads, and hits fall back to
-//!   the slow path, which waits for the monitor, while the flag is up, so the
-//!   thread that unmapped can never hit the stale region afterwards.
+//!   The monitor raises a pending count before it reads, and hits fall back
+//!   to the slow path, which waits for the monitor, while it is up, so the
+//!   thread that unmapped can never hit the stale region afterwards. One
+//!   thread reads events and does nothing else (no lock but its queue's, no
+//!   allocation); a second applies them. The unmapping thread may hold a
+//!   cache's lock or the allocator's (glibc trims the heap inside `free`):
+//!   a monitor that invalidated before reading the next event would wait
+//!   for that lock while the thread waits for the read.
 
+use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::page_refs::RangeRefCounts;
 use crate::pinner::PageRange;
@@ -45,9 +51,20 @@ pub trait InvalidationTarget: Send + Sync {
 static TARGETS: Mutex<Vec<(u64, Weak<dyn InvalidationTarget>)>> = Mutex::new(Vec::new());
 static NEXT_TARGET: AtomicU64 = AtomicU64::new(1);
 
-/// Raised by the monitor thread before it reads events, lowered after it has
-/// applied them.
-static EVENT_PENDING: AtomicBool = AtomicBool::new(false);
+/// Batches of events the monitor's reader has started reading and its
+/// applier has not finished applying: hits take the slow path while any is.
+static EVENTS_PENDING: AtomicU64 = AtomicU64::new(0);
+
+/// Ranges the reader has read and the applier has not applied yet, in
+/// order; `None` closes a batch. Allocated once: the reader never
+/// allocates.
+struct Inbox {
+    queue: Mutex<VecDeque<Option<(usize, usize, bool)>>>,
+    filled: Condvar,
+}
+
+/// Entries the inbox holds at most.
+const INBOX_ENTRIES: usize = 4096;
 
 static MONITOR: OnceLock<Result<MemoryMonitor, String>> = OnceLock::new();
 
@@ -89,7 +106,7 @@ pub fn invalidate_everywhere(start: usize, len: usize, unmapped: bool) -> usize 
 /// Whether the monitor is between reading events and applying them.
 #[inline(always)]
 pub(crate) fn event_pending() -> bool {
-    EVENT_PENDING.load(Ordering::Acquire)
+    EVENTS_PENDING.load(Ordering::Acquire) > 0
 }
 
 /// Waits until the monitor has applied the events it has read.
@@ -153,6 +170,22 @@ pub struct MemoryMonitor {
     events: AtomicU64,
 }
 
+/// Queues `entry` for the applier, waiting (without allocating) while the
+/// inbox is full.
+fn push(inbox: &Inbox, entry: Option<(usize, usize, bool)>) {
+    loop {
+        {
+            let mut queue = inbox.queue.lock();
+            if queue.len() < INBOX_ENTRIES {
+                queue.push_back(entry);
+                inbox.filled.notify_one();
+                return;
+            }
+        }
+        std::thread::yield_now();
+    }
+}
+
 impl MemoryMonitor {
     /// The monitor, started on first use. Fails where userfaultfd or its
     /// unmap/remove/remap events and write-protect mode are unavailable (no
@@ -176,13 +209,25 @@ impl MemoryMonitor {
         }
     }
 
+    /// Starts the monitor's two threads: the reader, which only reads
+    /// events (so that a thread blocked in `munmap` until its event is read
+    /// never waits for a lock or the allocator, which it may hold), and
+    /// the applier, which invalidates.
     fn start(&'static self) {
         static STARTED: OnceLock<()> = OnceLock::new();
         STARTED.get_or_init(|| {
+            let inbox: &'static Inbox = Box::leak(Box::new(Inbox {
+                queue: Mutex::new(VecDeque::with_capacity(INBOX_ENTRIES)),
+                filled: Condvar::new(),
+            }));
             std::thread::Builder::new()
                 .name("pincache-monitor".into())
-                .spawn(move || self.run())
+                .spawn(move || self.read_events(inbox))
                 .expect("cannot start the pincache monitor thread");
+            std::thread::Builder::new()
+                .name("pincache-apply".into())
+                .spawn(move || self.apply_events(inbox))
+                .expect("cannot start the pincache monitor's applier thread");
         });
     }
 
@@ -239,14 +284,17 @@ impl MemoryMonitor {
         }
     }
 
-    fn run(&self) {
+    /// The reader: reads every event as soon as it comes and hands the
+    /// ranges to the applier. It takes no lock but the inbox's and never
+    /// allocates.
+    fn read_events(&self, inbox: &Inbox) {
         let mut buffer = [RawMessage::default(); 64];
         loop {
             if self.uffd.wait().is_err() {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            EVENT_PENDING.store(true, Ordering::SeqCst);
+            EVENTS_PENDING.fetch_add(1, Ordering::SeqCst);
             loop {
                 let count = match self.uffd.read(&mut buffer) {
                     Ok(0) | Err(_) => break,
@@ -260,15 +308,36 @@ impl MemoryMonitor {
                         unmapped,
                     } = message.gone()
                     {
-                        let (start, end) = (start as usize, end as usize);
                         if end > start {
-                            self.watched.lock().clear(start..end);
-                            invalidate_everywhere(start, end - start, unmapped);
+                            push(inbox, Some((start as usize, end as usize, unmapped)));
                         }
                     }
                 }
             }
-            EVENT_PENDING.store(false, Ordering::SeqCst);
+            push(inbox, None);
+        }
+    }
+
+    /// The applier: forgets and invalidates each range, in order, and
+    /// lowers the pending count at the end of each batch.
+    fn apply_events(&self, inbox: &Inbox) {
+        loop {
+            let next = {
+                let mut queue = inbox.queue.lock();
+                while queue.is_empty() {
+                    inbox.filled.wait(&mut queue);
+                }
+                queue.pop_front().expect("not empty")
+            };
+            match next {
+                Some((start, end, unmapped)) => {
+                    self.watched.lock().clear(start..end);
+                    invalidate_everywhere(start, end - start, unmapped);
+                }
+                None => {
+                    EVENTS_PENDING.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
         }
     }
 }
