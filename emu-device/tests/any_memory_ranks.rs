@@ -589,7 +589,8 @@ fn writer_rank(socket: &str) {
             Some("stream") => {
                 let window: RemoteWindow = words[1].parse().unwrap();
                 let stop = Arc::new(AtomicBool::new(false));
-                let (c, st) = (Arc::clone(&context), Arc::clone(&stop));
+                let landed = Arc::new(AtomicU64::new(0));
+                let (c, st, first) = (Arc::clone(&context), Arc::clone(&stop), Arc::clone(&landed));
                 let handle = std::thread::spawn(move || {
                     // ok, refused (not granted), other
                     let mut counts = [0u64; 3];
@@ -607,12 +608,22 @@ fn writer_rank(socket: &str) {
                             _ => 2,
                         };
                         counts[slot] += 1;
+                        if slot == 0 {
+                            first.fetch_add(1, Ordering::Relaxed);
+                        }
                         round += 1;
                     }
                     counts
                 });
                 stream = Some((stop, handle));
-                // Let some writes through before answering.
+                // Let some writes through before answering (however loaded
+                // the machine is: a write must have landed).
+                let waiting = std::time::Instant::now();
+                while landed.load(Ordering::Relaxed) == 0
+                    && waiting.elapsed() < Duration::from_secs(20)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 std::thread::sleep(Duration::from_millis(20));
                 say("streaming");
             }
