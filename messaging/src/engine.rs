@@ -541,15 +541,24 @@ impl<'c> Engine<'c> {
                 0,
             )
         } else {
+            // The window first: finding none may make the cache renew the
+            // registration of this memory, which the receive then holds.
+            let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
             let region = match self.context.register(ptr as u64, capacity) {
                 // Idle cached windows hold pinned memory: under the pin
                 // limit, let them go and try again.
                 Err(_) if self.windows.evict_idle() > 0 => {
-                    self.context.register(ptr as u64, capacity)?
+                    self.context.register(ptr as u64, capacity)
                 }
-                other => other?,
+                other => other,
             };
-            let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
+            let region = match region {
+                Ok(region) => region,
+                Err(err) => {
+                    self.windows.release(id);
+                    return Err(err.into());
+                }
+            };
             (
                 window.key,
                 ptr as u64 - start,

@@ -8,7 +8,7 @@
 //! covers exactly the buffer it was bound for (or a larger one that
 //! contains it), never the memory around it.
 
-use pindown_driver::verbs::{Context, RegionWindow, RemoteWindow};
+use pindown_driver::verbs::{Context, RegionWindow, RemoteWindow, VerbsError};
 use pindown_uapi::Access;
 
 use crate::error::Result;
@@ -94,7 +94,19 @@ impl<'c> WindowCache<'c> {
             Err(_) if self.evict_idle() > 0 => context.register(addr, len)?,
             other => other?,
         };
-        let window = context.bind_region_window(region, 0, len, access, None)?;
+        let window = match context.bind_region_window(region, 0, len, access, None) {
+            Err(VerbsError::ReadOnlyMemory { .. }) if access.contains(Access::REMOTE_WRITE) => {
+                // The registration says read-only, yet the memory is the
+                // caller's writable buffer: an old registration of memory
+                // once at this address. Forget every translation of the
+                // range and register it afresh.
+                self.forget_range(addr, len);
+                context.invalidate(addr, len);
+                let region = context.register(addr, len)?;
+                context.bind_region_window(region, 0, len, access, None)?
+            }
+            other => other?,
+        };
         let remote = window.remote();
         self.next_id += 1;
         self.entries.push(Entry {
@@ -123,6 +135,27 @@ impl<'c> WindowCache<'c> {
                 entry.stale = true;
             }
             self.evict_idle();
+        }
+    }
+
+    /// Lets go of the idle windows overlapping `[addr, addr + len)` and
+    /// marks the others stale.
+    fn forget_range(&mut self, addr: u64, len: u64) {
+        for entry in &mut self.entries {
+            if entry.start < addr + len && addr < entry.start + entry.len {
+                entry.stale = true;
+            }
+        }
+        let mut i = 0;
+        while i < self.entries.len() {
+            if self.entries[i].stale && self.entries[i].in_use == 0 {
+                let entry = self.entries.remove(i);
+                if let Err(err) = entry.window.revoke() {
+                    tracing::warn!("revoking a stale receive window failed: {err}");
+                }
+            } else {
+                i += 1;
+            }
         }
     }
 
