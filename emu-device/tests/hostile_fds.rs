@@ -818,6 +818,12 @@ fn a_connection_whose_thread_cannot_start_is_refused_and_its_port_freed() {
     let threads = started - others;
     let dev =
         DeviceProcess::start_as_user(device_bin(), 3, &[], NOBODY, Some(others + threads)).unwrap();
+    // Its sockets exist before its listening threads do: connecting before
+    // the last of them started would race its start for the last task.
+    let deadline = Instant::now() + T;
+    while dev.log().matches("listening on").count() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // (The status socket cannot start a thread for a client either: the
     // device's log tells what happened.)
     for round in 1..=3 {
