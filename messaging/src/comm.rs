@@ -713,6 +713,32 @@ fn wait_recv(engine: &mut Engine<'_>, peer: u32, slot: u64, generation: u64) -> 
         }))
 }
 
+/// The buffer of a request dropped before operation `generation` on
+/// `slot` completed: the engine keeps it until the device is done with it
+/// (a send still waiting for its receive is spooled first, and a later
+/// failure of it is reported as a returned send's). If the engine is
+/// borrowed (a drop during one of its own calls), the buffer is leaked
+/// rather than freed under the device.
+fn abandon<B: 'static>(engine: &Shared<'_>, slot: u64, generation: u64, is_send: bool, buffer: B) {
+    let Ok(mut engine) = engine.try_borrow_mut() else {
+        std::mem::forget(buffer);
+        return;
+    };
+    let finished = if is_send {
+        engine.send_completed(slot, generation)
+    } else {
+        !engine.recv_outstanding(slot, generation)
+    };
+    if finished {
+        return;
+    }
+    if is_send {
+        engine.spool(slot, generation);
+        engine.defer_failure(slot, generation);
+    }
+    engine.adopt(slot, generation, is_send, Box::new(buffer));
+}
+
 /// A nonblocking send; [`wait`](Self::wait) gives the buffer back.
 /// Dropped before completing, it keeps the buffer until the send completes.
 pub struct SendRequest<'c, B: 'static> {
@@ -757,17 +783,7 @@ impl<B: 'static> SendRequest<'_, B> {
 impl<B: 'static> Drop for SendRequest<'_, B> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
-            if let Ok(mut engine) = self.engine.try_borrow_mut() {
-                if !engine.send_completed(self.slot, self.generation) {
-                    // Still waiting for its receive: copy it out, so that
-                    // it can go whenever the receive appears.
-                    engine.spool(self.slot, self.generation);
-                    engine.defer_failure(self.slot, self.generation);
-                    engine.adopt(self.slot, self.generation, true, Box::new(buffer));
-                }
-            } else {
-                std::mem::forget(buffer);
-            }
+            abandon(&self.engine, self.slot, self.generation, true, buffer);
         }
     }
 }
@@ -818,13 +834,7 @@ impl<B: 'static> RecvRequest<'_, B> {
 impl<B: 'static> Drop for RecvRequest<'_, B> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
-            match self.engine.try_borrow_mut() {
-                Ok(mut engine) if engine.recv_outstanding(self.slot, self.generation) => {
-                    engine.adopt(self.slot, self.generation, false, Box::new(buffer));
-                }
-                Ok(_) => {}
-                Err(_) => std::mem::forget(buffer),
-            }
+            abandon(&self.engine, self.slot, self.generation, false, buffer);
         }
     }
 }
@@ -896,14 +906,7 @@ impl<B: StableDeref + Deref<Target = [u8]> + 'static> PersistentSend<'_, B> {
 impl<B: 'static> Drop for PersistentSend<'_, B> {
     fn drop(&mut self) {
         if let (Some((slot, generation)), Some(buffer)) = (self.active, self.buffer.take()) {
-            if let Ok(mut engine) = self.engine.try_borrow_mut() {
-                if !engine.send_completed(slot, generation) {
-                    engine.spool(slot, generation);
-                    engine.adopt(slot, generation, true, Box::new(buffer));
-                }
-            } else {
-                std::mem::forget(buffer);
-            }
+            abandon(&self.engine, slot, generation, true, buffer);
         }
     }
 }
@@ -957,13 +960,7 @@ impl<B: StableDeref + DerefMut<Target = [u8]> + 'static> PersistentRecv<'_, B> {
 impl<B: 'static> Drop for PersistentRecv<'_, B> {
     fn drop(&mut self) {
         if let (Some((slot, generation)), Some(buffer)) = (self.active, self.buffer.take()) {
-            match self.engine.try_borrow_mut() {
-                Ok(mut engine) if engine.recv_outstanding(slot, generation) => {
-                    engine.adopt(slot, generation, false, Box::new(buffer));
-                }
-                Ok(_) => {}
-                Err(_) => std::mem::forget(buffer),
-            }
+            abandon(&self.engine, slot, generation, false, buffer);
         }
     }
 }
