@@ -48,6 +48,9 @@ use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::Context;
 use pindown_messaging::{Communicator, Config, Error, Messenger};
 
+#[path = "scenarios/global_memory.rs"]
+mod global_memory;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -180,6 +183,9 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     let socket = device_socket(job).map_err(|e| e.to_string())?;
     let context = Context::open(&socket, pindown_messaging::context_config())
         .map_err(|e| format!("{}: {e}", socket.display()))?;
+    if scenario.starts_with("acp") {
+        return global_memory::run(job, &context, scenario);
+    }
     let mut config = Config::default();
     if let Some(mode) = args
         .iter()

@@ -109,6 +109,57 @@ pub enum Error {
     /// (data too long for the flag words, too many ranks).
     #[error("collective algorithm unsuitable: {0}")]
     Unsuitable(String),
+    /// A global address's color names no network interface.
+    #[error("color {color} does not exist ({colors} colors)")]
+    NoSuchColor {
+        /// The color named.
+        color: u32,
+        /// Colors there are.
+        colors: u32,
+    },
+    /// Every key-table entry is in use.
+    #[error("no key-table entry left: all {entries} are registered (Config::registrations)")]
+    NoRegistrationLeft {
+        /// Entries in the table.
+        entries: u32,
+    },
+    /// A key or global address names no live registration.
+    #[error("no registration for key {key}: {why}")]
+    NoSuchKey {
+        /// The key (the global address without its offset).
+        key: crate::global_memory::Key,
+        /// What was wrong.
+        why: String,
+    },
+    /// A range reaches past its registration's end.
+    #[error(
+        "{len} bytes at global address {address} reach past its registration of {registered} bytes"
+    )]
+    OutOfBounds {
+        /// Where the range starts.
+        address: crate::global_memory::GlobalAddress,
+        /// Its length.
+        len: u64,
+        /// Bytes registered.
+        registered: u64,
+    },
+    /// A global address of another rank where this rank's memory is
+    /// needed.
+    #[error("global address {address} is rank {rank}'s memory, not this rank's")]
+    NotLocal {
+        /// The address.
+        address: crate::global_memory::GlobalAddress,
+        /// Its rank.
+        rank: u32,
+    },
+    /// A global-memory operation failed on the device.
+    #[error("{what} failed: {why}")]
+    Operation {
+        /// The operation.
+        what: String,
+        /// The device's answer.
+        why: String,
+    },
 }
 
 /// The result of a messaging call.

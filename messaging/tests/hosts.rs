@@ -1,4 +1,4 @@
-//! The point-to-point, any-source, typed and collective scenarios on ranks spread over two
+//! The point-to-point, any-source, typed, collective and global-memory scenarios on ranks spread over two
 //! hosts (network namespaces joined by a bridge, one device process each,
 //! joined into one fabric over UDP), started by MPICH's `mpiexec.hydra`.
 //! Rank r talks to port r / 2 of node r % 2, so neighbours in rank order
@@ -113,15 +113,21 @@ fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
         ("typed", &[][..]),
         ("any-source", &[][..]),
         ("collectives", &["--cases", "20"][..]),
+        ("acp", &[][..]),
+        ("acp-reinit", &[][..]),
     ] {
         let lines = hydra(dir.path(), scenario, args);
         let checked: u64 = lines.iter().map(common::checked).sum();
         assert!(checked > 0, "{scenario}: nothing checked");
     }
-    // The devices stayed up and moved datagrams between the hosts.
+    // The devices stayed up and moved datagrams between the hosts. The
+    // only remote requests refused are the ones `acp` provokes: each rank
+    // uses a revoked key and a deregistered key of the previous rank,
+    // which sits on the other host.
+    let provoked = 2 * (RANKS / NODES) as u64;
     for device in &devices {
         let fabric = device.fabric_status();
         assert!(fabric.n("served") > 0, "{fabric:?}");
-        assert_eq!(fabric.n("failed"), 0, "{fabric:?}");
+        assert_eq!(fabric.n("failed"), provoked, "{fabric:?}");
     }
 }

@@ -228,6 +228,12 @@ impl<T: Transport + 'static> Context<T> {
         u16::try_from(self.pairs.lock().slots.len()).unwrap_or(u16::MAX)
     }
 
+    /// Entries in each send and completion ring of this context's queue
+    /// pairs ([`ContextConfig::queue_size`]).
+    pub fn queue_size(&self) -> u16 {
+        self.queue_size
+    }
+
     /// The transport underneath.
     pub fn transport(&self) -> &T {
         &self.transport
