@@ -253,32 +253,18 @@ fn functions(job: &mut Job, context: &Context) -> Outcome {
     // Copies: remote to local, local to remote, third party.
     let mut last = None;
     for (source_at, at, len) in cases() {
-        last = Some(
-            memory
-                .copy(
-                    me.plus(GET_AREA + at),
-                    next.plus(SOURCE + source_at),
-                    len,
-                    Order::Any,
-                )
-                .map_err(err("copy get"))?,
-        );
-        memory
-            .copy(
-                next.plus(PUT_AREA + at),
-                me.plus(SOURCE + source_at),
-                len,
-                Order::Any,
-            )
-            .map_err(err("copy put"))?;
-        memory
-            .copy(
-                after.plus(THIRD_AREA + at),
-                next.plus(SOURCE + source_at),
-                len,
-                Order::Any,
-            )
-            .map_err(err("copy third party"))?;
+        for (destination, source, what) in [
+            (me.plus(GET_AREA + at), next, "copy remote to local"),
+            (next.plus(PUT_AREA + at), me, "copy local to remote"),
+            (after.plus(THIRD_AREA + at), next, "copy third party"),
+        ] {
+            let source = source.plus(SOURCE + source_at);
+            last = Some(
+                memory
+                    .copy(destination, source, len, Order::Any)
+                    .map_err(err(what))?,
+            );
+        }
     }
     memory
         .complete(last.expect("cases"))

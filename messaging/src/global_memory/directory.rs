@@ -33,6 +33,26 @@ const VALID: u64 = 1;
 const COLOR_SHIFT: u32 = 1;
 
 impl PublishedEntry {
+    /// An entry naming no memory.
+    pub(crate) const GONE: PublishedEntry = PublishedEntry {
+        key: 0,
+        len: 0,
+        base: 0,
+        color: 0,
+        valid: false,
+    };
+
+    /// A live registration's entry.
+    pub(crate) fn live(key: u64, len: u64, base: u64, color: u32) -> PublishedEntry {
+        PublishedEntry {
+            key,
+            len,
+            base,
+            color,
+            valid: true,
+        }
+    }
+
     /// The entry's 32 bytes.
     pub(crate) fn encode(&self) -> [u64; 4] {
         let state = if self.valid {

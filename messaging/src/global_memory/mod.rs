@@ -366,13 +366,12 @@ impl<'c> GlobalMemory<'c> {
         };
         memory.publish(
             STARTER_ENTRY,
-            PublishedEntry {
-                key: starter_window.remote().key.0,
-                len: config.starter_bytes as u64,
-                base: memory.starter.addr(),
-                color: 0,
-                valid: true,
-            },
+            PublishedEntry::live(
+                starter_window.remote().key.0,
+                config.starter_bytes as u64,
+                memory.starter.addr(),
+                0,
+            ),
         );
         registrations.insert_starter(Registered {
             base: memory.starter.addr(),
@@ -459,16 +458,7 @@ impl<'c> GlobalMemory<'c> {
                 // The old window goes once the new one is published;
                 // peers holding its key look the entry up again.
                 let old = std::mem::replace(&mut registered.window, window);
-                self.publish(
-                    entry,
-                    PublishedEntry {
-                        key,
-                        len,
-                        base,
-                        color,
-                        valid: true,
-                    },
-                );
+                self.publish(entry, PublishedEntry::live(key, len, base, color));
                 drop(old);
                 Ok(self.key(entry, color))
             }
@@ -487,16 +477,7 @@ impl<'c> GlobalMemory<'c> {
                     .ok_or(Error::NoRegistrationLeft {
                         entries: self.registrations.capacity(),
                     })?;
-                self.publish(
-                    entry,
-                    PublishedEntry {
-                        key,
-                        len,
-                        base,
-                        color,
-                        valid: true,
-                    },
-                );
+                self.publish(entry, PublishedEntry::live(key, len, base, color));
                 Ok(self.key(entry, color))
             }
         }
@@ -541,16 +522,7 @@ impl<'c> GlobalMemory<'c> {
             })?;
         registered.count -= 1;
         if registered.count == 0 {
-            self.publish(
-                fields.entry,
-                PublishedEntry {
-                    key: 0,
-                    len: 0,
-                    base: 0,
-                    color: 0,
-                    valid: false,
-                },
-            );
+            self.publish(fields.entry, PublishedEntry::GONE);
             let registered = self.registrations.remove(fields.entry).expect("live");
             registered.window.revoke()?;
         }
