@@ -372,3 +372,34 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
     drop(window);
     drop((shm_region, kept, region));
 }
+
+#[test]
+fn a_region_held_across_an_invalidation_leaves_the_next_registration_whole() {
+    // Held, invalidated (retired while held), registered again (a new
+    // cache entry over the same pages), then the old one released: the
+    // new registration must keep its device mappings, writable.
+    let pair = pair();
+    let len = 16 * 4096;
+    let base = anonymous(len, libc::PROT_READ | libc::PROT_WRITE);
+    let before = pattern(5, len);
+    // SAFETY: `len` bytes of the fresh mapping.
+    unsafe { std::ptr::copy_nonoverlapping(before.as_ptr(), base, len) };
+    let old = pair.owner.register(base as u64, len as u64).unwrap();
+    assert_eq!(pair.owner.invalidate(base as u64, len as u64), 1);
+    let new = pair.owner.register(base as u64, len as u64).unwrap();
+    drop(old);
+    let window = pair
+        .owner
+        .bind_window(&new, 0, len as u64, ALL)
+        .expect("the new registration is still writable");
+    let data = pattern(6, len - 3);
+    peer_writes(&pair, &window, 3, &data);
+    // SAFETY: the mapping is alive; the device finished (the completion
+    // came); volatile, since the compiler does not see the device write.
+    let landed: Vec<u8> = (0..len)
+        .map(|i| unsafe { std::ptr::read_volatile(base.add(i)) })
+        .collect();
+    assert_eq!(&landed[..3], &before[..3]);
+    assert_eq!(&landed[3..], &data[..]);
+    assert_eq!(peer_reads(&pair, &window, 0, len), landed);
+}
