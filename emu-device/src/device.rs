@@ -182,8 +182,7 @@ impl Device {
                 "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
                  messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
                  iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
-                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x} \
-                 refused_bad_key={} refused_wrong_peer={} refused_missing_right={} refused_out_of_bounds={} refused_unregistered={}\n",
+                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x}",
                 p.index,
                 p.socket,
                 u8::from(st.connected.load(Ordering::Relaxed)),
@@ -212,11 +211,24 @@ impl Device {
                     .join(","),
                 g(&st.rdma_kicks),
                 g(&st.features),
-                g(&st.refused.bad_key),
-                g(&st.refused.wrong_peer),
-                g(&st.refused.missing_right),
-                g(&st.refused.out_of_bounds),
-                g(&st.refused.unregistered),
+            ));
+            for (cause, count) in st.refused.named() {
+                s.push_str(&format!(" refused_{cause}={}", g(count)));
+            }
+            for (kind, count) in crate::port::WORK_KINDS.iter().zip(&st.work.requests) {
+                s.push_str(&format!(" requests_{kind}={}", g(count)));
+            }
+            s.push_str(&format!(" bytes={}", g(&st.work.bytes)));
+            for ((_, kind), count) in crate::port::FAILURE_KINDS.iter().zip(&st.work.failed) {
+                s.push_str(&format!(" failed_{kind}={}", g(count)));
+            }
+            let gate = p.shared.access();
+            let (mapped, iotlb) = gate.memory.as_ref().map_or((0, 0), |memory| {
+                (memory.table().mapped_bytes(), memory.iotlb().len())
+            });
+            s.push_str(&format!(
+                " windows={} mapped_bytes={mapped} iotlb_entries={iotlb}\n",
+                gate.windows.len()
             ));
         }
         s

@@ -51,6 +51,7 @@ pub mod rdma;
 pub mod rdma_rings;
 pub mod send_queue;
 pub mod sigbus;
+pub mod status;
 pub mod switch;
 pub mod testing;
 pub mod vhost_user;

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use pindown_uapi::{Completion, Opcode, Status};
+
 use crate::inbox::Inbox;
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
@@ -115,6 +117,83 @@ pub struct PortStats {
     pub refused: RefusalCounters,
     /// Last features acknowledged.
     pub features: AtomicU64,
+    /// RDMA requests completed, by kind, with their bytes and failures.
+    pub work: WorkCounters,
+}
+
+/// Kinds of RDMA requests counted apart ([`WorkCounters::requests`]).
+pub const WORK_KINDS: [&str; 7] = [
+    "write",
+    "read",
+    "atomic",
+    "vector",
+    "third_party",
+    "window",
+    "other",
+];
+
+/// Failed completions counted apart ([`WorkCounters::failed`]), by
+/// status (every status but success).
+pub const FAILURE_KINDS: [(Status, &str); 5] = [
+    (Status::RemoteAccessError, "remote_access"),
+    (Status::LocalProtectionError, "local_protection"),
+    (Status::InvalidRequest, "invalid_request"),
+    (Status::PeerGone, "peer_gone"),
+    (Status::LimitReached, "limit_reached"),
+];
+
+/// What a port's RDMA send queues completed.
+#[derive(Debug, Default)]
+pub struct WorkCounters {
+    /// Completions by [`WORK_KINDS`].
+    pub requests: [AtomicU64; WORK_KINDS.len()],
+    /// Bytes of successful completions (their byte length).
+    pub bytes: AtomicU64,
+    /// Failed completions by [`FAILURE_KINDS`].
+    pub failed: [AtomicU64; FAILURE_KINDS.len()],
+}
+
+impl WorkCounters {
+    /// Counts one completion written to a completion queue.
+    pub fn count(&self, completion: &Completion) {
+        let kind = match completion.opcode {
+            Some(Opcode::Write | Opcode::WriteInline) => 0,
+            Some(Opcode::Read) => 1,
+            Some(
+                Opcode::CompareSwap
+                | Opcode::FetchAdd
+                | Opcode::Swap
+                | Opcode::FetchAnd
+                | Opcode::FetchOr
+                | Opcode::FetchXor,
+            ) => 2,
+            Some(Opcode::VectorWrite | Opcode::VectorRead) => 3,
+            Some(
+                Opcode::Copy
+                | Opcode::AtomicToCompareSwap
+                | Opcode::AtomicToFetchAdd
+                | Opcode::AtomicToSwap
+                | Opcode::AtomicToFetchAnd
+                | Opcode::AtomicToFetchOr
+                | Opcode::AtomicToFetchXor,
+            ) => 4,
+            Some(Opcode::BindWindow | Opcode::RevokeWindow) => 5,
+            _ => 6,
+        };
+        self.requests[kind].fetch_add(1, Ordering::Relaxed);
+        match FAILURE_KINDS
+            .iter()
+            .position(|&(status, _)| status == completion.status)
+        {
+            Some(failure) => {
+                self.failed[failure].fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.bytes
+                    .fetch_add(u64::from(completion.byte_len), Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl PortStats {

@@ -374,6 +374,7 @@ impl SendQueue {
                 break;
             }
             view.complete(tail, completion);
+            self.port.stats.work.count(completion);
             tail = tail.wrapping_add(1);
             self.pending.pop_front();
         }

@@ -16,55 +16,13 @@
 
 pub mod netns;
 
-use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The status of one port: `key=value` pairs; numbers parsed.
-#[derive(Debug, Clone, Default)]
-pub struct PortStatus {
-    /// Raw values.
-    pub fields: HashMap<String, String>,
-}
-
-impl PortStatus {
-    /// A numeric field (decimal or `0x` hex).
-    pub fn get(&self, key: &str) -> Option<u64> {
-        let v = self.fields.get(key)?;
-        match v.strip_prefix("0x") {
-            Some(h) => u64::from_str_radix(h, 16).ok(),
-            None => v.parse().ok(),
-        }
-    }
-
-    /// A numeric field, 0 when absent.
-    pub fn n(&self, key: &str) -> u64 {
-        self.get(key).unwrap_or(0)
-    }
-
-    /// A field as text.
-    pub fn text(&self, key: &str) -> Option<&str> {
-        self.fields.get(key).map(String::as_str)
-    }
-}
-
-/// Parses the status text (one line per port).
-pub fn parse_status(text: &str) -> Vec<PortStatus> {
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| PortStatus {
-            fields: l
-                .split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        })
-        .collect()
-}
+pub use crate::status::{parse_status, PortStatus};
 
 /// A running `emu-device` child process.
 #[derive(Debug)]
@@ -308,26 +266,16 @@ impl DeviceProcess {
 
     /// Reads the status of every port.
     pub fn status(&self) -> io::Result<Vec<PortStatus>> {
-        let mut s = UnixStream::connect(self.control_path())?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"status\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(parse_status(&text))
+        Ok(parse_status(&crate::status::query(
+            &self.control_path(),
+            "status",
+        )?))
     }
 
     /// The fabric link's counters (the status socket's `fabric` line;
     /// empty without a fabric or when the device does not answer).
     pub fn fabric_status(&self) -> PortStatus {
-        let ask = || -> io::Result<String> {
-            let mut s = UnixStream::connect(self.control_path())?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            s.write_all(b"fabric\n")?;
-            let mut text = String::new();
-            s.read_to_string(&mut text)?;
-            Ok(text)
-        };
-        ask()
+        crate::status::query(&self.control_path(), "fabric")
             .ok()
             .and_then(|text| parse_status(&text).into_iter().next())
             .unwrap_or_default()

@@ -207,6 +207,18 @@ pub struct RefusalCounters {
 }
 
 impl RefusalCounters {
+    /// The causes as the status socket names them (`refused_<name>`),
+    /// with their counters.
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 5] {
+        [
+            ("bad_key", &self.bad_key),
+            ("wrong_peer", &self.wrong_peer),
+            ("missing_right", &self.missing_right),
+            ("out_of_bounds", &self.out_of_bounds),
+            ("unregistered", &self.unregistered),
+        ]
+    }
+
     /// Counts one refusal.
     pub fn count(&self, refusal: Refusal) {
         let counter = match refusal {
