@@ -45,11 +45,17 @@ impl OutputArgs {
     /// Prints `report` as pretty JSON on stdout, and also writes it to the
     /// `--json-out` file if one was given.
     pub fn emit_json<T: Serialize>(&self, report: &T) -> Result<(), Box<dyn Error>> {
-        let json = serde_json::to_string_pretty(report)?;
+        self.write_json_file(report)?;
+        println!("{}", serde_json::to_string_pretty(report)?);
+        Ok(())
+    }
+
+    /// Writes `report` as pretty JSON to the `--json-out` file, if one was
+    /// given.
+    pub fn write_json_file<T: Serialize>(&self, report: &T) -> Result<(), Box<dyn Error>> {
         if let Some(path) = &self.json_out {
-            std::fs::write(path, format!("{json}\n"))?;
+            std::fs::write(path, format!("{}\n", serde_json::to_string_pretty(report)?))?;
         }
-        println!("{json}");
         Ok(())
     }
 }

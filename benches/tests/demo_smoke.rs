@@ -1,4 +1,4 @@
-//! `pindown-demo --quick --quiet` as CI runs it: one JSON document on
+//! `pindown-demo --quick --quiet --json` as CI runs it: one JSON document on
 //! stdout with every section filled in, every check passed, and nothing left
 //! behind.
 
@@ -16,7 +16,7 @@ fn number(value: &Value, path: &str) -> f64 {
 #[test]
 fn quick_demo_prints_complete_json_and_passes_verification() {
     let child = Command::new(env!("CARGO_BIN_EXE_pindown-demo"))
-        .args(["--quick", "--quiet"])
+        .args(["--quick", "--quiet", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -106,4 +106,31 @@ fn quick_demo_prints_complete_json_and_passes_verification() {
         .map(|e| e.path())
         .collect();
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+}
+
+#[test]
+fn quick_demo_without_json_prints_a_summary_a_person_can_read() {
+    let output = Command::new(env!("CARGO_BIN_EXE_pindown-demo"))
+        .args(["--quick", "--quiet", "--mode", "event"])
+        .output()
+        .expect("run pindown-demo");
+    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        serde_json::from_str::<Value>(&stdout).is_err(),
+        "not JSON: {stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() < 30, "short: {stdout}");
+    assert!(stdout.contains("event mode: verified ("), "{stdout}");
+    assert!(stdout.contains(" 0 failed)"), "{stdout}");
+    assert!(stdout.contains("8-byte RDMA write: "), "{stdout}");
+    assert!(stdout.contains("x memcpy"), "{stdout}");
+    assert!(stdout.contains("pin-down cache: "), "{stdout}");
+    assert!(stdout.contains("targets: "), "{stdout}");
+    assert!(
+        stdout.trim_end().ends_with("the whole report: --json"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("everything verified in "), "{stdout}");
 }

@@ -68,6 +68,9 @@ struct Args {
     /// The device socket of a rank.
     #[arg(long, hide = true)]
     socket: Option<PathBuf>,
+    /// Print the whole report as JSON on stdout instead of the summary.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -379,10 +382,12 @@ fn run_parent(args: &Args) -> Result<bool, Box<dyn Error>> {
         modes: outcomes,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
-    if args.output.chatty() {
-        summarize(&report);
+    if args.json {
+        args.output.emit_json(&report)?;
+    } else {
+        args.output.write_json_file(&report)?;
+        print!("{}", summary(&report));
     }
-    args.output.emit_json(&report)?;
     Ok(report.verified)
 }
 
@@ -546,47 +551,113 @@ fn targets(outcomes: &[ModeOutcome]) -> Vec<Target> {
     targets
 }
 
-/// Human-readable lines on stderr.
-fn summarize(report: &Report) {
+/// What ran, whether every check passed, and the key figures beside
+/// their baselines: the default output.
+fn summary(report: &Report) -> String {
+    let mut out = String::new();
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    let machine = &report.machine;
+    line(format!(
+        "pindown-demo {}: two ranks (processes) on one emulated NIC, {} CPUs, {}{}",
+        report.version,
+        machine.cpus,
+        machine.kernel,
+        if report.plan.quick { ", quick run" } else { "" }
+    ));
     for outcome in &report.modes {
-        // A mode that failed was reported when it did.
+        line(String::new());
         let Some(r) = &outcome.report else {
+            line(format!(
+                "{}: FAILED to run: {}",
+                outcome.mode,
+                outcome.error.as_deref().unwrap_or("no report")
+            ));
             continue;
         };
-        let l = &r.write_8b_latency_us;
-        eprintln!(
-            "{}: {} checks, {} failed; 8 B write median {:.2} us, p99 {:.2} us; \
-             fetch-add median {:.2} us",
+        line(format!(
+            "{} mode: {} ({} checks of bytes, words and counters, {} failed)",
             outcome.mode,
+            if outcome.verified {
+                "verified"
+            } else {
+                "NOT verified"
+            },
             r.verification.checks,
-            r.verification.failed,
-            l.median,
-            l.p99,
+            r.verification.failed
+        ));
+        for failure in &r.verification.failures {
+            line(format!("  FAILED {failure}"));
+        }
+        line(format!(
+            "  8-byte RDMA write: {:.2} us median, {:.2} us p99; fetch-add {:.2} us median",
+            r.write_8b_latency_us.median,
+            r.write_8b_latency_us.p99,
             r.atomics.fetch_add_latency_us.median
-        );
+        ));
         for b in &r.bandwidth {
-            eprintln!(
-                "{}: {} MiB writes {:.2} GB/s; memcpy alongside {:.2} GB/s ({:.0} %), \
-                 idle {:.0} %",
-                outcome.mode,
+            line(format!(
+                "  {} MiB writes: {:.2} GB/s, {:.2}x memcpy running alongside, {}",
                 b.bytes >> 20,
                 b.gb_per_s.median,
-                b.memcpy_gb_per_s.median,
-                100.0 * b.over_memcpy,
-                100.0 * b.over_idle_memcpy.unwrap_or(f64::NAN)
-            );
+                b.over_memcpy,
+                b.over_idle_memcpy
+                    .map_or("idle memcpy not measured".to_string(), |x| format!(
+                        "{x:.2}x memcpy on an idle machine"
+                    ))
+            ));
         }
-        eprintln!(
-            "{}: pin cache {} hits, {} misses ({:.1} % hits)",
-            outcome.mode,
-            r.pin_cache.hits,
+        line(format!(
+            "  atomics: {} fetch-adds, then compare-and-swap and swap; counter {} ({})",
+            r.atomics.fetch_adds,
+            r.atomics
+                .counter_final
+                .map_or("not read".to_string(), |c| c.to_string()),
+            if r.atomics.ok { "exact" } else { "WRONG" }
+        ));
+        line(format!(
+            "  pin-down cache: {} registrations, {:.1} % hits ({} misses), {} MiB pinned",
+            r.pin_cache.registrations,
+            100.0 * r.pin_cache.hit_rate,
             r.pin_cache.misses,
-            100.0 * r.pin_cache.hit_rate
-        );
-        for failure in &r.verification.failures {
-            eprintln!("{}: FAILED {failure}", outcome.mode);
-        }
+            r.pin_cache.pinned_bytes >> 20
+        ));
     }
+    let met = report
+        .targets
+        .iter()
+        .filter(|t| t.met == Some(true))
+        .count();
+    line(String::new());
+    line(format!(
+        "targets: {met} of {} met{}",
+        report.targets.len(),
+        report
+            .targets
+            .iter()
+            .filter(|t| t.met != Some(true))
+            .map(|t| format!(
+                "\n  not met: {} ({}): {} against {}",
+                t.name,
+                t.mode,
+                t.measured
+                    .map_or("not measured".to_string(), |m| format!("{m:.2}")),
+                t.target
+            ))
+            .collect::<String>()
+    ));
+    line(format!(
+        "{} in {:.1} s; the whole report: --json",
+        if report.verified {
+            "everything verified"
+        } else {
+            "NOT everything verified"
+        },
+        report.elapsed_s
+    ));
+    out
 }
 
 // ---------------------------------------------------------------- ranks
