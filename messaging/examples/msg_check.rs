@@ -50,6 +50,8 @@ use pindown_messaging::{Communicator, Config, Error, Messenger};
 
 #[path = "scenarios/global_memory.rs"]
 mod global_memory;
+#[path = "scenarios/global_memory_edges.rs"]
+mod global_memory_edges;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -59,6 +59,9 @@ pub fn run(job: &mut Job, context: &Context, scenario: &str) -> Outcome {
         "acp" => functions(job, context),
         "acp-reinit" => reinit(job, context),
         "acp-memory" => memory(job, context),
+        edge if edge.starts_with("acp-edge-") => {
+            super::global_memory_edges::run(job, context, edge)
+        }
         other => Err(format!("unknown scenario {other:?}")),
     }
 }
@@ -266,9 +269,37 @@ fn functions(job: &mut Job, context: &Context) -> Outcome {
             );
         }
     }
+    let last = last.expect("cases");
+    while !memory.inquire(last).map_err(err("inquire"))? {
+        std::thread::yield_now();
+    }
+    memory.complete(last).map_err(err("complete"))?;
+    // The queries.
+    let local = memory
+        .local_address(me.plus(5))
+        .map_err(err("local_address"))?;
+    let mut first = [0u8; 3];
     memory
-        .complete(last.expect("cases"))
-        .map_err(err("complete"))?;
+        .read_local(me.plus(5), &mut first)
+        .map_err(err("read_local"))?;
+    // SAFETY: `local` points 5 bytes into this rank's starter memory,
+    // which holds the source pattern there.
+    if unsafe { std::slice::from_raw_parts(local, 3) } != first || first[..] != source[5..8] {
+        return Err("local_address names other bytes".into());
+    }
+    if memory.color_of(next) != 0 || memory.colors() != 1 || memory.rank_of(next) != (r + 1) % n {
+        return Err("rank_of, color_of or colors".into());
+    }
+    match memory.local_address(next) {
+        Err(Error::NotLocal { .. }) if n > 1 => {}
+        Ok(_) if n == 1 => {}
+        other => {
+            return Err(format!(
+                "local_address of the next rank's memory: {other:?}"
+            ))
+        }
+    }
+    tally.checked += 4;
     // The previous rank's user address and doomed key.
     let prev = starter(r + n - 1);
     let fetch = memory
@@ -459,6 +490,8 @@ fn functions(job: &mut Job, context: &Context) -> Outcome {
         .deregister(doomed_key)
         .map_err(err("deregister doomed"))?;
     memory.sync().map_err(err("sync 3"))?;
+    // The old key still reaches it (the registration keeps the window
+    // of its first extent): no lookup, no failure.
     let before = memory.counters();
     let h = memory
         .copy(prev_user.plus(1), me.plus(SOURCE), 3, Order::Any)
@@ -466,10 +499,11 @@ fn functions(job: &mut Job, context: &Context) -> Outcome {
     memory
         .complete(h)
         .map_err(err("complete with the old key"))?;
-    let retried = memory.counters();
-    // (On one rank the previous rank is this one: no key to look up.)
-    if n > 1 && (retried.retries != before.retries + 1 || retried.lookups != before.lookups + 1) {
-        return Err(format!("a copy with a revoked key: {before:?} then {retried:?}, one retry and one lookup expected"));
+    let after = memory.counters();
+    if after.lookups != before.lookups || after.failed != before.failed {
+        return Err(format!(
+            "a copy with the key of a registration that grew: {before:?} then {after:?}"
+        ));
     }
     let far = first_part + 100;
     let h = memory

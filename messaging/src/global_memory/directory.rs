@@ -25,12 +25,15 @@ pub(crate) struct PublishedEntry {
     pub(crate) base: u64,
     /// Color.
     pub(crate) color: u32,
+    /// The index's generation (see [`AddressFields::entry`](super::AddressFields)).
+    pub(crate) generation: u32,
     /// Whether the entry names live memory.
     pub(crate) valid: bool,
 }
 
 const VALID: u64 = 1;
 const COLOR_SHIFT: u32 = 1;
+const GENERATION_SHIFT: u32 = 8;
 
 impl PublishedEntry {
     /// An entry naming no memory.
@@ -39,16 +42,18 @@ impl PublishedEntry {
         len: 0,
         base: 0,
         color: 0,
+        generation: 0,
         valid: false,
     };
 
     /// A live registration's entry.
-    pub(crate) fn live(key: u64, len: u64, base: u64, color: u32) -> PublishedEntry {
+    pub(crate) fn live<W>(registered: &Registered<W>, key: u64) -> PublishedEntry {
         PublishedEntry {
             key,
-            len,
-            base,
-            color,
+            len: registered.len,
+            base: registered.base,
+            color: registered.color,
+            generation: registered.generation,
             valid: true,
         }
     }
@@ -56,7 +61,9 @@ impl PublishedEntry {
     /// The entry's 32 bytes.
     pub(crate) fn encode(&self) -> [u64; 4] {
         let state = if self.valid {
-            VALID | u64::from(self.color) << COLOR_SHIFT
+            VALID
+                | u64::from(self.color) << COLOR_SHIFT
+                | u64::from(self.generation) << GENERATION_SHIFT
         } else {
             0
         };
@@ -72,6 +79,7 @@ impl PublishedEntry {
             len: word(1),
             base: word(2),
             color: (state >> COLOR_SHIFT & 3) as u32,
+            generation: (state >> GENERATION_SHIFT) as u32,
             valid: state & VALID != 0,
         }
     }
@@ -87,6 +95,8 @@ pub(crate) struct Registrations<W> {
     free: std::collections::VecDeque<u32>,
     /// (color, base) to entry, of user registrations (not the starter).
     by_base: BTreeMap<(u32, u64), u32>,
+    /// The generation each entry had last (bumped when it is taken).
+    generations: Vec<u32>,
 }
 
 /// One registration.
@@ -99,8 +109,20 @@ pub(crate) struct Registered<W> {
     pub(crate) color: u32,
     /// Registrations merged into it, each needing its own deregistration.
     pub(crate) count: u32,
-    /// The window peers reach it through.
-    pub(crate) window: W,
+    /// Its entry's generation.
+    pub(crate) generation: u32,
+    /// The windows peers reach it through, the current one last: a
+    /// registration that grew keeps the windows of its earlier extents,
+    /// so that peers holding their keys, and requests in flight, still
+    /// reach it.
+    pub(crate) windows: Vec<W>,
+}
+
+impl<W> Registered<W> {
+    /// The window over the whole registration.
+    pub(crate) fn window(&self) -> &W {
+        self.windows.last().expect("a registration has a window")
+    }
 }
 
 /// Where a new registration goes.
@@ -131,6 +153,7 @@ impl<W> Registrations<W> {
             entries: table,
             free: (FIRST_USER_ENTRY..entries).collect(),
             by_base: BTreeMap::new(),
+            generations: vec![0; entries as usize],
         }
     }
 
@@ -166,8 +189,8 @@ impl<W> Registrations<W> {
             return Placement::New;
         };
         let existing = self.get(entry).expect("indexed entries are live");
-        let end = base + len;
-        let existing_end = below + existing.len;
+        let end = base.saturating_add(len);
+        let existing_end = below.saturating_add(existing.len);
         if end <= existing_end {
             Placement::Inside(entry)
         } else if base <= existing_end {
@@ -181,9 +204,13 @@ impl<W> Registrations<W> {
         }
     }
 
-    /// Takes a free entry for `registered`; `None` when the table is full.
-    pub(crate) fn insert(&mut self, registered: Registered<W>) -> Option<u32> {
+    /// Takes a free entry for `registered`, in the entry's next
+    /// generation; `None` when the table is full.
+    pub(crate) fn insert(&mut self, mut registered: Registered<W>) -> Option<u32> {
         let entry = self.free.pop_front()?;
+        let generation = &mut self.generations[entry as usize];
+        *generation = generation.wrapping_add(1);
+        registered.generation = *generation;
         self.by_base
             .insert((registered.color, registered.base), entry);
         self.entries[entry as usize] = Some(registered);
@@ -222,7 +249,8 @@ mod tests {
             len,
             color: 0,
             count: 1,
-            window: (),
+            generation: 0,
+            windows: vec![()],
         }
     }
 
@@ -257,7 +285,10 @@ mod tests {
         assert_eq!(table.remove(a).unwrap().base, 0);
         assert!(table.get(a).is_none());
         assert!(matches!(table.place(0, 0, 1), Placement::New));
+        let first = table.get(b).unwrap().generation;
         assert_eq!(table.insert(registered(40, 1)), Some(a));
+        assert_eq!(table.get(a).unwrap().generation, 2, "a's second use");
+        assert_eq!(table.get(b).unwrap().generation, first);
         assert_ne!(b, c);
     }
 
@@ -268,6 +299,7 @@ mod tests {
             len: 1 << 33,
             base: 0x7f00_0000_1000,
             color: 0,
+            generation: 0x00ab_cdef,
             valid: true,
         };
         let words = entry.encode();

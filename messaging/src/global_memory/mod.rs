@@ -71,8 +71,8 @@ use pindown_uapi::queue::{COMPLETION_SLOT, REQUEST_SLOT};
 use pindown_uapi::{Access, NodeId, RemoteAddress, RemoteKey};
 
 pub use address::{
-    AddressFields, AddressLayout, GlobalAddress, Key, COLOR_BITS, MAX_RANKS, MIN_ENTRY_BITS,
-    OFFSET_BITS,
+    AddressFields, AddressLayout, GlobalAddress, Key, COLOR_BITS, MAX_RANKS, MAX_REGISTRATION,
+    MIN_ENTRY_BITS, OFFSET_BITS,
 };
 pub use operations::{Atomic, Counters, Handle, Order};
 
@@ -144,7 +144,7 @@ pub struct MemoryUse {
     pub fixed: u64,
     /// Bytes per peer: its port and three window keys. No buffers.
     pub per_peer: u64,
-    /// Peers (every rank but this one).
+    /// Ranks whose record is kept (every rank, this one included).
     pub peers: u32,
     /// Bytes per registration held (its key-table entry and record).
     pub per_registration: u64,
@@ -186,8 +186,12 @@ impl Peer {
     }
 }
 
-/// Bytes of a rank's record in the launcher's key-value space.
-const RECORD_BYTES: usize = 4 + 2 + 2 + 8 * 4;
+/// Bytes of a rank's record in the launcher's key-value space: a status
+/// byte (and padding), the rank chosen, node, port, key-table entries,
+/// three window keys, starter bytes.
+const RECORD_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 * 4;
+/// The status byte of a rank that set up.
+const RECORD_OK: u8 = 1;
 /// Synchronization words: one per dissemination round.
 pub(crate) const SYNC_WORDS: u64 = 64;
 /// Staging bytes (reads of peers' key-table entries, words written).
@@ -230,6 +234,91 @@ impl Drop for PageMemory {
     }
 }
 
+/// What a rank sets up before the exchange of records.
+struct Local<'c> {
+    layout: AddressLayout,
+    system: PageMemory,
+    starter: PageMemory,
+    directory_window: RegionWindow<'c>,
+    sync_window: RegionWindow<'c>,
+    starter_window: RegionWindow<'c>,
+    entries: u32,
+}
+
+impl<'c> Local<'c> {
+    fn set_up(context: &'c Context, size: u32, rank: u32, config: &Config) -> Result<Self> {
+        let entries = config.registrations.max(directory::FIRST_USER_ENTRY);
+        let layout = AddressLayout::for_ranks(size, entries).ok_or_else(|| {
+            Error::Unsuitable(format!(
+                "{size} ranks with {entries} key-table entries each: global addresses name at \
+                 most {MAX_RANKS} ranks, and the entries must fit the bits the ranks leave"
+            ))
+        })?;
+        if rank >= size {
+            return Err(Error::NoSuchRank { rank, size });
+        }
+        if config.starter_bytes == 0 || config.starter_bytes as u64 > MAX_REGISTRATION {
+            return Err(Error::Unsuitable(format!(
+                "{} bytes of starter memory: 1 byte to {MAX_REGISTRATION} bytes",
+                config.starter_bytes
+            )));
+        }
+        let directory_bytes = u64::from(entries) * ENTRY_BYTES;
+        let system = PageMemory::new((directory_bytes + SYNC_WORDS * 8 + STAGING_BYTES) as usize)?;
+        let starter = PageMemory::new(config.starter_bytes)?;
+        // Memory freed by an earlier init may come back at the same
+        // address: forget what the pin-down cache knew of it.
+        context.invalidate(system.addr(), system.len() as u64);
+        context.invalidate(starter.addr(), starter.len() as u64);
+        let directory_window = context.bind_region_window(
+            context.register(system.addr(), system.len() as u64)?,
+            0,
+            directory_bytes,
+            Access::REMOTE_READ,
+            None,
+        )?;
+        let sync_window = context.bind_region_window(
+            context.register(system.addr(), system.len() as u64)?,
+            directory_bytes,
+            SYNC_WORDS * 8,
+            Access::REMOTE_WRITE,
+            None,
+        )?;
+        let starter_window = context.bind_region_window(
+            context.register(starter.addr(), config.starter_bytes as u64)?,
+            0,
+            config.starter_bytes as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            None,
+        )?;
+        Ok(Local {
+            layout,
+            system,
+            starter,
+            directory_window,
+            sync_window,
+            starter_window,
+            entries,
+        })
+    }
+
+    /// This rank's record for the exchange.
+    fn record(&self, rank: u32, config: &Config) -> [u8; RECORD_BYTES] {
+        let own = self.directory_window.remote();
+        let mut record = [0u8; RECORD_BYTES];
+        record[0] = RECORD_OK;
+        record[4..8].copy_from_slice(&rank.to_le_bytes());
+        record[8..10].copy_from_slice(&own.node.to_le_bytes());
+        record[10..12].copy_from_slice(&own.port.to_le_bytes());
+        record[12..16].copy_from_slice(&config.registrations.to_le_bytes());
+        record[16..24].copy_from_slice(&own.key.0.to_le_bytes());
+        record[24..32].copy_from_slice(&self.sync_window.remote().key.0.to_le_bytes());
+        record[32..40].copy_from_slice(&self.starter_window.remote().key.0.to_le_bytes());
+        record[40..48].copy_from_slice(&(config.starter_bytes as u64).to_le_bytes());
+        record
+    }
+}
+
 /// Counts `init`s in this process: every rank initializes the same number
 /// of times, so the count names the launcher keys of one generation.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
@@ -252,10 +341,15 @@ pub struct GlobalMemory<'c> {
     layout: AddressLayout,
     rank: u32,
     peers: Vec<Peer>,
-    /// Other ranks' entries looked up: (rank, entry) to what was read.
-    remote: HashMap<(u32, u32), PublishedEntry>,
-    /// Their lookup order, to forget the oldest.
-    remote_order: VecDeque<(u32, u32)>,
+    /// Other ranks' entries looked up: (rank, index) to what was read,
+    /// and the lookup's number.
+    remote: HashMap<(u32, u32), (PublishedEntry, u64)>,
+    /// Their lookup order, to forget the oldest: (rank, index) and the
+    /// lookup's number (an entry looked up again is forgotten by its last
+    /// lookup only).
+    remote_order: VecDeque<((u32, u32), u64)>,
+    /// Lookups made.
+    next_lookup: u64,
     config: Config,
     /// Dissemination barriers done.
     sync_epoch: u64,
@@ -277,9 +371,11 @@ impl<'c> GlobalMemory<'c> {
     /// Releases everything ([`finalize`](Self::finalize)) and joins again
     /// as rank `rank` with `starter_bytes` of starter memory (ACP's
     /// re-initialization). Every rank re-initializes; the ranks chosen
-    /// must be a permutation of `0..size`. A failed finalize is reported
-    /// after the re-initialization succeeds only if it lost nothing
-    /// (operations still in flight were waited for).
+    /// must be a permutation of `0..size`. Operations still in flight are
+    /// waited for first, as `finalize` does (then not reported as
+    /// [`Error::Unfinished`]: nothing was lost); a failure to release
+    /// anything else is returned, and nothing is initialized (join with
+    /// [`init_as`](Self::init_as) then).
     pub fn reinit(self, job: &mut Job, rank: u32, starter_bytes: usize) -> Result<Self> {
         let context = self.context;
         let config = Config {
@@ -293,64 +389,34 @@ impl<'c> GlobalMemory<'c> {
         Self::start(context, job, rank, config)
     }
 
+    /// Sets this rank up and exchanges records with every rank. Each rank
+    /// takes part in the exchange whatever goes wrong locally (its record
+    /// then says it failed), so that a failure on one rank fails every
+    /// rank's init instead of matching records of different inits.
     fn start(context: &'c Context, job: &mut Job, rank: u32, config: Config) -> Result<Self> {
-        let size = job.size();
-        let layout = AddressLayout::for_ranks(size).ok_or_else(|| {
-            Error::Unsuitable(format!(
-                "{size} ranks: global addresses name at most {MAX_RANKS}"
-            ))
-        })?;
-        if rank >= size {
-            return Err(Error::NoSuchRank { rank, size });
-        }
-        let entries = u64::from(config.registrations.max(directory::FIRST_USER_ENTRY))
-            .min(layout.entries()) as u32;
-        let directory_bytes = u64::from(entries) * ENTRY_BYTES;
-        let system = PageMemory::new((directory_bytes + SYNC_WORDS * 8 + STAGING_BYTES) as usize)?;
-        let starter = PageMemory::new(config.starter_bytes)?;
-        // Memory freed by an earlier init may come back at the same
-        // address: forget what the pin-down cache knew of it.
-        context.invalidate(system.addr(), system.len() as u64);
-        context.invalidate(starter.addr(), starter.len() as u64);
-        let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        let directory_window = context.bind_region_window(
-            context.register(system.addr(), system.len() as u64)?,
-            0,
-            directory_bytes,
-            Access::REMOTE_READ,
-            None,
-        )?;
-        let sync_window = context.bind_region_window(
-            context.register(system.addr(), system.len() as u64)?,
-            directory_bytes,
-            SYNC_WORDS * 8,
-            Access::REMOTE_WRITE,
-            None,
-        )?;
-        let starter_window = context.bind_region_window(
-            context.register(starter.addr(), config.starter_bytes.max(1) as u64)?,
-            0,
-            config.starter_bytes as u64,
-            all,
-            None,
-        )?;
-        let own = directory_window.remote();
-        let mut record = [0u8; RECORD_BYTES];
-        record[0..4].copy_from_slice(&rank.to_le_bytes());
-        record[4..6].copy_from_slice(&own.node.to_le_bytes());
-        record[6..8].copy_from_slice(&own.port.to_le_bytes());
-        record[8..16].copy_from_slice(&own.key.0.to_le_bytes());
-        record[16..24].copy_from_slice(&sync_window.remote().key.0.to_le_bytes());
-        record[24..32].copy_from_slice(&starter_window.remote().key.0.to_le_bytes());
-        record[32..40].copy_from_slice(&(config.starter_bytes as u64).to_le_bytes());
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        let size = job.size();
+        let local = Local::set_up(context, size, rank, &config);
+        let record = match &local {
+            Ok(local) => local.record(rank, &config),
+            Err(_) => [0u8; RECORD_BYTES],
+        };
         let records = job.all_gather(&format!("pindown-acp-{generation}"), &record)?;
-        let peers = peers_by_chosen_rank(&records)?;
-        let mut registrations = Registrations::new(entries);
+        let local = local?;
+        let peers = peers_by_chosen_rank(&records, config.registrations)?;
+        let Local {
+            layout,
+            system,
+            starter,
+            directory_window,
+            sync_window,
+            starter_window,
+            entries,
+        } = local;
         let ops = Operations::new(context)?;
         let mut memory = GlobalMemory {
             ops,
-            registrations: Registrations::new(0),
+            registrations: Registrations::new(entries),
             directory_window,
             sync_window,
             system,
@@ -361,26 +427,23 @@ impl<'c> GlobalMemory<'c> {
             peers,
             remote: HashMap::new(),
             remote_order: VecDeque::new(),
+            next_lookup: 0,
             config,
             sync_epoch: 0,
         };
-        memory.publish(
-            STARTER_ENTRY,
-            PublishedEntry::live(
-                starter_window.remote().key.0,
-                config.starter_bytes as u64,
-                memory.starter.addr(),
-                0,
-            ),
-        );
-        registrations.insert_starter(Registered {
+        let registered = Registered {
             base: memory.starter.addr(),
             len: config.starter_bytes as u64,
             color: 0,
             count: 1,
-            window: starter_window,
-        });
-        memory.registrations = registrations;
+            generation: 0,
+            windows: vec![starter_window],
+        };
+        memory.publish(
+            STARTER_ENTRY,
+            PublishedEntry::live(&registered, registered.window().remote().key.0),
+        );
+        memory.registrations.insert_starter(registered);
         Ok(memory)
     }
 
@@ -407,7 +470,8 @@ impl<'c> GlobalMemory<'c> {
     /// The global address of the first byte of `rank`'s starter memory.
     pub fn starter_address(&self, rank: u32) -> Result<GlobalAddress> {
         self.check_rank(rank)?;
-        Ok(self.compose(rank, 0, STARTER_ENTRY, 0))
+        let entry = self.layout.entry(STARTER_ENTRY, 0);
+        Ok(self.compose(rank, 0, entry, 0))
     }
 
     /// Registers `[addr, addr + len)` of this process's memory with
@@ -430,57 +494,61 @@ impl<'c> GlobalMemory<'c> {
                 colors: COLORS,
             });
         }
-        if len == 0 || len >> OFFSET_BITS != 0 {
-            return Err(Error::Unsuitable(format!(
-                "registering {len} bytes: a registration holds 1 byte to {} bytes",
-                1u64 << OFFSET_BITS
-            )));
-        }
         let base = addr as u64;
-        match self.registrations.place(color, base, len) {
+        let too_long = || {
+            Error::Unsuitable(format!(
+                "registering {len} bytes at {base:#x}: a registration holds 1 byte to \
+                 {MAX_REGISTRATION} bytes and ends inside the address space"
+            ))
+        };
+        if len == 0 || len > MAX_REGISTRATION || base.checked_add(len).is_none() {
+            return Err(too_long());
+        }
+        let entry = match self.registrations.place(color, base, len) {
             Placement::Inside(entry) => {
-                let registered = self
-                    .registrations
-                    .get_mut(entry)
-                    .expect("placed in a live entry");
-                registered.count += 1;
-                Ok(self.key(entry, color))
+                self.live_mut(entry).count += 1;
+                entry
             }
             Placement::Extend { entry, base, len } => {
+                if len > MAX_REGISTRATION {
+                    return Err(too_long());
+                }
                 let window = self.bind(base, len)?;
-                let key = window.remote().key.0;
-                let registered = self
-                    .registrations
-                    .get_mut(entry)
-                    .expect("placed in a live entry");
+                let registered = self.live_mut(entry);
                 registered.len = len;
                 registered.count += 1;
-                // The old window goes once the new one is published;
-                // peers holding its key look the entry up again.
-                let old = std::mem::replace(&mut registered.window, window);
-                self.publish(entry, PublishedEntry::live(key, len, base, color));
-                drop(old);
-                Ok(self.key(entry, color))
+                // The earlier windows stay: peers holding their keys, and
+                // requests in flight, still reach the memory.
+                registered.windows.push(window);
+                entry
             }
             Placement::New => {
                 let window = self.bind(base, len)?;
-                let key = window.remote().key.0;
-                let entry = self
-                    .registrations
+                self.registrations
                     .insert(Registered {
                         base,
                         len,
                         color,
                         count: 1,
-                        window,
+                        generation: 0,
+                        windows: vec![window],
                     })
                     .ok_or(Error::NoRegistrationLeft {
                         entries: self.registrations.capacity(),
-                    })?;
-                self.publish(entry, PublishedEntry::live(key, len, base, color));
-                Ok(self.key(entry, color))
+                    })?
             }
-        }
+        };
+        let registered = self.registrations.get(entry).expect("live");
+        let published = PublishedEntry::live(registered, registered.window().remote().key.0);
+        let key = self.key_of(entry, registered);
+        self.publish(entry, published);
+        Ok(key)
+    }
+
+    fn live_mut(&mut self, entry: u32) -> &mut Registered<RegionWindow<'c>> {
+        self.registrations
+            .get_mut(entry)
+            .expect("placed in a live entry")
     }
 
     fn bind(&self, base: u64, len: u64) -> Result<RegionWindow<'c>> {
@@ -496,35 +564,35 @@ impl<'c> GlobalMemory<'c> {
 
     /// Takes back one registration of `key`; the last one revokes peers'
     /// access (operations using it fail from then on) and frees the
-    /// entry. The starter memory's key is released only by
+    /// entry (its next use is a new generation, which addresses of this
+    /// one never reach). The starter memory's key is released only by
     /// [`finalize`](Self::finalize).
     pub fn deregister(&mut self, key: Key) -> Result<()> {
-        let fields = self.layout.fields(GlobalAddress(key.0));
-        if fields.rank != self.rank || fields.offset != 0 {
+        let address = GlobalAddress(key.0);
+        let fields = self.layout.fields(address);
+        if fields.offset != 0 {
             return Err(Error::NoSuchKey {
                 key,
-                why: "not a key this rank registered".into(),
+                why: "a key has offset 0".into(),
             });
         }
-        if fields.entry == STARTER_ENTRY {
+        let (index, _) = self.layout.split_entry(fields.entry);
+        if fields.rank == self.rank && index == STARTER_ENTRY {
             return Err(Error::NoSuchKey {
                 key,
                 why: "starter memory is released by finalize only".into(),
             });
         }
-        let registered = self
-            .registrations
-            .get_mut(fields.entry)
-            .filter(|r| r.color == fields.color)
-            .ok_or_else(|| Error::NoSuchKey {
-                key,
-                why: "not registered (deregistered already?)".into(),
-            })?;
+        self.local_entry(address, 0)?;
+        let registered = self.live_mut(index);
         registered.count -= 1;
         if registered.count == 0 {
-            self.publish(fields.entry, PublishedEntry::GONE);
-            let registered = self.registrations.remove(fields.entry).expect("live");
-            registered.window.revoke()?;
+            self.publish(index, PublishedEntry::GONE);
+            let registered = self.registrations.remove(index).expect("live");
+            // Newest first, so the current window goes first.
+            for window in registered.windows.into_iter().rev() {
+                window.revoke()?;
+            }
         }
         Ok(())
     }
@@ -532,26 +600,23 @@ impl<'c> GlobalMemory<'c> {
     /// The global address of `addr`, inside the registration of `key`
     /// (ACP's `acp_query_ga`).
     pub fn address(&self, key: Key, addr: *const u8) -> Result<GlobalAddress> {
-        let fields = self.layout.fields(GlobalAddress(key.0));
-        let registered = self
-            .registrations
-            .get(fields.entry)
-            .filter(|_| {
-                fields.rank == self.rank && fields.offset == 0 && fields.entry != NULL_ENTRY
-            })
-            .ok_or_else(|| Error::NoSuchKey {
+        let base = GlobalAddress(key.0);
+        if self.layout.fields(base).offset != 0 {
+            return Err(Error::NoSuchKey {
                 key,
-                why: "not a live key of this rank".into(),
-            })?;
+                why: "a key has offset 0".into(),
+            });
+        }
+        let (registered, _) = self.local_entry(base, 0)?;
         let addr = addr as u64;
         if addr < registered.base || addr >= registered.base + registered.len {
             return Err(Error::OutOfBounds {
-                address: GlobalAddress(key.0),
+                address: base,
                 len: addr.wrapping_sub(registered.base),
                 registered: registered.len,
             });
         }
-        Ok(GlobalAddress(key.0).plus(addr - registered.base))
+        Ok(base.plus(addr - registered.base))
     }
 
     /// The rank whose memory `address` names.
@@ -575,7 +640,9 @@ impl<'c> GlobalMemory<'c> {
     /// its key table.
     pub fn properties(&mut self, address: GlobalAddress) -> Result<Properties> {
         let fields = self.layout.fields(address);
+        self.check_rank(fields.rank)?;
         let key = Key(address.0 - fields.offset);
+        let (index, _) = self.layout.split_entry(fields.entry);
         if fields.rank == self.rank {
             let (registered, offset) = self.local_entry(address, 0)?;
             return Ok(Properties {
@@ -586,7 +653,7 @@ impl<'c> GlobalMemory<'c> {
                 len: registered.len,
                 offset,
                 count: registered.count,
-                starter: fields.entry == STARTER_ENTRY,
+                starter: index == STARTER_ENTRY,
             });
         }
         let entry = self.remote_entry(address)?;
@@ -598,7 +665,7 @@ impl<'c> GlobalMemory<'c> {
             len: entry.len,
             offset: fields.offset,
             count: 0,
-            starter: fields.entry == STARTER_ENTRY,
+            starter: index == STARTER_ENTRY,
         })
     }
 
@@ -631,8 +698,9 @@ impl<'c> GlobalMemory<'c> {
         Ok(())
     }
 
-    /// This rank's registration of `address` and the offset into it,
-    /// checked to hold `len` bytes.
+    /// This rank's registration of `address` (its index and generation
+    /// both matching) and the offset into it, checked to hold `len`
+    /// bytes.
     fn local_entry(
         &self,
         address: GlobalAddress,
@@ -645,10 +713,15 @@ impl<'c> GlobalMemory<'c> {
                 rank: fields.rank,
             });
         }
+        let (index, _) = self.layout.split_entry(fields.entry);
         let registered = self
             .registrations
-            .get(fields.entry)
-            .filter(|r| r.color == fields.color)
+            .get(index)
+            .filter(|r| {
+                r.color == fields.color
+                    && self.layout.entry(index, r.generation) == fields.entry
+                    && index != NULL_ENTRY
+            })
             .ok_or_else(|| self.gone(address))?;
         check_bounds(address, fields.offset, len, registered.len)?;
         Ok((registered, fields.offset))
@@ -676,8 +749,8 @@ impl<'c> GlobalMemory<'c> {
         // A registration adds its node in the index by base address (the
         // table and the key table are allocated whole at init).
         let per_registration = std::mem::size_of::<((u32, u64), u32)>() as u64;
-        let per_cached_entry = (std::mem::size_of::<((u32, u32), PublishedEntry)>()
-            + std::mem::size_of::<(u32, u32)>()) as u64;
+        let per_cached_entry = (std::mem::size_of::<((u32, u32), (PublishedEntry, u64))>()
+            + std::mem::size_of::<((u32, u32), u64)>()) as u64;
         let per_peer = std::mem::size_of::<Peer>() as u64;
         let registrations = self.registrations.live();
         let cached_entries = self.remote.len() as u32;
@@ -685,7 +758,7 @@ impl<'c> GlobalMemory<'c> {
         MemoryUse {
             fixed,
             per_peer,
-            peers: self.size() - 1,
+            peers: self.size(),
             per_registration,
             registrations,
             per_cached_entry,
@@ -731,8 +804,10 @@ impl<'c> GlobalMemory<'c> {
             .expect("fields checked against the layout")
     }
 
-    fn key(&self, entry: u32, color: u32) -> Key {
-        Key(self.compose(self.rank, color, entry, 0).0)
+    /// The key of `registered`, at index `index` of this rank's table.
+    fn key_of(&self, index: u32, registered: &Registered<RegionWindow<'c>>) -> Key {
+        let entry = self.layout.entry(index, registered.generation);
+        Key(self.compose(self.rank, registered.color, entry, 0).0)
     }
 
     fn check_rank(&self, rank: u32) -> Result<()> {
@@ -767,8 +842,10 @@ impl<'c> GlobalMemory<'c> {
     /// Revokes every window and forgets the memory under them.
     fn release(&mut self) {
         for registered in self.registrations.drain() {
-            if let Err(err) = registered.window.revoke() {
-                tracing::warn!("revoking a global-memory window at finalize failed: {err}");
+            for window in registered.windows.into_iter().rev() {
+                if let Err(err) = window.revoke() {
+                    tracing::warn!("revoking a global-memory window at finalize failed: {err}");
+                }
             }
         }
     }
@@ -803,8 +880,9 @@ fn check_bounds(address: GlobalAddress, offset: u64, len: u64, registered: u64) 
     Ok(())
 }
 
-/// Every rank's record, placed by the rank it chose.
-fn peers_by_chosen_rank(records: &[Vec<u8>]) -> Result<Vec<Peer>> {
+/// Every rank's record, placed by the rank it chose; every rank must have
+/// set up, chosen a distinct rank and sized its key table alike.
+fn peers_by_chosen_rank(records: &[Vec<u8>], registrations: u32) -> Result<Vec<Peer>> {
     let size = records.len();
     let mut peers: Vec<Option<Peer>> = vec![None; size];
     for (index, record) in records.iter().enumerate() {
@@ -818,8 +896,21 @@ fn peers_by_chosen_rank(records: &[Vec<u8>]) -> Result<Vec<Peer>> {
                 record.len()
             )));
         }
+        if record[0] != RECORD_OK {
+            return Err(Error::Mismatch(format!(
+                "the process the launcher calls rank {index} failed to initialize global memory"
+            )));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap());
-        let chosen = u32::from_le_bytes(record[0..4].try_into().unwrap());
+        let chosen = u32_at(4);
+        if u32_at(12) != registrations {
+            return Err(Error::Mismatch(format!(
+                "rank {index} has {} key-table entries, this rank {registrations}: every rank \
+                 must use the same Config::registrations",
+                u32_at(12)
+            )));
+        }
         let slot = peers
             .get_mut(chosen as usize)
             .ok_or_else(|| bad(format!("chose rank {chosen} of {size}")))?;
@@ -830,12 +921,12 @@ fn peers_by_chosen_rank(records: &[Vec<u8>]) -> Result<Vec<Peer>> {
             )));
         }
         *slot = Some(Peer {
-            node: u16::from_le_bytes(record[4..6].try_into().unwrap()),
-            port: u16::from_le_bytes(record[6..8].try_into().unwrap()),
-            directory: RemoteKey(u64_at(8)),
-            sync: RemoteKey(u64_at(16)),
-            starter: RemoteKey(u64_at(24)),
-            starter_len: u64_at(32),
+            node: u16::from_le_bytes(record[8..10].try_into().unwrap()),
+            port: u16::from_le_bytes(record[10..12].try_into().unwrap()),
+            directory: RemoteKey(u64_at(16)),
+            sync: RemoteKey(u64_at(24)),
+            starter: RemoteKey(u64_at(32)),
+            starter_len: u64_at(40),
         });
     }
     Ok(peers

@@ -2,6 +2,7 @@
 //! barrier: requests the device runs, wherever the memory is.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pindown_driver::verbs::opcode::{AtomicTo, Entry, Read, RemoteCopy, Write};
@@ -108,13 +109,12 @@ impl Atomic {
 /// What a request in flight was for.
 #[derive(Clone, Copy, Debug)]
 enum Request {
-    /// A piece of a copy: retried once if a key a peer published changed.
+    /// A piece of a copy.
     Copy {
         handle: u64,
         destination: GlobalAddress,
         source: GlobalAddress,
         len: u64,
-        retried: bool,
     },
     /// An atomic.
     Atomic {
@@ -122,7 +122,6 @@ enum Request {
         destination: GlobalAddress,
         word: GlobalAddress,
         atomic: Atomic,
-        retried: bool,
     },
     /// A barrier signal.
     Signal,
@@ -144,8 +143,6 @@ pub struct Counters {
     pub posted: u64,
     /// Other ranks' key-table entries read.
     pub lookups: u64,
-    /// Requests posted again after a key a peer published changed.
-    pub retries: u64,
     /// Operations that failed.
     pub failed: u64,
 }
@@ -262,7 +259,6 @@ impl GlobalMemory<'_> {
                     destination: destination.plus(done),
                     source: source.plus(done),
                     len: piece,
-                    retried: false,
                 },
             );
             self.post_or_fail(tag, &[entry])?;
@@ -300,7 +296,6 @@ impl GlobalMemory<'_> {
                 destination,
                 word,
                 atomic,
-                retried: false,
             },
         );
         self.post_or_fail(tag, &[entry])?;
@@ -382,11 +377,14 @@ impl GlobalMemory<'_> {
             self.ops.post(&[entry])?;
             let from = (self.rank + size - distance) % size;
             let started = Instant::now();
-            let flag = (self.system.addr() + flags_at + round * 8) as *const u64;
             // SAFETY: the flag words lie inside `system` (SYNC_WORDS words
-            // after the key table), aligned; peers write them through the
-            // device, so they are read volatile.
-            while unsafe { flag.read_volatile() } < epoch {
+            // after the key table), 8-aligned in page-aligned memory; peers
+            // write them through the device with aligned 8-byte stores.
+            let flag = unsafe {
+                AtomicU64::from_ptr((self.system.addr() + flags_at + round * 8) as *mut u64)
+            };
+            // Acquire: what the peer wrote before its signal is seen after.
+            while flag.load(Ordering::Acquire) < epoch {
                 self.progress()?;
                 if let Some(err) = self.ops.signal_failure.take() {
                     return Err(err);
@@ -422,30 +420,15 @@ impl GlobalMemory<'_> {
         let Some(request) = self.ops.requests.remove(&completion.user_data) else {
             return Ok(());
         };
-        let failure = completion.result().err();
-        if let Some(err) = failure {
-            match request {
-                Request::Signal => {
-                    self.ops.signal_failure = Some(err.into());
-                    return Ok(());
-                }
-                Request::Copy { retried: false, .. } | Request::Atomic { retried: false, .. }
-                    if self.forget_remote_entries(&request) =>
-                {
-                    // A key a peer published may have changed (its
-                    // registration grew or went): look again, once.
-                    match self.retry(request) {
-                        Ok(()) => return Ok(()),
-                        Err(err) => return self.close(request, Some(err)),
-                    }
-                }
-                _ => {
-                    let err = self.describe_failure(&request, err);
-                    return self.close(request, Some(err));
-                }
+        let failure = match (completion.result(), request) {
+            (Ok(_), _) => None,
+            (Err(err), Request::Signal) => {
+                self.ops.signal_failure = Some(err.into());
+                return Ok(());
             }
-        }
-        self.close(request, None)
+            (Err(err), _) => Some(self.describe_failure(&request, err)),
+        };
+        self.close(request, failure)
     }
 
     /// One request of its handle finished.
@@ -469,101 +452,51 @@ impl GlobalMemory<'_> {
         Ok(())
     }
 
-    fn describe_failure(&self, request: &Request, err: pindown_uapi::CompletionError) -> Error {
-        let what = match *request {
+    /// The error of a request the device failed: a registration of
+    /// another rank that went away since it was looked up gives
+    /// [`Error::NoSuchKey`] (its entry is looked up again to tell), any
+    /// other failure the device's answer. A request is never posted
+    /// again: an atomic may have changed its word before failing to
+    /// deliver the old value.
+    fn describe_failure(&mut self, request: &Request, err: pindown_uapi::CompletionError) -> Error {
+        let (what, addresses) = match *request {
             Request::Copy {
                 destination,
                 source,
                 len,
                 ..
-            } => format!("copying {len} bytes from {source} to {destination}"),
+            } => (
+                format!("copying {len} bytes from {source} to {destination}"),
+                [source, destination],
+            ),
             Request::Atomic {
-                destination, word, ..
-            } => format!("an atomic on {word} (old value to {destination})"),
-            Request::Signal => "a barrier signal".into(),
-        };
-        Error::Operation {
-            what,
-            why: err.to_string(),
-        }
-    }
-
-    /// Forgets the cached key-table entries `request` used; whether there
-    /// were any (a request on starter memory or this rank's own has none
-    /// to look up again).
-    fn forget_remote_entries(&mut self, request: &Request) -> bool {
-        let addresses = match *request {
-            Request::Copy {
-                destination,
-                source,
-                ..
-            } => [destination, source],
-            Request::Atomic {
-                destination, word, ..
-            } => [destination, word],
-            Request::Signal => return false,
-        };
-        let mut any = false;
-        for address in addresses {
-            let fields = self.layout.fields(address);
-            if fields.rank != self.rank && fields.entry != STARTER_ENTRY {
-                any |= self.remote.remove(&(fields.rank, fields.entry)).is_some();
-            }
-        }
-        any
-    }
-
-    /// Posts `request` again with freshly looked-up keys.
-    fn retry(&mut self, request: Request) -> Result<()> {
-        self.ops.counters.retries += 1;
-        let tag = self.ops.tag();
-        let (entry, again) = match request {
-            Request::Copy {
-                handle,
-                destination,
-                source,
-                len,
-                ..
-            } => {
-                let to = self.resolve(destination, len)?;
-                let from = self.resolve(source, len)?;
-                let entry = RemoteCopy::new(from, to, len as u32).build();
-                let again = Request::Copy {
-                    handle,
-                    destination,
-                    source,
-                    len,
-                    retried: true,
-                };
-                (entry, again)
-            }
-            Request::Atomic {
-                handle,
                 destination,
                 word,
                 atomic,
                 ..
-            } => {
-                let (_, width) = atomic.request();
-                let at = self.resolve(word, width)?;
-                let to = self.resolve(destination, width)?;
-                let again = Request::Atomic {
-                    handle,
-                    destination,
-                    word,
-                    atomic,
-                    retried: true,
-                };
-                (atomic_entry(at, to, atomic), again)
-            }
-            Request::Signal => unreachable!("signals are not retried"),
+            } => (
+                format!(
+                    "{atomic:?} on {word} (old value to {destination}; the word may have \
+                     changed if only the delivery failed)"
+                ),
+                [word, destination],
+            ),
+            Request::Signal => return err.into(),
         };
-        self.ops.requests.insert(tag, again);
-        self.ops
-            .post(&[entry.user_data(tag).signaled()])
-            .inspect_err(|_| {
-                self.ops.requests.remove(&tag);
-            })
+        for address in addresses {
+            let fields = self.layout.fields(address);
+            let (index, _) = self.layout.split_entry(fields.entry);
+            if fields.rank != self.rank && index != STARTER_ENTRY {
+                self.remote.remove(&(fields.rank, index));
+                if let Err(gone @ Error::NoSuchKey { .. }) = self.remote_entry(address) {
+                    return gone;
+                }
+            }
+        }
+        Error::Operation {
+            what,
+            why: err.to_string(),
+        }
     }
 
     fn open_handle(&mut self) -> u64 {
@@ -608,57 +541,88 @@ impl GlobalMemory<'_> {
                 colors: COLORS,
             });
         }
-        if fields.entry == NULL_ENTRY {
-            return Err(self.gone(address));
-        }
         if fields.rank == self.rank {
             let (registered, offset) = self.local_entry(address, len)?;
-            return Ok(registered.window.remote().at(offset));
+            return Ok(registered.window().remote().at(offset));
         }
         let peer = self.peers[fields.rank as usize];
-        if fields.entry == STARTER_ENTRY {
+        if fields.entry == self.layout.entry(STARTER_ENTRY, 0) {
             check_bounds(address, fields.offset, len, peer.starter_len)?;
             return Ok(peer.address(peer.starter, fields.offset));
         }
         let mut entry = self.remote_entry(address)?;
         if check_bounds(address, fields.offset, len, entry.len).is_err() {
             // The registration may have grown since it was looked up.
-            self.remote.remove(&(fields.rank, fields.entry));
+            let (index, _) = self.layout.split_entry(fields.entry);
+            self.remote.remove(&(fields.rank, index));
             entry = self.remote_entry(address)?;
-        }
-        if entry.color != fields.color {
-            return Err(self.gone(address));
         }
         check_bounds(address, fields.offset, len, entry.len)?;
         Ok(peer.address(RemoteKey(entry.key), fields.offset))
     }
 
     /// Another rank's key-table entry for `address`: cached, or read from
-    /// its key table.
+    /// its key table; it must be live, of the address's color and
+    /// generation (else the registration the address named is gone).
     pub(super) fn remote_entry(&mut self, address: GlobalAddress) -> Result<PublishedEntry> {
         let fields = self.layout.fields(address);
-        let id = (fields.rank, fields.entry);
-        if let Some(entry) = self.remote.get(&id) {
-            return Ok(*entry);
+        self.check_rank(fields.rank)?;
+        let (index, _) = self.layout.split_entry(fields.entry);
+        if index == NULL_ENTRY {
+            return Err(self.gone(address));
         }
+        let layout = self.layout;
+        let names = move |entry: &PublishedEntry| {
+            entry.valid
+                && entry.color == fields.color
+                && layout.entry(index, entry.generation) == fields.entry
+        };
+        let id = (fields.rank, index);
+        if let Some((entry, _)) = self.remote.get(&id) {
+            if names(entry) {
+                return Ok(*entry);
+            }
+        }
+        let entry = self.read_entry(fields.rank, index)?;
+        let Some(entry) = entry.filter(|e| names(e)) else {
+            self.remote.remove(&id);
+            return Err(self.gone(address));
+        };
+        while self.remote_order.len() >= self.config.remote_entries.max(1) {
+            let Some((oldest, lookup)) = self.remote_order.pop_front() else {
+                break;
+            };
+            if self.remote.get(&oldest).is_some_and(|&(_, l)| l == lookup) {
+                self.remote.remove(&oldest);
+            }
+        }
+        let lookup = self.next_lookup;
+        self.next_lookup += 1;
+        self.remote.insert(id, (entry, lookup));
+        self.remote_order.push_back((id, lookup));
+        Ok(entry)
+    }
+
+    /// Reads entry `index` of `rank`'s key table; `None` if the device
+    /// refuses (past the table's end) .
+    fn read_entry(&mut self, rank: u32, index: u32) -> Result<Option<PublishedEntry>> {
         self.ops.counters.lookups += 1;
-        let peer = self.peers[fields.rank as usize];
+        let peer = self.peers[rank as usize];
         let staging = self.staging_offset() + 64;
         let tag = self.ops.tag();
         let read = Read::new(
             self.directory_window
                 .region()
                 .local(staging, ENTRY_BYTES as u32)?,
-            peer.address(peer.directory, u64::from(fields.entry) * ENTRY_BYTES),
+            peer.address(peer.directory, u64::from(index) * ENTRY_BYTES),
         )
         .build()
         .user_data(tag)
         .signaled();
         self.ops.post(&[read])?;
-        let completion = self.ops.wait_tag(tag, fields.rank)?;
+        let completion = self.ops.wait_tag(tag, rank)?;
         if completion.result().is_err() {
-            // Past the end of its key table, or the rank is gone.
-            return Err(self.gone(address));
+            return Ok(None);
         }
         let mut bytes = [0u8; ENTRY_BYTES as usize];
         // SAFETY: the staging area lies inside `system` and the read that
@@ -670,18 +634,7 @@ impl GlobalMemory<'_> {
                 bytes.len(),
             )
         };
-        let entry = PublishedEntry::decode(&bytes);
-        if !entry.valid {
-            return Err(self.gone(address));
-        }
-        if self.remote_order.len() >= self.config.remote_entries.max(1) {
-            if let Some(oldest) = self.remote_order.pop_front() {
-                self.remote.remove(&oldest);
-            }
-        }
-        self.remote.insert(id, entry);
-        self.remote_order.push_back(id);
-        Ok(entry)
+        Ok(Some(PublishedEntry::decode(&bytes)))
     }
 
     /// Offset in `system` of the synchronization words.
