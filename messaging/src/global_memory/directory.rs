@@ -27,6 +27,10 @@ pub(crate) struct PublishedEntry {
     pub(crate) color: u32,
     /// The index's generation (see [`AddressFields::entry`](super::AddressFields)).
     pub(crate) generation: u32,
+    /// The index the entry is at (so that a read that lands late, in a
+    /// staging area reused by a later lookup, is not taken for another
+    /// index's entry).
+    pub(crate) index: u32,
     /// Whether the entry names live memory.
     pub(crate) valid: bool,
 }
@@ -34,6 +38,9 @@ pub(crate) struct PublishedEntry {
 const VALID: u64 = 1;
 const COLOR_SHIFT: u32 = 1;
 const GENERATION_SHIFT: u32 = 8;
+const INDEX_SHIFT: u32 = 40;
+/// Key-table indexes the state word holds.
+pub(crate) const MAX_ENTRIES: u32 = 1 << (64 - INDEX_SHIFT);
 
 impl PublishedEntry {
     /// An entry naming no memory.
@@ -43,17 +50,19 @@ impl PublishedEntry {
         base: 0,
         color: 0,
         generation: 0,
+        index: 0,
         valid: false,
     };
 
     /// A live registration's entry.
-    pub(crate) fn live<W>(registered: &Registered<W>, key: u64) -> PublishedEntry {
+    pub(crate) fn live<W>(index: u32, registered: &Registered<W>, key: u64) -> PublishedEntry {
         PublishedEntry {
             key,
             len: registered.len,
             base: registered.base,
             color: registered.color,
             generation: registered.generation,
+            index,
             valid: true,
         }
     }
@@ -64,6 +73,7 @@ impl PublishedEntry {
             VALID
                 | u64::from(self.color) << COLOR_SHIFT
                 | u64::from(self.generation) << GENERATION_SHIFT
+                | u64::from(self.index) << INDEX_SHIFT
         } else {
             0
         };
@@ -80,6 +90,7 @@ impl PublishedEntry {
             base: word(2),
             color: (state >> COLOR_SHIFT & 3) as u32,
             generation: (state >> GENERATION_SHIFT) as u32,
+            index: (state >> INDEX_SHIFT) as u32,
             valid: state & VALID != 0,
         }
     }
@@ -300,6 +311,7 @@ mod tests {
             base: 0x7f00_0000_1000,
             color: 0,
             generation: 0x00ab_cdef,
+            index: 0x12_3456,
             valid: true,
         };
         let words = entry.encode();

@@ -247,7 +247,9 @@ struct Local<'c> {
 
 impl<'c> Local<'c> {
     fn set_up(context: &'c Context, size: u32, rank: u32, config: &Config) -> Result<Self> {
-        let entries = config.registrations.max(directory::FIRST_USER_ENTRY);
+        let entries = config
+            .registrations
+            .clamp(directory::FIRST_USER_ENTRY, directory::MAX_ENTRIES);
         let layout = AddressLayout::for_ranks(size, entries).ok_or_else(|| {
             Error::Unsuitable(format!(
                 "{size} ranks with {entries} key-table entries each: global addresses name at \
@@ -441,7 +443,11 @@ impl<'c> GlobalMemory<'c> {
         };
         memory.publish(
             STARTER_ENTRY,
-            PublishedEntry::live(&registered, registered.window().remote().key.0),
+            PublishedEntry::live(
+                STARTER_ENTRY,
+                &registered,
+                registered.window().remote().key.0,
+            ),
         );
         memory.registrations.insert_starter(registered);
         Ok(memory)
@@ -539,7 +545,7 @@ impl<'c> GlobalMemory<'c> {
             }
         };
         let registered = self.registrations.get(entry).expect("live");
-        let published = PublishedEntry::live(registered, registered.window().remote().key.0);
+        let published = PublishedEntry::live(entry, registered, registered.window().remote().key.0);
         let key = self.key_of(entry, registered);
         self.publish(entry, published);
         Ok(key)

@@ -574,6 +574,7 @@ impl GlobalMemory<'_> {
         let layout = self.layout;
         let names = move |entry: &PublishedEntry| {
             entry.valid
+                && entry.index == index
                 && entry.color == fields.color
                 && layout.entry(index, entry.generation) == fields.entry
         };
