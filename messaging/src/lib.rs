@@ -65,6 +65,7 @@ mod collective;
 mod comm;
 mod engine;
 mod error;
+pub mod gasnet;
 pub mod layout;
 mod typed;
 mod windows;
