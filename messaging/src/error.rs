@@ -109,6 +109,11 @@ pub enum Error {
     /// (data too long for the flag words, too many ranks).
     #[error("collective algorithm unsuitable: {0}")]
     Unsuitable(String),
+    /// An active-message or one-sided call of [`gasnet`](crate::gasnet)
+    /// failed: a bad argument, a malformed packet from a peer, a reply
+    /// where none is allowed, a wait that timed out.
+    #[error("gasnet: {0}")]
+    Gasnet(String),
 }
 
 /// The result of a messaging call.
