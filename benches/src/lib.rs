@@ -14,6 +14,8 @@
 //!   a program's own executable.
 //! * [`ping_pong`]: the latency baseline, a cache line bounced between
 //!   two cores.
+//! * [`raw_write`]: the RDMA write ping-pong between two ranks (body, then
+//!   a fenced flag word), the baseline of the messaging libraries' figures.
 //! * [`memory_kind`]: the memory a figure is measured on (the DMA arena or
 //!   the heap).
 //! * [`child`]: child processes (the device, ranks spoken to over pipes)
@@ -40,6 +42,7 @@ pub mod memory_kind;
 pub mod mpi;
 pub mod output;
 pub mod ping_pong;
+pub mod raw_write;
 pub mod rdma;
 pub mod replay;
 pub mod stats;
