@@ -70,11 +70,26 @@ fn main() -> ExitCode {
         _ => {}
     }
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        eprintln!("usage: gasnet [--quick]   (prints one JSON document; see the source's header)");
+        eprintln!(
+            "usage: gasnet [--quick] [sizes=B,..] [iterations=K] [ns=N,..] \
+             [halo_iterations=K] [himeno=XS:20,S:5,..]\n\
+             prints one JSON document (see the source's header); key=value \
+             arguments override the plan of --quick or of the full run"
+        );
         return ExitCode::SUCCESS;
     }
     let quick = args.iter().any(|a| a == "--quick");
-    match run(quick) {
+    let mut plan = Plan::new(quick);
+    let overrides: Vec<String> = args.iter().filter(|a| a.contains('=')).cloned().collect();
+    if let Some(bad) = args.iter().find(|a| !a.contains('=') && *a != "--quick") {
+        eprintln!("gasnet: unknown argument {bad} (--help)");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = plan.apply(&overrides) {
+        eprintln!("gasnet: {e}");
+        return ExitCode::from(2);
+    }
+    match run(quick, plan) {
         Ok(report) => {
             println!("{}", serde_json::to_string_pretty(&report).expect("json"));
             if report["verified"] == true {
@@ -207,6 +222,15 @@ impl Plan {
 
     fn parse(args: &[String]) -> Result<Plan, Box<dyn Error>> {
         let mut plan = Plan::new(true);
+        plan.apply(args)?;
+        Ok(plan)
+    }
+
+    /// Overrides from `key=value` arguments (`sizes=8,64`, `iterations=K`,
+    /// `ns=4,8`, `halo_iterations=K`, `himeno=XS:20,S:5`,
+    /// `get=native|message`).
+    fn apply(&mut self, args: &[String]) -> Result<(), Box<dyn Error>> {
+        let plan = self;
         for arg in args {
             let (key, value) = arg.split_once('=').ok_or(format!("bad argument {arg}"))?;
             let list = || -> Result<Vec<usize>, String> {
@@ -239,7 +263,7 @@ impl Plan {
                 _ => return Err(format!("unknown key {key}").into()),
             }
         }
-        Ok(plan)
+        Ok(())
     }
 }
 
@@ -266,8 +290,7 @@ fn ranks(exe: &std::path::Path, mode: &str, plan: &Plan) -> Result<Vec<Value>, B
     run_ranks(exe, 2, mode, &plan.args(), &device_args)
 }
 
-fn run(quick: bool) -> Result<Value, Box<dyn Error>> {
-    let plan = Plan::new(quick);
+fn run(quick: bool, plan: Plan) -> Result<Value, Box<dyn Error>> {
     let exe = std::env::current_exe()?;
     eprintln!("gasnet: long-AM ping-pong, raw RDMA write ping-pong, native get");
     let am = ranks(&exe, "am", &plan)?;
@@ -360,6 +383,7 @@ fn run(quick: bool) -> Result<Value, Box<dyn Error>> {
     Ok(json!({
         "benchmark": "gasnet",
         "quick": quick,
+        "plan": plan.args(),
         "pindown": ours,
         "mpi": peers,
         "targets": targets,
@@ -1009,40 +1033,59 @@ fn floats<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(segment.as_mut_ptr().cast::<f32>(), count) }
 }
 
-/// One Jacobi sweep (the Himeno kernel, in `himeno.c`'s order), then
-/// wrk2 copied into p; returns this rank's part of gosa.
+/// One Jacobi sweep (the Himeno kernel, with `himeno.c`'s arithmetic in
+/// its order), then wrk2 copied into p; returns this rank's part of gosa.
+/// Row by row: each (i, j) takes the k-rows of p and of the coefficients
+/// it reads as slices of exactly `nk`, so the inner loop has no bounds
+/// checks to make.
 fn sweep(k: &mut Coefficients, p: &mut [f32], li: usize, nj: usize, nk: usize) -> f32 {
     let omega = 0.8f32;
-    let plane = nj * nk;
     let mut gosa = 0.0f32;
+    let at = |i: usize, j: usize| (i * nj + j) * nk;
     for i in 1..li - 1 {
         for j in 1..nj - 1 {
+            let x = at(i, j);
+            let row = |v, i, j| k_row(v, at(i, j), nk);
+            let p: &[f32] = p;
+            let (pc, pip, pim) = (row(p, i, j), row(p, i + 1, j), row(p, i - 1, j));
+            let (pjp, pjm) = (row(p, i, j + 1), row(p, i, j - 1));
+            let (pipjp, pipjm) = (row(p, i + 1, j + 1), row(p, i + 1, j - 1));
+            let (pimjp, pimjm) = (row(p, i - 1, j + 1), row(p, i - 1, j - 1));
+            let c = |v| k_row(v, x, nk);
+            let (a0, a1, a2, a3) = (c(&k.a[0]), c(&k.a[1]), c(&k.a[2]), c(&k.a[3]));
+            let (b0, b1, b2) = (c(&k.b[0]), c(&k.b[1]), c(&k.b[2]));
+            let (c0, c1, c2) = (c(&k.c[0]), c(&k.c[1]), c(&k.c[2]));
+            let (bnd, wrk1) = (c(&k.bnd), c(&k.wrk1));
+            let wrk2 = &mut k.wrk2[x..x + nk];
             for kk in 1..nk - 1 {
-                let x = (i * nj + j) * nk + kk;
-                let (ip, im, jp, jm) = (x + plane, x - plane, x + nk, x - nk);
-                let s0 = k.a[0][x] * p[ip]
-                    + k.a[1][x] * p[jp]
-                    + k.a[2][x] * p[x + 1]
-                    + k.b[0][x] * (p[ip + nk] - p[ip - nk] - p[im + nk] + p[im - nk])
-                    + k.b[1][x] * (p[jp + 1] - p[jm + 1] - p[jp - 1] + p[jm - 1])
-                    + k.b[2][x] * (p[ip + 1] - p[im + 1] - p[ip - 1] + p[im - 1])
-                    + k.c[0][x] * p[im]
-                    + k.c[1][x] * p[jm]
-                    + k.c[2][x] * p[x - 1]
-                    + k.wrk1[x];
-                let ss = (s0 * k.a[3][x] - p[x]) * k.bnd[x];
+                let s0 = a0[kk] * pip[kk]
+                    + a1[kk] * pjp[kk]
+                    + a2[kk] * pc[kk + 1]
+                    + b0[kk] * (pipjp[kk] - pipjm[kk] - pimjp[kk] + pimjm[kk])
+                    + b1[kk] * (pjp[kk + 1] - pjm[kk + 1] - pjp[kk - 1] + pjm[kk - 1])
+                    + b2[kk] * (pip[kk + 1] - pim[kk + 1] - pip[kk - 1] + pim[kk - 1])
+                    + c0[kk] * pim[kk]
+                    + c1[kk] * pjm[kk]
+                    + c2[kk] * pc[kk - 1]
+                    + wrk1[kk];
+                let ss = (s0 * a3[kk] - pc[kk]) * bnd[kk];
                 gosa += ss * ss;
-                k.wrk2[x] = p[x] + omega * ss;
+                wrk2[kk] = pc[kk] + omega * ss;
             }
         }
     }
     for i in 1..li - 1 {
         for j in 1..nj - 1 {
-            let row = (i * nj + j) * nk;
-            p[row + 1..row + nk - 1].copy_from_slice(&k.wrk2[row + 1..row + nk - 1]);
+            let x = at(i, j);
+            p[x + 1..x + nk - 1].copy_from_slice(&k.wrk2[x + 1..x + nk - 1]);
         }
     }
     gosa
+}
+
+/// The `nk` floats of `v` from `start`.
+fn k_row(v: &[f32], start: usize, nk: usize) -> &[f32] {
+    &v[start..start + nk]
 }
 
 /// The Himeno run on every rank: per iteration, the sweep; the residual
