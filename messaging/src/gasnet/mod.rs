@@ -723,6 +723,13 @@ impl<'c> Endpoint<'c> {
         &self.config
     }
 
+    /// Changes [`Config::pio_max`] (clamped to [`MAX_INLINE`]): for
+    /// measuring the PIO/DMA threshold.
+    #[doc(hidden)]
+    pub fn set_pio_max(&mut self, pio_max: u32) {
+        self.config.pio_max = pio_max.min(MAX_INLINE);
+    }
+
     /// What the endpoint has done so far.
     pub fn counters(&self) -> Counters {
         self.counters
@@ -832,7 +839,7 @@ impl<'c> Endpoint<'c> {
         self.flush_outgoing()?;
         let op = self.start_put(target, target_offset, payload)?;
         // The packet's stamp is fenced after the payload's writes.
-        let sent = self.send_packet(target, Kind::Long, 0, handler, args, &[], target_offset);
+        let sent = self.send_packet(target, Kind::Long, 0, handler, args, payload, target_offset);
         let waited = self.wait(op);
         sent?;
         waited?;
@@ -863,6 +870,8 @@ impl<'c> Endpoint<'c> {
 
     /// Writes one packet into this rank's ring at `target`: the body,
     /// then the fenced stamp. Waits (progressing) for a free slot.
+    /// `payload`: a medium message's bytes (carried in the packet) or a
+    /// long message's (already put: only its length travels).
     #[allow(clippy::too_many_arguments)]
     fn send_packet(
         &mut self,
@@ -908,11 +917,9 @@ impl<'c> Endpoint<'c> {
             flags,
             handler,
             nargs: args.len(),
-            payload_len: if kind == Kind::Medium {
-                payload.len() as u32
-            } else {
-                0
-            },
+            // A long message's payload went ahead by put: only its length
+            // travels.
+            payload_len: payload.len() as u32,
             long_offset,
         };
         let body_len = header.body_len();
@@ -990,10 +997,10 @@ impl<'c> Endpoint<'c> {
         } else {
             None
         };
-        let payload: &[u8] = if out.kind == Kind::Medium {
-            &out.payload
-        } else {
+        let payload: &[u8] = if out.kind == Kind::Short {
             &[]
+        } else {
+            &out.payload
         };
         let sent = self.send_packet(
             out.target,
