@@ -623,7 +623,11 @@ fn misalign(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>, args: &[String]) 
     ep.barrier().map_err(|e| e.to_string())?;
     let lengths = lengths(args);
     let mut tally = Tally::default();
-    let mut source = vec![0u8; 8 + 8200];
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if longest > 32 << 10 {
+        return Err("lengths up to 32 KiB (the put area per source)".into());
+    }
+    let mut source = vec![0u8; 8 + longest];
     let mut seed = 0u64;
     for src_mis in 0..8usize {
         for dst_mis in 0..8u64 {
@@ -648,8 +652,12 @@ fn misalign(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>, args: &[String]) 
         }
     }
     // Gets at every misalignment, with guards around the destination.
-    let get_lengths: Vec<usize> = lengths.iter().copied().filter(|&l| l <= 8192).collect();
-    let mut destination = vec![0u8; 8192 + 64];
+    let get_lengths: Vec<usize> = lengths
+        .iter()
+        .copied()
+        .filter(|&l| l + 8 <= GET_AREA_BYTES)
+        .collect();
+    let mut destination = vec![0u8; GET_AREA_BYTES + 64];
     for src_mis in 0..8u64 {
         for dst_mis in 0..8usize {
             for &len in &get_lengths {
@@ -900,11 +908,15 @@ fn gather(from: &[u8], blocks: &[(u64, u64)]) -> Vec<u8> {
 }
 
 const H_GOOD: u8 = 6;
+const H_GO: u8 = 7;
 
 fn bad_packet_handlers(state: &Rc<RefCell<State>>) -> Handlers {
     let mut handlers = Handlers::new();
     let s = state.clone();
     handlers.register(H_GOOD, move |_, _, _| s.borrow_mut().good += 1);
+    // Rank 0's go-ahead to rank 1 (once it polls for the bad packets).
+    let s = state.clone();
+    handlers.register(H_GO, move |_, _, _| s.borrow_mut().verified += 1);
     handlers
 }
 
@@ -935,12 +947,15 @@ fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
     let mut tally = Tally::default();
     let bodies = bad_bodies();
     if ep.rank() == 1 {
+        ep.wait_until(|_| state.borrow().verified > 0)
+            .map_err(|e| e.to_string())?;
         for (_, body) in &bodies {
             ep.send_raw_packet(0, body).map_err(|e| e.to_string())?;
             ep.request_short(0, H_GOOD, &[])
                 .map_err(|e| e.to_string())?;
         }
     } else if ep.rank() == 0 {
+        ep.request_short(1, H_GO, &[]).map_err(|e| e.to_string())?;
         let mut errors = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         while state.borrow().good < bodies.len() as u32 || errors.len() < bodies.len() {
@@ -957,7 +972,10 @@ fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
             }
             std::thread::yield_now();
         }
-        if errors.len() != bodies.len() || ep.counters().bad_packets != bodies.len() as u64 {
+        if errors.len() != bodies.len()
+            || ep.counters().bad_packets != bodies.len() as u64
+            || state.borrow().good != bodies.len() as u32
+        {
             return Err(format!(
                 "{} errors, {} counted: {errors:?}",
                 errors.len(),
@@ -977,18 +995,29 @@ fn pio(ep: &mut Endpoint<'_>) -> Outcome {
     }
     let source = vec![0xA5u8; 512];
     let rounds = 2000;
-    let mut table = serde_json::Map::new();
-    for &size in &[8usize, 64, 128, 256, 512] {
-        for (mode, pio_max) in [("pio", 512u32), ("dma", 0)] {
-            ep.set_pio_max(pio_max);
-            let mut times = Vec::with_capacity(rounds);
-            for _ in 0..rounds {
+    let sizes = [8usize, 16, 32, 64, 128, 256, 512];
+    let modes = [("pio", 512u32), ("dma", 0)];
+    // Warm up both paths (registration, queues), then alternate them so
+    // that both see the same machine.
+    let mut times = vec![Vec::with_capacity(rounds); sizes.len() * modes.len()];
+    for round in 0..rounds + 200 {
+        for (s, &size) in sizes.iter().enumerate() {
+            for (m, &(_, pio_max)) in modes.iter().enumerate() {
+                ep.set_pio_max(pio_max);
                 let start = Instant::now();
                 ep.put(1, 0, &source[..size]).map_err(|e| e.to_string())?;
-                times.push(start.elapsed().as_secs_f64() * 1e6);
+                if round >= 200 {
+                    times[s * modes.len() + m].push(start.elapsed().as_secs_f64() * 1e6);
+                }
             }
-            times.sort_by(f64::total_cmp);
-            let median = times[rounds / 2];
+        }
+    }
+    let mut table = serde_json::Map::new();
+    for (s, &size) in sizes.iter().enumerate() {
+        for (m, &(mode, _)) in modes.iter().enumerate() {
+            let t = &mut times[s * modes.len() + m];
+            t.sort_by(f64::total_cmp);
+            let median = t[t.len() / 2];
             tally.notes.push(format!("{mode} {size} B: {median:.2} us"));
             table.insert(format!("{mode}_{size}"), json!(median));
         }
