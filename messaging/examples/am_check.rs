@@ -723,6 +723,9 @@ fn strided_blocks(strides: &[u64], counts: &[u64]) -> Vec<u64> {
 
 const AREA: usize = 64 << 10;
 
+/// Counts, source strides, target strides, target offset.
+type StridedCase = (Vec<u64>, Vec<u64>, Vec<u64>, u64);
+
 fn strided(ep: &mut Endpoint<'_>) -> Outcome {
     let me = ep.rank();
     let n = ep.size();
@@ -735,7 +738,7 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
         .map_err(|e| format!("fill: {e}"))?;
     let mut tally = Tally::default();
     // (counts, source strides, target strides, target offset)
-    let cases: Vec<(Vec<u64>, Vec<u64>, Vec<u64>, u64)> = vec![
+    let cases: Vec<StridedCase> = vec![
         (vec![8], vec![], vec![], 3),
         (vec![8, 16], vec![8], vec![24], 5),
         (vec![3, 5, 4], vec![3, 15], vec![7, 100], 11),

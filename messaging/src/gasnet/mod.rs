@@ -989,10 +989,7 @@ impl<'c> Endpoint<'c> {
     /// Sends queued replies and library answers, oldest first.
     fn flush_outgoing(&mut self) -> Result<()> {
         while let Some(out) = self.outgoing.pop_front() {
-            let result = self.send_outgoing(&out);
-            if let Err(err) = result {
-                return Err(err);
-            }
+            self.send_outgoing(&out)?;
         }
         Ok(())
     }

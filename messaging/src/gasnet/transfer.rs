@@ -658,7 +658,7 @@ pub(crate) fn strided_pattern(strides: &[u64], counts: &[u64]) -> Result<Pattern
         )));
     }
     let levels = strides.len();
-    if counts.iter().any(|&c| c == 0) {
+    if counts.contains(&0) {
         return Ok(Pattern::contiguous(0));
     }
     if levels <= MAX_DIMS + 1 {
