@@ -224,10 +224,14 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "strided" => strided(&mut ep),
         "bad-packet" => bad_packet(&mut ep, &state),
         "pio" => pio(&mut ep),
+        "peer-death" => peer_death(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
     let tally = outcome?;
+    if scenario == "peer-death" {
+        return Ok(tally);
+    }
     ep.barrier().map_err(|e| format!("final barrier: {e}"))?;
     *counters = ep.counters();
     Ok(tally)
@@ -989,6 +993,33 @@ fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
         tally.checked = u64::from(state.borrow().good);
     }
     Ok(tally)
+}
+
+/// The last rank leaves at once (no finalize, its port goes with it); the
+/// others wait for a message it never sends and must learn it is gone.
+fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let last = ep.size() - 1;
+    if ep.rank() == last {
+        println!(
+            "{}",
+            json!({"rank": last, "size": ep.size(), "scenario": "peer-death", "ok": true,
+                   "checked": 0, "notes": ["left"]})
+        );
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    match ep.wait_until(|_| false) {
+        Err(pindown_messaging::Error::PeerGone { peer, why }) if peer == last => {
+            tally.notes.push(format!(
+                "rank {peer} gone after {:?}: {why}",
+                start.elapsed()
+            ));
+            tally.checked = 1;
+            Ok(tally)
+        }
+        other => Err(format!("waiting on a departed rank: {other:?}")),
+    }
 }
 
 fn pio(ep: &mut Endpoint<'_>) -> Outcome {

@@ -166,3 +166,15 @@ fn an_unknown_scenario_fails_every_rank() {
     assert!(!launch.success, "{}", launch.text);
     assert!(launch.text.contains("unknown scenario"), "{}", launch.text);
 }
+
+#[test]
+fn a_departed_rank_fails_the_waits_on_it() {
+    for n in [2u32, 3] {
+        let lines = passes(n, "peer-death", &[]);
+        for line in &lines[..n as usize - 1] {
+            assert_eq!(checked(line), 1, "{line}");
+            let note = line["notes"][0].as_str().unwrap_or_default();
+            assert!(note.contains(&format!("rank {} gone", n - 1)), "{line}");
+        }
+    }
+}

@@ -144,6 +144,50 @@
 //! ep.barrier()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Gets of every form, replies carrying data, the get over a write-only
+//! fabric, polling by hand and the counters:
+//!
+//! ```no_run
+//! use pindown_driver::launch::{device_socket, Job};
+//! use pindown_driver::verbs::Context;
+//! use pindown_messaging::gasnet::{Config, Endpoint, GetMode, Handlers};
+//!
+//! let mut job = Job::from_environment()?;
+//! let context = Context::open(device_socket(&job)?, pindown_messaging::context_config())?;
+//! let mut handlers = Handlers::new();
+//! // A request answered with a medium reply (bytes in the reply packet)...
+//! handlers.register(1, |token, _args, payload| {
+//!     token.reply_medium(3, &[], payload).expect("one reply");
+//! });
+//! // ...or with a long reply (bytes put into the requester's segment at 0).
+//! handlers.register(2, |token, _args, payload| {
+//!     token.reply_long(3, &[payload.len() as u32], payload, 0).expect("one reply");
+//! });
+//! handlers.register(3, |_token, _args, payload| println!("echo of {} bytes", payload.len()));
+//! let config = Config { get: GetMode::ByMessage, ..Config::default() };
+//! let mut ep = Endpoint::new(&context, &mut job, config, handlers)?;
+//! let peer = (ep.rank() + 1) % ep.size();
+//! ep.request_medium(peer, 1, &[], b"echo me")?;
+//! ep.request_long(peer, 2, &[], b"echo me too", 128)?;
+//! while ep.poll()? == 0 {}                                 // until a handler ran
+//! let mut row = [0u8; 64];
+//! ep.get(peer, 0, &mut row)?;                              // request, put back, reply
+//! let mut column = [0u8; 16 * 8];                          // 16 doubles of a 16 x 16 matrix
+//! ep.get_strided(peer, 0, &[128], &mut column, &[8], &[8, 16])?;
+//! let mut gathered = [0u8; 24];
+//! ep.get_vector(peer, &[(0, 8), (512, 16)], &mut gathered, &[(0, 24)])?;
+//! ep.get_indexed(peer, &[0, 64, 128], 8, &mut gathered, &[0], 24)?;
+//! let a = ep.put_nb(peer, 4096, &row)?;
+//! let b = ep.put_nb(peer, 8192, &column)?;
+//! ep.wait(a)?;
+//! ep.wait_all()?;                                          // b, and anything else
+//! # let _ = b;
+//! let counters = ep.counters();
+//! println!("{} stalls, {} credits back, {} PIO / {} DMA writes",
+//!          counters.stalls, counters.credits_returned, counters.pio_writes, counters.dma_writes);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod packet;
 mod transfer;
@@ -154,7 +198,7 @@ use std::time::{Duration, Instant};
 
 use pindown_driver::arena::DmaBuffer;
 use pindown_driver::launch::Job;
-use pindown_driver::verbs::opcode::Write;
+use pindown_driver::verbs::opcode::{Read, Write};
 use pindown_driver::verbs::{
     Completion, CompletionQueue, Context, MemoryRegion, QueuePair, RegionWindow, RemoteWindow,
 };
@@ -223,6 +267,11 @@ pub struct Config {
     pub get_bounce_bytes: usize,
     /// How long a wait goes without its condition before it fails.
     pub timeout: Duration,
+    /// How often a wait longer than this checks that every peer is still
+    /// there (an 8-byte read of its window); a peer whose device reports it
+    /// gone, or that leaves ten checks unanswered, fails the wait with
+    /// [`Error::PeerGone`].
+    pub liveness_interval: Duration,
 }
 
 impl Default for Config {
@@ -236,6 +285,7 @@ impl Default for Config {
             descriptor_cache: None,
             get_bounce_bytes: 256 << 10,
             timeout: Duration::from_secs(60),
+            liveness_interval: Duration::from_millis(200),
         }
     }
 }
@@ -489,6 +539,7 @@ const SCRATCH_SMALL: u64 = 512;
 const SCRATCH_READ_HEAD: u64 = 1024;
 const SCRATCH_READ_TAIL: u64 = 1088;
 const SCRATCH_READ_SMALL: u64 = 1536;
+const SCRATCH_PROBE: u64 = 192;
 const SCRATCH_BYTES: u64 = 2048 + MAX_INLINE as u64;
 
 impl Layout {
@@ -537,6 +588,10 @@ const RECORD_BYTES: usize = 20;
 const RECORD_KEY: &str = "pindown-gasnet";
 /// Marks a completion of a packet's writes (the rest is the target).
 const PACKET_BIT: u64 = 1 << 63;
+/// Marks the completion of a liveness check (the rest is the peer).
+const PROBE_BIT: u64 = 1 << 62;
+/// Intervals a liveness check may go unanswered.
+const PROBE_PATIENCE: u32 = 10;
 /// Reports of bad packets kept until polls take them.
 const BAD_PACKETS_KEPT: usize = 64;
 /// Longest single write or read posted.
@@ -599,6 +654,8 @@ pub struct Endpoint<'c> {
     barrier_arrivals: HashMap<(u32, u32), u32>,
     barrier_epoch: u32,
     counters: Counters,
+    /// When the liveness check in flight to each peer was posted.
+    probes: Vec<Option<Instant>>,
     /// Bad packets found while progressing, reported one per poll (at
     /// most [`BAD_PACKETS_KEPT`] kept; the counter counts them all).
     bad_packets: VecDeque<Error>,
@@ -711,6 +768,7 @@ impl<'c> Endpoint<'c> {
             barrier_arrivals: HashMap::new(),
             barrier_epoch: 0,
             counters: Counters::default(),
+            probes: vec![None; n],
             bad_packets: VecDeque::new(),
             polling: false,
             config,
@@ -1047,6 +1105,7 @@ impl<'c> Endpoint<'c> {
     /// it, or as soon as a request to a peer fails.
     pub fn wait_until(&mut self, mut cond: impl FnMut(&mut Self) -> bool) -> Result<()> {
         let start = Instant::now();
+        let mut next_check = start + self.config.liveness_interval;
         let mut polls = 0u32;
         loop {
             self.poll()?;
@@ -1055,12 +1114,17 @@ impl<'c> Endpoint<'c> {
             }
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(64) {
-                let waited = start.elapsed();
+                let now = Instant::now();
+                let waited = now - start;
                 if waited > self.config.timeout {
                     return Err(Error::Gasnet(format!(
                         "the condition did not hold within {:?}",
                         self.config.timeout
                     )));
+                }
+                if now >= next_check {
+                    self.check_peers(now)?;
+                    next_check = now + self.config.liveness_interval;
                 }
                 if waited > Duration::from_millis(20) {
                     std::thread::sleep(Duration::from_micros(50));
@@ -1069,6 +1133,36 @@ impl<'c> Endpoint<'c> {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Reads 8 bytes of every peer's window that has no check in flight;
+    /// fails for a peer whose check has gone unanswered for ten intervals.
+    fn check_peers(&mut self, now: Instant) -> Result<()> {
+        let patience = self.config.liveness_interval * PROBE_PATIENCE;
+        for peer in 0..self.size {
+            if peer == self.rank {
+                continue;
+            }
+            match self.probes[peer as usize] {
+                Some(sent) if now - sent > patience => {
+                    return Err(Error::PeerGone {
+                        peer,
+                        why: format!("its device did not answer a check within {patience:?}"),
+                    })
+                }
+                Some(_) => continue,
+                None => {}
+            }
+            let at = self.layout.scratch_at + SCRATCH_PROBE;
+            let remote = self.peers[peer as usize].at(self.layout.credits_at);
+            let entry = Read::new(self.window.region().local(at, 8)?, remote)
+                .build()
+                .user_data(PROBE_BIT | u64::from(peer))
+                .signaled();
+            post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
+            self.probes[peer as usize] = Some(now);
+        }
+        Ok(())
     }
 
     /// Consumes the packets that have arrived on every ring; how many
@@ -1288,6 +1382,16 @@ impl<'c> Endpoint<'c> {
         self.cq.poll_into(&mut self.stash)?;
         for completion in std::mem::take(&mut self.stash) {
             let failure = completion.result().err();
+            if completion.user_data & PROBE_BIT != 0 {
+                let peer = (completion.user_data & !PROBE_BIT) as u32;
+                if let Some(slot) = self.probes.get_mut(peer as usize) {
+                    *slot = None;
+                }
+                if let Some(err) = failure {
+                    self.failures.push(peer_failure(peer, err));
+                }
+                continue;
+            }
             if completion.user_data & PACKET_BIT != 0 {
                 if let Some(err) = failure {
                     let peer = (completion.user_data & !PACKET_BIT) as u32;
@@ -1451,6 +1555,7 @@ impl Drop for Endpoint<'_> {
     /// most a few seconds), so no write is dropped with the port.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
+        self.config.timeout = self.config.timeout.min(Duration::from_secs(5));
         let _ = self.flush_outgoing();
         while !self.ops.is_empty() && Instant::now() < deadline {
             if self.reap().is_err() {
