@@ -113,7 +113,7 @@ fn misaligned(n: u32, every: u64, sparse: u64, extra: &[&str]) -> Vec<Value> {
 
 #[test]
 fn every_misalignment_and_length_lands_exactly_with_native_gets() {
-    let lines = misaligned(2, 1100, 4104, &[]);
+    let lines = misaligned(2, 4096, 4096, &[]);
     for line in &lines {
         assert!(counter(line, "gets_native") > 0, "{line}");
         assert_eq!(counter(line, "gets_by_message"), 0, "{line}");
