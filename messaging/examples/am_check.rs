@@ -1016,10 +1016,27 @@ fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
                 start.elapsed()
             ));
             tally.checked = 1;
-            Ok(tally)
         }
-        other => Err(format!("waiting on a departed rank: {other:?}")),
+        other => return Err(format!("waiting on a departed rank: {other:?}")),
     }
+    // Sending to it fails too, at the latest once its ring is full (the
+    // stalled send checks on it) rather than at the timeout.
+    let start = Instant::now();
+    for n in 0..10_000u32 {
+        match ep.request_short(last, 1, &[n]) {
+            Ok(()) => {}
+            Err(pindown_messaging::Error::PeerGone { .. })
+            | Err(pindown_messaging::Error::Completion(_)) => {
+                tally
+                    .notes
+                    .push(format!("send {n} failed after {:?}", start.elapsed()));
+                tally.checked += 1;
+                return Ok(tally);
+            }
+            Err(other) => return Err(format!("sending to a departed rank: {other}")),
+        }
+    }
+    Err("10000 sends to a departed rank succeeded".into())
 }
 
 fn pio(ep: &mut Endpoint<'_>) -> Outcome {

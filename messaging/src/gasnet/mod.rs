@@ -656,6 +656,8 @@ pub struct Endpoint<'c> {
     counters: Counters,
     /// When the liveness check in flight to each peer was posted.
     probes: Vec<Option<Instant>>,
+    /// Peers known to be gone, and how that showed.
+    gone: Vec<Option<String>>,
     /// Bad packets found while progressing, reported one per poll (at
     /// most [`BAD_PACKETS_KEPT`] kept; the counter counts them all).
     bad_packets: VecDeque<Error>,
@@ -664,7 +666,10 @@ pub struct Endpoint<'c> {
 
 impl<'c> Endpoint<'c> {
     /// Sets up this rank: segment, rings, credit words and their window,
-    /// the queue pair, and every rank's window through the launcher.
+    /// the queue pair, and every rank's window through the launcher (a
+    /// collective call: every rank of `job` makes it). Open `context` with
+    /// [`crate::context_config`], so that user buffers freed and allocated
+    /// again at the same address are registered anew.
     pub fn new(
         context: &'c Context,
         job: &mut Job,
@@ -769,6 +774,7 @@ impl<'c> Endpoint<'c> {
             barrier_epoch: 0,
             counters: Counters::default(),
             probes: vec![None; n],
+            gone: vec![None; n],
             bad_packets: VecDeque::new(),
             polling: false,
             config,
@@ -844,7 +850,32 @@ impl<'c> Endpoint<'c> {
                 size: self.size,
             });
         }
+        if let Some(why) = &self.gone[target as usize] {
+            return Err(Error::PeerGone {
+                peer: target,
+                why: why.clone(),
+            });
+        }
         Ok(())
+    }
+
+    /// Records a failed request to `peer` for the next call to report,
+    /// and remembers a peer the device says is gone.
+    fn fail_peer(&mut self, peer: u32, err: CompletionError) {
+        let error = self.failure(peer, err);
+        self.failures.push(error);
+    }
+
+    /// The error a failed request to `peer` means; a peer the device says
+    /// is gone is remembered (later calls naming it fail at once).
+    fn failure(&mut self, peer: u32, err: CompletionError) -> Error {
+        let error = peer_failure(peer, err);
+        if let Error::PeerGone { why, .. } = &error {
+            if let Some(gone) = self.gone.get_mut(peer as usize) {
+                gone.get_or_insert_with(|| why.clone());
+            }
+        }
+        error
     }
 
     /// Sends a short request to handler `handler` of `target`.
@@ -953,7 +984,8 @@ impl<'c> Endpoint<'c> {
         let mut free = self.free_slots(target);
         if free == 0 {
             self.counters.stalls += 1;
-            let deadline = Instant::now() + self.config.timeout;
+            let start = Instant::now();
+            let mut next_check = start + self.config.liveness_interval;
             let mut spins = 0u32;
             while free == 0 {
                 self.progress_incoming()?;
@@ -963,11 +995,23 @@ impl<'c> Endpoint<'c> {
                 }
                 free = self.free_slots(target);
                 spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(64) && Instant::now() > deadline {
-                    return Err(Error::Gasnet(format!(
-                        "no free slot at rank {target} for {:?}: it does not consume its ring",
-                        self.config.timeout
-                    )));
+                if free == 0 && spins.is_multiple_of(64) {
+                    let now = Instant::now();
+                    if now - start > self.config.timeout {
+                        return Err(Error::Gasnet(format!(
+                            "no free slot at rank {target} for {:?}: it does not consume its ring",
+                            self.config.timeout
+                        )));
+                    }
+                    if now >= next_check {
+                        // A target that left never frees a slot.
+                        self.check_peers(now)?;
+                        next_check = now + self.config.liveness_interval;
+                    }
+                    if now - start > Duration::from_millis(20) {
+                        std::thread::sleep(Duration::from_micros(50));
+                        continue;
+                    }
                 }
                 std::thread::yield_now();
             }
@@ -1140,7 +1184,7 @@ impl<'c> Endpoint<'c> {
     fn check_peers(&mut self, now: Instant) -> Result<()> {
         let patience = self.config.liveness_interval * PROBE_PATIENCE;
         for peer in 0..self.size {
-            if peer == self.rank {
+            if peer == self.rank || self.gone[peer as usize].is_some() {
                 continue;
             }
             match self.probes[peer as usize] {
@@ -1388,14 +1432,14 @@ impl<'c> Endpoint<'c> {
                     *slot = None;
                 }
                 if let Some(err) = failure {
-                    self.failures.push(peer_failure(peer, err));
+                    self.fail_peer(peer, err);
                 }
                 continue;
             }
             if completion.user_data & PACKET_BIT != 0 {
                 if let Some(err) = failure {
                     let peer = (completion.user_data & !PACKET_BIT) as u32;
-                    self.failures.push(peer_failure(peer, err));
+                    self.fail_peer(peer, err);
                 }
                 continue;
             }
@@ -1416,7 +1460,7 @@ impl<'c> Endpoint<'c> {
         if !self.ops.contains_key(&tag) {
             return Ok(());
         }
-        let deadline = Instant::now() + self.config.timeout;
+        let start = Instant::now();
         let mut spins = 0u32;
         loop {
             self.reap()?;
@@ -1426,11 +1470,21 @@ impl<'c> Endpoint<'c> {
             // Keep consuming while waiting: peers may be stalled on us.
             self.progress_incoming()?;
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) && Instant::now() > deadline {
-                return Err(Error::Gasnet(format!(
-                    "an operation did not complete within {:?}",
-                    self.config.timeout
-                )));
+            if spins.is_multiple_of(64) {
+                // The device completes or fails every request it took (a
+                // departed target fails it): this bound is for a device
+                // that stopped answering.
+                let waited = start.elapsed();
+                if waited > self.config.timeout {
+                    return Err(Error::Gasnet(format!(
+                        "an operation did not complete within {:?}",
+                        self.config.timeout
+                    )));
+                }
+                if waited > Duration::from_millis(20) {
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue;
+                }
             }
             std::thread::yield_now();
         }
@@ -1438,7 +1492,7 @@ impl<'c> Endpoint<'c> {
             return Ok(());
         };
         if let Some(err) = op.failure {
-            return Err(peer_failure(op.peer, err));
+            return Err(self.failure(op.peer, err));
         }
         for (from, to, len) in &op.copies {
             // SAFETY: `from` is a scratch or bounce offset whose read has
