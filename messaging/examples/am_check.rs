@@ -32,6 +32,8 @@
 //! * `bad-packet`: rank 1 writes malformed packets into rank 0's ring;
 //!   rank 0 reports each as an error, runs none, and still runs the good
 //!   ones between them.
+//! * `latency`: times a short request and its reply against a blocking
+//!   8-byte put (notes; a measurement).
 //! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
 //!   (notes; a measurement, never a pass/fail criterion).
 
@@ -213,6 +215,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "handlers" => message_handlers(&state, job.rank()),
         "misalign" => misalign_handlers(&state, job.rank()),
         "bad-packet" => bad_packet_handlers(&state),
+        "latency" => latency_handlers(&state),
         _ => Handlers::new(),
     };
     let mut ep = Endpoint::new(&context, job, config, handlers).map_err(|e| e.to_string())?;
@@ -225,6 +228,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "bad-packet" => bad_packet(&mut ep, &state),
         "pio" => pio(&mut ep),
         "peer-death" => peer_death(&mut ep),
+        "latency" => latency(&mut ep, &state),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1037,6 +1041,58 @@ fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
         }
     }
     Err("10000 sends to a departed rank succeeded".into())
+}
+
+const H_PING: u8 = 8;
+const H_PONG: u8 = 9;
+
+fn latency_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    handlers.register(H_PING, |token, args, _| {
+        let _ = token.reply_short(H_PONG, args);
+    });
+    let s = state.clone();
+    handlers.register(H_PONG, move |_, _, _| s.borrow_mut().good += 1);
+    handlers
+}
+
+/// Median round trips (a measurement, no pass/fail): a short request and
+/// its reply, against a blocking 8-byte put (one write and its completion).
+fn latency(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.rank() != 0 || ep.size() < 2 {
+        // Rank 1 answers while it waits in the final barrier.
+        return Ok(tally);
+    }
+    let rounds = 3000;
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let mut am = Vec::with_capacity(rounds);
+    let mut put = Vec::with_capacity(rounds);
+    for round in 0..rounds + 300 {
+        let start = Instant::now();
+        let before = state.borrow().good;
+        ep.request_short(1, H_PING, &[round as u32])
+            .map_err(|e| e.to_string())?;
+        ep.wait_until(|_| state.borrow().good > before)
+            .map_err(|e| e.to_string())?;
+        let am_us = start.elapsed().as_secs_f64() * 1e6;
+        let start = Instant::now();
+        ep.put(1, 0, &[1u8; 8]).map_err(|e| e.to_string())?;
+        if round >= 300 {
+            am.push(am_us);
+            put.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let (am, put) = (median(&mut am), median(&mut put));
+    tally.notes.push(format!(
+        "short AM round trip {am:.2} us, 8-byte put {put:.2} us"
+    ));
+    tally.extra.insert("am_round_trip_us".into(), json!(am));
+    tally.extra.insert("put_8_us".into(), json!(put));
+    Ok(tally)
 }
 
 fn pio(ep: &mut Endpoint<'_>) -> Outcome {

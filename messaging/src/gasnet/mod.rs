@@ -98,6 +98,11 @@
 //! NIC (the paper: PIO 0.9 us against DMA 2.0 us at the smallest size) the
 //! crossover lies higher; measure again there.
 //!
+//! `am_check launch 2 latency` on the same machine: a short request and
+//! its reply take 24.0 us (median of 3,000) against 11.3 us for a blocking
+//! 8-byte put (a write and its completion): each message is two writes,
+//! its body and then its fenced stamp, and is seen when the target polls.
+//!
 //! ## Example
 //!
 //! ```no_run
