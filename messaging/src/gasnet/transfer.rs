@@ -45,15 +45,20 @@ fn split(destination: u64, len: u64) -> (u64, u64, u64) {
 
 impl<'c> Endpoint<'c> {
     /// How a contiguous transfer of `size` bytes from local address
-    /// `source` to offset `destination` of a peer's segment moves. The
-    /// descriptor cache ([`Config::descriptor_cache`](super::Config)) wires
-    /// in here.
+    /// `source` to offset `destination` of `target`'s segment moves: the
+    /// integration point of the descriptor cache
+    /// ([`Config::descriptor_cache`](super::Config)), which keys stored
+    /// descriptors by these arguments. Every put and long payload asks
+    /// here.
     pub fn transfer_descriptor(
         &self,
         source: u64,
+        target: u32,
         destination: u64,
         size: u64,
     ) -> TransferDescriptor {
+        // The plan does not depend on the target; a cache key does.
+        let _ = target;
         if size <= u64::from(self.config.pio_max) {
             return TransferDescriptor {
                 pio: true,
@@ -88,7 +93,8 @@ impl<'c> Endpoint<'c> {
         if len == 0 {
             return Ok(Handle(tag));
         }
-        let descriptor = self.transfer_descriptor(source.as_ptr() as u64, target_offset, len);
+        let descriptor =
+            self.transfer_descriptor(source.as_ptr() as u64, target, target_offset, len);
         let remote = self.peers[target as usize];
         let scratch = self.layout.scratch_at;
         if descriptor.pio {
@@ -658,7 +664,7 @@ pub(crate) fn strided_pattern(strides: &[u64], counts: &[u64]) -> Result<Pattern
         )));
     }
     let levels = strides.len();
-    if counts.iter().any(|&c| c == 0) {
+    if counts.contains(&0) {
         return Ok(Pattern::contiguous(0));
     }
     if levels <= MAX_DIMS + 1 {
