@@ -87,6 +87,27 @@ fn quick_gasnet_prints_every_figure_beside_the_mpis() {
         assert!(number(figure, "gosa") > 0.0 && number(figure, "iterations_per_s") > 0.0);
     }
 
+    // The descriptor cache: every lookup a hit or a miss; first come keeps
+    // the fixed transfers it saw first, whatever else passes.
+    let cache = list(&report, "descriptor_cache");
+    assert_eq!(cache.len(), 6);
+    for figure in cache {
+        assert_eq!(
+            number(figure, "hits") + number(figure, "misses"),
+            number(figure, "lookups"),
+            "{figure}"
+        );
+        if figure["policy"] == "FirstCome" {
+            assert_eq!(number(figure, "evictions"), 0.0, "{figure}");
+            let iterations = number(figure, "iterations");
+            assert_eq!(
+                number(figure, "hot_hit_rate"),
+                (iterations - 1.0) / iterations,
+                "{figure}"
+            );
+        }
+    }
+
     // The AM target's ratio is the one its figures give: the short-AM round
     // trip over twice the 8-byte raw write's one-way time.
     let targets = list(&report, "targets");

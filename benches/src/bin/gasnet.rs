@@ -29,6 +29,10 @@
 //!   `benches/mpi/himeno.c`. Iterations per second, and the residual gosa
 //!   and the sum of p of both, which must agree (`agree`).
 //!
+//! * **Descriptor cache** (section 4.4): LRU, LFU and first come on a
+//!   stencil's fixed transfers among cold ones, with promotion; hit rates,
+//!   evictions, promotions and the time per lookup (in this process).
+//!
 //! Ratios and the targets: halo exchange at least 1.5x faster than
 //! MPI with derived datatypes for every N (per face, against each MPI's
 //! `MPI_Type_vector` figure), and the short-AM round trip at most 2x our
@@ -52,8 +56,10 @@ use pindown_benches::child::run_ranks;
 use pindown_benches::mpi::{self, Flavor, GasnetMode, Program};
 use pindown_benches::raw_write::{self, fill, stamp, stamped, whole};
 use pindown_benches::stats::Summary;
+use pindown_benches::traces::SplitMix64;
 use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::Context;
+use pindown_messaging::gasnet::descriptor_cache::{CacheConfig, DescriptorCache, Replacement};
 use pindown_messaging::gasnet::{Config, Endpoint, GetMode, Handlers};
 use serde_json::{json, Value};
 
@@ -382,6 +388,8 @@ fn run(quick: bool, plan: Plan) -> Result<Value, Box<dyn Error>> {
         );
     }
 
+    eprintln!("gasnet: descriptor cache");
+    let cache = descriptor_cache_figures(quick);
     let mut verified = true;
     let targets = targets(&ours, &peers, &mut verified);
     Ok(json!({
@@ -390,10 +398,77 @@ fn run(quick: bool, plan: Plan) -> Result<Value, Box<dyn Error>> {
         "plan": plan.args(),
         "pindown": ours,
         "mpi": peers,
+        "descriptor_cache": cache,
         "targets": targets,
         "notes": notes,
         "verified": verified,
     }))
+}
+
+/// The descriptor cache (section 4.4) on the paper's case: a stencil's
+/// fixed transfers (`HOT` keys, each used once per iteration) among
+/// transfers that do not repeat much (uniform over `COLD` keys, `cold_per_iteration`
+/// of them per iteration), with room for `CAPACITY` descriptors; each
+/// policy's hits, evictions and promotions (after `PROMOTE_AFTER` uses),
+/// and the time per lookup on this machine. The hot transfers are what a
+/// cache must keep: LFU and first come keep them, LRU loses them to the
+/// cold stream when it is long enough.
+fn descriptor_cache_figures(quick: bool) -> Value {
+    const HOT: u64 = 6;
+    const COLD: u64 = 4096;
+    const CAPACITY: usize = 16;
+    const PROMOTE_AFTER: u32 = 8;
+    let iterations = if quick { 2_000 } else { 20_000 };
+    let mut figures = Vec::new();
+    for cold_per_iteration in [2u64, 16] {
+        for policy in [Replacement::Lru, Replacement::Lfu, Replacement::FirstCome] {
+            // Keys: (source, destination, size), as the endpoint's.
+            let mut cache: DescriptorCache<(u64, u64, u64), u64, u64> =
+                DescriptorCache::new(CacheConfig {
+                    capacity: CAPACITY,
+                    policy,
+                    promote_after: Some(PROMOTE_AFTER),
+                });
+            let mut rng = SplitMix64::new(0x9a5e7);
+            let mut hot_hits = 0u64;
+            let start = Instant::now();
+            for _ in 0..iterations {
+                for i in 0..HOT + cold_per_iteration {
+                    let key = if i < HOT {
+                        (0x1000 * i, 0x10_0000 + 0x1000 * i, 8 << 10)
+                    } else {
+                        let k = 1 + HOT + rng.below(COLD as usize) as u64;
+                        (0x1000 * k, 0x10_0000 + 0x1000 * k, 64)
+                    };
+                    let lookup =
+                        cache.lookup_or_insert_with(key, |k| k.0 ^ k.1, |_, v| v.rotate_left(7));
+                    if i < HOT && lookup.outcome.is_hit() {
+                        hot_hits += 1;
+                    }
+                }
+            }
+            let elapsed = start.elapsed().as_secs_f64();
+            let c = cache.counters();
+            figures.push(json!({
+                "policy": format!("{policy:?}"),
+                "capacity": CAPACITY,
+                "hot_transfers": HOT,
+                "cold_per_iteration": cold_per_iteration,
+                "iterations": iterations,
+                "lookups": c.lookups,
+                "hits": c.hits,
+                "hit_rate": c.hits as f64 / c.lookups as f64,
+                "hot_hit_rate": hot_hits as f64 / (HOT * iterations) as f64,
+                "promoted_hits": c.promoted_hits,
+                "misses": c.misses,
+                "bypasses": c.bypasses,
+                "evictions": c.evictions,
+                "promotions": c.promotions,
+                "ns_per_lookup": elapsed * 1e9 / c.lookups as f64,
+            }));
+        }
+    }
+    Value::Array(figures)
 }
 
 fn number(v: &Value) -> f64 {
