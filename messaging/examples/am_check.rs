@@ -195,8 +195,20 @@ fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) -> Outcome {
     let socket = device_socket(job).map_err(|e| e.to_string())?;
-    let context = Context::open(&socket, pindown_messaging::context_config())
-        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    // The launcher starts ranks once the device's socket files exist; a
+    // loaded machine may still be between bind and listen: try again for a
+    // while.
+    let opened = Instant::now();
+    let context = loop {
+        match Context::open(&socket, pindown_messaging::context_config()) {
+            Ok(context) => break context,
+            Err(e) if opened.elapsed() < Duration::from_secs(10) => {
+                note_retry(&e);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("{}: {e}", socket.display())),
+        }
+    };
     let mut config = Config {
         segment_bytes: 4 << 20,
         ..Config::default()
@@ -239,6 +251,13 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
     ep.barrier().map_err(|e| format!("final barrier: {e}"))?;
     *counters = ep.counters();
     Ok(tally)
+}
+
+/// A failed attempt to open the port, before trying again.
+fn note_retry(error: &dyn std::fmt::Display) {
+    if std::env::var_os("AM_CHECK_TRACE").is_some() {
+        eprintln!("opening the port: {error}; trying again");
+    }
 }
 
 /// Byte `i` of the payload `from` sends to `to` as its `n`th.

@@ -1652,3 +1652,70 @@ fn check_range(offset: u64, len: u64, limit: u64) -> Result<()> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_keeps_rings_credits_and_bounce_inside_the_window_and_staging_out() {
+        for (ranks, slots, slot_bytes, segment) in
+            [(1, 1, 64, 0), (4, 2, 256, 4097), (8, 64, 1024, 1 << 20)]
+        {
+            let config = Config {
+                segment_bytes: segment,
+                ring_slots: slots,
+                slot_bytes,
+                ..Config::default()
+            };
+            let layout = Layout::new(ranks, &config);
+            assert!(layout.rings_at >= layout.segment);
+            assert_eq!(layout.rings_at % 64, 0);
+            // Rings of different senders and slots never overlap; the last
+            // ends where the credit words start.
+            let last = layout.ring_slot(ranks - 1, u64::from(slots) - 1);
+            assert_eq!(last + u64::from(slot_bytes), layout.credits_at);
+            assert_eq!(layout.ring_slot(1 % ranks, 0) % 8, 0);
+            assert!(layout.credits_at + 8 * u64::from(ranks) <= layout.bounce_at);
+            assert_eq!(layout.bounce_at + layout.bounce_bytes, layout.exposed);
+            // What peers may not touch lies past the window.
+            assert!(layout.staging_at >= layout.exposed);
+            let staged_end =
+                layout.staging_slot(ranks - 1, u64::from(slots) - 1) + u64::from(slot_bytes);
+            assert_eq!(staged_end, layout.scratch_at);
+            assert!(layout.scratch_at + SCRATCH_BYTES <= layout.total);
+            assert!(SCRATCH_READ_SMALL + u64::from(MAX_INLINE) <= SCRATCH_BYTES);
+        }
+    }
+
+    #[test]
+    fn replies_follow_the_rules_and_queue_in_order() {
+        let mut queue = VecDeque::new();
+        let mut token = Token {
+            source: 3,
+            is_reply: false,
+            replied: false,
+            segment_bytes: 4096,
+            max_medium: 100,
+            replies: &mut queue,
+        };
+        assert!(token.reply_medium(1, &[], &[0u8; 101]).is_err());
+        assert!(token.reply_long(1, &[], &[0u8; 10], 4090).is_err());
+        assert!(token.reply_short(1, &[0; MAX_ARGS + 1]).is_err());
+        token.reply_long(1, &[7], b"abc", 4093).expect("fits");
+        assert!(token.reply_short(1, &[]).is_err(), "a second reply");
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue[0].target, 3);
+        assert_eq!(queue[0].payload, b"abc");
+        let mut token = Token {
+            source: 0,
+            is_reply: true,
+            replied: false,
+            segment_bytes: 4096,
+            max_medium: 100,
+            replies: &mut queue,
+        };
+        assert!(token.reply_short(1, &[]).is_err(), "a reply to a reply");
+        assert_eq!(queue.len(), 1);
+    }
+}
