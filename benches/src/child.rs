@@ -328,3 +328,52 @@ impl Drop for LineChild {
         stop(&mut self.child, STOP_TIMEOUT);
     }
 }
+
+/// Starts a device with `n` ports (`exe --device`, with `device_args`) and
+/// `n` rank processes `exe --rank MODE ARGS...` joined by the driver's own
+/// launcher environment (`PINDOWN_RANK`, `PINDOWN_SIZE`, a key-value
+/// folder, the device's folder), waits for all of them, and returns the
+/// JSON values the ranks printed on stdout, one a line (in practice rank
+/// 0's figures). An error names the ranks that failed.
+pub fn run_ranks(
+    exe: &Path,
+    n: usize,
+    mode: &str,
+    args: &[String],
+    device_args: &[&str],
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    let device = DeviceChild::start(exe, "--device", n, device_args)?;
+    let kv = tempfile::tempdir()?;
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(exe)
+                .arg("--rank")
+                .arg(mode)
+                .args(args)
+                .env("PINDOWN_RANK", r.to_string())
+                .env("PINDOWN_SIZE", n.to_string())
+                .env("PINDOWN_LOCAL_RANK", r.to_string())
+                .env("PINDOWN_LOCAL_SIZE", n.to_string())
+                .env("PINDOWN_KV_DIR", kv.path())
+                .env("PINDOWN_DEVICE_DIR", device.dir())
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut figures = Vec::new();
+    let mut failed = Vec::new();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            failed.push(format!("rank {r}: {}", output.status));
+        }
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            figures.push(serde_json::from_str(line)?);
+        }
+    }
+    drop(device);
+    if !failed.is_empty() {
+        return Err(format!("{mode}: {}", failed.join(", ")).into());
+    }
+    Ok(figures)
+}

@@ -14,21 +14,23 @@
 //!   a program's own executable.
 //! * [`ping_pong`]: the latency baseline, a cache line bounced between
 //!   two cores.
+//! * [`raw_write`]: the RDMA write ping-pong between two ranks (body, then
+//!   a fenced flag word), the baseline of the messaging libraries' figures.
 //! * [`memory_kind`]: the memory a figure is measured on (the DMA arena or
 //!   the heap).
 //! * [`child`]: child processes (the device, ranks spoken to over pipes)
 //!   stopped and reaped on drop.
 //! * [`submatrix`]: DIMMnet-2's submatrix transfer: the matrix, the host's
 //!   pack, unpack and one-pass copy, and cache eviction.
-//! * [`mpi`]: the MPI baseline programs (the vector ping-pong, the peer of
-//!   the FMPL figures), built and launched by each MPI's
-//!   own tools.
+//! * [`mpi`]: the MPI baseline programs (the vector ping-pong, the peers of
+//!   the FMPL figures and of the GASNet figures: ping-pong and get, halo
+//!   faces, Himeno), built and launched by each MPI's own tools.
 //! * [`fabric`]: two hosts (network namespaces and a veth pair, or
 //!   loopback) for device processes joined over UDP, the raw UDP
 //!   baselines between them, and the fabric's memory figures.
 //!
 //! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo`, `latency`,
-//! `vector-transfer` and `fabric`, the criterion
+//! `vector-transfer`, `fabric`, `fmpl` and `gasnet`, the criterion
 //! benchmarks and the integration tests all use these modules, so that what
 //! the tests check is what the programs measure.
 
@@ -40,6 +42,7 @@ pub mod memory_kind;
 pub mod mpi;
 pub mod output;
 pub mod ping_pong;
+pub mod raw_write;
 pub mod rdma;
 pub mod replay;
 pub mod stats;

@@ -13,6 +13,15 @@
 //!   paper's table 2 (receives posted ahead), barrier, broadcast and
 //!   allreduce, each checking its data; [`run_fmpl_compare`] reads it. Its
 //!   header comment says what each figure measures.
+//! * The peers of the `gasnet` benchmark (GASNet on TCA/PEACH2, section
+//!   5), each checking its data and describing its figures in its header
+//!   comment: [`Program::GasnetCompare`] (`gasnet_compare.c`: ping-pong
+//!   latency and bandwidth, passive-target `MPI_Get` latency; read by
+//!   [`run_gasnet_compare`]), [`Program::Halo`] (`halo.c`: the faces of an
+//!   N^3 array of doubles as block, block-stride and stride transfers with
+//!   `MPI_Type_vector` and `MPI_Type_create_subarray`; [`run_halo`]) and
+//!   [`Program::Himeno`] (`himeno.c`: the Himeno stencil decomposed over i,
+//!   iterations per second and the residual gosa; [`run_himeno`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,6 +40,12 @@ pub enum Program {
     VectorPingPong,
     /// `benches/mpi/fmpl_compare.c`.
     FmplCompare,
+    /// `benches/mpi/gasnet_compare.c`.
+    GasnetCompare,
+    /// `benches/mpi/halo.c`.
+    Halo,
+    /// `benches/mpi/himeno.c`.
+    Himeno,
 }
 
 impl Program {
@@ -39,6 +54,9 @@ impl Program {
         match self {
             Program::VectorPingPong => "vector_pingpong",
             Program::FmplCompare => "fmpl_compare",
+            Program::GasnetCompare => "gasnet_compare",
+            Program::Halo => "halo",
+            Program::Himeno => "himeno",
         }
     }
 
@@ -47,6 +65,9 @@ impl Program {
         match self {
             Program::VectorPingPong => include_str!("../mpi/vector_pingpong.c"),
             Program::FmplCompare => include_str!("../mpi/fmpl_compare.c"),
+            Program::GasnetCompare => include_str!("../mpi/gasnet_compare.c"),
+            Program::Halo => include_str!("../mpi/halo.c"),
+            Program::Himeno => include_str!("../mpi/himeno.c"),
         }
     }
 }
@@ -409,23 +430,33 @@ pub fn run_fmpl_compare(
         .chain(extra_args.iter().copied())
         .map(String::from)
         .collect();
-    let lines = launch(flavor, binary, ranks, &args, SILENCE_TIMEOUT)?;
-    let bad = |what: String| {
-        io::Error::other(format!(
-            "{} fmpl_compare {}: {what}",
-            flavor.name(),
-            mode.name()
-        ))
-    };
+    run_figures(flavor, binary, ranks, "fmpl_compare", mode.name(), &args)
+}
+
+/// Launches one of the programs that print one JSON figure per line on
+/// rank 0 (each with `"mpi"` and `"test"`), on `ranks` ranks with `args`,
+/// and returns the figures: an error unless each names `flavor` and
+/// `test`, or when there is none. A failed data check makes the programs
+/// exit with status 3, so it is an error here.
+pub fn run_figures(
+    flavor: Flavor,
+    binary: &Path,
+    ranks: usize,
+    program: &str,
+    test: &str,
+    args: &[String],
+) -> io::Result<Vec<Value>> {
+    let lines = launch(flavor, binary, ranks, args, SILENCE_TIMEOUT)?;
+    let bad =
+        |what: String| io::Error::other(format!("{} {program} {test}: {what}", flavor.name()));
     let mut figures = Vec::with_capacity(lines.len());
     for line in &lines {
         let figure: Value =
             serde_json::from_str(line).map_err(|e| bad(format!("printed {line:?}: {e}")))?;
         let field = |key: &str| figure.get(key).and_then(Value::as_str);
-        if field("mpi") != Some(flavor.name()) || field("test") != Some(mode.name()) {
+        if field("mpi") != Some(flavor.name()) || field("test") != Some(test) {
             return Err(bad(format!(
-                "printed {line:?}, not a {} figure of {}",
-                mode.name(),
+                "printed {line:?}, not a {test} figure of {}",
                 flavor.name()
             )));
         }
@@ -435,4 +466,76 @@ pub fn run_fmpl_compare(
         return Err(bad("printed no figure".into()));
     }
     Ok(figures)
+}
+
+/// A mode of [`Program::GasnetCompare`] (its first argument, also its
+/// figures' `"test"`); both run on 2 ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GasnetMode {
+    /// Blocking send/receive ping-pong: one-way latency (`latency_us`) and
+    /// bandwidth per size, the peer of the long-AM ping-pong.
+    PingPong,
+    /// `MPI_Get` + `MPI_Win_flush` under a shared passive-target lock:
+    /// latency per size, the peer of `get`.
+    Get,
+}
+
+impl GasnetMode {
+    /// Both modes.
+    pub const ALL: [GasnetMode; 2] = [GasnetMode::PingPong, GasnetMode::Get];
+
+    /// The argument that selects it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GasnetMode::PingPong => "pingpong",
+            GasnetMode::Get => "get",
+        }
+    }
+}
+
+/// Launches `binary` (built by [`build`] for `flavor` from
+/// [`Program::GasnetCompare`]) on 2 ranks in `mode` with `extra_args`
+/// (`sizes=8,64`, `iterations=K`, `warmup=W`, `corrupt=1`), and returns
+/// one figure per size.
+pub fn run_gasnet_compare(
+    flavor: Flavor,
+    binary: &Path,
+    mode: GasnetMode,
+    extra_args: &[&str],
+) -> io::Result<Vec<Value>> {
+    let args: Vec<String> = std::iter::once(mode.name())
+        .chain(extra_args.iter().copied())
+        .map(String::from)
+        .collect();
+    run_figures(flavor, binary, 2, "gasnet_compare", mode.name(), &args)
+}
+
+/// Launches `binary` (built by [`build`] for `flavor` from
+/// [`Program::Halo`]) on `ranks` ranks with `extra_args`
+/// (`pattern=pingpong|exchange`, `sizes=4,8`, `faces=block,blockstride,
+/// stride`, `types=vector,subarray`, `iterations=K`, `warmup=W`,
+/// `corrupt=1`), and returns one figure per (N, face, datatype); each has
+/// `"test": "halo"`.
+pub fn run_halo(
+    flavor: Flavor,
+    binary: &Path,
+    ranks: usize,
+    extra_args: &[&str],
+) -> io::Result<Vec<Value>> {
+    let args: Vec<String> = extra_args.iter().copied().map(String::from).collect();
+    run_figures(flavor, binary, ranks, "halo", "halo", &args)
+}
+
+/// Launches `binary` (built by [`build`] for `flavor` from
+/// [`Program::Himeno`]) on `ranks` ranks with `extra_args` (`sizes=XS,S`,
+/// `iterations=NN`, `warmup=W`), and returns one figure per size; each has
+/// `"test": "himeno"`, `"iterations_per_s"` and `"gosa"`.
+pub fn run_himeno(
+    flavor: Flavor,
+    binary: &Path,
+    ranks: usize,
+    extra_args: &[&str],
+) -> io::Result<Vec<Value>> {
+    let args: Vec<String> = extra_args.iter().copied().map(String::from).collect();
+    run_figures(flavor, binary, ranks, "himeno", "himeno", &args)
 }

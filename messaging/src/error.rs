@@ -160,6 +160,11 @@ pub enum Error {
         /// The device's answer.
         why: String,
     },
+    /// An active-message or one-sided call of [`gasnet`](crate::gasnet)
+    /// failed: a bad argument, a malformed packet from a peer, a reply
+    /// where none is allowed, a wait that timed out.
+    #[error("gasnet: {0}")]
+    Gasnet(String),
 }
 
 /// The result of a messaging call.

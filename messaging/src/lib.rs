@@ -40,6 +40,10 @@
 //!   barriers and small reductions on flag words written with one remote
 //!   write each, larger data zero copy; each with a `_with` variant that
 //!   names the algorithm, the default chosen by size and rank count.
+//! * **Active messages** ([`gasnet`]): GASNet's short, medium and long
+//!   messages with handlers and replies on per-pair rings with credit flow
+//!   control, put/get (native or by message), strided, vector and indexed
+//!   transfers, independent of the [`Messenger`].
 //!
 //! ```no_run
 //! use pindown_driver::launch::{device_socket, Job};
@@ -66,6 +70,7 @@ mod comm;
 mod engine;
 mod error;
 pub mod global_memory;
+pub mod gasnet;
 pub mod layout;
 mod typed;
 mod windows;

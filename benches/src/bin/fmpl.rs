@@ -32,18 +32,17 @@
 
 use std::error::Error;
 use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use pindown_benches::child::DeviceChild;
+use pindown_benches::child;
 use pindown_benches::mpi::{self, Flavor, FmplMode, Program};
 use pindown_benches::ping_pong;
+use pindown_benches::raw_write::{self, fill, stamp, stamped, whole};
 use pindown_benches::stats::Summary;
 use pindown_driver::launch::{device_socket, Job};
-use pindown_driver::verbs::opcode::Write;
-use pindown_driver::verbs::{Context, RemoteWindow};
+use pindown_driver::verbs::Context;
 use pindown_messaging::{Communicator, Config, Messenger, Op};
-use pindown_uapi::Access;
 use serde_json::{json, Value};
 
 fn main() -> ExitCode {
@@ -350,40 +349,7 @@ fn run_ranks(
         .map(|a| a.split_whitespace().map(String::from).collect())
         .unwrap_or_default();
     let device_args: Vec<&str> = device_args.iter().map(String::as_str).collect();
-    let device = DeviceChild::start(exe, "--device", n, &device_args)?;
-    let kv = tempfile::tempdir()?;
-    let ranks: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(exe)
-                .arg("--rank")
-                .arg(mode)
-                .args(args)
-                .env("PINDOWN_RANK", r.to_string())
-                .env("PINDOWN_SIZE", n.to_string())
-                .env("PINDOWN_LOCAL_RANK", r.to_string())
-                .env("PINDOWN_LOCAL_SIZE", n.to_string())
-                .env("PINDOWN_KV_DIR", kv.path())
-                .env("PINDOWN_DEVICE_DIR", device.dir())
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    let mut figures = Vec::new();
-    let mut failed = Vec::new();
-    for (r, child) in ranks.into_iter().enumerate() {
-        let output = child.wait_with_output()?;
-        if !output.status.success() {
-            failed.push(format!("rank {r}: {}", output.status));
-        }
-        for line in String::from_utf8_lossy(&output.stdout).lines() {
-            figures.push(serde_json::from_str(line)?);
-        }
-    }
-    drop(device);
-    if !failed.is_empty() {
-        return Err(format!("{mode}: {}", failed.join(", ")).into());
-    }
-    Ok(figures)
+    child::run_ranks(exe, n, mode, args, &device_args)
 }
 
 // ---- the rank processes ----
@@ -433,30 +399,6 @@ fn spin_setting() -> Duration {
         .map_or(Config::default().spin, Duration::from_micros)
 }
 
-/// Byte `i` of the message of iteration `n`; the first 8 bytes carry `n`.
-fn fill(buffer: &mut [u8], n: u64) {
-    for (i, b) in buffer.iter_mut().enumerate() {
-        *b = (i as u64).wrapping_mul(31).wrapping_add(n) as u8;
-    }
-    stamp(buffer, n);
-}
-
-fn stamp(buffer: &mut [u8], n: u64) {
-    let k = buffer.len().min(8);
-    buffer[..k].copy_from_slice(&n.to_le_bytes()[..k]);
-}
-
-fn stamped(buffer: &[u8], n: u64) -> bool {
-    let k = buffer.len().min(8);
-    buffer[..k] == n.to_le_bytes()[..k]
-}
-
-fn whole(buffer: &[u8], n: u64) -> bool {
-    let mut want = vec![0u8; buffer.len()];
-    fill(&mut want, n);
-    want == buffer
-}
-
 fn pingpong(
     context: &Context,
     job: &mut Job,
@@ -465,31 +407,9 @@ fn pingpong(
 ) -> Result<Vec<Value>, Box<dyn Error>> {
     let me = world.rank();
     let peer = 1 - me;
-    let largest = plan.sizes.iter().copied().max().unwrap_or(8);
     let spin = spin_setting();
-    // The raw RDMA write baseline: a window over a receive buffer with a
-    // flag word after the largest body.
-    let flag_at = largest.next_multiple_of(64);
-    let target = vec![0u8; flag_at + 64];
-    let target_region = context.register(target.as_ptr() as u64, target.len() as u64)?;
-    let window =
-        context.bind_window(&target_region, 0, target.len() as u64, Access::REMOTE_WRITE)?;
-    let texts = job.all_gather("fmpl-window", window.remote().to_string().as_bytes())?;
-    let peer_window: RemoteWindow = String::from_utf8(texts[peer as usize].clone())?.parse()?;
-    let mut source = vec![0u8; flag_at + 64];
-    let source_region = context.register(source.as_ptr() as u64, source.len() as u64)?;
-    let mut cq = context.create_completion_queue();
-    let mut qp = context.create_queue_pair(&mut cq)?;
-    let flag = |memory: &[u8]| -> u64 {
-        // SAFETY: the flag word lies inside `memory` (flag_at + 8 <= len),
-        // 8-aligned in a heap buffer aligned to 8 at least; the device
-        // writes it as one aligned store, so it is read atomically.
-        unsafe {
-            std::sync::atomic::AtomicU64::from_ptr(memory.as_ptr().add(flag_at) as *mut u64)
-                .load(std::sync::atomic::Ordering::Acquire)
-        }
-    };
-    let mut figures = Vec::new();
+    let mut ours_times = Vec::with_capacity(plan.sizes.len());
+    let mut raw_sizes = Vec::with_capacity(plan.sizes.len());
     for &bytes in &plan.sizes {
         let iterations = iterations_for(bytes, plan.iterations);
         let warmup = (iterations / 10).max(1);
@@ -540,100 +460,29 @@ fn pingpong(
             }
         }
         drop((send, recv));
-        // The raw RDMA write ping-pong.
-        let mut raw_times = Vec::with_capacity(iterations);
-        let mut outstanding = 0u64;
-        meet(world)?;
-        for n in 1..=total {
-            let write = |n: u64,
-                         source: &mut Vec<u8>,
-                         qp: &mut pindown_driver::verbs::QueuePair<'_>|
-             -> Result<(), Box<dyn Error>> {
-                if n == total {
-                    fill(&mut source[..bytes], n);
-                } else {
-                    stamp(&mut source[..bytes], n);
-                }
-                source[flag_at..flag_at + 8].copy_from_slice(&n.to_le_bytes());
-                let mut entries = Vec::with_capacity(2);
-                if bytes > 0 {
-                    entries.push(
-                        Write::new(source_region.local(0, bytes as u32)?, peer_window.at(0))
-                            .build(),
-                    );
-                }
-                entries.push(
-                    Write::new(
-                        source_region.local(flag_at as u64, 8)?,
-                        peer_window.at(flag_at as u64),
-                    )
-                    .build()
-                    .fence()
-                    .signaled(),
-                );
-                qp.post(&entries)?;
-                Ok(())
-            };
-            let wait_flag = |n: u64,
-                             cq: &mut pindown_driver::verbs::CompletionQueue<'_>,
-                             outstanding: &mut u64|
-             -> Result<(), Box<dyn Error>> {
-                // Waiting as the library waits: poll for `spin`, then
-                // yield the processor between polls.
-                let start = Instant::now();
-                while flag(&target) != n {
-                    for completion in cq.poll()? {
-                        completion.result()?;
-                        *outstanding -= 1;
-                    }
-                    if start.elapsed() >= spin {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                Ok(())
-            };
-            let check = |n: u64| -> Result<(), Box<dyn Error>> {
-                if !stamped(&target[..bytes], n) || (n == total && !whole(&target[..bytes], n)) {
-                    return Err(
-                        format!("rank {me}: raw write {n} of {bytes} bytes arrived wrong").into(),
-                    );
-                }
-                Ok(())
-            };
-            if me == 0 {
-                let start = Instant::now();
-                write(n, &mut source, &mut qp)?;
-                outstanding += 1;
-                wait_flag(n, &mut cq, &mut outstanding)?;
-                let elapsed = start.elapsed();
-                if n > warmup as u64 {
-                    raw_times.push(elapsed.as_secs_f64() * 1e6 / 2.0);
-                }
-                check(n)?;
-            } else {
-                wait_flag(n, &mut cq, &mut outstanding)?;
-                check(n)?;
-                write(n, &mut source, &mut qp)?;
-                outstanding += 1;
-            }
+        ours_times.push(times);
+        raw_sizes.push(raw_write::Size {
+            bytes,
+            warmup,
+            iterations,
+        });
+    }
+    // The raw RDMA write ping-pong of the same sizes, after the ranks meet.
+    meet(world)?;
+    let raw_times = raw_write::ping_pong(context, job, "fmpl-window", &raw_sizes, spin)?;
+    meet(world)?;
+    let mut figures = Vec::new();
+    for ((size, mut times), mut raw_times) in raw_sizes.iter().zip(ours_times).zip(raw_times) {
+        if me != 0 {
+            continue;
         }
-        // Drain the completions before the next size (and the reset of
-        // the flag word by the next size's numbering).
-        while outstanding > 0 {
-            for completion in cq.wait(Duration::from_secs(10))? {
-                completion.result()?;
-                outstanding -= 1;
-            }
-        }
-        meet(world)?;
+        let bytes = size.bytes;
         let ours = Summary::of(&mut times);
         let raw = Summary::of(&mut raw_times);
         figures.push(json!({
             "test": "pingpong",
             "bytes": bytes,
-            "iterations": iterations,
+            "iterations": size.iterations,
             "one_way_us": ours.median,
             "p99_one_way_us": ours.p99,
             "bandwidth_gbs": bytes as f64 / ours.median / 1e3,
@@ -641,11 +490,7 @@ fn pingpong(
             "rdma_write_bandwidth_gbs": bytes as f64 / raw.median / 1e3,
             "over_rdma_write": ours.median / raw.median,
         }));
-        // Fresh flag numbering per size: clear our flag after everyone
-        // stopped writing it.
-        source[flag_at..flag_at + 8].fill(0);
     }
-    drop(window);
     Ok(figures)
 }
 

@@ -5,30 +5,31 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Once;
+use std::sync::Mutex;
 
 use serde_json::Value;
 
-/// The example's executable, built (once per test binary) with the same
-/// profile and target directory as this test, so that it is never older
-/// than the library under test: it lies in `examples/` beside this test's
-/// `deps/`.
-pub fn msg_check() -> PathBuf {
-    static BUILD: Once = Once::new();
+/// The executable of example `name` of this crate, built (once per test
+/// binary and example) with the same profile and target directory as this
+/// test, so that it is never older than the library under test: it lies
+/// in `examples/` beside this test's `deps/`.
+pub fn example(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let exe = std::env::current_exe().expect("test executable");
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
-    let built = profile_dir.join("examples/msg_check");
-    BUILD.call_once(|| {
+    let built = profile_dir.join("examples").join(name);
+    let mut done = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !done.iter().any(|n| n == name) {
         let mut cargo = Command::new(env!("CARGO"));
         cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
             "build",
             "-p",
             "pindown-messaging",
             "--example",
-            "msg_check",
+            name,
         ]);
         if profile_dir
             .file_name()
@@ -42,10 +43,16 @@ pub fn msg_check() -> PathBuf {
             .arg(target)
             .status()
             .expect("run cargo");
-        assert!(status.success(), "building msg_check failed");
+        assert!(status.success(), "building {name} failed");
         assert!(built.exists(), "{} missing", built.display());
-    });
+        done.push(name.to_string());
+    }
     built
+}
+
+/// `examples/msg_check`, built.
+pub fn msg_check() -> PathBuf {
+    example("msg_check")
 }
 
 /// What `msg_check launch` printed: one JSON value per rank that printed,
@@ -61,13 +68,19 @@ pub struct Launch {
 
 /// Runs `msg_check launch n scenario args...`.
 pub fn launch(n: u32, scenario: &str, args: &[&str]) -> Launch {
-    let output = Command::new(msg_check())
+    launch_example("msg_check", n, scenario, args)
+}
+
+/// Runs `<example> launch n scenario args...` (an example with
+/// `msg_check`'s launcher and one JSON line per rank).
+pub fn launch_example(example_name: &str, n: u32, scenario: &str, args: &[&str]) -> Launch {
+    let output = Command::new(example(example_name))
         .arg("launch")
         .arg(n.to_string())
         .arg(scenario)
         .args(args)
         .output()
-        .expect("run msg_check");
+        .unwrap_or_else(|e| panic!("run {example_name}: {e}"));
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     let mut ranks: Vec<Value> = text
         .lines()
@@ -84,7 +97,12 @@ pub fn launch(n: u32, scenario: &str, args: &[&str]) -> Launch {
 /// Runs a scenario on `n` ranks and asserts every rank passed; returns
 /// the lines.
 pub fn passes(n: u32, scenario: &str, args: &[&str]) -> Vec<Value> {
-    let launch = launch(n, scenario, args);
+    passes_example("msg_check", n, scenario, args)
+}
+
+/// [`passes`] for another example.
+pub fn passes_example(example_name: &str, n: u32, scenario: &str, args: &[&str]) -> Vec<Value> {
+    let launch = launch_example(example_name, n, scenario, args);
     assert!(
         launch.success,
         "{scenario} on {n} ranks {args:?}:\n{}",

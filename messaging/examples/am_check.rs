@@ -1,0 +1,1153 @@
+//! `am_check`: ranks that check the GASNet-style active messages and
+//! one-sided transfers (`pindown_messaging::gasnet`) byte by byte, and a
+//! launcher that starts them with an emulated NIC.
+//!
+//! ```text
+//! am_check launch N SCENARIO [ARGS]   # a device with N ports, N ranks
+//! am_check rank SCENARIO [ARGS]       # one rank (under mpiexec, or launch)
+//! am_check device ARGS...             # the emulated NIC
+//! ```
+//!
+//! Every rank prints one JSON line: `{"rank":0,"size":2,"scenario":...,
+//! "ok":true,"checked":N,"counters":{...},"notes":[...]}` (or `"ok":false`
+//! with `"error"`, exit status 1).
+//!
+//! Scenarios:
+//! * `handlers`: every rank sends every rank (itself included) short,
+//!   medium and long requests; each handler checks its arguments and
+//!   bytes and counts (source, kind, sequence) and replies (short, medium
+//!   or long); at the end every count must be exactly one, in order per
+//!   sender, and a second reply or a reply from a reply handler must have
+//!   failed.
+//! * `flood [--all] [--messages N]`: a 2-slot ring; every rank but 0 (with
+//!   `--all`: every rank to every other) sends N mediums to rank 0, which
+//!   checks them in order, each once.
+//! * `misalign [--get message] [--every N] [--sparse N]`: each rank puts
+//!   into the next one at every source and destination misalignment 0..7
+//!   and every length up to N (then sparser up to the second bound); the
+//!   target's handler checks the bytes and 16 guard bytes each side; then
+//!   gets at every misalignment, checked with their guards.
+//! * `strided`: strided (1 to 5 levels), vector and indexed put and get,
+//!   checked against a model of the target's area each rank keeps.
+//! * `bad-packet`: rank 1 writes malformed packets into rank 0's ring;
+//!   rank 0 reports each as an error, runs none, and still runs the good
+//!   ones between them.
+//! * `latency`: times a short request and its reply against a blocking
+//!   8-byte put (notes; a measurement).
+//! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
+//!   (notes; a measurement, never a pass/fail criterion).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::process::{Command, ExitCode, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use pindown_driver::launch::{device_socket, Job};
+use pindown_driver::verbs::Context;
+use pindown_messaging::gasnet::{Config, Counters, Endpoint, GetMode, Handlers, Token};
+use serde_json::{json, Value};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("device") => {
+            // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and
+            // changes only this process's attributes: the device dies with
+            // the launcher that started it.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+            pindown_emu_device::cli::main(args)
+        }
+        Some("rank") if args.len() >= 2 => rank(&args[1], &args[2..]),
+        Some("launch") if args.len() >= 3 => match args[1].parse::<u32>() {
+            Ok(n) if n >= 1 => launch(n, &args[2], &args[3..]),
+            _ => usage(),
+        },
+        _ => usage(),
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: am_check launch N SCENARIO [ARGS] | rank SCENARIO [ARGS] | device ARGS");
+    ExitCode::from(64)
+}
+
+/// Starts a device with `n` ports (this executable again) and `n` ranks,
+/// and waits for them.
+fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
+    let exe = std::env::current_exe().expect("own executable");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let sockets = dir.path().join("dev");
+    let kv = dir.path().join("kv");
+    std::fs::create_dir_all(&kv).expect("kv dir");
+    let mut device = Command::new(&exe)
+        .arg("device")
+        .arg("--socket-dir")
+        .arg(&sockets)
+        .arg("--ports")
+        .arg(n.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the device");
+    let ready = Instant::now();
+    while !(0..n).all(|i| sockets.join(format!("port{i}.sock")).exists()) {
+        if ready.elapsed() > Duration::from_secs(20) {
+            eprintln!("the device did not create its sockets");
+            let _ = device.kill();
+            let _ = device.wait();
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .arg("rank")
+                .arg(scenario)
+                .args(args)
+                .env("PINDOWN_RANK", r.to_string())
+                .env("PINDOWN_SIZE", n.to_string())
+                .env("PINDOWN_LOCAL_RANK", r.to_string())
+                .env("PINDOWN_LOCAL_SIZE", n.to_string())
+                .env("PINDOWN_KV_DIR", &kv)
+                .env("PINDOWN_DEVICE_DIR", &sockets)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let mut ok = true;
+    for child in ranks {
+        let output = child.wait_with_output().expect("a rank's output");
+        print!("{}", String::from_utf8_lossy(&output.stdout));
+        ok &= output.status.success();
+    }
+    let _ = device.kill();
+    let _ = device.wait();
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// What a scenario checked.
+#[derive(Default)]
+struct Tally {
+    checked: u64,
+    notes: Vec<String>,
+    extra: serde_json::Map<String, Value>,
+}
+
+type Outcome = Result<Tally, String>;
+
+fn rank(scenario: &str, args: &[String]) -> ExitCode {
+    let mut job = match Job::from_environment() {
+        Ok(job) => job,
+        Err(err) => {
+            println!("{}", json!({"ok": false, "error": err.to_string()}));
+            return ExitCode::from(2);
+        }
+    };
+    let (rank, size) = (job.rank(), job.size());
+    let mut counters = Counters::default();
+    let outcome = run(&mut job, scenario, args, &mut counters);
+    let mut line = json!({"rank": rank, "size": size, "scenario": scenario});
+    match &outcome {
+        Ok(tally) => {
+            line["ok"] = json!(true);
+            line["checked"] = json!(tally.checked);
+            line["notes"] = json!(tally.notes);
+            for (k, v) in &tally.extra {
+                line[k] = v.clone();
+            }
+        }
+        Err(err) => {
+            line["ok"] = json!(false);
+            line["error"] = json!(err);
+        }
+    }
+    line["counters"] = json!({
+        "requests": counters.requests, "replies": counters.replies,
+        "handlers_run": counters.handlers_run, "stalls": counters.stalls,
+        "credit_returns": counters.credit_returns, "credits_returned": counters.credits_returned,
+        "pio_writes": counters.pio_writes, "dma_writes": counters.dma_writes,
+        "fixup_bytes": counters.fixup_bytes, "bounced": counters.bounced,
+        "vector_transfers": counters.vector_transfers, "gets_native": counters.gets_native,
+        "gets_by_message": counters.gets_by_message, "bad_packets": counters.bad_packets,
+    });
+    println!("{line}");
+    if outcome.is_ok() {
+        let _ = job.finalize();
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
+fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) -> Outcome {
+    let socket = device_socket(job).map_err(|e| e.to_string())?;
+    // The launcher starts ranks once the device's socket files exist; a
+    // loaded machine may still be between bind and listen: try again for a
+    // while.
+    let opened = Instant::now();
+    let context = loop {
+        match Context::open(&socket, pindown_messaging::context_config()) {
+            Ok(context) => break context,
+            Err(e) if opened.elapsed() < Duration::from_secs(10) => {
+                note_retry(&e);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("{}: {e}", socket.display())),
+        }
+    };
+    let mut config = Config {
+        segment_bytes: 4 << 20,
+        ..Config::default()
+    };
+    if arg(args, "--get") == Some("message") {
+        config.get = GetMode::ByMessage;
+        config.get_bounce_bytes = 4096;
+    }
+    let state = Rc::new(RefCell::new(State::default()));
+    let handlers = match scenario {
+        "flood" => {
+            config.ring_slots = 2;
+            config.slot_bytes = 256;
+            flood_handlers(&state)
+        }
+        "handlers" => message_handlers(&state, job.rank()),
+        "misalign" => misalign_handlers(&state, job.rank()),
+        "bad-packet" => bad_packet_handlers(&state),
+        "latency" => latency_handlers(&state),
+        _ => Handlers::new(),
+    };
+    let mut ep = Endpoint::new(&context, job, config, handlers).map_err(|e| e.to_string())?;
+    ep.barrier().map_err(|e| format!("first barrier: {e}"))?;
+    let outcome = match scenario {
+        "handlers" => handlers_scenario(&mut ep, &state),
+        "flood" => flood(&mut ep, &state, args),
+        "misalign" => misalign(&mut ep, &state, args),
+        "strided" => strided(&mut ep),
+        "bad-packet" => bad_packet(&mut ep, &state),
+        "pio" => pio(&mut ep),
+        "peer-death" => peer_death(&mut ep),
+        "latency" => latency(&mut ep, &state),
+        other => Err(format!("unknown scenario {other:?}")),
+    };
+    *counters = ep.counters();
+    let tally = outcome?;
+    if scenario == "peer-death" {
+        return Ok(tally);
+    }
+    ep.barrier().map_err(|e| format!("final barrier: {e}"))?;
+    *counters = ep.counters();
+    Ok(tally)
+}
+
+/// A failed attempt to open the port, before trying again.
+fn note_retry(error: &dyn std::fmt::Display) {
+    if std::env::var_os("AM_CHECK_TRACE").is_some() {
+        eprintln!("opening the port: {error}; trying again");
+    }
+}
+
+/// Byte `i` of the payload `from` sends to `to` as its `n`th.
+fn byte(from: u32, to: u32, n: u64, i: usize) -> u8 {
+    let x = (i as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(u64::from(from) << 48 | u64::from(to) << 32 | n);
+    (x ^ (x >> 29) ^ (x >> 47)) as u8
+}
+
+fn payload(from: u32, to: u32, n: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| byte(from, to, n, i)).collect()
+}
+
+fn matches(got: &[u8], from: u32, to: u32, n: u64) -> bool {
+    got.iter()
+        .enumerate()
+        .all(|(i, &b)| b == byte(from, to, n, i))
+}
+
+/// What handlers record.
+#[derive(Default)]
+struct State {
+    /// Messages handled, by (source, kind, sequence).
+    seen: HashMap<(u32, u32, u32), u32>,
+    /// The last sequence per (source, kind), for the order.
+    last: HashMap<(u32, u32), u32>,
+    /// Replies handled, by (source, kind, sequence).
+    replies: HashMap<(u32, u32, u32), u32>,
+    /// What went wrong inside handlers.
+    errors: Vec<String>,
+    /// Second replies and replies from reply handlers that were refused.
+    refused: u32,
+    /// Good messages of the bad-packet scenario.
+    good: u32,
+    /// Verified puts of the misalign scenario (replies arrived).
+    verified: u32,
+}
+
+const H_REQUEST: u8 = 1;
+const H_REPLY: u8 = 2;
+const MESSAGES: u32 = 120;
+const LONG_MAX: usize = 3000;
+/// Where long requests from `source` with sequence `seq` land.
+fn long_offset(source: u32, seq: u32) -> u64 {
+    (u64::from(source) * u64::from(MESSAGES) + u64::from(seq)) * 3072 + u64::from(seq % 8)
+}
+/// Where long replies from `source` land (the second half of the segment).
+fn reply_offset(source: u32, seq: u32) -> u64 {
+    (2 << 20) + long_offset(source, seq)
+}
+fn medium_len(seq: u32, max: usize) -> usize {
+    (seq as usize * 37) % (max + 1)
+}
+fn long_len(seq: u32) -> usize {
+    (seq as usize * 211) % (LONG_MAX + 1)
+}
+
+fn message_handlers(state: &Rc<RefCell<State>>, me: u32) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    handlers.register(H_REQUEST, move |token: &mut Token<'_>, args, data| {
+        let mut st = s.borrow_mut();
+        let source = token.source();
+        if args.len() != 4 || args[2] != me {
+            st.errors.push(format!("arguments {args:?} from {source}"));
+            return;
+        }
+        let (kind, seq, len) = (args[0], args[1], args[3] as usize);
+        let n = u64::from(seq) << 2 | u64::from(kind);
+        if data.len() != len || !matches(data, source, me, n) {
+            st.errors.push(format!(
+                "kind {kind} seq {seq} from {source}: payload differs"
+            ));
+        }
+        *st.seen.entry((source, kind, seq)).or_default() += 1;
+        let st = &mut *st;
+        let next = st.last.entry((source, kind)).or_insert(0);
+        if seq != *next {
+            st.errors.push(format!(
+                "kind {kind} from {source}: seq {seq} where {next} was next"
+            ));
+        }
+        *next = seq + 1;
+        let echo = payload(me, source, n, len.min(200));
+        let replied = match kind {
+            0 => token.reply_short(H_REPLY, &[kind, seq, me, 0]),
+            1 => token.reply_medium(H_REPLY, &[kind, seq, me, echo.len() as u32], &echo),
+            _ => token.reply_long(
+                H_REPLY,
+                &[kind, seq, me, echo.len() as u32],
+                &echo,
+                reply_offset(me, seq),
+            ),
+        };
+        if let Err(e) = replied {
+            st.errors.push(format!("reply: {e}"));
+        }
+        // A second reply is refused.
+        if token.reply_short(H_REPLY, &[9, seq, me, 0]).is_err() {
+            st.refused += 1;
+        }
+    });
+    let s = state.clone();
+    handlers.register(H_REPLY, move |token, args, data| {
+        let mut st = s.borrow_mut();
+        let source = token.source();
+        if args.len() != 4 || args[2] != source || !token.is_reply() {
+            st.errors
+                .push(format!("reply arguments {args:?} from {source}"));
+            return;
+        }
+        let (kind, seq, len) = (args[0], args[1], args[3] as usize);
+        let n = u64::from(seq) << 2 | u64::from(kind);
+        if data.len() != len || !matches(data, source, me, n) {
+            st.errors.push(format!(
+                "reply kind {kind} seq {seq} from {source}: payload differs"
+            ));
+        }
+        *st.replies.entry((source, kind, seq)).or_default() += 1;
+        // A reply handler may not reply.
+        if token.reply_short(H_REPLY, &[0, 0, 0, 0]).is_err() {
+            st.refused += 1;
+        }
+    });
+    handlers
+}
+
+fn handlers_scenario(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let me = ep.rank();
+    let n = ep.size();
+    let max = ep.max_medium();
+    for seq in 0..MESSAGES {
+        for target in 0..n {
+            let tag = |kind: u32| u64::from(seq) << 2 | u64::from(kind);
+            ep.request_short(target, H_REQUEST, &[0, seq, target, 0])
+                .map_err(|e| format!("short: {e}"))?;
+            let len = medium_len(seq, max);
+            ep.request_medium(
+                target,
+                H_REQUEST,
+                &[1, seq, target, len as u32],
+                &payload(me, target, tag(1), len),
+            )
+            .map_err(|e| format!("medium: {e}"))?;
+            let len = long_len(seq);
+            // Misaligned sources too: the payload starts `seq % 8` into
+            // a buffer.
+            let shift = (seq % 8) as usize;
+            let mut buffer = vec![0u8; shift];
+            buffer.extend(payload(me, target, tag(2), len));
+            ep.request_long(
+                target,
+                H_REQUEST,
+                &[2, seq, target, len as u32],
+                &buffer[shift..],
+                long_offset(me, seq),
+            )
+            .map_err(|e| format!("long: {e}"))?;
+        }
+    }
+    let expected = (3 * MESSAGES * n) as usize;
+    ep.wait_until(|_| {
+        let st = state.borrow();
+        st.replies.len() >= expected && st.seen.len() >= expected
+    })
+    .map_err(|e| format!("waiting for every message and reply: {e}"))?;
+    ep.barrier().map_err(|e| e.to_string())?;
+    ep.poll().map_err(|e| e.to_string())?;
+    let st = state.borrow();
+    if let Some(e) = st.errors.first() {
+        return Err(format!("{} handler errors, first: {e}", st.errors.len()));
+    }
+    let mut tally = Tally::default();
+    for source in 0..n {
+        for kind in 0..3 {
+            for seq in 0..MESSAGES {
+                match st.seen.get(&(source, kind, seq)) {
+                    Some(1) => tally.checked += 1,
+                    other => {
+                        return Err(format!(
+                            "kind {kind} seq {seq} from {source} handled {other:?} times"
+                        ))
+                    }
+                }
+                match st.replies.get(&(source, kind, seq)) {
+                    Some(1) => tally.checked += 1,
+                    other => {
+                        return Err(format!(
+                            "reply to kind {kind} seq {seq} from {source} handled {other:?} times"
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if st.seen.len() != expected || st.replies.len() != expected {
+        return Err(format!(
+            "{} messages and {} replies handled, {expected} expected",
+            st.seen.len(),
+            st.replies.len()
+        ));
+    }
+    // Every request handler's second reply and every reply handler's reply
+    // refused.
+    tally.extra.insert("refused".into(), json!(st.refused));
+    tally
+        .extra
+        .insert("expected_refused".into(), json!(2 * expected));
+    Ok(tally)
+}
+
+const H_FLOOD: u8 = 3;
+
+fn flood_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    handlers.register(H_FLOOD, move |token, args, data| {
+        let mut st = s.borrow_mut();
+        let source = token.source();
+        let (seq, me) = (args[0], args[1]);
+        if !matches(data, source, me, u64::from(seq)) {
+            st.errors
+                .push(format!("flood {seq} from {source}: payload differs"));
+        }
+        *st.seen.entry((source, 0, seq)).or_default() += 1;
+        let st = &mut *st;
+        let next = st.last.entry((source, 0)).or_insert(0);
+        if seq != *next {
+            st.errors.push(format!(
+                "flood from {source}: seq {seq} where {next} was next"
+            ));
+        }
+        *next = seq + 1;
+    });
+    handlers
+}
+
+fn flood(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>, args: &[String]) -> Outcome {
+    let all = args.iter().any(|a| a == "--all");
+    let messages: u32 = arg(args, "--messages")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(3000);
+    let me = ep.rank();
+    let n = ep.size();
+    let targets: Vec<u32> = if all {
+        (0..n).filter(|&t| t != me).collect()
+    } else if me != 0 {
+        vec![0]
+    } else {
+        vec![]
+    };
+    let max = ep.max_medium();
+    for seq in 0..messages {
+        for &target in &targets {
+            let len = 1 + (seq as usize * 13) % max;
+            ep.request_medium(
+                target,
+                H_FLOOD,
+                &[seq, target],
+                &payload(me, target, u64::from(seq), len),
+            )
+            .map_err(|e| format!("medium {seq} to {target}: {e}"))?;
+        }
+    }
+    let senders: Vec<u32> = if all {
+        (0..n).filter(|&s| s != me).collect()
+    } else if me == 0 {
+        (1..n).collect()
+    } else {
+        vec![]
+    };
+    let expected = senders.len() * messages as usize;
+    ep.wait_until(|_| state.borrow().seen.len() >= expected)
+        .map_err(|e| format!("waiting for the flood: {e}"))?;
+    let st = state.borrow();
+    if let Some(e) = st.errors.first() {
+        return Err(format!("{} handler errors, first: {e}", st.errors.len()));
+    }
+    let mut tally = Tally::default();
+    for &source in &senders {
+        for seq in 0..messages {
+            match st.seen.get(&(source, 0, seq)) {
+                Some(1) => tally.checked += 1,
+                other => return Err(format!("flood {seq} from {source} handled {other:?} times")),
+            }
+        }
+    }
+    if st.seen.len() != expected {
+        return Err(format!("{} handled, {expected} expected", st.seen.len()));
+    }
+    tally.extra.insert(
+        "sent".into(),
+        json!(targets.len() as u64 * u64::from(messages)),
+    );
+    Ok(tally)
+}
+
+const H_VERIFY: u8 = 4;
+const H_VERIFIED: u8 = 5;
+const FILL: u8 = 0xEE;
+const GUARD: u64 = 16;
+/// Where `source`'s puts land in its target's segment.
+fn put_area(source: u32) -> u64 {
+    u64::from(source) * (64 << 10) + GUARD
+}
+/// Where the bytes gets read lie (filled by the owner at start).
+const GET_AREA: u64 = 1 << 20;
+const GET_AREA_BYTES: usize = 16 << 10;
+
+fn misalign_handlers(state: &Rc<RefCell<State>>, me: u32) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    // Runs in the target (which the handler owns through a raw view of
+    // its segment, set up before the first message): checks a put and
+    // restores the fill.
+    handlers.register(H_VERIFY, move |token, args, _| {
+        let source = token.source();
+        let (at, len, seed) = (u64::from(args[0]), args[1] as usize, u64::from(args[2]));
+        let segment = SEGMENT.with(|s| *s.borrow());
+        let base = put_area(source) + at;
+        // SAFETY: the segment pointer and length were taken from this
+        // rank's endpoint, which outlives every handler; the area checked
+        // lies inside it (put_area + 64 KiB).
+        let view = unsafe {
+            std::slice::from_raw_parts_mut(
+                segment.0.add((base - GUARD) as usize),
+                len + 2 * GUARD as usize,
+            )
+        };
+        let guards_ok = view[..GUARD as usize].iter().all(|&b| b == FILL)
+            && view[GUARD as usize + len..].iter().all(|&b| b == FILL);
+        let bytes_ok = matches(
+            &view[GUARD as usize..GUARD as usize + len],
+            source,
+            me,
+            seed,
+        );
+        view.fill(FILL);
+        let ok = u32::from(guards_ok && bytes_ok);
+        if ok == 0 {
+            s.borrow_mut().errors.push(format!(
+                "put of {len} bytes at {at} from {source}: bytes {bytes_ok}, guards {guards_ok}"
+            ));
+        }
+        if let Err(e) = token.reply_short(H_VERIFIED, &[ok]) {
+            s.borrow_mut().errors.push(format!("reply: {e}"));
+        }
+    });
+    let s = state.clone();
+    handlers.register(H_VERIFIED, move |_, args, _| {
+        let mut st = s.borrow_mut();
+        st.verified += 1;
+        if args.first() != Some(&1) {
+            st.errors.push("a put failed its check".into());
+        }
+    });
+    handlers
+}
+
+thread_local! {
+    static SEGMENT: RefCell<(*mut u8, usize)> = const { RefCell::new((std::ptr::null_mut(), 0)) };
+}
+
+fn lengths(args: &[String]) -> Vec<usize> {
+    let every: usize = arg(args, "--every")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1100);
+    let sparse: usize = arg(args, "--sparse")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4104);
+    (0..=every)
+        .chain((every + 1..=sparse).step_by(37))
+        .collect()
+}
+
+fn misalign(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>, args: &[String]) -> Outcome {
+    let me = ep.rank();
+    let n = ep.size();
+    let target = (me + 1) % n;
+    let segment = ep.segment();
+    segment.fill(FILL);
+    for (i, b) in segment[GET_AREA as usize..GET_AREA as usize + GET_AREA_BYTES]
+        .iter_mut()
+        .enumerate()
+    {
+        *b = byte(me, u32::MAX, 7, i);
+    }
+    SEGMENT.with(|s| *s.borrow_mut() = (segment.as_mut_ptr(), segment.len()));
+    ep.barrier().map_err(|e| e.to_string())?;
+    let lengths = lengths(args);
+    let mut tally = Tally::default();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if longest > 32 << 10 {
+        return Err("lengths up to 32 KiB (the put area per source)".into());
+    }
+    let mut source = vec![0u8; 8 + longest];
+    let mut seed = 0u64;
+    for src_mis in 0..8usize {
+        for dst_mis in 0..8u64 {
+            for &len in &lengths {
+                seed += 1;
+                for (i, b) in source[src_mis..src_mis + len].iter_mut().enumerate() {
+                    *b = byte(me, target, seed, i);
+                }
+                let before = state.borrow().verified;
+                ep.put(
+                    target,
+                    put_area(me) + dst_mis,
+                    &source[src_mis..src_mis + len],
+                )
+                .map_err(|e| format!("put {len} bytes ({src_mis}, {dst_mis}): {e}"))?;
+                ep.request_short(target, H_VERIFY, &[dst_mis as u32, len as u32, seed as u32])
+                    .map_err(|e| format!("verify request: {e}"))?;
+                ep.wait_until(|_| state.borrow().verified > before)
+                    .map_err(|e| format!("verify: {e}"))?;
+                tally.checked += len as u64;
+            }
+        }
+    }
+    // Gets at every misalignment, with guards around the destination.
+    let get_lengths: Vec<usize> = lengths
+        .iter()
+        .copied()
+        .filter(|&l| l + 8 <= GET_AREA_BYTES)
+        .collect();
+    let mut destination = vec![0u8; GET_AREA_BYTES + 64];
+    for src_mis in 0..8u64 {
+        for dst_mis in 0..8usize {
+            for &len in &get_lengths {
+                destination.fill(0x5A);
+                let at = GUARD as usize + dst_mis;
+                ep.get(target, GET_AREA + src_mis, &mut destination[at..at + len])
+                    .map_err(|e| format!("get {len} bytes ({src_mis}, {dst_mis}): {e}"))?;
+                let got = &destination[at..at + len];
+                let right = got
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &b)| b == byte(target, u32::MAX, 7, i + src_mis as usize));
+                let guards = destination[..at].iter().all(|&b| b == 0x5A)
+                    && destination[at + len..].iter().all(|&b| b == 0x5A);
+                if !right || !guards {
+                    return Err(format!(
+                        "get {len} bytes ({src_mis}, {dst_mis}): bytes {right}, guards {guards}"
+                    ));
+                }
+                tally.checked += len as u64;
+            }
+        }
+    }
+    ep.poll().map_err(|e| e.to_string())?;
+    let st = state.borrow();
+    if let Some(e) = st.errors.first() {
+        return Err(format!("{} errors, first: {e}", st.errors.len()));
+    }
+    tally.extra.insert(
+        "expected".into(),
+        json!(64 * lengths.iter().sum::<usize>() + 64 * get_lengths.iter().sum::<usize>()),
+    );
+    Ok(tally)
+}
+
+/// A small deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Every block offset of GASNet's strided form, innermost level first.
+fn strided_blocks(strides: &[u64], counts: &[u64]) -> Vec<u64> {
+    let mut offsets = vec![0u64];
+    for (level, &stride) in strides.iter().enumerate() {
+        let mut next = Vec::new();
+        for i in 0..counts[level + 1] {
+            for &o in &offsets {
+                next.push(o + i * stride);
+            }
+        }
+        // Inner levels vary fastest: order by (i, inner) means outer loop
+        // over i, inner over the previous list.
+        offsets = next;
+    }
+    offsets
+}
+
+const AREA: usize = 64 << 10;
+
+/// Counts, source strides, target strides, target offset.
+type StridedCase = (Vec<u64>, Vec<u64>, Vec<u64>, u64);
+
+fn strided(ep: &mut Endpoint<'_>) -> Outcome {
+    let me = ep.rank();
+    let n = ep.size();
+    let target = (me + 1) % n;
+    let base = u64::from(me) * (256 << 10);
+    let mut rng = Rng(0x1234_5678 + u64::from(me));
+    // The model of this rank's area in the target's segment.
+    let mut model: Vec<u8> = (0..AREA).map(|_| rng.next() as u8).collect();
+    ep.put(target, base, &model)
+        .map_err(|e| format!("fill: {e}"))?;
+    let mut tally = Tally::default();
+    // (counts, source strides, target strides, target offset)
+    let cases: Vec<StridedCase> = vec![
+        (vec![8], vec![], vec![], 3),
+        (vec![8, 16], vec![8], vec![24], 5),
+        (vec![3, 5, 4], vec![3, 15], vec![7, 100], 11),
+        (vec![8, 4, 3, 2], vec![8, 32, 96], vec![16, 80, 400], 0),
+        (
+            vec![2, 2, 2, 2, 3],
+            vec![2, 4, 8, 16],
+            vec![5, 13, 40, 130],
+            1,
+        ),
+        (
+            vec![1, 2, 2, 2, 2, 2],
+            vec![1, 2, 4, 8, 16],
+            vec![3, 9, 30, 100, 333],
+            7,
+        ),
+        // A face of a 16^3 array of doubles (x = const): blocks of one
+        // double, 16 x 16 of them.
+        (vec![8, 16, 16], vec![8, 128], vec![128, 2048], 8 * 5),
+        // A face y = const: rows of 16 doubles, 16 of them.
+        (vec![128, 16], vec![128], vec![2048], 128 * 3),
+    ];
+    for (case, (counts, src_strides, dst_strides, offset)) in cases.iter().enumerate() {
+        let blocks_src = strided_blocks(src_strides, counts);
+        let blocks_dst = strided_blocks(dst_strides, counts);
+        let block = counts[0] as usize;
+        let src_len = blocks_src.iter().max().map_or(0, |&o| o as usize + block);
+        let source: Vec<u8> = (0..src_len).map(|_| rng.next() as u8).collect();
+        ep.put_strided(
+            target,
+            base + offset,
+            dst_strides,
+            &source,
+            src_strides,
+            counts,
+        )
+        .map_err(|e| format!("put_strided case {case}: {e}"))?;
+        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
+            let d = (*offset + d) as usize;
+            model[d..d + block].copy_from_slice(&source[*s as usize..*s as usize + block]);
+        }
+        let mut whole = vec![0u8; AREA];
+        ep.get(target, base, &mut whole)
+            .map_err(|e| format!("get: {e}"))?;
+        if whole != model {
+            let at = whole.iter().zip(&model).position(|(a, b)| a != b);
+            return Err(format!(
+                "put_strided case {case}: the area differs at {at:?}"
+            ));
+        }
+        tally.checked += (block * blocks_src.len()) as u64;
+        // The mirror: read the same pattern back into a fresh buffer.
+        let mut back = vec![0x33u8; src_len];
+        ep.get_strided(
+            target,
+            base + offset,
+            dst_strides,
+            &mut back,
+            src_strides,
+            counts,
+        )
+        .map_err(|e| format!("get_strided case {case}: {e}"))?;
+        let mut expected = vec![0x33u8; src_len];
+        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
+            let d = (*offset + d) as usize;
+            expected[*s as usize..*s as usize + block].copy_from_slice(&model[d..d + block]);
+        }
+        if back != expected {
+            return Err(format!("get_strided case {case}: differs"));
+        }
+        tally.checked += (block * blocks_src.len()) as u64;
+    }
+    // Vector (memvec lists, boundaries differing) and indexed.
+    let source: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+    let src_list = [(10u64, 100u64), (500, 1), (1000, 299)];
+    let dst_list = [(40_000u64, 50u64), (41_000, 250), (45_003, 100)];
+    ep.put_vector(target, &shift(&dst_list, base), &source, &src_list)
+        .map_err(|e| format!("put_vector: {e}"))?;
+    let stream: Vec<u8> = src_list
+        .iter()
+        .flat_map(|&(o, l)| source[o as usize..(o + l) as usize].to_vec())
+        .collect();
+    scatter(&mut model, &dst_list, &stream);
+    let mut back = vec![0x44u8; 2048];
+    let back_list = [(7u64, 333u64), (900, 67)];
+    ep.get_vector(target, &shift(&dst_list, base), &mut back, &back_list)
+        .map_err(|e| format!("get_vector: {e}"))?;
+    let mut expected = vec![0x44u8; 2048];
+    scatter(&mut expected, &back_list, &gather(&model, &dst_list));
+    if back != expected {
+        return Err("get_vector differs".into());
+    }
+    let src_offsets = [0u64, 64, 640, 4000];
+    let dst_offsets = [
+        50_000u64, 50_100, 51_001, 52_003, 53_333, 60_000, 60_013, 61_111,
+    ];
+    ep.put_indexed(
+        target,
+        &shift_all(&dst_offsets, base),
+        8,
+        &source,
+        &src_offsets,
+        16,
+    )
+    .map_err(|e| format!("put_indexed: {e}"))?;
+    let stream: Vec<u8> = src_offsets
+        .iter()
+        .flat_map(|&o| source[o as usize..o as usize + 16].to_vec())
+        .collect();
+    let dst_blocks: Vec<(u64, u64)> = dst_offsets.iter().map(|&o| (o, 8)).collect();
+    scatter(&mut model, &dst_blocks, &stream);
+    let mut back = vec![0x55u8; 256];
+    let back_offsets = [0u64, 100];
+    ep.get_indexed(
+        target,
+        &shift_all(&dst_offsets, base),
+        8,
+        &mut back,
+        &back_offsets,
+        32,
+    )
+    .map_err(|e| format!("get_indexed: {e}"))?;
+    let mut expected = vec![0x55u8; 256];
+    let back_blocks: Vec<(u64, u64)> = back_offsets.iter().map(|&o| (o, 32)).collect();
+    scatter(&mut expected, &back_blocks, &gather(&model, &dst_blocks));
+    if back != expected {
+        return Err("get_indexed differs".into());
+    }
+    let mut whole = vec![0u8; AREA];
+    ep.get(target, base, &mut whole)
+        .map_err(|e| format!("get: {e}"))?;
+    if whole != model {
+        return Err("after vector and indexed puts the area differs".into());
+    }
+    tally.checked += 3 * 400 + 64 * 2 + 64;
+    // A mismatch of lengths and a pattern past the segment are refused.
+    if ep
+        .put_vector(target, &[(0, 10)], &source, &[(0, 11)])
+        .is_ok()
+    {
+        return Err("a vector put naming 10 and 11 bytes was accepted".into());
+    }
+    if ep
+        .put_strided(target, (4 << 20) - 8, &[16], &source, &[8], &[8, 2])
+        .is_ok()
+    {
+        return Err("a strided put past the segment was accepted".into());
+    }
+    Ok(tally)
+}
+
+fn shift(list: &[(u64, u64)], by: u64) -> Vec<(u64, u64)> {
+    list.iter().map(|&(o, l)| (o + by, l)).collect()
+}
+fn shift_all(list: &[u64], by: u64) -> Vec<u64> {
+    list.iter().map(|&o| o + by).collect()
+}
+fn scatter(into: &mut [u8], blocks: &[(u64, u64)], stream: &[u8]) {
+    let mut at = 0;
+    for &(o, l) in blocks {
+        into[o as usize..(o + l) as usize].copy_from_slice(&stream[at..at + l as usize]);
+        at += l as usize;
+    }
+}
+fn gather(from: &[u8], blocks: &[(u64, u64)]) -> Vec<u8> {
+    blocks
+        .iter()
+        .flat_map(|&(o, l)| from[o as usize..(o + l) as usize].to_vec())
+        .collect()
+}
+
+const H_GOOD: u8 = 6;
+const H_GO: u8 = 7;
+
+fn bad_packet_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    handlers.register(H_GOOD, move |_, _, _| s.borrow_mut().good += 1);
+    // Rank 0's go-ahead to rank 1 (once it polls for the bad packets).
+    let s = state.clone();
+    handlers.register(H_GO, move |_, _, _| s.borrow_mut().verified += 1);
+    handlers
+}
+
+/// Bodies of malformed packets (everything after the stamp).
+fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
+    let header = |kind: u8, flags: u8, handler: u8, nargs: u8, len: u32, offset: u64| {
+        let mut b = vec![kind, flags, handler, nargs];
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&[0u8; 64]);
+        b
+    };
+    vec![
+        ("unregistered handler", header(0, 0, 200, 0, 0, 0)),
+        ("17 arguments", header(0, 0, H_GOOD, 17, 0, 0)),
+        ("medium past the slot", header(1, 0, H_GOOD, 0, 5000, 0)),
+        (
+            "long past the segment",
+            header(2, 0, H_GOOD, 0, 100, 4 << 20),
+        ),
+        ("unknown kind", header(7, 0, H_GOOD, 0, 0, 0)),
+        ("unknown flags", header(0, 0x40, H_GOOD, 0, 0, 0)),
+        ("library message", header(0, 4, 99, 0, 0, 0)),
+    ]
+}
+
+fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let mut tally = Tally::default();
+    let bodies = bad_bodies();
+    if ep.rank() == 1 {
+        ep.wait_until(|_| state.borrow().verified > 0)
+            .map_err(|e| e.to_string())?;
+        for (_, body) in &bodies {
+            ep.send_raw_packet(0, body).map_err(|e| e.to_string())?;
+            ep.request_short(0, H_GOOD, &[])
+                .map_err(|e| e.to_string())?;
+        }
+    } else if ep.rank() == 0 {
+        ep.request_short(1, H_GO, &[]).map_err(|e| e.to_string())?;
+        let mut errors = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while state.borrow().good < bodies.len() as u32 || errors.len() < bodies.len() {
+            match ep.poll() {
+                Ok(_) => {}
+                Err(e) => errors.push(e.to_string()),
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} good messages ran and {} errors reported: {errors:?}",
+                    state.borrow().good,
+                    errors.len()
+                ));
+            }
+            std::thread::yield_now();
+        }
+        if errors.len() != bodies.len()
+            || ep.counters().bad_packets != bodies.len() as u64
+            || state.borrow().good != bodies.len() as u32
+        {
+            return Err(format!(
+                "{} errors, {} counted: {errors:?}",
+                errors.len(),
+                ep.counters().bad_packets
+            ));
+        }
+        tally.notes = errors;
+        tally.checked = u64::from(state.borrow().good);
+    }
+    Ok(tally)
+}
+
+/// The last rank leaves at once (no finalize, its port goes with it); the
+/// others wait for a message it never sends and must learn it is gone.
+fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let last = ep.size() - 1;
+    if ep.rank() == last {
+        println!(
+            "{}",
+            json!({"rank": last, "size": ep.size(), "scenario": "peer-death", "ok": true,
+                   "checked": 0, "notes": ["left"]})
+        );
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    match ep.wait_until(|_| false) {
+        Err(pindown_messaging::Error::PeerGone { peer, why }) if peer == last => {
+            tally.notes.push(format!(
+                "rank {peer} gone after {:?}: {why}",
+                start.elapsed()
+            ));
+            tally.checked = 1;
+        }
+        other => return Err(format!("waiting on a departed rank: {other:?}")),
+    }
+    // Sending to it fails too, at the latest once its ring is full (the
+    // stalled send checks on it) rather than at the timeout.
+    let start = Instant::now();
+    for n in 0..10_000u32 {
+        match ep.request_short(last, 1, &[n]) {
+            Ok(()) => {}
+            Err(pindown_messaging::Error::PeerGone { .. })
+            | Err(pindown_messaging::Error::Completion(_)) => {
+                tally
+                    .notes
+                    .push(format!("send {n} failed after {:?}", start.elapsed()));
+                tally.checked += 1;
+                return Ok(tally);
+            }
+            Err(other) => return Err(format!("sending to a departed rank: {other}")),
+        }
+    }
+    Err("10000 sends to a departed rank succeeded".into())
+}
+
+const H_PING: u8 = 8;
+const H_PONG: u8 = 9;
+
+fn latency_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    handlers.register(H_PING, |token, args, _| {
+        let _ = token.reply_short(H_PONG, args);
+    });
+    let s = state.clone();
+    handlers.register(H_PONG, move |_, _, _| s.borrow_mut().good += 1);
+    handlers
+}
+
+/// Median round trips (a measurement, no pass/fail): a short request and
+/// its reply, against a blocking 8-byte put (one write and its completion).
+fn latency(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.rank() != 0 || ep.size() < 2 {
+        // Rank 1 answers while it waits in the final barrier.
+        return Ok(tally);
+    }
+    let rounds = 3000;
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let mut am = Vec::with_capacity(rounds);
+    let mut put = Vec::with_capacity(rounds);
+    for round in 0..rounds + 300 {
+        let start = Instant::now();
+        let before = state.borrow().good;
+        ep.request_short(1, H_PING, &[round as u32])
+            .map_err(|e| e.to_string())?;
+        ep.wait_until(|_| state.borrow().good > before)
+            .map_err(|e| e.to_string())?;
+        let am_us = start.elapsed().as_secs_f64() * 1e6;
+        let start = Instant::now();
+        ep.put(1, 0, &[1u8; 8]).map_err(|e| e.to_string())?;
+        if round >= 300 {
+            am.push(am_us);
+            put.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let (am, put) = (median(&mut am), median(&mut put));
+    tally.notes.push(format!(
+        "short AM round trip {am:.2} us, 8-byte put {put:.2} us"
+    ));
+    tally.extra.insert("am_round_trip_us".into(), json!(am));
+    tally.extra.insert("put_8_us".into(), json!(put));
+    Ok(tally)
+}
+
+fn pio(ep: &mut Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.rank() != 0 || ep.size() < 2 {
+        return Ok(tally);
+    }
+    let source = vec![0xA5u8; 512];
+    let rounds = 2000;
+    let sizes = [8usize, 16, 32, 64, 128, 256, 512];
+    let modes = [("pio", 512u32), ("dma", 0)];
+    // Warm up both paths (registration, queues), then alternate them so
+    // that both see the same machine.
+    let mut times = vec![Vec::with_capacity(rounds); sizes.len() * modes.len()];
+    for round in 0..rounds + 200 {
+        for (s, &size) in sizes.iter().enumerate() {
+            for (m, &(_, pio_max)) in modes.iter().enumerate() {
+                ep.set_pio_max(pio_max);
+                let start = Instant::now();
+                ep.put(1, 0, &source[..size]).map_err(|e| e.to_string())?;
+                if round >= 200 {
+                    times[s * modes.len() + m].push(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
+    }
+    let mut table = serde_json::Map::new();
+    for (s, &size) in sizes.iter().enumerate() {
+        for (m, &(mode, _)) in modes.iter().enumerate() {
+            let t = &mut times[s * modes.len() + m];
+            t.sort_by(f64::total_cmp);
+            let median = t[t.len() / 2];
+            tally.notes.push(format!("{mode} {size} B: {median:.2} us"));
+            table.insert(format!("{mode}_{size}"), json!(median));
+        }
+    }
+    tally.extra.insert("median_us".into(), Value::Object(table));
+    Ok(tally)
+}

@@ -1,0 +1,810 @@
+//! Puts and gets: contiguous (PIO, DMA, alignment fix-up, bounce), by
+//! message, and strided / indexed / vector through remote vector access.
+
+use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
+use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece, MAX_DIMS};
+use pindown_uapi::queue::MAX_INLINE;
+
+use super::{
+    check_range, Endpoint, GetMode, Handle, Kind, Op, DMA_ALIGN, FLAG_INTERNAL,
+    INTERNAL_GET_REQUEST, MAX_REQUEST, PACKET_BIT, SCRATCH_HEAD, SCRATCH_READ_HEAD,
+    SCRATCH_READ_SMALL, SCRATCH_READ_TAIL, SCRATCH_SMALL, SCRATCH_TAIL,
+};
+use crate::engine::post_entries;
+use crate::error::{Error, Result};
+
+/// How one contiguous transfer moves: the integration point of the
+/// descriptor cache ([`Endpoint::transfer_descriptor`] computes it for a
+/// (source, destination, size); a cache keyed by the same triple returns a
+/// stored one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransferDescriptor {
+    /// The whole transfer goes inline (PIO) from the staging buffer.
+    pub pio: bool,
+    /// The source is copied into a bounce buffer laid out like the
+    /// destination first (their misalignments differ).
+    pub bounce: bool,
+    /// Unaligned bytes at the start, sent through the staging buffer.
+    pub head: u64,
+    /// Aligned bytes in the middle, by DMA.
+    pub body: u64,
+    /// Bytes after the last aligned word, through the staging buffer.
+    pub tail: u64,
+}
+
+/// Bytes a small get reads into scratch and copies out.
+const SMALL_GET: u64 = MAX_INLINE as u64;
+
+/// The fix-up split of `len` bytes to destination offset `destination`:
+/// (head, body, tail).
+fn split(destination: u64, len: u64) -> (u64, u64, u64) {
+    let head = ((DMA_ALIGN - destination % DMA_ALIGN) % DMA_ALIGN).min(len);
+    let tail = (len - head) % DMA_ALIGN;
+    (head, len - head - tail, tail)
+}
+
+impl<'c> Endpoint<'c> {
+    /// How a contiguous transfer of `size` bytes from local address
+    /// `source` to offset `destination` of `target`'s segment moves: the
+    /// integration point of the descriptor cache
+    /// ([`Config::descriptor_cache`](super::Config)), which keys stored
+    /// descriptors by these arguments. Every put and long payload asks
+    /// here.
+    pub fn transfer_descriptor(
+        &self,
+        source: u64,
+        target: u32,
+        destination: u64,
+        size: u64,
+    ) -> TransferDescriptor {
+        // The plan does not depend on the target; a cache key does.
+        let _ = target;
+        if size <= u64::from(self.config.pio_max) {
+            return TransferDescriptor {
+                pio: true,
+                bounce: false,
+                head: 0,
+                body: size,
+                tail: 0,
+            };
+        }
+        let bounce = source % DMA_ALIGN != destination % DMA_ALIGN;
+        let (head, body, tail) = split(destination, size);
+        TransferDescriptor {
+            pio: false,
+            bounce,
+            head,
+            body,
+            tail,
+        }
+    }
+
+    /// Posts the writes of a put and returns its operation's handle.
+    pub(super) fn start_put(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        source: &[u8],
+    ) -> Result<Handle> {
+        self.check_target(target)?;
+        let len = source.len() as u64;
+        check_range(target_offset, len, self.layout.segment)?;
+        let tag = self.tag();
+        if len == 0 {
+            return Ok(Handle(tag));
+        }
+        let descriptor =
+            self.transfer_descriptor(source.as_ptr() as u64, target, target_offset, len);
+        let remote = self.peers[target as usize];
+        let scratch = self.layout.scratch_at;
+        if descriptor.pio {
+            self.stage(scratch + SCRATCH_SMALL, source);
+            let entry = Write::new(
+                self.window
+                    .region()
+                    .local(scratch + SCRATCH_SMALL, len as u32)?,
+                remote.at(target_offset),
+            )
+            .build()
+            .inline()
+            .user_data(tag)
+            .signaled();
+            post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
+            self.counters.pio_writes += 1;
+            self.ops.insert(tag, self.op(target, 1));
+            return Ok(Handle(tag));
+        }
+        // The body's source: the caller's memory, or a bounce buffer whose
+        // bytes sit at the destination's misalignment.
+        let (bounce, region, body_offset) = if descriptor.bounce {
+            let shift = target_offset % DMA_ALIGN;
+            let buffer = self.context.alloc((len + 2 * DMA_ALIGN) as usize, 64)?;
+            // SAFETY: the bounce buffer was just allocated, `len + 16`
+            // bytes, and is this operation's alone.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    source.as_ptr(),
+                    buffer.as_ptr().add(shift as usize),
+                    source.len(),
+                )
+            };
+            let region = self.context.register_buffer(&buffer)?;
+            self.counters.bounced += 1;
+            (Some(buffer), region, shift + descriptor.head)
+        } else {
+            let at = source.as_ptr() as u64 + descriptor.head;
+            let region = if descriptor.body > 0 {
+                self.context.register(at, descriptor.body)?
+            } else {
+                // No aligned body: the head and tail carry everything.
+                self.context.register(source.as_ptr() as u64, len)?
+            };
+            let offset = if descriptor.body > 0 {
+                0
+            } else {
+                descriptor.head
+            };
+            (None, region, offset)
+        };
+        let head = &source[..descriptor.head as usize];
+        let tail = &source[(len - descriptor.tail) as usize..];
+        self.stage(scratch + SCRATCH_HEAD, head);
+        self.stage(scratch + SCRATCH_TAIL, tail);
+        let own = self.window.region();
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        if descriptor.head > 0 {
+            entries.push(
+                Write::new(
+                    own.local(scratch + SCRATCH_HEAD, descriptor.head as u32)?,
+                    remote.at(target_offset),
+                )
+                .build()
+                .inline(),
+            );
+        }
+        let mut at = 0;
+        while at < descriptor.body {
+            let n = (descriptor.body - at).min(MAX_REQUEST);
+            entries.push(
+                Write::new(
+                    region.local(body_offset + at, n as u32)?,
+                    remote.at(target_offset + descriptor.head + at),
+                )
+                .build(),
+            );
+            at += n;
+        }
+        if descriptor.tail > 0 {
+            entries.push(
+                Write::new(
+                    own.local(scratch + SCRATCH_TAIL, descriptor.tail as u32)?,
+                    remote.at(target_offset + descriptor.head + descriptor.body),
+                )
+                .build()
+                .inline(),
+            );
+        }
+        let count = entries.len() as u32;
+        let entries: Vec<Entry<'_>> = entries
+            .into_iter()
+            .map(|e| e.user_data(tag).signaled())
+            .collect();
+        post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &entries)?;
+        drop(entries);
+        let pio = u64::from(descriptor.head > 0) + u64::from(descriptor.tail > 0);
+        self.counters.pio_writes += pio;
+        self.counters.dma_writes += u64::from(count) - pio;
+        self.counters.fixup_bytes += descriptor.head + descriptor.tail;
+        let mut op = self.op(target, count);
+        match bounce {
+            Some(buffer) => op._bounce = Some((region, buffer)),
+            None => op._regions.push(region),
+        }
+        self.ops.insert(tag, op);
+        Ok(Handle(tag))
+    }
+
+    fn op(&self, peer: u32, remaining: u32) -> Op<'c> {
+        Op {
+            remaining,
+            failure: None,
+            peer,
+            copies: Vec::new(),
+            _regions: Vec::new(),
+            _bounce: None,
+        }
+    }
+
+    /// Copies `bytes` into this endpoint's private memory at `at` (scratch).
+    fn stage(&self, at: u64, bytes: &[u8]) {
+        assert!(at + bytes.len() as u64 <= self.layout.total);
+        // SAFETY: `at..at + len` lies inside the endpoint's memory (the
+        // assertion), in the private scratch area nothing else references
+        // while staging (inline writes copy it when posted).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.memory.as_ptr().add(at as usize),
+                bytes.len(),
+            )
+        };
+    }
+
+    /// Writes `len` bytes of this rank's segment at `from` into `target`'s
+    /// window at `to` (a by-message get's answer); the message after it is
+    /// fenced behind these writes.
+    pub(super) fn write_from_segment(
+        &mut self,
+        target: u32,
+        from: u64,
+        len: u64,
+        to: u64,
+    ) -> Result<()> {
+        let remote = self.peers[target as usize];
+        let pio = len <= u64::from(self.config.pio_max);
+        let region = self.window.region();
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(MAX_REQUEST);
+            let entry = Write::new(region.local(from + at, n as u32)?, remote.at(to + at))
+                .build()
+                .user_data(PACKET_BIT | u64::from(target));
+            entries.push(if pio { entry.inline() } else { entry });
+            at += n;
+        }
+        post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &entries)?;
+        if pio {
+            self.counters.pio_writes += entries.len() as u64;
+        } else {
+            self.counters.dma_writes += entries.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes `source` into `target`'s segment at `target_offset`; returns
+    /// once the bytes are there (and `source` may be reused).
+    pub fn put(&mut self, target: u32, target_offset: u64, source: &[u8]) -> Result<()> {
+        let handle = self.start_put(target, target_offset, source)?;
+        self.wait(handle)
+    }
+
+    /// Starts writing `source` into `target`'s segment at `target_offset`;
+    /// [`wait`](Self::wait) or [`wait_all`](Self::wait_all) completes it.
+    /// Until then `source` must stay unchanged and allocated (GASNet's
+    /// rule for nonblocking puts): bytes written to it meanwhile may or may
+    /// not reach the target. Small puts (PIO) are copied at once.
+    pub fn put_nb(&mut self, target: u32, target_offset: u64, source: &[u8]) -> Result<Handle> {
+        self.start_put(target, target_offset, source)
+    }
+
+    /// Reads `destination.len()` bytes of `target`'s segment at
+    /// `target_offset` into `destination`, as [`Config::get`](super::Config)
+    /// says.
+    pub fn get(&mut self, target: u32, target_offset: u64, destination: &mut [u8]) -> Result<()> {
+        self.check_target(target)?;
+        check_range(target_offset, destination.len() as u64, self.layout.segment)?;
+        if destination.is_empty() {
+            return Ok(());
+        }
+        match self.config.get {
+            GetMode::Native => self.get_native(target, target_offset, destination),
+            GetMode::ByMessage => self.get_by_message(target, target_offset, destination),
+        }
+    }
+
+    fn get_native(&mut self, target: u32, offset: u64, destination: &mut [u8]) -> Result<()> {
+        self.counters.gets_native += 1;
+        let len = destination.len() as u64;
+        let remote = self.peers[target as usize];
+        let scratch = self.layout.scratch_at;
+        let tag = self.tag();
+        let dest = destination.as_mut_ptr();
+        let mut op = self.op(target, 0);
+        if len <= SMALL_GET {
+            // Small: into scratch, then copied (no registration).
+            let entry = Read::new(
+                self.window
+                    .region()
+                    .local(scratch + SCRATCH_READ_SMALL, len as u32)?,
+                remote.at(offset),
+            )
+            .build()
+            .user_data(tag)
+            .signaled();
+            post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
+            op.remaining = 1;
+            op.copies
+                .push((scratch + SCRATCH_READ_SMALL, dest, len as usize));
+            self.ops.insert(tag, op);
+            return self.wait(Handle(tag));
+        }
+        if destination.as_ptr() as u64 % DMA_ALIGN != offset % DMA_ALIGN {
+            // Misaligned differently: into a bounce buffer at the source's
+            // misalignment, then copied.
+            let shift = offset % DMA_ALIGN;
+            let buffer = self.context.alloc((len + 2 * DMA_ALIGN) as usize, 64)?;
+            let region = self.context.register_buffer(&buffer)?;
+            let mut entries = Vec::new();
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(MAX_REQUEST);
+                entries.push(
+                    Read::new(region.local(shift + at, n as u32)?, remote.at(offset + at))
+                        .build()
+                        .user_data(tag)
+                        .signaled(),
+                );
+                at += n;
+            }
+            post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &entries)?;
+            op.remaining = entries.len() as u32;
+            drop(entries);
+            op.copies.push((shift, dest, len as usize));
+            op._bounce = Some((region, buffer));
+            self.counters.bounced += 1;
+            self.ops.insert(tag, op);
+            return self.wait(Handle(tag));
+        }
+        let (head, body, tail) = split(offset, len);
+        let region = self
+            .context
+            .register(destination.as_ptr() as u64 + head, body)?;
+        let own = self.window.region();
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        if head > 0 {
+            entries.push(
+                Read::new(
+                    own.local(scratch + SCRATCH_READ_HEAD, head as u32)?,
+                    remote.at(offset),
+                )
+                .build(),
+            );
+            op.copies
+                .push((scratch + SCRATCH_READ_HEAD, dest, head as usize));
+        }
+        let mut at = 0;
+        while at < body {
+            let n = (body - at).min(MAX_REQUEST);
+            entries.push(
+                Read::new(region.local(at, n as u32)?, remote.at(offset + head + at)).build(),
+            );
+            at += n;
+        }
+        if tail > 0 {
+            entries.push(
+                Read::new(
+                    own.local(scratch + SCRATCH_READ_TAIL, tail as u32)?,
+                    remote.at(offset + head + body),
+                )
+                .build(),
+            );
+            // SAFETY (of the pointer arithmetic): `head + body < len`.
+            op.copies.push((
+                scratch + SCRATCH_READ_TAIL,
+                dest.wrapping_add((head + body) as usize),
+                tail as usize,
+            ));
+        }
+        let entries: Vec<Entry<'_>> = entries
+            .into_iter()
+            .map(|e| e.user_data(tag).signaled())
+            .collect();
+        post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &entries)?;
+        op.remaining = entries.len() as u32;
+        drop(entries);
+        self.counters.fixup_bytes += head + tail;
+        op._regions.push(region);
+        self.ops.insert(tag, op);
+        self.wait(Handle(tag))
+    }
+
+    /// The paper's get over a write-only fabric: a request message per
+    /// piece of the bounce area; the target writes the bytes into this
+    /// rank's bounce area, then replies; the bytes are copied out.
+    fn get_by_message(&mut self, target: u32, offset: u64, destination: &mut [u8]) -> Result<()> {
+        self.counters.gets_by_message += 1;
+        let piece = self.layout.bounce_bytes.clamp(1, u64::from(u32::MAX));
+        let len = destination.len() as u64;
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(piece);
+            self.next_get = self.next_get.wrapping_add(1);
+            let id = self.next_get;
+            let from = offset + at;
+            self.flush_outgoing()?;
+            self.send_packet(
+                target,
+                Kind::Short,
+                FLAG_INTERNAL,
+                INTERNAL_GET_REQUEST,
+                &[id, from as u32, (from >> 32) as u32, n as u32, 0],
+                &[],
+                0,
+            )?;
+            self.wait_until(|ep| ep.get_replies.contains_key(&id))?;
+            let status = self.get_replies.remove(&id).unwrap_or(1);
+            if status != 0 {
+                return Err(Error::Gasnet(format!(
+                    "rank {target} refused a get of {n} bytes at offset {from}"
+                )));
+            }
+            // SAFETY: the bounce area lies inside this endpoint's memory
+            // and holds `n <= bounce_bytes` bytes the target wrote before
+            // its reply (fenced); the destination range is the caller's.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.memory.as_ptr().add(self.layout.bounce_at as usize),
+                    destination.as_mut_ptr().add(at as usize),
+                    n as usize,
+                )
+            };
+            at += n;
+        }
+        self.counters.bounced += 1;
+        Ok(())
+    }
+
+    /// One vector transfer between `local` (laid out by `local_pattern`)
+    /// and `target`'s segment from `target_offset` (by `remote_pattern`).
+    fn vector(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        remote_pattern: Pattern,
+        local: (*const u8, usize),
+        local_pattern: Pattern,
+        read: bool,
+    ) -> Result<()> {
+        self.check_target(target)?;
+        if local_pattern.len != remote_pattern.len {
+            return Err(Error::Gasnet(format!(
+                "the source names {} bytes, the destination {}",
+                local_pattern.len, remote_pattern.len
+            )));
+        }
+        if local_pattern.len == 0 {
+            return Ok(());
+        }
+        let (low, high) = remote_pattern
+            .plan()
+            .map_err(|e| Error::Gasnet(format!("the remote pattern: {e}")))?
+            .hull()
+            .unwrap_or((0, 0));
+        if low < 0 {
+            return Err(Error::Gasnet(
+                "the remote pattern reaches before its offset".into(),
+            ));
+        }
+        check_range(target_offset, high as u64, self.layout.segment)?;
+        let local_len = u32::try_from(local.1)
+            .map_err(|_| Error::Gasnet("a local buffer of 4 GiB or more".into()))?;
+        let region = self
+            .context
+            .register(local.0 as u64, u64::from(local_len))?;
+        let at = self.peers[target as usize].at(target_offset);
+        let whole = region.local(0, local_len)?;
+        let vector = if read {
+            Vector::read(whole, local_pattern, at, remote_pattern)?
+        } else {
+            Vector::write(whole, local_pattern, at, remote_pattern)?
+        };
+        let tag = self.tag();
+        post_entries(
+            &mut self.qp,
+            &mut self.cq,
+            &mut self.stash,
+            &[vector.build().user_data(tag).signaled()],
+        )?;
+        drop(vector);
+        let mut op = self.op(target, 1);
+        op._regions.push(region);
+        self.ops.insert(tag, op);
+        self.counters.vector_transfers += 1;
+        self.wait(Handle(tag))
+    }
+
+    /// GASNet's strided put: `counts[0]` contiguous bytes, repeated
+    /// `counts[1]` times `source_strides[0]` / `target_strides[0]` apart,
+    /// that `counts[2]` times `*_strides[1]` apart, and so on (strides in
+    /// bytes, one fewer than counts). One VECTOR_WRITE naming both
+    /// patterns.
+    pub fn put_strided(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        target_strides: &[u64],
+        source: &[u8],
+        source_strides: &[u64],
+        counts: &[u64],
+    ) -> Result<()> {
+        let remote = strided_pattern(target_strides, counts)?;
+        let local = strided_pattern(source_strides, counts)?;
+        self.vector(
+            target,
+            target_offset,
+            remote,
+            (source.as_ptr(), source.len()),
+            local,
+            false,
+        )
+    }
+
+    /// GASNet's strided get, the mirror of [`put_strided`](Self::put_strided):
+    /// one VECTOR_READ.
+    pub fn get_strided(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        target_strides: &[u64],
+        destination: &mut [u8],
+        destination_strides: &[u64],
+        counts: &[u64],
+    ) -> Result<()> {
+        let remote = strided_pattern(target_strides, counts)?;
+        let local = strided_pattern(destination_strides, counts)?;
+        self.vector(
+            target,
+            target_offset,
+            remote,
+            (destination.as_mut_ptr(), destination.len()),
+            local,
+            true,
+        )
+    }
+
+    /// GASNet's vector put (memvec lists): the bytes of `source`'s
+    /// `(offset, len)` blocks, in order, into `target`'s segment blocks
+    /// `(offset, len)`, in order; both lists name the same number of
+    /// bytes, block boundaries need not agree.
+    pub fn put_vector(
+        &mut self,
+        target: u32,
+        target_list: &[(u64, u64)],
+        source: &[u8],
+        source_list: &[(u64, u64)],
+    ) -> Result<()> {
+        let remote = listed_pattern(target_list)?;
+        let local = listed_pattern(source_list)?;
+        self.vector(
+            target,
+            0,
+            remote,
+            (source.as_ptr(), source.len()),
+            local,
+            false,
+        )
+    }
+
+    /// GASNet's vector get, the mirror of [`put_vector`](Self::put_vector).
+    pub fn get_vector(
+        &mut self,
+        target: u32,
+        target_list: &[(u64, u64)],
+        destination: &mut [u8],
+        destination_list: &[(u64, u64)],
+    ) -> Result<()> {
+        let remote = listed_pattern(target_list)?;
+        let local = listed_pattern(destination_list)?;
+        self.vector(
+            target,
+            0,
+            remote,
+            (destination.as_mut_ptr(), destination.len()),
+            local,
+            true,
+        )
+    }
+
+    /// GASNet's indexed put (address lists): blocks of `source_len` bytes
+    /// at `source_offsets` into blocks of `target_len` bytes at
+    /// `target_offsets` of `target`'s segment; both sides name the same
+    /// number of bytes.
+    pub fn put_indexed(
+        &mut self,
+        target: u32,
+        target_offsets: &[u64],
+        target_len: u64,
+        source: &[u8],
+        source_offsets: &[u64],
+        source_len: u64,
+    ) -> Result<()> {
+        let remote = indexed_pattern(target_offsets, target_len)?;
+        let local = indexed_pattern(source_offsets, source_len)?;
+        self.vector(
+            target,
+            0,
+            remote,
+            (source.as_ptr(), source.len()),
+            local,
+            false,
+        )
+    }
+
+    /// GASNet's indexed get, the mirror of [`put_indexed`](Self::put_indexed).
+    pub fn get_indexed(
+        &mut self,
+        target: u32,
+        target_offsets: &[u64],
+        target_len: u64,
+        destination: &mut [u8],
+        destination_offsets: &[u64],
+        destination_len: u64,
+    ) -> Result<()> {
+        let remote = indexed_pattern(target_offsets, target_len)?;
+        let local = indexed_pattern(destination_offsets, destination_len)?;
+        self.vector(
+            target,
+            0,
+            remote,
+            (destination.as_mut_ptr(), destination.len()),
+            local,
+            true,
+        )
+    }
+}
+
+fn pattern_error(e: impl std::fmt::Display) -> Error {
+    Error::Gasnet(format!("access pattern: {e}"))
+}
+
+fn signed(x: u64) -> Result<i64> {
+    i64::try_from(x).map_err(|_| Error::Gasnet(format!("offset or stride {x} too large")))
+}
+
+/// The pattern of GASNet's strided form: up to [`MAX_DIMS`] strided
+/// levels in one piece, a fourth as the pattern's repetition, more as a
+/// list of blocks.
+pub(crate) fn strided_pattern(strides: &[u64], counts: &[u64]) -> Result<Pattern> {
+    if counts.is_empty() || strides.len() + 1 != counts.len() {
+        return Err(Error::Gasnet(format!(
+            "{} counts and {} strides: a strided transfer has one stride per count after the first",
+            counts.len(),
+            strides.len()
+        )));
+    }
+    let levels = strides.len();
+    if counts.contains(&0) {
+        return Ok(Pattern::contiguous(0));
+    }
+    if levels <= MAX_DIMS + 1 {
+        let mut dims = [Dim::ONE; MAX_DIMS];
+        for (level, dim) in dims.iter_mut().enumerate().take(levels.min(MAX_DIMS)) {
+            *dim = Dim {
+                count: counts[level + 1],
+                stride: signed(strides[level])?,
+            };
+        }
+        let (repeat, extent) = if levels == MAX_DIMS + 1 {
+            (counts[MAX_DIMS + 1], signed(strides[MAX_DIMS])?)
+        } else {
+            (1, 0)
+        };
+        let piece = Piece::Strided {
+            offset: 0,
+            block: counts[0],
+            dims,
+        };
+        return Pattern::new(vec![piece], repeat, extent).map_err(pattern_error);
+    }
+    // Deeper nests: every block listed.
+    let mut blocks = Vec::new();
+    let mut index = vec![0u64; levels];
+    loop {
+        let mut offset = 0u64;
+        for (level, &i) in index.iter().enumerate() {
+            offset = i
+                .checked_mul(strides[level])
+                .and_then(|o| o.checked_add(offset))
+                .ok_or_else(|| Error::Gasnet("strided offsets overflow".into()))?;
+        }
+        blocks.push((offset, counts[0]));
+        let mut level = 0;
+        loop {
+            if level == levels {
+                return listed_pattern(&blocks);
+            }
+            index[level] += 1;
+            if index[level] < counts[level + 1] {
+                break;
+            }
+            index[level] = 0;
+            level += 1;
+        }
+    }
+}
+
+/// A pattern listing `(offset, len)` blocks in order (empty ones left out).
+pub(crate) fn listed_pattern(list: &[(u64, u64)]) -> Result<Pattern> {
+    let blocks = list
+        .iter()
+        .filter(|&&(_, len)| len > 0)
+        .map(|&(offset, len)| {
+            Ok(Block {
+                offset: signed(offset)?,
+                len,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if blocks.is_empty() {
+        return Ok(Pattern::contiguous(0));
+    }
+    Pattern::new(
+        vec![Piece::Indexed {
+            offset: 0,
+            blocks: BlockList::Listed(blocks),
+        }],
+        1,
+        0,
+    )
+    .map_err(pattern_error)
+}
+
+/// A pattern of blocks of `len` bytes at each of `offsets`.
+fn indexed_pattern(offsets: &[u64], len: u64) -> Result<Pattern> {
+    let list: Vec<(u64, u64)> = offsets.iter().map(|&o| (o, len)).collect();
+    listed_pattern(&list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fix_up_splits_cover_the_transfer_and_align_the_body() {
+        for destination in 0..16u64 {
+            for len in 0..40u64 {
+                let (head, body, tail) = split(destination, len);
+                assert_eq!(head + body + tail, len);
+                assert!(head < DMA_ALIGN && tail < DMA_ALIGN);
+                if body > 0 {
+                    assert_eq!((destination + head) % DMA_ALIGN, 0);
+                    assert_eq!(body % DMA_ALIGN, 0);
+                }
+            }
+        }
+    }
+
+    /// Every block a strided pattern names, by walking its plan.
+    fn walk(pattern: &Pattern) -> Vec<(i64, u64)> {
+        let plan = pattern.plan().expect("a valid pattern");
+        let mut out: Vec<(i64, u64)> = Vec::new();
+        for segment in plan.segments(0, plan.len()) {
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 as i64 == segment.offset => last.1 += segment.len,
+                _ => out.push((segment.offset, segment.len)),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn strided_patterns_of_every_depth_name_the_same_blocks() {
+        // counts: 3 bytes, 2 x, 2 x, 2 x, 2 x, 2 x (five levels: listed).
+        let counts = [3u64, 2, 2, 2, 2, 2];
+        let strides = [4u64, 10, 25, 60, 130];
+        for levels in 0..=5 {
+            let pattern =
+                strided_pattern(&strides[..levels], &counts[..levels + 1]).expect("pattern");
+            let mut expected = Vec::new();
+            let n: u64 = counts[1..=levels].iter().product();
+            for k in 0..n {
+                let (mut rest, mut offset) = (k, 0u64);
+                for level in 0..levels {
+                    offset += (rest % counts[level + 1]) * strides[level];
+                    rest /= counts[level + 1];
+                }
+                expected.push((offset as i64, 3u64));
+            }
+            let mut merged: Vec<(i64, u64)> = Vec::new();
+            for (offset, len) in expected {
+                match merged.last_mut() {
+                    Some(last) if last.0 + last.1 as i64 == offset => last.1 += len,
+                    _ => merged.push((offset, len)),
+                }
+            }
+            assert_eq!(walk(&pattern), merged, "levels {levels}");
+        }
+        assert!(strided_pattern(&[1], &[1]).is_err());
+    }
+}

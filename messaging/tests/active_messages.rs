@@ -1,0 +1,181 @@
+//! GASNet-style active messages and one-sided transfers between real rank
+//! processes over the emulated NIC (`examples/am_check`): every handler
+//! run counted and checked, every byte that lands compared with what its
+//! sender generated, and the bytes around it with what was there.
+
+mod common;
+
+use common::{launch_example, passes_example};
+use serde_json::Value;
+
+fn passes(n: u32, scenario: &str, args: &[&str]) -> Vec<Value> {
+    passes_example("am_check", n, scenario, args)
+}
+
+fn counter(line: &Value, name: &str) -> u64 {
+    line["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("counter {name} in {line}"))
+}
+
+fn checked(line: &Value) -> u64 {
+    line["checked"].as_u64().expect("a checked count")
+}
+
+/// Messages of each kind every rank sends every rank in `handlers`.
+const MESSAGES: u64 = 120;
+
+#[test]
+fn handlers_run_exactly_once_with_their_arguments_data_and_replies() {
+    for n in [2u32, 4] {
+        let lines = passes(n, "handlers", &[]);
+        let n = u64::from(n);
+        for line in &lines {
+            // Each (source, kind, sequence) handled once, each reply once.
+            assert_eq!(checked(line), 2 * 3 * MESSAGES * n, "{line}");
+            assert_eq!(counter(line, "requests"), 3 * MESSAGES * n, "{line}");
+            assert_eq!(counter(line, "replies"), 3 * MESSAGES * n, "{line}");
+            assert_eq!(
+                counter(line, "handlers_run"),
+                2 * 3 * MESSAGES * n,
+                "{line}"
+            );
+            // Every second reply and every reply from a reply handler refused.
+            assert_eq!(line["refused"], line["expected_refused"], "{line}");
+            assert_eq!(
+                line["refused"].as_u64(),
+                Some(2 * 3 * MESSAGES * n),
+                "{line}"
+            );
+            assert_eq!(counter(line, "bad_packets"), 0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn credits_run_out_and_come_back_under_many_senders() {
+    let messages = 3000u64;
+    let lines = passes(4, "flood", &["--messages", "3000"]);
+    assert_eq!(checked(&lines[0]), 3 * messages, "{}", lines[0]);
+    assert!(
+        counter(&lines[0], "credits_returned") >= 3 * messages,
+        "{}",
+        lines[0]
+    );
+    for line in &lines[1..] {
+        assert_eq!(line["sent"].as_u64(), Some(messages), "{line}");
+        assert!(
+            counter(line, "stalls") > 0,
+            "a 2-slot ring never stalled: {line}"
+        );
+    }
+}
+
+#[test]
+fn ranks_flooding_each_other_do_not_deadlock() {
+    let messages = 2000u64;
+    for n in [2u32, 4] {
+        let lines = passes(n, "flood", &["--all", "--messages", "2000"]);
+        for line in &lines {
+            assert_eq!(checked(line), u64::from(n - 1) * messages, "{line}");
+            assert!(counter(line, "stalls") > 0, "{line}");
+        }
+    }
+}
+
+/// The lengths `misalign` tries: every one up to `every`, then every 37th
+/// up to `sparse` (as the example's `lengths`).
+fn lengths(every: u64, sparse: u64) -> Vec<u64> {
+    (0..=every)
+        .chain((every + 1..=sparse).step_by(37))
+        .collect()
+}
+
+fn misaligned(n: u32, every: u64, sparse: u64, extra: &[&str]) -> Vec<Value> {
+    let (e, s) = (every.to_string(), sparse.to_string());
+    let mut args = vec!["--every", &e, "--sparse", &s];
+    args.extend_from_slice(extra);
+    let lines = passes(n, "misalign", &args);
+    let lengths = lengths(every, sparse);
+    // 8 x 8 misalignments of puts and of gets, every byte checked.
+    // Gets read from a 16 KiB area at offsets up to 7.
+    let gets: u64 = lengths.iter().filter(|&&l| l + 8 <= 16 << 10).sum();
+    let expected = 64 * lengths.iter().sum::<u64>() + 64 * gets;
+    for line in &lines {
+        assert_eq!(checked(line), expected, "{line}");
+        assert!(counter(line, "fixup_bytes") > 0, "{line}");
+        assert!(counter(line, "bounced") > 0, "{line}");
+        assert!(counter(line, "pio_writes") > 0, "{line}");
+        assert!(counter(line, "dma_writes") > 0, "{line}");
+    }
+    lines
+}
+
+#[test]
+fn every_misalignment_and_length_lands_exactly_with_native_gets() {
+    let lines = misaligned(2, 4096, 4096, &[]);
+    for line in &lines {
+        assert!(counter(line, "gets_native") > 0, "{line}");
+        assert_eq!(counter(line, "gets_by_message"), 0, "{line}");
+    }
+    misaligned(4, 100, 2100, &[]);
+}
+
+#[test]
+fn gets_by_message_over_a_write_only_path_return_the_same_bytes() {
+    for n in [2u32, 4] {
+        let lines = misaligned(n, 200, 20_000, &["--get", "message"]);
+        for line in &lines {
+            assert_eq!(counter(line, "gets_native"), 0, "{line}");
+            assert!(counter(line, "gets_by_message") > 0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn strided_vector_and_indexed_transfers_match_the_reference() {
+    for n in [2u32, 4] {
+        let lines = passes(n, "strided", &[]);
+        for line in &lines {
+            // 8 strided cases put and got, then vector and indexed.
+            assert_eq!(counter(line, "vector_transfers"), 8 * 2 + 4, "{line}");
+            assert!(checked(line) > 0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn malformed_packets_are_reported_and_never_run() {
+    let lines = passes(2, "bad-packet", &[]);
+    let bad = 7;
+    assert_eq!(counter(&lines[0], "bad_packets"), bad, "{}", lines[0]);
+    // The good message after each bad one ran; nothing else did.
+    assert_eq!(checked(&lines[0]), bad, "{}", lines[0]);
+    assert_eq!(counter(&lines[0], "handlers_run"), bad, "{}", lines[0]);
+    let notes = lines[0]["notes"].as_array().expect("notes");
+    assert_eq!(notes.len() as u64, bad, "{}", lines[0]);
+    for note in notes {
+        let note = note.as_str().unwrap_or_default();
+        assert!(note.contains("from rank 1"), "{note}");
+    }
+}
+
+#[test]
+fn an_unknown_scenario_fails_every_rank() {
+    let launch = launch_example("am_check", 2, "no-such-scenario", &[]);
+    assert!(!launch.success, "{}", launch.text);
+    assert!(launch.text.contains("unknown scenario"), "{}", launch.text);
+}
+
+#[test]
+fn a_departed_rank_fails_the_waits_on_it() {
+    for n in [2u32, 3] {
+        let lines = passes(n, "peer-death", &[]);
+        for line in &lines[..n as usize - 1] {
+            // The wait and a send both failed.
+            assert_eq!(checked(line), 2, "{line}");
+            let note = line["notes"][0].as_str().unwrap_or_default();
+            assert!(note.contains(&format!("rank {} gone", n - 1)), "{line}");
+        }
+    }
+}
