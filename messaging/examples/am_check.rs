@@ -32,6 +32,8 @@
 //! * `bad-packet`: rank 1 writes malformed packets into rank 0's ring;
 //!   rank 0 reports each as an error, runs none, and still runs the good
 //!   ones between them.
+//! * `barriers`: 200 barriers in a row, each checked by the words every
+//!   rank put into every segment before entering it.
 //! * `latency`: times a short request and its reply against a blocking
 //!   8-byte put (notes; a measurement).
 //! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
@@ -241,6 +243,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "pio" => pio(&mut ep),
         "peer-death" => peer_death(&mut ep),
         "latency" => latency(&mut ep, &state),
+        "barriers" => barriers(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -950,6 +953,14 @@ fn bad_packet_handlers(state: &Rc<RefCell<State>>) -> Handlers {
     handlers
 }
 
+/// `body` with `args` as its first arguments.
+fn with_args(mut body: Vec<u8>, args: &[u32]) -> Vec<u8> {
+    for (i, a) in args.iter().enumerate() {
+        body[16 + 4 * i..20 + 4 * i].copy_from_slice(&a.to_le_bytes());
+    }
+    body
+}
+
 /// Bodies of malformed packets (everything after the stamp).
 fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
     let header = |kind: u8, flags: u8, handler: u8, nargs: u8, len: u32, offset: u64| {
@@ -970,6 +981,16 @@ fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
         ("unknown kind", header(7, 0, H_GOOD, 0, 0, 0)),
         ("unknown flags", header(0, 0x40, H_GOOD, 0, 0, 0)),
         ("library message", header(0, 4, 99, 0, 0, 0)),
+        // A get reply nobody asked for and a barrier notice of a far epoch
+        // (library handlers 1 and 2, two arguments each).
+        (
+            "unasked get reply",
+            with_args(header(0, 4, 1, 2, 0, 0), &[77, 0]),
+        ),
+        (
+            "far barrier",
+            with_args(header(0, 4, 2, 2, 0, 0), &[1000, 0]),
+        ),
     ]
 }
 
@@ -1060,6 +1081,33 @@ fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
         }
     }
     Err("10000 sends to a departed rank succeeded".into())
+}
+
+/// Barriers in a row: before each, every rank puts the barrier's number
+/// into its word of every rank's segment; after it, every word of this
+/// rank's segment must hold that number (no rank left a barrier before
+/// all had entered it).
+fn barriers(ep: &mut Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let (me, n) = (ep.rank(), ep.size());
+    for k in 1..=200u64 {
+        for target in 0..n {
+            ep.put(target, 8 * u64::from(me), &k.to_le_bytes())
+                .map_err(|e| format!("put before barrier {k}: {e}"))?;
+        }
+        ep.barrier().map_err(|e| format!("barrier {k}: {e}"))?;
+        let segment = ep.segment();
+        for rank in 0..n as usize {
+            let word = u64::from_le_bytes(segment[8 * rank..8 * rank + 8].try_into().expect("8"));
+            if word < k {
+                return Err(format!(
+                    "after barrier {k}, rank {rank}'s word holds {word}"
+                ));
+            }
+            tally.checked += 1;
+        }
+    }
+    Ok(tally)
 }
 
 const H_PING: u8 = 8;

@@ -145,9 +145,19 @@ fn strided_vector_and_indexed_transfers_match_the_reference() {
 }
 
 #[test]
+fn no_rank_leaves_a_barrier_before_every_rank_entered_it() {
+    for n in [1u32, 2, 3, 5] {
+        let lines = passes(n, "barriers", &[]);
+        for line in &lines {
+            assert_eq!(checked(line), 200 * u64::from(n), "{line}");
+        }
+    }
+}
+
+#[test]
 fn malformed_packets_are_reported_and_never_run() {
     let lines = passes(2, "bad-packet", &[]);
-    let bad = 7;
+    let bad = 9;
     assert_eq!(counter(&lines[0], "bad_packets"), bad, "{}", lines[0]);
     // The good message after each bad one ran; nothing else did.
     assert_eq!(checked(&lines[0]), bad, "{}", lines[0]);

@@ -1411,11 +1411,19 @@ impl<'c> Endpoint<'c> {
                 self.outgoing.push_back(reply);
                 Ok(())
             }
-            INTERNAL_GET_REPLY if args.len() == 2 => {
+            // Only the get in progress (one at a time) expects a reply.
+            INTERNAL_GET_REPLY if args.len() == 2 && arg(0) == self.next_get => {
                 self.get_replies.insert(arg(0), arg(1));
                 Ok(())
             }
-            INTERNAL_BARRIER if args.len() == 2 => {
+            // A peer is at most one barrier ahead: notices of this rank's
+            // current barrier or the next, for one of its rounds.
+            INTERNAL_BARRIER
+                if args.len() == 2
+                    && (arg(0) == self.barrier_epoch
+                        || arg(0) == self.barrier_epoch.wrapping_add(1))
+                    && arg(1) < u32::BITS - self.size.leading_zeros() =>
+            {
                 *self.barrier_arrivals.entry((arg(0), arg(1))).or_default() += 1;
                 Ok(())
             }
