@@ -47,7 +47,9 @@ use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::Context;
-use pindown_messaging::gasnet::{Config, Counters, Endpoint, GetMode, Handlers, Token};
+use pindown_messaging::gasnet::{
+    CacheConfig, Config, Counters, Endpoint, GetMode, Handlers, Replacement, Token,
+};
 use serde_json::{json, Value};
 
 fn main() -> ExitCode {
@@ -219,6 +221,9 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         config.get = GetMode::ByMessage;
         config.get_bounce_bytes = 4096;
     }
+    if scenario == "descriptors" {
+        config.descriptor_cache = Some(descriptor_config(args)?);
+    }
     let state = Rc::new(RefCell::new(State::default()));
     let handlers = match scenario {
         "flood" => {
@@ -244,6 +249,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "peer-death" => peer_death(&mut ep),
         "latency" => latency(&mut ep, &state),
         "barriers" => barriers(&mut ep),
+        "descriptors" => descriptors(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1197,5 +1203,111 @@ fn pio(ep: &mut Endpoint<'_>) -> Outcome {
         }
     }
     tally.extra.insert("median_us".into(), Value::Object(table));
+    Ok(tally)
+}
+
+/// The descriptor cache's settings from `--policy lru|lfu|first`,
+/// `--capacity N` and `--promote N|off`.
+fn descriptor_config(args: &[String]) -> Result<CacheConfig, String> {
+    let policy = match arg(args, "--policy").unwrap_or("lru") {
+        "lru" => Replacement::Lru,
+        "lfu" => Replacement::Lfu,
+        "first" => Replacement::FirstCome,
+        other => return Err(format!("unknown policy {other}")),
+    };
+    let capacity = arg(args, "--capacity")
+        .unwrap_or("8")
+        .parse()
+        .map_err(|e| format!("--capacity: {e}"))?;
+    let promote_after = match arg(args, "--promote").unwrap_or("3") {
+        "off" => None,
+        n => Some(n.parse().map_err(|e| format!("--promote: {e}"))?),
+    };
+    Ok(CacheConfig {
+        capacity,
+        policy,
+        promote_after,
+    })
+}
+
+/// Repeated puts through the descriptor cache: hot transfers (the same
+/// source, target offset and size every round, the source's bytes
+/// changed each round), one cold transfer a round, and a hot source freed
+/// and allocated again midway. Every put is read back with a get and
+/// compared; the cache's counters must add up.
+fn descriptors(ep: &mut Endpoint<'_>) -> Outcome {
+    const ROUNDS: u64 = 24;
+    let target = (ep.rank() + 1) % ep.size();
+    let area = u64::from(ep.rank()) * (1 << 20);
+    // (length, offset in the target's area); equal misalignment on both
+    // sides for the third, so its head and tail go by PIO around a
+    // cached body.
+    let hot: [(usize, u64); 4] = [
+        (4096, 0),
+        (64 << 10, 8192),
+        (5003, 80 << 10),
+        (256 << 10, 96 << 10),
+    ];
+    let mut sources: Vec<Vec<u8>> = hot.iter().map(|&(len, _)| vec![0u8; len + 8]).collect();
+    let mut tally = Tally::default();
+    let mut back = vec![0u8; 256 << 10];
+    let mut dma_puts = 0u64;
+    for round in 0..ROUNDS {
+        if round == ROUNDS / 2 {
+            // Freed (a large buffer goes back to the kernel) and allocated
+            // again, most likely at the same address: the cache must not
+            // hand out the old registration.
+            let len = sources[3].len();
+            sources[3] = Vec::new();
+            sources[3] = vec![0u8; len];
+        }
+        for (i, &(len, offset)) in hot.iter().enumerate() {
+            let skew = if i == 2 { 3 } else { 0 };
+            let source = &mut sources[i][skew..skew + len];
+            for (j, b) in source.iter_mut().enumerate() {
+                *b = (j as u64 * 7 + round * 13 + i as u64) as u8;
+            }
+            let at = area + offset + skew as u64;
+            ep.put(target, at, source)
+                .map_err(|e| format!("put {i} round {round}: {e}"))?;
+            dma_puts += 1;
+            ep.get(target, at, &mut back[..len])
+                .map_err(|e| format!("get: {e}"))?;
+            if back[..len] != *source {
+                return Err(format!("hot put {i} of round {round} did not land as sent"));
+            }
+            tally.checked += len as u64;
+        }
+        // A cold transfer: a new offset each round.
+        let cold: Vec<u8> = (0..2048).map(|j| (j as u64 ^ round) as u8).collect();
+        let at = area + (512 << 10) + round * 4096;
+        ep.put(target, at, &cold)
+            .map_err(|e| format!("cold put: {e}"))?;
+        dma_puts += 1;
+        ep.get(target, at, &mut back[..cold.len()])
+            .map_err(|e| format!("get: {e}"))?;
+        if back[..cold.len()] != cold[..] {
+            return Err(format!(
+                "the cold put of round {round} did not land as sent"
+            ));
+        }
+        tally.checked += cold.len() as u64;
+    }
+    let cache = ep.descriptor_counters().ok_or("no descriptor cache")?;
+    let counters = ep.counters();
+    if cache.lookups != dma_puts || cache.hits + cache.misses != cache.lookups {
+        return Err(format!("{dma_puts} DMA puts, cache counters {cache:?}"));
+    }
+    for (name, value) in [
+        ("lookups", cache.lookups),
+        ("hits", cache.hits),
+        ("misses", cache.misses),
+        ("promoted_hits", cache.promoted_hits),
+        ("evictions", cache.evictions),
+        ("bypasses", cache.bypasses),
+        ("prebuilt_writes", counters.prebuilt_writes),
+    ] {
+        tally.extra.insert(name.into(), json!(value));
+    }
     Ok(tally)
 }

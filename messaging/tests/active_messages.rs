@@ -189,3 +189,53 @@ fn a_departed_rank_fails_the_waits_on_it() {
         }
     }
 }
+
+#[test]
+fn the_descriptor_cache_keeps_hot_puts_and_every_put_lands() {
+    // Every put (hot ones repeated with new bytes, one cold one a round, a
+    // hot source freed and allocated again midway) is read back and
+    // compared by the scenario, which also checks hits + misses ==
+    // lookups == DMA puts.
+    let extra = |line: &Value, name: &str| {
+        line[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+    };
+    for line in passes(
+        2,
+        "descriptors",
+        &["--policy", "lru", "--capacity", "8", "--promote", "3"],
+    ) {
+        assert!(extra(&line, "promoted_hits") > 0, "{line}");
+        assert!(extra(&line, "prebuilt_writes") > 0, "{line}");
+        assert!(extra(&line, "evictions") > 0, "cold puts push out: {line}");
+    }
+    for line in passes(
+        2,
+        "descriptors",
+        &["--policy", "lfu", "--capacity", "5", "--promote", "2"],
+    ) {
+        assert!(extra(&line, "promoted_hits") > 0, "{line}");
+        assert!(extra(&line, "prebuilt_writes") > 0, "{line}");
+    }
+    for line in passes(
+        2,
+        "descriptors",
+        &["--policy", "first", "--capacity", "3", "--promote", "off"],
+    ) {
+        assert!(extra(&line, "hits") > 0, "{line}");
+        assert_eq!(extra(&line, "evictions"), 0, "first come keeps: {line}");
+        assert!(extra(&line, "bypasses") > 0, "{line}");
+        assert_eq!(extra(&line, "promoted_hits"), 0, "promotion off: {line}");
+        assert_eq!(extra(&line, "prebuilt_writes"), 0, "promotion off: {line}");
+    }
+    // Five transfers in turn through four LRU entries: each finds its
+    // entry just evicted.
+    for line in passes(
+        2,
+        "descriptors",
+        &["--policy", "lru", "--capacity", "4", "--promote", "3"],
+    ) {
+        assert_eq!(extra(&line, "hits"), 0, "{line}");
+    }
+}

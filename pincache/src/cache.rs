@@ -129,6 +129,16 @@ impl<P: Pinner + 'static> Registration<'_, P> {
         self.region
     }
 
+    /// Whether the region is still the cache's entry for its pages: false
+    /// once it was invalidated (its memory unmapped, or
+    /// [`PinCache::invalidate`]) or is being evicted or invalidated while
+    /// held. A registration of the same range made then maps the pages
+    /// anew; holders that keep registrations across uses (descriptor and
+    /// window caches) check this before reusing one.
+    pub fn is_current(&self) -> bool {
+        self.entry.state.load(Ordering::Acquire) == state::LIVE
+    }
+
     /// The pinner's token for the region.
     pub fn token(&self) -> &P::Token {
         // SAFETY: this registration holds a reference to the region until it

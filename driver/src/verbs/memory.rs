@@ -141,6 +141,15 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
         self.registration.region()
     }
 
+    /// Whether this registration still maps the memory's current pages:
+    /// false once the memory was invalidated (unmapped, or
+    /// [`Context::invalidate`](super::Context::invalidate)) while held. A
+    /// library that keeps regions across uses registers again when it
+    /// finds one that is not.
+    pub fn is_current(&self) -> bool {
+        self.registration.is_current()
+    }
+
     /// `[offset, offset + len)` of the region, to name in a request; it
     /// borrows the region.
     pub fn local(&self, offset: u64, len: u32) -> Result<Local<'_>, VerbsError> {

@@ -52,9 +52,13 @@
 //!   both sides), no pack or unpack.
 //! * **Barrier** ([`Endpoint::barrier`]): dissemination over library
 //!   messages, after every put of this rank has completed.
-//! * **A descriptor cache** (repeated transfers of the same source,
-//!   destination and size) plugs in at [`Endpoint::transfer_descriptor`];
-//!   [`Config::descriptor_cache`] selects it.
+//! * **A descriptor cache** ([`Config::descriptor_cache`]) for repeated
+//!   puts of the same source, target, destination and size: the plan
+//!   ([`Endpoint::transfer_descriptor`]) and the source's registration,
+//!   LRU, LFU or first come chosen at run time; after a number of uses a
+//!   descriptor is promoted to prebuilt work requests posted as they are
+//!   (the paper's promotion of hot descriptors into the chip's memory).
+//!   [`Endpoint::descriptor_counters`] says how it did.
 //!
 //! ## Handlers, replies and the deadlock rule
 //!
@@ -195,6 +199,8 @@
 //! ```
 
 pub mod descriptor_cache;
+use descriptor_cache::DescriptorCache;
+pub use descriptor_cache::{CacheConfig, CacheCounters, Replacement};
 mod packet;
 mod transfer;
 
@@ -236,15 +242,6 @@ pub enum GetMode {
     /// target's library handler writes the bytes into the requester's
     /// bounce area and replies; the requester copies them out.
     ByMessage,
-}
-
-/// Settings of the descriptor cache for repeated transfers (placeholder
-/// until `descriptor_cache` lands: the cache's own configuration replaces
-/// this type).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CacheConfig {
-    /// Descriptors kept.
-    pub capacity: usize,
 }
 
 /// How an endpoint is set up. Every rank of a job must use the same
@@ -505,6 +502,9 @@ pub struct Counters {
     pub dma_writes: u64,
     /// Bytes of unaligned heads and tails sent through the staging buffer.
     pub fixup_bytes: u64,
+    /// Body writes a promoted descriptor posted as built
+    /// ([`Config::descriptor_cache`]).
+    pub prebuilt_writes: u64,
     /// Transfers copied into a bounce buffer first (source and destination
     /// misaligned differently, or a by-message get).
     pub bounced: u64,
@@ -618,6 +618,8 @@ struct Op<'c> {
     copies: Vec<(u64, *mut u8, usize)>,
     _regions: Vec<MemoryRegion<'c>>,
     _bounce: Option<(MemoryRegion<'c>, DmaBuffer)>,
+    /// The registration of a cached put's source, shared with the cache.
+    _cached: Option<std::rc::Rc<MemoryRegion<'c>>>,
 }
 
 /// One rank's GASNet endpoint: its segment, rings, queue pair and
@@ -668,6 +670,8 @@ pub struct Endpoint<'c> {
     /// most [`BAD_PACKETS_KEPT`] kept; the counter counts them all).
     bad_packets: VecDeque<Error>,
     polling: bool,
+    /// Repeated puts' descriptors ([`Config::descriptor_cache`]).
+    descriptors: Option<transfer::PutCache<'c>>,
 }
 
 impl<'c> Endpoint<'c> {
@@ -783,6 +787,7 @@ impl<'c> Endpoint<'c> {
             gone: vec![None; n],
             bad_packets: VecDeque::new(),
             polling: false,
+            descriptors: config.descriptor_cache.map(DescriptorCache::new),
             config,
         })
     }

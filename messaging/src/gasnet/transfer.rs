@@ -1,7 +1,13 @@
 //! Puts and gets: contiguous (PIO, DMA, alignment fix-up, bounce), by
 //! message, and strided / indexed / vector through remote vector access.
 
+use std::rc::Rc;
+
 use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
+use pindown_driver::verbs::{MemoryRegion, RemoteWindow};
+use pindown_uapi::WorkRequest;
+
+use super::descriptor_cache::{CacheCounters, Cached, DescriptorCache};
 use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece, MAX_DIMS};
 use pindown_uapi::queue::MAX_INLINE;
 
@@ -30,6 +36,56 @@ pub struct TransferDescriptor {
     pub body: u64,
     /// Bytes after the last aligned word, through the staging buffer.
     pub tail: u64,
+}
+
+/// A repeated put's cached descriptor: its plan and the registration of
+/// its source body, held while cached.
+pub(super) struct CachedPut<'c> {
+    descriptor: TransferDescriptor,
+    region: Rc<MemoryRegion<'c>>,
+    /// Where the body starts in `region`.
+    body_offset: u64,
+}
+
+impl<'c> CachedPut<'c> {
+    fn clone_shared(&self) -> CachedPut<'c> {
+        CachedPut {
+            descriptor: self.descriptor,
+            region: Rc::clone(&self.region),
+            body_offset: self.body_offset,
+        }
+    }
+}
+
+/// A promoted put: the work requests of its body, built once (without
+/// their tag and flags, which each put sets).
+pub(super) struct PrebuiltPut(Vec<WorkRequest>);
+
+/// Puts' descriptors by (source address, target, destination offset,
+/// bytes).
+pub(super) type PutCache<'c> = DescriptorCache<(u64, u32, u64, u64), CachedPut<'c>, PrebuiltPut>;
+
+/// The body writes of `cached` to `target_offset` of `remote`.
+fn body_requests(
+    cached: &CachedPut<'_>,
+    remote: &RemoteWindow,
+    target_offset: u64,
+) -> Vec<WorkRequest> {
+    let descriptor = cached.descriptor;
+    let mut requests = Vec::new();
+    let mut at = 0;
+    while at < descriptor.body {
+        let n = (descriptor.body - at).min(MAX_REQUEST);
+        let Ok(local) = cached.region.local(cached.body_offset + at, n as u32) else {
+            // Inside the registration by construction; a request that
+            // cannot be built leaves the put unpromoted (built each time).
+            return Vec::new();
+        };
+        let entry = Write::new(local, remote.at(target_offset + descriptor.head + at)).build();
+        requests.push(*entry.request());
+        at += n;
+    }
+    requests
 }
 
 /// Bytes a small get reads into scratch and copies out.
@@ -114,6 +170,9 @@ impl<'c> Endpoint<'c> {
             self.ops.insert(tag, self.op(target, 1));
             return Ok(Handle(tag));
         }
+        if !descriptor.bounce && self.descriptors.is_some() {
+            return self.put_cached(target, target_offset, source, descriptor, tag);
+        }
         // The body's source: the caller's memory, or a bounce buffer whose
         // bytes sit at the destination's misalignment.
         let (bounce, region, body_offset) = if descriptor.bounce {
@@ -132,20 +191,137 @@ impl<'c> Endpoint<'c> {
             self.counters.bounced += 1;
             (Some(buffer), region, shift + descriptor.head)
         } else {
-            let at = source.as_ptr() as u64 + descriptor.head;
-            let region = if descriptor.body > 0 {
-                self.context.register(at, descriptor.body)?
-            } else {
-                // No aligned body: the head and tail carry everything.
-                self.context.register(source.as_ptr() as u64, len)?
-            };
-            let offset = if descriptor.body > 0 {
-                0
-            } else {
-                descriptor.head
-            };
+            let (region, offset) = self.register_body(source, descriptor)?;
             (None, region, offset)
         };
+        let count = self.post_put(
+            tag,
+            target,
+            target_offset,
+            source,
+            descriptor,
+            &region,
+            body_offset,
+            None,
+        )?;
+        let mut op = self.op(target, count);
+        match bounce {
+            Some(buffer) => op._bounce = Some((region, buffer)),
+            None => op._regions.push(region),
+        }
+        self.ops.insert(tag, op);
+        Ok(Handle(tag))
+    }
+
+    /// Registers the part of `source` a DMA put reads (its aligned body,
+    /// or all of it when there is none) and gives the body's offset in it.
+    fn register_body(
+        &self,
+        source: &[u8],
+        descriptor: TransferDescriptor,
+    ) -> Result<(MemoryRegion<'c>, u64)> {
+        Ok(if descriptor.body > 0 {
+            let at = source.as_ptr() as u64 + descriptor.head;
+            (self.context.register(at, descriptor.body)?, 0)
+        } else {
+            // No aligned body: the head and tail carry everything.
+            let region = self
+                .context
+                .register(source.as_ptr() as u64, source.len() as u64)?;
+            (region, descriptor.head)
+        })
+    }
+
+    /// A DMA put through the descriptor cache: a hit reuses the source's
+    /// registration (held while cached); a promoted hit posts the body's
+    /// work requests as they were built, with every address and key
+    /// resolved (the paper's descriptor promoted to the chip's memory).
+    /// An entry whose registration the pin-down cache invalidated (its
+    /// source freed, perhaps allocated again at the same address) is
+    /// dropped and built anew.
+    fn put_cached(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        source: &[u8],
+        descriptor: TransferDescriptor,
+        tag: u64,
+    ) -> Result<Handle> {
+        let len = source.len() as u64;
+        let key = (source.as_ptr() as u64, target, target_offset, len);
+        let cache = self.descriptors.as_mut().expect("a descriptor cache");
+        if cache
+            .peek(&key)
+            .is_some_and(|cached| !cached.value().region.is_current())
+        {
+            // The source's memory was invalidated (freed, and maybe
+            // allocated again at the same address): its registration
+            // names old pages.
+            cache.remove(&key);
+        }
+        let fresh = if cache.contains(&key) {
+            None
+        } else {
+            Some(self.register_body(source, descriptor)?)
+        };
+        let remote = self.peers[target as usize];
+        let cache = self.descriptors.as_mut().expect("a descriptor cache");
+        let lookup = cache.lookup_or_insert_with(
+            key,
+            |_| {
+                let (region, body_offset) = fresh.expect("registered on a miss");
+                CachedPut {
+                    descriptor,
+                    region: Rc::new(region),
+                    body_offset,
+                }
+            },
+            |_, cached| PrebuiltPut(body_requests(cached, &remote, target_offset)),
+        );
+        let (cached, prebuilt) = match &lookup.entry {
+            Cached::Entry(v) => (v.clone_shared(), None),
+            Cached::Uncached(v) => (v.clone_shared(), None),
+            Cached::Promoted(v, p) => (
+                v.clone_shared(),
+                Some(p.0.clone()).filter(|requests| !requests.is_empty()),
+            ),
+        };
+        drop(lookup);
+        let count = self.post_put(
+            tag,
+            target,
+            target_offset,
+            source,
+            cached.descriptor,
+            &cached.region,
+            cached.body_offset,
+            prebuilt.as_deref(),
+        )?;
+        let mut op = self.op(target, count);
+        op._cached = Some(cached.region);
+        self.ops.insert(tag, op);
+        Ok(Handle(tag))
+    }
+
+    /// Stages a put's head and tail and posts its writes: the head and
+    /// tail inline from scratch, the body by DMA from `region` at
+    /// `body_offset` (or as the `prebuilt` requests), every write tagged
+    /// `tag`. Returns how many writes went.
+    #[allow(clippy::too_many_arguments)]
+    fn post_put(
+        &mut self,
+        tag: u64,
+        target: u32,
+        target_offset: u64,
+        source: &[u8],
+        descriptor: TransferDescriptor,
+        region: &MemoryRegion<'c>,
+        body_offset: u64,
+        prebuilt: Option<&[WorkRequest]>,
+    ) -> Result<u32> {
+        let len = source.len() as u64;
+        let remote = self.peers[target as usize];
+        let scratch = self.layout.scratch_at;
         let head = &source[..descriptor.head as usize];
         let tail = &source[(len - descriptor.tail) as usize..];
         self.stage(scratch + SCRATCH_HEAD, head);
@@ -162,17 +338,31 @@ impl<'c> Endpoint<'c> {
                 .inline(),
             );
         }
-        let mut at = 0;
-        while at < descriptor.body {
-            let n = (descriptor.body - at).min(MAX_REQUEST);
-            entries.push(
-                Write::new(
-                    region.local(body_offset + at, n as u32)?,
-                    remote.at(target_offset + descriptor.head + at),
-                )
-                .build(),
-            );
-            at += n;
+        match prebuilt {
+            Some(requests) => {
+                for request in requests {
+                    // SAFETY: the request was built by `body_requests`
+                    // from this put's cached registration, which the
+                    // operation holds (`Op::_cached`) until it completes,
+                    // and names the same target window and offsets.
+                    entries.push(unsafe { Entry::from_raw(*request, None) });
+                }
+                self.counters.prebuilt_writes += requests.len() as u64;
+            }
+            None => {
+                let mut at = 0;
+                while at < descriptor.body {
+                    let n = (descriptor.body - at).min(MAX_REQUEST);
+                    entries.push(
+                        Write::new(
+                            region.local(body_offset + at, n as u32)?,
+                            remote.at(target_offset + descriptor.head + at),
+                        )
+                        .build(),
+                    );
+                    at += n;
+                }
+            }
         }
         if descriptor.tail > 0 {
             entries.push(
@@ -195,13 +385,12 @@ impl<'c> Endpoint<'c> {
         self.counters.pio_writes += pio;
         self.counters.dma_writes += u64::from(count) - pio;
         self.counters.fixup_bytes += descriptor.head + descriptor.tail;
-        let mut op = self.op(target, count);
-        match bounce {
-            Some(buffer) => op._bounce = Some((region, buffer)),
-            None => op._regions.push(region),
-        }
-        self.ops.insert(tag, op);
-        Ok(Handle(tag))
+        Ok(count)
+    }
+
+    /// The descriptor cache's counters (`None` without a cache).
+    pub fn descriptor_counters(&self) -> Option<CacheCounters> {
+        self.descriptors.as_ref().map(|cache| cache.counters())
     }
 
     fn op(&self, peer: u32, remaining: u32) -> Op<'c> {
@@ -212,6 +401,7 @@ impl<'c> Endpoint<'c> {
             copies: Vec::new(),
             _regions: Vec::new(),
             _bounce: None,
+            _cached: None,
         }
     }
 

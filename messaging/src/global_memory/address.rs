@@ -12,7 +12,7 @@ pub const COLOR_BITS: u32 = 2;
 /// The offset field's bits.
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 /// The longest registration: every offset inside it, and one past its
-/// end, fit the offset field without reaching [`OFFSET_MASK`].
+/// end, fit the offset field below its all-ones value.
 pub const MAX_REGISTRATION: u64 = OFFSET_MASK - 1;
 /// Bits left for rank and key entry together.
 const RANK_AND_ENTRY_BITS: u32 = 64 - OFFSET_BITS - COLOR_BITS;
