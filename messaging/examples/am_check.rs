@@ -46,11 +46,13 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
-use pindown_driver::verbs::Context;
 use pindown_messaging::gasnet::{
     CacheConfig, Config, Counters, Endpoint, GetMode, Handlers, Replacement, Token,
 };
 use serde_json::{json, Value};
+
+#[path = "scenarios/open_port.rs"]
+mod open_port;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -199,20 +201,7 @@ fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) -> Outcome {
     let socket = device_socket(job).map_err(|e| e.to_string())?;
-    // The launcher starts ranks once the device's socket files exist; a
-    // loaded machine may still be between bind and listen: try again for a
-    // while.
-    let opened = Instant::now();
-    let context = loop {
-        match Context::open(&socket, pindown_messaging::context_config()) {
-            Ok(context) => break context,
-            Err(e) if opened.elapsed() < Duration::from_secs(10) => {
-                note_retry(&e);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(format!("{}: {e}", socket.display())),
-        }
-    };
+    let context = open_port::open(&socket)?;
     let mut config = Config {
         segment_bytes: 4 << 20,
         ..Config::default()
@@ -260,13 +249,6 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
     ep.barrier().map_err(|e| format!("final barrier: {e}"))?;
     *counters = ep.counters();
     Ok(tally)
-}
-
-/// A failed attempt to open the port, before trying again.
-fn note_retry(error: &dyn std::fmt::Display) {
-    if std::env::var_os("AM_CHECK_TRACE").is_some() {
-        eprintln!("opening the port: {error}; trying again");
-    }
 }
 
 /// Byte `i` of the payload `from` sends to `to` as its `n`th.

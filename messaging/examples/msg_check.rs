@@ -45,13 +45,14 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
-use pindown_driver::verbs::Context;
 use pindown_messaging::{Communicator, Config, Error, Messenger};
 
 #[path = "scenarios/global_memory.rs"]
 mod global_memory;
 #[path = "scenarios/global_memory_edges.rs"]
 mod global_memory_edges;
+#[path = "scenarios/open_port.rs"]
+mod open_port;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -183,8 +184,7 @@ fn rank(scenario: &str, args: &[String]) -> ExitCode {
 
 fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     let socket = device_socket(job).map_err(|e| e.to_string())?;
-    let context = Context::open(&socket, pindown_messaging::context_config())
-        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    let context = open_port::open(&socket)?;
     if scenario.starts_with("acp") {
         return global_memory::run(job, &context, scenario);
     }

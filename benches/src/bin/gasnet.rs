@@ -31,7 +31,9 @@
 //!
 //! * **Descriptor cache** (section 4.4): LRU, LFU and first come on a
 //!   stencil's fixed transfers among cold ones, with promotion; hit rates,
-//!   evictions, promotions and the time per lookup (in this process).
+//!   evictions, promotions and the time per lookup (in this process); and
+//!   repeated blocking puts of 4 KiB, 64 KiB and 1 MiB with the endpoint's
+//!   cache off, on, and promoting after two uses (`repeated_puts`).
 //!
 //! Ratios and the targets: halo exchange at least 1.5x faster than
 //! MPI with derived datatypes for every N (per face, against each MPI's
@@ -312,6 +314,11 @@ fn run(quick: bool, plan: Plan) -> Result<Value, Box<dyn Error>> {
             ..plan.clone()
         },
     )?;
+    eprintln!("gasnet: repeated puts through the descriptor cache");
+    let mut puts = Vec::new();
+    for mode in ["puts-off", "puts-cached", "puts-promoted"] {
+        puts.extend(ranks(&exe, mode, &plan)?);
+    }
     eprintln!("gasnet: halo exchange");
     let halo = ranks(&exe, "halo", &plan)?;
     eprintln!("gasnet: Himeno");
@@ -331,6 +338,7 @@ fn run(quick: bool, plan: Plan) -> Result<Value, Box<dyn Error>> {
         "get_by_message": pick(&by_message, "get"),
         "halo": halo,
         "himeno": himeno,
+        "repeated_puts": puts,
     });
 
     let mut peers = serde_json::Map::new();
@@ -692,6 +700,9 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
     let mut job = Job::from_environment()?;
     let segment_bytes = match mode.as_str() {
         "am" | "get" => plan.sizes.iter().copied().max().unwrap_or(8),
+        "puts-off" | "puts-cached" | "puts-promoted" => {
+            PUT_SIZES.iter().copied().max().unwrap_or(8)
+        }
         "halo" => plan.ns.iter().map(|n| n * n * n * 8).max().unwrap_or(4096),
         "himeno" => plan
             .himeno
@@ -715,6 +726,22 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
         get: plan.get,
         get_bounce_bytes: 256 << 10,
         ..Config::default()
+    };
+    let config = Config {
+        descriptor_cache: match mode.as_str() {
+            "puts-cached" => Some(CacheConfig {
+                capacity: 64,
+                policy: Replacement::Lru,
+                promote_after: None,
+            }),
+            "puts-promoted" => Some(CacheConfig {
+                capacity: 64,
+                policy: Replacement::Lru,
+                promote_after: Some(2),
+            }),
+            _ => None,
+        },
+        ..config
     };
     let handlers = handlers(&state, job.size() as usize);
     let raw = if mode == "am" {
@@ -761,6 +788,9 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
         "am" | "get" => figures.extend(get_latency(&mut ep, &state, &plan)?),
         "halo" => figures.extend(halo(&mut ep, &state, &plan)?),
         "himeno" => figures.extend(himeno(&mut ep, &state, &plan)?),
+        "puts-off" | "puts-cached" | "puts-promoted" => {
+            figures.extend(repeated_puts(&mut ep, &mode, &plan)?)
+        }
         _ => unreachable!("checked above"),
     }
     ep.barrier()?;
@@ -770,6 +800,54 @@ fn rank_main(args: &[String]) -> Result<(), Box<dyn Error>> {
         }
     }
     Ok(())
+}
+
+/// Sizes of the repeated puts through the descriptor cache.
+const PUT_SIZES: [usize; 3] = [4096, 64 << 10, 1 << 20];
+
+/// Repeated blocking puts of one buffer to one place in rank 1's segment
+/// (what a stencil's halo does each iteration), by rank 0, for each of
+/// [`PUT_SIZES`]: the descriptor cache off, on (a hit skips the
+/// pin-down cache's lookup), or promoting after two uses (prebuilt work
+/// requests). The last put of each size is read back and compared.
+fn repeated_puts(
+    ep: &mut Endpoint<'_>,
+    mode: &str,
+    plan: &Plan,
+) -> Result<Vec<Value>, Box<dyn Error>> {
+    let mut figures = Vec::new();
+    if ep.rank() != 0 {
+        return Ok(figures);
+    }
+    for &bytes in &PUT_SIZES {
+        let iterations = iterations_for(bytes, plan.iterations);
+        let mut source = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(iterations);
+        for n in 0..(iterations + iterations / 10 + 1) as u64 {
+            stamp(&mut source, n);
+            let start = Instant::now();
+            ep.put(1, 0, &source)?;
+            if n > (iterations / 10) as u64 {
+                times.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        fill(&mut source, u64::MAX);
+        ep.put(1, 0, &source)?;
+        let mut back = vec![0u8; bytes];
+        ep.get(1, 0, &mut back)?;
+        if back != source {
+            return Err(format!("{mode}: a put of {bytes} bytes did not land as sent").into());
+        }
+        let s = Summary::of(&mut times);
+        let cache = ep.descriptor_counters();
+        figures.push(
+            json!({"test": "repeated_puts", "cache": mode, "bytes": bytes,
+            "iterations": times.len(), "latency_us": s.median,
+            "hits": cache.map(|c| c.hits), "promoted_hits": cache.map(|c| c.promoted_hits),
+            "prebuilt_writes": ep.counters().prebuilt_writes}),
+        );
+    }
+    Ok(figures)
 }
 
 /// The long-AM ping-pong: rank 0 writes `bytes` into rank 1's segment
