@@ -41,7 +41,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -51,91 +51,12 @@ use pindown_messaging::gasnet::{
 };
 use serde_json::{json, Value};
 
-#[path = "scenarios/open_port.rs"]
-mod open_port;
+#[path = "scenarios/launcher.rs"]
+mod launcher;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("device") => {
-            // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and
-            // changes only this process's attributes: the device dies with
-            // the launcher that started it.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-            pindown_emu_device::cli::main(args)
-        }
-        Some("rank") if args.len() >= 2 => rank(&args[1], &args[2..]),
-        Some("launch") if args.len() >= 3 => match args[1].parse::<u32>() {
-            Ok(n) if n >= 1 => launch(n, &args[2], &args[3..]),
-            _ => usage(),
-        },
-        _ => usage(),
-    }
-}
-
-fn usage() -> ExitCode {
-    eprintln!("usage: am_check launch N SCENARIO [ARGS] | rank SCENARIO [ARGS] | device ARGS");
-    ExitCode::from(64)
-}
-
-/// Starts a device with `n` ports (this executable again) and `n` ranks,
-/// and waits for them.
-fn launch(n: u32, scenario: &str, args: &[String]) -> ExitCode {
-    let exe = std::env::current_exe().expect("own executable");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let sockets = dir.path().join("dev");
-    let kv = dir.path().join("kv");
-    std::fs::create_dir_all(&kv).expect("kv dir");
-    let mut device = Command::new(&exe)
-        .arg("device")
-        .arg("--socket-dir")
-        .arg(&sockets)
-        .arg("--ports")
-        .arg(n.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the device");
-    let ready = Instant::now();
-    while !(0..n).all(|i| sockets.join(format!("port{i}.sock")).exists()) {
-        if ready.elapsed() > Duration::from_secs(20) {
-            eprintln!("the device did not create its sockets");
-            let _ = device.kill();
-            let _ = device.wait();
-            return ExitCode::FAILURE;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let ranks: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .arg("rank")
-                .arg(scenario)
-                .args(args)
-                .env("PINDOWN_RANK", r.to_string())
-                .env("PINDOWN_SIZE", n.to_string())
-                .env("PINDOWN_LOCAL_RANK", r.to_string())
-                .env("PINDOWN_LOCAL_SIZE", n.to_string())
-                .env("PINDOWN_KV_DIR", &kv)
-                .env("PINDOWN_DEVICE_DIR", &sockets)
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("start a rank")
-        })
-        .collect();
-    let mut ok = true;
-    for child in ranks {
-        let output = child.wait_with_output().expect("a rank's output");
-        print!("{}", String::from_utf8_lossy(&output.stdout));
-        ok &= output.status.success();
-    }
-    let _ = device.kill();
-    let _ = device.wait();
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    launcher::main("am_check", &args, rank)
 }
 
 /// What a scenario checked.
@@ -201,7 +122,7 @@ fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) -> Outcome {
     let socket = device_socket(job).map_err(|e| e.to_string())?;
-    let context = open_port::open(&socket)?;
+    let context = launcher::open(&socket)?;
     let mut config = Config {
         segment_bytes: 4 << 20,
         ..Config::default()
