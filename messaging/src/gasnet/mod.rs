@@ -1071,9 +1071,25 @@ impl<'c> Endpoint<'c> {
                 )
             };
         }
+        let pio = body_len as u64 <= u64::from(self.config.pio_max);
+        self.post_staged_packet(target, seq, staged, body_len, pio)
+    }
+
+    /// Posts the packet staged at `staged` (its stamp, then `body_len`
+    /// bytes) into its slot of `target`'s ring for this rank: the body
+    /// (inline when `pio`), then the stamp fenced behind it, so the target
+    /// never sees half a packet. Packet `seq` is then sent.
+    fn post_staged_packet(
+        &mut self,
+        target: u32,
+        seq: u64,
+        staged: u64,
+        body_len: usize,
+        pio: bool,
+    ) -> Result<()> {
+        let slot = (seq - 1) % self.layout.ring_slots;
         let remote = self.peers[target as usize];
         let ring = self.layout.ring_slot(self.rank, slot);
-        let pio = body_len as u64 <= u64::from(self.config.pio_max);
         let user_data = PACKET_BIT | u64::from(target);
         let region = self.window.region();
         let body = Write::new(
@@ -1602,24 +1618,7 @@ impl<'c> Endpoint<'c> {
                 bytes.len(),
             )
         };
-        let remote = self.peers[target as usize];
-        let ring = self.layout.ring_slot(self.rank, slot);
-        let region = self.window.region();
-        let user_data = PACKET_BIT | u64::from(target);
-        let body = Write::new(
-            region.local(staged + 8, body.len() as u32)?,
-            remote.at(ring + 8),
-        )
-        .build()
-        .user_data(user_data);
-        let stamp = Write::new(region.local(staged, 8)?, remote.at(ring))
-            .build()
-            .inline()
-            .fence()
-            .user_data(user_data);
-        post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[body, stamp])?;
-        self.sent[target as usize] = seq;
-        Ok(())
+        self.post_staged_packet(target, seq, staged, body.len(), false)
     }
 }
 

@@ -635,6 +635,34 @@ impl<'c> Endpoint<'c> {
         Ok(())
     }
 
+    /// Writes `source`, laid out as `local`, into `target`'s segment at
+    /// `target_offset` laid out as `remote`: one VECTOR_WRITE.
+    fn put_patterns(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        remote: Pattern,
+        source: &[u8],
+        local: Pattern,
+    ) -> Result<()> {
+        let memory = (source.as_ptr(), source.len());
+        self.vector(target, target_offset, remote, memory, local, false)
+    }
+
+    /// Reads `target`'s segment at `target_offset`, laid out as `remote`,
+    /// into `destination` laid out as `local`: one VECTOR_READ.
+    fn get_patterns(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        remote: Pattern,
+        destination: &mut [u8],
+        local: Pattern,
+    ) -> Result<()> {
+        let memory = (destination.as_mut_ptr().cast_const(), destination.len());
+        self.vector(target, target_offset, remote, memory, local, true)
+    }
+
     /// One vector transfer between `local` (laid out by `local_pattern`)
     /// and `target`'s segment from `target_offset` (by `remote_pattern`).
     fn vector(
@@ -710,14 +738,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = strided_pattern(target_strides, counts)?;
         let local = strided_pattern(source_strides, counts)?;
-        self.vector(
-            target,
-            target_offset,
-            remote,
-            (source.as_ptr(), source.len()),
-            local,
-            false,
-        )
+        self.put_patterns(target, target_offset, remote, source, local)
     }
 
     /// GASNet's strided get, the mirror of [`put_strided`](Self::put_strided):
@@ -733,14 +754,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = strided_pattern(target_strides, counts)?;
         let local = strided_pattern(destination_strides, counts)?;
-        self.vector(
-            target,
-            target_offset,
-            remote,
-            (destination.as_mut_ptr(), destination.len()),
-            local,
-            true,
-        )
+        self.get_patterns(target, target_offset, remote, destination, local)
     }
 
     /// GASNet's vector put (memvec lists): the bytes of `source`'s
@@ -756,14 +770,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = listed_pattern(target_list)?;
         let local = listed_pattern(source_list)?;
-        self.vector(
-            target,
-            0,
-            remote,
-            (source.as_ptr(), source.len()),
-            local,
-            false,
-        )
+        self.put_patterns(target, 0, remote, source, local)
     }
 
     /// GASNet's vector get, the mirror of [`put_vector`](Self::put_vector).
@@ -776,14 +783,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = listed_pattern(target_list)?;
         let local = listed_pattern(destination_list)?;
-        self.vector(
-            target,
-            0,
-            remote,
-            (destination.as_mut_ptr(), destination.len()),
-            local,
-            true,
-        )
+        self.get_patterns(target, 0, remote, destination, local)
     }
 
     /// GASNet's indexed put (address lists): blocks of `source_len` bytes
@@ -801,14 +801,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = indexed_pattern(target_offsets, target_len)?;
         let local = indexed_pattern(source_offsets, source_len)?;
-        self.vector(
-            target,
-            0,
-            remote,
-            (source.as_ptr(), source.len()),
-            local,
-            false,
-        )
+        self.put_patterns(target, 0, remote, source, local)
     }
 
     /// GASNet's indexed get, the mirror of [`put_indexed`](Self::put_indexed).
@@ -823,14 +816,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let remote = indexed_pattern(target_offsets, target_len)?;
         let local = indexed_pattern(destination_offsets, destination_len)?;
-        self.vector(
-            target,
-            0,
-            remote,
-            (destination.as_mut_ptr(), destination.len()),
-            local,
-            true,
-        )
+        self.get_patterns(target, 0, remote, destination, local)
     }
 }
 
