@@ -1061,21 +1061,34 @@ fn value_at(r: u32, n: usize, (x, y, z): (usize, usize, usize)) -> f64 {
     f64::from(r) * 1e9 + ((x * n + y) * n + z) as f64 + 0.5
 }
 
-/// The first `count` doubles of the segment.
-fn doubles<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f64] {
+/// Numbers every bit pattern of which is a value: what the segment may
+/// be viewed as.
+trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for f64 {}
+
+/// The first `count` values of type `T` in the segment.
+fn segment_values<'a, T: Plain>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [T] {
     let segment = ep.segment();
-    assert!(segment.len() >= count * 8);
+    let size = std::mem::size_of::<T>();
+    assert!(segment.len() >= count * size);
     assert_eq!(
-        segment.as_ptr().align_offset(8),
+        segment.as_ptr().align_offset(std::mem::align_of::<T>()),
         0,
         "the segment is page-aligned"
     );
-    // SAFETY: the segment holds at least `count * 8` bytes (asserted),
-    // 8-aligned (asserted); every bit pattern is a valid f64; the slice
-    // borrows the endpoint mutably, so no other reference of this process
-    // touches the segment meanwhile (peers write only ghost planes, and
-    // only between the notices the program waits for).
-    unsafe { std::slice::from_raw_parts_mut(segment.as_mut_ptr().cast::<f64>(), count) }
+    // SAFETY: the segment holds at least `count` values (asserted),
+    // aligned for `T` (asserted); every bit pattern is a valid `T`
+    // (`Plain`); the slice borrows the endpoint mutably, so no other
+    // reference of this process touches the segment meanwhile (peers
+    // write only ghost planes, and only between the notices the program
+    // waits for).
+    unsafe { std::slice::from_raw_parts_mut(segment.as_mut_ptr().cast::<T>(), count) }
+}
+
+/// The first `count` doubles of the segment.
+fn doubles<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f64] {
+    segment_values(ep, count)
 }
 
 /// Puts plane `from` of `face` of this rank's array into plane `to` of
@@ -1250,17 +1263,7 @@ struct Coefficients {
 
 /// The first `count` floats of the segment.
 fn floats<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f32] {
-    let segment = ep.segment();
-    assert!(segment.len() >= count * 4);
-    assert_eq!(
-        segment.as_ptr().align_offset(4),
-        0,
-        "the segment is page-aligned"
-    );
-    // SAFETY: as in `doubles`: in bounds and aligned (asserted), every bit
-    // pattern is a valid f32, the endpoint is borrowed mutably; peers write
-    // only ghost planes, between the notices the program waits for.
-    unsafe { std::slice::from_raw_parts_mut(segment.as_mut_ptr().cast::<f32>(), count) }
+    segment_values(ep, count)
 }
 
 /// One Jacobi sweep (the Himeno kernel, with `himeno.c`'s arithmetic in
