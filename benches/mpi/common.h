@@ -265,16 +265,31 @@ static inline long count_mismatches(const unsigned char *p, size_t n, unsigned s
     return bad;
 }
 
-/* ------------------------------------------------------ byte ping-pong */
+/* ------------------------------------------------------------- ping-pong */
 
-/* One round trip of `bytes` bytes between ranks 0 and 1. */
-static inline void byte_round_trip(const unsigned char *send, unsigned char *recv, int bytes) {
+/* One round trip of `count` elements of `type` between ranks 0 and 1:
+ * rank 0 sends then receives, rank 1 the reverse. */
+static inline void round_trip(const void *send, void *recv, int count, MPI_Datatype type) {
     if (rank == 0) {
-        MPI_Send(send, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-        MPI_Recv(recv, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(send, count, type, 1, 0, MPI_COMM_WORLD);
+        MPI_Recv(recv, count, type, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     } else {
-        MPI_Recv(recv, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(send, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+        MPI_Recv(recv, count, type, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(send, count, type, 0, 0, MPI_COMM_WORLD);
+    }
+}
+
+/* `warmup` untimed round trips, a barrier, then `iterations` timed ones,
+ * each one's time in `times`. */
+static inline void time_round_trips(const void *send, void *recv, int count, MPI_Datatype type,
+                                    long warmup, long iterations, double *times) {
+    for (long i = 0; i < warmup; i++)
+        round_trip(send, recv, count, type);
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (long i = 0; i < iterations; i++) {
+        double start = MPI_Wtime();
+        round_trip(send, recv, count, type);
+        times[i] = MPI_Wtime() - start;
     }
 }
 
@@ -282,12 +297,12 @@ static inline void byte_round_trip(const unsigned char *send, unsigned char *rec
  * checked by their receivers; returns the mismatches of both ranks. Rank 1
  * sends one wrong byte when `corrupt`. */
 static inline long checked_round_trip(unsigned char *send, unsigned char *recv, int bytes,
-                                    unsigned seed, int corrupt) {
+                                      unsigned seed, int corrupt) {
     fill_pattern(send, (size_t)bytes, seed + (unsigned)rank);
     if (corrupt && rank == 1)
         send[bytes / 2] ^= 0x5a;
     memset(recv, 0, (size_t)bytes);
-    byte_round_trip(send, recv, bytes);
+    round_trip(send, recv, bytes, MPI_BYTE);
     return sum_over_ranks(count_mismatches(recv, (size_t)bytes, seed + (unsigned)(1 - rank)));
 }
 
@@ -310,14 +325,7 @@ static inline void run_pingpong_sweep(const struct sweep *o, pingpong_figure fig
         long iterations = scaled(o->iterations, bytes);
         long warmup = scaled(o->warmup, bytes);
         long bad = checked_round_trip(send, recv, bytes, 2u * (unsigned)s, o->corrupt);
-        for (long i = 0; i < warmup; i++)
-            byte_round_trip(send, recv, bytes);
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (long i = 0; i < iterations; i++) {
-            double start = MPI_Wtime();
-            byte_round_trip(send, recv, bytes);
-            times[i] = MPI_Wtime() - start;
-        }
+        time_round_trips(send, recv, bytes, MPI_BYTE, warmup, iterations, times);
         bad += checked_round_trip(send, recv, bytes, 2u * (unsigned)s + 101u, o->corrupt);
         total_mismatches += bad;
         if (rank == 0)

@@ -136,7 +136,8 @@ static void run_preposted_case(const struct options *o, long n, int reverse) {
     MPI_Request *reqs = alloc_or_abort(sizeof(MPI_Request) * (size_t)n);
     double *post_gaps = alloc_or_abort(sizeof(double) * (size_t)o->repeats);
     double *send_gaps = alloc_or_abort(sizeof(double) * (size_t)o->repeats);
-    double *half_trips = alloc_or_abort(sizeof(double) * (size_t)(o->repeats * o->sweep.iterations));
+    double *half_trips =
+        alloc_or_abort(sizeof(double) * (size_t)(o->repeats * o->sweep.iterations));
     long bad = 0;
     int ack_tag = (int)n;
 
@@ -265,8 +266,8 @@ static void print_collective(const char *test, long bytes, long iterations, long
         if (!strcmp(test, "allreduce"))
             printf("\"count\": %ld, ", bytes / (long)sizeof(double));
     }
-    printf("\"iterations\": %ld, \"warmup\": %ld, \"time_us\": %.4f, \"time_us_p99\": %.4f", iterations,
-           warmup, t.median * 1e6, t.p99 * 1e6);
+    printf("\"iterations\": %ld, \"warmup\": %ld, \"time_us\": %.4f, \"time_us_p99\": %.4f",
+           iterations, warmup, t.median * 1e6, t.p99 * 1e6);
     if (checked) {
         printf(", ");
         print_check(bad);

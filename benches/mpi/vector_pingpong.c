@@ -104,17 +104,6 @@ static void fill(double *p, size_t count, double v) {
         p[i] = v;
 }
 
-/* One round trip: rank 0 sends then receives, rank 1 the reverse. */
-static void round_trip(const void *send, void *recv, int count, MPI_Datatype type) {
-    if (rank == 0) {
-        MPI_Send(send, count, type, 1, 0, MPI_COMM_WORLD);
-        MPI_Recv(recv, count, type, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else {
-        MPI_Recv(recv, count, type, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(send, count, type, 0, 0, MPI_COMM_WORLD);
-    }
-}
-
 int main(int argc, char **argv) {
     start_mpi(&argc, &argv);
     if (ranks != 2) {
@@ -216,14 +205,7 @@ int main(int argc, char **argv) {
             long bad = contig ? check_contig(recv_contig.data, count)
                               : check_vector(recv.data, ld, m, n);
             long bad_all = sum_over_ranks(bad);
-            for (long i = 0; i < warmup; i++)
-                round_trip(src, dst, elements, type);
-            MPI_Barrier(MPI_COMM_WORLD);
-            for (long i = 0; i < iterations; i++) {
-                double start = MPI_Wtime();
-                round_trip(src, dst, elements, type);
-                times[i] = MPI_Wtime() - start;
-            }
+            time_round_trips(src, dst, elements, type, warmup, iterations, times);
             if (rank == 0) {
                 struct summary t = summarize(times, iterations);
                 double bytes = (double)count * sizeof(double);
