@@ -74,209 +74,34 @@
  * failed, rank 0 says so on stderr and every rank exits with status 3.
  */
 #define _GNU_SOURCE
-#include <math.h>
-#include <mpi.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#if defined(OPEN_MPI)
-#define FLAVOR "openmpi"
-#elif defined(MPICH_VERSION) || defined(MPICH)
-#define FLAVOR "mpich"
-#else
-#define FLAVOR "unknown"
-#endif
-
-#define MAX_LIST 64
-#define SCALE_ABOVE (64L << 10)
-#define MIN_ITERATIONS 20
-
-static int rank, ranks;
-
-static void usage_exit(const char *why) {
-    if (rank == 0)
-        fprintf(stderr,
-                "fmpl_compare: %s\n"
-                "usage: fmpl_compare pingpong|preposted|barrier|bcast|allreduce [sizes=B1,B2,...] "
-                "[iterations=K] [warmup=W] [posted=N1,N2,...] [order=reverse|in_order|both] "
-                "[repeats=R] [corrupt=1]\n",
-                why);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-}
-
-static void *alloc_or_abort(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "fmpl_compare: rank %d: cannot allocate %zu bytes\n", rank, bytes);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
-
-/* Parses "a,b,c" into `out`; returns the count. */
-static int parse_list(const char *text, long *out) {
-    int n = 0;
-    char *p = (char *)text;
-    while (*p) {
-        if (n == MAX_LIST)
-            usage_exit("list too long");
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0)
-            usage_exit("a list holds positive integers separated by commas");
-        out[n++] = v;
-        p = end;
-        if (*p == ',')
-            p++;
-        else if (*p)
-            usage_exit("a list holds positive integers separated by commas");
-    }
-    return n;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-struct summary {
-    double median, p99;
-};
-
-/* Sorts `t` (n > 0 values) and returns its median and 99th percentile
- * (the smallest value at least 99 % of the values do not exceed). */
-static struct summary summarize(double *t, long n) {
-    qsort(t, (size_t)n, sizeof(double), compare_doubles);
-    struct summary s;
-    s.median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-    long i = (long)ceil(0.99 * (double)n) - 1;
-    s.p99 = t[i < 0 ? 0 : i];
-    return s;
-}
-
-/* Iterations for a size: the asked number, fewer for large sizes. */
-static long scaled(long asked, long bytes) {
-    if (asked <= 0)
-        return 0;
-    if (bytes <= SCALE_ABOVE)
-        return asked;
-    long n = (long)((double)asked * (double)SCALE_ABOVE / (double)bytes);
-    long floor = asked < MIN_ITERATIONS ? asked : MIN_ITERATIONS;
-    return n < floor ? floor : n;
-}
-
-/* The byte at `i` of a message stamped with `seed`. */
-static unsigned char pattern(size_t i, unsigned seed) {
-    return (unsigned char)((i * 131u + seed * 17u + (i >> 8)) & 0xff);
-}
-
-static void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = pattern(i, seed);
-}
-
-static long count_mismatches(const unsigned char *p, size_t n, unsigned seed) {
-    long bad = 0;
-    for (size_t i = 0; i < n; i++)
-        bad += p[i] != pattern(i, seed);
-    return bad;
-}
-
-/* Mismatches of all ranks. */
-static long sum_over_ranks(long mine) {
-    long all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    return all;
-}
-
-/* Replaces each rank's times[i] by the largest over the ranks (on rank 0). */
-static void max_over_ranks(double *times, long n) {
-    if (rank == 0)
-        MPI_Reduce(MPI_IN_PLACE, times, (int)n, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    else
-        MPI_Reduce(times, NULL, (int)n, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-}
+#define PROGRAM "fmpl_compare"
+#define USAGE                                                                               \
+    "fmpl_compare pingpong|preposted|barrier|bcast|allreduce [sizes=B1,B2,...] "              \
+    "[iterations=K] [warmup=W] [posted=N1,N2,...] [order=reverse|in_order|both] [repeats=R] " \
+    "[corrupt=1]"
+#include "common.h"
 
 struct options {
-    long sizes[MAX_LIST];
-    int n_sizes;
-    long iterations, warmup, repeats;
+    struct sweep sweep;
+    long repeats;
     long posted[MAX_LIST];
     int n_posted;
     int reverse, in_order;
-    int corrupt;
 };
-
-static long total_mismatches;
 
 /* ---------------------------------------------------------------- pingpong */
 
-static void exchange(const unsigned char *send, unsigned char *recv, int bytes) {
-    if (rank == 0) {
-        MPI_Send(send, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-        MPI_Recv(recv, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else {
-        MPI_Recv(recv, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(send, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
-    }
-}
-
-/* One untimed exchange whose payloads are stamped with `seed` (+ rank) and
- * checked by their receivers; returns the mismatches of both ranks. */
-static long checked_exchange(unsigned char *send, unsigned char *recv, int bytes, unsigned seed,
-                             int corrupt) {
-    fill_pattern(send, (size_t)bytes, seed + (unsigned)rank);
-    if (corrupt && rank == 1)
-        send[bytes / 2] ^= 0x5a;
-    memset(recv, 0, (size_t)bytes);
-    exchange(send, recv, bytes);
-    long bad = count_mismatches(recv, (size_t)bytes, seed + (unsigned)(1 - rank));
-    return sum_over_ranks(bad);
-}
-
-static void run_pingpong(const struct options *o) {
-    long max_bytes = 0;
-    for (int s = 0; s < o->n_sizes; s++)
-        if (o->sizes[s] > max_bytes)
-            max_bytes = o->sizes[s];
-    unsigned char *send = alloc_or_abort((size_t)max_bytes);
-    unsigned char *recv = alloc_or_abort((size_t)max_bytes);
-    double *times = alloc_or_abort(sizeof(double) * (size_t)o->iterations);
-    for (int s = 0; s < o->n_sizes; s++) {
-        int bytes = (int)o->sizes[s];
-        long iterations = scaled(o->iterations, bytes);
-        long warmup = scaled(o->warmup, bytes);
-        long bad = checked_exchange(send, recv, bytes, 2u * (unsigned)s, o->corrupt);
-        for (long i = 0; i < warmup; i++)
-            exchange(send, recv, bytes);
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (long i = 0; i < iterations; i++) {
-            double start = MPI_Wtime();
-            exchange(send, recv, bytes);
-            times[i] = MPI_Wtime() - start;
-        }
-        /* The bytes still arrive right after the timed loop. */
-        bad += checked_exchange(send, recv, bytes, 2u * (unsigned)s + 101u, o->corrupt);
-        total_mismatches += bad;
-        if (rank == 0) {
-            struct summary rt = summarize(times, iterations);
-            double one_way = rt.median / 2;
-            printf("{\"mpi\": \"%s\", \"test\": \"pingpong\", \"ranks\": %d, \"bytes\": %d, "
-                   "\"iterations\": %ld, \"warmup\": %ld, \"one_way_us\": %.4f, "
-                   "\"one_way_us_p99\": %.4f, \"round_trip_us\": %.4f, "
-                   "\"round_trip_us_p99\": %.4f, \"bandwidth_gbs\": %.6f, "
-                   "\"mismatches\": %ld, \"verified\": %s}\n",
-                   FLAVOR, ranks, bytes, iterations, warmup, one_way * 1e6, rt.p99 / 2 * 1e6,
-                   rt.median * 1e6, rt.p99 * 1e6, (double)bytes / one_way / 1e9, bad,
-                   bad ? "false" : "true");
-            fflush(stdout);
-        }
-    }
-    free(times);
-    free(recv);
-    free(send);
+static void print_pingpong(long bytes, long iterations, long warmup, double *times, long bad) {
+    struct summary rt = summarize(times, iterations);
+    double one_way = rt.median / 2;
+    begin_figure("pingpong");
+    printf("\"ranks\": %d, \"bytes\": %ld, \"iterations\": %ld, \"warmup\": %ld, "
+           "\"one_way_us\": %.4f, \"one_way_us_p99\": %.4f, \"round_trip_us\": %.4f, "
+           "\"round_trip_us_p99\": %.4f, \"bandwidth_gbs\": %.6f, ",
+           ranks, bytes, iterations, warmup, one_way * 1e6, rt.p99 / 2 * 1e6, rt.median * 1e6,
+           rt.p99 * 1e6, (double)bytes / one_way / 1e9);
+    print_check(bad);
+    end_figure();
 }
 
 /* --------------------------------------------------------------- preposted */
@@ -306,12 +131,13 @@ static long burst_tag(int reverse, long n, long i) {
 }
 
 static void run_preposted_case(const struct options *o, long n, int reverse) {
-    long rounds = o->warmup + o->iterations;
+    long rounds = o->sweep.warmup + o->sweep.iterations;
     uint64_t *bufs = alloc_or_abort(sizeof(uint64_t) * (size_t)n);
     MPI_Request *reqs = alloc_or_abort(sizeof(MPI_Request) * (size_t)n);
     double *post_gaps = alloc_or_abort(sizeof(double) * (size_t)o->repeats);
     double *send_gaps = alloc_or_abort(sizeof(double) * (size_t)o->repeats);
-    double *half_trips = alloc_or_abort(sizeof(double) * (size_t)(o->repeats * o->iterations));
+    double *half_trips =
+        alloc_or_abort(sizeof(double) * (size_t)(o->repeats * o->sweep.iterations));
     long bad = 0;
     int ack_tag = (int)n;
 
@@ -330,7 +156,7 @@ static void run_preposted_case(const struct options *o, long n, int reverse) {
             for (long i = 0; i < n; i++) {
                 long tag = burst_tag(reverse, n, i);
                 uint64_t payload = stamp(rep, tag);
-                if (o->corrupt && i == n / 2)
+                if (o->sweep.corrupt && i == n / 2)
                     payload ^= 1;
                 MPI_Send(&payload, PREPOSTED_BYTES, MPI_BYTE, 1, (int)tag, MPI_COMM_WORLD);
             }
@@ -351,15 +177,15 @@ static void run_preposted_case(const struct options *o, long n, int reverse) {
             long tag = reverse ? n - 1 : r % n;
             uint64_t payload = stamp(rep, 1000000 + r), echo = 0;
             if (rank == 0) {
-                if (o->corrupt && r == rounds / 2)
+                if (o->sweep.corrupt && r == rounds / 2)
                     payload ^= 1;
                 double start = MPI_Wtime();
                 MPI_Send(&payload, PREPOSTED_BYTES, MPI_BYTE, 1, (int)tag, MPI_COMM_WORLD);
                 MPI_Recv(&echo, PREPOSTED_BYTES, MPI_BYTE, 1, ack_tag, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE);
                 double elapsed = MPI_Wtime() - start;
-                if (r >= o->warmup)
-                    half_trips[rep * o->iterations + (r - o->warmup)] = elapsed / 2;
+                if (r >= o->sweep.warmup)
+                    half_trips[rep * o->sweep.iterations + (r - o->sweep.warmup)] = elapsed / 2;
                 bad += echo != payload;
             } else {
                 MPI_Wait(&reqs[tag], MPI_STATUS_IGNORE);
@@ -390,21 +216,20 @@ static void run_preposted_case(const struct options *o, long n, int reverse) {
     else
         MPI_Recv(post_gaps, (int)o->repeats, MPI_DOUBLE, 1, ack_tag + 1, MPI_COMM_WORLD,
                  MPI_STATUS_IGNORE);
-    bad = sum_over_ranks(bad);
-    total_mismatches += bad;
+    bad = tally_mismatches(bad);
     if (rank == 0) {
         struct summary post = summarize(post_gaps, o->repeats);
         struct summary send = summarize(send_gaps, o->repeats);
-        struct summary latency = summarize(half_trips, o->repeats * o->iterations);
-        printf("{\"mpi\": \"%s\", \"test\": \"preposted\", \"ranks\": %d, \"posted\": %ld, "
-               "\"order\": \"%s\", \"bytes\": %d, \"repeats\": %ld, \"iterations\": %ld, "
-               "\"warmup\": %ld, \"post_gap_us\": %.4f, \"send_gap_us\": %.4f, "
-               "\"latency_us\": %.4f, \"latency_us_p99\": %.4f, \"mismatches\": %ld, "
-               "\"verified\": %s}\n",
-               FLAVOR, ranks, n, reverse ? "reverse" : "in_order", PREPOSTED_BYTES, o->repeats,
-               o->iterations, o->warmup, post.median * 1e6, send.median * 1e6,
-               latency.median * 1e6, latency.p99 * 1e6, bad, bad ? "false" : "true");
-        fflush(stdout);
+        struct summary latency = summarize(half_trips, o->repeats * o->sweep.iterations);
+        begin_figure("preposted");
+        printf("\"ranks\": %d, \"posted\": %ld, \"order\": \"%s\", \"bytes\": %d, "
+               "\"repeats\": %ld, \"iterations\": %ld, \"warmup\": %ld, \"post_gap_us\": %.4f, "
+               "\"send_gap_us\": %.4f, \"latency_us\": %.4f, \"latency_us_p99\": %.4f, ",
+               ranks, n, reverse ? "reverse" : "in_order", PREPOSTED_BYTES, o->repeats,
+               o->sweep.iterations, o->sweep.warmup, post.median * 1e6, send.median * 1e6,
+               latency.median * 1e6, latency.p99 * 1e6);
+        print_check(bad);
+        end_figure();
     }
     free(half_trips);
     free(send_gaps);
@@ -434,21 +259,23 @@ static void print_collective(const char *test, long bytes, long iterations, long
     if (rank != 0)
         return;
     struct summary t = summarize(times, iterations);
-    printf("{\"mpi\": \"%s\", \"test\": \"%s\", \"ranks\": %d, ", FLAVOR, test, ranks);
+    begin_figure(test);
+    printf("\"ranks\": %d, ", ranks);
     if (bytes >= 0) {
         printf("\"bytes\": %ld, ", bytes);
         if (!strcmp(test, "allreduce"))
             printf("\"count\": %ld, ", bytes / (long)sizeof(double));
     }
-    printf("\"iterations\": %ld, \"warmup\": %ld, \"time_us\": %.4f, \"time_us_p99\": %.4f", iterations,
-           warmup, t.median * 1e6, t.p99 * 1e6);
-    if (checked)
-        printf(", \"mismatches\": %ld, \"verified\": %s", bad, bad ? "false" : "true");
-    printf("}\n");
-    fflush(stdout);
+    printf("\"iterations\": %ld, \"warmup\": %ld, \"time_us\": %.4f, \"time_us_p99\": %.4f",
+           iterations, warmup, t.median * 1e6, t.p99 * 1e6);
+    if (checked) {
+        printf(", ");
+        print_check(bad);
+    }
+    end_figure();
 }
 
-static void run_barrier(const struct options *o) {
+static void run_barrier(const struct sweep *o) {
     double *times = alloc_or_abort(sizeof(double) * (size_t)o->iterations);
     for (long i = 0; i < o->warmup; i++)
         MPI_Barrier(MPI_COMM_WORLD);
@@ -476,12 +303,8 @@ static long checked_bcast(unsigned char *buf, int bytes, unsigned seed, int corr
     return sum_over_ranks(rank == 0 ? 0 : count_mismatches(buf, (size_t)bytes, seed));
 }
 
-static void run_bcast(const struct options *o) {
-    long max_bytes = 0;
-    for (int s = 0; s < o->n_sizes; s++)
-        if (o->sizes[s] > max_bytes)
-            max_bytes = o->sizes[s];
-    unsigned char *buf = alloc_or_abort((size_t)max_bytes);
+static void run_bcast(const struct sweep *o) {
+    unsigned char *buf = alloc_or_abort((size_t)max_size(o));
     double *times = alloc_or_abort(sizeof(double) * (size_t)o->iterations);
     for (int s = 0; s < o->n_sizes; s++) {
         int bytes = (int)o->sizes[s];
@@ -511,15 +334,11 @@ static double contribution(int r, long i) {
     return (double)((r + 1) * (i % 1021 + 1));
 }
 
-static void run_allreduce(const struct options *o) {
-    long max_bytes = 0;
-    for (int s = 0; s < o->n_sizes; s++) {
+static void run_allreduce(const struct sweep *o) {
+    for (int s = 0; s < o->n_sizes; s++)
         if (o->sizes[s] % (long)sizeof(double))
             usage_exit("allreduce sizes are multiples of 8 bytes");
-        if (o->sizes[s] > max_bytes)
-            max_bytes = o->sizes[s];
-    }
-    long max_count = max_bytes / (long)sizeof(double);
+    long max_count = max_size(o) / (long)sizeof(double);
     double *in = alloc_or_abort(sizeof(double) * (size_t)max_count);
     double *out = alloc_or_abort(sizeof(double) * (size_t)max_count);
     double *times = alloc_or_abort(sizeof(double) * (size_t)o->iterations);
@@ -556,8 +375,7 @@ static void run_allreduce(const struct options *o) {
             }
         }
         max_over_ranks(times, iterations);
-        bad = sum_over_ranks(bad);
-        total_mismatches += bad;
+        bad = tally_mismatches(bad);
         print_collective("allreduce", o->sizes[s], iterations, warmup, times, bad, 1);
     }
     free(times);
@@ -568,76 +386,56 @@ static void run_allreduce(const struct options *o) {
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    start_mpi(&argc, &argv);
     if (argc < 2)
         usage_exit("no mode");
     const char *mode = argv[1];
 
     struct options o;
     memset(&o, 0, sizeof o);
-    for (long b = 8; b <= (16L << 20); b *= 2)
-        o.sizes[o.n_sizes++] = b;
-    o.iterations = 1000;
-    o.warmup = 100;
+    default_sweep(&o.sweep, 8, 16L << 20);
     o.repeats = 10;
     o.posted[0] = 1;
     o.posted[1] = 600;
     o.n_posted = 2;
     o.reverse = o.in_order = 1;
     for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strncmp(a, "sizes=", 6))
-            o.n_sizes = parse_list(a + 6, o.sizes);
-        else if (!strncmp(a, "posted=", 7))
-            o.n_posted = parse_list(a + 7, o.posted);
-        else if (!strncmp(a, "iterations=", 11))
-            o.iterations = strtol(a + 11, NULL, 10);
-        else if (!strncmp(a, "warmup=", 7))
-            o.warmup = strtol(a + 7, NULL, 10);
-        else if (!strncmp(a, "repeats=", 8))
-            o.repeats = strtol(a + 8, NULL, 10);
-        else if (!strncmp(a, "corrupt=", 8))
-            o.corrupt = atoi(a + 8);
+        const char *a = argv[i], *v;
+        if (parse_sweep_argument(a, &o.sweep))
+            continue;
+        if ((v = value_of(a, "posted")))
+            o.n_posted = parse_list(v, o.posted);
+        else if ((v = value_of(a, "repeats")))
+            o.repeats = strtol(v, NULL, 10);
         else if (!strcmp(a, "order=reverse"))
             o.reverse = 1, o.in_order = 0;
         else if (!strcmp(a, "order=in_order"))
             o.reverse = 0, o.in_order = 1;
         else if (!strcmp(a, "order=both"))
             o.reverse = o.in_order = 1;
-        else {
-            char why[256];
-            snprintf(why, sizeof why, "unknown argument %s", a);
-            usage_exit(why);
-        }
+        else
+            unknown_argument(a);
     }
-    if (o.iterations <= 0 || o.warmup < 0 || o.repeats <= 0 || o.n_sizes == 0 || o.n_posted == 0)
-        usage_exit("iterations and repeats are positive, warmup is not negative");
-    for (int s = 0; s < o.n_sizes; s++)
-        if (o.sizes[s] > (1L << 30))
-            usage_exit("sizes are at most 1 GiB");
+    check_sweep(&o.sweep);
+    if (o.repeats <= 0 || o.n_posted == 0)
+        usage_exit("repeats is positive, posted lists at least one count");
+    check_message_sizes(&o.sweep);
 
     int two_ranks = !strcmp(mode, "pingpong") || !strcmp(mode, "preposted");
     if (two_ranks && ranks != 2)
         usage_exit("pingpong and preposted need exactly 2 ranks");
 
     if (!strcmp(mode, "pingpong"))
-        run_pingpong(&o);
+        run_pingpong_sweep(&o.sweep, print_pingpong);
     else if (!strcmp(mode, "preposted"))
         run_preposted(&o);
     else if (!strcmp(mode, "barrier"))
-        run_barrier(&o);
+        run_barrier(&o.sweep);
     else if (!strcmp(mode, "bcast"))
-        run_bcast(&o);
+        run_bcast(&o.sweep);
     else if (!strcmp(mode, "allreduce"))
-        run_allreduce(&o);
+        run_allreduce(&o.sweep);
     else
         usage_exit("unknown mode");
-
-    if (total_mismatches && rank == 0)
-        fprintf(stderr, "fmpl_compare: %s: %ld mismatches in the data that arrived\n", mode,
-                total_mismatches);
-    MPI_Finalize();
-    return total_mismatches ? 3 : 0;
+    return finish(mode);
 }

@@ -37,195 +37,30 @@
  * failed every rank exits with status 3.
  */
 #define _GNU_SOURCE
-#include <math.h>
-#include <mpi.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define PROGRAM "gasnet_compare"
+#define USAGE                                                                              \
+    "gasnet_compare pingpong|get [sizes=B1,B2,...] [iterations=K] [warmup=W] [corrupt=1]   " \
+    "(2 ranks)"
+#include "common.h"
 
-#if defined(OPEN_MPI)
-#define FLAVOR "openmpi"
-#elif defined(MPICH_VERSION) || defined(MPICH)
-#define FLAVOR "mpich"
-#else
-#define FLAVOR "unknown"
-#endif
-
-#define MAX_LIST 64
-#define SCALE_ABOVE (64L << 10)
-#define MIN_ITERATIONS 20
-
-static int rank, ranks;
-
-static void usage_exit(const char *why) {
-    if (rank == 0)
-        fprintf(stderr,
-                "gasnet_compare: %s\n"
-                "usage: gasnet_compare pingpong|get [sizes=B1,B2,...] [iterations=K] "
-                "[warmup=W] [corrupt=1]   (2 ranks)\n",
-                why);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-}
-
-static void *alloc_or_abort(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "gasnet_compare: rank %d: cannot allocate %zu bytes\n", rank, bytes);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
-
-static int parse_list(const char *text, long *out) {
-    int n = 0;
-    char *p = (char *)text;
-    while (*p) {
-        if (n == MAX_LIST)
-            usage_exit("list too long");
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0)
-            usage_exit("a list holds positive integers separated by commas");
-        out[n++] = v;
-        p = end;
-        if (*p == ',')
-            p++;
-        else if (*p)
-            usage_exit("a list holds positive integers separated by commas");
-    }
-    return n;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-struct summary {
-    double median, p99;
-};
-
-static struct summary summarize(double *t, long n) {
-    qsort(t, (size_t)n, sizeof(double), compare_doubles);
-    struct summary s;
-    s.median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-    long i = (long)ceil(0.99 * (double)n) - 1;
-    s.p99 = t[i < 0 ? 0 : i];
-    return s;
-}
-
-static long scaled(long asked, long bytes) {
-    if (asked <= 0)
-        return 0;
-    if (bytes <= SCALE_ABOVE)
-        return asked;
-    long n = (long)((double)asked * (double)SCALE_ABOVE / (double)bytes);
-    long floor = asked < MIN_ITERATIONS ? asked : MIN_ITERATIONS;
-    return n < floor ? floor : n;
-}
-
-static unsigned char pattern(size_t i, unsigned seed) {
-    return (unsigned char)((i * 131u + seed * 17u + (i >> 8)) & 0xff);
-}
-
-static void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = pattern(i, seed);
-}
-
-static long count_mismatches(const unsigned char *p, size_t n, unsigned seed) {
-    long bad = 0;
-    for (size_t i = 0; i < n; i++)
-        bad += p[i] != pattern(i, seed);
-    return bad;
-}
-
-static long sum_over_ranks(long mine) {
-    long all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    return all;
-}
-
-struct options {
-    long sizes[MAX_LIST];
-    int n_sizes;
-    long iterations, warmup;
-    int corrupt;
-};
-
-static long total_mismatches;
-
-static long max_size(const struct options *o) {
-    long max_bytes = 0;
-    for (int s = 0; s < o->n_sizes; s++)
-        if (o->sizes[s] > max_bytes)
-            max_bytes = o->sizes[s];
-    return max_bytes;
-}
-
+/* One figure: `t` the summary of round trips (divisor 2: one way is half)
+ * or of one-way times (divisor 1). */
 static void print_figure(const char *test, long bytes, long iterations, long warmup,
                          struct summary t, double divisor, long bad) {
-    /* divisor: 2 for a ping-pong (one way is half the round trip). */
     double one = t.median / divisor;
-    printf("{\"mpi\": \"%s\", \"test\": \"%s\", \"ranks\": %d, \"bytes\": %ld, "
-           "\"iterations\": %ld, \"warmup\": %ld, \"latency_us\": %.4f, "
-           "\"latency_us_p99\": %.4f, \"bandwidth_gbs\": %.6f, \"mismatches\": %ld, "
-           "\"verified\": %s}\n",
-           FLAVOR, test, ranks, bytes, iterations, warmup, one * 1e6, t.p99 / divisor * 1e6,
-           (double)bytes / one / 1e9, bad, bad ? "false" : "true");
-    fflush(stdout);
+    begin_figure(test);
+    printf("\"ranks\": %d, \"bytes\": %ld, \"iterations\": %ld, \"warmup\": %ld, "
+           "\"latency_us\": %.4f, \"latency_us_p99\": %.4f, \"bandwidth_gbs\": %.6f, ",
+           ranks, bytes, iterations, warmup, one * 1e6, t.p99 / divisor * 1e6,
+           (double)bytes / one / 1e9);
+    print_check(bad);
+    end_figure();
 }
 
 /* ---------------------------------------------------------------- pingpong */
 
-static void exchange(const unsigned char *send, unsigned char *recv, int bytes) {
-    if (rank == 0) {
-        MPI_Send(send, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-        MPI_Recv(recv, bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else {
-        MPI_Recv(recv, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(send, bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
-    }
-}
-
-static long checked_exchange(unsigned char *send, unsigned char *recv, int bytes, unsigned seed,
-                             int corrupt) {
-    fill_pattern(send, (size_t)bytes, seed + (unsigned)rank);
-    if (corrupt && rank == 1)
-        send[bytes / 2] ^= 0x5a;
-    memset(recv, 0, (size_t)bytes);
-    exchange(send, recv, bytes);
-    return sum_over_ranks(count_mismatches(recv, (size_t)bytes, seed + (unsigned)(1 - rank)));
-}
-
-static void run_pingpong(const struct options *o) {
-    long max_bytes = max_size(o);
-    unsigned char *send = alloc_or_abort((size_t)max_bytes);
-    unsigned char *recv = alloc_or_abort((size_t)max_bytes);
-    double *times = alloc_or_abort(sizeof(double) * (size_t)o->iterations);
-    for (int s = 0; s < o->n_sizes; s++) {
-        int bytes = (int)o->sizes[s];
-        long iterations = scaled(o->iterations, bytes);
-        long warmup = scaled(o->warmup, bytes);
-        long bad = checked_exchange(send, recv, bytes, 2u * (unsigned)s, o->corrupt);
-        for (long i = 0; i < warmup; i++)
-            exchange(send, recv, bytes);
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (long i = 0; i < iterations; i++) {
-            double start = MPI_Wtime();
-            exchange(send, recv, bytes);
-            times[i] = MPI_Wtime() - start;
-        }
-        bad += checked_exchange(send, recv, bytes, 2u * (unsigned)s + 101u, o->corrupt);
-        total_mismatches += bad;
-        if (rank == 0)
-            print_figure("pingpong", bytes, iterations, warmup, summarize(times, iterations), 2,
-                         bad);
-    }
-    free(times);
-    free(recv);
-    free(send);
+static void print_pingpong(long bytes, long iterations, long warmup, double *times, long bad) {
+    print_figure("pingpong", bytes, iterations, warmup, summarize(times, iterations), 2, bad);
 }
 
 /* --------------------------------------------------------------------- get */
@@ -240,7 +75,7 @@ static void polling_barrier(void) {
         MPI_Test(&request, &done, MPI_STATUS_IGNORE);
 }
 
-static void run_get(const struct options *o) {
+static void run_get(const struct sweep *o) {
     long max_bytes = max_size(o);
     unsigned char *exposed = NULL;
     MPI_Win win;
@@ -294,8 +129,7 @@ static void run_get(const struct options *o) {
          * operations need the target's progress (MPICH when its window is
          * not in shared memory) gets it at once. */
         polling_barrier();
-        bad = sum_over_ranks(bad);
-        total_mismatches += bad;
+        bad = tally_mismatches(bad);
         if (rank == 0)
             print_figure("get", bytes, iterations, warmup, summarize(times, iterations), 1, bad);
     }
@@ -307,53 +141,26 @@ static void run_get(const struct options *o) {
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    start_mpi(&argc, &argv);
     if (argc < 2)
         usage_exit("no mode");
     const char *mode = argv[1];
 
-    struct options o;
-    memset(&o, 0, sizeof o);
-    for (long b = 8; b <= (4L << 20); b *= 2)
-        o.sizes[o.n_sizes++] = b;
-    o.iterations = 1000;
-    o.warmup = 100;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strncmp(a, "sizes=", 6))
-            o.n_sizes = parse_list(a + 6, o.sizes);
-        else if (!strncmp(a, "iterations=", 11))
-            o.iterations = strtol(a + 11, NULL, 10);
-        else if (!strncmp(a, "warmup=", 7))
-            o.warmup = strtol(a + 7, NULL, 10);
-        else if (!strncmp(a, "corrupt=", 8))
-            o.corrupt = atoi(a + 8);
-        else {
-            char why[256];
-            snprintf(why, sizeof why, "unknown argument %s", a);
-            usage_exit(why);
-        }
-    }
-    if (o.iterations <= 0 || o.warmup < 0 || o.n_sizes == 0)
-        usage_exit("iterations is positive, warmup is not negative");
-    for (int s = 0; s < o.n_sizes; s++)
-        if (o.sizes[s] > (1L << 30))
-            usage_exit("sizes are at most 1 GiB");
+    struct sweep o;
+    default_sweep(&o, 8, 4L << 20);
+    for (int i = 2; i < argc; i++)
+        if (!parse_sweep_argument(argv[i], &o))
+            unknown_argument(argv[i]);
+    check_sweep(&o);
+    check_message_sizes(&o);
     if (ranks != 2)
         usage_exit("gasnet_compare runs on exactly 2 ranks");
 
     if (!strcmp(mode, "pingpong"))
-        run_pingpong(&o);
+        run_pingpong_sweep(&o, print_pingpong);
     else if (!strcmp(mode, "get"))
         run_get(&o);
     else
         usage_exit("unknown mode");
-
-    if (total_mismatches && rank == 0)
-        fprintf(stderr, "gasnet_compare: %s: %ld mismatches in the data that arrived\n", mode,
-                total_mismatches);
-    MPI_Finalize();
-    return total_mismatches ? 3 : 0;
+    return finish(mode);
 }

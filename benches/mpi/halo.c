@@ -50,108 +50,20 @@
  * "verified". When a check failed every rank exits with status 3.
  */
 #define _GNU_SOURCE
-#include <math.h>
-#include <mpi.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define PROGRAM "halo"
+#define USAGE                                                                                \
+    "halo [pattern=pingpong|exchange] [sizes=N1,N2,...] [faces=block,blockstride,stride] "     \
+    "[types=vector,subarray] [iterations=K] [warmup=W] [corrupt=1]"
+#include "common.h"
 
-#if defined(OPEN_MPI)
-#define FLAVOR "openmpi"
-#elif defined(MPICH_VERSION) || defined(MPICH)
-#define FLAVOR "mpich"
-#else
-#define FLAVOR "unknown"
-#endif
-
-#define MAX_LIST 64
-#define SCALE_ABOVE (64L << 10)
-#define MIN_ITERATIONS 20
 #define SENTINEL (-1.0)
-
-static int rank, ranks;
-
-static void usage_exit(const char *why) {
-    if (rank == 0)
-        fprintf(stderr,
-                "halo: %s\n"
-                "usage: halo [pattern=pingpong|exchange] [sizes=N1,N2,...] "
-                "[faces=block,blockstride,stride] [types=vector,subarray] [iterations=K] "
-                "[warmup=W] [corrupt=1]\n",
-                why);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-}
-
-static void *alloc_or_abort(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "halo: rank %d: cannot allocate %zu bytes\n", rank, bytes);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
-
-static int parse_list(const char *text, long *out) {
-    int n = 0;
-    char *p = (char *)text;
-    while (*p) {
-        if (n == MAX_LIST)
-            usage_exit("list too long");
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0)
-            usage_exit("a list holds positive integers separated by commas");
-        out[n++] = v;
-        p = end;
-        if (*p == ',')
-            p++;
-        else if (*p)
-            usage_exit("a list holds positive integers separated by commas");
-    }
-    return n;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-struct summary {
-    double median, p99;
-};
-
-static struct summary summarize(double *t, long n) {
-    qsort(t, (size_t)n, sizeof(double), compare_doubles);
-    struct summary s;
-    s.median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-    long i = (long)ceil(0.99 * (double)n) - 1;
-    s.p99 = t[i < 0 ? 0 : i];
-    return s;
-}
-
-static long scaled(long asked, long bytes) {
-    if (asked <= 0)
-        return 0;
-    if (bytes <= SCALE_ABOVE)
-        return asked;
-    long n = (long)((double)asked * (double)SCALE_ABOVE / (double)bytes);
-    long floor = asked < MIN_ITERATIONS ? asked : MIN_ITERATIONS;
-    return n < floor ? floor : n;
-}
-
-static long sum_over_ranks(long mine) {
-    long all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    return all;
-}
 
 /* ------------------------------------------------------------------ faces */
 
 enum face { BLOCK, BLOCKSTRIDE, STRIDE, FACES };
-static const char *face_names[FACES] = {"block", "blockstride", "stride"};
+static const char *const face_names[FACES] = {"block", "blockstride", "stride"};
 enum datatype { VECTOR, SUBARRAY, DATATYPES };
-static const char *datatype_names[DATATYPES] = {"vector", "subarray"};
+static const char *const datatype_names[DATATYPES] = {"vector", "subarray"};
 
 /* The value of element (x, y, z) on rank r: unique and exact in a double
  * for N <= 512 and any rank count an MPI job here has. */
@@ -233,12 +145,9 @@ static long check(const double *a, enum face f, long n, int left, int right) {
 /* --------------------------------------------------------------- patterns */
 
 struct options {
-    long sizes[MAX_LIST];
-    int n_sizes;
+    struct sweep sweep; /* sizes are N */
     int faces[FACES], types[DATATYPES];
     int exchange;
-    long iterations, warmup;
-    int corrupt;
 };
 
 /* One ping-pong (2 ranks): rank 0's plane N - 2 to rank 1's ghost 0, rank
@@ -261,22 +170,20 @@ static void exchange_once(double *a, MPI_Datatype t, long stride, long n, int le
                  MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 }
 
-static long total_mismatches;
-
 static void run_case(const struct options *o, double *a, long n, enum face f, enum datatype d,
                      double *times) {
     MPI_Datatype t = face_type(f, d, n);
     long stride = plane_stride(f, n);
     long bytes = n * n * (long)sizeof(double);
-    long iterations = scaled(o->iterations, bytes);
-    long warmup = scaled(o->warmup, bytes);
+    long iterations = scaled(o->sweep.iterations, bytes);
+    long warmup = scaled(o->sweep.warmup, bytes);
     int left = rank > 0 ? rank - 1 : MPI_PROC_NULL;
     int right = rank < ranks - 1 ? rank + 1 : MPI_PROC_NULL;
     long bad = 0;
     for (int pass = 0; pass < 2; pass++) {
         /* A checked exchange: before the timed loop, then after it. */
         fill(a, n);
-        if (o->corrupt && rank == ranks - 1) {
+        if (o->sweep.corrupt && rank == ranks - 1) {
             /* The element (1, 1, 1) of plane 1 is in every face a rank
              * with a left neighbour sends. */
             a[(n + 1) * n + 1] += 1;
@@ -287,7 +194,7 @@ static void run_case(const struct options *o, double *a, long n, enum face f, en
             exchange_once(a, t, stride, n, left, right);
         else
             pingpong_once(a, t, stride, n);
-        if (o->corrupt && rank == ranks - 1)
+        if (o->sweep.corrupt && rank == ranks - 1)
             a[(n + 1) * n + 1] -= 1;
         bad += check(a, f, n, left, right);
         if (pass == 1)
@@ -310,99 +217,60 @@ static void run_case(const struct options *o, double *a, long n, enum face f, en
                 times[i] = (MPI_Wtime() - start) / 2;
             }
         }
-        if (o->exchange) {
-            if (rank == 0)
-                MPI_Reduce(MPI_IN_PLACE, times, (int)iterations, MPI_DOUBLE, MPI_MAX, 0,
-                           MPI_COMM_WORLD);
-            else
-                MPI_Reduce(times, NULL, (int)iterations, MPI_DOUBLE, MPI_MAX, 0,
-                           MPI_COMM_WORLD);
-        }
+        if (o->exchange)
+            max_over_ranks(times, iterations);
     }
     MPI_Type_free(&t);
-    bad = sum_over_ranks(bad);
-    total_mismatches += bad;
+    bad = tally_mismatches(bad);
     if (rank == 0) {
         struct summary s = summarize(times, iterations);
-        printf("{\"mpi\": \"%s\", \"test\": \"halo\", \"pattern\": \"%s\", \"ranks\": %d, "
-               "\"n\": %ld, \"face\": \"%s\", \"datatype\": \"%s\", \"bytes\": %ld, "
-               "\"iterations\": %ld, \"warmup\": %ld, \"time_us\": %.4f, \"time_us_p99\": %.4f, "
-               "\"bandwidth_gbs\": %.6f, \"mismatches\": %ld, \"verified\": %s}\n",
-               FLAVOR, o->exchange ? "exchange" : "pingpong", ranks, n, face_names[f],
-               datatype_names[d], bytes, iterations, warmup, s.median * 1e6, s.p99 * 1e6,
-               (double)bytes / s.median / 1e9, bad, bad ? "false" : "true");
-        fflush(stdout);
-    }
-}
-
-/* Parses "a,b" of `names` into flags. */
-static void parse_names(const char *text, const char **names, int count, int *flags) {
-    memset(flags, 0, sizeof(int) * (size_t)count);
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", text);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        int found = 0;
-        for (int i = 0; i < count; i++)
-            if (!strcmp(tok, names[i]))
-                flags[i] = found = 1;
-        if (!found) {
-            char why[300];
-            snprintf(why, sizeof why, "unknown name %s", tok);
-            usage_exit(why);
-        }
+        begin_figure("halo");
+        printf("\"pattern\": \"%s\", \"ranks\": %d, \"n\": %ld, \"face\": \"%s\", "
+               "\"datatype\": \"%s\", \"bytes\": %ld, \"iterations\": %ld, \"warmup\": %ld, "
+               "\"time_us\": %.4f, \"time_us_p99\": %.4f, \"bandwidth_gbs\": %.6f, ",
+               o->exchange ? "exchange" : "pingpong", ranks, n, face_names[f], datatype_names[d],
+               bytes, iterations, warmup, s.median * 1e6, s.p99 * 1e6,
+               (double)bytes / s.median / 1e9);
+        print_check(bad);
+        end_figure();
     }
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    start_mpi(&argc, &argv);
 
     struct options o;
     memset(&o, 0, sizeof o);
-    for (long n = 4; n <= 512; n *= 2)
-        o.sizes[o.n_sizes++] = n;
+    default_sweep(&o.sweep, 4, 512);
     for (int i = 0; i < FACES; i++)
         o.faces[i] = 1;
     for (int i = 0; i < DATATYPES; i++)
         o.types[i] = 1;
-    o.iterations = 1000;
-    o.warmup = 100;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strncmp(a, "sizes=", 6))
-            o.n_sizes = parse_list(a + 6, o.sizes);
-        else if (!strncmp(a, "faces=", 6))
-            parse_names(a + 6, face_names, FACES, o.faces);
-        else if (!strncmp(a, "types=", 6))
-            parse_names(a + 6, datatype_names, DATATYPES, o.types);
+        const char *a = argv[i], *v;
+        if (parse_sweep_argument(a, &o.sweep))
+            continue;
+        if ((v = value_of(a, "faces")))
+            parse_names(v, face_names, FACES, o.faces);
+        else if ((v = value_of(a, "types")))
+            parse_names(v, datatype_names, DATATYPES, o.types);
         else if (!strcmp(a, "pattern=pingpong"))
             o.exchange = 0;
         else if (!strcmp(a, "pattern=exchange"))
             o.exchange = 1;
-        else if (!strncmp(a, "iterations=", 11))
-            o.iterations = strtol(a + 11, NULL, 10);
-        else if (!strncmp(a, "warmup=", 7))
-            o.warmup = strtol(a + 7, NULL, 10);
-        else if (!strncmp(a, "corrupt=", 8))
-            o.corrupt = atoi(a + 8);
-        else {
-            char why[256];
-            snprintf(why, sizeof why, "unknown argument %s", a);
-            usage_exit(why);
-        }
+        else
+            unknown_argument(a);
     }
-    if (o.iterations <= 0 || o.warmup < 0 || o.n_sizes == 0)
-        usage_exit("iterations is positive, warmup is not negative");
-    for (int s = 0; s < o.n_sizes; s++)
-        if (o.sizes[s] < 4 || o.sizes[s] > 1024)
+    check_sweep(&o.sweep);
+    for (int s = 0; s < o.sweep.n_sizes; s++)
+        if (o.sweep.sizes[s] < 4 || o.sweep.sizes[s] > 1024)
             usage_exit("N is from 4 to 1024");
     if (o.exchange ? ranks < 2 : ranks != 2)
         usage_exit("pattern=pingpong runs on 2 ranks, pattern=exchange on at least 2");
 
-    double *times = alloc_or_abort(sizeof(double) * (size_t)o.iterations);
-    for (int s = 0; s < o.n_sizes; s++) {
-        long n = o.sizes[s];
+    double *times = alloc_or_abort(sizeof(double) * (size_t)o.sweep.iterations);
+    for (int s = 0; s < o.sweep.n_sizes; s++) {
+        long n = o.sweep.sizes[s];
         double *a = alloc_or_abort(sizeof(double) * (size_t)(n * n * n));
         for (int f = 0; f < FACES; f++)
             for (int d = 0; d < DATATYPES; d++)
@@ -411,9 +279,5 @@ int main(int argc, char **argv) {
         free(a);
     }
     free(times);
-
-    if (total_mismatches && rank == 0)
-        fprintf(stderr, "halo: %ld mismatches in the data that arrived\n", total_mismatches);
-    MPI_Finalize();
-    return total_mismatches ? 3 : 0;
+    return finish(NULL);
 }

@@ -39,36 +39,9 @@
  *    in double: a second check)}.
  */
 #define _GNU_SOURCE
-#include <mpi.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#if defined(OPEN_MPI)
-#define FLAVOR "openmpi"
-#elif defined(MPICH_VERSION) || defined(MPICH)
-#define FLAVOR "mpich"
-#else
-#define FLAVOR "unknown"
-#endif
-
-static int rank, ranks;
-
-static void usage_exit(const char *why) {
-    if (rank == 0)
-        fprintf(stderr,
-                "himeno: %s\nusage: himeno [sizes=XS,S,M,L] [iterations=NN] [warmup=W]\n", why);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-}
-
-static float *alloc_or_abort(size_t count) {
-    float *p = malloc(sizeof(float) * (count ? count : 1));
-    if (!p) {
-        fprintf(stderr, "himeno: rank %d: cannot allocate %zu floats\n", rank, count);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
+#define PROGRAM "himeno"
+#define USAGE "himeno [sizes=XS,S,M,L] [iterations=NN] [warmup=W]"
+#include "common.h"
 
 struct grid {
     const char *name;
@@ -113,7 +86,7 @@ static void init(struct state *s, const struct grid *g, struct share sh) {
     float **all[] = {&s->a[0], &s->a[1], &s->a[2], &s->a[3], &s->b[0], &s->b[1], &s->b[2],
                      &s->c[0], &s->c[1], &s->c[2], &s->p, &s->bnd, &s->wrk1, &s->wrk2};
     for (size_t m = 0; m < sizeof all / sizeof all[0]; m++)
-        *all[m] = alloc_or_abort(n);
+        *all[m] = alloc_or_abort(sizeof(float) * n);
     float denominator = (float)((g->ni - 2) * (g->ni - 2));
     for (long i = 0; i < s->li; i++) {
         long gi = sh.first - 1 + i;
@@ -236,53 +209,39 @@ static void run(const struct grid *g, long nn, long warmup) {
     MPI_Type_free(&plane);
     if (rank == 0) {
         double points = (double)(g->ni - 2) * (double)(g->nj - 2) * (double)(g->nk - 2);
-        printf("{\"mpi\": \"%s\", \"test\": \"himeno\", \"ranks\": %d, \"size\": \"%s\", "
-               "\"ni\": %ld, \"nj\": %ld, \"nk\": %ld, \"iterations\": %ld, \"warmup\": %ld, "
-               "\"seconds\": %.6f, \"iterations_per_s\": %.3f, \"mflops\": %.3f, "
-               "\"calc_s\": %.6f, \"halo_s\": %.6f, \"allreduce_s\": %.6f, \"gosa\": %.9e, "
-               "\"p_sum\": %.12e}\n",
-               FLAVOR, ranks, g->name, g->ni, g->nj, g->nk, nn, warmup, seconds,
+        begin_figure("himeno");
+        printf("\"ranks\": %d, \"size\": \"%s\", \"ni\": %ld, \"nj\": %ld, \"nk\": %ld, "
+               "\"iterations\": %ld, \"warmup\": %ld, \"seconds\": %.6f, "
+               "\"iterations_per_s\": %.3f, \"mflops\": %.3f, \"calc_s\": %.6f, \"halo_s\": %.6f, "
+               "\"allreduce_s\": %.6f, \"gosa\": %.9e, \"p_sum\": %.12e",
+               ranks, g->name, g->ni, g->nj, g->nk, nn, warmup, seconds,
                (double)nn / seconds, 34.0 * points * (double)nn / seconds / 1e6, slowest[0],
                slowest[1], slowest[2], (double)gosa, all_p_sum);
-        fflush(stdout);
+        end_figure();
     }
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    start_mpi(&argc, &argv);
     int chosen[GRIDS] = {1, 1, 1, 0};
-    long nn = 1000, warmup = 0;
+    const char *grid_names[GRIDS];
+    for (int g = 0; g < GRIDS; g++)
+        grid_names[g] = grids[g].name;
+    long nn = 1000, warmup = 0; /* the paper's iterations */
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strncmp(a, "sizes=", 6)) {
-            memset(chosen, 0, sizeof chosen);
-            char buf[128];
-            snprintf(buf, sizeof buf, "%s", a + 6);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                int found = 0;
-                for (int g = 0; g < GRIDS; g++)
-                    if (!strcmp(tok, grids[g].name))
-                        chosen[g] = found = 1;
-                if (!found)
-                    usage_exit("sizes are XS, S, M, L");
-            }
-        } else if (!strncmp(a, "iterations=", 11)) {
-            nn = strtol(a + 11, NULL, 10);
-        } else if (!strncmp(a, "warmup=", 7)) {
-            warmup = strtol(a + 7, NULL, 10);
-        } else {
-            char why[256];
-            snprintf(why, sizeof why, "unknown argument %s", a);
-            usage_exit(why);
-        }
+        const char *a = argv[i], *v;
+        if ((v = value_of(a, "sizes")))
+            parse_names(v, grid_names, GRIDS, chosen);
+        else if ((v = value_of(a, "iterations")))
+            nn = strtol(v, NULL, 10);
+        else if ((v = value_of(a, "warmup")))
+            warmup = strtol(v, NULL, 10);
+        else
+            unknown_argument(a);
     }
-    if (nn <= 0 || warmup < 0)
-        usage_exit("iterations is positive, warmup is not negative");
+    check_iterations(nn, warmup);
     for (int g = 0; g < GRIDS; g++)
         if (chosen[g])
             run(&grids[g], nn, warmup);
-    MPI_Finalize();
-    return 0;
+    return finish(NULL);
 }

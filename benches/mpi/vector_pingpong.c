@@ -25,17 +25,19 @@
  * {"library": ..., "huge_pages": ...}, then one per (m, kind).
  */
 #define _GNU_SOURCE
-#include <mpi.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 
 #define ROWS 4096
-#define MAX_SIZES 64
 #define SENTINEL (-1.0)
 #define HUGE_PAGE (2UL << 20)
+
+#define STRINGIFY(x) #x
+#define EXPANDED_STRING(x) STRINGIFY(x)
+#define PROGRAM "vector_pingpong"
+#define USAGE                                                                                  \
+    "vector_pingpong z=Z n=N(<=Z) m=M1,M2,...(1.." EXPANDED_STRING(ROWS) ") iterations=K "     \
+    "warmup=W huge=0|1 [corrupt=1]"
+#include "common.h"
 
 /* The value element (row, col) of a sender's matrix holds: unique, exact
  * in a double. */
@@ -73,11 +75,6 @@ static struct matrix map_matrix(size_t bytes, int want_huge) {
     return out;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Mismatches in the receive matrix after an m x n vector transfer. */
 static long check_vector(const double *recv, size_t ld, size_t m, size_t n) {
     long bad = 0;
@@ -107,69 +104,44 @@ static void fill(double *p, size_t count, double v) {
         p[i] = v;
 }
 
-/* One round trip: rank 0 sends then receives, rank 1 the reverse. */
-static void round_trip(int rank, const void *send, void *recv, int count, MPI_Datatype type) {
-    if (rank == 0) {
-        MPI_Send(send, count, type, 1, 0, MPI_COMM_WORLD);
-        MPI_Recv(recv, count, type, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else {
-        MPI_Recv(recv, count, type, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(send, count, type, 0, 0, MPI_COMM_WORLD);
-    }
-}
-
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 2) {
-        if (rank == 0)
-            fprintf(stderr, "vector_pingpong: needs exactly 2 ranks, got %d\n", size);
-        MPI_Abort(MPI_COMM_WORLD, 2);
+    start_mpi(&argc, &argv);
+    if (ranks != 2) {
+        char why[64];
+        snprintf(why, sizeof why, "needs exactly 2 ranks, got %d", ranks);
+        usage_exit(why);
     }
 
-    size_t z = 0, n = 0, ms[MAX_SIZES], sizes = 0;
+    size_t z = 0, n = 0;
+    long ms[MAX_LIST];
+    int sizes = 0;
     long iterations = 0, warmup = 0;
     int want_huge = 0, corrupt = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strncmp(a, "z=", 2))
-            z = strtoul(a + 2, NULL, 10);
-        else if (!strncmp(a, "n=", 2))
-            n = strtoul(a + 2, NULL, 10);
-        else if (!strncmp(a, "iterations=", 11))
-            iterations = strtol(a + 11, NULL, 10);
-        else if (!strncmp(a, "warmup=", 7))
-            warmup = strtol(a + 7, NULL, 10);
-        else if (!strncmp(a, "huge=", 5))
-            want_huge = atoi(a + 5);
-        else if (!strncmp(a, "corrupt=", 8))
-            corrupt = atoi(a + 8);
-        else if (!strncmp(a, "m=", 2)) {
-            char *p = (char *)a + 2;
-            while (*p && sizes < MAX_SIZES) {
-                ms[sizes++] = strtoul(p, &p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        } else {
-            if (rank == 0)
-                fprintf(stderr, "vector_pingpong: unknown argument %s\n", a);
-            MPI_Abort(MPI_COMM_WORLD, 2);
-        }
+        const char *a = argv[i], *v;
+        if ((v = value_of(a, "z")))
+            z = strtoul(v, NULL, 10);
+        else if ((v = value_of(a, "n")))
+            n = strtoul(v, NULL, 10);
+        else if ((v = value_of(a, "m")))
+            sizes = parse_list(v, ms);
+        else if ((v = value_of(a, "iterations")))
+            iterations = strtol(v, NULL, 10);
+        else if ((v = value_of(a, "warmup")))
+            warmup = strtol(v, NULL, 10);
+        else if ((v = value_of(a, "huge")))
+            want_huge = atoi(v);
+        else if ((v = value_of(a, "corrupt")))
+            corrupt = atoi(v);
+        else
+            unknown_argument(a);
     }
-    int bad_args = z == 0 || n == 0 || n > z || sizes == 0 || iterations <= 0 || warmup < 0;
-    for (size_t i = 0; i < sizes; i++)
-        bad_args |= ms[i] == 0 || ms[i] > ROWS;
-    if (bad_args) {
-        if (rank == 0)
-            fprintf(stderr,
-                    "usage: vector_pingpong z=Z n=N(<=Z) m=M1,M2,...(1..%d) iterations=K warmup=W "
-                    "huge=0|1 [corrupt=1]\n",
-                    ROWS);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
+    check_iterations(iterations, warmup);
+    int bad_args = z == 0 || n == 0 || n > z || sizes == 0;
+    for (int i = 0; i < sizes; i++)
+        bad_args |= ms[i] > ROWS;
+    if (bad_args)
+        usage_exit("z and n are positive, n at most z, every m from 1 to " EXPANDED_STRING(ROWS));
 
     size_t ld = z + 1;
     size_t matrix_bytes = (size_t)ROWS * ld * sizeof(double);
@@ -207,16 +179,14 @@ int main(int argc, char **argv) {
         while (len > 0 && library[len - 1] == ' ')
             len--;
         library[len] = 0;
-        printf("{\"library\": \"%s\", \"huge_pages\": %s, \"z\": %zu, \"n\": %zu}\n", library,
+        printf("{\"library\": \"%s\", \"huge_pages\": %s, \"z\": %zu, \"n\": %zu", library,
                huge_all ? "true" : "false", z, n);
-        fflush(stdout);
+        end_figure();
     }
 
-    double *times = malloc(sizeof(double) * (size_t)iterations);
-    if (!times)
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    for (size_t s = 0; s < sizes; s++) {
-        size_t m = ms[s];
+    double *times = alloc_or_abort(sizeof(double) * (size_t)iterations);
+    for (int s = 0; s < sizes; s++) {
+        size_t m = (size_t)ms[s];
         MPI_Datatype vector;
         MPI_Type_vector((int)m, (int)n, (int)ld, MPI_DOUBLE, &vector);
         MPI_Type_commit(&vector);
@@ -231,43 +201,29 @@ int main(int argc, char **argv) {
             else
                 fill(recv.data, (m < ROWS ? m + 1 : m) * ld, SENTINEL);
             MPI_Barrier(MPI_COMM_WORLD);
-            round_trip(rank, src, dst, elements, type);
+            round_trip(src, dst, elements, type);
             long bad = contig ? check_contig(recv_contig.data, count)
                               : check_vector(recv.data, ld, m, n);
-            long bad_all = 0;
-            MPI_Allreduce(&bad, &bad_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-            for (long i = 0; i < warmup; i++)
-                round_trip(rank, src, dst, elements, type);
-            MPI_Barrier(MPI_COMM_WORLD);
-            for (long i = 0; i < iterations; i++) {
-                double start = MPI_Wtime();
-                round_trip(rank, src, dst, elements, type);
-                times[i] = MPI_Wtime() - start;
-            }
+            long bad_all = sum_over_ranks(bad);
+            time_round_trips(src, dst, elements, type, warmup, iterations, times);
             if (rank == 0) {
-                double total = 0;
-                for (long i = 0; i < iterations; i++)
-                    total += times[i];
-                qsort(times, (size_t)iterations, sizeof(double), compare_doubles);
-                double median = iterations % 2
-                                    ? times[iterations / 2]
-                                    : (times[iterations / 2 - 1] + times[iterations / 2]) / 2;
+                struct summary t = summarize(times, iterations);
                 double bytes = (double)count * sizeof(double);
                 /* One way = half a round trip, in microseconds. */
-                double one_way_us = median / 2 * 1e6;
+                double one_way_us = t.median / 2 * 1e6;
                 printf("{\"kind\": \"%s\", \"z\": %zu, \"n\": %zu, \"m\": %zu, \"bytes\": %.0f, "
                        "\"iterations\": %ld, \"one_way_us_median\": %.4f, "
                        "\"one_way_us_min\": %.4f, \"one_way_us_mean\": %.4f, "
-                       "\"mb_per_s\": %.3f, \"mismatches\": %ld, \"verified\": %s}\n",
+                       "\"mb_per_s\": %.3f, ",
                        contig ? "contig" : "vector", z, n, m, bytes, iterations, one_way_us,
-                       times[0] / 2 * 1e6, total / (double)iterations / 2 * 1e6,
-                       bytes / one_way_us, bad_all, bad_all == 0 ? "true" : "false");
-                fflush(stdout);
+                       t.min / 2 * 1e6, t.mean / 2 * 1e6, bytes / one_way_us);
+                print_check(bad_all);
+                end_figure();
             }
         }
         MPI_Type_free(&vector);
     }
     free(times);
-    MPI_Finalize();
-    return 0;
+    /* Mismatches are reported in the figures, not by the exit status. */
+    return finish(NULL);
 }

@@ -1,6 +1,7 @@
-//! The MPI baselines: the project's own C programs (`benches/mpi/*.c`,
-//! compiled into this crate's binaries as text), built with an MPI's own
-//! compiler wrapper at run time and run on ranks of this host by that MPI's
+//! The MPI baselines: the project's own C programs (`benches/mpi/*.c` and
+//! the header they share, `benches/mpi/common.h`, compiled into this
+//! crate's binaries as text), built with an MPI's own compiler wrapper at
+//! run time and run on ranks of this host by that MPI's
 //! own launcher ([`build`], [`launch`]). Each prints one JSON object per
 //! line on rank 0.
 //!
@@ -71,6 +72,10 @@ impl Program {
         }
     }
 }
+
+/// The header every program includes (`#include "common.h"`): its name and
+/// its text.
+const COMMON_HEADER: (&str, &str) = ("common.h", include_str!("../mpi/common.h"));
 
 /// An MPI implementation as Debian installs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -169,8 +174,9 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// Writes `program`'s source into `dir` and compiles it with `flavor`'s
-/// wrapper (`-O2`); returns the executable's path (`dir/NAME-FLAVOR`).
+/// Writes `program`'s source and the header the programs share into `dir`
+/// and compiles it with `flavor`'s wrapper (`-O2`, `-I dir`); returns the
+/// executable's path (`dir/NAME-FLAVOR`).
 pub fn build(flavor: Flavor, program: Program, dir: &Path) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     // Each flavor its own copy of the source, so that builds of both into
@@ -178,9 +184,18 @@ pub fn build(flavor: Flavor, program: Program, dir: &Path) -> io::Result<PathBuf
     let stem = format!("{}-{}", program.name(), flavor.name());
     let source = dir.join(format!("{stem}.c"));
     std::fs::write(&source, program.source())?;
+    // The header is one file for every build into `dir`: written under a
+    // name of this build's own and renamed over it, so that a compiler of
+    // another build reading it at the same time sees a whole file.
+    let (header_name, header_text) = COMMON_HEADER;
+    let header_draft = dir.join(format!(".{stem}.{}.{header_name}", std::process::id()));
+    std::fs::write(&header_draft, header_text)?;
+    std::fs::rename(&header_draft, dir.join(header_name))?;
     let binary = dir.join(&stem);
     let output = Command::new(flavor.compiler())
-        .args(["-O2", "-Wall", "-o"])
+        .args(["-O2", "-Wall", "-I"])
+        .arg(dir)
+        .arg("-o")
         .arg(&binary)
         .arg(&source)
         .arg("-lm")

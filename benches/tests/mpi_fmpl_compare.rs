@@ -11,48 +11,14 @@
 //! Each test is ignored when its MPI is not installed (the build script
 //! looks), except under CI=true, where a missing MPI fails it.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::{integer, positive, verified};
 use pindown_benches::mpi::{self, Flavor, FmplMode, Program};
 use serde_json::Value;
-
-fn build(flavor: Flavor) -> PathBuf {
-    if let Some(reason) = flavor.missing() {
-        panic!(
-            "{reason}; .ci/run installs it (apt-get install {})",
-            flavor.packages()
-        );
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mpi-fmpl-compare");
-    mpi::build(flavor, Program::FmplCompare, &dir)
-        .unwrap_or_else(|e| panic!("{} build: {e}", flavor.name()))
-}
-
-/// `figure[key]` as a number that is positive and finite.
-fn positive(figure: &Value, key: &str) -> f64 {
-    let value = figure[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} is not a number in {figure}"));
-    assert!(
-        value.is_finite() && value > 0.0,
-        "{key} = {value} in {figure}"
-    );
-    value
-}
-
-/// `figure[key]` as an unsigned integer.
-fn integer(figure: &Value, key: &str) -> u64 {
-    figure[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {figure}"))
-}
-
-/// The data check passed.
-fn verified(figure: &Value) {
-    assert_eq!(integer(figure, "mismatches"), 0, "{figure}");
-    assert_eq!(figure["verified"], Value::Bool(true), "{figure}");
-}
 
 /// Median and p99 of one time, in order.
 fn median_and_p99(figure: &Value, median: &str, p99: &str) -> f64 {
@@ -78,7 +44,7 @@ fn run(flavor: Flavor, binary: &Path, ranks: usize, mode: FmplMode, args: &[&str
 }
 
 fn every_mode_measures_and_checks(flavor: Flavor) {
-    let binary = build(flavor);
+    let binary = common::build(flavor, Program::FmplCompare, "mpi-fmpl-compare");
     let sizes = [8u64, 4096, 65536];
     let sizes_arg = "sizes=8,4096,65536";
 

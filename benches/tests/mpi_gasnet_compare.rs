@@ -10,41 +10,17 @@
 //! Each test is ignored when its MPI is not installed (the build script
 //! looks), except under CI=true, where a missing MPI fails it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{positive, verified};
 use pindown_benches::mpi::{self, Flavor, GasnetMode, Program};
 use serde_json::Value;
 
-/// Builds `program` into a folder of the calling test's own (`test`), so
-/// that tests running at once never write one file together.
+/// Builds `program` into a folder of the calling test's own (`test`).
 fn build(flavor: Flavor, program: Program, test: &str) -> PathBuf {
-    if let Some(reason) = flavor.missing() {
-        panic!(
-            "{reason}; .ci/run installs it (apt-get install {})",
-            flavor.packages()
-        );
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("mpi-gasnet-compare")
-        .join(test);
-    mpi::build(flavor, program, &dir)
-        .unwrap_or_else(|e| panic!("{} build {}: {e}", flavor.name(), program.name()))
-}
-
-fn positive(figure: &Value, key: &str) -> f64 {
-    let value = figure[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} is not a number in {figure}"));
-    assert!(
-        value.is_finite() && value > 0.0,
-        "{key} = {value} in {figure}"
-    );
-    value
-}
-
-fn verified(figure: &Value) {
-    assert_eq!(figure["mismatches"].as_u64(), Some(0), "{figure}");
-    assert_eq!(figure["verified"], Value::Bool(true), "{figure}");
+    common::build(flavor, program, &format!("mpi-gasnet-compare/{test}"))
 }
 
 fn gasnet_compare(flavor: Flavor, binary: &Path) {

@@ -7,25 +7,13 @@
 //! Each test is ignored when its MPI is not installed (the build script
 //! looks), except under CI=true, where a missing MPI fails it.
 
-use std::path::PathBuf;
+mod common;
 
-use pindown_benches::mpi::{self, Flavor, RunSpec};
+use pindown_benches::mpi::{self, Flavor, Program, RunSpec};
 use pindown_benches::submatrix::ELEMENT;
 
-fn build(flavor: Flavor) -> PathBuf {
-    if let Some(reason) = flavor.missing() {
-        panic!(
-            "{reason}; .ci/run installs it (apt-get install {})",
-            flavor.packages()
-        );
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mpi-vector");
-    mpi::build(flavor, mpi::Program::VectorPingPong, &dir)
-        .unwrap_or_else(|e| panic!("{} build: {e}", flavor.name()))
-}
-
 fn ping_pong_moves_the_submatrix(flavor: Flavor, library: &str) {
-    let binary = build(flavor);
+    let binary = common::build(flavor, Program::VectorPingPong, "mpi-vector");
     // Submatrices of one row, a few rows, and every row of the matrix; a
     // row length that is not a power of two.
     let spec = RunSpec {

@@ -1,0 +1,51 @@
+//! What the MPI tests share: building a program (a missing MPI fails the
+//! test, which the build script ignores unless CI=true) and reading the
+//! numbers of the figures the programs print.
+
+// Each test crate includes this module and uses part of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use pindown_benches::mpi::{self, Flavor, Program};
+use serde_json::Value;
+
+/// Builds `program` for `flavor` into `folder` of this crate's temporary
+/// directory; a test's own folder, so that tests running at once never
+/// write one source file together.
+pub fn build(flavor: Flavor, program: Program, folder: &str) -> PathBuf {
+    if let Some(reason) = flavor.missing() {
+        panic!(
+            "{reason}; .ci/run installs it (apt-get install {})",
+            flavor.packages()
+        );
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(folder);
+    mpi::build(flavor, program, &dir)
+        .unwrap_or_else(|e| panic!("{} build {}: {e}", flavor.name(), program.name()))
+}
+
+/// `figure[key]` as a number that is positive and finite.
+pub fn positive(figure: &Value, key: &str) -> f64 {
+    let value = figure[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {figure}"));
+    assert!(
+        value.is_finite() && value > 0.0,
+        "{key} = {value} in {figure}"
+    );
+    value
+}
+
+/// `figure[key]` as an unsigned integer.
+pub fn integer(figure: &Value, key: &str) -> u64 {
+    figure[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {figure}"))
+}
+
+/// The figure's data check passed: no mismatch, verified.
+pub fn verified(figure: &Value) {
+    assert_eq!(integer(figure, "mismatches"), 0, "{figure}");
+    assert_eq!(figure["verified"], Value::Bool(true), "{figure}");
+}
