@@ -132,10 +132,13 @@ impl<P: Pinner + 'static> Registration<'_, P> {
     /// Whether the region is still the cache's entry for its pages: false
     /// once it was invalidated (its memory unmapped, or
     /// [`PinCache::invalidate`]) or is being evicted or invalidated while
-    /// held. A registration of the same range made then maps the pages
+    /// held. Unmap events the monitor has read are applied first. A registration of the same range made then maps the pages
     /// anew; holders that keep registrations across uses (descriptor and
     /// window caches) check this before reusing one.
     pub fn is_current(&self) -> bool {
+        // An unmap the monitor has read (munmap returns once it has) but
+        // not applied yet must count: wait for it, as lookups do.
+        monitor::wait_for_pending_events();
         self.entry.state.load(Ordering::Acquire) == state::LIVE
     }
 

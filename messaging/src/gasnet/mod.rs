@@ -658,6 +658,11 @@ pub struct Endpoint<'c> {
     /// By-message gets: replies arrived (request id, status).
     get_replies: HashMap<u32, u32>,
     next_get: u32,
+    /// The by-message get in progress: (request id, target).
+    get_pending: Option<(u32, u32)>,
+    /// A by-message get given up whose reply has not come: its target may
+    /// still write the bounce area.
+    get_abandoned: Option<(u32, u32)>,
     /// Barrier notices arrived, by (epoch, round).
     barrier_arrivals: HashMap<(u32, u32), u32>,
     barrier_epoch: u32,
@@ -780,6 +785,8 @@ impl<'c> Endpoint<'c> {
             next_tag: 0,
             get_replies: HashMap::new(),
             next_get: 0,
+            get_pending: None,
+            get_abandoned: None,
             barrier_arrivals: HashMap::new(),
             barrier_epoch: 0,
             counters: Counters::default(),
@@ -1433,17 +1440,31 @@ impl<'c> Endpoint<'c> {
                 Ok(())
             }
             // Only the get in progress (one at a time) expects a reply.
-            INTERNAL_GET_REPLY if args.len() == 2 && arg(0) == self.next_get => {
+            // The reply to the get in progress, from the rank asked.
+            INTERNAL_GET_REPLY
+                if args.len() == 2 && self.get_pending == Some((arg(0), sender)) =>
+            {
                 self.get_replies.insert(arg(0), arg(1));
                 Ok(())
             }
+            // The late reply to a get given up: its bytes have landed, the
+            // bounce area is free again.
+            INTERNAL_GET_REPLY
+                if args.len() == 2 && self.get_abandoned == Some((arg(0), sender)) =>
+            {
+                self.get_abandoned = None;
+                Ok(())
+            }
             // A peer is at most one barrier ahead: notices of this rank's
-            // current barrier or the next, for one of its rounds.
+            // current barrier or the next, for one of its rounds, from the
+            // one rank that signals this rank in that round.
             INTERNAL_BARRIER
                 if args.len() == 2
                     && (arg(0) == self.barrier_epoch
                         || arg(0) == self.barrier_epoch.wrapping_add(1))
-                    && arg(1) < u32::BITS - self.size.leading_zeros() =>
+                    && arg(1) < 31
+                    && (1u32 << arg(1)) < self.size
+                    && sender == (self.rank + self.size - (1u32 << arg(1)) % self.size) % self.size =>
             {
                 *self.barrier_arrivals.entry((arg(0), arg(1))).or_default() += 1;
                 Ok(())
@@ -1511,6 +1532,7 @@ impl<'c> Endpoint<'c> {
                 // that stopped answering.
                 let waited = start.elapsed();
                 if waited > self.config.timeout {
+                    self.settle(tag);
                     return Err(Error::Gasnet(format!(
                         "an operation did not complete within {:?}",
                         self.config.timeout
@@ -1542,6 +1564,42 @@ impl<'c> Endpoint<'c> {
             }
         }
         Ok(())
+    }
+
+    /// After a wait for operation `tag` gave up: the operation's copies
+    /// into the caller's memory are dropped (the call returns, its
+    /// destination borrow ends), and the device, which may still write
+    /// into the caller's memory through the operation's registration, is
+    /// waited for until it completes or fails the operation, or the peer
+    /// or the device counts as gone (unanswered checks), so that nothing
+    /// lands in the caller's memory after the call returned.
+    fn settle(&mut self, tag: u64) {
+        let Some(op) = self.ops.get_mut(&tag) else {
+            return;
+        };
+        op.copies.clear();
+        let peer = op.peer;
+        let mut next_check = Instant::now();
+        loop {
+            if self.reap().is_err() {
+                break;
+            }
+            if self.ops.get(&tag).is_none_or(|op| op.remaining == 0) {
+                self.ops.remove(&tag);
+                return;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                if self.check_peers(now).is_err() || self.gone[peer as usize].is_some() {
+                    break;
+                }
+                next_check = now + self.config.liveness_interval;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        // The device or the peer is gone: nothing more will land. The
+        // operation keeps its registration until a completion, if any,
+        // arrives.
     }
 
     /// Waits for every nonblocking operation of this endpoint.

@@ -597,12 +597,24 @@ impl<'c> Endpoint<'c> {
         let piece = self.layout.bounce_bytes.clamp(1, u64::from(u32::MAX));
         let len = destination.len() as u64;
         let mut at = 0;
+        if let Some((id, earlier)) = self.get_abandoned {
+            // Its target may still write the bounce area: wait for its
+            // reply first.
+            self.wait_until(|ep| ep.get_abandoned.is_none())
+                .map_err(|e| {
+                    Error::Gasnet(format!(
+                        "the reply of rank {earlier} to an earlier get (request {id}) never \
+                         came, and it may still write the bounce area: {e}"
+                    ))
+                })?;
+        }
         while at < len {
             let n = (len - at).min(piece);
             self.next_get = self.next_get.wrapping_add(1);
             let id = self.next_get;
             let from = offset + at;
             self.flush_outgoing()?;
+            self.get_pending = Some((id, target));
             self.send_packet(
                 target,
                 Kind::Short,
@@ -612,7 +624,11 @@ impl<'c> Endpoint<'c> {
                 &[],
                 0,
             )?;
-            self.wait_until(|ep| ep.get_replies.contains_key(&id))?;
+            if let Err(err) = self.wait_until(|ep| ep.get_replies.contains_key(&id)) {
+                self.get_abandoned = self.get_pending.take();
+                return Err(err);
+            }
+            self.get_pending = None;
             let status = self.get_replies.remove(&id).unwrap_or(1);
             if status != 0 {
                 return Err(Error::Gasnet(format!(
