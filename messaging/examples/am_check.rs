@@ -160,6 +160,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "latency" => latency(&mut ep, &state),
         "barriers" => barriers(&mut ep),
         "descriptors" => descriptors(&mut ep),
+        "stale-get" => stale_get(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1211,6 +1212,58 @@ fn descriptors(ep: &mut Endpoint<'_>) -> Outcome {
         ("prebuilt_writes", counters.prebuilt_writes),
     ] {
         tally.extra.insert(name.into(), json!(value));
+    }
+    Ok(tally)
+}
+
+/// A blocking get that times out leaves its operation, with a raw pointer
+/// into the caller's destination, in the endpoint: a later `wait_all`
+/// (every barrier runs one) copies the get's bytes through that pointer
+/// long after the get returned and the caller's borrow ended. Here the
+/// destination is a slice of a buffer the caller owns; once the get has
+/// failed the caller zeroes the buffer for another use, and `wait_all`
+/// writes into it behind safe code's back (with a freed heap buffer in
+/// its place, the same write corrupts the allocator: "malloc(): invalid
+/// size", or a silent crash).
+fn stale_get(ep: &mut Endpoint<'_>) -> Outcome {
+    const LEN: usize = (4 << 20) - 16;
+    let mut tally = Tally::default();
+    if ep.rank() == 1 {
+        ep.segment()[..LEN + 8].fill(0xAB);
+    }
+    ep.barrier().map_err(|e| e.to_string())?;
+    if ep.rank() == 0 {
+        let mut buffer = vec![0u8; LEN];
+        let mut timed_out = None;
+        for attempt in 0..5000 {
+            // Offset 1 against an 8-aligned destination: the bounce path,
+            // whose completion copies the whole get into the destination.
+            ep.set_timeout(Duration::from_nanos(1));
+            let result = ep.get(1, 1, &mut buffer[..]);
+            ep.set_timeout(Duration::from_secs(60));
+            if let Err(err) = result {
+                timed_out = Some((attempt, err.to_string()));
+                break;
+            }
+        }
+        let Some((attempt, why)) = timed_out else {
+            return Err("no get timed out in 5000 attempts".into());
+        };
+        // The get has returned (an error): the buffer is the caller's again.
+        buffer.fill(0);
+        ep.wait_all().map_err(|e| e.to_string())?;
+        let overwritten = buffer.iter().filter(|&&b| b == 0xAB).count();
+        tally.notes.push(format!(
+            "get {attempt} failed ({why}); bytes of the caller's buffer written after it \
+             returned: {overwritten}"
+        ));
+        if overwritten > 0 {
+            return Err(format!(
+                "get {attempt} failed ({why}), yet wait_all later wrote {overwritten} bytes \
+                 into the caller's buffer, whose borrow had ended"
+            ));
+        }
+        tally.checked = 1;
     }
     Ok(tally)
 }

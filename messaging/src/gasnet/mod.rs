@@ -821,6 +821,13 @@ impl<'c> Endpoint<'c> {
         self.config.pio_max = pio_max.min(MAX_INLINE);
     }
 
+    /// Changes [`Config::timeout`]: for tests of what a timed-out wait
+    /// leaves behind.
+    #[doc(hidden)]
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.config.timeout = timeout;
+    }
+
     /// What the endpoint has done so far.
     pub fn counters(&self) -> Counters {
         self.counters
