@@ -131,7 +131,8 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         config.get = GetMode::ByMessage;
         config.get_bounce_bytes = 4096;
     }
-    if scenario == "descriptors" {
+    if scenario == "descriptors" || (scenario == "remap-put" && arg(args, "--cache") != Some("off"))
+    {
         config.descriptor_cache = Some(descriptor_config(args)?);
     }
     let state = Rc::new(RefCell::new(State::default()));
@@ -161,6 +162,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "barriers" => barriers(&mut ep),
         "descriptors" => descriptors(&mut ep),
         "stale-get" => stale_get(&mut ep),
+        "remap-put" => remap_put(&mut ep, args),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1162,8 +1164,13 @@ fn descriptors(ep: &mut Endpoint<'_>) -> Outcome {
             // again, most likely at the same address: the cache must not
             // hand out the old registration.
             let len = sources[3].len();
+            let before = sources[3].as_ptr() as u64;
             sources[3] = Vec::new();
             sources[3] = vec![0u8; len];
+            tally.extra.insert(
+                "reallocated_at_same_address".into(),
+                json!(sources[3].as_ptr() as u64 == before),
+            );
         }
         for (i, &(len, offset)) in hot.iter().enumerate() {
             let skew = if i == 2 { 3 } else { 0 };
@@ -1264,6 +1271,93 @@ fn stale_get(ep: &mut Endpoint<'_>) -> Outcome {
             ));
         }
         tally.checked = 1;
+    }
+    Ok(tally)
+}
+
+/// A put source that is unmapped and mapped again at the same address
+/// (new pages, new bytes) between puts through the descriptor cache: every
+/// put must carry the bytes the source holds when it is made, never the
+/// old pages' (the cached registration must be dropped). `--way munmap`
+/// (default) or `--way dontneed` (madvise: the same address, its pages
+/// replaced by zeroes); `--cache off`: the same without the descriptor
+/// cache (plain pin-down cache registrations).
+fn remap_put(ep: &mut Endpoint<'_>, args: &[String]) -> Outcome {
+    const LEN: usize = 64 << 10;
+    const ROUNDS: u64 = 200;
+    let mut tally = Tally::default();
+    if ep.rank() != 0 {
+        return Ok(tally);
+    }
+    let way = arg(args, "--way").unwrap_or("munmap");
+    let map = |at: *mut libc::c_void, fixed: bool| {
+        let flags =
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if fixed { libc::MAP_FIXED } else { 0 };
+        // SAFETY: an anonymous mapping of LEN bytes; with MAP_FIXED only
+        // at `at`, an address this function mapped and has unmapped.
+        unsafe { libc::mmap(at, LEN, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) }
+    };
+    let at = map(std::ptr::null_mut(), false);
+    if at == libc::MAP_FAILED {
+        return Err("mmap failed".into());
+    }
+    let mut back = vec![0u8; LEN];
+    let mut stale = Vec::new();
+    for round in 0..ROUNDS {
+        let fill = (round % 250 + 1) as u8;
+        // Puts from the same address, enough to promote the descriptor.
+        for _ in 0..4 {
+            // SAFETY: `at` maps LEN bytes, read and write, that no one else
+            // references.
+            let source = unsafe { std::slice::from_raw_parts_mut(at.cast::<u8>(), LEN) };
+            source.fill(fill);
+            ep.put(1, 0, source).map_err(|e| format!("put: {e}"))?;
+        }
+        // New pages at the same address.
+        match way {
+            "dontneed" => {
+                // SAFETY: the range was mapped above; its contents go.
+                unsafe { libc::madvise(at, LEN, libc::MADV_DONTNEED) };
+            }
+            _ => {
+                // SAFETY: the range was mapped above and nothing borrows it.
+                unsafe { libc::munmap(at, LEN) };
+                if map(at, true) != at {
+                    return Err("mmap at the same address failed".into());
+                }
+            }
+        }
+        // SAFETY: as above; the new pages.
+        let source = unsafe { std::slice::from_raw_parts_mut(at.cast::<u8>(), LEN) };
+        source.fill(fill.wrapping_add(1));
+        if let Err(e) = ep.put(1, 0, source) {
+            return Err(format!(
+                "put after remap {round}: {e}; cache {:?}",
+                ep.descriptor_counters()
+            ));
+        }
+        ep.get(1, 0, &mut back).map_err(|e| format!("get: {e}"))?;
+        let wrong = back.iter().filter(|&&b| b != fill.wrapping_add(1)).count();
+        if wrong > 0 {
+            stale.push(format!(
+                "round {round}: {wrong} bytes wrong (first {})",
+                back[0]
+            ));
+        }
+        tally.checked += 1;
+    }
+    // SAFETY: the mapping of this function, no longer used.
+    unsafe { libc::munmap(at, LEN) };
+    let cache = ep.descriptor_counters();
+    tally
+        .extra
+        .insert("cache".into(), json!(format!("{cache:?}")));
+    if !stale.is_empty() {
+        return Err(format!(
+            "{} of {ROUNDS} puts after a remap carried old bytes: {:?}",
+            stale.len(),
+            &stale[..stale.len().min(5)]
+        ));
     }
     Ok(tally)
 }
