@@ -163,6 +163,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "descriptors" => descriptors(&mut ep),
         "stale-get" => stale_get(&mut ep),
         "remap-put" => remap_put(&mut ep, args),
+        "forged-barrier" => forged_barrier(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1358,6 +1359,51 @@ fn remap_put(ep: &mut Endpoint<'_>, args: &[String]) -> Outcome {
             stale.len(),
             &stale[..stale.len().min(5)]
         ));
+    }
+    Ok(tally)
+}
+
+/// Three ranks. Rank 2 sends rank 0 the barrier notice that only rank 1
+/// may send (round 1 of the next barrier: the sender of round r to rank
+/// 0 is rank -2^r); rank 1 enters that barrier only after a delay, having
+/// put a marker into rank 0's segment first. A barrier that checked who
+/// sent a notice would hold rank 0 until rank 1 entered, and rank 0 would
+/// see the marker once it leaves.
+fn forged_barrier(ep: &mut Endpoint<'_>) -> Outcome {
+    const MARKER: [u8; 8] = *b"entered!";
+    let mut tally = Tally::default();
+    if ep.size() != 3 {
+        return Err("forged-barrier runs on 3 ranks".into());
+    }
+    // The first barrier (in `run`) was epoch 1: the next is 2.
+    let next_epoch = 2;
+    match ep.rank() {
+        2 => {
+            let mut body = vec![0u8, 4, 2, 2];
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&0u64.to_le_bytes());
+            body.extend_from_slice(&[0u8; 8]);
+            let body = with_args(body, &[next_epoch, 1]);
+            ep.send_raw_packet(0, &body).map_err(|e| e.to_string())?;
+            ep.barrier().map_err(|e| e.to_string())?;
+        }
+        1 => {
+            std::thread::sleep(Duration::from_millis(500));
+            ep.put(0, 0, &MARKER).map_err(|e| e.to_string())?;
+            ep.barrier().map_err(|e| e.to_string())?;
+        }
+        _ => {
+            let start = Instant::now();
+            ep.barrier().map_err(|e| e.to_string())?;
+            let left_after = start.elapsed();
+            if ep.segment()[..8] != MARKER {
+                return Err(format!(
+                    "rank 0 left the barrier after {left_after:?}, before rank 1 entered it \
+                     (its marker is not there): a notice rank 2 forged for rank 1 let it out"
+                ));
+            }
+            tally.checked = 1;
+        }
     }
     Ok(tally)
 }
