@@ -164,6 +164,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "stale-get" => stale_get(&mut ep),
         "remap-put" => remap_put(&mut ep, args),
         "forged-barrier" => forged_barrier(&mut ep),
+        "late-get-reply" => late_get_reply(&mut ep),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1405,5 +1406,50 @@ fn forged_barrier(ep: &mut Endpoint<'_>) -> Outcome {
             tally.checked = 1;
         }
     }
+    Ok(tally)
+}
+
+/// Run with `--get message`. A get by message that times out leaves its
+/// request at the target, which answers it: the late reply, from a healthy
+/// peer doing what it was asked, must not be refused as a malformed packet
+/// nor fail the next get.
+fn late_get_reply(ep: &mut Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.rank() != 0 {
+        return Ok(tally);
+    }
+    let mut buffer = vec![0u8; 4096];
+    let mut timed_out = None;
+    for attempt in 0..5000 {
+        ep.set_timeout(Duration::from_nanos(1));
+        let result = ep.get(1, 0, &mut buffer);
+        ep.set_timeout(Duration::from_secs(60));
+        if let Err(err) = result {
+            timed_out = Some((attempt, err.to_string()));
+            break;
+        }
+    }
+    let Some((attempt, why)) = timed_out else {
+        return Err("no get timed out in 5000 attempts".into());
+    };
+    let mut errors = Vec::new();
+    // The next get, at once: the late reply now names an older request.
+    if let Err(err) = ep.get(1, 0, &mut buffer) {
+        errors.push(format!("the next get: {err}"));
+    }
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        if let Err(err) = ep.poll() {
+            errors.push(err.to_string());
+        }
+    }
+    if !errors.is_empty() {
+        return Err(format!(
+            "get {attempt} failed ({why}); the late reply then made poll fail: {errors:?} \
+             (bad_packets {})",
+            ep.counters().bad_packets
+        ));
+    }
+    tally.checked = 1;
     Ok(tally)
 }
