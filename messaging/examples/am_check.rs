@@ -144,7 +144,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         }
         "handlers" => message_handlers(&state, job.rank()),
         "misalign" => misalign_handlers(&state, job.rank()),
-        "bad-packet" => bad_packet_handlers(&state),
+        "bad-packet" | "forged-credit" => bad_packet_handlers(&state),
         "latency" => latency_handlers(&state),
         _ => Handlers::new(),
     };
@@ -165,6 +165,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "remap-put" => remap_put(&mut ep, args),
         "forged-barrier" => forged_barrier(&mut ep),
         "late-get-reply" => late_get_reply(&mut ep),
+        "forged-credit" => forged_credit(&mut ep, job, &context, &state, args),
         other => Err(format!("unknown scenario {other:?}")),
     };
     *counters = ep.counters();
@@ -1451,5 +1452,125 @@ fn late_get_reply(ep: &mut Endpoint<'_>) -> Outcome {
         ));
     }
     tally.checked = 1;
+    Ok(tally)
+}
+
+/// Three ranks. Every rank's window spans all of its rings and credit
+/// words, so rank 2 can write the word where rank 0 keeps what rank 1
+/// has consumed of its ring (here: with its own queue pair, as any peer
+/// can). Rank 0 then believes its ring at rank 1 is always empty and
+/// writes 200 packets into 64 slots while rank 1 is not polling: it
+/// should stall at the 65th (and time out, rank 1 not polling); instead
+/// it overwrites packets rank 1 has not read, and rank 1 never runs one.
+/// `--forge off`: rank 2 writes nothing (the control: rank 0 stalls, all
+/// it sent runs; the scenario passes on ranks 1 and 2).
+fn forged_credit(
+    ep: &mut Endpoint<'_>,
+    job: &mut Job,
+    context: &pindown_driver::verbs::Context,
+    state: &Rc<RefCell<State>>,
+    args: &[String],
+) -> Outcome {
+    use pindown_driver::verbs::opcode::Write;
+    use pindown_driver::verbs::RemoteWindow;
+    const SENT: u32 = 200;
+    const MARKER: [u8; 8] = *b"all sent";
+    let mut tally = Tally::default();
+    if ep.size() != 3 {
+        return Err("forged-credit runs on 3 ranks".into());
+    }
+    let config = ep.config().clone();
+    // Rank 0's layout (mod.rs, `Layout::new`): rings after the segment,
+    // then one credit word per target.
+    let rings_at = (config.segment_bytes as u64).next_multiple_of(64);
+    let credits_at = rings_at + 3 * u64::from(config.ring_slots) * u64::from(config.slot_bytes);
+    match ep.rank() {
+        2 => {
+            let record = job.get(0, "pindown-gasnet").map_err(|e| e.to_string())?;
+            let text = format!(
+                "{}:{}:{:016x}:{}",
+                u16::from_le_bytes(record[0..2].try_into().expect("2 bytes")),
+                u16::from_le_bytes(record[2..4].try_into().expect("2 bytes")),
+                u64::from_le_bytes(record[4..12].try_into().expect("8 bytes")),
+                u64::from_le_bytes(record[12..20].try_into().expect("8 bytes")),
+            );
+            let rank0: RemoteWindow = text.parse().map_err(|e| format!("{e}"))?;
+            let buffer = context.alloc(4096, 4096).map_err(|e| e.to_string())?;
+            // SAFETY: 8 bytes of a buffer just allocated, 4096 long.
+            unsafe { std::ptr::write(buffer.as_ptr().cast::<u64>(), 1 << 40) };
+            let region = context
+                .register_buffer(&buffer)
+                .map_err(|e| e.to_string())?;
+            let mut cq = context.create_completion_queue();
+            let mut qp = context
+                .create_queue_pair(&mut cq)
+                .map_err(|e| e.to_string())?;
+            let entry = Write::new(
+                region.local(0, 8).map_err(|e| e.to_string())?,
+                rank0.at(credits_at + 8),
+            )
+            .build()
+            .inline()
+            .signaled();
+            let forge = arg(args, "--forge") != Some("off");
+            if forge {
+                qp.post(&[entry]).map_err(|e| e.to_string())?;
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut done = Vec::new();
+            while forge && done.is_empty() && Instant::now() < deadline {
+                cq.poll_into(&mut done).map_err(|e| e.to_string())?;
+            }
+            if forge && done.is_empty() {
+                return Err("the forged credit write did not complete".into());
+            }
+            ep.request_short(0, H_GO, &[]).map_err(|e| e.to_string())?;
+            tally.checked = 1;
+        }
+        0 => {
+            ep.wait_until(|_| state.borrow().verified > 0)
+                .map_err(|e| e.to_string())?;
+            ep.set_timeout(Duration::from_secs(2));
+            for n in 0..SENT {
+                if let Err(err) = ep.request_short(1, H_GOOD, &[n]) {
+                    // What a credit check would do: rank 1 is not polling.
+                    tally
+                        .notes
+                        .push(format!("send {n} stalled and failed: {err}"));
+                    break;
+                }
+            }
+            ep.set_timeout(Duration::from_secs(60));
+            ep.put(1, 0, &MARKER).map_err(|e| e.to_string())?;
+            tally.checked = 1;
+        }
+        _ => {
+            // Not polling until rank 0 says (by a put) it has sent.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while ep.segment()[..8] != MARKER {
+                if Instant::now() > deadline {
+                    return Err("rank 0 never said it was done".into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline {
+                ep.poll().map_err(|e| e.to_string())?;
+            }
+            let ran = state.borrow().good;
+            // Without the forgery rank 0 stalls once the ring is full and
+            // all it sent runs here (63: the first barrier's notice holds
+            // a slot whose credit is not yet back).
+            if ran < config.ring_slots / 2 {
+                // Exit without the final barrier: its notices would sit
+                // behind the lost packets.
+                return Err(format!(
+                    "rank 0 sent without credits (rank 2 forged rank 1's consumed count in rank \
+                     0's window) and overran the 64-slot ring: {ran} of its messages ran here"
+                ));
+            }
+            tally.checked = u64::from(ran);
+        }
+    }
     Ok(tally)
 }
