@@ -1174,26 +1174,37 @@ impl<'c> Endpoint<'c> {
     /// Runs the handlers of every packet that has arrived, returns credits
     /// and sends queued replies; how many user handlers ran.
     pub fn poll(&mut self) -> Result<usize> {
-        self.reap()?;
-        let ran = self.progress_incoming()?;
-        self.flush_outgoing()?;
-        if let Some(err) = self.failures.pop() {
-            return Err(err);
-        }
+        let ran = self.progress()?;
         if let Some(err) = self.bad_packets.pop_front() {
             return Err(err);
         }
         Ok(ran)
     }
 
+    /// What [`poll`](Self::poll) does but report bad packets (they stay
+    /// queued for `poll`): reaps, runs handlers, sends queued replies,
+    /// fails if a request of this rank failed.
+    fn progress(&mut self) -> Result<usize> {
+        self.reap()?;
+        let ran = self.progress_incoming()?;
+        self.flush_outgoing()?;
+        if let Some(err) = self.failures.pop() {
+            return Err(err);
+        }
+        Ok(ran)
+    }
+
     /// Polls until `cond` holds; fails after [`Config::timeout`] without
-    /// it, or as soon as a request to a peer fails.
+    /// it, or as soon as a request to a peer fails. Bad packets from peers
+    /// do not end the wait (a hostile peer cannot make this rank give up
+    /// on the others): they are counted and left for
+    /// [`poll`](Self::poll) to report.
     pub fn wait_until(&mut self, mut cond: impl FnMut(&mut Self) -> bool) -> Result<()> {
         let start = Instant::now();
         let mut next_check = start + self.config.liveness_interval;
         let mut polls = 0u32;
         loop {
-            self.poll()?;
+            self.progress()?;
             if cond(self) {
                 return Ok(());
             }
