@@ -239,3 +239,24 @@ fn the_descriptor_cache_keeps_hot_puts_and_every_put_lands() {
         assert_eq!(extra(&line, "hits"), 0, "{line}");
     }
 }
+
+#[test]
+fn hostile_peers_and_abandoned_operations_change_nothing_they_should_not() {
+    // A blocking get that gives up writes nothing into the caller's
+    // memory afterwards; a put source unmapped and mapped again at the
+    // same address is read anew (cache on); a barrier notice from a rank
+    // that is not the round's sender does not let anyone out; a late reply
+    // to a get given up neither fails the next get nor lands in it; a rank
+    // cannot forge another pair's credits (its write is refused, no ring
+    // overruns).
+    for (ranks, scenario, args) in [
+        (2, "stale-get", &[][..]),
+        (2, "remap-put", &["--way", "munmap"][..]),
+        (2, "remap-put", &["--way", "dontneed"][..]),
+        (3, "forged-barrier", &[][..]),
+        (2, "late-get-reply", &["--get", "message"][..]),
+        (3, "forged-credit", &[][..]),
+    ] {
+        passes(ranks, scenario, args);
+    }
+}

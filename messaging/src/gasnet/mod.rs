@@ -215,7 +215,7 @@ use pindown_driver::verbs::{
     Completion, CompletionQueue, Context, MemoryRegion, QueuePair, RegionWindow, RemoteWindow,
 };
 use pindown_uapi::queue::MAX_INLINE;
-use pindown_uapi::{Access, CompletionError, ErrorDetail, Status};
+use pindown_uapi::{Access, CompletionError, ErrorDetail, PortAddress, RemoteAddress, Status};
 
 use crate::engine::post_entries;
 use crate::error::{Error, Result};
@@ -518,9 +518,11 @@ pub struct Counters {
     pub bad_packets: u64,
 }
 
-/// Offsets of one rank's memory: the window part (segment, rings, credit
-/// words, get bounce area) and the private part (the staging mirror of
-/// this rank's packets, scratch).
+/// Offsets of one rank's memory: the part every peer reaches through one
+/// window (segment, get bounce area), the rings and credit words (each
+/// ring writable by its sender alone, each credit word by its target
+/// alone, through windows bound to that peer), and the private part (the
+/// staging mirror of this rank's packets, scratch).
 #[derive(Clone, Copy, Debug)]
 struct Layout {
     ring_slots: u64,
@@ -530,7 +532,6 @@ struct Layout {
     credits_at: u64,
     bounce_at: u64,
     bounce_bytes: u64,
-    exposed: u64,
     staging_at: u64,
     scratch_at: u64,
     total: u64,
@@ -554,12 +555,12 @@ impl Layout {
         let ring_slots = u64::from(config.ring_slots);
         let slot_bytes = u64::from(config.slot_bytes);
         let segment = config.segment_bytes as u64;
-        let rings_at = segment.next_multiple_of(64);
+        let bounce_at = segment.next_multiple_of(64);
+        let bounce_bytes = config.get_bounce_bytes as u64;
+        let rings_at = (bounce_at + bounce_bytes).next_multiple_of(64);
         let ring_bytes = ranks * ring_slots * slot_bytes;
         let credits_at = rings_at + ring_bytes;
-        let bounce_at = (credits_at + 8 * ranks).next_multiple_of(64);
-        let bounce_bytes = config.get_bounce_bytes as u64;
-        let exposed = bounce_at + bounce_bytes;
+        let exposed = credits_at + 8 * ranks;
         let staging_at = exposed.next_multiple_of(4096);
         let scratch_at = staging_at + ring_bytes;
         Layout {
@@ -570,7 +571,6 @@ impl Layout {
             credits_at,
             bounce_at,
             bounce_bytes,
-            exposed,
             staging_at,
             scratch_at,
             total: (scratch_at + SCRATCH_BYTES).next_multiple_of(4096),
@@ -582,14 +582,94 @@ impl Layout {
         self.rings_at + (u64::from(sender) * self.ring_slots + slot) * self.slot_bytes
     }
 
+    /// Bytes of one sender's ring.
+    fn ring_bytes(&self) -> u64 {
+        self.ring_slots * self.slot_bytes
+    }
+
+    /// Offset of this rank's credit word for `target` (written by
+    /// `target`).
+    fn credit_word(&self, target: u32) -> u64 {
+        self.credits_at + 8 * u64::from(target)
+    }
+
     /// Offset of the mirror of slot `slot` of this rank's ring at `target`.
     fn staging_slot(&self, target: u32, slot: u64) -> u64 {
         self.staging_at + (u64::from(target) * self.ring_slots + slot) * self.slot_bytes
     }
 }
 
-/// Bytes of a rank's record in the launcher's key-value space.
-const RECORD_BYTES: usize = 20;
+/// What reaches a peer: its shared window (segment, bounce area), its
+/// ring for this rank, and its credit word for this rank.
+#[derive(Clone, Copy, Debug)]
+struct PeerWindows {
+    shared: RemoteWindow,
+    ring: RemoteWindow,
+    credit: RemoteWindow,
+}
+
+impl PeerWindows {
+    /// The address `offset` bytes into the shared window.
+    fn at(&self, offset: u64) -> RemoteAddress {
+        self.shared.at(offset)
+    }
+}
+
+/// The key the pair windows are published under.
+const PAIRS_KEY: &str = "pindown-gasnet-pairs";
+
+/// Bytes of one window in a record: node, port, key, length.
+const WINDOW_RECORD_BYTES: usize = 20;
+
+/// Publishes `windows` under `key` and gives every rank's, each rank's
+/// list checked by `check`.
+fn exchange_windows(
+    job: &mut Job,
+    key: &str,
+    windows: &[RemoteWindow],
+    check: impl Fn(u32, &[RemoteWindow]) -> Result<()>,
+) -> Result<Vec<Vec<RemoteWindow>>> {
+    let mut record = Vec::with_capacity(windows.len() * WINDOW_RECORD_BYTES);
+    for window in windows {
+        record.extend_from_slice(&window.node.to_le_bytes());
+        record.extend_from_slice(&window.port.to_le_bytes());
+        record.extend_from_slice(&window.key.0.to_le_bytes());
+        record.extend_from_slice(&window.len.to_le_bytes());
+    }
+    let records = job.all_gather(key, &record)?;
+    records
+        .iter()
+        .enumerate()
+        .map(|(rank, record)| {
+            let bad = |why: String| Error::BadPeerRecord {
+                rank: rank as u32,
+                why,
+            };
+            if record.is_empty() || record.len() % WINDOW_RECORD_BYTES != 0 {
+                return Err(bad(format!(
+                    "{} bytes, a multiple of {WINDOW_RECORD_BYTES} expected",
+                    record.len()
+                )));
+            }
+            let windows = record
+                .chunks_exact(WINDOW_RECORD_BYTES)
+                .map(|w| {
+                    let text = format!(
+                        "{}:{}:{:016x}:{}",
+                        u16::from_le_bytes(w[0..2].try_into().expect("2 bytes")),
+                        u16::from_le_bytes(w[2..4].try_into().expect("2 bytes")),
+                        u64::from_le_bytes(w[4..12].try_into().expect("8 bytes")),
+                        u64::from_le_bytes(w[12..20].try_into().expect("8 bytes")),
+                    );
+                    text.parse::<RemoteWindow>()
+                        .map_err(|e| bad(format!("{e}")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            check(rank as u32, &windows)?;
+            Ok(windows)
+        })
+        .collect()
+}
 /// The key it is published under.
 const RECORD_KEY: &str = "pindown-gasnet";
 /// Marks a completion of a packet's writes (the rest is the target).
@@ -631,13 +711,16 @@ pub struct Endpoint<'c> {
     qp: QueuePair<'c>,
     cq: CompletionQueue<'c>,
     window: RegionWindow<'c>,
+    /// The windows over each sender's ring and each target's credit word,
+    /// bound to that peer.
+    _pair_windows: Vec<RegionWindow<'c>>,
     memory: DmaBuffer,
     context: &'c Context,
     config: Config,
     layout: Layout,
     rank: u32,
     size: u32,
-    peers: Vec<RemoteWindow>,
+    peers: Vec<PeerWindows>,
     /// Packets sent to each target (the last sequence number).
     sent: Vec<u64>,
     /// Packets consumed from each sender.
@@ -718,46 +801,60 @@ impl<'c> Endpoint<'c> {
         let window = context.bind_region_window(
             region,
             0,
-            layout.exposed,
+            layout.rings_at,
             Access::REMOTE_WRITE | Access::REMOTE_READ,
             None,
         )?;
-        let remote = window.remote();
-        let mut record = [0u8; RECORD_BYTES];
-        record[..2].copy_from_slice(&remote.node.to_le_bytes());
-        record[2..4].copy_from_slice(&remote.port.to_le_bytes());
-        record[4..12].copy_from_slice(&remote.key.0.to_le_bytes());
-        record[12..20].copy_from_slice(&remote.len.to_le_bytes());
-        let records = job.all_gather(RECORD_KEY, &record)?;
-        let mut peers = Vec::with_capacity(records.len());
-        for (rank, record) in records.iter().enumerate() {
-            let bad = |why: String| Error::BadPeerRecord {
-                rank: rank as u32,
-                why,
-            };
-            if record.len() != RECORD_BYTES {
-                return Err(bad(format!(
-                    "{} bytes, {RECORD_BYTES} expected",
-                    record.len()
-                )));
-            }
-            let text = format!(
-                "{}:{}:{:016x}:{}",
-                u16::from_le_bytes(record[0..2].try_into().expect("2 bytes")),
-                u16::from_le_bytes(record[2..4].try_into().expect("2 bytes")),
-                u64::from_le_bytes(record[4..12].try_into().expect("8 bytes")),
-                u64::from_le_bytes(record[12..20].try_into().expect("8 bytes")),
-            );
-            let peer: RemoteWindow = text.parse().map_err(|e| bad(format!("{e}")))?;
-            if peer.len != layout.exposed {
-                return Err(Error::Mismatch(format!(
+        let shared = exchange_windows(job, RECORD_KEY, &[window.remote()], |rank, peer| {
+            (peer[0].len == layout.rings_at)
+                .then_some(())
+                .ok_or_else(|| {
+                    Error::Mismatch(format!(
                     "rank {rank}'s window is {} bytes, this rank's {}: every rank must use the \
                      same segment_bytes, ring_slots, slot_bytes and get_bounce_bytes",
-                    peer.len, layout.exposed
-                )));
+                    peer[0].len, layout.rings_at
+                ))
+                })
+        })?;
+        // Each sender's ring, writable by that sender alone; each credit
+        // word, by its target alone: a peer cannot fill another's ring or
+        // forge another's credits.
+        let mut pair_windows = Vec::with_capacity(2 * size as usize);
+        let mut pair_remotes = Vec::with_capacity(2 * size as usize);
+        for (rank, peer) in shared.iter().enumerate() {
+            let owner = Some(PortAddress {
+                node: peer[0].node,
+                port: peer[0].port,
+            });
+            for (at, len) in [
+                (layout.ring_slot(rank as u32, 0), layout.ring_bytes()),
+                (layout.credit_word(rank as u32), 8),
+            ] {
+                let region = context.register_buffer(&memory)?;
+                let pair =
+                    context.bind_region_window(region, at, len, Access::REMOTE_WRITE, owner)?;
+                pair_remotes.push(pair.remote());
+                pair_windows.push(pair);
             }
-            peers.push(peer);
         }
+        let pairs = exchange_windows(job, PAIRS_KEY, &pair_remotes, |rank, windows| {
+            (windows.len() == 2 * size as usize)
+                .then_some(())
+                .ok_or_else(|| Error::BadPeerRecord {
+                    rank,
+                    why: format!("{} pair windows, {} expected", windows.len(), 2 * size),
+                })
+        })?;
+        let me = job.rank() as usize;
+        let peers = shared
+            .iter()
+            .zip(&pairs)
+            .map(|(shared, pairs)| PeerWindows {
+                shared: shared[0],
+                ring: pairs[2 * me],
+                credit: pairs[2 * me + 1],
+            })
+            .collect();
         let mut cq = context.create_completion_queue();
         let qp = context.create_queue_pair(&mut cq)?;
         let n = size as usize;
@@ -766,6 +863,7 @@ impl<'c> Endpoint<'c> {
             qp,
             cq,
             window,
+            _pair_windows: pair_windows,
             memory,
             context,
             layout,
@@ -985,7 +1083,7 @@ impl<'c> Endpoint<'c> {
     fn free_slots(&self, target: u32) -> u64 {
         let sent = self.sent[target as usize];
         let consumed = self
-            .word(self.layout.credits_at + 8 * u64::from(target))
+            .word(self.layout.credit_word(target))
             .load(Ordering::Acquire)
             .min(sent);
         self.layout.ring_slots - (sent - consumed).min(self.layout.ring_slots)
@@ -1102,8 +1200,8 @@ impl<'c> Endpoint<'c> {
         pio: bool,
     ) -> Result<()> {
         let slot = (seq - 1) % self.layout.ring_slots;
-        let remote = self.peers[target as usize];
-        let ring = self.layout.ring_slot(self.rank, slot);
+        let remote = self.peers[target as usize].ring;
+        let ring = slot * self.layout.slot_bytes;
         let user_data = PACKET_BIT | u64::from(target);
         let region = self.window.region();
         let body = Write::new(
@@ -1250,7 +1348,7 @@ impl<'c> Endpoint<'c> {
                 None => {}
             }
             let at = self.layout.scratch_at + SCRATCH_PROBE;
-            let remote = self.peers[peer as usize].at(self.layout.credits_at);
+            let remote = self.peers[peer as usize].at(0);
             let entry = Read::new(self.window.region().local(at, 8)?, remote)
                 .build()
                 .user_data(PROBE_BIT | u64::from(peer))
@@ -1311,8 +1409,7 @@ impl<'c> Endpoint<'c> {
                 8,
             )
         };
-        let remote =
-            self.peers[sender as usize].at(self.layout.credits_at + 8 * u64::from(self.rank));
+        let remote = self.peers[sender as usize].credit.at(0);
         // Fenced: a later count never lands before an earlier one.
         let entry = Write::new(self.window.region().local(at, 8)?, remote)
             .build()
@@ -1459,9 +1556,7 @@ impl<'c> Endpoint<'c> {
             }
             // Only the get in progress (one at a time) expects a reply.
             // The reply to the get in progress, from the rank asked.
-            INTERNAL_GET_REPLY
-                if args.len() == 2 && self.get_pending == Some((arg(0), sender)) =>
-            {
+            INTERNAL_GET_REPLY if args.len() == 2 && self.get_pending == Some((arg(0), sender)) => {
                 self.get_replies.insert(arg(0), arg(1));
                 Ok(())
             }
@@ -1482,7 +1577,8 @@ impl<'c> Endpoint<'c> {
                         || arg(0) == self.barrier_epoch.wrapping_add(1))
                     && arg(1) < 31
                     && (1u32 << arg(1)) < self.size
-                    && sender == (self.rank + self.size - (1u32 << arg(1)) % self.size) % self.size =>
+                    && sender
+                        == (self.rank + self.size - (1u32 << arg(1)) % self.size) % self.size =>
             {
                 *self.barrier_arrivals.entry((arg(0), arg(1))).or_default() += 1;
                 Ok(())
@@ -1757,17 +1853,17 @@ mod tests {
                 ..Config::default()
             };
             let layout = Layout::new(ranks, &config);
-            assert!(layout.rings_at >= layout.segment);
+            assert!(layout.bounce_at >= layout.segment);
+            assert!(layout.rings_at >= layout.bounce_at + layout.bounce_bytes);
             assert_eq!(layout.rings_at % 64, 0);
             // Rings of different senders and slots never overlap; the last
             // ends where the credit words start.
             let last = layout.ring_slot(ranks - 1, u64::from(slots) - 1);
             assert_eq!(last + u64::from(slot_bytes), layout.credits_at);
             assert_eq!(layout.ring_slot(1 % ranks, 0) % 8, 0);
-            assert!(layout.credits_at + 8 * u64::from(ranks) <= layout.bounce_at);
-            assert_eq!(layout.bounce_at + layout.bounce_bytes, layout.exposed);
+            assert!(layout.credit_word(ranks) <= layout.staging_at);
             // What peers may not touch lies past the window.
-            assert!(layout.staging_at >= layout.exposed);
+            assert_eq!(layout.staging_at % 4096, 0);
             let staged_end =
                 layout.staging_slot(ranks - 1, u64::from(slots) - 1) + u64::from(slot_bytes);
             assert_eq!(staged_end, layout.scratch_at);

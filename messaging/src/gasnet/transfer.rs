@@ -276,7 +276,7 @@ impl<'c> Endpoint<'c> {
                     body_offset,
                 }
             },
-            |_, cached| PrebuiltPut(body_requests(cached, &remote, target_offset)),
+            |_, cached| PrebuiltPut(body_requests(cached, &remote.shared, target_offset)),
         );
         let (cached, prebuilt) = match &lookup.entry {
             Cached::Entry(v) => (v.clone_shared(), None),
