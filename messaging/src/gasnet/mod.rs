@@ -757,7 +757,9 @@ pub struct Endpoint<'c> {
     /// Bad packets found while progressing, reported one per poll (at
     /// most [`BAD_PACKETS_KEPT`] kept; the counter counts them all).
     bad_packets: VecDeque<Error>,
-    polling: bool,
+    /// Set while the rings are being consumed (reset even if a handler
+    /// panics).
+    polling: std::rc::Rc<std::cell::Cell<bool>>,
     /// Repeated puts' descriptors ([`Config::descriptor_cache`]).
     descriptors: Option<transfer::PutCache<'c>>,
 }
@@ -891,7 +893,7 @@ impl<'c> Endpoint<'c> {
             probes: vec![None; n],
             gone: vec![None; n],
             bad_packets: VecDeque::new(),
-            polling: false,
+            polling: Default::default(),
             descriptors: config.descriptor_cache.map(DescriptorCache::new),
             config,
         })
@@ -1153,7 +1155,12 @@ impl<'c> Endpoint<'c> {
             nargs: args.len(),
             // A long message's payload went ahead by put: only its length
             // travels.
-            payload_len: payload.len() as u32,
+            payload_len: u32::try_from(payload.len()).map_err(|_| {
+                Error::Gasnet(format!(
+                    "a payload of {} bytes: messages carry at most 4 GiB - 1",
+                    payload.len()
+                ))
+            })?,
             long_offset,
         };
         let body_len = header.body_len();
@@ -1362,12 +1369,22 @@ impl<'c> Endpoint<'c> {
     /// Consumes the packets that have arrived on every ring; how many
     /// user handlers ran.
     fn progress_incoming(&mut self) -> Result<usize> {
-        if self.polling {
+        if self.polling.get() {
             // A handler's own progress (never: handlers get no endpoint),
             // or a send stalled inside a reply: the outer loop consumes.
             return Ok(0);
         }
-        self.polling = true;
+        /// Clears the flag when consuming ends, by return or by a
+        /// handler's panic (an endpoint used after a caught panic still
+        /// consumes its rings).
+        struct Consuming(std::rc::Rc<std::cell::Cell<bool>>);
+        impl Drop for Consuming {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        self.polling.set(true);
+        let _consuming = Consuming(std::rc::Rc::clone(&self.polling));
         let mut ran = 0;
         for sender in 0..self.size {
             loop {
@@ -1386,13 +1403,9 @@ impl<'c> Endpoint<'c> {
             let owed = self.consumed[sender as usize] - self.returned[sender as usize];
             if owed > 0 && (due || owed >= (self.layout.ring_slots / 2).max(1)) {
                 self.credit_due[sender as usize] = false;
-                if let Err(err) = self.return_credits(sender) {
-                    self.polling = false;
-                    return Err(err);
-                }
+                self.return_credits(sender)?;
             }
         }
-        self.polling = false;
         Ok(ran)
     }
 
