@@ -102,13 +102,13 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
 
 /// Resets a port whose connection ended (or never started) and frees it
 /// for the next frontend: once no access to its memory is in flight, its
-/// memory and windows are gone; frames for it are dropped.
+/// memory and windows are gone; frames for it are dropped. The caller
+/// then frees the connection slot and says the port is disconnected.
 pub fn reset_port(ctx: Context<'_>, port: &Port) {
     port.inbox.close();
     port.shared.reset();
     *port.lock() = PortState::new(port.index, port.mac, ctx.config, port.shared.clone());
     ctx.switch.forget_port(port.index);
-    port.stats.connected.store(false, Ordering::Release);
 }
 
 /// Moves the frames of the port's inbox into rx ring 0 (see

@@ -422,6 +422,11 @@ fn peer_credentials(stream: &UnixStream) -> std::io::Result<libc::ucred> {
 fn release(dev: &Device, port: &Port) {
     connection::reset_port(dev.context(), port);
     dev.connection_ended();
+    // Said last: whoever sees the port disconnected (the status) finds
+    // its connection slot free too.
+    port.stats
+        .connected
+        .store(false, std::sync::atomic::Ordering::Release);
     tracing::info!(port = port.index, "port reset");
 }
 

@@ -161,6 +161,13 @@ fn healthy_after(dev: &DeviceProcess, port: usize, other: usize) {
     wait_disconnected(dev, port);
     assert_cpu_idle(dev, "after the hostile client left");
     drivers_move_bytes(dev, other, other + 1, 1);
+    // Those drivers' connections are torn down before the next two come
+    // (a device allowed two connections refuses a third meanwhile).
+    assert!(
+        dev.wait_for(T, |s| s.iter().all(|p| p.n("connected") == 0)),
+        "the drivers' ports stayed connected: {:?}",
+        dev.status()
+    );
     let got = drivers_move_bytes(dev, port, other, 2);
     assert_eq!(
         got as usize, port,
