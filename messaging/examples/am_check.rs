@@ -960,6 +960,9 @@ fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
     let mut tally = Tally::default();
     let last = ep.size() - 1;
     if ep.rank() == last {
+        // Leave once the others are past the first barrier (any departed
+        // peer fails every wait, that barrier's included).
+        std::thread::sleep(Duration::from_secs(1));
         println!(
             "{}",
             json!({"rank": last, "size": ep.size(), "scenario": "peer-death", "ok": true,

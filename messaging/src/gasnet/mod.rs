@@ -702,6 +702,13 @@ struct Op<'c> {
     _cached: Option<std::rc::Rc<MemoryRegion<'c>>>,
 }
 
+/// Why a queued message did not go, and whether its packet went anyway
+/// (then it must not be sent again: its handler would run twice).
+struct SendFailure {
+    error: Error,
+    packet_sent: bool,
+}
+
 /// One rank's GASNet endpoint: its segment, rings, queue pair and
 /// handlers. See the [module documentation](self).
 pub struct Endpoint<'c> {
@@ -1237,17 +1244,32 @@ impl<'c> Endpoint<'c> {
     /// Sends queued replies and library answers, oldest first.
     fn flush_outgoing(&mut self) -> Result<()> {
         while let Some(out) = self.outgoing.pop_front() {
-            self.send_outgoing(&out)?;
+            if let Err(failure) = self.send_outgoing(&out) {
+                if !failure.packet_sent {
+                    // Kept, first in line, for the next flush: a reply
+                    // that could not go yet is not lost.
+                    self.outgoing.push_front(out);
+                }
+                return Err(failure.error);
+            }
         }
         Ok(())
     }
 
-    fn send_outgoing(&mut self, out: &Outgoing) -> Result<()> {
+    fn send_outgoing(&mut self, out: &Outgoing) -> std::result::Result<(), SendFailure> {
+        let before = |error| SendFailure {
+            error,
+            packet_sent: false,
+        };
         if let Some((from, len, to)) = out.pre_write {
-            self.write_from_segment(out.target, from, len, to)?;
+            self.write_from_segment(out.target, from, len, to)
+                .map_err(before)?;
         }
         let op = if out.kind == Kind::Long {
-            Some(self.start_put(out.target, out.long_offset, &out.payload)?)
+            Some(
+                self.start_put(out.target, out.long_offset, &out.payload)
+                    .map_err(before)?,
+            )
         } else {
             None
         };
@@ -1267,9 +1289,12 @@ impl<'c> Endpoint<'c> {
         );
         if let Some(op) = op {
             // The payload is the queued copy: it must outlive the writes.
-            self.wait(op)?;
+            self.wait(op).map_err(|error| SendFailure {
+                error,
+                packet_sent: sent.is_ok(),
+            })?;
         }
-        sent?;
+        sent.map_err(before)?;
         if out.flags & FLAG_REPLY != 0 {
             self.counters.replies += 1;
         }
@@ -1652,8 +1677,10 @@ impl<'c> Endpoint<'c> {
             }
             // Keep consuming while waiting: peers may be stalled on us.
             self.progress_incoming()?;
+            // Checked on the first turn too, then every 64.
+            let check = spins.is_multiple_of(64);
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
+            if check {
                 // The device completes or fails every request it took (a
                 // departed target fails it): this bound is for a device
                 // that stopped answering.
