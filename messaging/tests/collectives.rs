@@ -32,7 +32,12 @@ fn run_collectives(exe: &PathBuf, ranks: u32, seed: u64, cases: u32) {
     );
     let mut seen: Vec<u64> = Vec::new();
     for line in &lines {
-        assert_eq!(line["ok"], true, "{ranks} ranks (seed {seed}): {line}");
+        // Every rank's line and the launcher's errors: the first rank to
+        // fail is often not the one that reports it.
+        assert_eq!(
+            line["ok"], true,
+            "{ranks} ranks (seed {seed}): {line}\nall ranks:\n{stdout}\n{stderr}"
+        );
         assert_eq!(line["size"], ranks, "{line}");
         let checked = line["checked"].as_u64().expect("a checked count");
         assert!(checked > 0, "{ranks} ranks: nothing checked: {line}");
