@@ -4,7 +4,7 @@
 //! figures consistent with each other, and every target reported. Speed is
 //! never asserted.
 
-use std::process::{Command, Stdio};
+mod common;
 
 use serde_json::Value;
 
@@ -33,20 +33,10 @@ fn is_root() -> bool {
 
 #[test]
 fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
-    let output = Command::new(env!("CARGO_BIN_EXE_fabric"))
-        .args(["--quick", "--quiet", "--samples", "100", "--peers", "2,64"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run fabric");
-    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {}; stderr: {stderr}; stdout: {stdout}",
-        output.status
+    let report = common::run_report(
+        env!("CARGO_BIN_EXE_fabric"),
+        &["--quick", "--quiet", "--samples", "100", "--peers", "2,64"],
     );
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(report["program"], "fabric");
     assert_eq!(report["verified"], true);
     let hosts = report["hosts"].as_str().expect("hosts");

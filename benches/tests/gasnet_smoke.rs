@@ -4,7 +4,7 @@
 //! faces, Himeno) and by each installed MPI, the ratios recomputable from
 //! the figures they name, and Himeno's residual the same on both sides.
 
-use std::process::{Command, Stdio};
+mod common;
 
 use serde_json::Value;
 
@@ -29,20 +29,7 @@ fn sizes(figures: &[Value]) -> Vec<u64> {
 
 #[test]
 fn quick_gasnet_prints_every_figure_beside_the_mpis() {
-    let output = Command::new(env!("CARGO_BIN_EXE_gasnet"))
-        .arg("--quick")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run gasnet");
-    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {}; stderr: {stderr}; stdout: {stdout}",
-        output.status
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
+    let report = common::run_report(env!("CARGO_BIN_EXE_gasnet"), &["--quick"]);
     assert_eq!(report["benchmark"], "gasnet");
     assert_eq!(report["verified"], true);
     let ours = &report["pindown"];

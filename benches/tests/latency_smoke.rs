@@ -2,6 +2,8 @@
 //! it: one JSON document with every figure measured, checked and set
 //! beside its baseline, and the memory kind a figure was measured on named.
 
+mod common;
+
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -15,20 +17,10 @@ fn number(value: &Value, path: &str) -> f64 {
 
 #[test]
 fn quick_latency_prints_every_figure_with_its_baseline() {
-    let output = Command::new(env!("CARGO_BIN_EXE_latency"))
-        .args(["--quick", "--quiet", "--samples", "300", "--sizes", "8,300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run latency");
-    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {}; stderr: {stderr}; stdout: {stdout}",
-        output.status
+    let report = common::run_report(
+        env!("CARGO_BIN_EXE_latency"),
+        &["--quick", "--quiet", "--samples", "300", "--sizes", "8,300"],
     );
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(report["program"], "latency");
     assert_eq!(report["verified"], true);
     let modes = report["modes"].as_array().expect("modes");

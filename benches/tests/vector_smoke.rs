@@ -5,7 +5,7 @@
 //! their sizes, and the MPI series measured or (outside CI) reported
 //! missing.
 
-use std::process::{Command, Stdio};
+mod common;
 
 use serde_json::Value;
 
@@ -30,30 +30,26 @@ fn series<'a>(pass: &'a Value, method: &str, cache: Option<&str>, z: usize, n: u
 #[test]
 fn small_run_prints_every_series_checked() {
     let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-    let output = Command::new(env!("CARGO_BIN_EXE_vector-transfer"))
-        .args([
-            "--quick",
-            "--quiet",
-            "--pages",
-            "4k",
-            "--samples",
-            "3",
-            "--cold-samples",
-            "2",
-        ])
-        .args(["--z", &join(&Z), "--n", &join(&N), "--m", &join(&M)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run vector-transfer");
-    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {}; stderr: {stderr}; stdout: {stdout}",
-        output.status
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
+    let args: Vec<String> = [
+        "--quick",
+        "--quiet",
+        "--pages",
+        "4k",
+        "--samples",
+        "3",
+        "--cold-samples",
+        "2",
+        "--z",
+        &join(&Z),
+        "--n",
+        &join(&N),
+        "--m",
+        &join(&M),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let report = common::run_report(env!("CARGO_BIN_EXE_vector-transfer"), &args);
     assert_eq!(report["program"], "vector-transfer");
     assert_eq!(report["verified"], true);
     assert_eq!(report["complete"], true);

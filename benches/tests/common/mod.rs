@@ -49,3 +49,22 @@ pub fn verified(figure: &Value) {
     assert_eq!(integer(figure, "mismatches"), 0, "{figure}");
     assert_eq!(figure["verified"], Value::Bool(true), "{figure}");
 }
+
+/// Runs a benchmark program with `args`, asserts it succeeded, and gives
+/// the one JSON document it printed.
+pub fn run_report<S: AsRef<std::ffi::OsStr>>(exe: &str, args: &[S]) -> Value {
+    let output = std::process::Command::new(exe)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("run {exe}: {e}"));
+    let stdout = String::from_utf8(output.stdout).expect("utf-8 on stdout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{exe}: exit {}; stderr: {stderr}; stdout: {stdout}",
+        output.status
+    );
+    serde_json::from_str(&stdout).expect("one JSON document")
+}
