@@ -96,6 +96,11 @@ use pindown_driver::verbs::ContextConfig;
 pub fn context_config() -> ContextConfig {
     let mut config = ContextConfig::default();
     config.cache.monitor = true;
+    // Collectives on many ranks hold several buffers of each call pinned
+    // at once (sends, receive windows, pipeline chunks): 1 GiB of pinned
+    // memory rather than the driver's default, which an 8-rank broadcast
+    // of 4 MiB exhausted.
+    config.cache.max_pinned_bytes = Some(1 << 30);
     config
 }
 pub use error::{Error, Result};
