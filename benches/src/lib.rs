@@ -29,6 +29,9 @@
 //!   loopback) for device processes joined over UDP, the raw UDP
 //!   baselines between them, and the fabric's memory figures.
 //!
+//! * [`report`]: `pindown-report`, every program in one run, written as
+//!   JSON, plots and a Markdown report.
+//!
 //! The binaries `pin-hitrate`, `pin-cost`, `pindown-demo`, `latency`,
 //! `vector-transfer`, `fabric`, `fmpl` and `gasnet`, the criterion
 //! benchmarks and the integration tests all use these modules, so that what
@@ -45,6 +48,7 @@ pub mod ping_pong;
 pub mod raw_write;
 pub mod rdma;
 pub mod replay;
+pub mod report;
 pub mod stats;
 pub mod submatrix;
 pub mod sys;

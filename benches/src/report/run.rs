@@ -1,0 +1,331 @@
+//! Runs the programs one after the other under one progress bar, keeps
+//! each one's document under `raw/` and its stderr under the log folder,
+//! and builds the [`Report`].
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::Value;
+
+use super::sections::Job;
+use super::{JobRun, MachineFacts, Outcome, Peer, Report, RAW};
+use crate::mpi::{find_in_path, Flavor};
+
+/// What a report run needs to know.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The short version.
+    pub quick: bool,
+    /// Where the report goes.
+    pub out: PathBuf,
+    /// Where each program's stderr goes (`PROGRAM.log`).
+    pub logs: PathBuf,
+    /// The folder holding the benchmark programs.
+    pub programs: PathBuf,
+    /// Show the progress bar (stderr is a terminal and not `--quiet`).
+    pub progress: bool,
+    /// The command line, for the report.
+    pub command: String,
+}
+
+/// Runs `jobs` and returns the report (not yet written, but for the raw
+/// documents); a program that fails is recorded, and the others still run.
+pub fn run(jobs: &[Job], options: &Options) -> Result<Report, Box<dyn Error>> {
+    let raw = options.out.join(RAW);
+    std::fs::create_dir_all(&raw)?;
+    std::fs::create_dir_all(&options.logs)?;
+    let started = SystemTime::now();
+    let clock = Instant::now();
+    let estimates = estimates(jobs, options);
+    let total: f64 = estimates.iter().sum();
+    let bar = progress_bar(total, options.progress);
+    let mut runs = Vec::new();
+    let mut sections = Vec::new();
+    let mut done_s = 0.0;
+    for (job, estimate) in jobs.iter().zip(&estimates) {
+        bar.set_message(job.program);
+        let ticker = Ticker::start(&bar, done_s, *estimate);
+        let began = Instant::now();
+        let result = run_job(job, options, &raw);
+        ticker.stop();
+        done_s += estimate;
+        bar.set_position(millis(done_s));
+        let seconds = began.elapsed().as_secs_f64();
+        let command = job.command(options.quick);
+        let outcome = match result {
+            Err(why) => Outcome::Failed(why),
+            Ok(doc) => match (job.sections)(&doc) {
+                Err(why) => Outcome::Failed(format!("its document: {why}")),
+                Ok(mut built) => {
+                    sections.append(&mut built);
+                    verdict(&doc)
+                }
+            },
+        };
+        if let Outcome::Failed(why) | Outcome::Unverified(why) = &outcome {
+            bar.println(format!("{command}: {why}"));
+        }
+        runs.push(JobRun {
+            command,
+            seconds,
+            outcome,
+        });
+    }
+    bar.finish_and_clear();
+    Ok(Report {
+        quick: options.quick,
+        started: humantime::format_rfc3339_seconds(started).to_string(),
+        seconds: clock.elapsed().as_secs_f64(),
+        command: options.command.clone(),
+        machine: machine(),
+        peers: peers(),
+        jobs: runs,
+        sections,
+    })
+}
+
+fn millis(seconds: f64) -> u64 {
+    (seconds * 1000.0) as u64
+}
+
+fn progress_bar(total_s: f64, visible: bool) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(millis(total_s)), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:36}] {percent:>3}% about {eta} left  {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Moves the bar through a running program's estimate (stopping short of
+/// its end, so that a slow program holds the bar instead of overrunning).
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Ticker {
+    fn start(bar: &ProgressBar, done_s: f64, estimate_s: f64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, bar) = (stop.clone(), bar.clone());
+        let thread = std::thread::spawn(move || {
+            let began = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                let run = began.elapsed().as_secs_f64().min(estimate_s * 0.97);
+                bar.set_position(millis(done_s + run));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Each job's expected seconds: what the previous report in the output
+/// folder measured for the same command, else the built-in estimate.
+fn estimates(jobs: &[Job], options: &Options) -> Vec<f64> {
+    let previous = super::Report::read(&options.out).ok();
+    jobs.iter()
+        .map(|job| {
+            let command = job.command(options.quick);
+            previous
+                .as_ref()
+                .and_then(|r| r.jobs.iter().find(|j| j.command == command))
+                .map(|j| j.seconds)
+                .unwrap_or(if options.quick {
+                    job.estimate_s.0
+                } else {
+                    job.estimate_s.1
+                })
+                .max(0.1)
+        })
+        .collect()
+}
+
+/// The program's own verdict from its document.
+fn verdict(doc: &Value) -> Outcome {
+    match doc.get("verified").and_then(Value::as_bool) {
+        None => Outcome::Measured,
+        Some(true) => Outcome::Verified,
+        Some(false) => Outcome::Unverified(
+            "its document says \"verified\": false (see its log and raw document)".into(),
+        ),
+    }
+}
+
+/// Runs one program; its parsed stdout, or why it failed.
+fn run_job(job: &Job, options: &Options, raw: &Path) -> Result<Value, String> {
+    let binary = options.programs.join(job.program);
+    if !binary.is_file() {
+        return Err(format!(
+            "{} is missing (cargo build --release -p pindown-benches --bins)",
+            binary.display()
+        ));
+    }
+    let _huge_pages = if job.huge_pages {
+        HugePages::raise_for(&binary, options.quick)
+    } else {
+        None
+    };
+    let log_path = options.logs.join(format!("{}.log", job.program));
+    let log =
+        std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let output = Command::new(&binary)
+        .args(job.args(options.quick))
+        .stdin(Stdio::null())
+        .stderr(log)
+        .output()
+        .map_err(|e| format!("could not start {}: {e}", binary.display()))?;
+    let raw_path = raw.join(format!("{}.json", job.program));
+    std::fs::write(&raw_path, &output.stdout)
+        .map_err(|e| format!("{}: {e}", raw_path.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "exited with {} (stderr in {})",
+            output.status,
+            log_path.display()
+        ));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!(
+            "its output is not JSON ({e}; stderr in {})",
+            log_path.display()
+        )
+    })
+}
+
+/// `vm.nr_hugepages` raised for one program and put back on drop.
+struct HugePages {
+    before: u64,
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePages {
+    fn raise_for(binary: &Path, quick: bool) -> Option<Self> {
+        let mut ask = Command::new(binary);
+        if quick {
+            ask.arg("--quick");
+        }
+        let wanted: u64 = String::from_utf8(ask.arg("--huge-pages-wanted").output().ok()?.stdout)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let before: u64 = std::fs::read_to_string(NR_HUGEPAGES)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        if before >= wanted || std::fs::write(NR_HUGEPAGES, wanted.to_string()).is_err() {
+            return None;
+        }
+        Some(Self { before })
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.before.to_string());
+    }
+}
+
+/// The first line a command prints (stdout, else stderr), if it runs.
+fn first_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    let text = if out.stdout.is_empty() {
+        out.stderr
+    } else {
+        out.stdout
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+}
+
+/// The peer libraries: each MPI by its own tools, UCX by `ucx_info` and
+/// its headers (the registration-cache peer is compiled against them).
+pub fn peers() -> Vec<Peer> {
+    let mut peers: Vec<Peer> = [Flavor::OpenMpi, Flavor::Mpich]
+        .into_iter()
+        .map(|flavor| {
+            let missing = flavor.missing();
+            let version = missing
+                .is_none()
+                .then(|| first_line(flavor.launcher(), &["--version"]))
+                .flatten();
+            Peer {
+                name: match flavor {
+                    Flavor::OpenMpi => "Open MPI",
+                    Flavor::Mpich => "MPICH",
+                }
+                .to_string(),
+                version,
+                missing,
+            }
+        })
+        .collect();
+    let ucx_missing = if find_in_path("ucx_info").is_none() {
+        Some("ucx_info is not on PATH (Debian package ucx-utils)".to_string())
+    } else if !Path::new(UCX_RCACHE_HEADER).is_file() {
+        Some(format!(
+            "{UCX_RCACHE_HEADER} is missing (Debian package libucx-dev)"
+        ))
+    } else {
+        None
+    };
+    peers.push(Peer {
+        name: "UCX".to_string(),
+        version: ucx_missing
+            .is_none()
+            .then(|| first_line("ucx_info", &["-v"]))
+            .flatten()
+            .map(|l| l.trim_start_matches('#').trim().to_string()),
+        missing: ucx_missing,
+    });
+    peers
+}
+
+/// The header of UCX's registration cache.
+pub const UCX_RCACHE_HEADER: &str = "/usr/include/ucs/memory/rcache.h";
+
+fn machine() -> MachineFacts {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let field = |text: &str, key: &str| {
+        text.lines().find_map(|l| l.strip_prefix(key)).map(|v| {
+            v.trim_start_matches([':', '=', ' ', '\t'])
+                .trim()
+                .trim_matches('"')
+                .to_string()
+        })
+    };
+    let memory_kib: f64 = field(&read("/proc/meminfo"), "MemTotal")
+        .and_then(|v| v.split_whitespace().next().map(str::to_string))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    MachineFacts {
+        cpu_model: field(&read("/proc/cpuinfo"), "model name").unwrap_or_default(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: memory_kib / (1024.0 * 1024.0),
+        os: field(&read("/etc/os-release"), "PRETTY_NAME").unwrap_or_default(),
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        rustc: first_line("rustc", &["--version"]).unwrap_or_else(|| "unknown".into()),
+    }
+}
