@@ -7,6 +7,7 @@
 //! cargo run --release -p pindown-benches --bin pindown-report            # full, into docs/
 //! cargo run --release -p pindown-benches --bin pindown-report -- --quick # short, into target/report-quick/
 //! pindown-report --render docs                                           # report.md and plots again from docs/report.json
+//! pindown-report --rebuild docs                                          # sections again from docs/raw/*.json
 //! ```
 //!
 //! Exit status 0 when every program ran and passed its own checks (under
@@ -34,8 +35,12 @@ struct Args {
     out: Option<PathBuf>,
     /// Render report.md and the plots again from DIR/report.json, running
     /// nothing.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "out"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "out", "rebuild"])]
     render: Option<PathBuf>,
+    /// Build the sections again from the programs' documents kept in
+    /// DIR/raw/ and write the report into DIR, running nothing.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "out"])]
+    rebuild: Option<PathBuf>,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -84,6 +89,16 @@ fn main_result() -> Result<ExitCode, Box<dyn Error>> {
         println!(
             "rendered {} from its report.json",
             dir.join(report::REPORT_MD).display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(dir) = &args.rebuild {
+        let report = run::rebuild(&sections::jobs(), dir)?;
+        report.write(dir, true)?;
+        println!(
+            "rebuilt {}: {} figures",
+            dir.join(report::REPORT_MD).display(),
+            report.figure_ids().len()
         );
         return Ok(ExitCode::SUCCESS);
     }

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 
 use super::sections::Job;
-use super::{JobRun, MachineFacts, Outcome, Peer, Report, RAW};
+use super::{JobRun, MachineFacts, Outcome, Peer, Report, Section, RAW};
 use crate::mpi::{find_in_path, Flavor};
 
 /// What a report run needs to know.
@@ -57,16 +57,7 @@ pub fn run(jobs: &[Job], options: &Options) -> Result<Report, Box<dyn Error>> {
         bar.set_position(millis(done_s));
         let seconds = began.elapsed().as_secs_f64();
         let command = job.command(options.quick);
-        let outcome = match result {
-            Err(why) => Outcome::Failed(why),
-            Ok(doc) => match (job.sections)(&doc) {
-                Err(why) => Outcome::Failed(format!("its document: {why}")),
-                Ok(mut built) => {
-                    sections.append(&mut built);
-                    verdict(&doc)
-                }
-            },
-        };
+        let outcome = read_sections(job, result, &mut sections);
         if let Outcome::Failed(why) | Outcome::Unverified(why) = &outcome {
             bar.println(format!("{command}: {why}"));
         }
@@ -155,6 +146,75 @@ fn estimates(jobs: &[Job], options: &Options) -> Vec<f64> {
                 .max(0.1)
         })
         .collect()
+}
+
+/// Appends the sections of `job`'s document (or of the reason it has
+/// none) to `sections`; returns how the job ended.
+fn read_sections(job: &Job, doc: Result<Value, String>, sections: &mut Vec<Section>) -> Outcome {
+    match doc {
+        Err(why) => Outcome::Failed(why),
+        Ok(doc) => match (job.sections)(&doc) {
+            Err(why) => Outcome::Failed(format!("its document: {why}")),
+            Ok(mut built) => {
+                sections.append(&mut built);
+                verdict(&doc)
+            }
+        },
+    }
+}
+
+/// The report again from the programs' documents kept in `dir/raw/`,
+/// running nothing: the run's facts come from `dir/report.json` when there
+/// is one (else from this machine, as a full run), the sections from the
+/// current section code.
+pub fn rebuild(jobs: &[Job], dir: &Path) -> Result<Report, Box<dyn Error>> {
+    let previous = Report::read(dir).ok();
+    let quick = previous.as_ref().is_some_and(|r| r.quick);
+    let mut sections = Vec::new();
+    let runs = jobs
+        .iter()
+        .map(|job| {
+            let command = job.command(quick);
+            let path = dir.join(RAW).join(format!("{}.json", job.program));
+            let doc = std::fs::read(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|bytes| {
+                    serde_json::from_slice(&bytes)
+                        .map_err(|e| format!("{} is not JSON: {e}", path.display()))
+                });
+            let earlier = previous
+                .as_ref()
+                .and_then(|r| r.jobs.iter().find(|j| j.command == command));
+            let outcome = match (&doc, earlier) {
+                (Ok(_), Some(run)) if matches!(run.outcome, Outcome::Failed(_)) => {
+                    run.outcome.clone()
+                }
+                _ => read_sections(job, doc, &mut sections),
+            };
+            JobRun {
+                command,
+                seconds: earlier.map_or(0.0, |r| r.seconds),
+                outcome,
+            }
+        })
+        .collect();
+    Ok(match previous {
+        Some(report) => Report {
+            jobs: runs,
+            sections,
+            ..report
+        },
+        None => Report {
+            quick,
+            started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            seconds: 0.0,
+            command: "pindown-report --rebuild".into(),
+            machine: machine(),
+            peers: peers(),
+            jobs: runs,
+            sections,
+        },
+    })
 }
 
 /// The program's own verdict from its document.
@@ -269,8 +329,12 @@ pub fn peers() -> Vec<Peer> {
             let missing = flavor.missing();
             let version = missing
                 .is_none()
-                .then(|| first_line(flavor.launcher(), &["--version"]))
-                .flatten();
+                .then(|| match flavor {
+                    Flavor::OpenMpi => first_line("ompi_info", &["--version"]),
+                    Flavor::Mpich => first_line("mpichversion", &[]),
+                })
+                .flatten()
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "));
             Peer {
                 name: match flavor {
                     Flavor::OpenMpi => "Open MPI",
