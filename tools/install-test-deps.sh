@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Installs every Debian package the tests need, if missing: the guest
-# tooling (tools/guest/install-deps.sh), Open MPI and MPICH (the vector
-# transfer baselines, the MPI_Pack cross-check, the launchers of the
-# fabric tests) and iproute2 (the network namespaces the fabric's hosts
-# live in).
+# tooling (tools/guest/install-deps.sh), the report's peers and plot font
+# (tools/install-peers.sh: Open MPI, MPICH, UCX, DejaVu; the MPIs are also
+# the vector transfer baselines, the MPI_Pack cross-check and the
+# launchers of the fabric tests) and iproute2 (the network namespaces the
+# fabric's hosts live in).
 #
 # Usage: tools/install-test-deps.sh
 # Exit status 0 when everything is present afterwards.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/guest/install-deps.sh"
+"$here/install-peers.sh"
 
 missing=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev iproute2; do
+for pkg in iproute2; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
     || missing+=("$pkg")
 done

@@ -1,0 +1,68 @@
+//! The committed report in `docs/` is what `pindown-report` produces: its
+//! sections are what the current section code builds from the committed
+//! program documents (`docs/raw/`), and its Markdown and plots are what
+//! rendering `docs/report.json` gives, byte for byte.
+
+use std::path::{Path, PathBuf};
+
+use pindown_benches::report::{run, sections, Report, PLOTS, REPORT_MD};
+
+fn docs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs")
+}
+
+#[test]
+fn the_committed_sections_are_what_the_section_code_builds_from_the_committed_documents() {
+    let committed = Report::read(&docs()).expect("docs/report.json");
+    assert!(!committed.quick, "docs/ holds a full run");
+    assert!(committed.all_verified(), "{:?}", committed.jobs);
+    let rebuilt = run::rebuild(&sections::jobs(), &docs()).expect("rebuild from docs/raw");
+    let as_json = |r: &Report| serde_json::to_value(&r.sections).unwrap();
+    assert_eq!(
+        as_json(&rebuilt),
+        as_json(&committed),
+        "docs/report.json is stale: run pindown-report --rebuild docs"
+    );
+    let ids = committed.figure_ids();
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "figure ids repeat: {ids:?}");
+    assert!(!ids.is_empty());
+}
+
+#[test]
+fn the_committed_markdown_and_plots_are_what_rendering_the_committed_report_gives() {
+    let committed = Report::read(&docs()).expect("docs/report.json");
+    let fresh = tempfile::tempdir().unwrap();
+    committed.write(fresh.path(), false).unwrap();
+    let read = |dir: &Path, name: &str| {
+        std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    assert!(
+        read(fresh.path(), REPORT_MD) == read(&docs(), REPORT_MD),
+        "docs/report.md differs from its rendering: run pindown-report --render docs"
+    );
+    let mut plots: Vec<String> = std::fs::read_dir(docs().join(PLOTS))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    plots.sort();
+    let mut wanted: Vec<String> = committed
+        .figure_ids()
+        .iter()
+        .flat_map(|id| [format!("{id}.png"), format!("{id}.svg")])
+        .collect();
+    wanted.sort();
+    assert_eq!(
+        plots, wanted,
+        "docs/plots holds exactly the report's figures"
+    );
+    for plot in &plots {
+        let name = format!("{PLOTS}/{plot}");
+        assert!(
+            read(fresh.path(), &name) == read(&docs(), &name),
+            "docs/{name} differs from its rendering: run pindown-report --render docs"
+        );
+    }
+}
