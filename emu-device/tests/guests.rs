@@ -216,3 +216,40 @@ fn rebooted_guest_gets_its_network_back() {
         bed.check(bed.port(p, "errors") == 0, &format!("port {p}: errors"));
     }
 }
+
+/// The README's guest quick start, as written: `tools/guest/two-guests.sh`
+/// boots two guests on one device; they ping each other and move bytes
+/// that must arrive intact.
+#[test]
+fn the_quick_start_script_boots_two_guests_that_exchange_bytes() {
+    common::guest::require_qemu();
+    let _one_bed_at_a_time = common::guest::serial();
+    kit("net", &[], &[]);
+    let output =
+        std::process::Command::new(common::guest::repo_root().join("tools/guest/two-guests.sh"))
+            .arg(TRANSFER_MIB.to_string())
+            .env("PINDOWN_EMU_DEVICE", common::device_bin())
+            .output()
+            .expect("run tools/guest/two-guests.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{text}");
+    let sums: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            l.trim().split(' ').find_map(|w| {
+                w.strip_prefix("send_sha256=")
+                    .or(w.strip_prefix("recv_sha256="))
+            })
+        })
+        .collect();
+    assert_eq!(sums.len(), 2, "{text}");
+    assert_eq!(sums[0], sums[1], "{text}");
+    assert!(
+        text.contains(&format!("recv_bytes={}", TRANSFER_MIB << 20)),
+        "{text}"
+    );
+}

@@ -341,7 +341,8 @@ pub struct Bed {
     _serial: MutexGuard<'static, ()>,
 }
 
-fn serial() -> MutexGuard<'static, ()> {
+/// Holds the guest tests of one test binary to one bed at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
