@@ -25,7 +25,8 @@ echo "install-peers: installing ${missing[*]}" >&2
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
   if command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo -n)
+    SUDO=(sudo)
+    [[ -t 0 ]] || SUDO=(sudo -n)   # no terminal to ask for a password
   else
     echo "install-peers: not root and no sudo; install ${missing[*]} by hand" >&2
     exit 1

@@ -15,11 +15,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ranks=4
-if [[ ${1:-} == -n ]]; then
+if [[ ${1:-} == -n && $# -ge 2 ]]; then
   ranks=$2
   shift 2
 fi
-if (($# < 1)) || ((ranks < 2 || ranks % 2)); then
+if (($# < 1)) || ! [[ $ranks =~ ^[0-9]+$ ]] || ((ranks < 2 || ranks % 2)); then
   echo "usage: $0 [-n RANKS (even, >= 2)] PROGRAM [ARGS...]" >&2
   exit 64
 fi
@@ -81,5 +81,12 @@ done
 echo "two-hosts: $ranks ranks, devices at ${address[0]} and ${address[1]} (token $token)" >&2
 status=0
 env -u PMI_FD -u PMI_PORT -u PINDOWN_DEVICE PINDOWN_DEVICE_DIR="$work/ranks" \
-  mpiexec.hydra -n "$ranks" "$@" || status=$?
+  mpiexec.hydra -n "$ranks" "$@" &
+pids+=($!)   # stopped with the devices if this script is stopped
+wait "$!" || status=$?
+if ((status != 0)); then
+  for i in 0 1; do
+    [[ -s $work/device$i.log ]] && { echo "-- device on host $i:"; tail -n 20 "$work/device$i.log"; } >&2
+  done
+fi
 exit "$status"

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pindown_benches::report::{run, sections, Report, PLOTS, REPORT_MD};
+use pindown_benches::report::{run, sections, Report, PLOTS, RAW, REPORT_MD};
 
 fn docs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs")
@@ -17,6 +17,26 @@ fn the_committed_sections_are_what_the_section_code_builds_from_the_committed_do
     assert!(!committed.quick, "docs/ holds a full run");
     assert!(committed.all_verified(), "{:?}", committed.jobs);
     let rebuilt = run::rebuild(&sections::jobs(), &docs()).expect("rebuild from docs/raw");
+    // The same programs, with the same arguments, every one verified.
+    let commands = |r: &Report| r.jobs.iter().map(|j| j.command.clone()).collect::<Vec<_>>();
+    let wanted: Vec<String> = sections::jobs().iter().map(|j| j.command(false)).collect();
+    assert_eq!(commands(&committed), wanted, "docs/ ran other programs");
+    assert_eq!(commands(&rebuilt), wanted);
+    assert!(rebuilt.all_verified(), "{:?}", rebuilt.jobs);
+    let mut raw: Vec<String> = std::fs::read_dir(docs().join(RAW))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    raw.sort();
+    let mut raw_wanted: Vec<String> = sections::jobs()
+        .iter()
+        .map(|j| format!("{}.json", j.program))
+        .collect();
+    raw_wanted.sort();
+    assert_eq!(
+        raw, raw_wanted,
+        "docs/raw holds exactly the programs' documents"
+    );
     let as_json = |r: &Report| serde_json::to_value(&r.sections).unwrap();
     assert_eq!(
         as_json(&rebuilt),

@@ -63,9 +63,12 @@ fn run(bytes: usize) -> Result<String, Box<dyn std::error::Error>> {
     let started = Instant::now();
     let receive = world.irecv(previous, 0, vec![0u8; bytes])?;
     let send = world.isend(next, 0, message)?;
-    let (received, _) = receive.wait()?;
+    let (received, status) = receive.wait()?;
     send.wait()?;
     let elapsed = started.elapsed();
+    if status.len != bytes as u64 {
+        return Err(format!("rank {rank}: {} bytes arrived, not {bytes}", status.len).into());
+    }
     if let Some(i) = (0..bytes).find(|&i| received[i] != byte(previous, i)) {
         return Err(format!("rank {rank}: byte {i} from rank {previous} is wrong").into());
     }

@@ -21,12 +21,14 @@ fn the_ring_runs_on_two_namespaced_hosts_under_hydra() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/two-hosts.sh");
     let ranks = 4u64;
     let bytes = 300_000u64;
-    let output = Command::new(&script)
+    // A hang fails the test instead of holding it (and CI) forever.
+    let output = Command::new("timeout")
+        .arg("300")
+        .arg(&script)
         .args(["-n", &ranks.to_string()])
         .arg(common::example("ring"))
         .arg(bytes.to_string())
-        // The example's executable is also a device (flags first).
-        .env("PINDOWN_EMU_DEVICE", common::example("msg_check"))
+        .env("PINDOWN_EMU_DEVICE", common::device_binary())
         .output()
         .expect("run tools/two-hosts.sh");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -19,7 +19,7 @@ mib=${1:-4}
 device=${PINDOWN_EMU_DEVICE:-$root/target/release/pindown-emu-device}
 kit=$root/target/guest/net
 [[ -x $device ]] || { echo "$0: $device not found (cargo build --release -p pindown-emu-device)" >&2; exit 69; }
-if [[ ! -f $kit/initramfs.cpio.gz ]]; then
+if [[ ! -f $kit/initramfs.cpio.gz || $here/init -nt $kit/initramfs.cpio.gz ]]; then
   "$here/build-initramfs.sh" --out "$kit" --no-install >/dev/null
 fi
 
@@ -37,8 +37,11 @@ pids+=($!)
 for _ in $(seq 100); do [[ -S $work/port0.sock ]] && break; sleep 0.1; done
 [[ -S $work/port0.sock ]] || { cat "$work/device.log" >&2; exit 1; }
 
+# A guest's time limit: QEMU under TCG boots in seconds; a guest still
+# running after this has hung (a receiver whose sender failed waits in nc).
+limit=${PINDOWN_GUEST_TIMEOUT:-300}
 guest() { # NAME N RUN
-  "$here/run-guest.sh" --socket "$work/port0.sock" --log "$work/$1.log" --dir "$kit" \
+  exec timeout "$limit" "$here/run-guest.sh" --socket "$work/port0.sock" --log "$work/$1.log" --dir "$kit" \
     --mac "52:54:00:00:10:0$2" --ip "10.10.0.$2/24" --peer "10.10.0.$((3 - $2))" \
     --run "$3" --arg "size=$mib" >"$work/$1.qemu.log" 2>&1
 }
@@ -54,12 +57,13 @@ wait "$sender" || status=$?
 wait "$receiver" || status=$?
 
 result() { # GUEST KEY
-  sed -n "s/.*PINDOWN-RESULT.* $2=\([^ ]*\).*/\1/p; s/.*PINDOWN-RESULT $2=\([^ ]*\).*/\1/p" \
-    "$work/$1.log" | tr -d '\r' | head -n 1
+  { sed -n "s/.*PINDOWN-RESULT.* $2=\([^ ]*\).*/\1/p; s/.*PINDOWN-RESULT $2=\([^ ]*\).*/\1/p" \
+      "$work/$1.log" 2>/dev/null || true; } | tr -d '\r' | head -n 1
 }
 for g in sender receiver; do
   echo "== $g"
-  grep -a PINDOWN-RESULT "$work/$g.log" | tr -d '\r' | sed 's/^.*PINDOWN-RESULT /  /' || true
+  { grep -a PINDOWN-RESULT "$work/$g.log" 2>/dev/null || true; } | tr -d '\r' |
+    sed 's/^.*PINDOWN-RESULT /  /'
 done
 sent=$(result sender send_sha256)
 got=$(result receiver recv_sha256)
@@ -69,7 +73,8 @@ if ((status == 0)) && [[ $(result sender ping) == ok && $(result receiver ping) 
   echo "two guests: pings answered both ways; $mib MiB arrived intact (sha256 $sent)"
   exit 0
 fi
-echo "two guests: FAILED (QEMU exit status $status; consoles in $work kept)" >&2
-trap - EXIT
-for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+echo "two guests: FAILED (exit status $status; 124 is the time limit). QEMU and the device said:" >&2
+for f in "$work"/*.qemu.log "$work"/device.log; do
+  [[ -s $f ]] && { echo "-- $(basename "$f")"; tail -n 20 "$f"; } >&2
+done
 exit 1

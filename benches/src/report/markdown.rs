@@ -11,6 +11,8 @@ use super::{Outcome, Report};
 pub fn number(value: Option<f64>) -> String {
     match value {
         None => "missing".to_string(),
+        Some(v) if !v.is_finite() => "not a number".to_string(),
+        Some(v) if v != 0.0 && v.abs() < 1e-6 => format!("{v:.2e}"),
         Some(0.0) => "0".to_string(),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 10.0 => format!("{v:.1}"),
@@ -22,11 +24,28 @@ pub fn number(value: Option<f64>) -> String {
     }
 }
 
-/// `ours / other`, as "0.42x", or "" if either is missing or zero.
-fn ratio(ours: Option<f64>, other: Option<f64>) -> String {
+/// Whether a smaller number is the better one in `unit`: times, sizes
+/// and counts are; rates (`.../s`), shares (`%`) and speed-ups (`x`) are
+/// not.
+fn lower_is_better(unit: &str) -> bool {
+    let unit = unit.trim();
+    !(unit.ends_with("/s") || unit.contains('%') || unit == "x" || unit.starts_with("hit"))
+}
+
+/// `ours / other`, as "0.420x, better" (better or worse by the unit's
+/// direction), or "" if either is missing or zero.
+fn ratio(ours: Option<f64>, other: Option<f64>, unit: &str) -> String {
     match (ours, other) {
         (Some(a), Some(b)) if b != 0.0 && a.is_finite() && b.is_finite() => {
-            format!("{}x", number(Some(a / b)))
+            let r = a / b;
+            let verdict = if (r - 1.0).abs() < 0.005 {
+                "even"
+            } else if (r < 1.0) == lower_is_better(unit) {
+                "better"
+            } else {
+                "worse"
+            };
+            format!("{}x, {verdict}", number(Some(r)))
         }
         _ => String::new(),
     }
@@ -37,12 +56,12 @@ fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
 }
 
-fn named(n: &Named, ours: Option<f64>) -> String {
-    let r = ratio(ours, n.value);
+fn named(n: &Named, ours: Option<f64>, unit: &str) -> String {
+    let r = ratio(ours, n.value, unit);
     if r.is_empty() {
         format!("{}: {}", cell(&n.name), number(n.value))
     } else {
-        format!("{}: {} (ours {r})", cell(&n.name), number(n.value))
+        format!("{}: {} (pindown {r})", cell(&n.name), number(n.value))
     }
 }
 
@@ -56,11 +75,11 @@ fn table(out: &mut String, rows: &[Row]) {
         let limit = row
             .limit
             .as_ref()
-            .map_or_else(String::new, |l| named(l, row.ours));
+            .map_or_else(String::new, |l| named(l, row.ours, &row.unit));
         let peers = row
             .peers
             .iter()
-            .map(|p| named(p, row.ours))
+            .map(|p| named(p, row.ours, &row.unit))
             .collect::<Vec<_>>()
             .join("; ");
         let _ = writeln!(
@@ -112,7 +131,9 @@ pub fn render(report: &Report, plots: &str) -> String {
         out,
         "A {kind} run of every benchmark program, started {} and lasting {:.0} s \
          (`{}`). Every number beside pindown's was measured in the same run on \
-         the same machine, except the paper columns, which the papers print.\n",
+         the same machine, except the paper columns, which the papers print. \
+         A ratio is pindown's number over the other's, better or worse by \
+         the unit (lower times, higher rates).\n",
         report.started, report.seconds, report.command
     );
     out.push_str("## Machine\n\n");
@@ -142,6 +163,7 @@ pub fn render(report: &Report, plots: &str) -> String {
             Outcome::Measured => "measured (no checks of its own)".to_string(),
             Outcome::Unverified(why) => format!("ran, **not verified**: {}", cell(why)),
             Outcome::Failed(why) => format!("**failed**: {}", cell(why)),
+            Outcome::Unreadable(why) => format!("ran, **document unreadable**: {}", cell(why)),
         };
         let _ = writeln!(
             out,
@@ -167,8 +189,12 @@ mod tests {
         assert_eq!(number(Some(1.234)), "1.23");
         assert_eq!(number(Some(0.01234)), "0.0123");
         assert_eq!(number(None), "missing");
-        assert_eq!(ratio(Some(2.0), Some(4.0)), "0.500x");
-        assert_eq!(ratio(Some(2.0), Some(0.0)), "");
+        assert_eq!(number(Some(f64::NAN)), "not a number");
+        assert_eq!(number(Some(1e-9)), "1.00e-9");
+        assert_eq!(ratio(Some(2.0), Some(4.0), "us"), "0.500x, better");
+        assert_eq!(ratio(Some(2.0), Some(4.0), "GB/s"), "0.500x, worse");
+        assert_eq!(ratio(Some(4.0), Some(4.0), "us"), "1.00x, even");
+        assert_eq!(ratio(Some(2.0), Some(0.0), "us"), "");
         assert_eq!(cell("a|b"), "a\\|b");
     }
 }

@@ -35,8 +35,11 @@ pub enum Outcome {
     Measured,
     /// It ran but its checks failed or a figure is missing; the reason.
     Unverified(String),
-    /// It did not run to the end, or its document could not be read.
+    /// It did not run to the end, or printed no JSON document.
     Failed(String),
+    /// Its document could not be read into sections (the section code and
+    /// the program disagree); `--rebuild` tries again.
+    Unreadable(String),
 }
 
 /// One program run.
@@ -118,19 +121,28 @@ impl Report {
 
     /// Writes `report.md` and `plots/` into `dir` from this report (and
     /// `report.json` too when `with_json`).
+    /// `report.json` goes first, so that a plot that cannot be drawn loses
+    /// nothing of the run; `plots/` is emptied of earlier plots first.
     pub fn write(&self, dir: &Path, with_json: bool) -> Result<(), Box<dyn Error>> {
-        let plots = dir.join(PLOTS);
-        std::fs::create_dir_all(&plots)?;
-        for section in &self.sections {
-            for figure in &section.figures {
-                plot::write(figure, &plots)?;
-            }
-        }
         if with_json {
+            std::fs::create_dir_all(dir)?;
             std::fs::write(
                 dir.join(REPORT_JSON),
                 format!("{}\n", serde_json::to_string_pretty(self)?),
             )?;
+        }
+        let plots = dir.join(PLOTS);
+        std::fs::create_dir_all(&plots)?;
+        for entry in std::fs::read_dir(&plots)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "svg" || e == "png") {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        for section in &self.sections {
+            for figure in &section.figures {
+                plot::write(figure, &plots)?;
+            }
         }
         std::fs::write(dir.join(REPORT_MD), markdown::render(self, PLOTS))?;
         Ok(())

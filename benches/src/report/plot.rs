@@ -23,7 +23,9 @@ const LEGEND_WIDTH: u32 = 230;
 /// A tick label: whole numbers without decimals, others with three
 /// significant digits.
 fn tick(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
+    if v == 0.0 {
+        "0".to_string()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{v:.0}")
     } else {
         let text = crate::report::markdown::number(Some(v));
@@ -35,12 +37,9 @@ fn tick(v: f64) -> String {
     }
 }
 
-/// Where the PNG text font is looked for, first match wins.
-pub const FONT_PATHS: &[&str] = &[
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    "/usr/share/fonts/truetype/freefont/FreeSans.ttf",
-];
+/// The font the plots are laid out and drawn with: one only, so that any
+/// machine draws the same plots from the same report.
+pub const FONT_PATHS: &[&str] = &["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"];
 
 /// Writes `figure` to `dir/ID.svg` and `dir/ID.png`.
 pub fn write(figure: &Figure, dir: &Path) -> Result<(), Box<dyn Error>> {
@@ -193,10 +192,7 @@ where
         .draw()?;
     let mut counts = [0usize; 4];
     let mut legend_y = 16;
-    for series in figure.series.iter().filter(|s| !s.points.is_empty()) {
-        let slot = series.role as usize;
-        let colour = colour(series.role, counts[slot]);
-        counts[slot] += 1;
+    for series in &figure.series {
         let points: Vec<(f64, f64)> = series
             .points
             .iter()
@@ -208,6 +204,12 @@ where
                     && (!figure.y.log || *b > 0.0)
             })
             .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let slot = series.role as usize;
+        let colour = colour(series.role, counts[slot]);
+        counts[slot] += 1;
         let style = ShapeStyle::from(colour).stroke_width(match series.role {
             Role::Ours => 3,
             _ => 2,

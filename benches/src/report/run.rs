@@ -5,7 +5,7 @@
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -58,8 +58,10 @@ pub fn run(jobs: &[Job], options: &Options) -> Result<Report, Box<dyn Error>> {
         let seconds = began.elapsed().as_secs_f64();
         let command = job.command(options.quick);
         let outcome = read_sections(job, result, &mut sections);
-        if let Outcome::Failed(why) | Outcome::Unverified(why) = &outcome {
-            bar.println(format!("{command}: {why}"));
+        if let Outcome::Failed(why) | Outcome::Unreadable(why) | Outcome::Unverified(why) = &outcome
+        {
+            // Shown whether or not the bar is (a hidden bar prints nothing).
+            bar.suspend(|| eprintln!("pindown-report: {command}: {why}"));
         }
         runs.push(JobRun {
             command,
@@ -137,6 +139,9 @@ fn estimates(jobs: &[Job], options: &Options) -> Vec<f64> {
             previous
                 .as_ref()
                 .and_then(|r| r.jobs.iter().find(|j| j.command == command))
+                .filter(|j| {
+                    j.seconds > 0.0 && matches!(j.outcome, Outcome::Verified | Outcome::Measured)
+                })
                 .map(|j| j.seconds)
                 .unwrap_or(if options.quick {
                     job.estimate_s.0
@@ -154,7 +159,7 @@ fn read_sections(job: &Job, doc: Result<Value, String>, sections: &mut Vec<Secti
     match doc {
         Err(why) => Outcome::Failed(why),
         Ok(doc) => match (job.sections)(&doc) {
-            Err(why) => Outcome::Failed(format!("its document: {why}")),
+            Err(why) => Outcome::Unreadable(why),
             Ok(mut built) => {
                 sections.append(&mut built);
                 verdict(&doc)
@@ -164,32 +169,25 @@ fn read_sections(job: &Job, doc: Result<Value, String>, sections: &mut Vec<Secti
 }
 
 /// The report again from the programs' documents kept in `dir/raw/`,
-/// running nothing: the run's facts come from `dir/report.json` when there
-/// is one (else from this machine, as a full run), the sections from the
-/// current section code.
+/// running nothing: the run's facts (when, how long, the machine, the
+/// peers, which programs failed to run) come from `dir/report.json`, the
+/// sections and verdicts from the current section code.
 pub fn rebuild(jobs: &[Job], dir: &Path) -> Result<Report, Box<dyn Error>> {
-    let previous = Report::read(dir).ok();
-    let quick = previous.as_ref().is_some_and(|r| r.quick);
+    let previous = Report::read(dir)?;
     let mut sections = Vec::new();
     let runs = jobs
         .iter()
         .map(|job| {
-            let command = job.command(quick);
-            let path = dir.join(RAW).join(format!("{}.json", job.program));
-            let doc = std::fs::read(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .and_then(|bytes| {
-                    serde_json::from_slice(&bytes)
-                        .map_err(|e| format!("{} is not JSON: {e}", path.display()))
-                });
-            let earlier = previous
-                .as_ref()
-                .and_then(|r| r.jobs.iter().find(|j| j.command == command));
-            let outcome = match (&doc, earlier) {
-                (Ok(_), Some(run)) if matches!(run.outcome, Outcome::Failed(_)) => {
-                    run.outcome.clone()
-                }
-                _ => read_sections(job, doc, &mut sections),
+            let command = job.command(previous.quick);
+            let earlier = previous.jobs.iter().find(|j| j.command == command);
+            let outcome = match earlier {
+                // The program did not run to the end: there is nothing to
+                // build from.
+                Some(JobRun {
+                    outcome: Outcome::Failed(why),
+                    ..
+                }) => Outcome::Failed(why.clone()),
+                _ => read_sections(job, read_raw(dir, job), &mut sections),
             };
             JobRun {
                 command,
@@ -198,38 +196,66 @@ pub fn rebuild(jobs: &[Job], dir: &Path) -> Result<Report, Box<dyn Error>> {
             }
         })
         .collect();
-    Ok(match previous {
-        Some(report) => Report {
-            jobs: runs,
-            sections,
-            ..report
-        },
-        None => Report {
-            quick,
-            started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-            seconds: 0.0,
-            command: "pindown-report --rebuild".into(),
-            machine: machine(),
-            peers: peers(),
-            jobs: runs,
-            sections,
-        },
+    Ok(Report {
+        jobs: runs,
+        sections,
+        ..previous
     })
 }
 
-/// The program's own verdict from its document.
+/// `job`'s document kept in `dir/raw/`.
+fn read_raw(dir: &Path, job: &Job) -> Result<Value, String> {
+    let path = raw_path(&dir.join(RAW), job);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{} is not JSON: {e}", path.display()))
+}
+
+fn raw_path(raw: &Path, job: &Job) -> PathBuf {
+    raw.join(format!("{}.json", job.program))
+}
+
+/// The program's own verdict from its document: `"verified"` must be
+/// `true` when present (absent: a timing-only program), and a document
+/// that says `"complete": false` (a pass skipped) is not verified either.
 fn verdict(doc: &Value) -> Outcome {
-    match doc.get("verified").and_then(Value::as_bool) {
+    if doc.get("complete").and_then(Value::as_bool) == Some(false) {
+        return Outcome::Unverified(
+            "its document says \"complete\": false (a pass was skipped; see its log)".into(),
+        );
+    }
+    match doc.get("verified") {
         None => Outcome::Measured,
-        Some(true) => Outcome::Verified,
-        Some(false) => Outcome::Unverified(
+        Some(Value::Bool(true)) => Outcome::Verified,
+        Some(Value::Bool(false)) => Outcome::Unverified(
             "its document says \"verified\": false (see its log and raw document)".into(),
         ),
+        Some(other) => Outcome::Unverified(format!(
+            "its document's \"verified\" is {other}, not true or false"
+        )),
     }
 }
 
-/// Runs one program; its parsed stdout, or why it failed.
+/// How long a program may run: many times its built-in estimate, so
+/// that only a hung program reaches it.
+fn time_limit(job: &Job, quick: bool) -> Duration {
+    let estimate = if quick {
+        job.estimate_s.0
+    } else {
+        job.estimate_s.1
+    };
+    Duration::from_secs_f64(estimate * 10.0 + 300.0)
+}
+
+/// Runs one program; its parsed stdout, or why it failed. Its previous
+/// document is removed first, so that `raw/` never holds a stale one.
 fn run_job(job: &Job, options: &Options, raw: &Path) -> Result<Value, String> {
+    let raw_path = raw_path(raw, job);
+    match std::fs::remove_file(&raw_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("{}: {e}", raw_path.display()));
+        }
+        _ => {}
+    }
     let binary = options.programs.join(job.program);
     if !binary.is_file() {
         return Err(format!(
@@ -245,23 +271,57 @@ fn run_job(job: &Job, options: &Options, raw: &Path) -> Result<Value, String> {
     let log_path = options.logs.join(format!("{}.log", job.program));
     let log =
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
-    let output = Command::new(&binary)
+    let mut child = Command::new(&binary)
         .args(job.args(options.quick))
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(log)
-        .output()
+        .spawn()
         .map_err(|e| format!("could not start {}: {e}", binary.display()))?;
-    let raw_path = raw.join(format!("{}.json", job.program));
-    std::fs::write(&raw_path, &output.stdout)
-        .map_err(|e| format!("{}: {e}", raw_path.display()))?;
-    if !output.status.success() {
+    RUNNING_CHILD.store(child.id() as i32, Ordering::SeqCst);
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let (sender, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = sender.send(std::io::Read::read_to_end(&mut stdout, &mut bytes).map(|_| bytes));
+    });
+    let limit = time_limit(job, options.quick);
+    let began = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if began.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                RUNNING_CHILD.store(0, Ordering::SeqCst);
+                return Err(format!(
+                    "still running after {} s, killed (stderr in {})",
+                    limit.as_secs(),
+                    log_path.display()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("waiting for it: {e}")),
+        }
+    };
+    RUNNING_CHILD.store(0, Ordering::SeqCst);
+    // The pipe closes when the program is gone, unless a process it left
+    // behind still holds it.
+    let stdout = output
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| {
+            "its stdout stayed open 30 s after it exited (a process it started holds it)"
+                .to_string()
+        })?
+        .map_err(|e| format!("reading its output: {e}"))?;
+    std::fs::write(&raw_path, &stdout).map_err(|e| format!("{}: {e}", raw_path.display()))?;
+    if !status.success() {
         return Err(format!(
-            "exited with {} (stderr in {})",
-            output.status,
+            "exited with {status} (stderr in {})",
             log_path.display()
         ));
     }
-    serde_json::from_slice(&output.stdout).map_err(|e| {
+    serde_json::from_slice(&stdout).map_err(|e| {
         format!(
             "its output is not JSON ({e}; stderr in {})",
             log_path.display()
@@ -269,7 +329,42 @@ fn run_job(job: &Job, options: &Options, raw: &Path) -> Result<Value, String> {
     })
 }
 
-/// `vm.nr_hugepages` raised for one program and put back on drop.
+/// The program running now (its pid, 0 for none), stopped if the report
+/// is interrupted.
+static RUNNING_CHILD: AtomicI32 = AtomicI32::new(0);
+
+/// The `vm.nr_hugepages` to put back (`u64::MAX`: nothing raised).
+static HUGE_PAGES_BEFORE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// On SIGINT, SIGTERM or SIGHUP: stop the running program, put
+/// `vm.nr_hugepages` back, and exit as the signal would have.
+fn restore_on_signal() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let child = RUNNING_CHILD.load(Ordering::SeqCst);
+                if child > 0 {
+                    // SAFETY: kill(2) with a pid this process started and
+                    // has not reaped yet (cleared after each wait).
+                    unsafe { libc::kill(child, libc::SIGTERM) };
+                }
+                let before = HUGE_PAGES_BEFORE.load(Ordering::SeqCst);
+                if before != u64::MAX {
+                    let _ = std::fs::write(NR_HUGEPAGES, before.to_string());
+                }
+                std::process::exit(128 + signal);
+            }
+        });
+    });
+}
+
+/// `vm.nr_hugepages` raised for one program and put back on drop (or on
+/// a signal, see [`restore_on_signal`]).
 struct HugePages {
     before: u64,
 }
@@ -292,7 +387,13 @@ impl HugePages {
             .trim()
             .parse()
             .ok()?;
-        if before >= wanted || std::fs::write(NR_HUGEPAGES, wanted.to_string()).is_err() {
+        if before >= wanted {
+            return None;
+        }
+        restore_on_signal();
+        HUGE_PAGES_BEFORE.store(before, Ordering::SeqCst);
+        if std::fs::write(NR_HUGEPAGES, wanted.to_string()).is_err() {
+            HUGE_PAGES_BEFORE.store(u64::MAX, Ordering::SeqCst);
             return None;
         }
         Some(Self { before })
@@ -302,6 +403,7 @@ impl HugePages {
 impl Drop for HugePages {
     fn drop(&mut self) {
         let _ = std::fs::write(NR_HUGEPAGES, self.before.to_string());
+        HUGE_PAGES_BEFORE.store(u64::MAX, Ordering::SeqCst);
     }
 }
 

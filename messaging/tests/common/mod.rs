@@ -14,23 +14,42 @@ use serde_json::Value;
 /// test, so that it is never older than the library under test: it lies
 /// in `examples/` beside this test's `deps/`.
 pub fn example(name: &str) -> PathBuf {
+    built(
+        "pindown-messaging",
+        "--example",
+        name,
+        &format!("examples/{name}"),
+    )
+}
+
+/// The device's own binary, `pindown-emu-device`, built in this test
+/// binary's profile on first use.
+pub fn device_binary() -> PathBuf {
+    built(
+        "pindown-emu-device",
+        "--bin",
+        "pindown-emu-device",
+        "pindown-emu-device",
+    )
+}
+
+/// `cargo build -p PACKAGE KIND NAME` in this test binary's profile and
+/// target directory (once per test binary); the path of the result,
+/// `RELATIVE` to the profile folder.
+fn built(package: &str, kind: &str, name: &str, relative: &str) -> PathBuf {
     static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let exe = std::env::current_exe().expect("test executable");
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
-    let built = profile_dir.join("examples").join(name);
+    let built = profile_dir.join(relative);
     let mut done = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if !done.iter().any(|n| n == name) {
+    if !done.iter().any(|n| n == relative) {
         let mut cargo = Command::new(env!("CARGO"));
-        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-            "build",
-            "-p",
-            "pindown-messaging",
-            "--example",
-            name,
-        ]);
+        cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "-p", package, kind, name]);
         if profile_dir
             .file_name()
             .is_some_and(|name| name == "release")
@@ -45,7 +64,7 @@ pub fn example(name: &str) -> PathBuf {
             .expect("run cargo");
         assert!(status.success(), "building {name} failed");
         assert!(built.exists(), "{} missing", built.display());
-        done.push(name.to_string());
+        done.push(relative.to_string());
     }
     built
 }
