@@ -264,21 +264,15 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
     let preposted = all(list(doc, "pindown.preposted")?);
     let collectives = all(list(doc, "pindown.collectives")?);
     let cache_line_one_way = num(doc, "cache_line_round_trip_us")? / 2.0;
-    let smallest = pingpong
-        .iter()
-        .map(|p| num(p, "bytes"))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
-    let largest = pingpong
-        .iter()
-        .map(|p| num(p, "bytes"))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .fold(0.0, f64::max);
     if pingpong.is_empty() {
         return Err("`pindown.pingpong` is empty".to_string());
     }
+    let sizes = pingpong
+        .iter()
+        .map(|p| num(p, "bytes"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let smallest = sizes.iter().copied().fold(f64::INFINITY, f64::min);
+    let largest = sizes.iter().copied().fold(0.0, f64::max);
 
     // Figure 7, latency.
     let mut latency = figure(
@@ -299,7 +293,7 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
         xy(&pingpong, "bytes", "rdma_write_one_way_us", 1.0)?,
     ));
     latency.series.push(Series::new(
-        "cache-line ping-pong between threads, one way (limit, <= 64 B)",
+        "cache-line ping-pong (limit)",
         Role::Limit,
         vec![(smallest, cache_line_one_way), (64.0, cache_line_one_way)],
     ));
@@ -312,12 +306,12 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
         ));
     }
     latency.series.push(Series::new(
-        "FMPL on SR8000, 8 B (paper)",
+        "FMPL, SR8000 (paper)",
         Role::Paper,
         vec![(8.0, paper::FMPL_8B_ONE_WAY_US)],
     ));
     latency.series.push(Series::new(
-        "Hitachi MPI on SR8000, 8 B (paper)",
+        "Hitachi MPI, SR8000 (paper)",
         Role::Paper,
         vec![(8.0, paper::HITACHI_MPI_8B_ONE_WAY_US)],
     ));
@@ -350,12 +344,12 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
         ));
     }
     bandwidth.series.push(Series::new(
-        "FMPL on SR8000, 16 MB (paper)",
+        "FMPL, SR8000 (paper)",
         Role::Paper,
         vec![(paper::FMPL_BANDWIDTH_BYTES, paper::FMPL_16MB_GBS)],
     ));
     bandwidth.series.push(Series::new(
-        "Hitachi MPI copying (nordma), 16 MB (paper)",
+        "Hitachi MPI copying (paper)",
         Role::Paper,
         vec![(
             paper::FMPL_BANDWIDTH_BYTES,
@@ -405,13 +399,23 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
                 xy(&items, "posted", key, 1.0)?,
             ));
         }
+        if key == "latency_us" {
+            f.series.push(Series::new(
+                "cache-line ping-pong (limit)",
+                Role::Limit,
+                xy(&preposted, "posted", key, 0.0)?
+                    .into_iter()
+                    .map(|(x, _)| (x, cache_line_one_way))
+                    .collect(),
+            ));
+        }
         f.series.push(Series::new(
-            "FMPL on SR8000, 4 B (paper)",
+            "FMPL, SR8000, 4 B (paper)",
             Role::Paper,
             vec![(paper::TABLE2_POSTED, paper_fmpl)],
         ));
         f.series.push(Series::new(
-            "Hitachi MPI on SR8000, 4 B (paper)",
+            "Hitachi MPI, 4 B (paper)",
             Role::Paper,
             vec![(paper::TABLE2_POSTED, paper_mpi)],
         ));
@@ -424,7 +428,7 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
         "fmpl-barrier",
         "Barrier by ranks (2 cores: above 2 ranks oversubscribed)",
         "FMPL, figure 8 (barrier synchronisation)",
-        Axis::linear("ranks"),
+        Axis::log("ranks"),
         Axis::log("time per barrier, slowest rank (us)"),
     );
     by_ranks.series.push(Series::new(
@@ -433,7 +437,7 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
         xy(&barrier, "ranks", "time_us", 1.0)?,
     ));
     by_ranks.series.push(Series::new(
-        "cache-line round trip (limit of a 2-rank barrier)",
+        "cache-line round trip (limit)",
         Role::Limit,
         vec![(2.0, 2.0 * cache_line_one_way)],
     ));
@@ -596,6 +600,12 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
             "us",
             y_at(&preposted, "posted", paper::TABLE2_POSTED, key)?,
         );
+        if key == "latency_us" {
+            r.limit = Some(Named::new(
+                "cache-line ping-pong, one way",
+                Some(cache_line_one_way),
+            ));
+        }
         r.peers = peer_values(
             &peers,
             "preposted",
@@ -783,12 +793,12 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
         }
         if key == "latency_us" {
             f.series.push(Series::new(
-                "GASNet/TCA GPU-GPU, smallest (paper)",
+                "GASNet/TCA GPU-GPU (paper)",
                 Role::Paper,
                 vec![(smallest, paper::GASNET_TCA_MIN_LATENCY_US)],
             ));
             f.series.push(Series::new(
-                "MPI/IB GPU-GPU, smallest (paper)",
+                "MPI/IB GPU-GPU (paper)",
                 Role::Paper,
                 vec![(smallest, paper::MPI_IB_MIN_LATENCY_US)],
             ));
@@ -819,30 +829,30 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
             y,
         );
         f.series.push(Series::new(
-            "pindown get, native (RDMA READ)",
+            "pindown get, RDMA READ",
             Role::Ours,
             xy(&get_native, "bytes", key, 1.0)?,
         ));
         f.series.push(Series::new(
-            "pindown get by message (the paper's write-only fabric)",
+            "pindown get by message",
             Role::Ours,
             xy(&get_by_message, "bytes", key, 1.0)?,
         ));
         f.series.push(Series::new(
-            "raw RDMA write ping-pong, one way (limit)",
+            "raw RDMA write one way (limit)",
             Role::Limit,
             xy(&raw, "bytes", key, 1.0)?,
         ));
         for peer in &peers {
             f.series.push(Series::new(
-                format!("{} MPI_Get + flush", peer.name),
+                format!("{} MPI_Get", peer.name),
                 Role::Peer,
                 xy(&all(peer.items("get")?), "bytes", key, 1.0)?,
             ));
         }
         if key == "latency_us" {
             f.series.push(Series::new(
-                "GASNet/TCA get GPU-CPU, smallest (paper)",
+                "GASNet/TCA get (paper)",
                 Role::Paper,
                 vec![(smallest, paper::GASNET_TCA_GET_MIN_LATENCY_US)],
             ));
@@ -850,58 +860,48 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
         section.figures.push(f);
     }
 
-    // Figures 9 and 10: halo exchange.
-    for (id, title, reproduces, key, y) in [
+    // Figures 9 and 10: halo exchange, one plot per face.
+    for (key, number, what, y) in [
+        ("time_us", 9, "latency", "one-way time per face (us)"),
         (
-            "gasnet-fig9-halo-latency",
-            "Halo exchange of one face of an N^3 array of doubles, one way",
-            "GASNet/TCA, figure 9 (halo latency)",
-            "time_us",
-            Axis::log("one-way time per face (us)"),
-        ),
-        (
-            "gasnet-fig10-halo-bandwidth",
-            "Halo exchange of one face of an N^3 array of doubles, bandwidth",
-            "GASNet/TCA, figure 10 (halo bandwidth)",
             "bandwidth_gbs",
-            Axis::log("face bytes over one-way time (GB/s)"),
+            10,
+            "bandwidth",
+            "face bytes over one-way time (GB/s)",
         ),
     ] {
-        let mut f = figure(
-            id,
-            title,
-            reproduces,
-            Axis::log("N (array edge, elements)"),
-            y,
-        );
-        for (face, name) in FACES {
-            f.series.push(Series::new(
-                format!("pindown put_strided + AM, {name} face"),
-                Role::Ours,
-                xy(&pick(&halo, &[("face", Is::Text(face))]), "n", key, 1.0)?,
-            ));
-        }
         let raw_key = if key == "time_us" {
             "latency_us"
         } else {
             "bandwidth_gbs"
         };
-        f.series.push(Series::new(
-            "raw RDMA write of the face's bytes, contiguous (limit)",
-            Role::Limit,
-            halo_limit(&halo, &raw, "block", raw_key)?,
-        ));
-        for peer in &peers {
-            let items = all(peer.items("halo")?);
-            for (face, name) in FACES {
+        for (face, name) in FACES {
+            let mut f = figure(
+                &format!("gasnet-fig{number}-halo-{what}-{face}"),
+                &format!("Halo exchange, {name} face of an N^3 array of doubles, {what}"),
+                &format!("GASNet/TCA, figure {number} (halo {what}, {name} face)"),
+                Axis::log("N (array edge, elements)"),
+                Axis::log(y),
+            );
+            f.series.push(Series::new(
+                "pindown put_strided + AM",
+                Role::Ours,
+                xy(&pick(&halo, &[("face", Is::Text(face))]), "n", key, 1.0)?,
+            ));
+            f.series.push(Series::new(
+                "contiguous RDMA write (limit)",
+                Role::Limit,
+                halo_limit(&halo, &raw, face, raw_key)?,
+            ));
+            for peer in &peers {
                 f.series.push(Series::new(
-                    format!("{}, {name} face (best datatype)", peer.name),
+                    format!("{} (best datatype)", peer.name),
                     Role::Peer,
-                    best_halo(&items, face, key)?,
+                    best_halo(&all(peer.items("halo")?), face, key)?,
                 ));
             }
+            section.figures.push(f);
         }
-        section.figures.push(f);
     }
 
     // Himeno.
@@ -926,7 +926,7 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
         Ok(points)
     };
     f.series.push(Series::new(
-        "pindown (halo by put_strided)",
+        "pindown (put_strided halo)",
         Role::Ours,
         grid(&himeno)?,
     ));
@@ -950,7 +950,7 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
     for (cache, name) in [
         ("puts-off", "pindown, cache off"),
         ("puts-cached", "pindown, cached"),
-        ("puts-promoted", "pindown, cached and promoted"),
+        ("puts-promoted", "pindown, cached + promoted"),
     ] {
         f.series.push(Series::new(
             name,
@@ -973,7 +973,7 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
     }
     raw_at_puts.sort_by(|a, b| a.0.total_cmp(&b.0));
     f.series.push(Series::new(
-        "raw RDMA write ping-pong, one way (limit)",
+        "raw RDMA write one way (limit)",
         Role::Limit,
         raw_at_puts,
     ));
@@ -1187,4 +1187,142 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
         }
     }
     Ok(vec![section])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A small `fmpl` document: two sizes, table 2 at 1 and 600, a
+    /// barrier and a broadcast; Open MPI ran, MPICH did not.
+    fn fmpl_doc() -> Value {
+        let ping = |bytes: u64, us: f64| {
+            json!({"bytes": bytes, "one_way_us": us, "bandwidth_gbs": bytes as f64 / us / 1e3,
+                   "rdma_write_one_way_us": us * 0.9,
+                   "rdma_write_bandwidth_gbs": bytes as f64 / (us * 0.9) / 1e3})
+        };
+        let posted = |n: u64, gap: f64| json!({"posted": n, "post_gap_us": gap, "send_gap_us": gap / 2.0, "latency_us": 9.0 + gap});
+        json!({
+            "benchmark": "fmpl",
+            "cache_line_round_trip_us": 0.2,
+            "notes": ["mpich not measured: mpicc.mpich is not on PATH (Debian packages mpich libmpich-dev)"],
+            "pindown": {
+                "pingpong": [ping(8, 8.0), ping(1048576, 40.0)],
+                "preposted": [posted(1, 1.0), posted(600, 2.0)],
+                "collectives": [
+                    {"test": "barrier", "ranks": 2, "time_us": 10.0},
+                    {"test": "bcast", "ranks": 2, "bytes": 1048576, "time_us": 300.0},
+                    {"test": "allreduce", "ranks": 2, "bytes": 8, "time_us": 12.0}
+                ]
+            },
+            "mpi": {
+                "openmpi": {
+                    "pingpong": [{"bytes": 8, "one_way_us": 0.2, "bandwidth_gbs": 0.04}],
+                    "preposted": [{"posted": 600, "post_gap_us": 0.03, "send_gap_us": 0.8, "latency_us": 1.0}],
+                    "collectives": [{"test": "barrier", "ranks": 2, "time_us": 0.3}]
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn a_missing_mpi_is_listed_with_its_reason_and_its_numbers_are_none() {
+        let doc = fmpl_doc();
+        let sections = fmpl(&doc).unwrap();
+        let section = &sections[0];
+        assert_eq!(section.missing.len(), 1, "{:?}", section.missing);
+        assert!(section.missing[0].starts_with("MPICH: mpich not measured"));
+        assert!(section.missing[0].contains("not on PATH"));
+        // The note that says so is in `missing`, not repeated in the notes.
+        assert!(!section.notes.iter().any(|n| n.contains("not measured")));
+
+        let latency = section
+            .rows
+            .iter()
+            .find(|r| r.what == "8 B one-way latency")
+            .unwrap();
+        assert_eq!(latency.ours, Some(8.0));
+        assert_eq!(latency.limit.as_ref().unwrap().value, Some(8.0 * 0.9));
+        let peer = |name: &str| latency.peers.iter().find(|p| p.name == name).unwrap().value;
+        assert_eq!(peer("Open MPI"), Some(0.2));
+        assert_eq!(peer("MPICH"), None);
+        // Open MPI has no 1 MiB point: that row's Open MPI is None too.
+        let wide = section
+            .rows
+            .iter()
+            .find(|r| r.what == "bandwidth at 1 MiB")
+            .unwrap();
+        assert!(wide.peers.iter().all(|p| p.value.is_none()));
+
+        // Every figure keeps its MPICH series (empty) and its Ours points.
+        for figure in &section.figures {
+            let ours = figure.series.iter().find(|s| s.role == Role::Ours).unwrap();
+            assert!(!ours.points.is_empty(), "{}", figure.id);
+            let mpich = figure.series.iter().find(|s| s.name.starts_with("MPICH"));
+            assert!(mpich.is_some_and(|s| s.points.is_empty()), "{}", figure.id);
+        }
+        // The cache-line limit is one way: half the round trip.
+        let cache = section
+            .rows
+            .iter()
+            .find(|r| r.what.ends_with("against a cache line"))
+            .unwrap();
+        assert_eq!(cache.limit.as_ref().unwrap().value, Some(0.1));
+    }
+
+    #[test]
+    fn the_same_figures_with_both_mpis_or_one() {
+        let doc = fmpl_doc();
+        let mut both = doc.clone();
+        both["mpi"]["mpich"] = both["mpi"]["openmpi"].clone();
+        both["notes"] = json!([]);
+        let ids = |d: &Value| {
+            fmpl(d).unwrap()[0]
+                .figures
+                .iter()
+                .map(|f| f.id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&doc), ids(&both));
+        let section = &fmpl(&both).unwrap()[0];
+        assert!(section.missing.is_empty());
+        let barrier = section
+            .rows
+            .iter()
+            .find(|r| r.what == "barrier on 2 ranks")
+            .unwrap();
+        assert!(barrier.peers.iter().all(|p| p.value == Some(0.3)));
+    }
+
+    #[test]
+    fn a_malformed_document_is_an_error_naming_the_path() {
+        let mut doc = fmpl_doc();
+        doc["pindown"]["pingpong"][1]["one_way_us"] = json!("fast");
+        let err = fmpl(&doc).unwrap_err();
+        assert!(err.contains("one_way_us"), "{err}");
+        let mut doc = fmpl_doc();
+        doc["mpi"]["openmpi"]["pingpong"] = json!({});
+        let err = fmpl(&doc).unwrap_err();
+        assert!(
+            err.contains("mpi.openmpi") && err.contains("pingpong"),
+            "{err}"
+        );
+        assert!(gasnet(&json!({"benchmark": "gasnet", "notes": []})).is_err());
+    }
+
+    #[test]
+    fn halo_peers_take_the_better_datatype_at_each_n() {
+        let items = [
+            json!({"face": "stride", "n": 4, "datatype": "vector", "time_us": 3.0}),
+            json!({"face": "stride", "n": 4, "datatype": "subarray", "time_us": 2.0}),
+            json!({"face": "stride", "n": 8, "datatype": "vector", "time_us": 5.0}),
+            json!({"face": "block", "n": 4, "datatype": "vector", "time_us": 1.0}),
+        ];
+        let refs = all(&items);
+        assert_eq!(
+            best_halo(&refs, "stride", "time_us").unwrap(),
+            vec![(4.0, 2.0), (8.0, 5.0)]
+        );
+    }
 }
