@@ -1083,12 +1083,17 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
             first(&halo, &at, "time_us")?,
         );
         let face_bytes = first(&halo, &at, "bytes")?;
+        let raw_at_face = match face_bytes {
+            Some(b) => first(&raw, &[("bytes", Is::Num(b))], "latency_us")?,
+            None => None,
+        };
         r.limit = Some(Named::new(
-            "raw RDMA write of the face's bytes",
-            match face_bytes {
-                Some(b) => first(&raw, &[("bytes", Is::Num(b))], "latency_us")?,
-                None => None,
+            if raw_at_face.is_some() {
+                "raw RDMA write of the face's bytes"
+            } else {
+                "raw RDMA write of the face's bytes (size not in this run's ping-pong)"
             },
+            raw_at_face,
         ));
         r.peers = peers
             .iter()
