@@ -221,9 +221,9 @@ fn max_of(items: &[&Value], y: &str) -> Result<Option<f64>, BuildError> {
 /// `bytes` as "8 B", "64 KiB", "16 MiB".
 fn size(bytes: f64) -> String {
     let b = bytes as u64;
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
         format!("{} KiB", b >> 10)
     } else {
         format!("{b} B")
