@@ -930,6 +930,24 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
         Role::Ours,
         grid(&himeno)?,
     ));
+    let compute_only = |item: &Value| -> Result<f64, BuildError> {
+        Ok(num(item, "iterations")? / num(item, "calc_s")?)
+    };
+    let mut stencil = himeno
+        .iter()
+        .map(|i| {
+            Ok((
+                num(i, "ni")? * num(i, "nj")? * num(i, "nk")?,
+                compute_only(i)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, BuildError>>()?;
+    stencil.sort_by(|a, b| a.0.total_cmp(&b.0));
+    f.series.push(Series::new(
+        "stencil alone, no halo (limit)",
+        Role::Limit,
+        stencil,
+    ));
     for peer in &peers {
         f.series.push(Series::new(
             peer.name,
@@ -1124,6 +1142,10 @@ pub fn gasnet(doc: &Value) -> Result<Vec<Section>, BuildError> {
             "1/s",
             Some(num(last, "iterations_per_s")?),
         );
+        r.limit = Some(Named::new(
+            "our stencil alone (iterations over its compute time)",
+            Some(compute_only(last)?),
+        ));
         r.peers = peer_values(
             &peers,
             "himeno",
