@@ -403,10 +403,10 @@ pub fn fmpl(doc: &Value) -> Result<Vec<Section>, BuildError> {
             f.series.push(Series::new(
                 "cache-line ping-pong (limit)",
                 Role::Limit,
-                xy(&preposted, "posted", key, 0.0)?
-                    .into_iter()
-                    .map(|(x, _)| (x, cache_line_one_way))
-                    .collect(),
+                preposted
+                    .iter()
+                    .map(|p| Ok((num(p, "posted")?, cache_line_one_way)))
+                    .collect::<Result<Vec<_>, BuildError>>()?,
             ));
         }
         f.series.push(Series::new(
