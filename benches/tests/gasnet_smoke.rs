@@ -6,6 +6,8 @@
 
 mod common;
 
+use pindown_benches::report::sections::messaging;
+use pindown_benches::report::Role;
 use serde_json::Value;
 
 fn number(value: &Value, key: &str) -> f64 {
@@ -152,4 +154,95 @@ fn quick_gasnet_prints_every_figure_beside_the_mpis() {
             .expect("the halo target");
         assert_eq!(list(halo_target, "points").len(), halo.len(), "{name}");
     }
+    report_sections(&report);
+}
+
+/// The report's `gasnet` section built from this document: every figure
+/// has our points and a series per MPI, every row our number, each MPI's
+/// numbers present exactly when the document says it ran, and the rows
+/// carry the document's own figures.
+fn report_sections(report: &Value) {
+    let sections = messaging::gasnet(report).expect("the gasnet section builds");
+    assert_eq!(sections.len(), 1);
+    let section = &sections[0];
+    let mut ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    ids.sort_unstable();
+    let count = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "figure ids repeat: {ids:?}");
+    for figure in &section.figures {
+        assert!(figure.id.starts_with("gasnet-"), "{}", figure.id);
+        let ours = figure.series.iter().filter(|s| s.role == Role::Ours);
+        assert!(ours.clone().count() >= 1, "{}", figure.id);
+        assert!(ours.clone().any(|s| !s.points.is_empty()), "{}", figure.id);
+    }
+    for (key, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
+        let ran = report["mpi"].get(key).is_some();
+        assert_eq!(
+            section.missing.iter().any(|m| m.starts_with(name)),
+            !ran,
+            "{name}: {:?}",
+            section.missing
+        );
+        for figure in section
+            .figures
+            .iter()
+            .filter(|f| f.id != "gasnet-descriptor-cache")
+        {
+            let theirs = figure
+                .series
+                .iter()
+                .find(|s| s.role == Role::Peer && s.name.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} series in {}", figure.id));
+            assert_eq!(!theirs.points.is_empty(), ran, "{name} in {}", figure.id);
+        }
+        for row in &section.rows {
+            if let Some(peer) = row.peers.iter().find(|p| p.name == name) {
+                assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
+            }
+        }
+    }
+    for row in &section.rows {
+        assert!(row.ours.is_some_and(f64::is_finite), "{}", row.what);
+        assert!(row.paper.is_some(), "{}", row.what);
+    }
+    // The rows carry the document's numbers, not copies.
+    let row = |what: &str| {
+        section
+            .rows
+            .iter()
+            .find(|r| r.what.starts_with(what))
+            .unwrap_or_else(|| panic!("no row {what}"))
+    };
+    let ours = &report["pindown"];
+    let eight = |name: &str, key: &str| {
+        number(
+            list(ours, name).iter().find(|f| f["bytes"] == 8).unwrap(),
+            key,
+        )
+    };
+    assert_eq!(
+        row("short AM round trip").ours,
+        Some(number(
+            &list(ours, "am_short_round_trip")[0],
+            "round_trip_us"
+        ))
+    );
+    assert_eq!(
+        row("short AM round trip").limit.as_ref().unwrap().value,
+        Some(2.0 * eight("rdma_write_pingpong", "latency_us"))
+    );
+    assert_eq!(
+        row("long-AM one-way latency, 8 B").ours,
+        Some(eight("am_pingpong", "latency_us"))
+    );
+    assert_eq!(
+        row("get latency, native, 8 B").ours,
+        Some(eight("get_native", "latency_us"))
+    );
+    let peak = list(ours, "am_pingpong")
+        .iter()
+        .map(|f| number(f, "bandwidth_gbs"))
+        .fold(0.0, f64::max);
+    assert_eq!(row("long-AM peak bandwidth").ours, Some(peak));
 }

@@ -210,3 +210,96 @@ fn open_mpi_every_mode_measures_and_checks() {
 fn mpich_every_mode_measures_and_checks() {
     every_mode_measures_and_checks(Flavor::Mpich);
 }
+
+/// `fmpl --quick` read into the report's section: every figure has our
+/// points and a series per MPI, every row our number, each MPI's numbers
+/// present exactly when the document says it ran (a missing one listed in
+/// `missing`), and the rows carry the document's own figures.
+#[test]
+fn quick_fmpl_document_builds_its_report_section() {
+    use pindown_benches::report::sections::messaging;
+    use pindown_benches::report::Role;
+
+    let report = common::run_report(env!("CARGO_BIN_EXE_fmpl"), &["--quick"]);
+    assert_eq!(report["benchmark"], "fmpl");
+    let sections = messaging::fmpl(&report).expect("the fmpl section builds");
+    assert_eq!(sections.len(), 1);
+    let section = &sections[0];
+    let mut ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    ids.sort_unstable();
+    let count = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "figure ids repeat: {ids:?}");
+    for figure in &section.figures {
+        assert!(figure.id.starts_with("fmpl-"), "{}", figure.id);
+        assert!(
+            figure
+                .series
+                .iter()
+                .any(|s| s.role == Role::Ours && !s.points.is_empty()),
+            "{}",
+            figure.id
+        );
+    }
+    for (key, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
+        let ran = report["mpi"].get(key).is_some();
+        assert_eq!(
+            section.missing.iter().any(|m| m.starts_with(name)),
+            !ran,
+            "{name}: {:?}",
+            section.missing
+        );
+        for figure in &section.figures {
+            let theirs = figure
+                .series
+                .iter()
+                .find(|s| s.role == Role::Peer && s.name.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} series in {}", figure.id));
+            assert_eq!(!theirs.points.is_empty(), ran, "{name} in {}", figure.id);
+        }
+        for row in &section.rows {
+            if let Some(peer) = row.peers.iter().find(|p| p.name == name) {
+                assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
+            }
+        }
+    }
+    for row in &section.rows {
+        assert!(row.ours.is_some_and(f64::is_finite), "{}", row.what);
+    }
+
+    // The rows carry the document's numbers.
+    let row = |what: &str| {
+        section
+            .rows
+            .iter()
+            .find(|r| r.what == what)
+            .unwrap_or_else(|| panic!("no row {what}"))
+    };
+    let eight = report["pindown"]["pingpong"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["bytes"] == 8)
+        .expect("an 8-byte ping-pong");
+    let latency = row("8 B one-way latency");
+    assert_eq!(latency.ours, eight["one_way_us"].as_f64());
+    assert_eq!(
+        latency.limit.as_ref().unwrap().value,
+        eight["rdma_write_one_way_us"].as_f64()
+    );
+    let cache_line = row("8 B one-way latency against a cache line");
+    assert_eq!(
+        cache_line.limit.as_ref().unwrap().value,
+        Some(positive(&report, "cache_line_round_trip_us") / 2.0)
+    );
+    let posted_600 = report["pindown"]["preposted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["posted"] == 600)
+        .expect("table 2 with 600 posted");
+    assert_eq!(
+        row("gap between receives posted ahead, 600 posted").ours,
+        posted_600["post_gap_us"].as_f64()
+    );
+}
