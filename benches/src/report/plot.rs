@@ -141,11 +141,16 @@ fn colour(role: Role, index: usize) -> RGBColor {
         RGBColor(150, 150, 150),
         RGBColor(60, 60, 60),
     ];
+    const PAPERS: [RGBColor; 3] = [
+        RGBColor(200, 30, 30),
+        RGBColor(130, 20, 60),
+        RGBColor(230, 90, 60),
+    ];
     match role {
         Role::Ours => OURS[index % OURS.len()],
         Role::Peer => PEERS[index % PEERS.len()],
         Role::Limit => LIMITS[index % LIMITS.len()],
-        Role::Paper => RGBColor(200, 30, 30),
+        Role::Paper => PAPERS[index % PAPERS.len()],
     }
 }
 
