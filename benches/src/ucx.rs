@@ -20,7 +20,8 @@ use crate::mpi::find_in_path;
 const SOURCE: &str = include_str!("../ucx/rcache.c");
 
 /// The header of UCX's registration cache (Debian package libucx-dev); the
-/// report's peer list checks the same file.
+/// report's peer list checks the same file, and `build.rs` (which ignores
+/// the UCX test without it) names it again.
 pub const RCACHE_HEADER: &str = "/usr/include/ucs/memory/rcache.h";
 
 /// The C compiler the program is built with.
