@@ -27,9 +27,6 @@ pub const RCACHE_HEADER: &str = "/usr/include/ucs/memory/rcache.h";
 /// The C compiler the program is built with.
 pub const COMPILER: &str = "cc";
 
-/// The Debian packages that provide what the program needs.
-pub const PACKAGES: &str = "libucx-dev gcc";
-
 /// How long the program may print nothing before it is stopped.
 const SILENCE_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -251,10 +251,7 @@ const UCX_LIBRARY: &str = "UCX ucs_rcache (libucs), mem_reg = mlock, mem_dereg =
 /// reported, or fails the program under CI=true.
 fn measure_ucx(pages: &[usize], reps: &RepPolicy) -> Result<UcxReport, Box<dyn Error>> {
     let outcome = match ucx::missing() {
-        Some(reason) => UcxReport::not_measured(
-            PeerStatus::Missing,
-            format!("{reason}; install {}", ucx::PACKAGES),
-        ),
+        Some(reason) => UcxReport::not_measured(PeerStatus::Missing, reason),
         None if pages.is_empty() => UcxReport::not_measured(
             PeerStatus::Failed,
             "no region size could be measured (see skipped)".to_string(),
