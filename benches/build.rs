@@ -2,6 +2,8 @@
 //! are set when that MPI's compiler wrapper or launcher is not on `PATH`,
 //! so that its test is ignored with the reason. Under CI=true they are
 //! never set: there a missing MPI fails the test (`.ci/run` installs both).
+//! Likewise `ucx_missing`, when UCX's registration-cache header or the C
+//! compiler the UCX peer of `pin-cost` is built with is missing.
 
 use std::path::Path;
 
@@ -10,6 +12,11 @@ const MPIS: [(&str, [&str; 2]); 2] = [
     ("openmpi_missing", ["mpicc.openmpi", "mpirun.openmpi"]),
     ("mpich_missing", ["mpicc.mpich", "mpiexec.mpich"]),
 ];
+
+/// The header and the compiler the UCX peer needs (`src/ucx.rs`:
+/// `RCACHE_HEADER`, `COMPILER`).
+const UCX_HEADER: &str = "/usr/include/ucs/memory/rcache.h";
+const UCX_COMPILER: &str = "cc";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -32,5 +39,13 @@ fn main() {
         if !ci && !tools.iter().all(|t| found(t)) {
             println!("cargo:rustc-cfg={cfg}");
         }
+    }
+    // Installing libucx-dev adds /usr/include/ucs.
+    println!("cargo:rerun-if-changed=/usr/include");
+    println!("cargo:rustc-check-cfg=cfg(ucx_missing)");
+    let ucx_present =
+        Path::new(UCX_HEADER).is_file() && dirs.iter().any(|d| d.join(UCX_COMPILER).is_file());
+    if !ci && !ucx_present {
+        println!("cargo:rustc-cfg=ucx_missing");
     }
 }

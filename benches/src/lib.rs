@@ -28,6 +28,8 @@
 //! * [`fabric`]: two hosts (network namespaces and a veth pair, or
 //!   loopback) for device processes joined over UDP, the raw UDP
 //!   baselines between them, and the fabric's memory figures.
+//! * [`ucx`]: the UCX peer of `pin-cost` (UCX's registration cache with an
+//!   `mlock` pin), built with the C compiler and run at run time.
 //!
 //! * [`report`]: `pindown-report`, every program in one run, written as
 //!   JSON, plots and a Markdown report.
@@ -53,4 +55,5 @@ pub mod stats;
 pub mod submatrix;
 pub mod sys;
 pub mod traces;
+pub mod ucx;
 pub mod unmap;

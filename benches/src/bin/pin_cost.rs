@@ -5,6 +5,13 @@
 //! plain `munmap` (the cases of the criterion group `unmap`, see
 //! [`pindown_benches::unmap`]). Prints one JSON document on stdout.
 //!
+//! The peer, under `ucx`: UCX's registration cache (`ucs_rcache`) with an
+//! `mlock` pin, the same sizes and repetitions, measured by the C program
+//! `benches/ucx/rcache.c` built and run at run time (see
+//! [`pindown_benches::ucx`]). Without UCX's headers or a C compiler it is
+//! reported `missing` with the reason; under CI=true that fails the program,
+//! as does a UCX run that fails.
+//!
 //! Every figure is a median over many repetitions timed with
 //! `std::time::Instant`. Raw and cached repetitions are interleaved so that
 //! drift in the machine affects both alike; so are the `munmap` cases, in
@@ -17,10 +24,12 @@ use clap::Parser;
 use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache};
 use serde::Serialize;
 
+use pindown_benches::mpi::under_ci;
 use pindown_benches::output::OutputArgs;
 use pindown_benches::replay::duration_ns;
 use pindown_benches::stats::{fit_line, median, LineFit};
 use pindown_benches::sys::{mlock, munlock, LockBudget, Machine, Mapping};
+use pindown_benches::ucx;
 use pindown_benches::unmap::{UnmapCase, UnmapRun};
 
 /// Command line.
@@ -159,6 +168,119 @@ const UCX_HOOK_US: f64 = 2.4;
 /// [`UCX_HOOK_US`].
 const UCX_TARGET_FACTOR: f64 = 2.0;
 
+/// How the UCX peer came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum PeerStatus {
+    Measured,
+    /// What it needs is not installed (reported, not failed, outside CI).
+    Missing,
+    /// It was tried and did not work.
+    Failed,
+}
+
+/// UCX's registration cache on the same sizes, with the same pin.
+#[derive(Debug, Serialize)]
+struct UcxReport {
+    status: PeerStatus,
+    /// Why it was not measured.
+    reason: Option<String>,
+    /// What is measured.
+    library: &'static str,
+    /// The program's header (UCX API version, events, pin).
+    header: Option<ucx::Header>,
+    sizes: Vec<ucx::SizePoint>,
+    /// Hit cost of a one-page region, in microseconds.
+    hit_us: Option<f64>,
+    fit: UcxFits,
+    /// Hit cost over the miss cost of a one-page region.
+    hit_over_miss_1page: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct UcxFits {
+    /// `miss_us = a + b * pages`.
+    miss_us: Option<LineFit>,
+    miss_plus_invalidate_us: Option<LineFit>,
+}
+
+impl UcxReport {
+    fn not_measured(status: PeerStatus, reason: String) -> Self {
+        UcxReport {
+            status,
+            reason: Some(reason),
+            library: UCX_LIBRARY,
+            header: None,
+            sizes: Vec::new(),
+            hit_us: None,
+            fit: UcxFits {
+                miss_us: None,
+                miss_plus_invalidate_us: None,
+            },
+            hit_over_miss_1page: None,
+        }
+    }
+
+    fn measured(run: ucx::Run) -> Self {
+        let fit = |y: fn(&ucx::SizePoint) -> f64| {
+            let points: Vec<(f64, f64)> =
+                run.sizes.iter().map(|s| (s.pages as f64, y(s))).collect();
+            fit_line(&points)
+        };
+        let one = run.sizes.iter().find(|s| s.pages == 1);
+        UcxReport {
+            status: PeerStatus::Measured,
+            reason: None,
+            library: UCX_LIBRARY,
+            hit_us: one.map(|s| s.hit_ns / 1e3),
+            hit_over_miss_1page: one.map(|s| s.hit_ns / 1e3 / s.miss_us),
+            fit: UcxFits {
+                miss_us: fit(|s| s.miss_us),
+                miss_plus_invalidate_us: fit(|s| s.miss_plus_invalidate_us),
+            },
+            header: Some(run.header),
+            sizes: run.sizes,
+        }
+    }
+}
+
+/// What the `ucx` figures are of.
+const UCX_LIBRARY: &str = "UCX ucs_rcache (libucs), mem_reg = mlock, mem_dereg = munlock";
+
+/// Builds and runs the UCX peer on `pages`; a missing or failed peer is
+/// reported, or fails the program under CI=true.
+fn measure_ucx(pages: &[usize], reps: &RepPolicy) -> Result<UcxReport, Box<dyn Error>> {
+    let outcome = match ucx::missing() {
+        Some(reason) => UcxReport::not_measured(PeerStatus::Missing, reason),
+        None if pages.is_empty() => UcxReport::not_measured(
+            PeerStatus::Failed,
+            "no region size could be measured (see skipped)".to_string(),
+        ),
+        None => {
+            let dir = tempfile::tempdir()?;
+            let spec = ucx::RunSpec {
+                pages: pages.to_vec(),
+                min_reps: reps.min_reps,
+                max_reps: reps.max_reps,
+                budget_ms: reps.budget_ms,
+                hit_batch: reps.hit_batch,
+                hit_batches: reps.hit_batches,
+            };
+            match ucx::build(dir.path()).and_then(|binary| ucx::run(&binary, &spec)) {
+                Ok(run) => UcxReport::measured(run),
+                Err(e) => UcxReport::not_measured(PeerStatus::Failed, e.to_string()),
+            }
+        }
+    };
+    if let Some(reason) = &outcome.reason {
+        if under_ci() {
+            return Err(format!("UCX peer {:?}: {reason} (CI=true)", outcome.status).into());
+        }
+        eprintln!("pin-cost: UCX peer {:?}: {reason}", outcome.status);
+    }
+    Ok(outcome)
+}
+
 #[derive(Serialize)]
 struct Report {
     program: &'static str,
@@ -172,6 +294,8 @@ struct Report {
     fit: Fits,
     ratios: Ratios,
     reference_pm_table2: Reference,
+    /// The peer: UCX's registration cache on the same sizes.
+    ucx: UcxReport,
     unmap: UnmapReport,
     elapsed_s: f64,
 }
@@ -380,7 +504,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let cache = PinCache::new(MlockPinner::new(), config)?;
 
-    let bar = args.output.progress_bar(candidates.len() as u64 + 1);
+    let bar = args.output.progress_bar(candidates.len() as u64 + 2);
     let mut sizes = Vec::new();
     for &pages in &candidates {
         bar.set_message(format!("{pages} pages"));
@@ -402,6 +526,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     // would visit it too.
     drop(cache);
     drop(mapping);
+    // The peer on the sizes measured here, with nothing of ours locked.
+    bar.set_message("UCX rcache");
+    let measured: Vec<usize> = sizes.iter().map(|s| s.pages).collect();
+    let ucx = bar.suspend(|| measure_ucx(&measured, &reps))?;
+    bar.inc(1);
     bar.set_message("munmap");
     let unmap = measure_unmap(&budget, &reps);
     bar.inc(1);
@@ -436,6 +565,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         sizes,
         skipped,
         hit_us,
+        ucx,
         unmap,
         elapsed_s: started.elapsed().as_secs_f64(),
     };

@@ -450,12 +450,8 @@ pub fn peers() -> Vec<Peer> {
         .collect();
     let ucx_missing = if find_in_path("ucx_info").is_none() {
         Some("ucx_info is not on PATH (Debian package ucx-utils)".to_string())
-    } else if !Path::new(UCX_RCACHE_HEADER).is_file() {
-        Some(format!(
-            "{UCX_RCACHE_HEADER} is missing (Debian package libucx-dev)"
-        ))
     } else {
-        None
+        crate::ucx::missing()
     };
     peers.push(Peer {
         name: "UCX".to_string(),
@@ -470,7 +466,7 @@ pub fn peers() -> Vec<Peer> {
 }
 
 /// The header of UCX's registration cache.
-pub const UCX_RCACHE_HEADER: &str = "/usr/include/ucs/memory/rcache.h";
+pub const UCX_RCACHE_HEADER: &str = crate::ucx::RCACHE_HEADER;
 
 fn machine() -> MachineFacts {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
