@@ -23,7 +23,7 @@ fn op_label(op: &str) -> &str {
         "write" => "write",
         "write_inline" => "inline write",
         "read" => "read",
-        "fetch_add" => "8-byte fetch-add",
+        "fetch_add" => "fetch-add",
         other => other,
     }
 }
@@ -153,7 +153,7 @@ fn latency_plot(kind: &Kind) -> Result<Figure, BuildError> {
             points.push((num(f, "bytes")?, num(f, "us.median")?));
         }
         let name = if *op == "fetch_add" {
-            op_label(op).to_string()
+            format!("{} (8 B), median", op_label(op))
         } else {
             format!("{}, median", op_label(op))
         };
@@ -179,9 +179,7 @@ fn latency_plot(kind: &Kind) -> Result<Figure, BuildError> {
             kind.memory,
             mode_label(kind.mode)
         ),
-        reproduces: "the README's latency figures (no paper figure): each request \
-                     beside a cache-line round trip"
-            .into(),
+        reproduces: "no paper figure; the README's latency figures".into(),
         x: Axis::log("transfer size (bytes)"),
         y: Axis::log("post to completion (us)"),
         series,
@@ -208,7 +206,7 @@ fn bandwidth_plot(doc: &Value, kinds: &[Kind], memory: &str) -> Result<Figure, B
             rate,
         ));
         limits.push(Series::new(
-            format!("memcpy between the {} rounds", mode_label(kind.mode)),
+            format!("memcpy, {} rounds", mode_label(kind.mode)),
             Role::Limit,
             memcpy,
         ));
@@ -220,18 +218,12 @@ fn bandwidth_plot(doc: &Value, kinds: &[Kind], memory: &str) -> Result<Figure, B
             num(m, "gb_per_s.median").map_err(|e| format!("memcpy_idle.{i}: {e}"))?,
         ));
     }
-    limits.push(Series::new(
-        "memcpy before any device ran",
-        Role::Limit,
-        idle,
-    ));
+    limits.push(Series::new("memcpy, before any device", Role::Limit, idle));
     ours.extend(limits);
     Ok(Figure {
         id: format!("latency-{memory}-bandwidth"),
         title: format!("RDMA write bandwidth by size, {memory} memory"),
-        reproduces: "the README's latency figures (write streams against memcpy of the \
-                     same size; no paper figure)"
-            .into(),
+        reproduces: "no paper figure; the README's write bandwidth against memcpy".into(),
         x: Axis::log("write size (bytes)"),
         y: Axis::log("bandwidth (GB/s)"),
         series: ours,

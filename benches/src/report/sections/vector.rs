@@ -320,15 +320,12 @@ fn plot(entry: &Value, pass: Option<&Pass>, zs: &[u64], z: u64) -> Result<Figure
         let m = PAPER_M as f64;
         let point = match (host_method, quantity) {
             (Some("unpack"), "mb_per_s") => Some((
-                format!("paper: Pentium 4 host unpack, z = {PAPER_Z}"),
+                format!("paper: Pentium 4, z = {PAPER_Z}"),
                 paper.host_unpack_mb_per_s,
             )),
-            (None, "us") => Some((
-                format!("paper: DIMMnet-2 vector read, z = {PAPER_Z}"),
-                paper.vector_us,
-            )),
+            (None, "us") => Some((format!("paper: DIMMnet-2, z = {PAPER_Z}"), paper.vector_us)),
             (None, "mb_per_s") => Some((
-                format!("paper: DIMMnet-2 vector read, z = {PAPER_Z}"),
+                format!("paper: DIMMnet-2, z = {PAPER_Z}"),
                 paper.vector_mb_per_s,
             )),
             _ => None,
@@ -401,11 +398,9 @@ fn pages_plot(passes: &[Pass], ns: &[u64], z: u64) -> Result<Figure, BuildError>
     Ok(Figure {
         id: "vector-transfer-pages".into(),
         title: format!("Warm vector write over the one-pass copy, z = {z}, by page size"),
-        reproduces: "no paper figure: 4 KiB against 2 MiB pages (the paper's vector access \
-                     worked on the NIC's own SO-DIMMs)"
-            .into(),
+        reproduces: "no paper figure; 4 KiB against 2 MiB pages".into(),
         x: Axis::log("submatrix rows m (m x n doubles)"),
-        y: Axis::linear("vector write time / one-pass copy time"),
+        y: Axis::log("vector write time / one-pass copy time"),
         series,
     })
 }
@@ -783,7 +778,7 @@ mod tests {
                 "one-pass strided copy, warm",
                 "Open MPI, MPI_Type_vector",
                 "MPICH, MPI_Type_vector",
-                "paper: DIMMnet-2 vector read, z = 4096"
+                "paper: DIMMnet-2, z = 4096"
             ]
         );
         assert_eq!(latency.series[1].points, [(64.0, 4.0), (4096.0, 40.0)]);
