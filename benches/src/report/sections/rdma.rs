@@ -167,7 +167,7 @@ fn latency_plot(kind: &Kind) -> Result<Figure, BuildError> {
             points.push((num(f, "bytes")?, num(f, "ping_pong_us.median")?));
         }
         series.push(Series::new(
-            format!("cache-line round trip (before each {})", op_label(first)),
+            format!("round trip before each {}", op_label(first)),
             Role::Limit,
             points,
         ));
