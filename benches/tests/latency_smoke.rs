@@ -6,6 +6,8 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use pindown_benches::report::sections::rdma::latency;
+use pindown_benches::report::Role;
 use serde_json::Value;
 
 fn number(value: &Value, path: &str) -> f64 {
@@ -70,6 +72,77 @@ fn quick_latency_prints_every_figure_with_its_baseline() {
     assert!(!targets.is_empty());
     for target in targets {
         assert!(target["met"].is_boolean(), "{target}");
+    }
+    report_section(&report, targets.len());
+}
+
+/// The report's section of the document: a latency plot per mode and a
+/// bandwidth plot, each with pindown's measured points; one row per
+/// target, each with ours and the baseline it is measured against.
+fn report_section(report: &Value, targets: usize) {
+    let sections = latency(report).expect("the document builds its section");
+    assert_eq!(sections.len(), 1);
+    let section = &sections[0];
+    assert!(section.missing.is_empty(), "{:?}", section.missing);
+    let ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "latency-arena-event",
+            "latency-arena-poll",
+            "latency-arena-bandwidth"
+        ]
+    );
+    for figure in &section.figures {
+        let ours: Vec<_> = figure
+            .series
+            .iter()
+            .filter(|s| s.role == Role::Ours)
+            .collect();
+        assert!(!ours.is_empty(), "{}", figure.id);
+        for series in ours {
+            assert!(!series.points.is_empty(), "{}: {}", figure.id, series.name);
+        }
+        let limit = figure
+            .series
+            .iter()
+            .find(|s| s.role == Role::Limit)
+            .unwrap_or_else(|| panic!("{} has no limit", figure.id));
+        assert!(limit.points.iter().all(|&(_, y)| y > 0.0), "{}", figure.id);
+    }
+    // The event-driven write line holds the document's medians, by size.
+    let writes = &section.figures[0].series[0];
+    assert_eq!(writes.name, "write, median");
+    let medians: Vec<(f64, f64)> = report["modes"][0]["kinds"][0]["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["op"] == "write")
+        .map(|f| (number(f, "/bytes"), number(f, "/us/median")))
+        .collect();
+    assert_eq!(writes.points, medians);
+    assert_eq!(section.rows.len(), targets);
+    for (row, target) in section
+        .rows
+        .iter()
+        .zip(report["targets"].as_array().unwrap())
+    {
+        let ours = row
+            .ours
+            .unwrap_or_else(|| panic!("{} has no value", row.what));
+        let limit = row
+            .limit
+            .as_ref()
+            .and_then(|l| l.value)
+            .unwrap_or_else(|| panic!("{} has no baseline", row.what));
+        // What the target measures is ours against the row's baseline.
+        let measured = number(target, "/measured");
+        let what = target["what"].as_str().unwrap();
+        if what.ends_with("median us") {
+            assert_eq!(ours, measured, "{what}");
+        } else {
+            assert!((ours / limit - measured).abs() <= 1e-9 * measured, "{what}");
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 
 mod common;
 
+use pindown_benches::report::sections::vector::vector_transfer;
+use pindown_benches::report::Role;
 use serde_json::Value;
 
 const Z: [usize; 2] = [64, 300];
@@ -123,6 +125,90 @@ fn small_run_prints_every_series_checked() {
                 measured >= bound
             };
             assert_eq!(target["met"].as_bool(), Some(met), "{target}");
+        }
+    }
+    report_section(&report);
+}
+
+/// The report's section of the document: a plot per paper figure of the
+/// document's index and the page-size plot, each with pindown's points at
+/// the run's largest z; rows with ours and the baseline measured, the MPIs
+/// present when they ran and listed missing when they did not.
+fn report_section(report: &Value) {
+    let sections = vector_transfer(report).expect("the document builds its section");
+    assert_eq!(sections.len(), 1);
+    let section = &sections[0];
+    let mut ids: Vec<String> = report["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("vector-transfer-figure{}", f["figure"].as_str().unwrap()))
+        .collect();
+    ids.push("vector-transfer-pages".into());
+    let built: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(built, ids);
+    let z = *Z.iter().max().unwrap();
+    for figure in &section.figures {
+        let ours: Vec<_> = figure
+            .series
+            .iter()
+            .filter(|s| s.role == Role::Ours)
+            .collect();
+        assert!(!ours.is_empty(), "{}", figure.id);
+        // The 4 KiB pass is the only one run: the page-size plot's 2 MiB
+        // lines are empty, every other line of ours has every m.
+        for series in ours.iter().filter(|s| !s.name.contains("2 MiB")) {
+            let ms: Vec<f64> = series.points.iter().map(|p| p.0).collect();
+            let expected: Vec<f64> = M.iter().map(|&m| m as f64).collect();
+            assert_eq!(ms, expected, "{}: {}", figure.id, series.name);
+        }
+    }
+    // Figure 10's warm vector write is the document's series at z.
+    let pass = &report["passes"][0];
+    let figure10 = section
+        .figures
+        .iter()
+        .find(|f| f.id == "vector-transfer-figure10")
+        .expect("figure 10");
+    let warm = figure10
+        .series
+        .iter()
+        .find(|s| s.name == "vector write, warm")
+        .expect("warm vector write");
+    let expected: Vec<(f64, f64)> = series(pass, "vector_write", Some("warm"), z, 1)["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["m"].as_f64().unwrap(),
+                p["us"]["median"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(warm.points, expected);
+    assert!(!section.rows.is_empty());
+    for row in &section.rows {
+        assert!(row.ours.is_some(), "{} has no value", row.what);
+        let limit = row.limit.as_ref().expect("a baseline");
+        assert!(
+            limit.value.is_some(),
+            "{}: {} missing",
+            row.what,
+            limit.name
+        );
+    }
+    for (mpi, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
+        let ran = series(pass, &format!("{mpi}_vector"), None, z, 1)["status"] == "measured";
+        let listed = section.missing.iter().any(|m| m.starts_with(name));
+        assert_eq!(listed, !ran, "{name}: {:?}", section.missing);
+        for row in section.rows.iter().filter(|r| !r.peers.is_empty()) {
+            let peer = row
+                .peers
+                .iter()
+                .find(|p| p.name.starts_with(name))
+                .unwrap_or_else(|| panic!("{name} not in {}", row.what));
+            assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
         }
     }
 }
