@@ -99,9 +99,9 @@ pub fn jobs() -> Vec<Job> {
         },
         Job {
             program: "latency",
-            quick_args: &["--quick", "--quiet"],
-            full_args: &["--quiet"],
-            estimate_s: (2.0, 5.0),
+            quick_args: &["--quick", "--quiet", "--memory", "arena,heap"],
+            full_args: &["--quiet", "--memory", "arena,heap"],
+            estimate_s: (3.0, 8.0),
             huge_pages: false,
             sections: rdma::latency,
         },
