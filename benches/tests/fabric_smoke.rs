@@ -113,6 +113,9 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
         // Node 0 started every write, node 1 served them.
         let counters = array(lossless, "/counters");
         assert_eq!(counters.len(), 2);
+        // Each device's own line (its answer goes on with a line per peer).
+        assert_eq!(number(&counters[0], "/node"), 0.0);
+        assert_eq!(number(&counters[1], "/node"), 1.0);
         assert!(number(&counters[0], "/completed") > 0.0);
         assert_eq!(number(&counters[0], "/failed"), 0.0);
         assert!(number(&counters[1], "/served") > 0.0);

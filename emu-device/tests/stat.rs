@@ -284,6 +284,7 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
     assert_eq!(number(to_zero, "node"), 0);
     assert_eq!(to_one["address"], format!("127.0.0.1:{}", udp[1]));
     assert_eq!(to_zero["address"], format!("127.0.0.1:{}", udp[0]));
+    assert!(number(&a, "memory_peer_stats") > 0, "{a}");
     // The peers' counts are the link's (one peer each; no stray datagram
     // on loopback).
     for (link, peer) in [(&a, to_one), (&b, to_zero)] {

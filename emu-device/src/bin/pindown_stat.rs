@@ -384,9 +384,10 @@ fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
                 f.n("bad_messages"),
             ));
             out.push_str(&format!(
-                "  memory    {} fixed, {} per peer\n",
+                "  memory    {} fixed, {} B per peer (and {} B of counters per peer)\n",
                 bytes(f.n("memory_fixed")),
                 f.n("memory_per_peer"),
+                f.n("memory_peer_stats"),
             ));
             peers_table(&mut out, &fabric.peers);
         }

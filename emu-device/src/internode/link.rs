@@ -332,7 +332,7 @@ impl Link {
             "fabric node={} peers={} started={} completed={} failed={} served={} \
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
              datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
-             frames_dropped={} memory_fixed={} memory_per_peer={}\n",
+             frames_dropped={} memory_fixed={} memory_per_peer={} memory_peer_stats={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -350,6 +350,8 @@ impl Link {
             g(&s.frames_dropped),
             self.memory.0,
             self.memory.1,
+            // The per-peer counters, apart from the endpoint's state.
+            std::mem::size_of::<(NodeId, PeerStats)>(),
         ) + &self.peer_status()
     }
 
