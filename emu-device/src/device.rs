@@ -175,8 +175,8 @@ impl Device {
     /// `completion`), its queue pair, the size the driver set, the
     /// device's position in it (the next available index of an Ethernet
     /// ring; the next request of a send queue, the next completion of a
-    /// completion queue), the next used index of an Ethernet ring, and its
-    /// state.
+    /// completion queue), the next used index of an Ethernet ring, the
+    /// requests a send queue's pair has in flight, and its state.
     pub fn rings_status(&self) -> String {
         let mut s = String::new();
         for p in self.ports.all() {
@@ -192,9 +192,19 @@ impl Device {
                     None if index % 2 == 0 => ("net_rx", index / 2),
                     None => ("net_tx", index / 2),
                 };
+                // Requests in flight belong to a pair's send queue.
+                let in_flight = match kind {
+                    "send" => p
+                        .stats
+                        .in_flight
+                        .of(pair)
+                        .map_or(0, |c| c.load(Ordering::Relaxed)),
+                    _ => 0,
+                };
                 s.push_str(&format!(
                     "ring port={} ring={index} kind={kind} pair={pair} size={} position={} \
-                     next_used={} enabled={} started={} waiting_iotlb={} broken={}\n",
+                     next_used={} in_flight={in_flight} enabled={} started={} waiting_iotlb={} \
+                     broken={}\n",
                     p.index,
                     ring.size,
                     ring.position(),

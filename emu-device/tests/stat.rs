@@ -259,6 +259,8 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
         .collect();
     assert!(rdma.len() >= 4, "the admin pair and ours: {port}");
     for ring in &rdma {
+        // Every completion was reaped: nothing in flight.
+        assert_eq!(number(ring, "in_flight"), 0, "{ring}");
         assert_eq!(number(ring, "size"), u64::from(queue_size), "{ring}");
         assert_eq!(number(ring, "started"), 1, "{ring}");
         assert_eq!(number(ring, "broken"), 0, "{ring}");
@@ -342,5 +344,42 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
         send_line.contains(&format!(" {queue_size} ")),
         "{send_line}"
     );
+
+    // A write to a node that is stopped stays in flight until it wakes.
+    let pair_in_flight = |pindown_stat: &Value| {
+        pindown_stat["ports"][0]["rings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kind"] == "send" && number(r, "pair") != 0)
+            .map(|r| number(r, "in_flight"))
+            .sum::<u64>()
+    };
+    signal(&one, libc::SIGSTOP);
+    qp.post(&[Write::new(
+        near_region.local(0, PIECE as u32).unwrap(),
+        window.remote().at(0),
+    )
+    .build()
+    .signaled()])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pair_in_flight(&document(&zero.control_path())) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let in_flight = pair_in_flight(&document(&zero.control_path()));
+    signal(&one, libc::SIGCONT);
+    assert_eq!(in_flight, 1, "the write to the stopped node");
+    let done: Vec<_> = cq.wait(Duration::from_secs(30)).unwrap().collect();
+    assert_eq!(done[0].status, Status::Success, "{:?}", done[0]);
+    assert_eq!(pair_in_flight(&document(&zero.control_path())), 0);
     drop(window);
+}
+
+/// Sends `signal` to the device process.
+fn signal(device: &DeviceProcess, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(device.pid()).unwrap();
+    // SAFETY: kill has no memory preconditions; `pid` is our child,
+    // which has not been reaped (the DeviceProcess owns it).
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
 }

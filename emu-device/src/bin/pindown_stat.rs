@@ -171,14 +171,19 @@ fn rings_table(out: &mut String, rings: &mut dyn Iterator<Item = &PortStatus>) {
     for ring in rings {
         if !any {
             out.push_str(&format!(
-                "  rings      {:>4} {:<10} {:>4} {:>6} {:>9} {:>9}  state\n",
-                "ring", "kind", "pair", "size", "position", "used"
+                "  rings      {:>4} {:<10} {:>4} {:>6} {:>9} {:>9} {:>9}  state\n",
+                "ring", "kind", "pair", "size", "position", "used", "in flight"
             ));
             any = true;
         }
         let kind = ring.text("kind").unwrap_or("-");
         let used = if kind.starts_with("net") {
             ring.n("next_used").to_string()
+        } else {
+            "-".to_string()
+        };
+        let in_flight = if kind == "send" {
+            ring.n("in_flight").to_string()
         } else {
             "-".to_string()
         };
@@ -194,13 +199,14 @@ fn rings_table(out: &mut String, rings: &mut dyn Iterator<Item = &PortStatus>) {
             "stopped"
         };
         out.push_str(&format!(
-            "             {:>4} {:<10} {:>4} {:>6} {:>9} {:>9}  {state}\n",
+            "             {:>4} {:<10} {:>4} {:>6} {:>9} {:>9} {:>9}  {state}\n",
             ring.n("ring"),
             kind,
             ring.n("pair"),
             ring.n("size"),
             ring.n("position"),
             used,
+            in_flight,
         ));
     }
     if !any {
