@@ -356,6 +356,20 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
             .sum::<u64>()
     };
     signal(&one, libc::SIGSTOP);
+    // The signal is delivered asynchronously: wait until the process is
+    // seen stopped.
+    let stat_path = format!("/proc/{}/stat", one.pid());
+    let stopped = || {
+        std::fs::read_to_string(&stat_path)
+            .ok()
+            .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('T')))
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !stopped() {
+        assert!(Instant::now() < deadline, "node 1 did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     qp.post(&[Write::new(
         near_region.local(0, PIECE as u32).unwrap(),
         window.remote().at(0),
@@ -367,9 +381,14 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
     while pair_in_flight(&document(&zero.control_path())) == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let in_flight = pair_in_flight(&document(&zero.control_path()));
+    let during = document(&zero.control_path());
+    let in_flight = pair_in_flight(&during);
     signal(&one, libc::SIGCONT);
-    assert_eq!(in_flight, 1, "the write to the stopped node");
+    assert_eq!(
+        in_flight, 1,
+        "the write to the stopped node: {}",
+        during["ports"][0]["rings"]
+    );
     let done: Vec<_> = cq.wait(Duration::from_secs(30)).unwrap().collect();
     assert_eq!(done[0].status, Status::Success, "{:?}", done[0]);
     assert_eq!(pair_in_flight(&document(&zero.control_path())), 0);
