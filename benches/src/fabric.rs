@@ -542,7 +542,8 @@ pub fn rss_bytes(pid: u32) -> io::Result<u64> {
 }
 
 /// The fabric link's status line of the device whose control socket is
-/// `control`, as `key=value` pairs.
+/// `control` (the first of its answer; a line per peer follows), as
+/// `key=value` pairs.
 pub fn fabric_status(
     control: &std::path::Path,
 ) -> io::Result<std::collections::BTreeMap<String, u64>> {
@@ -553,6 +554,9 @@ pub fn fabric_status(
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
     Ok(text
+        .lines()
+        .next()
+        .unwrap_or("")
         .split_whitespace()
         .filter_map(|kv| kv.split_once('='))
         .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))

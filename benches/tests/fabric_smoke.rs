@@ -113,6 +113,9 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
         // Node 0 started every write, node 1 served them.
         let counters = array(lossless, "/counters");
         assert_eq!(counters.len(), 2);
+        // Each device's own line (its answer goes on with a line per peer).
+        assert_eq!(number(&counters[0], "/node"), 0.0);
+        assert_eq!(number(&counters[1], "/node"), 1.0);
         assert!(number(&counters[0], "/completed") > 0.0);
         assert_eq!(number(&counters[0], "/failed"), 0.0);
         assert!(number(&counters[1], "/served") > 0.0);
@@ -194,4 +197,70 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
         };
         assert_eq!(t["met"], met, "{t}");
     }
+
+    report_sections_show_every_figure(&report);
+}
+
+/// The report's sections built from the document: every figure has our
+/// points, every row our number, the UDP limit of every mode is there
+/// (it ran), nothing is listed missing, and the ids are the full run's.
+fn report_sections_show_every_figure(report: &Value) {
+    use pindown_benches::report::figure::Role;
+
+    let sections = pindown_benches::report::sections::fabric::fabric(report).expect("sections");
+    assert_eq!(sections.len(), 1);
+    let section = &sections[0];
+    assert!(section.missing.is_empty(), "{:?}", section.missing);
+    let ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "fabric-latency",
+            "fabric-bandwidth-event",
+            "fabric-bandwidth-poll",
+            "fabric-memory",
+            "fabric-memory-per-peer"
+        ]
+    );
+    for figure in &section.figures {
+        for role in [Role::Ours, Role::Limit, Role::Paper] {
+            let wanted = match role {
+                Role::Paper => figure.id.starts_with("fabric-memory"),
+                Role::Limit => !figure.id.starts_with("fabric-memory"),
+                _ => true,
+            };
+            if wanted {
+                assert!(
+                    figure
+                        .series
+                        .iter()
+                        .any(|s| s.role == role && !s.points.is_empty()),
+                    "{} has no {role:?} points",
+                    figure.id
+                );
+            }
+        }
+    }
+    // The bandwidth figures carry the document's medians.
+    let modes = array(report, "/modes");
+    for (mode, name) in modes.iter().zip(["event", "poll"]) {
+        let figure = section
+            .figures
+            .iter()
+            .find(|f| f.id == format!("fabric-bandwidth-{name}"))
+            .unwrap();
+        let lossless: Vec<(f64, f64)> = array(mode, "/lossless/bandwidth")
+            .iter()
+            .map(|f| (number(f, "/bytes"), number(f, "/gb_per_s/median")))
+            .collect();
+        assert_eq!(figure.series[0].points, lossless);
+    }
+    assert!(section.rows.len() >= 8, "{:?}", section.rows);
+    for row in &section.rows {
+        assert!(row.ours.is_some(), "{row:?}");
+        if let Some(limit) = &row.limit {
+            assert!(limit.value.is_some(), "{row:?}");
+        }
+    }
+    assert!(section.rows.iter().any(|r| r.paper.is_some()));
 }

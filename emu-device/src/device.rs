@@ -170,6 +170,55 @@ impl Device {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
+    /// One line per ring a frontend configured, port by port: `ring
+    /// port=.. ring=.. kind=..` (`net_rx`, `net_tx`, `send` or
+    /// `completion`), its queue pair, the size the driver set, the
+    /// device's position in it (the next available index of an Ethernet
+    /// ring; the next request of a send queue, the next completion of a
+    /// completion queue), the next used index of an Ethernet ring, the
+    /// requests a send queue's pair has in flight, and its state.
+    pub fn rings_status(&self) -> String {
+        let mut s = String::new();
+        for p in self.ports.all() {
+            let st = p.lock();
+            let layout = st.layout();
+            for ring in st.vrings.iter().filter(|r| r.size != 0 || r.enabled) {
+                let Ok(index) = u16::try_from(ring.index) else {
+                    continue;
+                };
+                let (kind, pair) = match layout.rdma_ring(index) {
+                    Some(pindown_uapi::RdmaRing::Send(pair)) => ("send", pair),
+                    Some(pindown_uapi::RdmaRing::Completion(pair)) => ("completion", pair),
+                    None if index % 2 == 0 => ("net_rx", index / 2),
+                    None => ("net_tx", index / 2),
+                };
+                // Requests in flight belong to a pair's send queue.
+                let in_flight = match kind {
+                    "send" => p
+                        .stats
+                        .in_flight
+                        .of(pair)
+                        .map_or(0, |c| c.load(Ordering::Relaxed)),
+                    _ => 0,
+                };
+                s.push_str(&format!(
+                    "ring port={} ring={index} kind={kind} pair={pair} size={} position={} \
+                     next_used={} in_flight={in_flight} enabled={} started={} waiting_iotlb={} \
+                     broken={}\n",
+                    p.index,
+                    ring.size,
+                    ring.position(),
+                    ring.next_used(),
+                    u8::from(ring.enabled),
+                    u8::from(ring.started),
+                    u8::from(ring.waiting_iotlb),
+                    u8::from(ring.broken),
+                ));
+            }
+        }
+        s
+    }
+
     /// One line per port: `key=value` pairs (see [`crate::testing`]).
     pub fn status(&self) -> String {
         let mut s = String::new();
@@ -506,6 +555,8 @@ fn answer_status(dev: &Device, mut s: UnixStream) {
         dev.link
             .get()
             .map_or_else(|| "fabric none\n".to_string(), |link| link.status())
+    } else if line.starts_with(b"rings") {
+        dev.rings_status()
     } else {
         dev.status()
     };

@@ -119,6 +119,27 @@ pub struct PortStats {
     pub features: AtomicU64,
     /// RDMA requests completed, by kind, with their bytes and failures.
     pub work: WorkCounters,
+    /// Requests in flight on each RDMA queue pair now.
+    pub in_flight: InFlight,
+}
+
+/// Requests each RDMA queue pair of a port took from its send queue and
+/// has not finished (running, on the fabric, or with a completion waiting
+/// for room), as its service last published them.
+#[derive(Debug)]
+pub struct InFlight([AtomicU64; pindown_uapi::MAX_RDMA_QUEUE_PAIRS as usize]);
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl InFlight {
+    /// Pair `pair`'s count (`None` beyond the most pairs a port has).
+    pub fn of(&self, pair: u16) -> Option<&AtomicU64> {
+        self.0.get(usize::from(pair))
+    }
 }
 
 /// Kinds of RDMA requests counted apart ([`WorkCounters::requests`]).

@@ -325,6 +325,12 @@ impl Vring {
         self.queue.next_avail()
     }
 
+    /// The next used index the device writes (an Ethernet ring's; an
+    /// RDMA ring keeps its position in [`position`](Self::position)).
+    pub fn next_used(&self) -> u16 {
+        self.queue.next_used()
+    }
+
     /// Moves the ring's next position (an RDMA queue that took a request
     /// or wrote a completion).
     pub fn set_position(&mut self, position: u16) {

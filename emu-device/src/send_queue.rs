@@ -22,6 +22,7 @@
 //! sides poll, a request costs no system call.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,16 @@ pub struct SendQueue {
     /// Requests handed to the fabric link whose completions have not come
     /// back yet.
     in_flight: usize,
+}
+
+impl Drop for SendQueue {
+    /// The connection ended: what the pair had in flight is no longer
+    /// the device's to finish.
+    fn drop(&mut self) {
+        if let Some(count) = self.port.stats.in_flight.of(self.pair) {
+            count.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A request taken from the send queue and not complete yet.
@@ -194,6 +205,31 @@ impl SendQueue {
     /// holds; peers are looked up in `ports` and reached through their
     /// access gates only, never their locks.
     pub fn serve(
+        &mut self,
+        state: &mut PortState,
+        ports: &PortTable,
+        link: Option<&Link>,
+    ) -> Served {
+        let served = self.serve_turn(state, ports, link);
+        self.publish_in_flight();
+        served
+    }
+
+    /// Requests taken and not finished: the running one, those on the
+    /// fabric, and those whose completion waits for room.
+    fn requests_in_flight(&self) -> usize {
+        usize::from(self.running.is_some()) + self.in_flight + self.pending.len()
+    }
+
+    /// Tells the port's statistics how many requests are in flight.
+    fn publish_in_flight(&self) {
+        if let Some(count) = self.port.stats.in_flight.of(self.pair) {
+            count.store(self.requests_in_flight() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// [`serve`](Self::serve)'s work.
+    fn serve_turn(
         &mut self,
         state: &mut PortState,
         ports: &PortTable,

@@ -1,6 +1,7 @@
-//! The status socket's answers: one line per port (`status`) or for the
-//! fabric link (`fabric`), `key=value` pairs. Read by `pindown-stat`
-//! and the tests.
+//! The status socket's answers, lines of `key=value` pairs: one per port
+//! (`status`), one per configured ring (`rings`), and the fabric link's
+//! line followed by one per peer (`fabric`). Read by `pindown-stat` and
+//! the tests.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -50,8 +51,35 @@ pub fn parse_status(text: &str) -> Vec<PortStatus> {
         .collect()
 }
 
-/// Asks the device listening on `control` for `command` (`status` or
-/// `fabric`) and returns its answer.
+/// The fabric link's answer: its own line and one per peer.
+#[derive(Debug, Clone, Default)]
+pub struct FabricStatus {
+    /// The link's counters (`fabric node=..`).
+    pub link: PortStatus,
+    /// Each peer's counters (`peer node=..`), in node order.
+    pub peers: Vec<PortStatus>,
+}
+
+/// Parses the answer to `fabric`; `None` when the device has no fabric.
+pub fn parse_fabric(text: &str) -> Option<FabricStatus> {
+    let mut link = None;
+    let mut peers = Vec::new();
+    for line in text.lines() {
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let Some(status) = parse_status(rest).into_iter().next() else {
+            continue;
+        };
+        match kind {
+            "fabric" if status.fields.contains_key("node") => link = Some(status),
+            "peer" => peers.push(status),
+            _ => {}
+        }
+    }
+    link.map(|link| FabricStatus { link, peers })
+}
+
+/// Asks the device listening on `control` for `command` (`status`,
+/// `rings` or `fabric`) and returns its answer.
 pub fn query(control: &Path, command: &str) -> io::Result<String> {
     let mut stream = UnixStream::connect(control)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;

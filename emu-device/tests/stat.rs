@@ -1,13 +1,19 @@
 //! `pindown-stat` against a running device: the counters it shows add up
-//! to the work two driver contexts did, in JSON and in the table.
+//! to the work two driver contexts did, in JSON and in the table; the
+//! rings show the sizes the driver set and the requests it posted; two
+//! devices joined by the fabric agree on the datagrams each sent the
+//! other, and the one whose peer drops what it receives sent again.
 
 mod common;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::any_memory::{pair, peer_reads, peer_writes, run, ALL};
-use pindown_driver::verbs::opcode::Write;
-use pindown_uapi::{RemoteKey, Status};
+use common::DeviceProcess;
+use pindown_driver::verbs::opcode::{Entry, Read, Write};
+use pindown_driver::verbs::{Context, ContextConfig};
+use pindown_uapi::{Access, RemoteKey, Status};
 use serde_json::Value;
 
 fn stat(control: &std::path::Path, args: &[&str]) -> String {
@@ -122,4 +128,277 @@ fn a_device_that_is_not_there_is_named() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("control.sock"), "{err}");
+}
+
+/// The whole `--json` document.
+fn document(control: &std::path::Path) -> Value {
+    serde_json::from_str(&stat(control, &["--json"])).unwrap()
+}
+
+fn number(value: &Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {value}"))
+}
+
+/// The fabric of both devices once no datagram is on its way (every
+/// count the same twice in a row, 100 ms apart); neither received more
+/// from the other than the other sent it (the kernel may drop some under
+/// load, even on loopback).
+fn quiet_fabrics(zero: &DeviceProcess, one: &DeviceProcess) -> (Value, Value) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let counts = |f: &Value| {
+        let peer = &f["peers"][0];
+        (
+            number(peer, "datagrams_sent"),
+            number(peer, "datagrams_received"),
+        )
+    };
+    let mut last: Option<((u64, u64), (u64, u64))> = None;
+    loop {
+        let a = document(&zero.control_path())["fabric"].clone();
+        let b = document(&one.control_path())["fabric"].clone();
+        let now = (counts(&a), counts(&b));
+        let ((a_sent, a_received), (b_sent, b_received)) = now;
+        assert!(b_received <= a_sent && a_received <= b_sent, "{a}\n{b}");
+        if last == Some(now) {
+            return (a, b);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fabric never settled:\n{a}\n{b}"
+        );
+        last = Some(now);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn rings_and_fabric_peers_add_up_to_the_traffic() {
+    let udp = [common::free_udp_port(), common::free_udp_port()];
+    let start = |node: u16, extra: &[&str]| {
+        let mut args = common::fabric_args(node, &udp, "5eed57a7");
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        DeviceProcess::start(common::device_bin(), 1, &args).unwrap()
+    };
+    let zero = start(0, &[]);
+    // Node 1 drops 5 % of what it receives: node 0 must send again.
+    let one = start(1, &["--fault-in", "loss=0.05,seed=11"]);
+    let queue_size = 32;
+    let config = ContextConfig {
+        arena_bytes: 16 << 20,
+        queue_size,
+        ..ContextConfig::default()
+    };
+    let initiator = Context::open(zero.socket(0), config.clone()).unwrap();
+    let target = Context::open(one.socket(0), config).unwrap();
+
+    const SPAN: usize = 1 << 20;
+    const PIECE: usize = 64 << 10;
+    let near = initiator.alloc(SPAN, 4096).unwrap();
+    let far = target.alloc(SPAN, 4096).unwrap();
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(
+            &far_region,
+            0,
+            SPAN as u64,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let source: Vec<u8> = (0..SPAN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    near.write_at(0, &source);
+
+    // One queue pair: every piece written, then the first piece read back
+    // into the zeroed end of the local buffer.
+    let mut cq = initiator.create_completion_queue();
+    let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+    let mut requests = 0u64;
+    let mut post = |entry: Entry<'_>| {
+        qp.post(&[entry.signaled()]).unwrap();
+        requests += 1;
+        let done: Vec<_> = cq.wait(Duration::from_secs(30)).unwrap().collect();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].status, Status::Success, "{:?}", done[0]);
+    };
+    for at in (0..SPAN).step_by(PIECE) {
+        post(
+            Write::new(
+                near_region.local(at as u64, PIECE as u32).unwrap(),
+                window.remote().at(at as u64),
+            )
+            .build(),
+        );
+    }
+    let mut written = vec![0u8; SPAN];
+    far.read_at(0, &mut written);
+    assert!(written == source, "the writes did not all land");
+    near.write_at(SPAN - PIECE, &vec![0u8; PIECE]);
+    post(
+        Read::new(
+            near_region
+                .local((SPAN - PIECE) as u64, PIECE as u32)
+                .unwrap(),
+            window.remote().at(0),
+        )
+        .build(),
+    );
+    let mut read = vec![0u8; PIECE];
+    near.read_at(SPAN - PIECE, &mut read);
+    assert!(read == source[..PIECE], "the read did not land");
+
+    // The rings: the sizes the driver set, and the send and completion
+    // queue of the pair used have moved by one slot per request.
+    let port = &document(&zero.control_path())["ports"][0];
+    let rings = port["rings"].as_array().expect("rings");
+    let rdma: Vec<&Value> = rings
+        .iter()
+        .filter(|r| r["kind"] == "send" || r["kind"] == "completion")
+        .collect();
+    assert!(rdma.len() >= 4, "the admin pair and ours: {port}");
+    for ring in &rdma {
+        // Every completion was reaped: nothing in flight.
+        assert_eq!(number(ring, "in_flight"), 0, "{ring}");
+        assert_eq!(number(ring, "size"), u64::from(queue_size), "{ring}");
+        assert_eq!(number(ring, "started"), 1, "{ring}");
+        assert_eq!(number(ring, "broken"), 0, "{ring}");
+    }
+    let ours = |kind: &str| {
+        rdma.iter()
+            .filter(|r| r["kind"] == kind && number(r, "pair") != 0)
+            .map(|r| number(r, "position"))
+            .max()
+            .unwrap()
+    };
+    // No wrap: fewer requests than the 16-bit positions count.
+    assert_eq!(ours("send"), requests, "{port}");
+    assert_eq!(ours("completion"), requests, "{port}");
+
+    // The fabric: what each side sent the other, the other received,
+    // unless the kernel dropped it (then it was sent again, or it was
+    // an acknowledgement).
+    let (a, b) = quiet_fabrics(&zero, &one);
+    let (to_one, to_zero) = (&a["peers"][0], &b["peers"][0]);
+    assert_eq!(a["peers"].as_array().unwrap().len(), 1, "{a}");
+    assert_eq!(number(to_one, "node"), 1);
+    assert_eq!(number(to_zero, "node"), 0);
+    assert_eq!(to_one["address"], format!("127.0.0.1:{}", udp[1]));
+    assert_eq!(to_zero["address"], format!("127.0.0.1:{}", udp[0]));
+    assert!(number(&a, "memory_peer_stats") > 0, "{a}");
+    // The peers' counts are the link's (one peer each; no stray datagram
+    // on loopback).
+    for (link, peer) in [(&a, to_one), (&b, to_zero)] {
+        for key in ["datagrams_sent", "retransmissions", "dropped_datagrams"] {
+            assert_eq!(number(peer, key), number(link, key), "{key}: {link}");
+        }
+        assert_eq!(
+            number(peer, "datagrams_received"),
+            number(link, "datagrams_received") - number(link, "stray_datagrams"),
+            "{link}"
+        );
+        assert_ne!(number(peer, "incarnation"), 0, "heard from: {peer}");
+        assert!(number(peer, "rto_us") > 0, "{peer}");
+        assert_eq!(number(peer, "outstanding"), 0, "{peer}");
+        assert_eq!(number(peer, "gone"), 0, "{peer}");
+        assert_eq!(number(peer, "abandoned"), 0, "{peer}");
+    }
+    // Every byte went in datagrams of at most one message each: the
+    // writes' bytes took at least that many first transmissions to node
+    // 1, the read's to node 0.
+    let max_payload = pindown_emu_device::net::Config::default().max_payload as u64;
+    let first = |peer: &Value| number(peer, "datagrams_sent") - number(peer, "retransmissions");
+    assert!(
+        first(to_one) >= (SPAN as u64).div_ceil(max_payload),
+        "{to_one}"
+    );
+    assert!(
+        first(to_zero) >= (PIECE as u64).div_ceil(max_payload),
+        "{to_zero}"
+    );
+    // What node 1 dropped on arrival, node 0 sent again.
+    assert!(number(to_one, "retransmissions") > 0, "{to_one}");
+    // Node 0's writes were acknowledged on their first transmission often
+    // enough for a round-trip estimate (Karn: only those count).
+    let srtt = number(to_one, "srtt_us");
+    assert!(srtt > 0 && srtt <= number(to_one, "rto_us"), "{to_one}");
+
+    // The table shows the peer and the rings.
+    let table = stat(&zero.control_path(), &[]);
+    let peer_line = table
+        .lines()
+        .find(|l| l.contains(&format!("127.0.0.1:{}", udp[1])))
+        .unwrap_or_else(|| panic!("no line for peer 1:\n{table}"));
+    let words: Vec<&str> = peer_line.split_whitespace().collect();
+    assert!(
+        words.contains(&number(to_one, "datagrams_sent").to_string().as_str()),
+        "{peer_line}"
+    );
+    assert!(peer_line.ends_with("up"), "{peer_line}");
+    let send_line = table
+        .lines()
+        .find(|l| l.contains(" send ") && l.contains(&format!(" {requests} ")))
+        .unwrap_or_else(|| panic!("no send queue at {requests}:\n{table}"));
+    assert!(
+        send_line.contains(&format!(" {queue_size} ")),
+        "{send_line}"
+    );
+
+    // A write to a node that is stopped stays in flight until it wakes.
+    let pair_in_flight = |pindown_stat: &Value| {
+        pindown_stat["ports"][0]["rings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kind"] == "send" && number(r, "pair") != 0)
+            .map(|r| number(r, "in_flight"))
+            .sum::<u64>()
+    };
+    signal(&one, libc::SIGSTOP);
+    // The signal is delivered asynchronously: wait until the process is
+    // seen stopped.
+    let stat_path = format!("/proc/{}/stat", one.pid());
+    let stopped = || {
+        std::fs::read_to_string(&stat_path)
+            .ok()
+            .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('T')))
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !stopped() {
+        assert!(Instant::now() < deadline, "node 1 did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    qp.post(&[Write::new(
+        near_region.local(0, PIECE as u32).unwrap(),
+        window.remote().at(0),
+    )
+    .build()
+    .signaled()])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pair_in_flight(&document(&zero.control_path())) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let during = document(&zero.control_path());
+    let in_flight = pair_in_flight(&during);
+    signal(&one, libc::SIGCONT);
+    assert_eq!(
+        in_flight, 1,
+        "the write to the stopped node: {}",
+        during["ports"][0]["rings"]
+    );
+    let done: Vec<_> = cq.wait(Duration::from_secs(30)).unwrap().collect();
+    assert_eq!(done[0].status, Status::Success, "{:?}", done[0]);
+    assert_eq!(pair_in_flight(&document(&zero.control_path())), 0);
+    drop(window);
+}
+
+/// Sends `signal` to the device process.
+fn signal(device: &DeviceProcess, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(device.pid()).unwrap();
+    // SAFETY: kill has no memory preconditions; `pid` is our child,
+    // which has not been reaped (the DeviceProcess owns it).
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
 }

@@ -1,8 +1,10 @@
 //! `pindown-stat`: what a running device is doing, in the spirit of
 //! `ibv_devinfo` and `rdma statistic`: its ports and their frontends,
 //! RDMA work by kind with bytes and failures, refused accesses, windows,
-//! mapped memory and IOTLB entries, and the fabric link's counters. A
-//! table by default, `--json` for programs, `--watch SECONDS` to refresh.
+//! mapped memory and IOTLB entries, each port's rings, and the fabric
+//! link's counters with each peer's (datagrams, retransmissions, drops,
+//! round trip). A table by default, `--json` for programs, `--watch
+//! SECONDS` to refresh.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 use pindown_emu_device::port::{FAILURE_KINDS, WORK_KINDS};
 use pindown_emu_device::rdma::RefusalCounters;
-use pindown_emu_device::status::{parse_status, query, PortStatus};
+use pindown_emu_device::status::{parse_fabric, parse_status, query, FabricStatus, PortStatus};
 use serde_json::{json, Map, Value};
 
 /// Shows a running pindown device's ports, work and fabric.
@@ -45,15 +47,15 @@ fn main() -> ExitCode {
     let mut shown = 0u64;
     loop {
         match snapshot(&control) {
-            Ok((ports, fabric)) => {
+            Ok(snapshot) => {
                 if args.json {
-                    println!("{}", to_json(&control, &ports, fabric.as_ref()));
+                    println!("{}", to_json(&control, &snapshot));
                 } else {
                     if args.watch.is_some() {
                         // Clear the screen and go home, as `watch` does.
                         print!("\x1b[2J\x1b[H");
                     }
-                    print!("{}", table(&control, &ports, fabric.as_ref()));
+                    print!("{}", table(&control, &snapshot));
                 }
             }
             Err(err) => {
@@ -71,14 +73,30 @@ fn main() -> ExitCode {
     }
 }
 
-/// Every port's status and the fabric line (`None` without a fabric).
-fn snapshot(control: &std::path::Path) -> std::io::Result<(Vec<PortStatus>, Option<PortStatus>)> {
-    let ports = parse_status(&query(control, "status")?);
-    let fabric = parse_status(&query(control, "fabric")?)
-        .into_iter()
-        .next()
-        .filter(|line| line.fields.contains_key("node"));
-    Ok((ports, fabric))
+/// What one look at the device shows.
+struct Snapshot {
+    /// Every port's status.
+    ports: Vec<PortStatus>,
+    /// Every configured ring (each names its port).
+    rings: Vec<PortStatus>,
+    /// The fabric link and its peers (`None` without a fabric).
+    fabric: Option<FabricStatus>,
+}
+
+impl Snapshot {
+    /// The rings of `port`.
+    fn rings_of<'s>(&'s self, port: &'s PortStatus) -> impl Iterator<Item = &'s PortStatus> {
+        let index = port.get("port");
+        self.rings.iter().filter(move |r| r.get("port") == index)
+    }
+}
+
+fn snapshot(control: &std::path::Path) -> std::io::Result<Snapshot> {
+    Ok(Snapshot {
+        ports: parse_status(&query(control, "status")?),
+        rings: parse_status(&query(control, "rings")?),
+        fabric: parse_fabric(&query(control, "fabric")?),
+    })
 }
 
 /// A field as a JSON number when it is one.
@@ -105,12 +123,141 @@ fn object(status: &PortStatus) -> Value {
     Value::Object(map)
 }
 
-fn to_json(control: &std::path::Path, ports: &[PortStatus], fabric: Option<&PortStatus>) -> Value {
+/// `status`'s fields with `key` set to the objects of `items`.
+fn object_with(status: &PortStatus, key: &str, items: Vec<Value>) -> Value {
+    let mut value = object(status);
+    if let Value::Object(map) = &mut value {
+        map.insert(key.to_string(), Value::Array(items));
+    }
+    value
+}
+
+fn to_json(control: &std::path::Path, snapshot: &Snapshot) -> Value {
+    let ports: Vec<Value> = snapshot
+        .ports
+        .iter()
+        .map(|port| object_with(port, "rings", snapshot.rings_of(port).map(object).collect()))
+        .collect();
     json!({
         "control": control.display().to_string(),
-        "ports": ports.iter().map(object).collect::<Vec<_>>(),
-        "fabric": fabric.map(object),
+        "ports": ports,
+        "fabric": snapshot.fabric.as_ref().map(|fabric| {
+            object_with(&fabric.link, "peers", fabric.peers.iter().map(object).collect())
+        }),
     })
+}
+
+/// `part` of `whole` in percent (0 when `whole` is 0).
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// A duration in microseconds, or "-" when there is none yet.
+fn micros(us: u64) -> String {
+    match us {
+        0 => "-".to_string(),
+        us if us >= 10_000 => format!("{:.1} ms", us as f64 / 1000.0),
+        us => format!("{us} us"),
+    }
+}
+
+/// The rings of one port, a line each.
+fn rings_table(out: &mut String, rings: &mut dyn Iterator<Item = &PortStatus>) {
+    let mut any = false;
+    for ring in rings {
+        if !any {
+            out.push_str(&format!(
+                "  rings      {:>4} {:<10} {:>4} {:>6} {:>9} {:>9} {:>9}  state\n",
+                "ring", "kind", "pair", "size", "position", "used", "in flight"
+            ));
+            any = true;
+        }
+        let kind = ring.text("kind").unwrap_or("-");
+        let used = if kind.starts_with("net") {
+            ring.n("next_used").to_string()
+        } else {
+            "-".to_string()
+        };
+        let in_flight = if kind == "send" {
+            ring.n("in_flight").to_string()
+        } else {
+            "-".to_string()
+        };
+        let state = if ring.n("broken") == 1 {
+            "broken"
+        } else if ring.n("waiting_iotlb") == 1 {
+            "waiting for IOTLB"
+        } else if ring.n("started") == 1 {
+            "started"
+        } else if ring.n("enabled") == 1 {
+            "enabled"
+        } else {
+            "stopped"
+        };
+        out.push_str(&format!(
+            "             {:>4} {:<10} {:>4} {:>6} {:>9} {:>9} {:>9}  {state}\n",
+            ring.n("ring"),
+            kind,
+            ring.n("pair"),
+            ring.n("size"),
+            ring.n("position"),
+            used,
+            in_flight,
+        ));
+    }
+    if !any {
+        out.push_str("  rings      none configured\n");
+    }
+}
+
+/// The fabric's peers, a line each.
+fn peers_table(out: &mut String, peers: &[PortStatus]) {
+    out.push_str(&format!(
+        "  peers     {:>5} {:<22} {:<18} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>9} {:>5}  state\n",
+        "node",
+        "address",
+        "incarnation",
+        "sent",
+        "received",
+        "retrans",
+        "rate",
+        "dropped",
+        "dup",
+        "lost",
+        "srtt",
+        "rto",
+        "out",
+    ));
+    for peer in peers {
+        let sent = peer.n("datagrams_sent");
+        let state = if peer.n("gone") == 1 {
+            "gone"
+        } else if peer.n("incarnation") == 0 {
+            "not heard from"
+        } else {
+            "up"
+        };
+        out.push_str(&format!(
+            "            {:>5} {:<22} {:<18} {:>9} {:>9} {:>9} {:>6.2}% {:>7} {:>5} {:>5} {:>9} {:>9} {:>5}  {state}\n",
+            peer.n("node"),
+            peer.text("address").unwrap_or("-"),
+            peer.text("incarnation").unwrap_or("-"),
+            sent,
+            peer.n("datagrams_received"),
+            peer.n("retransmissions"),
+            percent(peer.n("retransmissions"), sent),
+            peer.n("dropped_datagrams"),
+            peer.n("duplicates"),
+            peer.n("abandoned"),
+            micros(peer.n("srtt_us")),
+            micros(peer.n("rto_us")),
+            peer.n("outstanding"),
+        ));
+    }
 }
 
 /// Bytes in binary units.
@@ -138,7 +285,8 @@ fn sum(status: &PortStatus, prefix: &str) -> u64 {
         .sum()
 }
 
-fn table(control: &std::path::Path, ports: &[PortStatus], fabric: Option<&PortStatus>) -> String {
+fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
+    let ports = &snapshot.ports;
     let mut out = format!("device {}\n\n", control.display());
     out.push_str(&format!(
         "{:<5} {:<10} {:<18} {:>10} {:>11} {:>7} {:>8} {:>8} {:>11} {:>6}\n",
@@ -214,18 +362,14 @@ fn table(control: &std::path::Path, ports: &[PortStatus], fabric: Option<&PortSt
             port.n("rx_frames"),
             port.n("rx_dropped"),
         ));
+        rings_table(&mut out, &mut snapshot.rings_of(port));
     }
-    match fabric {
+    match &snapshot.fabric {
         None => out.push_str("\nfabric     none\n"),
-        Some(f) => {
+        Some(fabric) => {
+            let f = &fabric.link;
             let sent = f.n("datagrams_sent");
-            let rate = |n: u64| {
-                if sent == 0 {
-                    0.0
-                } else {
-                    100.0 * n as f64 / sent as f64
-                }
-            };
+            let rate = |n: u64| percent(n, sent);
             out.push_str(&format!(
                 "\nfabric     node {}, {} peers; operations {} started, {} completed, {} failed; {} served for peers\n",
                 f.n("node"),
@@ -246,10 +390,12 @@ fn table(control: &std::path::Path, ports: &[PortStatus], fabric: Option<&PortSt
                 f.n("bad_messages"),
             ));
             out.push_str(&format!(
-                "  memory    {} fixed, {} per peer\n",
+                "  memory    {} fixed, {} B per peer (and {} B of counters per peer)\n",
                 bytes(f.n("memory_fixed")),
                 f.n("memory_per_peer"),
+                f.n("memory_peer_stats"),
             ));
+            peers_table(&mut out, &fabric.peers);
         }
     }
     out

@@ -7,7 +7,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -117,6 +117,58 @@ pub struct LinkStats {
     pub frames_dropped: AtomicU64,
 }
 
+/// Counters of the link towards one peer. The counters only grow; the
+/// figures of the protocol's state (incarnation, round trip, timeout,
+/// messages outstanding, gone) are those of the last snapshot the link's
+/// thread published ([`Link::peer_status`] asks for one).
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Datagrams sent to the peer (retransmissions, pure acknowledgements
+    /// and Ethernet frames included).
+    pub datagrams_sent: AtomicU64,
+    /// Datagrams received from the peer's address.
+    pub datagrams_received: AtomicU64,
+    /// Messages sent to the peer again (on a timeout or a fast
+    /// retransmission): each one stands for a loss, or a late
+    /// acknowledgement.
+    pub retransmissions: AtomicU64,
+    /// Datagrams from the peer's address the endpoint dropped (stale,
+    /// malformed, beyond the window, ...).
+    pub dropped_datagrams: AtomicU64,
+    /// Messages from the peer received again after delivery.
+    pub duplicates: AtomicU64,
+    /// Messages to the peer given up on (never acknowledged: lost for
+    /// good).
+    pub abandoned: AtomicU64,
+    /// Times the peer was declared gone.
+    pub gone_count: AtomicU64,
+    /// Times the peer came back with a new incarnation.
+    pub restarts: AtomicU64,
+    /// Snapshot: the peer's incarnation (0: not heard from yet).
+    pub incarnation: AtomicU64,
+    /// Snapshot: the smoothed round-trip estimate, us (0: no sample yet).
+    pub srtt_us: AtomicU64,
+    /// Snapshot: the retransmission timeout now, us.
+    pub rto_us: AtomicU64,
+    /// Snapshot: messages sent and not acknowledged yet.
+    pub outstanding: AtomicU64,
+    /// Snapshot: 1 while the peer is declared gone.
+    pub gone: AtomicU64,
+}
+
+/// Requests for a snapshot of the peers' protocol state, and the last
+/// one published: `(asked, published)` generations.
+#[derive(Debug, Default)]
+struct Snapshots {
+    generations: Mutex<(u64, u64)>,
+    published: Condvar,
+    wanted: AtomicBool,
+}
+
+/// How long [`Link::peer_status`] waits for the link's thread to publish
+/// a snapshot before it shows the last one.
+const SNAPSHOT_PATIENCE: Duration = Duration::from_millis(200);
+
 /// The link of this device to the other nodes' devices.
 pub struct Link {
     node: NodeId,
@@ -132,6 +184,9 @@ pub struct Link {
     stop: AtomicBool,
     /// Counters.
     pub stats: LinkStats,
+    /// Counters per peer (the peers never change).
+    peer_stats: BTreeMap<NodeId, PeerStats>,
+    snapshots: Snapshots,
     /// The endpoint's memory: fixed bytes, bytes per peer.
     memory: (usize, usize),
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -177,6 +232,12 @@ impl Link {
             asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             stats: LinkStats::default(),
+            peer_stats: config
+                .peers
+                .keys()
+                .map(|&node| (node, PeerStats::default()))
+                .collect(),
+            snapshots: Snapshots::default(),
             memory: (report.fixed_bytes, report.per_peer_bytes),
             thread: Mutex::new(None),
         });
@@ -271,7 +332,7 @@ impl Link {
             "fabric node={} peers={} started={} completed={} failed={} served={} \
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
              datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
-             frames_dropped={} memory_fixed={} memory_per_peer={}\n",
+             frames_dropped={} memory_fixed={} memory_per_peer={} memory_peer_stats={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -289,7 +350,76 @@ impl Link {
             g(&s.frames_dropped),
             self.memory.0,
             self.memory.1,
-        )
+            // The per-peer counters, apart from the endpoint's state.
+            std::mem::size_of::<(NodeId, PeerStats)>(),
+        ) + &self.peer_status()
+    }
+
+    /// One line per peer: `peer node=.. address=..`, its counters and a
+    /// fresh snapshot of its protocol state (or the last one, if the
+    /// link's thread does not publish one within [`SNAPSHOT_PATIENCE`]).
+    pub fn peer_status(&self) -> String {
+        self.await_snapshot();
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut out = String::new();
+        for (node, p) in &self.peer_stats {
+            let address = self
+                .peers
+                .get(node)
+                .map_or_else(|| "-".to_string(), SocketAddr::to_string);
+            out.push_str(&format!(
+                "peer node={node} address={address} incarnation={:#x} datagrams_sent={} \
+                 datagrams_received={} retransmissions={} dropped_datagrams={} duplicates={} \
+                 abandoned={} gone={} gone_count={} restarts={} srtt_us={} rto_us={} outstanding={}\n",
+                g(&p.incarnation),
+                g(&p.datagrams_sent),
+                g(&p.datagrams_received),
+                g(&p.retransmissions),
+                g(&p.dropped_datagrams),
+                g(&p.duplicates),
+                g(&p.abandoned),
+                g(&p.gone),
+                g(&p.gone_count),
+                g(&p.restarts),
+                g(&p.srtt_us),
+                g(&p.rto_us),
+                g(&p.outstanding),
+            ));
+        }
+        out
+    }
+
+    /// The counters of peer `node`.
+    pub fn peer_stats(&self, node: NodeId) -> Option<&PeerStats> {
+        self.peer_stats.get(&node)
+    }
+
+    /// Asks the link's thread for a snapshot of the peers' protocol state
+    /// and waits until it is published, at most [`SNAPSHOT_PATIENCE`].
+    fn await_snapshot(&self) {
+        let snapshots = &self.snapshots;
+        let mut generations = snapshots
+            .generations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        generations.0 += 1;
+        let wanted = generations.0;
+        snapshots.wanted.store(true, Ordering::Release);
+        // Wake the thread even if it polls: a write to the eventfd is
+        // harmless then.
+        let _ = self.wake.write(1);
+        let deadline = Instant::now() + SNAPSHOT_PATIENCE;
+        while generations.1 < wanted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            generations = snapshots
+                .published
+                .wait_timeout(generations, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 
@@ -893,6 +1023,9 @@ impl Worker {
                         .fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
+                if let Some(peer) = self.link.peer_stats.get(&node) {
+                    peer.datagrams_received.fetch_add(1, Ordering::Relaxed);
+                }
                 if FrameDatagram::is_one(bytes)
                     && FrameDatagram::decode(bytes).map_or(true, |frame| frame.source != node)
                 {
@@ -905,7 +1038,7 @@ impl Worker {
                 }
                 match &mut self.fault_in {
                     Some(faults) => faults.push(now, bytes),
-                    None => self.handle_datagram(now, bytes),
+                    None => self.handle_datagram(now, node, bytes),
                 }
             }
             if count < batch::BATCH {
@@ -914,17 +1047,34 @@ impl Worker {
         }
         self.received = received;
         while let Some(bytes) = self.fault_in.as_mut().and_then(|f| f.pop_ready(now)) {
-            self.handle_datagram(now, &bytes);
+            // The injector keeps datagrams, not their senders: the header
+            // names the node (checked again by the endpoint).
+            let node = if FrameDatagram::is_one(&bytes) {
+                FrameDatagram::decode(&bytes).ok().map(|frame| frame.source)
+            } else {
+                Header::decode(&bytes).ok().map(|(header, _)| header.source)
+            };
+            self.handle_datagram(now, node.unwrap_or(self.link.node), &bytes);
             worked = true;
         }
         worked
     }
 
-    fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+    /// Handles one datagram that came from `node`'s address.
+    fn handle_datagram(&mut self, now: Instant, node: NodeId, datagram: &[u8]) {
         if FrameDatagram::is_one(datagram) {
             return self.receive_frame(datagram);
         }
-        match self.endpoint.receive(now, datagram) {
+        let duplicates = self.endpoint.stats().duplicates;
+        let received = self.endpoint.receive(now, datagram);
+        let peer = self.link.peer_stats.get(&node);
+        if let Some(peer) = peer {
+            let again = self.endpoint.stats().duplicates - duplicates;
+            if again > 0 {
+                peer.duplicates.fetch_add(again, Ordering::Relaxed);
+            }
+        }
+        match received {
             Ok(Some(message)) => self.on_message(now, message.node, message.payload),
             Ok(None) => {}
             Err(reason) => {
@@ -933,6 +1083,9 @@ impl Worker {
                     .stats
                     .dropped_datagrams
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(peer) = peer {
+                    peer.dropped_datagrams.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -991,7 +1144,7 @@ impl Worker {
                 self.link.stats.frames_sent.fetch_add(1, Ordering::Relaxed);
                 match &mut self.fault_out {
                     Some(faults) => faults.push(now, &datagram),
-                    None => self.put_on_wire(address, &datagram),
+                    None => self.put_on_wire(destination, address, &datagram),
                 }
             }
         }
@@ -1392,6 +1545,17 @@ impl Worker {
     }
 
     fn on_event(&mut self, event: Event) {
+        let count = |node: NodeId, counter: fn(&PeerStats) -> &AtomicU64| {
+            if let Some(peer) = self.link.peer_stats.get(&node) {
+                counter(peer).fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        match event {
+            Event::Abandoned { node, .. } => count(node, |p| &p.abandoned),
+            Event::PeerGone { node } => count(node, |p| &p.gone_count),
+            Event::PeerRestarted { node } => count(node, |p| &p.restarts),
+            _ => {}
+        }
         match event {
             // Only requests belong to operations of ours; replies we sent
             // are nobody's concern once sent.
@@ -2014,14 +2178,23 @@ impl Worker {
     /// Puts what the endpoint has to send on the wire.
     fn transmit(&mut self, now: Instant, datagram: &mut [u8]) -> bool {
         let mut worked = false;
+        let mut retransmissions = self.endpoint.stats().retransmissions;
         while let Some((node, len)) = self.endpoint.poll_transmit(now, datagram) {
             worked = true;
+            let now_retransmitted = self.endpoint.stats().retransmissions;
+            if let Some(peer) = self.link.peer_stats.get(&node) {
+                // The datagram just taken went to `node`: what it sent
+                // again was sent again to `node`.
+                peer.retransmissions
+                    .fetch_add(now_retransmitted - retransmissions, Ordering::Relaxed);
+            }
+            retransmissions = now_retransmitted;
             let Some(&address) = self.link.peers.get(&node) else {
                 continue;
             };
             match &mut self.fault_out {
                 Some(faults) => faults.push(now, &datagram[..len]),
-                None => self.put_on_wire(address, &datagram[..len]),
+                None => self.put_on_wire(node, address, &datagram[..len]),
             }
         }
         if self.fault_out.is_some() {
@@ -2037,10 +2210,10 @@ impl Worker {
                         .ok()
                         .map(|(header, _)| header.destination)
                 };
-                if let Some(address) =
-                    destination.and_then(|node| self.link.peers.get(&node).copied())
+                if let Some((node, address)) =
+                    destination.and_then(|node| Some((node, self.link.peers.get(&node).copied()?)))
                 {
-                    self.put_on_wire(address, &bytes);
+                    self.put_on_wire(node, address, &bytes);
                 }
                 worked = true;
             }
@@ -2049,11 +2222,14 @@ impl Worker {
     }
 
     /// Queues a datagram for the pass's batch ([`batch::Outgoing`]).
-    fn put_on_wire(&mut self, address: SocketAddr, bytes: &[u8]) {
+    fn put_on_wire(&mut self, node: NodeId, address: SocketAddr, bytes: &[u8]) {
         self.link
             .stats
             .datagrams_sent
             .fetch_add(1, Ordering::Relaxed);
+        if let Some(peer) = self.link.peer_stats.get(&node) {
+            peer.datagrams_sent.fetch_add(1, Ordering::Relaxed);
+        }
         self.outgoing.push(self.socket.as_raw_fd(), address, bytes);
     }
 
@@ -2063,6 +2239,38 @@ impl Worker {
             .stats
             .retransmissions
             .store(stats.retransmissions, Ordering::Relaxed);
+        if self.link.snapshots.wanted.swap(false, Ordering::AcqRel) {
+            self.publish_snapshot();
+        }
+    }
+
+    /// Publishes every peer's protocol state ([`Link::peer_status`] asked
+    /// for it).
+    fn publish_snapshot(&self) {
+        let snapshots = &self.link.snapshots;
+        let asked = snapshots
+            .generations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        let micros = |d: Option<Duration>| d.map_or(0, |d| d.as_micros() as u64);
+        for (&node, peer) in &self.link.peer_stats {
+            let e = &self.endpoint;
+            peer.incarnation
+                .store(e.peer_incarnation(node).unwrap_or(0), Ordering::Relaxed);
+            peer.srtt_us.store(micros(e.srtt(node)), Ordering::Relaxed);
+            peer.rto_us.store(micros(e.rto(node)), Ordering::Relaxed);
+            peer.outstanding
+                .store(e.outstanding(node).unwrap_or(0) as u64, Ordering::Relaxed);
+            peer.gone
+                .store(u64::from(e.is_gone(node)), Ordering::Relaxed);
+        }
+        let mut generations = snapshots
+            .generations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        generations.1 = generations.1.max(asked);
+        snapshots.published.notify_all();
     }
 }
 

@@ -1654,6 +1654,16 @@ impl Endpoint {
             .map(|index| self.peers[index].incarnation)
     }
 
+    /// The smoothed round-trip estimate towards `node`; `None` for no
+    /// peer, or before the first sample.
+    pub fn srtt(&self, node: NodeId) -> Option<Duration> {
+        let index = self.peer_of(node)?;
+        match self.peers[index].bits.get(PeerBits::SRTT) {
+            0 => None,
+            us => Some(Duration::from_micros(u64::from(us))),
+        }
+    }
+
     /// The current retransmission timeout towards `node`.
     pub fn rto(&self, node: NodeId) -> Option<Duration> {
         self.peer_of(node)

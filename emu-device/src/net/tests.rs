@@ -518,6 +518,7 @@ fn round_trip_estimate_sets_the_timeout_within_bounds() {
     let config = Config::default();
     let mut sim = Sim::new(2, config, Faults::NONE);
     let one_way = Duration::from_micros(400);
+    assert_eq!(sim.nodes[0].endpoint.srtt(1), None, "no sample yet");
     for (from, to) in [(0, 1), (1, 0)] {
         sim.set_faults(
             from,
@@ -538,6 +539,13 @@ fn round_trip_estimate_sets_the_timeout_within_bounds() {
     // Round trips are 0..=800 us plus the ack delay.
     assert!(rto >= config.rto_min && rto <= config.rto_max);
     assert!(rto > Duration::from_micros(100), "{rto:?}");
+    // Every sample is two delays of at most `one_way` plus at most the
+    // ack delay, and the estimate smooths the samples.
+    let srtt = sim.nodes[0].endpoint.srtt(1).unwrap();
+    assert!(
+        srtt > Duration::ZERO && srtt <= 2 * one_way + config.ack_delay,
+        "{srtt:?}"
+    );
 }
 
 #[test]
