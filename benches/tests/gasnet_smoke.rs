@@ -7,7 +7,6 @@
 mod common;
 
 use pindown_benches::report::sections::messaging;
-use pindown_benches::report::Role;
 use serde_json::Value;
 
 fn number(value: &Value, key: &str) -> f64 {
@@ -165,45 +164,8 @@ fn report_sections(report: &Value) {
     let sections = messaging::gasnet(report).expect("the gasnet section builds");
     assert_eq!(sections.len(), 1);
     let section = &sections[0];
-    let mut ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
-    ids.sort_unstable();
-    let count = ids.len();
-    ids.dedup();
-    assert_eq!(ids.len(), count, "figure ids repeat: {ids:?}");
-    for figure in &section.figures {
-        assert!(figure.id.starts_with("gasnet-"), "{}", figure.id);
-        let ours = figure.series.iter().filter(|s| s.role == Role::Ours);
-        assert!(ours.clone().count() >= 1, "{}", figure.id);
-        assert!(ours.clone().any(|s| !s.points.is_empty()), "{}", figure.id);
-    }
-    for (key, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
-        let ran = report["mpi"].get(key).is_some();
-        assert_eq!(
-            section.missing.iter().any(|m| m.starts_with(name)),
-            !ran,
-            "{name}: {:?}",
-            section.missing
-        );
-        for figure in section
-            .figures
-            .iter()
-            .filter(|f| f.id != "gasnet-descriptor-cache")
-        {
-            let theirs = figure
-                .series
-                .iter()
-                .find(|s| s.role == Role::Peer && s.name.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name} series in {}", figure.id));
-            assert_eq!(!theirs.points.is_empty(), ran, "{name} in {}", figure.id);
-        }
-        for row in &section.rows {
-            if let Some(peer) = row.peers.iter().find(|p| p.name == name) {
-                assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
-            }
-        }
-    }
+    common::section_shows_the_peers(section, report, "gasnet-", &["gasnet-descriptor-cache"]);
     for row in &section.rows {
-        assert!(row.ours.is_some_and(f64::is_finite), "{}", row.what);
         assert!(row.paper.is_some(), "{}", row.what);
     }
     // The rows carry the document's numbers, not copies.

@@ -218,54 +218,13 @@ fn mpich_every_mode_measures_and_checks() {
 #[test]
 fn quick_fmpl_document_builds_its_report_section() {
     use pindown_benches::report::sections::messaging;
-    use pindown_benches::report::Role;
 
     let report = common::run_report(env!("CARGO_BIN_EXE_fmpl"), &["--quick"]);
     assert_eq!(report["benchmark"], "fmpl");
     let sections = messaging::fmpl(&report).expect("the fmpl section builds");
     assert_eq!(sections.len(), 1);
     let section = &sections[0];
-    let mut ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
-    ids.sort_unstable();
-    let count = ids.len();
-    ids.dedup();
-    assert_eq!(ids.len(), count, "figure ids repeat: {ids:?}");
-    for figure in &section.figures {
-        assert!(figure.id.starts_with("fmpl-"), "{}", figure.id);
-        assert!(
-            figure
-                .series
-                .iter()
-                .any(|s| s.role == Role::Ours && !s.points.is_empty()),
-            "{}",
-            figure.id
-        );
-    }
-    for (key, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
-        let ran = report["mpi"].get(key).is_some();
-        assert_eq!(
-            section.missing.iter().any(|m| m.starts_with(name)),
-            !ran,
-            "{name}: {:?}",
-            section.missing
-        );
-        for figure in &section.figures {
-            let theirs = figure
-                .series
-                .iter()
-                .find(|s| s.role == Role::Peer && s.name.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name} series in {}", figure.id));
-            assert_eq!(!theirs.points.is_empty(), ran, "{name} in {}", figure.id);
-        }
-        for row in &section.rows {
-            if let Some(peer) = row.peers.iter().find(|p| p.name == name) {
-                assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
-            }
-        }
-    }
-    for row in &section.rows {
-        assert!(row.ours.is_some_and(f64::is_finite), "{}", row.what);
-    }
+    common::section_shows_the_peers(section, &report, "fmpl-", &[]);
 
     // The rows carry the document's numbers.
     let row = |what: &str| {

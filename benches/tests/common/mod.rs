@@ -68,3 +68,63 @@ pub fn run_report<S: AsRef<std::ffi::OsStr>>(exe: &str, args: &[S]) -> Value {
     );
     serde_json::from_str(&stdout).expect("one JSON document")
 }
+
+/// What every report section built from an MPI-comparing document must
+/// show: figure ids unique and starting with `prefix`, pindown's points in
+/// every figure, and each MPI (`mpi.openmpi`, `mpi.mpich` in `report`)
+/// listed missing exactly when it did not run, with a series in every
+/// figure but `without_peers` that has points exactly when it ran, and row
+/// values present exactly when it ran; every row has our number.
+pub fn section_shows_the_peers(
+    section: &pindown_benches::report::Section,
+    report: &Value,
+    prefix: &str,
+    without_peers: &[&str],
+) {
+    use pindown_benches::report::Role;
+    let mut ids: Vec<&str> = section.figures.iter().map(|f| f.id.as_str()).collect();
+    ids.sort_unstable();
+    let count = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "figure ids repeat: {ids:?}");
+    for figure in &section.figures {
+        assert!(figure.id.starts_with(prefix), "{}", figure.id);
+        assert!(
+            figure
+                .series
+                .iter()
+                .any(|s| s.role == Role::Ours && !s.points.is_empty()),
+            "{}",
+            figure.id
+        );
+    }
+    for (key, name) in [("openmpi", "Open MPI"), ("mpich", "MPICH")] {
+        let ran = report["mpi"].get(key).is_some();
+        assert_eq!(
+            section.missing.iter().any(|m| m.starts_with(name)),
+            !ran,
+            "{name}: {:?}",
+            section.missing
+        );
+        for figure in section
+            .figures
+            .iter()
+            .filter(|f| !without_peers.contains(&f.id.as_str()))
+        {
+            let theirs = figure
+                .series
+                .iter()
+                .find(|s| s.role == Role::Peer && s.name.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} series in {}", figure.id));
+            assert_eq!(!theirs.points.is_empty(), ran, "{name} in {}", figure.id);
+        }
+        for row in &section.rows {
+            if let Some(peer) = row.peers.iter().find(|p| p.name == name) {
+                assert_eq!(peer.value.is_some(), ran, "{name} in {}", row.what);
+            }
+        }
+    }
+    for row in &section.rows {
+        assert!(row.ours.is_some_and(f64::is_finite), "{}", row.what);
+    }
+}
