@@ -272,11 +272,16 @@ impl Device {
                 s.push_str(&format!(" failed_{kind}={}", g(count)));
             }
             let gate = p.shared.access();
-            let (mapped, iotlb) = gate.memory.as_ref().map_or((0, 0), |memory| {
-                (memory.table().mapped_bytes(), memory.iotlb().len())
+            let (mapped, iotlb, iotlb_bytes) = gate.memory.as_ref().map_or((0, 0, 0), |memory| {
+                let iotlb = memory.iotlb();
+                (
+                    memory.table().mapped_bytes(),
+                    iotlb.len(),
+                    iotlb.covered_bytes(),
+                )
             });
             s.push_str(&format!(
-                " windows={} mapped_bytes={mapped} iotlb_entries={iotlb}\n",
+                " windows={} mapped_bytes={mapped} iotlb_entries={iotlb} iotlb_bytes={iotlb_bytes}\n",
                 gate.windows.len()
             ));
         }

@@ -629,6 +629,12 @@ impl IotlbTable {
         self.entries.is_empty()
     }
 
+    /// Bytes the entries cover: the memory the frontend's driver has
+    /// pinned and handed to the device (entries never overlap).
+    pub fn covered_bytes(&self) -> u64 {
+        self.entries.values().map(|e| e.len).sum()
+    }
+
     /// Iterates over `(iova, entry)` in IOVA order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &IotlbEntry)> {
         self.entries.iter().map(|(k, v)| (*k, v))
@@ -1280,6 +1286,8 @@ mod tests {
                 }
                 check_shape(&t)?;
             }
+            // The bytes the entries cover are the bytes the model maps.
+            prop_assert_eq!(t.covered_bytes(), model.len() as u64);
             let probes = (0u64..300).chain((0u64..300).map(|o| u64::MAX - o));
             for iova in probes {
                 match model.get(&iova) {

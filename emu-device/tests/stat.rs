@@ -89,6 +89,16 @@ fn the_counters_shown_add_up_to_the_work_done() {
     assert_eq!(delta(&after[owner], &before[owner], "requests_write"), 0);
     assert_eq!(after[owner]["windows"], 1, "{}", after[owner]);
     assert!(after[owner]["mapped_bytes"].as_u64().unwrap() >= 1 << 20);
+    // Pinned bytes are what the IOTLB entries cover: none without an
+    // entry, at least a byte per entry.
+    for port in &after {
+        let (entries, pinned) = (
+            port["iotlb_entries"].as_u64().unwrap(),
+            port["iotlb_bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(entries == 0, pinned == 0, "{port}");
+        assert!(pinned >= entries, "{port}");
+    }
     assert_eq!(after[owner]["connected"], 1);
 
     // The table says the same, and --watch refreshes.

@@ -289,7 +289,7 @@ fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
     let ports = &snapshot.ports;
     let mut out = format!("device {}\n\n", control.display());
     out.push_str(&format!(
-        "{:<5} {:<10} {:<18} {:>10} {:>11} {:>7} {:>8} {:>8} {:>11} {:>6}\n",
+        "{:<5} {:<10} {:<18} {:>10} {:>11} {:>7} {:>8} {:>8} {:>11} {:>6} {:>11}\n",
         "port",
         "frontend",
         "mac",
@@ -299,7 +299,8 @@ fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
         "refused",
         "windows",
         "mapped",
-        "iotlb"
+        "iotlb",
+        "pinned"
     ));
     for port in ports {
         let frontend = if port.n("connected") == 1 {
@@ -308,7 +309,7 @@ fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
             format!("no ({})", port.n("connections"))
         };
         out.push_str(&format!(
-            "{:<5} {:<10} {:<18} {:>10} {:>11} {:>7} {:>8} {:>8} {:>11} {:>6}\n",
+            "{:<5} {:<10} {:<18} {:>10} {:>11} {:>7} {:>8} {:>8} {:>11} {:>6} {:>11}\n",
             port.n("port"),
             frontend,
             port.fields.get("mac").map_or("-", String::as_str),
@@ -319,6 +320,7 @@ fn table(control: &std::path::Path, snapshot: &Snapshot) -> String {
             port.n("windows"),
             bytes(port.n("mapped_bytes")),
             port.n("iotlb_entries"),
+            bytes(port.n("iotlb_bytes")),
         ));
     }
     for port in ports {
