@@ -248,6 +248,15 @@ impl LineChild {
         String::from_utf8_lossy(&kept).into_owned()
     }
 
+    /// An error naming the child and `what` went wrong, with the last
+    /// `lines` non-empty lines of its stderr.
+    pub fn failure(&mut self, what: &str, lines: usize) -> io::Error {
+        let stderr = self.stderr();
+        let kept: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = kept[kept.len().saturating_sub(lines)..].join("\n  ");
+        io::Error::other(format!("{}: {what}; its stderr:\n  {tail}", self.name))
+    }
+
     /// The next line, waiting up to `timeout`; `None` once the child closed
     /// its stdout (at its end); an error if it said nothing in time.
     pub fn next_or_end(&mut self, timeout: Duration) -> io::Result<Option<String>> {

@@ -316,12 +316,6 @@ pub fn launch(
         binary.display(),
         args.join(" ")
     );
-    let failed = |child: &mut LineChild, what: String| {
-        let stderr = child.stderr();
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(STDERR_LINES_SHOWN)..].join("\n  ");
-        io::Error::other(format!("{name}: {what}; its stderr:\n  {tail}"))
-    };
     let mut child = LineChild::spawn(name.clone(), command)
         .map_err(|e| io::Error::new(e.kind(), format!("{name}: cannot start: {e}")))?;
     let mut lines = Vec::new();
@@ -333,14 +327,14 @@ pub fn launch(
                 // Stopped (not waited for: it said nothing for too long)
                 // before its stderr is read.
                 let _ = child.wait_for_exit(Duration::ZERO);
-                return Err(failed(&mut child, e.to_string()));
+                return Err(child.failure(&e.to_string(), STDERR_LINES_SHOWN));
             }
         }
     }
     match child.wait_for_exit(silence) {
         Ok(status) if status.success() => Ok(lines),
-        Ok(status) => Err(failed(&mut child, format!("exited with {status}"))),
-        Err(e) => Err(failed(&mut child, e.to_string())),
+        Ok(status) => Err(child.failure(&format!("exited with {status}"), STDERR_LINES_SHOWN)),
+        Err(e) => Err(child.failure(&e.to_string(), STDERR_LINES_SHOWN)),
     }
 }
 

@@ -194,12 +194,6 @@ pub fn run(binary: &Path, spec: &RunSpec) -> io::Result<Run> {
     let name = format!("{} {}", binary.display(), args.join(" "));
     let mut command = Command::new(binary);
     command.args(&args).stderr(Stdio::piped());
-    let failed = |child: &mut LineChild, what: String| {
-        let stderr = child.stderr();
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(STDERR_LINES_SHOWN)..].join("\n  ");
-        io::Error::other(format!("{name}: {what}; its stderr:\n  {tail}"))
-    };
     let mut child = LineChild::spawn(name.clone(), command)
         .map_err(|e| io::Error::new(e.kind(), format!("{name}: cannot start: {e}")))?;
     let (mut header, mut sizes, mut done) = (None, Vec::new(), false);
@@ -209,7 +203,7 @@ pub fn run(binary: &Path, spec: &RunSpec) -> io::Result<Run> {
             Ok(None) => break,
             Err(e) => {
                 let _ = child.wait_for_exit(Duration::ZERO);
-                return Err(failed(&mut child, e.to_string()));
+                return Err(child.failure(&e.to_string(), STDERR_LINES_SHOWN));
             }
         };
         match serde_json::from_str(&line) {
@@ -218,18 +212,20 @@ pub fn run(binary: &Path, spec: &RunSpec) -> io::Result<Run> {
             Ok(Line::Done {}) => done = true,
             Ok(Line::Error { message }) => {
                 let _ = child.wait_for_exit(SILENCE_TIMEOUT);
-                return Err(failed(&mut child, message));
+                return Err(child.failure(&message, STDERR_LINES_SHOWN));
             }
             Err(e) => {
                 let _ = child.wait_for_exit(Duration::ZERO);
-                return Err(failed(&mut child, format!("printed {line:?}: {e}")));
+                return Err(child.failure(&format!("printed {line:?}: {e}"), STDERR_LINES_SHOWN));
             }
         }
     }
     match child.wait_for_exit(SILENCE_TIMEOUT) {
         Ok(status) if status.success() => {}
-        Ok(status) => return Err(failed(&mut child, format!("exited with {status}"))),
-        Err(e) => return Err(failed(&mut child, e.to_string())),
+        Ok(status) => {
+            return Err(child.failure(&format!("exited with {status}"), STDERR_LINES_SHOWN))
+        }
+        Err(e) => return Err(child.failure(&e.to_string(), STDERR_LINES_SHOWN)),
     }
     let header = header.ok_or_else(|| io::Error::other(format!("{name}: printed no header")))?;
     let printed: Vec<usize> = sizes.iter().map(|s| s.pages).collect();
