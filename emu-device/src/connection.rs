@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::core_sharing::CoreSharing;
 use crate::port::{Port, PortState, PortStats, PortTable};
 use crate::queues::KickRead;
 use crate::send_queue::SendQueue;
@@ -296,6 +297,7 @@ fn run(
     let mut kicked: HashSet<usize> = HashSet::new();
     let mut looked = Instant::now();
     let mut swept = Instant::now();
+    let mut sharing = CoreSharing::new();
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -461,7 +463,7 @@ fn run(
             // Between two passes over everything, poll the RDMA send queue
             // alone: the one ring whose latency is measured in
             // microseconds.
-            if let Some(worked) = poll_rdma(ctx, port, send_queues, &mut again) {
+            if let Some(worked) = poll_rdma(ctx, port, send_queues, &mut again, &mut sharing) {
                 last_work = Some(worked);
             }
         }
@@ -498,19 +500,22 @@ fn served_with_its_send_queue(
 
 /// Polls the RDMA queue pairs of `port` alone for [`RDMA_POLL_TIME`], or
 /// until something needs a full pass (a transfer paused between turns, an
-/// IOTLB miss to send, a ring stopped). Returns when work was last done,
-/// if any.
+/// IOTLB miss to send, a ring stopped). Between idle polls it spins, or
+/// yields while `sharing` says the core is shared. Returns when work was
+/// last done, if any.
 fn poll_rdma(
     ctx: Context<'_>,
     port: &Port,
     send_queues: &mut [SendQueue],
     again: &mut HashSet<usize>,
+    sharing: &mut CoreSharing,
 ) -> Option<Instant> {
     let started = Instant::now();
     let mut worked = None;
     for polls in 1u32.. {
         let mut st = port.lock();
         let mut live = false;
+        let mut idle = true;
         for send_queue in send_queues.iter_mut() {
             let sq = send_queue.rings_of(&st).0;
             if !st.vrings[sq].active() {
@@ -519,6 +524,7 @@ fn poll_rdma(
             let served = send_queue.serve(&mut st, ctx.ports, ctx.link);
             if served.worked {
                 worked = Some(Instant::now());
+                idle = false;
             }
             if served.more {
                 again.insert(sq);
@@ -530,25 +536,24 @@ fn poll_rdma(
             live = true;
         }
         drop(st);
-        if !live
-            || (polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) && started.elapsed() >= RDMA_POLL_TIME)
-        {
+        if !live {
             break;
         }
-        if polls.is_multiple_of(RDMA_POLLS_PER_YIELD) {
-            // Nothing to do for a while: let a thread waiting for this
-            // core run (on few cores the requester that will post next,
-            // or another port's thread, may be queued behind this one).
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
+        if polls.is_multiple_of(RDMA_POLLS_PER_CLOCK) {
+            let now = Instant::now();
+            if now.duration_since(started) >= RDMA_POLL_TIME {
+                break;
+            }
+            if idle {
+                sharing.looked(now);
+            }
+        }
+        if idle {
+            sharing.pause();
         }
     }
     worked
 }
-
-/// RDMA polls between two yields of the processor while a port polls.
-const RDMA_POLLS_PER_YIELD: u32 = 16;
 
 /// How long a polling port polls its RDMA queues alone between two passes
 /// over everything (rings, socket, inbox): a pass costs microseconds, and

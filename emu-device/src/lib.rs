@@ -39,6 +39,7 @@
 
 pub mod cli;
 pub mod connection;
+pub mod core_sharing;
 pub mod device;
 pub mod fabric;
 pub mod inbox;
