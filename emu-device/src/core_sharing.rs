@@ -268,6 +268,9 @@ mod tests {
         other.join().unwrap();
         let after = involuntary_switches().expect("getrusage");
         assert!(after > before, "no switch counted ({before} -> {after})");
-        assert!(sharing.shared(Instant::now()), "the shared core was not seen");
+        assert!(
+            sharing.shared(Instant::now()),
+            "the shared core was not seen"
+        );
     }
 }

@@ -605,10 +605,31 @@ impl StridedNest {
         (index, at)
     }
 
-    /// Moves `index` and `at` to the next unit.
+    /// The innermost loop that runs more than once (the units of one
+    /// block, or a piece's loop), or the outermost if none does: units
+    /// follow each other along it at a constant stride.
+    fn innermost(&self) -> usize {
+        self.dims
+            .iter()
+            .position(|dim| dim.count > 1)
+            .unwrap_or(MAX_DIMS)
+    }
+
+    /// Moves `index` and `at` on by `run` units along loop `d` (the
+    /// [`innermost`](Self::innermost), whose inner loops run once), `run`
+    /// no more than that loop has left, carrying into the outer loops
+    /// when it ends.
     #[inline(always)]
-    fn advance(&self, index: &mut [u64; MAX_DIMS + 1], at: &mut i64) {
-        for (i, dim) in self.dims.iter().enumerate() {
+    fn advance(&self, index: &mut [u64; MAX_DIMS + 1], at: &mut i64, d: usize, run: u64) {
+        let dim = self.dims[d];
+        index[d] += run;
+        *at += dim.stride * run as i64;
+        if index[d] < dim.count {
+            return;
+        }
+        *at -= dim.stride * dim.count as i64;
+        index[d] = 0;
+        for (i, dim) in self.dims.iter().enumerate().skip(d + 1) {
             index[i] += 1;
             *at += dim.stride;
             if index[i] < dim.count {
@@ -622,24 +643,167 @@ impl StridedNest {
 
 /// Copies units `first..first + count` of `source` to the same units of
 /// `target` (both nests have the same unit and cover the same bytes; the
-/// caller checked and mapped both for the current step).
+/// caller checked and mapped both for the current step), in runs along
+/// both sides' innermost loops: within a run both sides move at a
+/// constant stride.
 fn copy_nests(source: &StridedNest, target: &StridedNest, first: u64, count: u64) {
     let (mut source_index, mut source_at) = source.seek(first);
     let (mut target_index, mut target_at) = target.seek(first);
-    let unit = source.unit as usize;
-    for _ in 0..count {
+    let (source_loop, target_loop) = (source.innermost(), target.innermost());
+    let (source_dim, target_dim) = (source.dims[source_loop], target.dims[target_loop]);
+    let mut left = count;
+    while left > 0 {
+        let run = left
+            .min(source_dim.count - source_index[source_loop])
+            .min(target_dim.count - target_index[target_loop]);
         // SAFETY: both nests are mapped contiguously from `low` over their
         // hull (Side::hull, checked and granted for the current step), and
-        // every block of a checked plan lies inside its hull, so
-        // `at - low` is in bounds for `unit` bytes on both sides.
+        // every block of a checked plan lies inside its hull; the run's
+        // `run` units are units of the nests (the run ends where either
+        // side's loop does), each `unit` bytes at `at + k * stride` from
+        // `low`.
         unsafe {
-            copy_run(
-                source.addr.add((source_at - source.low) as usize),
-                target.addr.add((target_at - target.low) as usize),
-                unit,
+            copy_strided(
+                source.addr.offset((source_at - source.low) as isize),
+                source_dim.stride as isize,
+                target.addr.offset((target_at - target.low) as isize),
+                target_dim.stride as isize,
+                source.unit as usize,
+                run as usize,
             );
         }
-        source.advance(&mut source_index, &mut source_at);
-        target.advance(&mut target_index, &mut target_at);
+        source.advance(&mut source_index, &mut source_at, source_loop, run);
+        target.advance(&mut target_index, &mut target_at, target_loop, run);
+        left -= run;
+    }
+}
+
+/// Copies `run` units of `unit` bytes from `from + k * from_stride` to
+/// `to + k * to_stride`, k in `0..run`: one loop per common unit size, so
+/// that an element of a column is one load and one store.
+///
+/// # Safety
+/// Every unit on both sides lies inside memory the caller may read
+/// (`from`) and write (`to`).
+unsafe fn copy_strided(
+    from: *const u8,
+    from_stride: isize,
+    to: *mut u8,
+    to_stride: isize,
+    unit: usize,
+    run: usize,
+) {
+    /// The loop for units that are one value of `T`.
+    ///
+    /// # Safety
+    /// As for `copy_strided`, with `unit` the size of `T`.
+    #[inline(always)]
+    unsafe fn values<T: Copy>(from: *const u8, fs: isize, to: *mut u8, ts: isize, run: usize) {
+        let (mut from, mut to) = (from, to);
+        for _ in 0..run {
+            // SAFETY: the caller's units hold a `T` each; unaligned
+            // accesses make no claim on alignment.
+            unsafe {
+                to.cast::<T>()
+                    .write_unaligned(from.cast::<T>().read_unaligned());
+            }
+            from = from.wrapping_offset(fs);
+            to = to.wrapping_offset(ts);
+        }
+    }
+    // SAFETY (all arms): the caller's contract, unit by unit.
+    unsafe {
+        match unit {
+            4 => values::<u32>(from, from_stride, to, to_stride, run),
+            8 => values::<u64>(from, from_stride, to, to_stride, run),
+            16 => values::<u128>(from, from_stride, to, to_stride, run),
+            _ => {
+                let (mut from, mut to) = (from, to);
+                for _ in 0..run {
+                    copy_run(from, to, unit);
+                    from = from.wrapping_offset(from_stride);
+                    to = to.wrapping_offset(to_stride);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A nest of `unit`-byte units over `buffer`, loops innermost first.
+    fn nest(buffer: &mut [u8], unit: u64, loops: &[(u64, i64)]) -> StridedNest {
+        let mut dims = [Dim::ONE; MAX_DIMS + 1];
+        for (dim, &(count, stride)) in dims.iter_mut().zip(loops) {
+            *dim = Dim { count, stride };
+        }
+        // Put the lowest unit at the buffer's start.
+        let low: i64 = dims
+            .iter()
+            .map(|d| (d.count as i64 - 1) * d.stride.min(0))
+            .sum();
+        StridedNest {
+            addr: buffer.as_mut_ptr(),
+            low,
+            offset: 0,
+            unit,
+            dims,
+        }
+    }
+
+    /// Bytes a nest's hull spans.
+    fn span(unit: u64, loops: &[(u64, i64)]) -> usize {
+        let reach: i64 = loops
+            .iter()
+            .map(|&(count, stride)| (count as i64 - 1) * stride.abs())
+            .sum();
+        reach as usize + unit as usize
+    }
+
+    fn loops() -> impl Strategy<Value = Vec<(u64, i64)>> {
+        prop::collection::vec((1u64..6, -40i64..40), 1..=MAX_DIMS + 1)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Copying in runs along both sides' innermost loops moves the
+        /// same bytes, in the same order, as copying unit by unit.
+        #[test]
+        fn runs_copy_what_units_copy(
+            unit in prop::sample::select(vec![1u64, 3, 4, 8, 16, 24]),
+            source_loops in loops(),
+            target_loops in loops(),
+            first_share in 0.0f64..1.0,
+        ) {
+            let units = |l: &[(u64, i64)]| l.iter().map(|&(c, _)| c).product::<u64>();
+            let total = units(&source_loops).min(units(&target_loops));
+            let first = ((total as f64 * first_share) as u64).min(total - 1);
+            let count = total - first;
+            let scale = |l: &[(u64, i64)]| -> Vec<(u64, i64)> {
+                l.iter().map(|&(c, s)| (c, s * unit as i64)).collect()
+            };
+            let (source_loops, target_loops) = (scale(&source_loops), scale(&target_loops));
+            let mut source: Vec<u8> = (0..span(unit, &source_loops)).map(|i| (i * 7 + 1) as u8).collect();
+            let target_len = span(unit, &target_loops);
+            let mut target = vec![0u8; target_len];
+            let mut expected = vec![0u8; target_len];
+            let source_nest = nest(&mut source, unit, &source_loops);
+            let expected_nest = nest(&mut expected, unit, &target_loops);
+            for element in first..first + count {
+                let (_, from) = source_nest.seek(element);
+                let (_, to) = expected_nest.seek(element);
+                let from = (from - source_nest.low) as usize;
+                let to = (to - expected_nest.low) as usize;
+                let bytes = source[from..from + unit as usize].to_vec();
+                expected[to..to + unit as usize].copy_from_slice(&bytes);
+            }
+            let target_nest = nest(&mut target, unit, &target_loops);
+            copy_nests(&source_nest, &target_nest, first, count);
+            prop_assert_eq!(target, expected);
+        }
     }
 }
