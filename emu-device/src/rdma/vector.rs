@@ -680,7 +680,9 @@ fn copy_nests(source: &StridedNest, target: &StridedNest, first: u64, count: u64
 
 /// Copies `run` units of `unit` bytes from `from + k * from_stride` to
 /// `to + k * to_stride`, k in `0..run`: one loop per common unit size, so
-/// that an element of a column is one load and one store.
+/// that an element of a column is one load and one store, and a row of a
+/// few doubles a few of each with no call. A unit is read whole before it
+/// is written, so units that overlap copy as `memmove` would.
 ///
 /// # Safety
 /// Every unit on both sides lies inside memory the caller may read
@@ -717,6 +719,9 @@ unsafe fn copy_strided(
             4 => values::<u32>(from, from_stride, to, to_stride, run),
             8 => values::<u64>(from, from_stride, to, to_stride, run),
             16 => values::<u128>(from, from_stride, to, to_stride, run),
+            32 => values::<[u128; 2]>(from, from_stride, to, to_stride, run),
+            64 => values::<[u128; 4]>(from, from_stride, to, to_stride, run),
+            128 => values::<[u128; 8]>(from, from_stride, to, to_stride, run),
             _ => {
                 let (mut from, mut to) = (from, to);
                 for _ in 0..run {
