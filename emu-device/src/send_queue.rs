@@ -378,14 +378,11 @@ impl SendQueue {
             view.publish_head(head);
             match request {
                 Ok(request) => {
-                    let inline = if self.inline.is_empty() {
-                        Vec::new()
-                    } else {
-                        self.inline.clone()
-                    };
+                    // The request takes the bytes with their buffer; the
+                    // buffer comes back when it completes here.
                     self.running = Some(Running {
                         request,
-                        inline,
+                        inline: std::mem::take(&mut self.inline),
                         progress: Progress::default(),
                     });
                     return Next::Run;
@@ -476,6 +473,7 @@ impl SendQueue {
         }
         self.waiting_since = None;
         let running = self.running.take().expect("a running request");
+        self.inline = running.inline;
         let signaled = running.request.flags.contains(WrFlags::SIGNALED);
         if signaled || !done.is_success() {
             self.pending.push_back(done);
