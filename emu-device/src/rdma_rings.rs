@@ -97,10 +97,12 @@ struct Resolved {
     cq_room_event: *mut u8,
 }
 
-/// The translated rings of one port, kept across requests.
+/// The translated rings of one port, kept across requests (boxed: the
+/// send queue takes the cache out of itself and puts it back on every
+/// poll, which then moves a pointer).
 #[derive(Debug, Default)]
 pub struct RingCache {
-    resolved: Option<Resolved>,
+    resolved: Option<Box<Resolved>>,
 }
 
 /// The RDMA rings lent for one guarded step: the caller holds the port's
@@ -313,7 +315,7 @@ impl RingCache {
         if !fresh {
             self.resolved = None;
             let resolved = Resolved::new(memory, state.generation, sq, cq)?;
-            self.resolved = Some(resolved);
+            self.resolved = Some(Box::new(resolved));
         }
         let view = RingsView {
             rings: self.resolved.as_ref().expect("resolved above"),
