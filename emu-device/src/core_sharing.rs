@@ -13,16 +13,24 @@
 //! [`CoreSharing`] tells the two apart from the kernel's count of the
 //! thread's involuntary context switches (`getrusage(RUSAGE_THREAD)`):
 //! it grows only when another thread ran in this one's place, preempting
-//! it or given the core by a yield. Interrupts do not count. The count is
-//! read once per [`CHECK_INTERVAL`] of idle polling, and a yield that took
-//! long is a sign too. After a sign the thread yields between idle polls
-//! for [`SHARING_HOLD`]; without one it spins.
+//! it or given the core by a yield. Interrupts do not count. While it
+//! spins, the thread reads the count once per [`CHECK_INTERVAL`] and
+//! yields once per [`PROBE_INTERVAL`] to see whether anybody waits (a
+//! yield that finds nobody costs half a microsecond, once in hundreds).
+//! After a sign it yields between idle polls; a passing thread (a kernel
+//! worker) ends that after a few yields that run nobody, a waiting one
+//! keeps it up to [`SHARING_HOLD`] after the last yield that ran another
+//! thread.
 
 use std::time::{Duration, Instant};
 
 /// How often an idle polling thread reads its involuntary context-switch
 /// count (one system call of about half a microsecond).
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(1);
+
+/// While the core seems its own, how often a polling thread yields once
+/// to see whether another thread waits for it.
+pub const PROBE_INTERVAL: Duration = Duration::from_micros(200);
 
 /// A yield shorter than this ran nobody else (one that finds nobody else
 /// runnable returns in about half a microsecond; one that switches to
@@ -33,14 +41,22 @@ pub const OTHERS_RAN: Duration = Duration::from_nanos(1500);
 /// yielding between idle polls.
 pub const SHARING_HOLD: Duration = Duration::from_millis(10);
 
-/// Yields in a row that ran nobody else, right after a preemption, end
-/// the sharing at once: the thread that preempted this one was a passing
-/// one (a kernel worker), not one that waits for the core. Once a yield
-/// has run another thread, only the hold ends the sharing.
+/// Yields that ran another thread, one after another with fewer than
+/// [`QUICK_YIELDS_TO_END`] between them, that show a thread waiting for
+/// the core: a kernel worker that preempted this thread runs once and
+/// sleeps again; a rank that polls comes back at every yield.
+pub const RAN_YIELDS_TO_CONFIRM: u32 = 2;
+
+/// Yields in a row that ran nobody else that end the sharing, before it
+/// was confirmed (the thread that preempted this one was a passing one).
 pub const QUICK_YIELDS_TO_END: u32 = 8;
 
+/// Yields in a row that ran nobody else that end a confirmed sharing (the
+/// threads that waited went to sleep).
+pub const QUICK_YIELDS_TO_END_CONFIRMED: u32 = 64;
+
 /// Idle polls between two yields while the core is shared.
-pub const POLLS_PER_YIELD: u32 = 16;
+pub const POLLS_PER_YIELD: u32 = 1;
 
 /// What one polling thread has learnt about its core.
 #[derive(Debug, Default)]
@@ -49,13 +65,17 @@ pub struct CoreSharing {
     shared_until: Option<Instant>,
     /// When the switch count is read next.
     next_check: Option<Instant>,
+    /// When the next probing yield is due.
+    next_probe: Option<Instant>,
     /// The involuntary context switches counted at the last read.
     switches: Option<u64>,
     /// Idle polls since the last yield.
     idle_polls: u32,
-    /// Yields in a row that ran nobody else since the sharing began.
+    /// Yields in a row that ran nobody else.
     quick_yields: u32,
-    /// A yield ran another thread since the sharing began.
+    /// Yields that ran another thread since the sharing began.
+    ran_yields: u32,
+    /// Enough yields ran another thread: somebody waits for the core.
     confirmed: bool,
 }
 
@@ -70,24 +90,37 @@ impl CoreSharing {
         self.shared_until.is_some_and(|until| now < until)
     }
 
-    /// Records a preemption seen at `now`.
-    fn preempted(&mut self, now: Instant) {
+    /// Records a sign of another thread on the core seen at `now`: a
+    /// sharing begins on trial, or goes on.
+    fn noticed(&mut self, now: Instant) {
         if !self.shared(now) {
             self.confirmed = false;
-            self.quick_yields = 0;
+            self.ran_yields = 0;
         }
+        self.quick_yields = 0;
         self.shared_until = Some(now + SHARING_HOLD);
     }
 
+    /// Ends the sharing: the thread spins again.
+    fn end(&mut self) {
+        self.shared_until = None;
+        self.confirmed = false;
+        self.ran_yields = 0;
+        self.quick_yields = 0;
+    }
+
     /// A look at the clock at `now` while idle polling: reads the switch
-    /// count when it is due.
+    /// count, or yields once to probe, when either is due.
     pub fn looked(&mut self, now: Instant) {
-        if self.next_check.is_some_and(|next| now < next) {
-            return;
+        if self.next_check.is_none_or(|next| now >= next) {
+            self.next_check = Some(now + CHECK_INTERVAL);
+            if let Some(count) = involuntary_switches() {
+                self.counted(now, count);
+            }
         }
-        self.next_check = Some(now + CHECK_INTERVAL);
-        if let Some(count) = involuntary_switches() {
-            self.counted(now, count);
+        if !self.shared(now) && self.next_probe.is_none_or(|next| now >= next) {
+            self.next_probe = Some(now + PROBE_INTERVAL);
+            self.yield_once();
         }
     }
 
@@ -95,7 +128,7 @@ impl CoreSharing {
     /// than at the last count is a preemption.
     pub fn counted(&mut self, now: Instant, count: u64) {
         if self.grew(count) {
-            self.preempted(now);
+            self.noticed(now);
         }
     }
 
@@ -110,15 +143,19 @@ impl CoreSharing {
     /// in it.
     pub fn yielded(&mut self, end: Instant, ran_others: bool) {
         if ran_others {
-            self.shared_until = Some(end + SHARING_HOLD);
-            self.confirmed = true;
+            self.noticed(end);
+            self.ran_yields += 1;
+            self.confirmed |= self.ran_yields >= RAN_YIELDS_TO_CONFIRM;
             return;
         }
-        if !self.confirmed {
-            self.quick_yields += 1;
-            if self.quick_yields >= QUICK_YIELDS_TO_END {
-                self.shared_until = None;
-            }
+        self.quick_yields += 1;
+        let enough = if self.confirmed {
+            QUICK_YIELDS_TO_END_CONFIRMED
+        } else {
+            QUICK_YIELDS_TO_END
+        };
+        if self.quick_yields >= enough {
+            self.end();
         }
     }
 
@@ -127,21 +164,24 @@ impl CoreSharing {
     /// spins once.
     pub fn pause(&mut self) {
         self.idle_polls = self.idle_polls.wrapping_add(1);
-        if self.idle_polls.is_multiple_of(POLLS_PER_YIELD) {
-            let start = Instant::now();
-            if self.shared(start) {
-                std::thread::yield_now();
-                let end = Instant::now();
-                // Only a long yield can have run another thread; the
-                // kernel's count tells it from a yield the hypervisor or
-                // an interrupt made long.
-                let ran_others = end.saturating_duration_since(start) > OTHERS_RAN
-                    && involuntary_switches().is_some_and(|count| self.grew(count));
-                self.yielded(end, ran_others);
-                return;
-            }
+        if self.idle_polls.is_multiple_of(POLLS_PER_YIELD) && self.shared(Instant::now()) {
+            self.yield_once();
+        } else {
+            std::hint::spin_loop();
         }
-        std::hint::spin_loop();
+    }
+
+    /// Yields the processor once and learns from what the yield did.
+    fn yield_once(&mut self) {
+        let start = Instant::now();
+        std::thread::yield_now();
+        let end = Instant::now();
+        // Only a long yield can have run another thread; the kernel's
+        // count tells it from a yield the hypervisor or an interrupt made
+        // long.
+        let ran_others = end.saturating_duration_since(start) > OTHERS_RAN
+            && involuntary_switches().is_some_and(|count| self.grew(count));
+        self.yielded(end, ran_others);
     }
 }
 
@@ -203,23 +243,45 @@ mod tests {
     }
 
     #[test]
-    fn a_yield_that_ran_another_thread_holds_the_sharing() {
+    fn one_yield_that_ran_a_passing_thread_does_not_confirm() {
         let t0 = Instant::now();
         let mut sharing = CoreSharing::new();
         sharing.counted(t0, 1);
         sharing.counted(t0, 2);
+        // The kernel worker that preempted runs once more, then sleeps.
         sharing.yielded(t0, true);
-        // Quick yields no longer end it: somebody does wait for the core.
-        for _ in 0..2 * QUICK_YIELDS_TO_END {
+        for _ in 0..QUICK_YIELDS_TO_END {
+            sharing.yielded(t0, false);
+        }
+        assert!(!sharing.shared(t0));
+    }
+
+    #[test]
+    fn yields_that_keep_running_another_thread_hold_the_sharing() {
+        let t0 = Instant::now();
+        let mut sharing = CoreSharing::new();
+        sharing.counted(t0, 1);
+        sharing.counted(t0, 2);
+        for _ in 0..RAN_YIELDS_TO_CONFIRM {
+            sharing.yielded(t0, true);
+        }
+        // Confirmed: a short run of quick yields no longer ends it.
+        for _ in 0..QUICK_YIELDS_TO_END_CONFIRMED - 1 {
             sharing.yielded(t0, false);
         }
         assert!(sharing.shared(t0 + SHARING_HOLD - Duration::from_micros(1)));
-        assert!(!sharing.shared(t0 + SHARING_HOLD));
+        assert!(!sharing.shared(t0 + SHARING_HOLD), "the hold lapses");
         // Each yield that runs another thread renews the hold.
         let t1 = t0 + SHARING_HOLD / 2;
         sharing.yielded(t1, true);
         assert!(sharing.shared(t0 + SHARING_HOLD));
         assert!(!sharing.shared(t1 + SHARING_HOLD));
+        // The waiting threads went to sleep: a long run of quick yields
+        // ends it at once.
+        for _ in 0..QUICK_YIELDS_TO_END_CONFIRMED {
+            sharing.yielded(t1, false);
+        }
+        assert!(!sharing.shared(t1));
     }
 
     /// Keeps the calling thread on CPU 0.
