@@ -27,13 +27,13 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::core_sharing::CoreSharing;
 use crate::port::{Port, PortState, PortStats, PortTable};
 use crate::queues::KickRead;
 use crate::send_queue::SendQueue;
 use crate::switch::{self, Switch};
 use crate::vhost_user::{self, conn, handler};
 use crate::DeviceConfig;
+use pindown_uapi::core_sharing::CoreSharing;
 
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_SHUTDOWN: u64 = u64::MAX;

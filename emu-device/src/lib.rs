@@ -39,7 +39,6 @@
 
 pub mod cli;
 pub mod connection;
-pub mod core_sharing;
 pub mod device;
 pub mod fabric;
 pub mod inbox;

@@ -3,8 +3,10 @@
 //! Everything that crosses between the driver and the emulated NIC, and
 //! nothing else: which rings carry what, the 64-byte work request, the
 //! 32-byte completion, opcodes, status codes, remote keys, window access
-//! rights, device information and the ABI version. Both sides depend on this
-//! crate; neither restates it.
+//! rights, device information and the ABI version, and the rule by which
+//! a thread polling a ring gives its core to the other side
+//! ([`core_sharing`]). Both sides depend on this crate; neither restates
+//! it.
 //!
 //! Encoding is explicit little-endian at fixed offsets. Every `decode`
 //! validates every field and returns a [`DecodeError`] for anything it does
@@ -75,6 +77,7 @@
 #![warn(missing_docs)]
 
 mod completion;
+pub mod core_sharing;
 mod error;
 pub mod features;
 mod iotlb;

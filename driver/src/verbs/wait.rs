@@ -1,9 +1,14 @@
 //! Waiting for completions: poll for a while after activity, then sleep on
-//! the completion rings' eventfds.
+//! the completion rings' eventfds. While it polls, a thread gives its core
+//! to the port that must execute its request only when the two share the
+//! core ([`CoreSharing`], the rule the port's thread keeps too).
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+
+use pindown_uapi::core_sharing::CoreSharing;
 
 use super::completion::CompletionRing;
 use super::VerbsError;
@@ -24,8 +29,9 @@ pub(super) trait Awaiting {
 /// (at most `timeout`) in a busy loop, then, having asked the device to
 /// signal each ring's next completion, asleep on their eventfds until one
 /// is signalled, and so on until `timeout` has passed (then
-/// [`VerbsError::Timeout`]). While it spins, no system call is made and
-/// the device signals nothing.
+/// [`VerbsError::Timeout`]). While it spins the device signals nothing,
+/// and the thread makes no system call unless its core is shared, when
+/// it yields between polls ([`CoreSharing`]).
 pub(super) fn wait_for(
     awaiting: &mut impl Awaiting,
     spin: Duration,
@@ -43,10 +49,14 @@ pub(super) fn wait_for(
                 return Ok(());
             }
             attempts = attempts.wrapping_add(1);
-            if attempts.is_multiple_of(ATTEMPTS_PER_CLOCK) && spin_from.elapsed() >= spin {
-                break;
+            if attempts.is_multiple_of(ATTEMPTS_PER_CLOCK) {
+                let now = Instant::now();
+                if now.saturating_duration_since(spin_from) >= spin {
+                    break;
+                }
+                SHARING.with_borrow_mut(|sharing| sharing.looked(now));
             }
-            std::hint::spin_loop();
+            SHARING.with_borrow_mut(CoreSharing::pause);
         }
         let elapsed = start.elapsed();
         if elapsed >= timeout {
@@ -67,6 +77,12 @@ pub(super) fn wait_for(
 
 /// Polling attempts between two looks at the clock while spinning.
 const ATTEMPTS_PER_CLOCK: u32 = 64;
+
+thread_local! {
+    /// What this thread has learnt about its core while it polled: kept
+    /// from one wait to the next, as the core stays shared or not.
+    static SHARING: RefCell<CoreSharing> = RefCell::new(CoreSharing::new());
+}
 
 /// Sleeps until one of the rings' completion eventfds is signalled (or
 /// `timeout` passes) and consumes the signals.

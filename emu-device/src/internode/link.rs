@@ -11,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pindown_uapi::core_sharing::CoreSharing;
 use pindown_uapi::pattern::{Pattern, Plan};
 use pindown_uapi::{
     AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, RemoteAddress, Status,
@@ -667,6 +668,7 @@ impl Worker {
     fn run(mut self) {
         let mut datagram = vec![0u8; batch::DATAGRAM_MAX];
         let mut last_work = Instant::now();
+        let mut sharing = CoreSharing::new();
         while !self.link.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             let mut worked = self.take_submissions(now);
@@ -692,9 +694,11 @@ impl Worker {
             if !spinning {
                 self.sleep();
             } else if !worked {
-                // Polling with nothing to do: let a thread that has work
-                // (a port, a driver) have the core first.
-                std::thread::yield_now();
+                // Polling with nothing to do: give the core to a thread
+                // that has work (a port, a driver) only while one waits
+                // for it.
+                sharing.looked(now);
+                sharing.pause();
             }
         }
     }

@@ -1,14 +1,17 @@
 //! When a polling thread gives its core away.
 //!
-//! A port's thread busy-polls its RDMA send queues while traffic flows. On
-//! a machine with cores to spare it should never give the core up: a
-//! `sched_yield` costs about half a microsecond with today's kernel
-//! mitigations, and a request that lands during one waits for it, which is
-//! what a latency tail is made of. On a machine with fewer cores than
-//! busy threads (two rank processes and their ports on two cores) the
-//! opposite holds: a thread that polls without yielding keeps the
-//! requester that will post next, or the peer that waits for the data,
-//! off the core for a whole time slice.
+//! Both sides of the rings poll: a port's thread polls its RDMA send
+//! queues while traffic flows, and a driver thread polls its completion
+//! queues while it waits. On a machine with cores to spare neither should
+//! ever give its core up: a `sched_yield` costs about half a microsecond
+//! with today's kernel mitigations, and a request or completion that
+//! lands during one waits for it, which is what a latency tail is made of.
+//! On a machine with fewer cores than busy threads (two rank processes and
+//! their ports on two cores) the opposite holds: a thread that polls
+//! without yielding keeps the thread that must act next (the port that
+//! would execute the request just posted, the requester that will post
+//! next) off the core for a whole time slice. Both sides keep the same
+//! rule, so it lives here, beside the rings it is about.
 //!
 //! [`CoreSharing`] tells the two apart from the kernel's count of the
 //! thread's involuntary context switches (`getrusage(RUSAGE_THREAD)`):
