@@ -25,6 +25,7 @@
 //! keeps it up to [`SHARING_HOLD`] after the last yield that ran another
 //! thread.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 /// How often an idle polling thread reads its involuntary context-switch
@@ -186,6 +187,18 @@ impl CoreSharing {
             && involuntary_switches().is_some_and(|count| self.grew(count));
         self.yielded(end, ran_others);
     }
+}
+
+thread_local! {
+    /// What the calling thread has learnt about its core.
+    static THIS_THREAD: RefCell<CoreSharing> = RefCell::new(CoreSharing::new());
+}
+
+/// Runs `f` on what the calling thread has learnt about its core, kept
+/// from one wait to the next (the core stays shared or not whatever the
+/// thread waits for: a completion, a message).
+pub fn this_thread<R>(f: impl FnOnce(&mut CoreSharing) -> R) -> R {
+    THIS_THREAD.with_borrow_mut(f)
 }
 
 /// The calling thread's involuntary context switches so far, if the

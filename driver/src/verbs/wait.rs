@@ -3,12 +3,11 @@
 //! to the port that must execute its request only when the two share the
 //! core ([`CoreSharing`], the rule the port's thread keeps too).
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use pindown_uapi::core_sharing::CoreSharing;
+use pindown_uapi::core_sharing::{self, CoreSharing};
 
 use super::completion::CompletionRing;
 use super::VerbsError;
@@ -54,9 +53,9 @@ pub(super) fn wait_for(
                 if now.saturating_duration_since(spin_from) >= spin {
                     break;
                 }
-                SHARING.with_borrow_mut(|sharing| sharing.looked(now));
+                core_sharing::this_thread(|sharing| sharing.looked(now));
             }
-            SHARING.with_borrow_mut(CoreSharing::pause);
+            core_sharing::this_thread(CoreSharing::pause);
         }
         let elapsed = start.elapsed();
         if elapsed >= timeout {
@@ -77,12 +76,6 @@ pub(super) fn wait_for(
 
 /// Polling attempts between two looks at the clock while spinning.
 const ATTEMPTS_PER_CLOCK: u32 = 64;
-
-thread_local! {
-    /// What this thread has learnt about its core while it polled: kept
-    /// from one wait to the next, as the core stays shared or not.
-    static SHARING: RefCell<CoreSharing> = RefCell::new(CoreSharing::new());
-}
 
 /// Sleeps until one of the rings' completion eventfds is signalled (or
 /// `timeout` passes) and consumes the signals.
