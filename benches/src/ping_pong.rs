@@ -8,28 +8,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::stats::Summary;
+use pindown_uapi::core_sharing::pin_to_cpu;
 
 /// A value alone on its cache line (so that only the bounced line moves).
 #[repr(align(128))]
 #[derive(Default)]
 struct Line(AtomicU64);
-
-/// Pins the calling thread to CPU `cpu`; returns whether it worked (a
-/// machine with fewer CPUs, or a restricted affinity mask, leaves the
-/// thread where the scheduler puts it).
-pub fn pin_to_cpu(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // inside it for cpu < CPU_SETSIZE, checked first; sched_setaffinity
-    // reads `size_of::<cpu_set_t>()` bytes of it.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return false;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
 
 /// Round-trip times of a cache line between two threads pinned to CPUs 0
 /// and 1: the first stores `2i + 1`, the second answers with `2i + 2`; each
@@ -116,8 +100,9 @@ pub fn time_round_trips(count: u64) -> std::time::Duration {
 
 /// Lets the calling thread run on every CPU again.
 fn unpin() {
-    // SAFETY: as in `pin_to_cpu`; CPU_SET is called for indices below
-    // CPU_SETSIZE only.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET is called
+    // for indices below CPU_SETSIZE only; sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for cpu in 0..libc::CPU_SETSIZE as usize {

@@ -201,6 +201,25 @@ pub fn this_thread<R>(f: impl FnOnce(&mut CoreSharing) -> R) -> R {
     THIS_THREAD.with_borrow_mut(f)
 }
 
+/// Pins the calling thread to CPU `cpu` (threads and processes it starts
+/// later inherit that): how tests and benchmarks make threads share a
+/// core, or keep them apart. Returns whether it worked (a machine with
+/// fewer CPUs, or a restricted affinity mask, leaves the thread where the
+/// scheduler puts it).
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // inside it for cpu < CPU_SETSIZE, checked first; sched_setaffinity
+    // reads `size_of::<cpu_set_t>()` bytes of it.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
 /// The calling thread's involuntary context switches so far, if the
 /// kernel says.
 fn involuntary_switches() -> Option<u64> {
@@ -301,32 +320,17 @@ mod tests {
     }
 
     /// Keeps the calling thread on CPU 0.
-    fn on_cpu_zero() {
-        // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write only
-        // into `set`, and sched_setaffinity reads it for the calling
-        // thread (pid 0).
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_ZERO(&mut set);
-            libc::CPU_SET(0, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-    }
-
     #[test]
     fn the_kernel_counts_a_yield_that_runs_another_thread_and_this_thread_sees_it() {
         // Two threads on one core that yield to each other: a yield that
         // runs the other is an involuntary switch of the yielder.
-        on_cpu_zero();
+        assert!(pin_to_cpu(0));
         let before = involuntary_switches().expect("getrusage");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let other = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                on_cpu_zero();
+                assert!(pin_to_cpu(0));
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::yield_now();
                 }
