@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::stats::Summary;
-use pindown_uapi::core_sharing::pin_to_cpu;
+use pindown_uapi::core_sharing::{pin_to_cpu, pin_to_cpus};
 
 /// A value alone on its cache line (so that only the bounced line moves).
 #[repr(align(128))]
@@ -100,16 +100,7 @@ pub fn time_round_trips(count: u64) -> std::time::Duration {
 
 /// Lets the calling thread run on every CPU again.
 fn unpin() {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET is called
-    // for indices below CPU_SETSIZE only; sched_setaffinity reads
-    // `size_of::<cpu_set_t>()` bytes of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for cpu in 0..libc::CPU_SETSIZE as usize {
-            libc::CPU_SET(cpu, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    pin_to_cpus(0..libc::CPU_SETSIZE as usize);
 }
 
 #[cfg(test)]

@@ -81,6 +81,8 @@ pub struct CoreSharing {
     ran_yields: u32,
     /// Enough yields ran another thread: somebody waits for the core.
     confirmed: bool,
+    /// Yields that ran another thread, over the thread's life.
+    yields_that_ran_others: u64,
 }
 
 impl CoreSharing {
@@ -116,6 +118,10 @@ impl CoreSharing {
     /// A look at the clock at `now` while idle polling: reads the switch
     /// count, or yields once to probe, when either is due.
     pub fn looked(&mut self, now: Instant) {
+        if !self.shared(now) {
+            // A lapsed hold: `pause` spins without reading the clock.
+            self.shared_until = None;
+        }
         if self.next_check.is_none_or(|next| now >= next) {
             self.next_check = Some(now + CHECK_INTERVAL);
             if let Some(count) = involuntary_switches() {
@@ -147,6 +153,7 @@ impl CoreSharing {
     /// in it.
     pub fn yielded(&mut self, end: Instant, ran_others: bool) {
         if ran_others {
+            self.yields_that_ran_others += 1;
             self.noticed(end);
             self.ran_yields += 1;
             self.confirmed |= self.ran_yields >= RAN_YIELDS_TO_CONFIRM;
@@ -165,14 +172,26 @@ impl CoreSharing {
 
     /// Between two idle polls: yields the processor every
     /// [`POLLS_PER_YIELD`] idle polls while the core is shared, else
-    /// spins once.
-    pub fn pause(&mut self) {
+    /// spins once (reading no clock unless a sharing was seen). Returns
+    /// whether it yielded: a yield may last a time slice of the thread it
+    /// ran, so a caller with a deadline looks at the clock after one.
+    pub fn pause(&mut self) -> bool {
         self.idle_polls = self.idle_polls.wrapping_add(1);
-        if self.idle_polls.is_multiple_of(POLLS_PER_YIELD) && self.shared(Instant::now()) {
+        let yielding = self.idle_polls.is_multiple_of(POLLS_PER_YIELD)
+            && self.shared_until.is_some()
+            && self.shared(Instant::now());
+        if yielding {
             self.yield_once();
         } else {
             std::hint::spin_loop();
         }
+        yielding
+    }
+
+    /// Yields that ran another thread since the thread began (what a
+    /// thread that shares its core does between its polls).
+    pub fn yields_that_ran_others(&self) -> u64 {
+        self.yields_that_ran_others
     }
 
     /// Yields the processor once and learns from what the yield did.
@@ -196,28 +215,55 @@ thread_local! {
 
 /// Runs `f` on what the calling thread has learnt about its core, kept
 /// from one wait to the next (the core stays shared or not whatever the
-/// thread waits for: a completion, a message).
+/// thread waits for). `f` must not call `this_thread` again, nor wait
+/// through the driver (which calls it): the state is borrowed while `f`
+/// runs, and a second borrow panics.
 pub fn this_thread<R>(f: impl FnOnce(&mut CoreSharing) -> R) -> R {
     THIS_THREAD.with_borrow_mut(f)
 }
 
-/// Pins the calling thread to CPU `cpu` (threads and processes it starts
-/// later inherit that): how tests and benchmarks make threads share a
-/// core, or keep them apart. Returns whether it worked (a machine with
-/// fewer CPUs, or a restricted affinity mask, leaves the thread where the
-/// scheduler puts it).
-pub fn pin_to_cpu(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // inside it for cpu < CPU_SETSIZE, checked first; sched_setaffinity
-    // reads `size_of::<cpu_set_t>()` bytes of it.
-    unsafe {
+/// Pins the calling thread to the CPUs `cpus` names (threads and
+/// processes it starts later inherit that): how the tests of this rule,
+/// and benchmarks, make threads share a core or keep them apart. Returns
+/// whether it worked (a CPU the machine lacks, or one outside the
+/// process's allowed set, leaves the thread where it was).
+pub fn pin_to_cpus(cpus: impl IntoIterator<Item = usize>) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in cpus {
         if cpu >= libc::CPU_SETSIZE as usize {
             return false;
         }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        // SAFETY: CPU_SET writes inside `set` for cpu < CPU_SETSIZE,
+        // checked above.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
     }
+    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of
+    // `set`, a live cpu_set_t, for the calling thread (pid 0).
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Pins the calling thread to CPU `cpu`; see [`pin_to_cpus`].
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    pin_to_cpus([cpu])
+}
+
+/// The CPUs the calling thread may run on, lowest first (empty if the
+/// kernel does not say).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most `size_of::<cpu_set_t>()`
+    // bytes into `set`, a live cpu_set_t, for the calling thread.
+    let done =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if done != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads inside `set` for cpu < CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
 }
 
 /// The calling thread's involuntary context switches so far, if the
@@ -319,18 +365,18 @@ mod tests {
         assert!(!sharing.shared(t1));
     }
 
-    /// Keeps the calling thread on CPU 0.
     #[test]
     fn the_kernel_counts_a_yield_that_runs_another_thread_and_this_thread_sees_it() {
         // Two threads on one core that yield to each other: a yield that
         // runs the other is an involuntary switch of the yielder.
-        assert!(pin_to_cpu(0));
+        let cpu = allowed_cpus()[0];
+        assert!(pin_to_cpu(cpu));
         let before = involuntary_switches().expect("getrusage");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let other = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                assert!(pin_to_cpu(0));
+                assert!(pin_to_cpu(cpu));
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::yield_now();
                 }

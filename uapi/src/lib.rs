@@ -5,7 +5,8 @@
 //! 32-byte completion, opcodes, status codes, remote keys, window access
 //! rights, device information and the ABI version, and the rule by which
 //! a thread polling a ring gives its core to the other side
-//! ([`core_sharing`]). Both sides depend on this crate; neither restates
+//! ([`core_sharing`], with the calls its tests use to put threads on
+//! CPUs). Both sides depend on this crate; neither restates
 //! it.
 //!
 //! Encoding is explicit little-endian at fixed offsets. Every `decode`

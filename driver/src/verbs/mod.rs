@@ -53,7 +53,10 @@
 //! queued); [`CompletionQueue::poll_into`] appends them to a `Vec`;
 //! [`CompletionQueue::wait`] polls for [`ContextConfig::spin`] after
 //! activity and then asks for a signal and sleeps on the completion rings'
-//! eventfds. While both sides poll, a request makes no system call. A completion carries the request's `user_data`;
+//! eventfds. While both sides poll, no system call lies in a request's
+//! path (a polling thread that shares its core yields between polls:
+//! [`pindown_uapi::core_sharing`]). A completion carries the request's
+//! `user_data`;
 //! [`Completion::result`](pindown_uapi::Completion::result) turns its
 //! status into a `Result`.
 //!

@@ -28,9 +28,10 @@ pub(super) trait Awaiting {
 /// (at most `timeout`) in a busy loop, then, having asked the device to
 /// signal each ring's next completion, asleep on their eventfds until one
 /// is signalled, and so on until `timeout` has passed (then
-/// [`VerbsError::Timeout`]). While it spins the device signals nothing,
-/// and the thread makes no system call unless its core is shared, when
-/// it yields between polls ([`CoreSharing`]).
+/// [`VerbsError::Timeout`]). While it spins the device signals nothing;
+/// alone on its core the thread reads its switch count once a millisecond
+/// and yields once per 200 us to probe, and sharing it, it yields between
+/// polls ([`CoreSharing`]).
 pub(super) fn wait_for(
     awaiting: &mut impl Awaiting,
     spin: Duration,
@@ -39,7 +40,8 @@ pub(super) fn wait_for(
     let start = Instant::now();
     loop {
         // The clock is read once every few attempts only, so that a
-        // completion is seen within nanoseconds of its arrival.
+        // completion is seen within nanoseconds of its arrival, and after
+        // every yield, which may have lasted another thread's time slice.
         let spin = spin.min(timeout.saturating_sub(start.elapsed()));
         let spin_from = Instant::now();
         let mut attempts = 0u32;
@@ -48,14 +50,14 @@ pub(super) fn wait_for(
                 return Ok(());
             }
             attempts = attempts.wrapping_add(1);
-            if attempts.is_multiple_of(ATTEMPTS_PER_CLOCK) {
+            let yielded = core_sharing::this_thread(CoreSharing::pause);
+            if yielded || attempts.is_multiple_of(ATTEMPTS_PER_CLOCK) {
                 let now = Instant::now();
                 if now.saturating_duration_since(spin_from) >= spin {
                     break;
                 }
                 core_sharing::this_thread(|sharing| sharing.looked(now));
             }
-            core_sharing::this_thread(CoreSharing::pause);
         }
         let elapsed = start.elapsed();
         if elapsed >= timeout {
