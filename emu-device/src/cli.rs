@@ -68,6 +68,14 @@ struct Cli {
     /// on kicks again (0: sleep at once).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     spin_us: u64,
+    /// Each port's thread polls only its own RDMA send queues. By default
+    /// the first port thread that polls also serves the send queues of the
+    /// other busy ports, whose threads sleep meanwhile (their drivers post
+    /// without kicks): N busy ports keep one core spinning, not N. A
+    /// transfer longer than one turn is handed back to its port's own
+    /// thread, which runs it in parallel.
+    #[arg(long)]
+    solo_polling: bool,
     /// MAC address of port 0 (port i gets this plus i).
     #[arg(long, default_value = "52:54:00:12:34:00", value_parser = parse_mac)]
     mac_base: [u8; 6],
@@ -347,6 +355,7 @@ fn run(cli: Cli) -> Result<(), String> {
         iotlb_entries_max: cli.iotlb_entries_max,
         poll: cli.poll,
         spin_us: cli.spin_us,
+        solo_polling: cli.solo_polling,
         mac_base: cli.mac_base,
         guest_ports: cli.guest_ports.clone(),
         max_mapped_bytes_per_port: cli.max_mapped_bytes_per_port,

@@ -8,9 +8,12 @@
 //! next frontend.
 //!
 //! Isolation between ports: a port's connection thread is the only one
-//! that touches its frontend (socket, kick, call and error fds), and it
-//! never waits for that frontend while holding anything another port can
-//! wait for. Frames switched from another port go through the receiving
+//! that touches its frontend's socket, kick and error fds (the shared
+//! poller, serving a delegated port's send queues, may signal its
+//! completion queue's call fd, which never blocks; see
+//! [`shared_poll`](crate::shared_poll)), and it never waits for that
+//! frontend while holding anything another port can wait for, nor while it
+//! polls for other ports. Frames switched from another port go through the receiving
 //! port's [`Inbox`](crate::inbox::Inbox). Frontend fds are read and written
 //! without blocking ([`RingFd`](crate::queues::RingFd)); a kick fd that hangs
 //! up stops its ring instead of waking the thread forever.
@@ -30,6 +33,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::port::{Port, PortState, PortStats, PortTable};
 use crate::queues::KickRead;
 use crate::send_queue::SendQueue;
+use crate::shared_poll::{Delegated, Role, SharedPoll};
 use crate::switch::{self, Switch};
 use crate::vhost_user::{self, conn, handler};
 use crate::DeviceConfig;
@@ -84,6 +88,8 @@ pub struct Context<'a> {
     pub stop: &'a Stop,
     /// The link to the other nodes of the fabric, if the device has one.
     pub link: Option<&'a crate::internode::Link>,
+    /// Which port thread polls the RDMA send queues of the others.
+    pub shared_poll: &'a SharedPoll,
 }
 
 /// Serves one frontend connection on `port` until it closes, misbehaves
@@ -93,10 +99,10 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, switch::Station::Port(index));
-    let mut send_queues: Vec<SendQueue> = (0..ctx.config.rdma_queue_pairs)
+    *port.send_queues() = (0..ctx.config.rdma_queue_pairs)
         .map(|pair| SendQueue::new(Arc::clone(&port), pair))
         .collect();
-    if let Err(e) = run(ctx, &port, &mut stream, &mut send_queues) {
+    if let Err(e) = run(ctx, &port, &mut stream) {
         tracing::info!(port = index, "connection ends: {e}");
     }
 }
@@ -106,6 +112,12 @@ pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
 /// memory and windows are gone; frames for it are dropped. The caller
 /// then frees the connection slot and says the port is disconnected.
 pub fn reset_port(ctx: Context<'_>, port: &Port) {
+    // Whatever this port's thread polled for others, and whatever was
+    // polled for it, ends here; its queue pairs' services go (they hold
+    // the port).
+    ctx.shared_poll.stop_polling(port);
+    ctx.shared_poll.hand_back(port);
+    port.send_queues().clear();
     port.inbox.close();
     port.shared.reset();
     *port.lock() = PortState::new(port.index, port.mac, ctx.config, port.shared.clone());
@@ -137,16 +149,11 @@ struct Work {
 
 /// Processes ring `i` of `port` (`kicked`: the driver kicked it, as
 /// opposed to a poll).
-fn process_ring(
-    ctx: Context<'_>,
-    port: &Port,
-    send_queues: &mut [SendQueue],
-    i: usize,
-    kicked: bool,
-) -> Work {
+fn process_ring(ctx: Context<'_>, port: &Port, i: usize, kicked: bool) -> Work {
     let mut frames = Vec::new();
     let mut work = Work::default();
     {
+        let mut send_queues = port.send_queues();
         let mut st = port.lock();
         let net_rings = 2 * usize::from(st.queue_pairs);
         if let Some(ring) = st.rdma_ring(i) {
@@ -246,12 +253,7 @@ fn sync_kicks(
     }
 }
 
-fn run(
-    ctx: Context<'_>,
-    port: &Port,
-    stream: &mut UnixStream,
-    send_queues: &mut [SendQueue],
-) -> Result<(), String> {
+fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<(), String> {
     stream
         .set_read_timeout(Some(FRONTEND_IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
@@ -298,6 +300,10 @@ fn run(
     let mut looked = Instant::now();
     let mut swept = Instant::now();
     let mut sharing = CoreSharing::new();
+    let mut delegated_ports = Delegated::default();
+    // Whether this thread slept with its send queues delegated to the
+    // shared poller.
+    let mut slept_delegated = false;
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -318,11 +324,25 @@ fn run(
             st.vrings.iter().any(|r| r.waiting_iotlb)
         };
         let now = Instant::now();
-        let spinning = last_work.is_some_and(|t| now.duration_since(t) < spin);
+        let delegated = port.delegated.load(Ordering::Acquire);
+        if slept_delegated && !delegated {
+            // Handed back by the shared poller: serve everything, then
+            // poll as after work.
+            last_work = Some(now);
+            again.extend(
+                port.lock()
+                    .vrings
+                    .iter()
+                    .filter(|r| r.active())
+                    .map(|r| r.index),
+            );
+        }
+        let spinning = !delegated && last_work.is_some_and(|t| now.duration_since(t) < spin);
         // Busy-poll mode polls while traffic flows; a port idle for
         // POLL_IDLE sleeps on its kicks like an event-driven one, so that
         // idle ports leave the cores to the busy ones.
-        let polling = poll && last_work.is_some_and(|t| now.duration_since(t) < POLL_IDLE);
+        let polling =
+            poll && !delegated && last_work.is_some_and(|t| now.duration_since(t) < POLL_IDLE);
         let mut timeout = if polling || spinning || !again.is_empty() {
             0
         } else if waiting {
@@ -331,6 +351,10 @@ fn run(
             -1
         };
         if timeout != 0 {
+            ctx.shared_poll.stop_polling(port);
+        }
+        if timeout != 0 && !delegated {
+            let mut send_queues = port.send_queues();
             let mut st = port.lock();
             for send_queue in send_queues.iter_mut() {
                 if send_queue.arm(&mut st) {
@@ -340,6 +364,10 @@ fn run(
                 }
             }
         }
+        // Asleep while delegated, the port asks for no kick: its driver
+        // posts without a system call and the shared poller serves it (and
+        // wakes this thread to hand it back).
+        slept_delegated = timeout != 0 && delegated;
         // While polling, every ring is looked at on every pass anyway: ask
         // the kernel about the socket and the kicks only every
         // LOOK_INTERVAL. Not while work is left over from the last pass (a
@@ -356,6 +384,7 @@ fn run(
                 Err(e) => return Err(e.to_string()),
             }
         };
+
         rings.clear();
         rings.extend(again.drain());
         kicked.clear();
@@ -375,6 +404,9 @@ fn run(
                     let _ = wake.read();
                 }
                 TOKEN_SOCKET => {
+                    // Reading a message may wait for the frontend: the
+                    // ports this thread polls for go back to their own.
+                    ctx.shared_poll.stop_polling(port);
                     let msg = conn::recv_message(stream).map_err(|e| e.to_string())?;
                     let out = {
                         let mut st = port.lock();
@@ -451,7 +483,7 @@ fn run(
             if served_with_its_send_queue(port, &layout, &rings, &kicked, i) {
                 continue;
             }
-            let w = process_ring(ctx, port, send_queues, i, kicked.contains(&i));
+            let w = process_ring(ctx, port, i, kicked.contains(&i));
             if w.more {
                 again.insert(i);
             }
@@ -463,8 +495,12 @@ fn run(
             // Between two passes over everything, poll the RDMA send queue
             // alone: the one ring whose latency is measured in
             // microseconds.
-            if let Some(worked) = poll_rdma(ctx, port, send_queues, &mut again, &mut sharing) {
-                last_work = Some(worked);
+            let role = ctx.shared_poll.take_role(port);
+            if role != Role::Delegate {
+                let others = (role == Role::Poller).then_some(&mut delegated_ports);
+                if let Some(worked) = poll_rdma(ctx, port, others, &mut again, &mut sharing) {
+                    last_work = Some(worked);
+                }
             }
         }
     }
@@ -498,21 +534,23 @@ fn served_with_its_send_queue(
             .is_some_and(|ring| ring.active())
 }
 
-/// Polls the RDMA queue pairs of `port` alone for [`RDMA_POLL_TIME`], or
-/// until something needs a full pass (a transfer paused between turns, an
-/// IOTLB miss to send, a ring stopped). Between idle polls it spins, or
+/// Polls the RDMA queue pairs of `port` alone (and, as the shared poller,
+/// those of the ports delegated to it, `others`) for [`RDMA_POLL_TIME`],
+/// or until something needs a full pass (a transfer paused between turns,
+/// an IOTLB miss to send, a ring stopped). Between idle polls it spins, or
 /// yields while `sharing` says the core is shared. Returns when work was
 /// last done, if any.
 fn poll_rdma(
     ctx: Context<'_>,
     port: &Port,
-    send_queues: &mut [SendQueue],
+    mut others: Option<&mut Delegated>,
     again: &mut HashSet<usize>,
     sharing: &mut CoreSharing,
 ) -> Option<Instant> {
     let started = Instant::now();
     let mut worked = None;
     for polls in 1u32.. {
+        let mut send_queues = port.send_queues();
         let mut st = port.lock();
         let mut live = false;
         let mut idle = true;
@@ -536,6 +574,13 @@ fn poll_rdma(
             live = true;
         }
         drop(st);
+        drop(send_queues);
+        if let Some(others) = others.as_deref_mut() {
+            if ctx.shared_poll.serve_delegated(ctx, others) {
+                worked = Some(Instant::now());
+                idle = false;
+            }
+        }
         if !live {
             break;
         }

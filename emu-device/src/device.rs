@@ -104,6 +104,7 @@ pub struct Device {
     /// Status clients being served (a thread each).
     control_clients: AtomicUsize,
     stop: Stop,
+    shared_poll: crate::shared_poll::SharedPoll,
 }
 
 impl std::fmt::Debug for Device {
@@ -127,6 +128,7 @@ impl Device {
             connections: AtomicUsize::new(0),
             control_clients: AtomicUsize::new(0),
             stop: Stop::new()?,
+            shared_poll: crate::shared_poll::SharedPoll::new(!config.solo_polling),
             config,
         }))
     }
@@ -160,6 +162,7 @@ impl Device {
             switch: &self.switch,
             stop: &self.stop,
             link: self.link.get().map(|link| &**link),
+            shared_poll: &self.shared_poll,
         }
     }
 
@@ -231,7 +234,7 @@ impl Device {
                 "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
                  messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
                  iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
-                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} features={:#x}",
+                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} rdma_turns_by_poller={} features={:#x}",
                 p.index,
                 p.socket,
                 u8::from(st.connected.load(Ordering::Relaxed)),
@@ -259,6 +262,7 @@ impl Device {
                     .collect::<Vec<_>>()
                     .join(","),
                 g(&st.rdma_kicks),
+                g(&st.rdma_turns_by_poller),
                 g(&st.features),
             ));
             for (cause, count) in st.refused.named() {

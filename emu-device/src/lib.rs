@@ -50,6 +50,7 @@ pub mod queues;
 pub mod rdma;
 pub mod rdma_rings;
 pub mod send_queue;
+pub mod shared_poll;
 pub mod sigbus;
 pub mod status;
 pub mod switch;
@@ -78,6 +79,9 @@ pub struct DeviceConfig {
     pub poll: bool,
     /// After work, keep polling this many microseconds before sleeping.
     pub spin_us: u64,
+    /// Each port's thread polls only its own RDMA send queues; by default
+    /// one thread polls for every busy port (see [`shared_poll`]).
+    pub solo_polling: bool,
     /// MAC of port 0; port `i` gets this plus `i`.
     pub mac_base: [u8; 6],
     /// Ports whose frontend is QEMU serving a guest that drives the RDMA
@@ -116,6 +120,7 @@ impl Default for DeviceConfig {
             iotlb_entries_max: 2048,
             poll: false,
             spin_us: 50,
+            solo_polling: false,
             mac_base: [0x52, 0x54, 0x00, 0x12, 0x34, 0x00],
             guest_ports: Vec::new(),
             max_mapped_bytes_per_port: memory::DEFAULT_MAX_MAPPED_BYTES_PER_PORT,

@@ -18,6 +18,7 @@ use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, Trans
 use crate::queues::Vring;
 use crate::rdma::VectorLimits;
 use crate::rdma::{RefusalCounters, WindowTable};
+use crate::send_queue::SendQueue;
 use crate::DeviceConfig;
 
 /// The virtio feature bits the device offers (the masks are uapi's, the
@@ -112,6 +113,10 @@ pub struct PortStats {
     pub tx_pair: [AtomicU64; TX_PAIR_STATS],
     /// Kicks of the RDMA send queue.
     pub rdma_kicks: AtomicU64,
+    /// Turns of the port's RDMA send queues that did work, served by the
+    /// shared poller (another port's thread) while this port's thread
+    /// slept (see [`crate::shared_poll`]).
+    pub rdma_turns_by_poller: AtomicU64,
     /// Peers' accesses to this port's windows refused, by cause (the
     /// peers themselves are only told "not granted").
     pub refused: RefusalCounters,
@@ -244,6 +249,14 @@ pub struct Port {
     pub vector_limits: VectorLimits,
     /// The node of the fabric this device is.
     pub node: pindown_uapi::NodeId,
+    /// The service of each RDMA queue pair while a frontend is connected
+    /// (empty otherwise): the port's thread serves them, or the shared
+    /// poller while the port's thread sleeps (see [`crate::shared_poll`]).
+    /// Locked before the state, never after.
+    send_queues: Mutex<Vec<SendQueue>>,
+    /// The port's thread sleeps and leaves its RDMA send queues to the
+    /// shared poller.
+    pub delegated: AtomicBool,
     state: Mutex<PortState>,
 }
 
@@ -543,6 +556,8 @@ impl Port {
             inbox: Inbox::default(),
             vector_limits: cfg.vector_limits,
             node: cfg.node,
+            send_queues: Mutex::new(Vec::new()),
+            delegated: AtomicBool::new(false),
         }
     }
 
@@ -550,6 +565,29 @@ impl Port {
     /// consistent at every await-free point).
     pub fn lock(&self) -> MutexGuard<'_, PortState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the state if no one holds it.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, PortState>> {
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Locks the RDMA queue pairs' services (before the state).
+    pub fn send_queues(&self) -> MutexGuard<'_, Vec<SendQueue>> {
+        self.send_queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the RDMA queue pairs' services if no one holds them.
+    pub fn try_send_queues(&self) -> Option<MutexGuard<'_, Vec<SendQueue>>> {
+        match self.send_queues.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 }
 

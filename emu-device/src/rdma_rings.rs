@@ -97,6 +97,16 @@ struct Resolved {
     cq_room_event: *mut u8,
 }
 
+// SAFETY: the pointers are addresses in the port's mapped memory, not
+// tied to a thread: they are only dereferenced through a `RingsView`,
+// which is lent while the caller holds the port's access gate and after
+// `generation` was checked against the gate's (a barrier that changes the
+// memory starts a new generation, and the cache is translated again). A
+// queue pair's service, which owns the cache, may be served by the shared
+// poller's thread as well as by its port's (one at a time, under the
+// port's send-queue lock), which is what sending it between threads means.
+unsafe impl Send for Resolved {}
+
 /// The translated rings of one port, kept across requests (boxed: the
 /// send queue takes the cache out of itself and puts it back on every
 /// poll, which then moves a pointer).

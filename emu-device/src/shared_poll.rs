@@ -1,0 +1,220 @@
+//! One thread polls the RDMA send queues of every busy port, so that N
+//! connected ports keep one core spinning, not N.
+//!
+//! Each port has a thread of its own (see [`crate::connection`]), which
+//! after work polls its send queues for a while. Two ranks exchanging
+//! messages through two ports of one device then keep four threads
+//! spinning (two ranks, two ports), and on a machine with fewer cores every
+//! message waits for the scheduler to hand a core from one to the next. A
+//! shared poller, as a DPDK or SPDK reactor serves many queues from one
+//! core, removes half of those threads:
+//!
+//! - The first port thread that polls becomes the *poller* and, between
+//!   polls of its own send queues, serves those of the *delegated* ports.
+//! - A port thread that would poll while another thread is the poller
+//!   *delegates* instead: it marks its port delegated and sleeps on its
+//!   socket, inbox and stop signal without asking the driver for kicks, so
+//!   its driver posts without a system call and the poller takes the
+//!   requests.
+//! - The poller hands a port back (clears the mark and wakes its thread)
+//!   when the port needs its own thread: a transfer longer than one turn
+//!   (it runs on its own core, in parallel with the poller's), an IOTLB
+//!   miss to send, a ring stopped. When the poller itself stops polling
+//!   (its traffic ended, its frontend left) it hands back every delegated
+//!   port; their threads ask for kicks again, or one of them polls next.
+//!
+//! Isolation is kept: the poller only ever *tries* the locks of a
+//! delegated port (a port busy with its frontend is skipped on that
+//! pass), never touches a delegated port's socket, and serves a request
+//! through the same [`SendQueue`](crate::send_queue::SendQueue) and
+//! access gates as the port's own thread would.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::connection::Context;
+use crate::port::{Port, PortStats};
+
+/// Who polls for whom, device-wide.
+#[derive(Debug)]
+pub struct SharedPoll {
+    /// Whether ports share a poller at all (`--solo-polling` turns it off).
+    enabled: bool,
+    /// The poller and the ports delegated to it.
+    roles: Mutex<Roles>,
+    /// Changes whenever the set of delegated ports does.
+    version: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Roles {
+    /// The index of the port whose thread polls for the others.
+    poller: Option<usize>,
+    /// The ports whose threads sleep while the poller serves them.
+    delegated: Vec<Arc<Port>>,
+}
+
+/// What the poller knows of the delegated ports (a copy, refreshed when
+/// the set changes, so that a poll takes no lock but the ports' own).
+#[derive(Debug, Default)]
+pub struct Delegated {
+    version: u64,
+    ports: Vec<Arc<Port>>,
+}
+
+/// What a port thread about to poll does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Polls its own send queues (shared polling is off).
+    Solo,
+    /// Polls its own send queues and the delegated ports'.
+    Poller,
+    /// Sleeps: the poller serves its send queues.
+    Delegate,
+}
+
+impl SharedPoll {
+    /// No poller yet; `enabled` says whether ports share one at all.
+    pub fn new(enabled: bool) -> SharedPoll {
+        SharedPoll {
+            enabled,
+            roles: Mutex::new(Roles::default()),
+            version: AtomicU64::new(0),
+        }
+    }
+
+    /// The role of `port`'s thread, which is about to poll with its own
+    /// send queues idle: the poller if there is none yet (or it is), else
+    /// a delegate, whose port is marked delegated before this returns.
+    pub fn take_role(&self, port: &Arc<Port>) -> Role {
+        if !self.enabled {
+            return Role::Solo;
+        }
+        let mut roles = self.roles.lock();
+        match roles.poller {
+            None => {
+                roles.poller = Some(port.index);
+                Role::Poller
+            }
+            Some(poller) if poller == port.index => Role::Poller,
+            Some(_) => {
+                if !port.delegated.swap(true, Ordering::AcqRel) {
+                    roles.delegated.push(Arc::clone(port));
+                    self.version.fetch_add(1, Ordering::Release);
+                }
+                Role::Delegate
+            }
+        }
+    }
+
+    /// `port`'s thread stops polling (its traffic ended, or its frontend
+    /// left): if it was the poller, every delegated port is handed back.
+    pub fn stop_polling(&self, port: &Port) {
+        if !self.enabled {
+            return;
+        }
+        let mut roles = self.roles.lock();
+        if roles.poller != Some(port.index) {
+            return;
+        }
+        roles.poller = None;
+        let handed_back = std::mem::take(&mut roles.delegated);
+        self.version.fetch_add(1, Ordering::Release);
+        drop(roles);
+        for port in handed_back {
+            wake_to_serve_itself(&port);
+        }
+    }
+
+    /// `port` needs its own thread again (or its frontend left): it is no
+    /// longer delegated, and its thread is woken.
+    pub fn hand_back(&self, port: &Port) {
+        let mut roles = self.roles.lock();
+        let before = roles.delegated.len();
+        roles.delegated.retain(|p| p.index != port.index);
+        if roles.delegated.len() != before {
+            self.version.fetch_add(1, Ordering::Release);
+        }
+        drop(roles);
+        wake_to_serve_itself(port);
+    }
+
+    /// The poller's pass over the delegated ports: one turn of each of
+    /// their send queues, handing back a port that needs its own thread.
+    /// Returns whether any did work.
+    pub fn serve_delegated(&self, ctx: Context<'_>, known: &mut Delegated) -> bool {
+        let version = self.version.load(Ordering::Acquire);
+        if version != known.version {
+            let roles = self.roles.lock();
+            known.ports.clone_from(&roles.delegated);
+            known.version = self.version.load(Ordering::Acquire);
+        }
+        let mut worked = false;
+        for port in &known.ports {
+            match serve_turn(ctx, port) {
+                Turn::Idle => {}
+                Turn::Worked => worked = true,
+                Turn::HandBack { worked: w } => {
+                    worked |= w;
+                    self.hand_back(port);
+                }
+            }
+        }
+        worked
+    }
+}
+
+/// Clears `port`'s mark and wakes its thread, which then serves its send
+/// queues itself (and asks for kicks before it sleeps again).
+fn wake_to_serve_itself(port: &Port) {
+    port.delegated.store(false, Ordering::Release);
+    port.inbox.nudge();
+}
+
+/// What the poller's turn on one delegated port did.
+enum Turn {
+    Idle,
+    Worked,
+    /// The port needs its own thread.
+    HandBack {
+        worked: bool,
+    },
+}
+
+/// One turn of each active send queue of the delegated `port`, if its
+/// locks are free.
+fn serve_turn(ctx: Context<'_>, port: &Port) -> Turn {
+    if !port.delegated.load(Ordering::Acquire) {
+        return Turn::Idle;
+    }
+    let Some(mut send_queues) = port.try_send_queues() else {
+        return Turn::Idle;
+    };
+    let Some(mut state) = port.try_lock() else {
+        return Turn::Idle;
+    };
+    let mut worked = false;
+    let mut own_thread_needed = false;
+    for send_queue in send_queues.iter_mut() {
+        let ring = send_queue.rings_of(&state).0;
+        if !state.vrings[ring].active() {
+            continue;
+        }
+        let served = send_queue.serve(&mut state, ctx.ports, ctx.link);
+        worked |= served.worked;
+        own_thread_needed |=
+            served.more || state.vrings[ring].waiting_iotlb || !state.vrings[ring].active();
+    }
+    if worked {
+        PortStats::bump(&port.stats.rdma_turns_by_poller);
+    }
+    if own_thread_needed {
+        Turn::HandBack { worked }
+    } else if worked {
+        Turn::Worked
+    } else {
+        Turn::Idle
+    }
+}
