@@ -33,7 +33,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::port::{Port, PortState, PortStats, PortTable};
 use crate::queues::KickRead;
 use crate::send_queue::SendQueue;
-use crate::shared_poll::{Delegated, Role, SharedPoll};
+use crate::shared_poll::{Delegated, Load, Role, SharedPoll};
 use crate::switch::{self, Switch};
 use crate::vhost_user::{self, conn, handler};
 use crate::DeviceConfig;
@@ -549,11 +549,11 @@ fn poll_rdma(
 ) -> Option<Instant> {
     let started = Instant::now();
     let mut worked = None;
+    let mut load = Load::default();
     for polls in 1u32.. {
         let mut send_queues = port.send_queues();
         let mut st = port.lock();
         let mut live = false;
-        let mut idle = true;
         for send_queue in send_queues.iter_mut() {
             let sq = send_queue.rings_of(&st).0;
             if !st.vrings[sq].active() {
@@ -561,8 +561,8 @@ fn poll_rdma(
             }
             let served = send_queue.serve(&mut st, ctx.ports, ctx.link);
             if served.worked {
+                load.own_worked();
                 worked = Some(Instant::now());
-                idle = false;
             }
             if served.more {
                 again.insert(sq);
@@ -576,11 +576,13 @@ fn poll_rdma(
         drop(st);
         drop(send_queues);
         if let Some(others) = others.as_deref_mut() {
-            if ctx.shared_poll.serve_delegated(ctx, others) {
-                worked = Some(Instant::now());
-                idle = false;
-            }
+            ctx.shared_poll.serve_delegated(ctx, others, &mut load);
         }
+        let idle = !load.busy();
+        if !idle && others.is_some() {
+            worked = Some(Instant::now());
+        }
+        load.end_poll(ctx.shared_poll);
         if !live {
             break;
         }

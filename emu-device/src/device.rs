@@ -234,7 +234,7 @@ impl Device {
                 "port={} socket={} connected={} connections={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} \
                  messages={} get_features={} set_features={} set_mem_table={} set_vring_kick={} set_vring_enable={} set_backend_req_fd={} errors={} \
                  iotlb_updates={} iotlb_invalidates={} iotlb_misses_sent={} tx_frames={} tx_errors={} \
-                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} rdma_turns_by_poller={} features={:#x}",
+                 rx_frames={} rx_dropped={} rx_deferred={} tx_pair={} rdma_kicks={} rdma_turns_by_poller={} rdma_handed_back_busy={} features={:#x}",
                 p.index,
                 p.socket,
                 u8::from(st.connected.load(Ordering::Relaxed)),
@@ -263,6 +263,7 @@ impl Device {
                     .join(","),
                 g(&st.rdma_kicks),
                 g(&st.rdma_turns_by_poller),
+                g(&st.rdma_handed_back_busy),
                 g(&st.features),
             ));
             for (cause, count) in st.refused.named() {

@@ -117,6 +117,9 @@ pub struct PortStats {
     /// shared poller (another port's thread) while this port's thread
     /// slept (see [`crate::shared_poll`]).
     pub rdma_turns_by_poller: AtomicU64,
+    /// Times the shared poller handed this port back to its own thread
+    /// because one thread no longer kept up with the ports it polled.
+    pub rdma_handed_back_busy: AtomicU64,
     /// Peers' accesses to this port's windows refused, by cause (the
     /// peers themselves are only told "not granted").
     pub refused: RefusalCounters,

@@ -19,7 +19,9 @@
 //! - The poller hands a port back (clears the mark and wakes its thread)
 //!   when the port needs its own thread: a transfer longer than one turn
 //!   (it runs on its own core, in parallel with the poller's), an IOTLB
-//!   miss to send, a ring stopped. When the poller itself stops polling
+//!   miss to send, a ring stopped; and when one thread no longer keeps up:
+//!   over a stretch of polls (see [`Load`]), most found work, from two
+//!   ports or more. When the poller itself stops polling
 //!   (its traffic ended, its frontend left) it hands back every delegated
 //!   port; their threads ask for kicks again, or one of them polls next.
 //!
@@ -143,26 +145,92 @@ impl SharedPoll {
 
     /// The poller's pass over the delegated ports: one turn of each of
     /// their send queues, handing back a port that needs its own thread.
-    /// Returns whether any did work.
-    pub fn serve_delegated(&self, ctx: Context<'_>, known: &mut Delegated) -> bool {
+    /// Returns the ports that did work, for the poller's [`Load`].
+    pub fn serve_delegated(&self, ctx: Context<'_>, known: &mut Delegated, load: &mut Load) {
         let version = self.version.load(Ordering::Acquire);
         if version != known.version {
             let roles = self.roles.lock();
             known.ports.clone_from(&roles.delegated);
             known.version = self.version.load(Ordering::Acquire);
         }
-        let mut worked = false;
         for port in &known.ports {
             match serve_turn(ctx, port) {
                 Turn::Idle => {}
-                Turn::Worked => worked = true,
-                Turn::HandBack { worked: w } => {
-                    worked |= w;
+                Turn::Worked => load.delegate_worked(port),
+                Turn::HandBack { worked } => {
+                    if worked {
+                        load.delegate_worked(port);
+                    }
                     self.hand_back(port);
                 }
             }
         }
-        worked
+    }
+}
+
+/// Polls in one stretch of the poller's [`Load`].
+pub const LOAD_STRETCH: u32 = 32;
+
+/// What the poller's polls found over the current stretch of
+/// [`LOAD_STRETCH`] polls: when most found work from two ports or more,
+/// one thread no longer keeps up, and a delegated port that worked goes
+/// back to its own thread (which then polls it on a core of its own).
+/// One port busy alone stays where it is: a thread of its own would
+/// only add a spinning thread.
+#[derive(Debug, Default)]
+pub struct Load {
+    polls: u32,
+    busy_polls: u32,
+    /// The current poll found work.
+    busy: bool,
+    /// The poller's own send queues worked in this stretch.
+    own_worked: bool,
+    /// A delegated port that worked in this stretch, and whether another
+    /// one did too.
+    delegate: Option<Arc<Port>>,
+    other_delegate: bool,
+}
+
+impl Load {
+    /// The poller's own send queues did work in this poll.
+    pub fn own_worked(&mut self) {
+        self.busy = true;
+        self.own_worked = true;
+    }
+
+    fn delegate_worked(&mut self, port: &Arc<Port>) {
+        self.busy = true;
+        match &self.delegate {
+            Some(known) if known.index != port.index => self.other_delegate = true,
+            Some(_) => {}
+            None => self.delegate = Some(Arc::clone(port)),
+        }
+    }
+
+    /// Whether the current poll found work.
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Ends a poll; at the end of a stretch, hands back a delegated port
+    /// if one thread did not keep up.
+    pub fn end_poll(&mut self, shared: &SharedPoll) {
+        self.busy_polls += u32::from(self.busy);
+        self.busy = false;
+        self.polls += 1;
+        if self.polls < LOAD_STRETCH {
+            return;
+        }
+        let ports_that_worked = u32::from(self.own_worked)
+            + u32::from(self.delegate.is_some())
+            + u32::from(self.other_delegate);
+        if ports_that_worked >= 2 && self.busy_polls * 4 >= LOAD_STRETCH * 3 {
+            if let Some(port) = &self.delegate {
+                PortStats::bump(&port.stats.rdma_handed_back_busy);
+                shared.hand_back(port);
+            }
+        }
+        *self = Load::default();
     }
 }
 

@@ -1,8 +1,9 @@
 //! One thread polls for every busy port: two ports exchanging writes
 //! keep one port thread polling while the other sleeps (its requests
-//! served by the poller, every write landing), and a poller whose
-//! frontend leaves hands the ports it polled for back to their own
-//! threads, whose requests go on completing.
+//! served by the poller, every write landing); a poller whose frontend
+//! leaves hands the ports it polled for back to their own threads, whose
+//! requests go on completing; and two ports streaming at once, more than
+//! one thread keeps up with, get their own threads back.
 
 mod common;
 
@@ -218,4 +219,87 @@ fn a_poller_whose_frontend_leaves_hands_the_ports_back_and_their_writes_go_on() 
         let writes = writers[delegated].take().unwrap().join().unwrap();
         assert!(writes > AFTER, "port {delegated}: {writes} writes");
     });
+}
+
+/// Posts batches of `BATCH` signaled 8-byte writes into its own window
+/// through port `port` until `stop`; checks that each batch landed.
+fn stream_writes(device: &DeviceProcess, port: usize, stop: &AtomicBool) -> u64 {
+    const BATCH: u64 = 16;
+    let context = context(device, port);
+    let source = context.alloc(4096, 4096).unwrap();
+    let target = context.alloc(4096, 4096).unwrap();
+    let source_region = context.register_buffer(&source).unwrap();
+    let target_region = context.register_buffer(&target).unwrap();
+    let window = context
+        .bind_window(&target_region, 0, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    let remote = window.remote();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    let mut batches = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let values: Vec<u64> = (0..BATCH)
+            .map(|i| (batches * BATCH + i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let entries: Vec<_> = (0..BATCH)
+            .map(|i| {
+                let slot = 8 * i;
+                source.write_at(slot as usize, &values[i as usize].to_le_bytes());
+                Write::new(source_region.local(slot, 8).unwrap(), remote.at(slot))
+                    .build()
+                    .user_data(i)
+                    .signaled()
+            })
+            .collect();
+        qp.post(&entries).unwrap();
+        let mut done = 0;
+        while done < BATCH {
+            for completion in cq.wait(T).unwrap() {
+                completion.result().unwrap();
+                done += 1;
+            }
+        }
+        for (i, value) in values.iter().enumerate() {
+            let mut landed = [0u8; 8];
+            target.read_at(8 * i, &mut landed);
+            assert_eq!(
+                u64::from_le_bytes(landed),
+                *value,
+                "port {port}, batch {batches}"
+            );
+        }
+        batches += 1;
+    }
+    batches
+}
+
+#[test]
+fn two_ports_streaming_at_once_get_their_own_threads_back() {
+    // Both ports keep 16 writes queued: the poller finds work from both in
+    // most polls, and hands the delegated one back (which delegates again
+    // once idle). With the hand-back gone, the count stays 0.
+    let device = DeviceProcess::start(common::device_bin(), 2, &["--poll"]).unwrap();
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        let writers: Vec<_> = (0..2)
+            .map(|port| {
+                let (stop, device) = (&stop, &device);
+                scope.spawn(move || stream_writes(device, port, stop))
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Release);
+        for (port, writer) in writers.into_iter().enumerate() {
+            assert!(writer.join().unwrap() > 0, "port {port} wrote nothing");
+        }
+    });
+    let status = device.status().unwrap();
+    let back: Vec<u64> = (0..2)
+        .map(|i| status[i].n("rdma_handed_back_busy"))
+        .collect();
+    let turns = turns_by_poller(&device);
+    assert!(
+        back.iter().sum::<u64>() > 0,
+        "handed back busy {back:?}, turns {turns:?}"
+    );
 }
