@@ -117,6 +117,7 @@ pub fn reset_port(ctx: Context<'_>, port: &Port) {
     // the port).
     ctx.shared_poll.stop_polling(port);
     ctx.shared_poll.hand_back(port);
+    port.handed_back.store(false, Ordering::Release);
     port.send_queues().clear();
     port.inbox.close();
     port.shared.reset();
@@ -153,11 +154,16 @@ fn process_ring(ctx: Context<'_>, port: &Port, i: usize, kicked: bool) -> Work {
     let mut frames = Vec::new();
     let mut work = Work::default();
     {
-        let mut send_queues = port.send_queues();
+        // The queue pairs' services are locked (before the state) only
+        // for an RDMA ring: net traffic leaves them to the shared poller.
+        let rdma = port.lock().rdma_ring(i).is_some();
+        let mut send_queues = rdma.then(|| port.send_queues());
         let mut st = port.lock();
         let net_rings = 2 * usize::from(st.queue_pairs);
-        if let Some(ring) = st.rdma_ring(i) {
-            let send_queue = send_queues.get_mut(usize::from(ring.pair()));
+        if let Some(ring) = st.rdma_ring(i).filter(|_| rdma) {
+            let send_queue = send_queues
+                .as_mut()
+                .and_then(|queues| queues.get_mut(usize::from(ring.pair())));
             if let (true, Some(send_queue)) = (st.vrings[i].active(), send_queue) {
                 if kicked && matches!(ring, pindown_uapi::RdmaRing::Send(_)) {
                     PortStats::bump(&port.stats.rdma_kicks);
@@ -301,9 +307,9 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
     let mut swept = Instant::now();
     let mut sharing = CoreSharing::new();
     let mut delegated_ports = Delegated::default();
-    // Whether this thread slept with its send queues delegated to the
-    // shared poller.
-    let mut slept_delegated = false;
+    let mut load = Load::default();
+    // The shared poller's passes when this thread last slept delegated.
+    let mut poller_passes = 0;
     loop {
         if ctx.stop.requested() {
             return Err("device shutting down".into());
@@ -324,10 +330,9 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
             st.vrings.iter().any(|r| r.waiting_iotlb)
         };
         let now = Instant::now();
-        let delegated = port.delegated.load(Ordering::Acquire);
-        if slept_delegated && !delegated {
-            // Handed back by the shared poller: serve everything, then
-            // poll as after work.
+        if port.handed_back.swap(false, Ordering::AcqRel) {
+            // Handed back by the shared poller (perhaps mid-transfer):
+            // serve everything, then poll as after work.
             last_work = Some(now);
             again.extend(
                 port.lock()
@@ -337,6 +342,7 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
                     .map(|r| r.index),
             );
         }
+        let delegated = port.delegated.load(Ordering::Acquire);
         let spinning = !delegated && last_work.is_some_and(|t| now.duration_since(t) < spin);
         // Busy-poll mode polls while traffic flows; a port idle for
         // POLL_IDLE sleeps on its kicks like an event-driven one, so that
@@ -351,7 +357,32 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
             -1
         };
         if timeout != 0 {
+            // This thread sleeps: the ports it polled for go back to
+            // their own threads.
             ctx.shared_poll.stop_polling(port);
+        } else if !again.is_empty() && ctx.shared_poll.is_poller(port) {
+            // Work of its own first (a turn at a time): the delegated
+            // ports are served between its turns.
+            load.own_worked();
+            ctx.shared_poll
+                .serve_delegated(ctx, &mut delegated_ports, &mut load);
+            load.end_poll(ctx.shared_poll);
+        }
+        if delegated && timeout != 0 {
+            // Asleep while delegated, the port asks for no kick: its
+            // driver posts without a system call and the shared poller
+            // serves it (and wakes this thread to hand it back). The
+            // thread still looks now and then that the poller makes
+            // progress, and takes its port back if it does not.
+            if !(0..=DELEGATED_LOOK_MS).contains(&timeout) {
+                timeout = DELEGATED_LOOK_MS;
+            }
+            let passes = ctx.shared_poll.passes();
+            if passes == poller_passes {
+                ctx.shared_poll.hand_back(port);
+                continue;
+            }
+            poller_passes = passes;
         }
         if timeout != 0 && !delegated {
             let mut send_queues = port.send_queues();
@@ -364,10 +395,6 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
                 }
             }
         }
-        // Asleep while delegated, the port asks for no kick: its driver
-        // posts without a system call and the shared poller serves it (and
-        // wakes this thread to hand it back).
-        slept_delegated = timeout != 0 && delegated;
         // While polling, every ring is looked at on every pass anyway: ask
         // the kernel about the socket and the kicks only every
         // LOOK_INTERVAL. Not while work is left over from the last pass (a
@@ -498,7 +525,8 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
             let role = ctx.shared_poll.take_role(port);
             if role != Role::Delegate {
                 let others = (role == Role::Poller).then_some(&mut delegated_ports);
-                if let Some(worked) = poll_rdma(ctx, port, others, &mut again, &mut sharing) {
+                let polled = poll_rdma(ctx, port, others, &mut load, &mut again, &mut sharing);
+                if let Some(worked) = polled {
                     last_work = Some(worked);
                 }
             }
@@ -544,12 +572,12 @@ fn poll_rdma(
     ctx: Context<'_>,
     port: &Port,
     mut others: Option<&mut Delegated>,
+    load: &mut Load,
     again: &mut HashSet<usize>,
     sharing: &mut CoreSharing,
 ) -> Option<Instant> {
     let started = Instant::now();
     let mut worked = None;
-    let mut load = Load::default();
     for polls in 1u32.. {
         let mut send_queues = port.send_queues();
         let mut st = port.lock();
@@ -566,9 +594,19 @@ fn poll_rdma(
             }
             if served.more {
                 again.insert(sq);
+                if served.paused {
+                    // A transfer longer than one turn: the delegated ports
+                    // go back to their own threads while it runs.
+                    drop(st);
+                    drop(send_queues);
+                    ctx.shared_poll.stop_polling(port);
+                }
                 return worked;
             }
             if st.vrings[sq].waiting_iotlb || !st.vrings[sq].active() {
+                drop(st);
+                drop(send_queues);
+                ctx.shared_poll.stop_polling(port);
                 return worked;
             }
             live = true;
@@ -576,7 +614,7 @@ fn poll_rdma(
         drop(st);
         drop(send_queues);
         if let Some(others) = others.as_deref_mut() {
-            ctx.shared_poll.serve_delegated(ctx, others, &mut load);
+            ctx.shared_poll.serve_delegated(ctx, others, load);
         }
         let idle = !load.busy();
         if !idle && others.is_some() {
@@ -601,6 +639,10 @@ fn poll_rdma(
     }
     worked
 }
+
+/// How long a delegated port's thread sleeps at most before it looks
+/// whether the shared poller made progress (milliseconds).
+const DELEGATED_LOOK_MS: i32 = 10;
 
 /// How long a polling port polls its RDMA queues alone between two passes
 /// over everything (rings, socket, inbox): a pass costs microseconds, and

@@ -260,6 +260,9 @@ pub struct Port {
     /// The port's thread sleeps and leaves its RDMA send queues to the
     /// shared poller.
     pub delegated: AtomicBool,
+    /// The shared poller handed the port back since its thread last
+    /// looked: the thread serves every ring once.
+    pub handed_back: AtomicBool,
     state: Mutex<PortState>,
 }
 
@@ -561,6 +564,7 @@ impl Port {
             node: cfg.node,
             send_queues: Mutex::new(Vec::new()),
             delegated: AtomicBool::new(false),
+            handed_back: AtomicBool::new(false),
         }
     }
 

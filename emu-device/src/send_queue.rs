@@ -147,6 +147,8 @@ pub struct Served {
     /// Work is left that needs no kick (a transfer paused, or the turn's
     /// request budget was used): serve again soon.
     pub more: bool,
+    /// A transfer longer than one turn paused (and goes on at the next).
+    pub paused: bool,
 }
 
 /// Requests taken in one turn before the port's thread does other work.
@@ -293,6 +295,7 @@ impl SendQueue {
                 Advanced::Fenced => break,
                 Advanced::Paused => {
                     served.more = true;
+                    served.paused = true;
                     break;
                 }
                 Advanced::Waiting => {

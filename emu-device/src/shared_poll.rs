@@ -48,6 +48,12 @@ pub struct SharedPoll {
     roles: Mutex<Roles>,
     /// Changes whenever the set of delegated ports does.
     version: AtomicU64,
+    /// Passes of the poller over the delegated ports (a delegated port's
+    /// thread takes its port back if this stands still).
+    passes: AtomicU64,
+    /// The index of the polling port plus one (0: none), for a look
+    /// without the lock.
+    poller_hint: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -84,7 +90,19 @@ impl SharedPoll {
             enabled,
             roles: Mutex::new(Roles::default()),
             version: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            poller_hint: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Whether `port`'s thread is the poller (a look without the lock).
+    pub fn is_poller(&self, port: &Port) -> bool {
+        self.enabled && self.poller_hint.load(Ordering::Acquire) == port.index + 1
+    }
+
+    /// The poller's passes over the delegated ports so far.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Acquire)
     }
 
     /// The role of `port`'s thread, which is about to poll with its own
@@ -98,6 +116,7 @@ impl SharedPoll {
         match roles.poller {
             None => {
                 roles.poller = Some(port.index);
+                self.poller_hint.store(port.index + 1, Ordering::Release);
                 Role::Poller
             }
             Some(poller) if poller == port.index => Role::Poller,
@@ -114,7 +133,7 @@ impl SharedPoll {
     /// `port`'s thread stops polling (its traffic ended, or its frontend
     /// left): if it was the poller, every delegated port is handed back.
     pub fn stop_polling(&self, port: &Port) {
-        if !self.enabled {
+        if !self.enabled || self.poller_hint.load(Ordering::Acquire) != port.index + 1 {
             return;
         }
         let mut roles = self.roles.lock();
@@ -122,6 +141,7 @@ impl SharedPoll {
             return;
         }
         roles.poller = None;
+        self.poller_hint.store(0, Ordering::Release);
         let handed_back = std::mem::take(&mut roles.delegated);
         self.version.fetch_add(1, Ordering::Release);
         drop(roles);
@@ -153,8 +173,17 @@ impl SharedPoll {
             known.ports.clone_from(&roles.delegated);
             known.version = self.version.load(Ordering::Acquire);
         }
+        self.passes.fetch_add(1, Ordering::Release);
         for port in &known.ports {
-            match serve_turn(ctx, port) {
+            // A panic serving another port's requests must not end the
+            // poller's connection: that port goes back to its own thread.
+            let turn =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_turn(ctx, port)))
+                    .unwrap_or_else(|_| {
+                        tracing::error!(port = port.index, "serving its send queues panicked");
+                        Turn::HandBack { worked: false }
+                    });
+            match turn {
                 Turn::Idle => {}
                 Turn::Worked => load.delegate_worked(port),
                 Turn::HandBack { worked } => {
@@ -237,6 +266,7 @@ impl Load {
 /// Clears `port`'s mark and wakes its thread, which then serves its send
 /// queues itself (and asks for kicks before it sleeps again).
 fn wake_to_serve_itself(port: &Port) {
+    port.handed_back.store(true, Ordering::Release);
     port.delegated.store(false, Ordering::Release);
     port.inbox.nudge();
 }
@@ -284,5 +314,86 @@ fn serve_turn(ctx: Context<'_>, port: &Port) -> Turn {
         Turn::Worked
     } else {
         Turn::Idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceConfig;
+
+    /// A shared poll whose poller is port 0 and port 1 delegated to it.
+    fn poller_and_delegate() -> (SharedPoll, Arc<Port>, Arc<Port>) {
+        let config = DeviceConfig::default();
+        let poller = Arc::new(Port::new(0, 0, [0; 6], &config));
+        let delegate = Arc::new(Port::new(1, 1, [0; 6], &config));
+        let shared = SharedPoll::new(true);
+        assert_eq!(shared.take_role(&poller), Role::Poller);
+        assert_eq!(shared.take_role(&delegate), Role::Delegate);
+        assert!(delegate.delegated.load(Ordering::Acquire));
+        (shared, poller, delegate)
+    }
+
+    /// Runs one stretch of polls: poll `i` finds the poller's own work if
+    /// `own(i)`, the delegate's if `theirs(i)`.
+    fn stretch(
+        shared: &SharedPoll,
+        delegate: &Arc<Port>,
+        own: impl Fn(u32) -> bool,
+        theirs: impl Fn(u32) -> bool,
+    ) {
+        let mut load = Load::default();
+        for i in 0..LOAD_STRETCH {
+            if own(i) {
+                load.own_worked();
+            }
+            if theirs(i) {
+                load.delegate_worked(delegate);
+            }
+            load.end_poll(shared);
+        }
+    }
+
+    fn handed_back(delegate: &Port) -> bool {
+        !delegate.delegated.load(Ordering::Acquire)
+            && delegate.handed_back.load(Ordering::Acquire)
+            && delegate.stats.rdma_handed_back_busy.load(Ordering::Relaxed) == 1
+    }
+
+    #[test]
+    fn a_poller_busy_with_two_ports_hands_the_delegate_back() {
+        let (shared, _poller, delegate) = poller_and_delegate();
+        stretch(&shared, &delegate, |i| i % 2 == 0, |i| i % 2 == 1);
+        assert!(handed_back(&delegate));
+    }
+
+    #[test]
+    fn a_poller_busy_with_one_port_keeps_it() {
+        let (shared, _poller, delegate) = poller_and_delegate();
+        stretch(&shared, &delegate, |_| false, |_| true);
+        assert!(delegate.delegated.load(Ordering::Acquire));
+        stretch(&shared, &delegate, |_| true, |_| false);
+        assert!(delegate.delegated.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn a_poller_idle_in_more_than_a_quarter_of_its_polls_keeps_its_delegates() {
+        let (shared, _poller, delegate) = poller_and_delegate();
+        // 23 busy polls of 32: under three in four.
+        stretch(&shared, &delegate, |i| i < 12, |i| (12..23).contains(&i));
+        assert!(delegate.delegated.load(Ordering::Acquire));
+        // 24: at three in four.
+        stretch(&shared, &delegate, |i| i < 12, |i| (12..24).contains(&i));
+        assert!(handed_back(&delegate));
+    }
+
+    #[test]
+    fn a_poller_that_stops_hands_back_every_delegate_and_the_next_polls() {
+        let (shared, poller, delegate) = poller_and_delegate();
+        shared.stop_polling(&poller);
+        assert!(!delegate.delegated.load(Ordering::Acquire));
+        assert!(delegate.handed_back.load(Ordering::Acquire));
+        assert_eq!(shared.take_role(&delegate), Role::Poller);
+        assert!(shared.is_poller(&delegate) && !shared.is_poller(&poller));
     }
 }
