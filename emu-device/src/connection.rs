@@ -358,8 +358,11 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
         };
         if timeout != 0 {
             // This thread sleeps: the ports it polled for go back to
-            // their own threads.
+            // their own threads, and the fabric link to its own.
             ctx.shared_poll.stop_polling(port);
+            if let Some(link) = ctx.link {
+                link.stop_driving();
+            }
         } else if !again.is_empty() && ctx.shared_poll.is_poller(port) {
             // Work of its own first (a turn at a time): the delegated
             // ports are served between its turns.
@@ -616,8 +619,15 @@ fn poll_rdma(
         if let Some(others) = others.as_deref_mut() {
             ctx.shared_poll.serve_delegated(ctx, others, load);
         }
+        // Busy-polling, the port thread runs the fabric link's work too: a
+        // request just handed to the link goes out, and its answer is
+        // taken, with no other thread in between.
+        let linked = ctx.link.filter(|_| ctx.config.poll);
+        if linked.is_some_and(|link| link.drive()) {
+            load.own_worked();
+        }
         let idle = !load.busy();
-        if !idle && others.is_some() {
+        if !idle && (others.is_some() || linked.is_some()) {
             worked = Some(Instant::now());
         }
         load.end_poll(ctx.shared_poll);

@@ -798,3 +798,52 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
     );
     assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
 }
+
+/// `writes` 8-byte writes, one at a time, from node 0 into node 1's
+/// window, each checked where it landed; returns node 0's count of link
+/// passes run on its port thread.
+fn writes_one_at_a_time(extra: &[&str], writes: u64) -> u64 {
+    let ports = [free_port(), free_port()];
+    let zero = node(0, &ports, extra);
+    let one = node(1, &ports, extra);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let target = Context::open(one.socket(0), config()).unwrap();
+    let near = initiator.alloc(4096, 64).unwrap();
+    let far = target.alloc(4096, 64).unwrap();
+    far.fill(0);
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(&far_region, 0, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    let remote = window.remote();
+    for i in 0..writes {
+        let value = (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        near.write_at(0, &value.to_le_bytes());
+        let at = 8 * (i % 512);
+        let done = run(
+            &initiator,
+            Write::new(near_region.local(0, 8).unwrap(), remote.at(at))
+                .build()
+                .user_data(i),
+        );
+        done.result().unwrap_or_else(|e| panic!("write {i}: {e:?}"));
+        let mut landed = [0u8; 8];
+        far.read_at(at as usize, &mut landed);
+        assert_eq!(u64::from_le_bytes(landed), value, "write {i}");
+    }
+    zero.fabric_status().n("passes_on_ports")
+}
+
+#[test]
+fn busy_polling_port_threads_carry_the_link_and_every_write_lands() {
+    // Busy-poll: the port thread that hands a request to the link runs the
+    // link's passes itself, between its polls.
+    let on_ports = writes_one_at_a_time(&["--poll"], 500);
+    assert!(
+        on_ports >= 250,
+        "500 writes, {on_ports} link passes on port threads"
+    );
+    // Event-driven: the link's own thread does.
+    assert_eq!(writes_one_at_a_time(&[], 200), 0);
+}

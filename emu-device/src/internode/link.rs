@@ -116,6 +116,9 @@ pub struct LinkStats {
     pub frames_received: AtomicU64,
     /// Ethernet frames dropped (queue full, bad frame datagrams).
     pub frames_dropped: AtomicU64,
+    /// Passes of the link's work that did work on a busy-polling port
+    /// thread ([`Link::drive`]) rather than the link's own.
+    pub passes_on_ports: AtomicU64,
 }
 
 /// Counters of the link towards one peer. The counters only grow; the
@@ -191,7 +194,21 @@ pub struct Link {
     /// The endpoint's memory: fixed bytes, bytes per peer.
     memory: (usize, usize),
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The link's work, taken for a pass by whichever thread runs it: the
+    /// link's own thread, or a busy-polling port thread ([`Link::drive`]).
+    /// `None` once the link stopped.
+    worker: Mutex<Option<Worker>>,
+    /// When a port thread last ran a pass, in nanoseconds since `epoch`
+    /// (0: not driven); the link's own thread naps meanwhile.
+    driven_at: AtomicU64,
+    epoch: Instant,
+    /// A pass run by a port thread panicked: port threads no longer drive.
+    drive_broken: AtomicBool,
 }
+
+/// How long after a port thread's last pass the link's own thread takes
+/// over again (a port thread that stops driving says so at once).
+const DRIVEN_LAPSE: Duration = Duration::from_micros(200);
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -241,6 +258,10 @@ impl Link {
             snapshots: Snapshots::default(),
             memory: (report.fixed_bytes, report.per_peer_bytes),
             thread: Mutex::new(None),
+            worker: Mutex::new(None),
+            driven_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+            drive_broken: AtomicBool::new(false),
         });
         let worker = Worker {
             link: Arc::clone(&link),
@@ -265,10 +286,14 @@ impl Link {
             outgoing: batch::Outgoing::default(),
             bytes: vec![0; config.endpoint.max_payload],
             addresses: config.peers.iter().map(|(&n, &a)| (a, n)).collect(),
+            datagram: vec![0u8; batch::DATAGRAM_MAX],
+            last_work: Instant::now(),
         };
+        *link.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(worker);
+        let own = Arc::clone(&link);
         let thread = std::thread::Builder::new()
             .name(format!("link-node{}", config.node))
-            .spawn(move || worker.run())?;
+            .spawn(move || own.serve())?;
         *link.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
         Ok(link)
     }
@@ -323,6 +348,112 @@ impl Link {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+        // The worker holds the link: dropping it ends the cycle.
+        self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// The link's own thread: runs passes while no port thread drives the
+    /// link, and naps while one does.
+    fn serve(&self) {
+        let mut sharing = CoreSharing::new();
+        while !self.stop.load(Ordering::Acquire) {
+            if self.driven(Instant::now()) {
+                self.nap();
+                continue;
+            }
+            let mut guard = match self.worker.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    // A port thread runs a pass right now.
+                    sharing.pause();
+                    continue;
+                }
+            };
+            let Some(worker) = guard.as_mut() else {
+                return;
+            };
+            let pass = worker.pass();
+            if !pass.spinning {
+                worker.sleep();
+            } else if !pass.worked {
+                // Polling with nothing to do: give the core to a thread
+                // that has work (a port, a driver) only while one waits
+                // for it.
+                drop(guard);
+                sharing.looked(Instant::now());
+                sharing.pause();
+            }
+        }
+    }
+
+    /// Whether a port thread ran a pass within [`DRIVEN_LAPSE`] of `now`.
+    fn driven(&self, now: Instant) -> bool {
+        let at = self.driven_at.load(Ordering::Acquire);
+        at != 0
+            && (now.duration_since(self.epoch).as_nanos() as u64).saturating_sub(at)
+                < DRIVEN_LAPSE.as_nanos() as u64
+    }
+
+    /// Sleeps on the wake eventfd alone (the driving port thread reads the
+    /// socket) for at most [`DRIVEN_LAPSE`].
+    fn nap(&self) {
+        let mut fds = [libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let wait = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: DRIVEN_LAPSE.as_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` is a live array of one pollfd and `wait` a live
+        // timespec; no signal mask is passed.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &wait, std::ptr::null()) };
+        let _ = self.wake.read();
+    }
+
+    /// Runs one pass of the link's work on the calling thread (a
+    /// busy-polling port thread, between its polls), unless another thread
+    /// runs one now: the link's own thread then naps, and a request the
+    /// port just handed to the link goes out with no thread in between.
+    /// Returns whether the pass did work.
+    pub fn drive(&self) -> bool {
+        if self.drive_broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut guard) = self.worker.try_lock() else {
+            return false;
+        };
+        let Some(worker) = guard.as_mut() else {
+            return false;
+        };
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.pass()));
+        drop(guard);
+        match pass {
+            Ok(pass) => {
+                let now = Instant::now().duration_since(self.epoch).as_nanos() as u64;
+                self.driven_at.store(now.max(1), Ordering::Release);
+                if pass.worked {
+                    self.stats.passes_on_ports.fetch_add(1, Ordering::Relaxed);
+                }
+                pass.worked
+            }
+            Err(_) => {
+                tracing::error!("a pass of the fabric link on a port thread panicked");
+                self.drive_broken.store(true, Ordering::Relaxed);
+                self.stop_driving();
+                false
+            }
+        }
+    }
+
+    /// The port thread that drove the link stops (it goes to sleep): the
+    /// link's own thread takes over at once.
+    pub fn stop_driving(&self) {
+        if self.driven_at.swap(0, Ordering::AcqRel) != 0 {
+            let _ = self.wake.write(1);
+        }
     }
 
     /// One status line: `fabric node=.. peers=..` and the counters.
@@ -333,7 +464,7 @@ impl Link {
             "fabric node={} peers={} started={} completed={} failed={} served={} \
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
              datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
-             frames_dropped={} memory_fixed={} memory_per_peer={} memory_peer_stats={}\n",
+             frames_dropped={} passes_on_ports={} memory_fixed={} memory_per_peer={} memory_peer_stats={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -349,6 +480,7 @@ impl Link {
             g(&s.frames_sent),
             g(&s.frames_received),
             g(&s.frames_dropped),
+            g(&s.passes_on_ports),
             self.memory.0,
             self.memory.1,
             // The per-peer counters, apart from the endpoint's state.
@@ -635,6 +767,18 @@ struct Worker {
     /// Bytes being moved for the message being built.
     bytes: Vec<u8>,
     addresses: HashMap<SocketAddr, NodeId>,
+    /// The datagram being sent.
+    datagram: Vec<u8>,
+    /// When a pass last did work.
+    last_work: Instant,
+}
+
+/// What one pass of the link's work did.
+struct Pass {
+    worked: bool,
+    /// The link should keep polling (operations under way in busy-poll
+    /// mode, or work within the spin time).
+    spinning: bool,
 }
 
 /// Where a failed operation's port is not reached.
@@ -665,41 +809,35 @@ fn on_port<T>(
 }
 
 impl Worker {
-    fn run(mut self) {
-        let mut datagram = vec![0u8; batch::DATAGRAM_MAX];
-        let mut last_work = Instant::now();
-        let mut sharing = CoreSharing::new();
-        while !self.link.stop.load(Ordering::Acquire) {
-            let now = Instant::now();
-            let mut worked = self.take_submissions(now);
-            worked |= self.receive(now);
-            if self.endpoint.poll_timeout().is_some_and(|at| at <= now) {
-                self.endpoint.handle_timeout(now);
-            }
-            while let Some(event) = self.endpoint.poll_event() {
-                self.on_event(event);
-                worked = true;
-            }
-            worked |= self.produce(now);
-            worked |= self.send_frames(now);
-            self.finish_ops(now);
-            worked |= self.transmit(now, &mut datagram);
-            self.outgoing.flush(self.socket.as_raw_fd());
-            self.publish_stats();
-            if worked {
-                last_work = now;
-            }
-            let under_way = !self.ops.is_empty() || !self.reads.is_empty();
-            let spinning = (self.poll && under_way) || now.duration_since(last_work) < self.spin;
-            if !spinning {
-                self.sleep();
-            } else if !worked {
-                // Polling with nothing to do: give the core to a thread
-                // that has work (a port, a driver) only while one waits
-                // for it.
-                sharing.looked(now);
-                sharing.pause();
-            }
+    /// One pass over everything: submissions, datagrams received, timers,
+    /// the endpoint's events, operations to produce, frames, datagrams to
+    /// send.
+    fn pass(&mut self) -> Pass {
+        let now = Instant::now();
+        let mut worked = self.take_submissions(now);
+        worked |= self.receive(now);
+        if self.endpoint.poll_timeout().is_some_and(|at| at <= now) {
+            self.endpoint.handle_timeout(now);
+        }
+        while let Some(event) = self.endpoint.poll_event() {
+            self.on_event(event);
+            worked = true;
+        }
+        worked |= self.produce(now);
+        worked |= self.send_frames(now);
+        self.finish_ops(now);
+        let mut datagram = std::mem::take(&mut self.datagram);
+        worked |= self.transmit(now, &mut datagram);
+        self.datagram = datagram;
+        self.outgoing.flush(self.socket.as_raw_fd());
+        self.publish_stats();
+        if worked {
+            self.last_work = now;
+        }
+        let under_way = !self.ops.is_empty() || !self.reads.is_empty();
+        Pass {
+            worked,
+            spinning: (self.poll && under_way) || now.duration_since(self.last_work) < self.spin,
         }
     }
 
