@@ -361,7 +361,7 @@ fn run(ctx: Context<'_>, port: &Arc<Port>, stream: &mut UnixStream) -> Result<()
             // their own threads, and the fabric link to its own.
             ctx.shared_poll.stop_polling(port);
             if let Some(link) = ctx.link {
-                link.stop_driving();
+                link.stop_driving(port.index);
             }
         } else if !again.is_empty() && ctx.shared_poll.is_poller(port) {
             // Work of its own first (a turn at a time): the delegated
@@ -623,7 +623,7 @@ fn poll_rdma(
         // request just handed to the link goes out, and its answer is
         // taken, with no other thread in between.
         let linked = ctx.link.filter(|_| ctx.config.poll);
-        if linked.is_some_and(|link| link.drive()) {
+        if linked.is_some_and(|link| link.drive(port.index)) {
             load.own_worked();
         }
         let idle = !load.busy();

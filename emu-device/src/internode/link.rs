@@ -201,6 +201,8 @@ pub struct Link {
     /// When a port thread last ran a pass, in nanoseconds since `epoch`
     /// (0: not driven); the link's own thread naps meanwhile.
     driven_at: AtomicU64,
+    /// The index plus one of the port whose thread last ran a pass.
+    driver: std::sync::atomic::AtomicUsize,
     epoch: Instant,
     /// A pass run by a port thread panicked: port threads no longer drive.
     drive_broken: AtomicBool,
@@ -260,6 +262,7 @@ impl Link {
             thread: Mutex::new(None),
             worker: Mutex::new(None),
             driven_at: AtomicU64::new(0),
+            driver: std::sync::atomic::AtomicUsize::new(0),
             epoch: Instant::now(),
             drive_broken: AtomicBool::new(false),
         });
@@ -366,7 +369,7 @@ impl Link {
                 Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => {
                     // A port thread runs a pass right now.
-                    sharing.pause();
+                    self.nap();
                     continue;
                 }
             };
@@ -417,8 +420,9 @@ impl Link {
     /// busy-polling port thread, between its polls), unless another thread
     /// runs one now: the link's own thread then naps, and a request the
     /// port just handed to the link goes out with no thread in between.
-    /// Returns whether the pass did work.
-    pub fn drive(&self) -> bool {
+    /// Returns whether the pass did work. `port` is the calling port's
+    /// index.
+    pub fn drive(&self, port: usize) -> bool {
         if self.drive_broken.load(Ordering::Relaxed) {
             return false;
         }
@@ -433,6 +437,7 @@ impl Link {
         match pass {
             Ok(pass) => {
                 let now = Instant::now().duration_since(self.epoch).as_nanos() as u64;
+                self.driver.store(port + 1, Ordering::Release);
                 self.driven_at.store(now.max(1), Ordering::Release);
                 if pass.worked {
                     self.stats.passes_on_ports.fetch_add(1, Ordering::Relaxed);
@@ -440,18 +445,24 @@ impl Link {
                 pass.worked
             }
             Err(_) => {
-                tracing::error!("a pass of the fabric link on a port thread panicked");
+                // The worker's state is whatever the panic left: the link
+                // ends, as it did when its own thread panicked.
+                tracing::error!("a pass of the fabric link panicked: the link stops");
                 self.drive_broken.store(true, Ordering::Relaxed);
-                self.stop_driving();
+                self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+                self.driven_at.store(0, Ordering::Release);
+                let _ = self.wake.write(1);
                 false
             }
         }
     }
 
-    /// The port thread that drove the link stops (it goes to sleep): the
-    /// link's own thread takes over at once.
-    pub fn stop_driving(&self) {
-        if self.driven_at.swap(0, Ordering::AcqRel) != 0 {
+    /// Port `port`'s thread stops polling (it goes to sleep): if it was
+    /// the one driving the link, the link's own thread takes over at once.
+    pub fn stop_driving(&self, port: usize) {
+        if self.driver.load(Ordering::Acquire) == port + 1
+            && self.driven_at.swap(0, Ordering::AcqRel) != 0
+        {
             let _ = self.wake.write(1);
         }
     }
