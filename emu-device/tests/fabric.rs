@@ -847,3 +847,65 @@ fn busy_polling_port_threads_carry_the_link_and_every_write_lands() {
     // Event-driven: the link's own thread does.
     assert_eq!(writes_one_at_a_time(&[], 200), 0);
 }
+
+/// `writes` checked 8-byte writes from `from` into `window` (at most
+/// 4096 bytes of `far`).
+fn checked_writes(
+    from: &Context,
+    window: pindown_driver::verbs::RemoteWindow,
+    far: &DmaBuffer,
+    writes: u64,
+) {
+    let near = from.alloc(4096, 64).unwrap();
+    let near_region = from.register_buffer(&near).unwrap();
+    for i in 0..writes {
+        let value = (i + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        near.write_at(0, &value.to_le_bytes());
+        let at = 8 * (i % 512);
+        let done = run(
+            from,
+            Write::new(near_region.local(0, 8).unwrap(), window.at(at))
+                .build()
+                .user_data(i),
+        );
+        done.result().unwrap_or_else(|e| panic!("write {i}: {e:?}"));
+        let mut landed = [0u8; 8];
+        far.read_at(at as usize, &mut landed);
+        assert_eq!(u64::from_le_bytes(landed), value, "write {i}");
+    }
+}
+
+#[test]
+fn a_link_whose_port_thread_stopped_driving_serves_the_other_node_again() {
+    let ports = [free_port(), free_port()];
+    let zero = node(0, &ports, &["--poll"]);
+    let one = node(1, &ports, &["--poll"]);
+    let zero_context = Context::open(zero.socket(0), config()).unwrap();
+    let one_context = Context::open(one.socket(0), config()).unwrap();
+    let far_zero = zero_context.alloc(4096, 64).unwrap();
+    let far_one = one_context.alloc(4096, 64).unwrap();
+    far_zero.fill(0);
+    far_one.fill(0);
+    let region_zero = zero_context.register_buffer(&far_zero).unwrap();
+    let region_one = one_context.register_buffer(&far_one).unwrap();
+    let window_zero = zero_context
+        .bind_window(&region_zero, 0, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    let window_one = one_context
+        .bind_window(&region_one, 0, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    // Node 0's port thread drives its link while it writes to node 1.
+    checked_writes(&zero_context, window_one.remote(), &far_one, 200);
+    let driven = zero.fabric_status().n("passes_on_ports");
+    assert!(driven > 0, "node 0's port thread never drove its link");
+    // Idle past a millisecond, node 0's port thread sleeps and its link's
+    // own thread takes over: node 1's writes into node 0 are served.
+    std::thread::sleep(Duration::from_millis(20));
+    let served_before = zero.fabric_status().n("served");
+    checked_writes(&one_context, window_zero.remote(), &far_zero, 200);
+    let served = zero.fabric_status().n("served") - served_before;
+    assert!(
+        served >= 200,
+        "node 0 served {served} of node 1's 200 writes"
+    );
+}

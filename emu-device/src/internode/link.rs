@@ -208,6 +208,9 @@ pub struct Link {
     drive_broken: AtomicBool,
 }
 
+/// Batches of datagrams one pass receives at most.
+const RECEIVE_BATCHES_PER_PASS: usize = 8;
+
 /// How long after a port thread's last pass the link's own thread takes
 /// over again (a port thread that stops driving says so at once).
 const DRIVEN_LAPSE: Duration = Duration::from_micros(200);
@@ -1139,11 +1142,15 @@ impl Worker {
         tag
     }
 
-    /// Reads every datagram waiting on the socket.
+    /// Reads the datagrams waiting on the socket, at most
+    /// [`RECEIVE_BATCHES_PER_PASS`] batches.
     fn receive(&mut self, now: Instant) -> bool {
         let mut worked = false;
         let mut received = std::mem::take(&mut self.received);
-        loop {
+        // Bounded: a pass may run on a port thread between its polls, and
+        // datagrams keep coming as fast as anyone sends them (the rest
+        // waits for the next pass).
+        for _ in 0..RECEIVE_BATCHES_PER_PASS {
             let count = match received.receive(self.socket.as_raw_fd()) {
                 Ok(0) => break,
                 Ok(count) => count,
