@@ -808,30 +808,13 @@ fn writes_one_at_a_time(extra: &[&str], writes: u64) -> u64 {
     let one = node(1, &ports, extra);
     let initiator = Context::open(zero.socket(0), config()).unwrap();
     let target = Context::open(one.socket(0), config()).unwrap();
-    let near = initiator.alloc(4096, 64).unwrap();
     let far = target.alloc(4096, 64).unwrap();
     far.fill(0);
-    let near_region = initiator.register_buffer(&near).unwrap();
     let far_region = target.register_buffer(&far).unwrap();
     let window = target
         .bind_window(&far_region, 0, 4096, Access::REMOTE_WRITE)
         .unwrap();
-    let remote = window.remote();
-    for i in 0..writes {
-        let value = (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        near.write_at(0, &value.to_le_bytes());
-        let at = 8 * (i % 512);
-        let done = run(
-            &initiator,
-            Write::new(near_region.local(0, 8).unwrap(), remote.at(at))
-                .build()
-                .user_data(i),
-        );
-        done.result().unwrap_or_else(|e| panic!("write {i}: {e:?}"));
-        let mut landed = [0u8; 8];
-        far.read_at(at as usize, &mut landed);
-        assert_eq!(u64::from_le_bytes(landed), value, "write {i}");
-    }
+    checked_writes(&initiator, window.remote(), &far, writes);
     zero.fabric_status().n("passes_on_ports")
 }
 
