@@ -34,6 +34,11 @@
 //!   ones between them.
 //! * `barriers`: 200 barriers in a row, each checked by the words every
 //!   rank put into every segment before entering it.
+//! * `peer-death`: the last rank exits mid-job; the others' wait and a
+//!   send to it must fail with `PeerGone` naming it.
+//! * `peer-finalized`: the last rank finalizes (its segment's window is
+//!   revoked) but its process and port stay; the others' wait must fail
+//!   with `PeerGone` naming it, found by a refused liveness check.
 //! * `latency`: times a short request and its reply against a blocking
 //!   8-byte put (notes; a measurement).
 //! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
@@ -150,6 +155,9 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
     };
     let mut ep = Endpoint::new(&context, job, config, handlers).map_err(|e| e.to_string())?;
     ep.barrier().map_err(|e| format!("first barrier: {e}"))?;
+    if scenario == "peer-finalized" {
+        return peer_finalized(ep);
+    }
     let outcome = match scenario {
         "handlers" => handlers_scenario(&mut ep, &state),
         "flood" => flood(&mut ep, &state, args),
@@ -993,12 +1001,76 @@ fn peer_death(ep: &mut Endpoint<'_>) -> Outcome {
                     .notes
                     .push(format!("send {n} failed after {:?}", start.elapsed()));
                 tally.checked += 1;
+                survivors_meet(ep, last)?;
                 return Ok(tally);
             }
             Err(other) => return Err(format!("sending to a departed rank: {other}")),
         }
     }
     Err("10000 sends to a departed rank succeeded".into())
+}
+
+/// The last rank finalizes (dropping its endpoint revokes its segment's
+/// window) and stays a while with its port up; the others wait on it and
+/// must learn it is gone from a liveness check its device refuses.
+fn peer_finalized(mut ep: Endpoint<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    let last = ep.size() - 1;
+    if ep.rank() == last {
+        drop(ep);
+        std::thread::sleep(Duration::from_secs(3));
+        tally.notes.push("finalized with its port up".into());
+        return Ok(tally);
+    }
+    let start = Instant::now();
+    match ep.wait_until(|_| false) {
+        Err(pindown_messaging::Error::PeerGone { peer, why })
+            if peer == last && why.contains("liveness check") =>
+        {
+            tally.notes.push(format!(
+                "rank {peer} gone after {:?}: {why}",
+                start.elapsed()
+            ));
+            tally.checked = 1;
+        }
+        other => return Err(format!("waiting on a finalized rank: {other:?}")),
+    }
+    survivors_meet(&mut ep, last)?;
+    Ok(tally)
+}
+
+/// The word of the segment where survivor `rank` of `peer_death` says it
+/// has seen the departure.
+const SEEN_DEPARTURE: u64 = 0x5EE7_DEAD;
+
+/// Waits until every rank but `last` has seen `last` leave (each puts
+/// [`SEEN_DEPARTURE`] into its word of every survivor's segment), so that
+/// no survivor finalizes, and revokes its segment, while another still
+/// waits for news of `last` (it would learn first of the one that
+/// finalized). Failures naming departed ranks are expected meanwhile.
+fn survivors_meet(ep: &mut Endpoint<'_>, last: u32) -> Result<(), String> {
+    let me = ep.rank();
+    for target in 0..last {
+        ep.put(target, 8 * u64::from(me), &SEEN_DEPARTURE.to_le_bytes())
+            .map_err(|e| format!("telling rank {target} the departure was seen: {e}"))?;
+    }
+    let all_seen = |ep: &mut Endpoint<'_>| {
+        let segment = ep.segment().as_ptr();
+        // SAFETY: words 0..last of the segment (`last` <= ranks, each
+        // 8 bytes, well inside it), read whole while the device may write
+        // them.
+        (0..last as usize)
+            .all(|rank| unsafe { segment.cast::<u64>().add(rank).read_volatile() } == SEEN_DEPARTURE.to_le())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !all_seen(ep) {
+        match ep.wait_until(all_seen) {
+            Ok(()) => break,
+            Err(pindown_messaging::Error::PeerGone { .. }) if Instant::now() < deadline => {}
+            Err(e) => return Err(format!("waiting for the other survivors: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// Barriers in a row: before each, every rank puts the barrier's number

@@ -191,6 +191,19 @@ fn a_departed_rank_fails_the_waits_on_it() {
 }
 
 #[test]
+fn a_rank_that_finalized_is_gone_for_the_others_though_its_port_stays() {
+    for n in [2u32, 3] {
+        let lines = passes(n, "peer-finalized", &[]);
+        for line in &lines[..n as usize - 1] {
+            assert_eq!(checked(line), 1, "{line}");
+            let note = line["notes"][0].as_str().unwrap_or_default();
+            assert!(note.contains(&format!("rank {} gone", n - 1)), "{line}");
+            assert!(note.contains("liveness check"), "{line}");
+        }
+    }
+}
+
+#[test]
 fn the_descriptor_cache_keeps_hot_puts_and_every_put_lands() {
     // Every put (hot ones repeated with new bytes, one cold one a round, a
     // hot source freed and allocated again midway) is read back and

@@ -272,8 +272,8 @@ pub struct Config {
     pub timeout: Duration,
     /// How often a wait longer than this checks that every peer is still
     /// there (an 8-byte read of its window); a peer whose device reports it
-    /// gone, or that leaves ten checks unanswered, fails the wait with
-    /// [`Error::PeerGone`].
+    /// gone, whose window refuses the check (it finalized), or that leaves
+    /// ten checks unanswered, fails the wait with [`Error::PeerGone`].
     pub liveness_interval: Duration,
 }
 
@@ -998,6 +998,19 @@ impl<'c> Endpoint<'c> {
         self.failures.push(error);
     }
 
+    /// Records a failed liveness check of `peer`: whatever the device
+    /// answered, the peer is gone. The check reads the peer's segment,
+    /// which the peer exposes for its whole life, so a refusal (its
+    /// window revoked: it finalized, or left while its device went on)
+    /// means it left as surely as a port that went down does.
+    fn fail_probe(&mut self, peer: u32, err: CompletionError) {
+        let why = format!("its segment no longer answers a liveness check: {err}");
+        if let Some(gone) = self.gone.get_mut(peer as usize) {
+            gone.get_or_insert_with(|| why.clone());
+        }
+        self.failures.push(Error::PeerGone { peer, why });
+    }
+
     /// The error a failed request to `peer` means; a peer the device says
     /// is gone is remembered (later calls naming it fail at once).
     fn failure(&mut self, peer: u32, err: CompletionError) -> Error {
@@ -1640,7 +1653,7 @@ impl<'c> Endpoint<'c> {
                     *slot = None;
                 }
                 if let Some(err) = failure {
-                    self.fail_peer(peer, err);
+                    self.fail_probe(peer, err);
                 }
                 continue;
             }
