@@ -391,17 +391,35 @@ fn fin(first: u64, round: u64) -> [u8; 16] {
     out
 }
 
+/// How the raw UDP bulk transfer hands its datagrams to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Batching {
+    /// One `send` and one `recv` per datagram.
+    Plain,
+    /// Through `quinn-udp`: runs of datagrams in one segmentation-offloaded
+    /// send (UDP GSO), received coalesced (UDP GRO), as the fabric's link
+    /// does; one datagram per call where the kernel offers neither.
+    Segmented,
+}
+
+/// Datagrams in one segmented send of the bulk transfer.
+const SEGMENTED_RUN: u64 = 44;
+
 /// The raw UDP bulk transfer: `sender` sends `count` datagrams of
-/// `datagram` bytes (each numbered) to `receiver`, as fast as `send`
-/// returns, then a final datagram until the receiver (a thread) answers
-/// with how many it got. No flow control: what the receiver's socket
-/// buffer cannot hold is lost and not counted.
+/// `datagram` bytes (each numbered) to `receiver`, as fast as the kernel
+/// takes them, handed over as `batching` says, then a final datagram
+/// until the receiver (a thread) answers with how many it got. No flow
+/// control: what the receiver's socket buffer cannot hold is lost and not
+/// counted. Segmented transfers change the sockets' options (`quinn-udp`
+/// turns GRO on): give them sockets of their own.
 pub fn udp_bulk(
     sender: &UdpSocket,
     receiver: &UdpSocket,
     datagram: usize,
     count: u64,
     wait: UdpWait,
+    batching: Batching,
 ) -> io::Result<BulkRound> {
     let datagram = datagram.max(16);
     prepare(sender, receiver.local_addr()?, UdpWait::Block)?;
@@ -412,27 +430,36 @@ pub fn udp_bulk(
     let ready = Arc::new(std::sync::Barrier::new(2));
     let sink_ready = Arc::clone(&ready);
     let sink_thread = std::thread::spawn(move || -> io::Result<u64> {
-        let mut buf = vec![0u8; 65536];
+        let mut source = DatagramSource::new(&sink, batching, wait)?;
         let mut received = 0u64;
         sink_ready.wait();
         loop {
-            let n = recv(&sink, &mut buf, wait)?;
-            if buf[..n] == fin(FIN, round) {
+            let mut finished = false;
+            source.next_datagrams(&sink, &mut |bytes| {
+                if bytes == fin(FIN, round) {
+                    finished = true;
+                } else if bytes.len() == datagram {
+                    received += 1;
+                }
+            })?;
+            if finished {
                 sink.send(&fin(received, round))?;
                 return Ok(received);
-            }
-            if n == datagram {
-                received += 1;
             }
         }
     });
     ready.wait();
     let result = (|| -> io::Result<BulkRound> {
-        let mut out = vec![0x5au8; datagram];
         let start = Instant::now();
-        for i in 0..count {
-            out[..8].copy_from_slice(&i.to_le_bytes());
-            sender.send(&out)?;
+        match batching {
+            Batching::Plain => {
+                let mut out = vec![0x5au8; datagram];
+                for i in 0..count {
+                    out[..8].copy_from_slice(&i.to_le_bytes());
+                    sender.send(&out)?;
+                }
+            }
+            Batching::Segmented => send_segmented(sender, datagram, count)?,
         }
         let mut answer = [0u8; 32];
         let deadline = Instant::now() + UDP_TIMEOUT;
@@ -467,6 +494,141 @@ pub fn udp_bulk(
     let round = result?;
     sunk?;
     Ok(round)
+}
+
+/// Sends `count` numbered datagrams of `datagram` bytes from `sender` in
+/// segmented runs of [`SEGMENTED_RUN`], waiting for room when the socket's
+/// buffer is full (the socket is left blocking, as it was).
+fn send_segmented(sender: &UdpSocket, datagram: usize, count: u64) -> io::Result<()> {
+    let state = quinn_udp::UdpSocketState::new(quinn_udp::UdpSockRef::from(sender))?;
+    let destination = sender.peer_addr()?;
+    let mut out = vec![0x5au8; datagram * SEGMENTED_RUN as usize];
+    let mut next = 0;
+    let result = (|| {
+        while next < count {
+            let run = (count - next).min(SEGMENTED_RUN);
+            for k in 0..run {
+                let at = k as usize * datagram;
+                out[at..at + 8].copy_from_slice(&(next + k).to_le_bytes());
+            }
+            let transmit = quinn_udp::Transmit {
+                destination,
+                ecn: None,
+                contents: &out[..run as usize * datagram],
+                segment_size: (run > 1).then_some(datagram),
+                src_ip: None,
+            };
+            match state.try_send(quinn_udp::UdpSockRef::from(sender), &transmit) {
+                Ok(()) => next += run,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait_ready(sender, libc::POLLOUT, UDP_TIMEOUT)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })();
+    sender.set_nonblocking(false)?;
+    result
+}
+
+/// Waits until `socket` is ready for `events` (`poll`), for at most
+/// `timeout`.
+fn wait_ready(socket: &UdpSocket, events: libc::c_short, timeout: Duration) -> io::Result<()> {
+    let mut fds = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(socket),
+        events,
+        revents: 0,
+    }];
+    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `fds` is one live pollfd for the duration of the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, millis) };
+    match ready {
+        0 => Err(io::Error::new(io::ErrorKind::TimedOut, "socket not ready")),
+        n if n < 0 => Err(io::Error::last_os_error()),
+        _ => Ok(()),
+    }
+}
+
+/// Where the bulk transfer's sink takes its datagrams from.
+enum DatagramSource {
+    /// One `recv` per datagram.
+    Plain { buf: Vec<u8>, wait: UdpWait },
+    /// `quinn-udp`'s receive: coalesced runs, several buffers a call.
+    Segmented {
+        state: quinn_udp::UdpSocketState,
+        buffers: Vec<Vec<u8>>,
+        wait: UdpWait,
+    },
+}
+
+impl DatagramSource {
+    fn new(socket: &UdpSocket, batching: Batching, wait: UdpWait) -> io::Result<DatagramSource> {
+        Ok(match batching {
+            Batching::Plain => DatagramSource::Plain {
+                buf: vec![0u8; 65536],
+                wait,
+            },
+            Batching::Segmented => DatagramSource::Segmented {
+                state: quinn_udp::UdpSocketState::new(quinn_udp::UdpSockRef::from(socket))?,
+                buffers: vec![vec![0u8; 65536]; 8],
+                wait,
+            },
+        })
+    }
+
+    /// Receives what the next call brings (at least one datagram, or an
+    /// error after [`UDP_TIMEOUT`]) and hands each datagram to `each`.
+    fn next_datagrams(
+        &mut self,
+        socket: &UdpSocket,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<()> {
+        match self {
+            DatagramSource::Plain { buf, wait } => {
+                let n = recv(socket, buf, *wait)?;
+                each(&buf[..n]);
+                Ok(())
+            }
+            DatagramSource::Segmented {
+                state,
+                buffers,
+                wait,
+            } => {
+                let deadline = Instant::now() + UDP_TIMEOUT;
+                let mut meta = vec![quinn_udp::RecvMeta::default(); buffers.len()];
+                loop {
+                    let mut slices: Vec<io::IoSliceMut<'_>> =
+                        buffers.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+                    match state.recv(quinn_udp::UdpSockRef::from(socket), &mut slices, &mut meta) {
+                        Ok(filled) => {
+                            for (buffer, meta) in buffers.iter().zip(&meta).take(filled) {
+                                let stride = meta.stride.max(1);
+                                for run in buffer[..meta.len].chunks(stride) {
+                                    each(run);
+                                }
+                            }
+                            return Ok(());
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::TimedOut,
+                                    "no datagram within the timeout",
+                                ));
+                            }
+                            match wait {
+                                UdpWait::Block => wait_ready(socket, libc::POLLIN, left)?,
+                                UdpWait::Spin => std::hint::spin_loop(),
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What the reliable endpoint's state costs with a number of peers.
@@ -585,11 +747,15 @@ mod tests {
 
     #[test]
     fn bulk_counts_what_arrived() {
-        let (a, b) = pair();
-        let round = udp_bulk(&a, &b, 1400, 200, UdpWait::Block).unwrap();
-        assert_eq!(round.sent, 200);
-        assert!(round.received <= 200 && round.received > 0, "{round:?}");
-        assert!(round.gb_per_s(1400) > 0.0);
+        for batching in [Batching::Plain, Batching::Segmented] {
+            for wait in [UdpWait::Block, UdpWait::Spin] {
+                let (a, b) = pair();
+                let round = udp_bulk(&a, &b, 1400, 200, wait, batching).unwrap();
+                assert_eq!(round.sent, 200);
+                assert!(round.received <= 200 && round.received > 0, "{round:?}");
+                assert!(round.gb_per_s(1400) > 0.0);
+            }
+        }
     }
 
     #[test]

@@ -79,6 +79,12 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
         assert!(bulk > 0.0);
         let delivered = number(mode, "/udp/bulk/delivered_fraction");
         assert!(delivered > 0.0 && delivered <= 1.0, "{delivered}");
+        assert_eq!(mode["udp"]["bulk"]["batching"], "plain");
+        let segmented = number(mode, "/udp/bulk_segmented/gb_per_s/median");
+        assert!(segmented > 0.0);
+        assert_eq!(mode["udp"]["bulk_segmented"]["batching"], "segmented");
+        let delivered = number(mode, "/udp/bulk_segmented/delivered_fraction");
+        assert!(delivered > 0.0 && delivered <= 1.0, "{delivered}");
 
         let lossless = &mode["lossless"];
         assert!(lossless["error"].is_null(), "{}", lossless["error"]);
@@ -108,6 +114,10 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
             assert!(rate > 0.0);
             assert!(number(f, "/gb_per_s/samples") >= 1.0);
             assert!(close(number(f, "/over_udp_bulk"), rate / bulk));
+            assert!(close(
+                number(f, "/over_udp_bulk_segmented"),
+                rate / segmented
+            ));
             assert!(f["over_lossless"].is_null());
         }
         // Node 0 started every write, node 1 served them.
@@ -175,18 +185,20 @@ fn quick_fabric_reports_every_figure_beside_its_udp_baseline() {
             number(d, "/link_memory_fixed"),
             number(&endpoint[0], "/fixed_bytes")
         );
+        // The link's buffers: at least its receive buffers (64 KiB each).
+        assert!(number(d, "/link_memory_buffers") >= 65536.0, "{d}");
     }
     assert!(memory["device_fabric_fixed_rss_bytes"].is_number());
     assert!(memory["device_rss_per_peer_bytes"].is_number());
 
     let targets = array(&report, "/targets");
     // Per mode: the round trip, the streams of 1 MiB and more, the lossy
-    // streams; then five memory targets.
+    // streams; then six memory targets.
     let big = sizes
         .iter()
         .filter(|&&s| s >= f64::from(1u32 << 20))
         .count();
-    assert_eq!(targets.len(), 2 * (1 + big + lossy_sizes.len()) + 5);
+    assert_eq!(targets.len(), 2 * (1 + big + lossy_sizes.len()) + 6);
     for t in targets {
         let measured = number(t, "/measured");
         let target = number(t, "/target");

@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use pindown_benches::child::DeviceChild;
 use pindown_benches::fabric::{
-    endpoint_memory, fabric_status, rss_bytes, udp_bulk, udp_round_trips, EndpointMemory, Hosts,
-    HostsReport, UdpWait,
+    endpoint_memory, fabric_status, rss_bytes, udp_bulk, udp_round_trips, Batching, EndpointMemory,
+    Hosts, HostsReport, UdpWait,
 };
 use pindown_benches::output::OutputArgs;
 use pindown_benches::rdma::{
@@ -310,6 +310,8 @@ struct UdpRoundTrip {
 /// The raw UDP bulk transfer.
 #[derive(Debug, Serialize)]
 struct UdpBulk {
+    /// How datagrams were handed to the kernel.
+    batching: Batching,
     datagram_bytes: usize,
     datagrams_per_round: u64,
     /// Bytes received per second.
@@ -324,7 +326,11 @@ struct UdpBaseline {
     /// `"spin"` (non-blocking sockets polled) or `"block"`.
     wait: &'static str,
     round_trips: Vec<UdpRoundTrip>,
+    /// One `send` and one `recv` per datagram (the baseline).
     bulk: Option<UdpBulk>,
+    /// Segmentation offload both ways (GSO/GRO through `quinn-udp`, as
+    /// the fabric's link sends and receives): the kernel's best.
+    bulk_segmented: Option<UdpBulk>,
 }
 
 /// The 8-byte write latency.
@@ -348,8 +354,10 @@ struct BandwidthFigure {
     bytes: u32,
     writes_per_round: u64,
     gb_per_s: Summary,
-    /// Median over the UDP bulk transfer's median.
+    /// Median over the plain UDP bulk transfer's median.
     over_udp_bulk: f64,
+    /// Median over the segmented UDP bulk transfer's median.
+    over_udp_bulk_segmented: f64,
     /// Lossy figures: median over the lossless figure's median of the
     /// same size (`null` without one).
     over_lossless: Option<f64>,
@@ -391,6 +399,9 @@ struct DeviceRss {
     /// peer.
     link_memory_fixed: Option<u64>,
     link_memory_per_peer: Option<u64>,
+    /// The link's own datagram buffers (status line), fixed bytes beside
+    /// the endpoint's.
+    link_memory_buffers: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -551,6 +562,7 @@ fn measure_mode(
         },
         round_trips: Vec::new(),
         bulk: None,
+        bulk_segmented: None,
     };
     progress!(args, "{mode}: raw UDP");
     let udp_error = udp_baseline(hosts, plan, wait, &mut udp)
@@ -562,11 +574,12 @@ fn measure_mode(
             .find(|r| r.payload_bytes == payload)
             .map_or(f64::NAN, |r| r.us.median)
     };
-    let bulk = udp.bulk.as_ref().map_or(f64::NAN, |b| b.gb_per_s.median);
+    let median = |bulk: &Option<UdpBulk>| bulk.as_ref().map_or(f64::NAN, |b| b.gb_per_s.median);
     let baselines = Baselines {
         udp_64_us: udp_rtt(64),
         udp_8_us: udp_rtt(8),
-        bulk_gb_per_s: bulk,
+        bulk_gb_per_s: median(&udp.bulk),
+        bulk_segmented_gb_per_s: median(&udp.bulk_segmented),
     };
     progress!(args, "{mode}: fabric writes");
     let lossless = measure_pair(
@@ -628,22 +641,37 @@ fn udp_baseline(
             verified,
         });
     }
+    udp.bulk = Some(bulk_rounds(&a, &b, plan, wait, Batching::Plain)?);
+    // Segmented sends change the sockets' options: sockets of its own.
+    let (a, b) = (hosts.bind_udp(0, 0)?, hosts.bind_udp(1, 0)?);
+    udp.bulk_segmented = Some(bulk_rounds(&a, &b, plan, wait, Batching::Segmented)?);
+    Ok(())
+}
+
+/// The rounds of one raw UDP bulk transfer (after one short untimed).
+fn bulk_rounds(
+    a: &std::net::UdpSocket,
+    b: &std::net::UdpSocket,
+    plan: &Plan,
+    wait: UdpWait,
+    batching: Batching,
+) -> Result<UdpBulk, Box<dyn Error>> {
     let count = plan.bulk_datagrams();
-    udp_bulk(&a, &b, plan.udp_datagram, count.min(256), wait)?;
+    udp_bulk(a, b, plan.udp_datagram, count.min(256), wait, batching)?;
     let (mut rates, mut sent, mut received) = (Vec::new(), 0u64, 0u64);
     for _ in 0..plan.bandwidth_rounds {
-        let round = udp_bulk(&a, &b, plan.udp_datagram, count, wait)?;
+        let round = udp_bulk(a, b, plan.udp_datagram, count, wait, batching)?;
         rates.push(round.gb_per_s(plan.udp_datagram));
         sent += round.sent;
         received += round.received;
     }
-    udp.bulk = Some(UdpBulk {
+    Ok(UdpBulk {
+        batching,
         datagram_bytes: plan.udp_datagram,
         datagrams_per_round: count,
         gb_per_s: Summary::of(&mut rates),
         delivered_fraction: received as f64 / sent.max(1) as f64,
-    });
-    Ok(())
+    })
 }
 
 /// The raw UDP medians of a mode the figures are divided by.
@@ -651,6 +679,7 @@ struct Baselines {
     udp_64_us: f64,
     udp_8_us: f64,
     bulk_gb_per_s: f64,
+    bulk_segmented_gb_per_s: f64,
 }
 
 /// A random-enough nonzero fabric token for one pair of devices.
@@ -868,6 +897,7 @@ fn writes(
             bytes: size,
             writes_per_round: writes,
             over_udp_bulk: rate.median / baselines.bulk_gb_per_s,
+            over_udp_bulk_segmented: rate.median / baselines.bulk_segmented_gb_per_s,
             over_lossless: over_lossless.filter(|r| r.is_finite()),
             gb_per_s: rate,
             verified: first_difference(WRITE_SEED, 0, &landed).is_none(),
@@ -948,6 +978,7 @@ fn device_rss(exe: &std::path::Path, peers: usize) -> Result<DeviceRss, Box<dyn 
         rss_bytes: rss,
         link_memory_fixed: status.get("memory_fixed").copied(),
         link_memory_per_peer: status.get("memory_per_peer").copied(),
+        link_memory_buffers: status.get("memory_buffers").copied(),
     })
 }
 
@@ -1026,6 +1057,14 @@ fn targets(modes: &[ModeReport], memory: &MemoryReport) -> Vec<Target> {
         targets::FIXED_BYTES,
         most.map(|e| e.fixed_bytes as f64),
     ));
+    let link = memory.device_rss.iter().find(|d| d.peers > 0);
+    out.push(target(
+        "endpoint fixed state plus the link's datagram buffers per device".into(),
+        "bytes",
+        true,
+        targets::FIXED_BYTES,
+        link.and_then(|d| Some((d.link_memory_fixed? + d.link_memory_buffers?) as f64)),
+    ));
     out.push(target(
         "device resident memory of the fabric (2 peers over none)".into(),
         "bytes",
@@ -1054,10 +1093,11 @@ fn summarize(report: &Report) {
                 m.mode, r.payload_bytes, m.udp.wait, r.us.median
             );
         }
-        if let Some(b) = &m.udp.bulk {
+        for b in m.udp.bulk.iter().chain(&m.udp.bulk_segmented) {
             eprintln!(
-                "{} raw UDP bulk: {:.3} GB/s ({:.1} % delivered)",
+                "{} raw UDP bulk ({:?}): {:.3} GB/s ({:.1} % delivered)",
                 m.mode,
+                b.batching,
                 b.gb_per_s.median,
                 100.0 * b.delivered_fraction
             );
@@ -1073,11 +1113,12 @@ fn summarize(report: &Report) {
             }
             for b in &pair.bandwidth {
                 eprintln!(
-                    "{} {name} writes {:>8} B: {:.3} GB/s ({:.2}x UDP bulk{})",
+                    "{} {name} writes {:>8} B: {:.3} GB/s ({:.2}x UDP bulk, {:.2}x segmented{})",
                     m.mode,
                     b.bytes,
                     b.gb_per_s.median,
                     b.over_udp_bulk,
+                    b.over_udp_bulk_segmented,
                     b.over_lossless
                         .map_or(String::new(), |r| format!(", {r:.2}x lossless"))
                 );

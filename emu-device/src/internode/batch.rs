@@ -1,162 +1,257 @@
-//! Batched datagram I/O on the link's UDP socket: `recvmmsg` takes up to
-//! [`BATCH`] datagrams in one system call, `sendmmsg` puts a pass's
-//! datagrams on the wire in one.
+//! Datagram I/O on the link's UDP socket, through `quinn-udp`: received
+//! datagrams arrive coalesced by the kernel (UDP GRO: up to 64 datagrams
+//! of one sender in one buffer, cut apart again here), several buffers in
+//! one `recvmmsg`; a pass's datagrams to one peer of one size go out as
+//! one segmentation-offloaded send (UDP GSO: the kernel cuts one buffer
+//! into up to 64 datagrams). Over a veth pair this moves about ten times
+//! the datagrams per second of one `sendmmsg` entry per datagram. Where
+//! the kernel offers neither (before Linux 5.0) every datagram is a buffer
+//! and a send of its own.
 
-use std::io;
-use std::mem::{size_of, zeroed};
-use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::io::{self, IoSliceMut};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 
-/// Datagrams taken or sent in one system call at most.
-pub const BATCH: usize = 32;
+use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 
-/// The largest datagram received (a longer one, cut by the kernel, is
-/// dropped: no sender of the fabric makes one; Ethernet frames of a
-/// 1500-byte MTU and the endpoint's datagrams fit).
+/// The largest datagram taken (a longer one is dropped, counted: no
+/// sender of the fabric makes one; Ethernet frames of a 1500-byte MTU and
+/// the endpoint's datagrams fit).
 pub const DATAGRAM_MAX: usize = 4096;
 
-/// Buffers for [`BATCH`] received datagrams.
+/// Receive buffers filled by one system call: up to 192 datagrams when
+/// the kernel coalesces, 3 when it does not. With the endpoint's pool
+/// they keep the fabric's fixed memory under 1 MiB per device.
+pub const RECEIVE_BUFFERS: usize = 3;
+
+/// Bytes of one receive buffer: the most a UDP datagram, or a coalesced
+/// run of them, can hold, so the kernel never cuts one.
+const RECEIVE_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Datagrams queued before a pass's batch goes out unasked: as many
+/// full-size datagrams as one segmented send carries.
+const FLUSH_AT: usize = 44;
+
+/// Bytes a segmentation-offloaded send may carry (the UDP payload limit
+/// of one IPv4 packet).
+const GSO_BYTES_MAX: usize = 65_507;
+
+/// The link's socket, with what `quinn-udp` learned of it (whether the
+/// kernel segments and coalesces).
+pub struct Wire {
+    socket: UdpSocket,
+    state: UdpSocketState,
+    /// The largest datagram sent in a segmented run: one that fits the
+    /// path's MTU (a longer one, a bridged frame, goes alone and may be
+    /// fragmented).
+    segment_max: usize,
+}
+
+impl Wire {
+    /// Takes `socket` (made non-blocking). `quinn-udp` forbids IP
+    /// fragmentation on it, as QUIC wants; the fabric keeps the kernel's
+    /// choice, so that bridged Ethernet frames of a 1500-byte MTU still
+    /// cross a 1500-byte path.
+    /// Datagrams longer than `segment_max` are never sent segmented.
+    pub fn new(socket: UdpSocket, segment_max: usize) -> io::Result<Wire> {
+        let fragmentation = FragmentationSetting::read(&socket)?;
+        let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
+        fragmentation.restore(&socket)?;
+        Ok(Wire {
+            socket,
+            state,
+            segment_max,
+        })
+    }
+
+    /// The socket's descriptor (for readiness).
+    pub fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    /// Datagrams one send may carry (1 without segmentation offload).
+    pub fn max_segments(&self) -> usize {
+        self.state.max_gso_segments()
+    }
+
+    /// Whether received datagrams may come coalesced.
+    pub fn coalesces(&self) -> bool {
+        self.state.gro_segments() > 1
+    }
+}
+
+/// The IP_MTU_DISCOVER (and, on IPv6 sockets, IPV6_MTU_DISCOVER) values
+/// of a socket.
+struct FragmentationSetting {
+    v4: libc::c_int,
+    v6: Option<libc::c_int>,
+}
+
+impl FragmentationSetting {
+    fn read(socket: &UdpSocket) -> io::Result<FragmentationSetting> {
+        let v6 = socket.local_addr()?.is_ipv6();
+        Ok(FragmentationSetting {
+            v4: get_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap_or(-1),
+            v6: v6
+                .then(|| get_int_option(socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER))
+                .transpose()?,
+        })
+    }
+
+    fn restore(&self, socket: &UdpSocket) -> io::Result<()> {
+        if self.v4 >= 0 {
+            // An IPv6-only socket may refuse the IPv4 option; it never
+            // sends IPv4 then.
+            let _ = set_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, self.v4);
+        }
+        if let Some(v6) = self.v6 {
+            set_int_option(socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, v6)?;
+        }
+        Ok(())
+    }
+}
+
+fn get_int_option(
+    socket: &UdpSocket,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and sized for an int option; the
+    // kernel writes at most `len` bytes into `value`.
+    let done = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if done == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn set_int_option(
+    socket: &UdpSocket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `value` is a live int and the length says so; the kernel
+    // only reads it.
+    let done = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Buffers for the datagrams of one receive.
 pub struct Received {
     buffers: Vec<u8>,
-    /// Bytes of each datagram; `None` for one cut short.
-    lengths: [Option<usize>; BATCH],
-    sources: Vec<libc::sockaddr_storage>,
-    count: usize,
+    /// (start in `buffers`, bytes, source) of each datagram taken; bytes
+    /// `None` for one longer than [`DATAGRAM_MAX`].
+    datagrams: Vec<(usize, Option<usize>, SocketAddr)>,
+    /// Whether the last receive filled every buffer (more may wait).
+    full: bool,
 }
 
 impl Received {
-    /// Empty buffers.
-    pub fn new() -> Self {
+    /// Its buffers, allocated once.
+    pub fn with_buffers() -> Self {
         Received {
-            buffers: vec![0; BATCH * DATAGRAM_MAX],
-            lengths: [None; BATCH],
-            // SAFETY: sockaddr_storage is plain old data; all zeros is a
-            // valid (unspecified-family) value.
-            sources: vec![unsafe { zeroed() }; BATCH],
-            count: 0,
+            buffers: vec![0; RECEIVE_BUFFERS * RECEIVE_BUFFER_BYTES],
+            datagrams: Vec::with_capacity(RECEIVE_BUFFERS * 64),
+            full: false,
         }
     }
 
-    /// Takes the datagrams waiting on `fd` (non-blocking), up to
-    /// [`BATCH`]; returns how many (0 when none waits).
-    pub fn receive(&mut self, fd: RawFd) -> io::Result<usize> {
-        let mut iovecs: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
-            iov_base: self.buffers[i * DATAGRAM_MAX..].as_mut_ptr().cast(),
-            iov_len: DATAGRAM_MAX,
-        });
-        // SAFETY: mmsghdr is plain old data; zeros are a valid start.
-        let mut headers: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for (i, header) in headers.iter_mut().enumerate() {
-            header.msg_hdr.msg_name = (&mut self.sources[i] as *mut libc::sockaddr_storage).cast();
-            header.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_hdr.msg_iov = &mut iovecs[i];
-            header.msg_hdr.msg_iovlen = 1;
+    /// A placeholder with no buffers (allocates nothing; takes no
+    /// datagram).
+    pub fn empty() -> Self {
+        Received {
+            buffers: Vec::new(),
+            datagrams: Vec::new(),
+            full: false,
         }
-        // SAFETY: every header points at one iovec of a live buffer of
-        // DATAGRAM_MAX bytes and at a live sockaddr_storage, all of which
-        // outlive the call; the kernel writes at most those.
-        let got = unsafe {
-            libc::recvmmsg(
-                fd,
-                headers.as_mut_ptr(),
-                BATCH as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+    }
+
+    /// Bytes of the buffers (the link's own memory, reported with the
+    /// endpoint's).
+    pub fn bytes(&self) -> usize {
+        self.buffers.len()
+            + self.datagrams.capacity() * std::mem::size_of::<(usize, Option<usize>, SocketAddr)>()
+    }
+
+    /// Takes the datagrams waiting on `wire` (non-blocking): as many as
+    /// [`RECEIVE_BUFFERS`] buffers hold; returns how many datagrams (0
+    /// when none waits).
+    pub fn receive(&mut self, wire: &Wire) -> io::Result<usize> {
+        self.datagrams.clear();
+        self.full = false;
+        let mut meta = [RecvMeta::default(); RECEIVE_BUFFERS];
+        let mut chunks = self.buffers.chunks_mut(RECEIVE_BUFFER_BYTES);
+        let mut slices: [IoSliceMut<'_>; RECEIVE_BUFFERS] =
+            std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
+        let filled = match wire
+            .state
+            .recv(UdpSockRef::from(&wire.socket), &mut slices, &mut meta)
+        {
+            Ok(filled) => filled,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(error) => return Err(error),
         };
-        if got < 0 {
-            self.count = 0;
-            let error = io::Error::last_os_error();
-            return match error.kind() {
-                io::ErrorKind::WouldBlock => Ok(0),
-                _ => Err(error),
-            };
+        self.full = filled == RECEIVE_BUFFERS;
+        for (i, meta) in meta.iter().take(filled).enumerate() {
+            let base = i * RECEIVE_BUFFER_BYTES;
+            let len = meta.len.min(RECEIVE_BUFFER_BYTES);
+            // One datagram, or a coalesced run cut every `stride` bytes
+            // (the last may be shorter).
+            let stride = if meta.stride == 0 { len } else { meta.stride };
+            let mut at = 0;
+            while at < len {
+                let bytes = stride.min(len - at);
+                let kept = (bytes <= DATAGRAM_MAX).then_some(bytes);
+                self.datagrams.push((base + at, kept, meta.addr));
+                at += stride;
+            }
+            if len == 0 {
+                self.datagrams.push((base, Some(0), meta.addr));
+            }
         }
-        self.count = got as usize;
-        for (i, header) in headers.iter().take(self.count).enumerate() {
-            let cut = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            self.lengths[i] = (!cut).then_some((header.msg_len as usize).min(DATAGRAM_MAX));
-        }
-        Ok(self.count)
+        Ok(self.datagrams.len())
+    }
+
+    /// Whether the last [`receive`](Self::receive) filled every buffer:
+    /// more datagrams may be waiting.
+    pub fn full(&self) -> bool {
+        self.full
     }
 
     /// Datagram `i` of the last [`receive`](Self::receive) and where it
-    /// came from (`None` for a datagram cut short, or from an address
-    /// family other than IPv4 and IPv6).
+    /// came from (`None` for one longer than [`DATAGRAM_MAX`]).
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
-        if i >= self.count {
-            return None;
-        }
-        let len = self.lengths[i]?;
-        let source = socket_addr(&self.sources[i])?;
-        let start = i * DATAGRAM_MAX;
+        let &(start, len, source) = self.datagrams.get(i)?;
+        let len = len?;
         Some((&self.buffers[start..start + len], source))
     }
 }
 
-impl Default for Received {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// The address a `sockaddr_storage` the kernel filled names.
-fn socket_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match libc::c_int::from(storage.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in,
-            // which it is large and aligned enough for.
-            let v4 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
-            let ip = u32::from_be(v4.sin_addr.s_addr);
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip.into(),
-                u16::from_be(v4.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for sockaddr_in6.
-            let v6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                v6.sin6_addr.s6_addr.into(),
-                u16::from_be(v6.sin6_port),
-                u32::from_be(v6.sin6_flowinfo),
-                v6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
-/// The C form of `address`, and its length.
-fn raw_addr(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: plain old data; zeros are valid.
-    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match address {
-        SocketAddr::V4(v4) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for a
-            // sockaddr_in.
-            let raw = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
-            raw.sin_family = libc::AF_INET as libc::sa_family_t;
-            raw.sin_port = v4.port().to_be();
-            raw.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(v6) => {
-            // SAFETY: as above, for sockaddr_in6.
-            let raw = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
-            raw.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            raw.sin6_port = v6.port().to_be();
-            raw.sin6_addr.s6_addr = v6.ip().octets();
-            raw.sin6_flowinfo = v6.flowinfo().to_be();
-            raw.sin6_scope_id = v6.scope_id();
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
-}
-
 /// Datagrams of one pass, put on the wire together.
-#[derive(Default)]
 pub struct Outgoing {
     bytes: Vec<u8>,
     /// (destination, start, length) of each datagram in `bytes`.
@@ -164,61 +259,86 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// Queues `datagram` for `destination`; sends the batch when it is
-    /// full.
-    pub fn push(&mut self, fd: RawFd, destination: SocketAddr, datagram: &[u8]) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(datagram);
-        self.datagrams.push((destination, start, datagram.len()));
-        if self.datagrams.len() == BATCH {
-            self.flush(fd);
+    /// Room for a full batch of datagrams of up to `datagram_max` bytes
+    /// (a longer one, a bridged frame, makes room for itself).
+    pub fn with_capacity(datagram_max: usize) -> Outgoing {
+        Outgoing {
+            bytes: Vec::with_capacity(FLUSH_AT * datagram_max),
+            datagrams: Vec::with_capacity(FLUSH_AT),
         }
     }
 
-    /// Sends the queued datagrams. A datagram the kernel refuses (a full
+    /// Bytes of its buffers.
+    pub fn bytes(&self) -> usize {
+        self.bytes.capacity()
+            + self.datagrams.capacity() * std::mem::size_of::<(SocketAddr, usize, usize)>()
+    }
+
+    /// Queues `datagram` for `destination`; sends the batch when it is
+    /// full.
+    pub fn push(&mut self, wire: &Wire, destination: SocketAddr, datagram: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(datagram);
+        self.datagrams.push((destination, start, datagram.len()));
+        if self.datagrams.len() == FLUSH_AT {
+            self.flush(wire);
+        }
+    }
+
+    /// Sends the queued datagrams: each run of datagrams to one
+    /// destination, of one size (the run's last may be shorter), as one
+    /// send the kernel segments. A send the kernel refuses (a full
     /// buffer, an unreachable peer) is dropped: the reliable endpoint
     /// sends again what is not acknowledged, and frames are best effort.
-    pub fn flush(&mut self, fd: RawFd) {
-        let mut sent = 0;
-        while sent < self.datagrams.len() {
-            let chunk = &self.datagrams[sent..];
-            let addresses: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-                chunk.iter().map(|&(to, _, _)| raw_addr(to)).collect();
-            let mut iovecs: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|&(_, start, len)| libc::iovec {
-                    iov_base: self.bytes[start..].as_ptr() as *mut libc::c_void,
-                    iov_len: len,
-                })
-                .collect();
-            // SAFETY: plain old data; zeros are valid.
-            let mut headers: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; chunk.len()];
-            for (i, header) in headers.iter_mut().enumerate() {
-                header.msg_hdr.msg_name = (&addresses[i].0 as *const libc::sockaddr_storage)
-                    .cast_mut()
-                    .cast();
-                header.msg_hdr.msg_namelen = addresses[i].1;
-                header.msg_hdr.msg_iov = &mut iovecs[i];
-                header.msg_hdr.msg_iovlen = 1;
+    pub fn flush(&mut self, wire: &Wire) {
+        let most = wire.max_segments().max(1);
+        let mut first = 0;
+        while first < self.datagrams.len() {
+            let (destination, start, size) = self.datagrams[first];
+            let mut end = first + 1;
+            let mut bytes = size;
+            let segmentable = size > 0 && size <= wire.segment_max;
+            while segmentable && end < self.datagrams.len() && end - first < most {
+                let (to, _, len) = self.datagrams[end];
+                if to != destination || len == 0 || len > size || bytes + len > GSO_BYTES_MAX {
+                    break;
+                }
+                bytes += len;
+                end += 1;
+                if len < size {
+                    // Only a run's last segment may be shorter.
+                    break;
+                }
             }
-            // SAFETY: every header points at a live address and one iovec
-            // over bytes of `self.bytes`, all alive for the call; the
-            // kernel only reads them.
-            let done = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    headers.as_mut_ptr(),
-                    headers.len() as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
+            let run = Transmit {
+                destination,
+                ecn: None,
+                contents: &self.bytes[start..start + bytes],
+                segment_size: (end - first > 1).then_some(size),
+                src_ip: None,
             };
-            if done <= 0 {
-                // The first datagram was refused: drop it, go on.
-                tracing::trace!("fabric send: {}", io::Error::last_os_error());
-                sent += 1;
-            } else {
-                sent += done as usize;
+            match wire.state.try_send(UdpSockRef::from(&wire.socket), &run) {
+                Ok(()) => {}
+                Err(error) if end - first > 1 && error.kind() != io::ErrorKind::WouldBlock => {
+                    // The kernel refused to segment (a smaller MTU on the
+                    // way, no checksum offload): each datagram alone.
+                    tracing::debug!("fabric segmented send to {destination}: {error}");
+                    for &(to, at, len) in &self.datagrams[first..end] {
+                        let single = Transmit {
+                            destination: to,
+                            ecn: None,
+                            contents: &self.bytes[at..at + len],
+                            segment_size: None,
+                            src_ip: None,
+                        };
+                        let _ = wire.state.try_send(UdpSockRef::from(&wire.socket), &single);
+                    }
+                }
+                Err(error) => {
+                    tracing::trace!("fabric send to {destination}: {error}");
+                }
             }
+            first = end;
         }
         self.bytes.clear();
         self.datagrams.clear();
@@ -238,41 +358,119 @@ impl Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::UdpSocket;
-    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    /// Loopback sockets: a sender and a receiver.
+    fn pair(segment_max: usize) -> (Wire, Wire, SocketAddr, SocketAddr) {
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (to, from) = (receiver.local_addr().unwrap(), sender.local_addr().unwrap());
+        (
+            Wire::new(sender, segment_max).unwrap(),
+            Wire::new(receiver, segment_max).unwrap(),
+            to,
+            from,
+        )
+    }
+
+    /// Datagrams taken, each with its source (`None` for one dropped).
+    type Taken = Vec<(Option<Vec<u8>>, Option<SocketAddr>)>;
+
+    /// Receives until `want` datagrams came (or 5 s passed); also the
+    /// most datagrams one receive returned.
+    fn receive_all(wire: &Wire, want: usize) -> (Taken, usize) {
+        let mut received = Received::with_buffers();
+        let (mut got, mut most) = (Vec::new(), 0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < want && Instant::now() < deadline {
+            let n = received.receive(wire).unwrap();
+            most = most.max(n);
+            for i in 0..n {
+                let datagram = received.get(i);
+                got.push((
+                    datagram.map(|(bytes, _)| bytes.to_vec()),
+                    datagram.map(|(_, from)| from),
+                ));
+            }
+        }
+        assert_eq!(received.receive(wire).unwrap(), 0, "nothing more");
+        (got, most)
+    }
 
     #[test]
     fn batches_carry_every_datagram_with_its_source() {
-        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = receiver.local_addr().unwrap();
-        let mut out = Outgoing::default();
+        let (sender, receiver, to, from) = pair(1452);
+        let mut out = Outgoing::with_capacity(1452);
         let datagrams: Vec<Vec<u8>> = (0..45u8)
             .map(|i| vec![i; 1 + usize::from(i) * 30])
             .collect();
         for datagram in &datagrams {
-            out.push(sender.as_raw_fd(), to, datagram);
+            out.push(&sender, to, datagram);
         }
-        assert_eq!(out.len(), 45 - BATCH);
-        out.flush(sender.as_raw_fd());
+        assert_eq!(out.len(), 45 - FLUSH_AT);
+        out.flush(&sender);
         assert!(out.is_empty());
-        let mut received = Received::new();
-        let mut got = Vec::new();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while got.len() < datagrams.len() && std::time::Instant::now() < deadline {
-            let n = received.receive(receiver.as_raw_fd()).unwrap();
-            for i in 0..n {
-                let (bytes, from) = received.get(i).unwrap();
-                assert_eq!(from, sender.local_addr().unwrap());
-                got.push(bytes.to_vec());
+        let (got, _) = receive_all(&receiver, datagrams.len());
+        let expected: Vec<_> = datagrams
+            .into_iter()
+            .map(|d| (Some(d), Some(from)))
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn runs_of_one_size_go_segmented_and_arrive_as_the_datagrams_they_were() {
+        let (sender, receiver, to, from) = pair(1452);
+        let other = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let other_wire = Wire::new(other, 1452).unwrap();
+        let elsewhere = other_wire.socket.local_addr().unwrap();
+        let mut out = Outgoing::with_capacity(1452);
+        // Full-size datagrams with one shorter last, a datagram to another
+        // address in the middle, and an empty one.
+        let mut sent = Vec::new();
+        for i in 0..60u32 {
+            let len = if i == 59 { 700 } else { 1452 };
+            let datagram: Vec<u8> = (0..len).map(|k| (k as u32 * 7 + i) as u8).collect();
+            out.push(&sender, to, &datagram);
+            sent.push(datagram);
+            if i == 30 {
+                out.push(&sender, elsewhere, b"elsewhere");
             }
         }
-        assert_eq!(got, datagrams);
-        assert_eq!(received.receive(receiver.as_raw_fd()).unwrap(), 0);
-        // A datagram longer than the buffers is refused, not cut.
-        sender.send_to(&vec![7u8; DATAGRAM_MAX + 1], to).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(received.receive(receiver.as_raw_fd()).unwrap(), 1);
-        assert!(received.get(0).is_none());
+        out.push(&sender, to, b"");
+        sent.push(Vec::new());
+        out.flush(&sender);
+        let (got, most) = receive_all(&receiver, sent.len());
+        let expected: Vec<_> = sent.into_iter().map(|d| (Some(d), Some(from))).collect();
+        assert_eq!(got.len(), expected.len());
+        assert!(got == expected, "datagrams differ or came out of order");
+        let (aside, _) = receive_all(&other_wire, 1);
+        assert_eq!(aside, vec![(Some(b"elsewhere".to_vec()), Some(from))]);
+        if sender.max_segments() > 1 && receiver.coalesces() {
+            // Loopback hands a segmented send over whole: one receive
+            // returned more datagrams than it has buffers.
+            assert!(
+                most > RECEIVE_BUFFERS,
+                "no run came coalesced: at most {most}"
+            );
+        }
+    }
+
+    #[test]
+    fn long_datagrams_go_alone_and_too_long_ones_are_dropped() {
+        let (sender, receiver, to, from) = pair(1452);
+        let mut out = Outgoing::with_capacity(1452);
+        // Longer than a segment: each alone (a bridged frame).
+        let frames: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 1600]).collect();
+        for frame in &frames {
+            out.push(&sender, to, frame);
+        }
+        // Longer than any datagram the fabric takes.
+        out.push(&sender, to, &vec![9u8; DATAGRAM_MAX + 1]);
+        out.flush(&sender);
+        let (got, _) = receive_all(&receiver, 4);
+        let mut expected: Vec<_> = frames.into_iter().map(|f| (Some(f), Some(from))).collect();
+        expected.push((None, None));
+        assert_eq!(got, expected);
     }
 }

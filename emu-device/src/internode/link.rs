@@ -193,6 +193,10 @@ pub struct Link {
     snapshots: Snapshots,
     /// The endpoint's memory: fixed bytes, bytes per peer.
     memory: (usize, usize),
+    /// The link's own datagram buffers (received datagrams, the pass's
+    /// batch, the message and datagram being built), bytes: fixed, beside
+    /// the endpoint's.
+    buffers: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The link's work, taken for a pass by whichever thread runs it: the
     /// link's own thread, or a busy-polling port thread ([`Link::drive`]).
@@ -234,7 +238,10 @@ impl Link {
         let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
         let socket = UdpSocket::bind(config.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", config.listen)))?;
-        socket.set_nonblocking(true)?;
+        let socket = batch::Wire::new(
+            socket,
+            config.endpoint.max_payload + crate::net::wire::HEADER_LEN,
+        )?;
         let identity = Identity::with_random_incarnation(config.fabric, config.node)
             .map_err(|e| io::Error::other(format!("no random source: {e}")))?;
         let mut endpoint =
@@ -245,6 +252,14 @@ impl Link {
                 .map_err(|e| invalid(e.to_string()))?;
         }
         let report = endpoint.memory();
+        let datagram_max = config.endpoint.max_payload + crate::net::wire::HEADER_LEN;
+        let received = batch::Received::with_buffers();
+        let outgoing = batch::Outgoing::with_capacity(datagram_max);
+        let message = Vec::with_capacity(config.endpoint.max_payload);
+        let bytes = vec![0; config.endpoint.max_payload];
+        let datagram = vec![0u8; batch::DATAGRAM_MAX];
+        let buffers =
+            received.bytes() + outgoing.bytes() + message.capacity() + bytes.len() + datagram.len();
         let link = Arc::new(Link {
             node: config.node,
             peers: config.peers.clone(),
@@ -262,6 +277,7 @@ impl Link {
                 .collect(),
             snapshots: Snapshots::default(),
             memory: (report.fixed_bytes, report.per_peer_bytes),
+            buffers,
             thread: Mutex::new(None),
             worker: Mutex::new(None),
             driven_at: AtomicU64::new(0),
@@ -287,12 +303,12 @@ impl Link {
             delegated: 0,
             op_timeout: config.endpoint.peer_timeout * 2,
             deferred: VecDeque::new(),
-            message: Vec::with_capacity(config.endpoint.max_payload),
-            received: batch::Received::new(),
-            outgoing: batch::Outgoing::default(),
-            bytes: vec![0; config.endpoint.max_payload],
+            message,
+            received,
+            outgoing,
+            bytes,
             addresses: config.peers.iter().map(|(&n, &a)| (a, n)).collect(),
-            datagram: vec![0u8; batch::DATAGRAM_MAX],
+            datagram,
             last_work: Instant::now(),
         };
         *link.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(worker);
@@ -478,7 +494,8 @@ impl Link {
             "fabric node={} peers={} started={} completed={} failed={} served={} \
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
              datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
-             frames_dropped={} passes_on_ports={} memory_fixed={} memory_per_peer={} memory_peer_stats={}\n",
+             frames_dropped={} passes_on_ports={} memory_fixed={} memory_per_peer={} memory_peer_stats={} \
+             memory_buffers={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -499,6 +516,7 @@ impl Link {
             self.memory.1,
             // The per-peer counters, apart from the endpoint's state.
             std::mem::size_of::<(NodeId, PeerStats)>(),
+            self.buffers,
         ) + &self.peer_status()
     }
 
@@ -751,7 +769,7 @@ struct Worker {
     link: Arc<Link>,
     ports: Arc<PortTable>,
     switch: Arc<Switch>,
-    socket: UdpSocket,
+    socket: batch::Wire,
     endpoint: Endpoint,
     fault_in: Option<FaultInjector>,
     fault_out: Option<FaultInjector>,
@@ -843,7 +861,7 @@ impl Worker {
         let mut datagram = std::mem::take(&mut self.datagram);
         worked |= self.transmit(now, &mut datagram);
         self.datagram = datagram;
-        self.outgoing.flush(self.socket.as_raw_fd());
+        self.outgoing.flush(&self.socket);
         self.publish_stats();
         if worked {
             self.last_work = now;
@@ -898,7 +916,7 @@ impl Worker {
         });
         let mut fds = [
             libc::pollfd {
-                fd: self.socket.as_raw_fd(),
+                fd: self.socket.fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -1146,12 +1164,13 @@ impl Worker {
     /// [`RECEIVE_BATCHES_PER_PASS`] batches.
     fn receive(&mut self, now: Instant) -> bool {
         let mut worked = false;
-        let mut received = std::mem::take(&mut self.received);
+        // The buffers stay allocated: a placeholder holds their place.
+        let mut received = std::mem::replace(&mut self.received, batch::Received::empty());
         // Bounded: a pass may run on a port thread between its polls, and
         // datagrams keep coming as fast as anyone sends them (the rest
         // waits for the next pass).
         for _ in 0..RECEIVE_BATCHES_PER_PASS {
-            let count = match received.receive(self.socket.as_raw_fd()) {
+            let count = match received.receive(&self.socket) {
                 Ok(0) => break,
                 Ok(count) => count,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -1201,7 +1220,7 @@ impl Worker {
                     None => self.handle_datagram(now, node, bytes),
                 }
             }
-            if count < batch::BATCH {
+            if !received.full() {
                 break;
             }
         }
@@ -2390,7 +2409,7 @@ impl Worker {
         if let Some(peer) = self.link.peer_stats.get(&node) {
             peer.datagrams_sent.fetch_add(1, Ordering::Relaxed);
         }
-        self.outgoing.push(self.socket.as_raw_fd(), address, bytes);
+        self.outgoing.push(&self.socket, address, bytes);
     }
 
     fn publish_stats(&self) {

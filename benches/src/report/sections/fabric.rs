@@ -495,6 +495,20 @@ fn memory(doc: &Value, section: &mut Section) -> Result<(), BuildError> {
         peers: Vec::new(),
         limit: None,
     });
+    let link_buffers = at(memory, "device_rss").ok().and_then(|rows| {
+        rows.as_array()?
+            .iter()
+            .find(|row| row["peers"].as_u64().is_some_and(|p| p > 0))?["link_memory_buffers"]
+            .as_f64()
+    });
+    section.rows.push(Row {
+        what: "link datagram buffers, fixed (beside the endpoint's memory)".into(),
+        unit: "B".into(),
+        ours: link_buffers,
+        paper: None,
+        peers: Vec::new(),
+        limit: None,
+    });
     section.rows.push(Row {
         what: "device process resident memory per peer (an upper bound)".into(),
         unit: "B".into(),
