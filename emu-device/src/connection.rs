@@ -619,10 +619,15 @@ fn poll_rdma(
         if let Some(others) = others.as_deref_mut() {
             ctx.shared_poll.serve_delegated(ctx, others, load);
         }
-        // Busy-polling, the port thread runs the fabric link's work too: a
-        // request just handed to the link goes out, and its answer is
-        // taken, with no other thread in between.
-        let linked = ctx.link.filter(|_| ctx.config.poll);
+        // The port thread runs the fabric link's work too. Busy-polling,
+        // always: a request just handed to the link goes out, and its
+        // answer is taken, with no other thread in between. Event-driven,
+        // while it spins after work and requests of this node are on the
+        // fabric: their answers are taken and completed here, with no
+        // wake-up of the link's thread nor of this one.
+        let linked = ctx
+            .link
+            .filter(|link| ctx.config.poll || link.requests_in_flight());
         if linked.is_some_and(|link| link.drive(port.index)) {
             load.own_worked();
         }

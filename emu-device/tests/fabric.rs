@@ -819,7 +819,7 @@ fn writes_one_at_a_time(extra: &[&str], writes: u64) -> u64 {
 }
 
 #[test]
-fn busy_polling_port_threads_carry_the_link_and_every_write_lands() {
+fn port_threads_carry_the_link_while_their_requests_are_on_the_fabric() {
     // Busy-poll: the port thread that hands a request to the link runs the
     // link's passes itself, between its polls.
     let on_ports = writes_one_at_a_time(&["--poll"], 500);
@@ -827,8 +827,16 @@ fn busy_polling_port_threads_carry_the_link_and_every_write_lands() {
         on_ports >= 250,
         "500 writes, {on_ports} link passes on port threads"
     );
-    // Event-driven: the link's own thread does.
-    assert_eq!(writes_one_at_a_time(&[], 200), 0);
+    // Event-driven, a port thread that spins after work (here long past
+    // the test) runs the passes while its node's requests are in flight:
+    // each write's answer is taken there.
+    let on_ports = writes_one_at_a_time(&["--spin-us=100000"], 200);
+    assert!(
+        on_ports >= 100,
+        "200 writes, {on_ports} link passes on port threads"
+    );
+    // Event-driven with no spin: the link's own thread does all.
+    assert_eq!(writes_one_at_a_time(&["--spin-us=0"], 200), 0);
 }
 
 /// `writes` checked 8-byte writes from `from` into `window` (at most
@@ -860,9 +868,22 @@ fn checked_writes(
 
 #[test]
 fn a_link_whose_port_thread_stopped_driving_serves_the_other_node_again() {
+    // Busy-poll: idle past a millisecond, node 0's port thread sleeps and
+    // its link's own thread takes over.
+    the_other_node_is_served_after_driving(&["--poll"], Duration::from_millis(20));
+    // Event-driven: node 1's writes come while node 0's port thread still
+    // spins after its last answer (it no longer drives: nothing of its
+    // own is in flight), and once it slept.
+    the_other_node_is_served_after_driving(&[], Duration::ZERO);
+    the_other_node_is_served_after_driving(&["--spin-us=2000"], Duration::ZERO);
+}
+
+/// Node 0 writes into node 1 (its port thread drives its link), then,
+/// after `pause`, node 1 writes into node 0: node 0 serves all of them.
+fn the_other_node_is_served_after_driving(extra: &[&str], pause: Duration) {
     let ports = [free_port(), free_port()];
-    let zero = node(0, &ports, &["--poll"]);
-    let one = node(1, &ports, &["--poll"]);
+    let zero = node(0, &ports, extra);
+    let one = node(1, &ports, extra);
     let zero_context = Context::open(zero.socket(0), config()).unwrap();
     let one_context = Context::open(one.socket(0), config()).unwrap();
     let far_zero = zero_context.alloc(4096, 64).unwrap();
@@ -877,18 +898,18 @@ fn a_link_whose_port_thread_stopped_driving_serves_the_other_node_again() {
     let window_one = one_context
         .bind_window(&region_one, 0, 4096, Access::REMOTE_WRITE)
         .unwrap();
-    // Node 0's port thread drives its link while it writes to node 1.
     checked_writes(&zero_context, window_one.remote(), &far_one, 200);
     let driven = zero.fabric_status().n("passes_on_ports");
-    assert!(driven > 0, "node 0's port thread never drove its link");
-    // Idle past a millisecond, node 0's port thread sleeps and its link's
-    // own thread takes over: node 1's writes into node 0 are served.
-    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        driven > 0,
+        "node 0's port thread never drove its link {extra:?}"
+    );
+    std::thread::sleep(pause);
     let served_before = zero.fabric_status().n("served");
     checked_writes(&one_context, window_zero.remote(), &far_zero, 200);
     let served = zero.fabric_status().n("served") - served_before;
     assert!(
         served >= 200,
-        "node 0 served {served} of node 1's 200 writes"
+        "node 0 served {served} of node 1's 200 writes {extra:?}"
     );
 }

@@ -355,6 +355,16 @@ impl Link {
         self.wake_if_asleep();
     }
 
+    /// Whether requests of local ports handed to the link have not all
+    /// completed yet.
+    pub fn requests_in_flight(&self) -> bool {
+        let s = &self.stats;
+        // Finished ones first: a request counted as started after them
+        // makes the answer yes, never a wrong no.
+        let finished = s.completed.load(Ordering::Acquire) + s.failed.load(Ordering::Acquire);
+        s.started.load(Ordering::Acquire) > finished
+    }
+
     /// Wakes the thread if it sleeps (no system call while it polls).
     fn wake_if_asleep(&self) {
         if self.asleep.load(Ordering::SeqCst) {
