@@ -1,7 +1,7 @@
 //! Datagram I/O on the link's UDP socket, through `quinn-udp`: received
-//! datagrams arrive coalesced by the kernel (UDP GRO: up to 64 datagrams
-//! of one sender in one buffer, cut apart again here), several buffers in
-//! one `recvmmsg`; a pass's datagrams to one peer of one size go out as
+//! datagrams arrive coalesced by the kernel (UDP GRO: a run of one
+//! sender's datagrams in one buffer of at most 64 KiB, cut apart again
+//! here), several buffers in one `recvmmsg`; a pass's datagrams to one peer of one size go out as
 //! one segmentation-offloaded send (UDP GSO: the kernel cuts one buffer
 //! into up to 64 datagrams). Over a veth pair this moves about ten times
 //! the datagrams per second of one `sendmmsg` entry per datagram. Where
@@ -19,8 +19,8 @@ use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 /// the endpoint's datagrams fit).
 pub const DATAGRAM_MAX: usize = 4096;
 
-/// Receive buffers filled by one system call: up to 192 datagrams when
-/// the kernel coalesces, 3 when it does not. With the endpoint's pool
+/// Receive buffers filled by one system call: runs of up to 64 KiB each
+/// when the kernel coalesces, one datagram each when it does not. With the endpoint's pool
 /// they keep the fabric's fixed memory under 1 MiB per device.
 pub const RECEIVE_BUFFERS: usize = 3;
 
@@ -28,9 +28,13 @@ pub const RECEIVE_BUFFERS: usize = 3;
 /// run of them, can hold, so the kernel never cuts one.
 const RECEIVE_BUFFER_BYTES: usize = 64 * 1024;
 
+/// The most datagrams one coalesced buffer holds (a local sender's
+/// segmented send carries at most 128, however short).
+const DATAGRAMS_PER_BUFFER_MAX: usize = 128;
+
 /// Datagrams queued before a pass's batch goes out unasked: as many
-/// full-size datagrams as one segmented send carries.
-const FLUSH_AT: usize = 44;
+/// full-size (1452-byte) datagrams as one segmented send carries.
+const FLUSH_AT: usize = 45;
 
 /// Bytes a segmentation-offloaded send may carry (the UDP payload limit
 /// of one IPv4 packet).
@@ -48,15 +52,50 @@ pub struct Wire {
 }
 
 impl Wire {
-    /// Takes `socket` (made non-blocking). `quinn-udp` forbids IP
-    /// fragmentation on it, as QUIC wants; the fabric keeps the kernel's
-    /// choice, so that bridged Ethernet frames of a 1500-byte MTU still
-    /// cross a 1500-byte path.
-    /// Datagrams longer than `segment_max` are never sent segmented.
+    /// Takes `socket` (made non-blocking); datagrams longer than
+    /// `segment_max` are never sent segmented.
+    ///
+    /// `quinn-udp` sets the socket up for QUIC; the fabric changes some of
+    /// it back:
+    /// - IPv4 (also through a dual-stack socket): fragmentation by this
+    ///   host at the interface's MTU, path MTU messages ignored
+    ///   (`IP_PMTUDISC_OMIT`). Bridged Ethernet frames longer than a
+    ///   1500-byte path still leave, fragmented, and a forged "fragmentation
+    ///   needed" cannot make segmented sends fail.
+    /// - IPv6 (routers never fragment): the kernel's path MTU discovery,
+    ///   as before, with fragmentation by this host allowed
+    ///   (`IPV6_DONTFRAG` off).
+    /// - No receive timestamps, destination addresses or traffic classes:
+    ///   nothing here reads them, and timestamping is work for every
+    ///   packet of the host.
     pub fn new(socket: UdpSocket, segment_max: usize) -> io::Result<Wire> {
-        let fragmentation = FragmentationSetting::read(&socket)?;
+        let v6 = socket.local_addr()?.is_ipv6();
+        let v6_discovery = v6
+            .then(|| get_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER))
+            .transpose()?;
         let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
-        fragmentation.restore(&socket)?;
+        // An IPv6-only socket may refuse the IPv4 options: it sends no
+        // IPv4 then.
+        let _ = set_int_option(
+            &socket,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_OMIT,
+        );
+        let _ = set_int_option(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO, 0);
+        let _ = set_int_option(&socket, libc::IPPROTO_IP, libc::IP_RECVTOS, 0);
+        if let Some(discovery) = v6_discovery {
+            set_int_option(
+                &socket,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                discovery,
+            )?;
+            set_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 0)?;
+            set_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 0)?;
+            set_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 0)?;
+        }
+        set_int_option(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 0)?;
         Ok(Wire {
             socket,
             state,
@@ -77,37 +116,6 @@ impl Wire {
     /// Whether received datagrams may come coalesced.
     pub fn coalesces(&self) -> bool {
         self.state.gro_segments() > 1
-    }
-}
-
-/// The IP_MTU_DISCOVER (and, on IPv6 sockets, IPV6_MTU_DISCOVER) values
-/// of a socket.
-struct FragmentationSetting {
-    v4: libc::c_int,
-    v6: Option<libc::c_int>,
-}
-
-impl FragmentationSetting {
-    fn read(socket: &UdpSocket) -> io::Result<FragmentationSetting> {
-        let v6 = socket.local_addr()?.is_ipv6();
-        Ok(FragmentationSetting {
-            v4: get_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap_or(-1),
-            v6: v6
-                .then(|| get_int_option(socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER))
-                .transpose()?,
-        })
-    }
-
-    fn restore(&self, socket: &UdpSocket) -> io::Result<()> {
-        if self.v4 >= 0 {
-            // An IPv6-only socket may refuse the IPv4 option; it never
-            // sends IPv4 then.
-            let _ = set_int_option(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, self.v4);
-        }
-        if let Some(v6) = self.v6 {
-            set_int_option(socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, v6)?;
-        }
-        Ok(())
     }
 }
 
@@ -175,7 +183,7 @@ impl Received {
     pub fn with_buffers() -> Self {
         Received {
             buffers: vec![0; RECEIVE_BUFFERS * RECEIVE_BUFFER_BYTES],
-            datagrams: Vec::with_capacity(RECEIVE_BUFFERS * 64),
+            datagrams: Vec::with_capacity(RECEIVE_BUFFERS * DATAGRAMS_PER_BUFFER_MAX),
             full: false,
         }
     }
@@ -201,6 +209,7 @@ impl Received {
     /// [`RECEIVE_BUFFERS`] buffers hold; returns how many datagrams (0
     /// when none waits).
     pub fn receive(&mut self, wire: &Wire) -> io::Result<usize> {
+        debug_assert!(!self.buffers.is_empty(), "a receive into the placeholder");
         self.datagrams.clear();
         self.full = false;
         let mut meta = [RecvMeta::default(); RECEIVE_BUFFERS];
@@ -277,6 +286,11 @@ impl Outgoing {
     /// Queues `datagram` for `destination`; sends the batch when it is
     /// full.
     pub fn push(&mut self, wire: &Wire, destination: SocketAddr, datagram: &[u8]) {
+        if self.bytes.len() + datagram.len() > self.bytes.capacity() && !self.is_empty() {
+            // Longer datagrams (bridged frames) than the batch was sized
+            // for: send what waits rather than grow.
+            self.flush(wire);
+        }
         let start = self.bytes.len();
         self.bytes.extend_from_slice(datagram);
         self.datagrams.push((destination, start, datagram.len()));
@@ -454,6 +468,42 @@ mod tests {
                 "no run came coalesced: at most {most}"
             );
         }
+    }
+
+    #[test]
+    fn a_shorter_datagram_ends_a_run_and_an_empty_one_goes_alone() {
+        let (sender, receiver, to, from) = pair(1452);
+        let mut out = Outgoing::with_capacity(1452);
+        let sizes = [1452, 1452, 700, 1452, 1452, 0, 1452, 1452, 1452];
+        let sent: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8 + 1; n])
+            .collect();
+        for datagram in &sent {
+            out.push(&sender, to, datagram);
+        }
+        out.flush(&sender);
+        let (got, _) = receive_all(&receiver, sent.len());
+        let expected: Vec<_> = sent.into_iter().map(|d| (Some(d), Some(from))).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_batch_of_longer_datagrams_goes_out_before_it_outgrows_its_room() {
+        let (sender, receiver, to, _) = pair(1452);
+        let mut out = Outgoing::with_capacity(1452);
+        let room = out.bytes();
+        let frames: Vec<Vec<u8>> = (0..FLUSH_AT as u8).map(|i| vec![i; 1530]).collect();
+        for frame in &frames {
+            out.push(&sender, to, frame);
+        }
+        assert!(out.len() < FLUSH_AT, "sent before growing");
+        assert_eq!(out.bytes(), room, "the batch kept its size");
+        out.flush(&sender);
+        let (got, _) = receive_all(&receiver, frames.len());
+        let got: Vec<_> = got.into_iter().map(|(bytes, _)| bytes.unwrap()).collect();
+        assert_eq!(got, frames);
     }
 
     #[test]

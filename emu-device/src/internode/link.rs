@@ -212,8 +212,12 @@ pub struct Link {
     drive_broken: AtomicBool,
 }
 
-/// Batches of datagrams one pass receives at most.
-const RECEIVE_BATCHES_PER_PASS: usize = 8;
+/// Datagrams one pass takes at most (the rest waits for the next pass).
+const RECEIVE_DATAGRAMS_PER_PASS: usize = 256;
+
+/// Receive calls one pass makes at most (each brings at least one
+/// datagram; an error brings none).
+const RECEIVE_CALLS_PER_PASS: usize = 96;
 
 /// How long after a port thread's last pass the link's own thread takes
 /// over again (a port thread that stops driving says so at once).
@@ -238,10 +242,16 @@ impl Link {
         let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
         let socket = UdpSocket::bind(config.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", config.listen)))?;
-        let socket = batch::Wire::new(
-            socket,
-            config.endpoint.max_payload + crate::net::wire::HEADER_LEN,
-        )?;
+        let datagram_max = config.endpoint.max_payload + crate::net::wire::HEADER_LEN;
+        if datagram_max > batch::DATAGRAM_MAX {
+            return Err(invalid(format!(
+                "a {datagram_max}-byte datagram (payload {} + header) is longer than the \
+                 {} bytes the link takes",
+                config.endpoint.max_payload,
+                batch::DATAGRAM_MAX
+            )));
+        }
+        let socket = batch::Wire::new(socket, datagram_max)?;
         let identity = Identity::with_random_incarnation(config.fabric, config.node)
             .map_err(|e| io::Error::other(format!("no random source: {e}")))?;
         let mut endpoint =
@@ -252,7 +262,6 @@ impl Link {
                 .map_err(|e| invalid(e.to_string()))?;
         }
         let report = endpoint.memory();
-        let datagram_max = config.endpoint.max_payload + crate::net::wire::HEADER_LEN;
         let received = batch::Received::with_buffers();
         let outgoing = batch::Outgoing::with_capacity(datagram_max);
         let message = Vec::with_capacity(config.endpoint.max_payload);
@@ -1171,7 +1180,8 @@ impl Worker {
     }
 
     /// Reads the datagrams waiting on the socket, at most
-    /// [`RECEIVE_BATCHES_PER_PASS`] batches.
+    /// [`RECEIVE_DATAGRAMS_PER_PASS`] in at most [`RECEIVE_CALLS_PER_PASS`]
+    /// calls.
     fn receive(&mut self, now: Instant) -> bool {
         let mut worked = false;
         // The buffers stay allocated: a placeholder holds their place.
@@ -1179,7 +1189,11 @@ impl Worker {
         // Bounded: a pass may run on a port thread between its polls, and
         // datagrams keep coming as fast as anyone sends them (the rest
         // waits for the next pass).
-        for _ in 0..RECEIVE_BATCHES_PER_PASS {
+        let mut taken = 0;
+        for _ in 0..RECEIVE_CALLS_PER_PASS {
+            if taken >= RECEIVE_DATAGRAMS_PER_PASS {
+                break;
+            }
             let count = match received.receive(&self.socket) {
                 Ok(0) => break,
                 Ok(count) => count,
@@ -1192,6 +1206,7 @@ impl Worker {
                 }
             };
             worked = true;
+            taken += count;
             for i in 0..count {
                 self.link
                     .stats
