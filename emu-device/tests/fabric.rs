@@ -799,30 +799,11 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
     assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
 }
 
-/// `writes` 8-byte writes, one at a time, from node 0 into node 1's
-/// window, each checked where it landed; returns node 0's count of link
-/// passes run on its port thread.
-fn writes_one_at_a_time(extra: &[&str], writes: u64) -> u64 {
-    let ports = [free_port(), free_port()];
-    let zero = node(0, &ports, extra);
-    let one = node(1, &ports, extra);
-    let initiator = Context::open(zero.socket(0), config()).unwrap();
-    let target = Context::open(one.socket(0), config()).unwrap();
-    let far = target.alloc(4096, 64).unwrap();
-    far.fill(0);
-    let far_region = target.register_buffer(&far).unwrap();
-    let window = target
-        .bind_window(&far_region, 0, 4096, Access::REMOTE_WRITE)
-        .unwrap();
-    checked_writes(&initiator, window.remote(), &far, writes);
-    zero.fabric_status().n("passes_on_ports")
-}
-
 #[test]
 fn port_threads_carry_the_link_while_their_requests_are_on_the_fabric() {
     // Busy-poll: the port thread that hands a request to the link runs the
     // link's passes itself, between its polls.
-    let on_ports = writes_one_at_a_time(&["--poll"], 500);
+    let on_ports = writes_both_ways(&["--poll"], 500, Duration::ZERO);
     assert!(
         on_ports >= 250,
         "500 writes, {on_ports} link passes on port threads"
@@ -830,13 +811,13 @@ fn port_threads_carry_the_link_while_their_requests_are_on_the_fabric() {
     // Event-driven, a port thread that spins after work (here long past
     // the test) runs the passes while its node's requests are in flight:
     // each write's answer is taken there.
-    let on_ports = writes_one_at_a_time(&["--spin-us=100000"], 200);
+    let on_ports = writes_both_ways(&["--spin-us=100000"], 200, Duration::ZERO);
     assert!(
         on_ports >= 100,
         "200 writes, {on_ports} link passes on port threads"
     );
     // Event-driven with no spin: the link's own thread does all.
-    assert_eq!(writes_one_at_a_time(&["--spin-us=0"], 200), 0);
+    assert_eq!(writes_both_ways(&["--spin-us=0"], 200, Duration::ZERO), 0);
 }
 
 /// `writes` checked 8-byte writes from `from` into `window` (at most
@@ -870,17 +851,25 @@ fn checked_writes(
 fn a_link_whose_port_thread_stopped_driving_serves_the_other_node_again() {
     // Busy-poll: idle past a millisecond, node 0's port thread sleeps and
     // its link's own thread takes over.
-    the_other_node_is_served_after_driving(&["--poll"], Duration::from_millis(20));
+    let driven = writes_both_ways(&["--poll"], 200, Duration::from_millis(20));
+    assert!(driven > 0, "node 0's port thread never drove its link");
     // Event-driven: node 1's writes come while node 0's port thread still
     // spins after its last answer (it no longer drives: nothing of its
     // own is in flight), and once it slept.
-    the_other_node_is_served_after_driving(&[], Duration::ZERO);
-    the_other_node_is_served_after_driving(&["--spin-us=2000"], Duration::ZERO);
+    for extra in [&[][..], &["--spin-us=2000"][..]] {
+        let driven = writes_both_ways(extra, 200, Duration::ZERO);
+        assert!(
+            driven > 0,
+            "node 0's port thread never drove its link {extra:?}"
+        );
+    }
 }
 
-/// Node 0 writes into node 1 (its port thread drives its link), then,
-/// after `pause`, node 1 writes into node 0: node 0 serves all of them.
-fn the_other_node_is_served_after_driving(extra: &[&str], pause: Duration) {
+/// Node 0 makes `writes` checked 8-byte writes, one at a time, into node
+/// 1's window; then, after `pause`, node 1 as many into node 0's, all of
+/// which node 0 must serve. Returns node 0's count of link passes run on
+/// its port thread by the end of its own writes.
+fn writes_both_ways(extra: &[&str], writes: u64, pause: Duration) -> u64 {
     let ports = [free_port(), free_port()];
     let zero = node(0, &ports, extra);
     let one = node(1, &ports, extra);
@@ -898,18 +887,15 @@ fn the_other_node_is_served_after_driving(extra: &[&str], pause: Duration) {
     let window_one = one_context
         .bind_window(&region_one, 0, 4096, Access::REMOTE_WRITE)
         .unwrap();
-    checked_writes(&zero_context, window_one.remote(), &far_one, 200);
+    checked_writes(&zero_context, window_one.remote(), &far_one, writes);
     let driven = zero.fabric_status().n("passes_on_ports");
-    assert!(
-        driven > 0,
-        "node 0's port thread never drove its link {extra:?}"
-    );
     std::thread::sleep(pause);
     let served_before = zero.fabric_status().n("served");
-    checked_writes(&one_context, window_zero.remote(), &far_zero, 200);
+    checked_writes(&one_context, window_zero.remote(), &far_zero, writes);
     let served = zero.fabric_status().n("served") - served_before;
     assert!(
-        served >= 200,
-        "node 0 served {served} of node 1's 200 writes {extra:?}"
+        served >= writes,
+        "node 0 served {served} of node 1's {writes} writes {extra:?}"
     );
+    driven
 }

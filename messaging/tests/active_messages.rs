@@ -179,26 +179,26 @@ fn an_unknown_scenario_fails_every_rank() {
 
 #[test]
 fn a_departed_rank_fails_the_waits_on_it() {
-    for n in [2u32, 3] {
-        let lines = passes(n, "peer-death", &[]);
-        for line in &lines[..n as usize - 1] {
-            // The wait and a send both failed.
-            assert_eq!(checked(line), 2, "{line}");
-            let note = line["notes"][0].as_str().unwrap_or_default();
-            assert!(note.contains(&format!("rank {} gone", n - 1)), "{line}");
-        }
-    }
+    // The wait and a send both failed.
+    survivors_learn_the_last_rank_left("peer-death", 2, "gone");
 }
 
 #[test]
 fn a_rank_that_finalized_is_gone_for_the_others_though_its_port_stays() {
+    survivors_learn_the_last_rank_left("peer-finalized", 1, "liveness check");
+}
+
+/// Runs `scenario` on 2 and 3 ranks: every rank but the last checked
+/// `checks` things and its first note says the last rank is gone, with
+/// `how` in it.
+fn survivors_learn_the_last_rank_left(scenario: &str, checks: u64, how: &str) {
     for n in [2u32, 3] {
-        let lines = passes(n, "peer-finalized", &[]);
+        let lines = passes(n, scenario, &[]);
         for line in &lines[..n as usize - 1] {
-            assert_eq!(checked(line), 1, "{line}");
+            assert_eq!(checked(line), checks, "{line}");
             let note = line["notes"][0].as_str().unwrap_or_default();
             assert!(note.contains(&format!("rank {} gone", n - 1)), "{line}");
-            assert!(note.contains("liveness check"), "{line}");
+            assert!(note.contains(how), "{line}");
         }
     }
 }
