@@ -374,6 +374,9 @@ pub struct Stats {
     pub fast_retransmits: u64,
     /// Retransmission timer expiries that retransmitted something.
     pub timeouts: u64,
+    /// Messages sent again because a later timeout probe was acknowledged
+    /// and they were not (lost before it).
+    pub lost_before_probe: u64,
     /// Pure acknowledgements sent.
     pub acks_sent: u64,
     /// Datagrams fed to `receive`.
@@ -459,6 +462,9 @@ const SLOT_RETRANSMITTED: u8 = 4;
 const SLOT_FAST_RETRANSMITTED: u8 = 8;
 /// The message is a reply.
 const SLOT_REPLY: u8 = 16;
+/// The message was sent again when the retransmission timer fired: its
+/// acknowledgement shows which of the messages sent before it were lost.
+const SLOT_PROBE: u8 = 32;
 
 /// The timers of a peer that only run while messages to it are
 /// outstanding. They live in the peer's anchor slot (see
@@ -1301,6 +1307,11 @@ impl Endpoint {
         let node = self.peer_nodes[peer_index];
         let mut progress = false;
         let mut rtt_sample = None;
+        // The latest transmission of a timeout probe this acknowledges.
+        let mut probe_answered = None;
+        // An acknowledgement sooner than half a round trip after the probe
+        // left answers its first transmission, not the probe.
+        let probe_round_trip = u64::from(self.peers[peer_index].bits.get(PeerBits::SRTT)) / 2;
         let mut slots = [0u16; 128];
         let count = self.unacked_slots(peer_index, &mut slots);
         for &slot_index in &slots[..count] {
@@ -1320,6 +1331,12 @@ impl Endpoint {
                 if slot.flags & SLOT_RETRANSMITTED == 0 {
                     rtt_sample = Some(now.saturating_sub(slot.first_sent));
                 }
+                if slot.flags & SLOT_PROBE != 0
+                    && slot.flags & SLOT_QUEUED == 0
+                    && now.saturating_sub(slot.last_sent) >= probe_round_trip
+                {
+                    probe_answered = probe_answered.max(Some(slot.last_sent));
+                }
                 self.release_slot(peer_index, slot_index);
                 self.events.push_back(Event::Acked {
                     node,
@@ -1338,6 +1355,21 @@ impl Endpoint {
                 slot.flags |= SLOT_FAST_RETRANSMITTED | SLOT_RETRANSMITTED | SLOT_QUEUED;
                 self.transmit_queue.push_back((slot_index, slot.generation));
                 self.stats.fast_retransmits += 1;
+            }
+        }
+        if let Some(probe_sent) = probe_answered {
+            // The probe arrived, so what was sent before it and is still
+            // unacknowledged was lost (datagrams between two hosts keep
+            // their order, or nearly): all of it goes again now, rather
+            // than one message per timeout.
+            let count = self.unacked_slots(peer_index, &mut slots);
+            for &slot_index in &slots[..count] {
+                let slot = &mut self.slots[usize::from(slot_index)];
+                if slot.flags & SLOT_QUEUED == 0 && slot.last_sent < probe_sent {
+                    slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
+                    self.transmit_queue.push_back((slot_index, slot.generation));
+                    self.stats.lost_before_probe += 1;
+                }
             }
         }
         if let Some(sample) = rtt_sample {
@@ -1582,24 +1614,37 @@ impl Endpoint {
                 continue;
             }
             let rto = u64::from(self.rto_of(&self.peers[peer_index]));
-            let mut retransmitted = false;
+            // The probes: the oldest message of each stream unacknowledged
+            // for a full timeout. The others wait for a probe's
+            // acknowledgement (see `apply_acknowledgement`): a receiver
+            // that was only slow acknowledges them with it, and is sent no
+            // duplicates. Each stream has its own probe, since a receiver
+            // may refuse requests until replies arrive
+            // ([`DropReason::NoResponseRoom`]) and never refuses a reply.
+            let mut probes: [Option<(u64, u16)>; 2] = [None; 2];
             let mut oldest_sent = NEVER;
             let mut slots = [0u16; 128];
             let count = self.unacked_slots(peer_index, &mut slots);
             for &slot_index in &slots[..count] {
-                let slot = &mut self.slots[usize::from(slot_index)];
+                let slot = &self.slots[usize::from(slot_index)];
                 if slot.flags & SLOT_QUEUED != 0 || slot.last_sent == NEVER {
                     continue;
                 }
                 if slot.last_sent.saturating_add(rto) <= now {
-                    slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
-                    self.transmit_queue.push_back((slot_index, slot.generation));
-                    retransmitted = true;
+                    let probe = &mut probes[Self::slot_stream(slot)];
+                    if probe.is_none_or(|(first_sent, _)| slot.first_sent < first_sent) {
+                        *probe = Some((slot.first_sent, slot_index));
+                    }
                 } else {
                     oldest_sent = oldest_sent.min(slot.last_sent);
                 }
             }
-            let rto_deadline = if retransmitted {
+            for &(_, slot_index) in probes.iter().flatten() {
+                let slot = &mut self.slots[usize::from(slot_index)];
+                slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED | SLOT_PROBE;
+                self.transmit_queue.push_back((slot_index, slot.generation));
+            }
+            let rto_deadline = if probes.iter().any(Option::is_some) {
                 self.stats.timeouts += 1;
                 if rto < u64::from(self.rto_max) {
                     let bits = &mut self.peers[peer_index].bits;

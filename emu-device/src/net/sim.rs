@@ -55,6 +55,15 @@ pub struct SimNode {
     pub acks_only: u64,
     /// Halted nodes neither send nor receive (a crashed process).
     pub halted: bool,
+    /// A stalled node does nothing until then (a process that is not
+    /// scheduled): datagrams to it wait on the wire, in order.
+    pub stalled_until: Option<Instant>,
+}
+
+impl SimNode {
+    fn stalled_at(&self, now: Instant) -> bool {
+        self.stalled_until.is_some_and(|until| until > now)
+    }
 }
 
 pub struct Sim {
@@ -90,6 +99,7 @@ impl Sim {
                 drops: Vec::new(),
                 acks_only: 0,
                 halted: false,
+                stalled_until: None,
             })
             .collect();
         let mut links = HashMap::new();
@@ -216,7 +226,7 @@ impl Sim {
         let now = self.now;
         for index in 0..self.nodes.len() {
             let from = index as NodeId;
-            if self.nodes[index].halted {
+            if self.nodes[index].halted || self.nodes[index].stalled_at(now) {
                 continue;
             }
             if self.nodes[index]
@@ -271,6 +281,9 @@ impl Sim {
         let mut keys: Vec<_> = self.links.keys().copied().collect();
         keys.sort_unstable();
         for (from, to) in keys {
+            if self.nodes[usize::from(to)].stalled_at(now) {
+                continue;
+            }
             while let Some(datagram) = self.links.get_mut(&(from, to)).unwrap().pop_ready(now) {
                 busy = true;
                 self.deliver(to, &datagram);
@@ -371,12 +384,19 @@ impl Sim {
 
     /// When anything happens next.
     fn next_wakeup(&self) -> Option<Instant> {
+        // A stalled node's timers and datagrams wait for its resumption.
+        let resumed = |node: &SimNode, at: Instant| match node.stalled_until {
+            Some(until) => at.max(until),
+            None => at,
+        };
         let timers = self
             .nodes
             .iter()
             .filter(|node| !node.halted)
-            .filter_map(|node| node.endpoint.poll_timeout());
-        let links = self.links.values().filter_map(FaultInjector::next_ready);
+            .filter_map(|node| Some(resumed(node, node.endpoint.poll_timeout()?)));
+        let links = self.links.iter().filter_map(|(&(_, to), link)| {
+            Some(resumed(&self.nodes[usize::from(to)], link.next_ready()?))
+        });
         timers.chain(links).min()
     }
 

@@ -578,6 +578,107 @@ fn fast_retransmit_fills_a_hole_before_the_timer() {
     assert!(times[1] - times[0] < config.rto_initial);
 }
 
+/// A sim of two nodes whose introductions and first round-trip samples
+/// are done, with its statistics of node 0 at that point.
+fn introduced_pair(config: Config) -> (Sim, super::Stats) {
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    // Node 0's first message names no incarnation of node 1 and is sent
+    // again once node 1 answers; the next ones give round-trip samples.
+    for index in 0..4 {
+        sim.queue(0, 1, payload(0, 1, index));
+        sim.run_until_quiet(Duration::from_millis(10));
+    }
+    let before = *sim.nodes[0].endpoint.stats();
+    (sim, before)
+}
+
+#[test]
+fn a_receiver_that_stalls_is_sent_one_probe_per_timeout_not_every_message_again() {
+    let config = Config::default();
+    let (mut sim, before) = introduced_pair(config);
+    // Node 1 is not scheduled for 5 ms (past a timeout and several
+    // backoffs) while 40 messages are in flight to it, nothing lost.
+    sim.nodes[1].stalled_until = Some(sim.now + Duration::from_millis(5));
+    for index in 0..40 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_exactly_once(&sim);
+    let stats = *sim.nodes[0].endpoint.stats();
+    let timeouts = stats.timeouts - before.timeouts;
+    let sent_again = stats.retransmissions - before.retransmissions;
+    assert!(
+        timeouts >= 3,
+        "the stall outlasts several timeouts: {timeouts}"
+    );
+    // One probe (the oldest message) per timeout; the stalled receiver
+    // acknowledges everything with the first of them, so nothing else
+    // goes twice.
+    assert_eq!(sent_again, timeouts, "{stats:?}");
+    assert_eq!(stats.lost_before_probe, before.lost_before_probe);
+    let duplicates = sim.nodes[1].endpoint.stats().duplicates;
+    assert_eq!(duplicates, timeouts);
+    let probed: HashSet<Seq> = sim
+        .transmissions
+        .iter()
+        .filter(|t| t.from == 0 && t.at - sim.start > Duration::from_millis(1))
+        .filter_map(|t| t.header.seq)
+        .collect();
+    assert_eq!(
+        probed.len(),
+        1,
+        "the probe is always the oldest message: {probed:?}"
+    );
+}
+
+#[test]
+fn a_lost_tail_goes_again_once_the_timeout_probe_is_answered() {
+    let config = Config::default();
+    let (mut sim, before) = introduced_pair(config);
+    let first = sim.nodes[0].sent.len() as Seq;
+    // The first transmissions of the last 11 of 16 messages are lost:
+    // nothing after them is acknowledged, so no fast retransmit can see
+    // the gap.
+    let lost: HashSet<Seq> = (first + 5..first + 16).collect();
+    let mut sent_once = HashSet::new();
+    let dropped = lost.clone();
+    sim.drop_filter = Some(Box::new(move |t| {
+        t.from == 0
+            && t.header
+                .seq
+                .is_some_and(|seq| dropped.contains(&seq) && sent_once.insert(seq))
+    }));
+    let started = sim.now;
+    for index in 0..16 {
+        sim.queue(0, 1, payload(0, 1, index));
+    }
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_exactly_once(&sim);
+    let stats = *sim.nodes[0].endpoint.stats();
+    // One timeout: its probe (the oldest lost message) is answered, and
+    // the 10 others go again at once, each exactly once more.
+    assert_eq!(stats.timeouts - before.timeouts, 1, "{stats:?}");
+    assert_eq!(stats.lost_before_probe - before.lost_before_probe, 10);
+    assert_eq!(stats.retransmissions - before.retransmissions, 11);
+    for &seq in &lost {
+        assert_eq!(transmissions_of(&sim, 0, seq).len(), 2, "seq {seq}");
+    }
+    let last_ack = sim.nodes[0]
+        .events
+        .iter()
+        .filter(|(_, event)| matches!(event, Event::Acked { .. }))
+        .map(|(at, _)| *at)
+        .max()
+        .unwrap();
+    // Well within two timeouts (a probe per timeout would need 11, with
+    // backoff).
+    assert!(
+        last_ack - started < 2 * config.rto_initial,
+        "recovered after {:?}",
+        last_ack - started
+    );
+}
+
 #[test]
 fn window_and_pool_bound_what_is_outstanding() {
     let config = Config {
