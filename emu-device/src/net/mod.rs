@@ -48,16 +48,19 @@
 //!   6298 round-trip estimate (samples only from messages sent once,
 //!   Karn's rule), clamped to `rto_min..=rto_max`. When the timer fires,
 //!   the oldest message of each stream unacknowledged for a full timeout
-//!   is sent again as a probe and the timeout doubles up to `rto_max`; a
-//!   fresh round-trip sample ends the backoff. When a probe's
-//!   acknowledgement arrives (at least half a round trip after it left, so
-//!   that it answers the probe), every message sent before the probe and
-//!   still unacknowledged was lost and goes again at once. A receiver that
-//!   was only slow (a process not scheduled for a while) thus gets one
-//!   duplicate per timeout, not a copy of everything in flight, and a lost
-//!   tail costs one timeout, not one per message. A hole is retransmitted
-//!   at once, once, when `fast_retransmit_threshold` later messages of its
-//!   stream were selectively acknowledged.
+//!   is sent again as a probe (flagged as one) and the timeout doubles up
+//!   to `rto_max`; a fresh round-trip sample ends the backoff. The
+//!   receiver echoes a probe in its next datagram, after it has taken
+//!   every datagram that came before the probe. At the echo, every message
+//!   sent before the probe and still unacknowledged was lost (datagrams
+//!   between two hosts keep their order, or nearly) and goes again at
+//!   once. A receiver that was only slow (a process not scheduled for a
+//!   while, draining its backlog a pass at a time) thus gets one duplicate
+//!   per timeout, not a copy of everything in flight, and a lost tail
+//!   costs one timeout, not one per message, however high the stall left
+//!   the round-trip estimate. A hole is retransmitted at once, once, when
+//!   `fast_retransmit_threshold` later messages of its stream were
+//!   selectively acknowledged.
 //! - **One shared pool.** Unacknowledged messages live in one fixed pool of
 //!   `pool_slots` slots allocated at start, shared by all peers (ACP keeps
 //!   64 fixed entries as well). Per peer the endpoint keeps 64 bytes: a

@@ -462,8 +462,8 @@ const SLOT_RETRANSMITTED: u8 = 4;
 const SLOT_FAST_RETRANSMITTED: u8 = 8;
 /// The message is a reply.
 const SLOT_REPLY: u8 = 16;
-/// The message was sent again when the retransmission timer fired: its
-/// acknowledgement shows which of the messages sent before it were lost.
+/// The message's next transmission is the probe of a retransmission
+/// timeout ([`wire::FLAG_PROBE`](super::wire::FLAG_PROBE)).
 const SLOT_PROBE: u8 = 32;
 
 /// The timers of a peer that only run while messages to it are
@@ -479,6 +479,9 @@ struct OutstandingTimers {
     /// When the retransmission timer fires, us since the epoch; `NEVER`
     /// when not armed.
     rto_deadline: u64,
+    /// When the earliest probe the peer has not echoed yet was queued, us
+    /// since the epoch; `NEVER` when none waits for its echo.
+    probe_at: u64,
 }
 
 /// One message held for retransmission. Its bytes are in the payload
@@ -555,6 +558,9 @@ impl PeerBits {
     const ACK_OWED: BitField = BitField::after(Self::GONE, 1);
     /// The peer has an entry in the ack queue.
     const ACK_QUEUED: BitField = BitField::after(Self::ACK_OWED, 1);
+    /// A timeout probe from the peer arrived: the next datagram to it
+    /// echoes it ([`wire::FLAG_PROBE_ECHO`](super::wire::FLAG_PROBE_ECHO)).
+    const PROBE_SEEN: BitField = BitField::after(Self::ACK_QUEUED, 1);
     /// The largest round-trip time the estimate holds, us (8.4 s).
     const RTT_MAX: u64 = (1 << Self::SRTT.width) - 1;
 
@@ -701,6 +707,7 @@ impl Endpoint {
                 timers: OutstandingTimers {
                     progress_at: NEVER,
                     rto_deadline: NEVER,
+                    probe_at: NEVER,
                 },
                 peer: 0,
                 len: 0,
@@ -935,6 +942,7 @@ impl Endpoint {
             None => OutstandingTimers {
                 progress_at: now,
                 rto_deadline: NEVER,
+                probe_at: NEVER,
             },
         };
     }
@@ -1163,6 +1171,9 @@ impl Endpoint {
         }
         self.heard_from(peer_index, now);
         self.apply_acknowledgement(peer_index, &stream_headers, header.horizon, now);
+        if header.probe_echo {
+            self.probe_echoed(peer_index);
+        }
         for stream in Stream::ALL {
             self.apply_floor(peer_index, stream, stream_headers[stream.index()].floor);
         }
@@ -1176,6 +1187,13 @@ impl Endpoint {
             Stream::Request
         };
         let s = stream.index();
+        if header.probe {
+            // Echoed by the next datagram to the peer, delivered or not:
+            // whatever the peer sent before the probe came before it.
+            self.peers[peer_index]
+                .bits
+                .set_flag(PeerBits::PROBE_SEEN, true);
+        }
         // Any message, new or not, is answered so the sender learns.
         self.schedule_ack(peer_index, now);
         let peer = self.peers[peer_index];
@@ -1307,11 +1325,6 @@ impl Endpoint {
         let node = self.peer_nodes[peer_index];
         let mut progress = false;
         let mut rtt_sample = None;
-        // The latest transmission of a timeout probe this acknowledges.
-        let mut probe_answered = None;
-        // An acknowledgement sooner than half a round trip after the probe
-        // left answers its first transmission, not the probe.
-        let probe_round_trip = u64::from(self.peers[peer_index].bits.get(PeerBits::SRTT)) / 2;
         let mut slots = [0u16; 128];
         let count = self.unacked_slots(peer_index, &mut slots);
         for &slot_index in &slots[..count] {
@@ -1330,12 +1343,6 @@ impl Endpoint {
                 }
                 if slot.flags & SLOT_RETRANSMITTED == 0 {
                     rtt_sample = Some(now.saturating_sub(slot.first_sent));
-                }
-                if slot.flags & SLOT_PROBE != 0
-                    && slot.flags & SLOT_QUEUED == 0
-                    && now.saturating_sub(slot.last_sent) >= probe_round_trip
-                {
-                    probe_answered = probe_answered.max(Some(slot.last_sent));
                 }
                 self.release_slot(peer_index, slot_index);
                 self.events.push_back(Event::Acked {
@@ -1357,21 +1364,6 @@ impl Endpoint {
                 self.stats.fast_retransmits += 1;
             }
         }
-        if let Some(probe_sent) = probe_answered {
-            // The probe arrived, so what was sent before it and is still
-            // unacknowledged was lost (datagrams between two hosts keep
-            // their order, or nearly): all of it goes again now, rather
-            // than one message per timeout.
-            let count = self.unacked_slots(peer_index, &mut slots);
-            for &slot_index in &slots[..count] {
-                let slot = &mut self.slots[usize::from(slot_index)];
-                if slot.flags & SLOT_QUEUED == 0 && slot.last_sent < probe_sent {
-                    slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
-                    self.transmit_queue.push_back((slot_index, slot.generation));
-                    self.stats.lost_before_probe += 1;
-                }
-            }
-        }
         if let Some(sample) = rtt_sample {
             // A fresh sample ends the backoff. Acknowledgements of
             // retransmitted messages alone keep it (Karn): were the round
@@ -1386,6 +1378,31 @@ impl Endpoint {
             if let Some(timers) = self.timers_mut(peer_index) {
                 timers.progress_at = now;
                 timers.rto_deadline = now.saturating_add(rto);
+            }
+        }
+    }
+
+    /// The peer echoed a timeout probe: it received the probe, so every
+    /// message sent before the earliest probe it had not echoed and still
+    /// unacknowledged now was lost (datagrams between two hosts keep their
+    /// order, or nearly), and goes again at once rather than one message
+    /// per timeout.
+    fn probe_echoed(&mut self, peer_index: usize) {
+        let Some(timers) = self.timers_mut(peer_index) else {
+            return;
+        };
+        let probe_at = std::mem::replace(&mut timers.probe_at, NEVER);
+        if probe_at == NEVER {
+            return;
+        }
+        let mut slots = [0u16; 128];
+        let count = self.unacked_slots(peer_index, &mut slots);
+        for &slot_index in &slots[..count] {
+            let slot = &mut self.slots[usize::from(slot_index)];
+            if slot.flags & SLOT_QUEUED == 0 && slot.last_sent < probe_at {
+                slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED;
+                self.transmit_queue.push_back((slot_index, slot.generation));
+                self.stats.lost_before_probe += 1;
             }
         }
     }
@@ -1481,6 +1498,8 @@ impl Endpoint {
             destination_incarnation: peer.incarnation,
             seq: message.map(|(_, seq)| seq),
             reply: matches!(message, Some((Stream::Reply, _))),
+            probe: false,
+            probe_echo: peer.bits.get(PeerBits::PROBE_SEEN) != 0,
             horizon: peer.send_next[Stream::Reply.index()],
             requests: stream_header(Stream::Request.index()),
             replies: stream_header(Stream::Reply.index()),
@@ -1516,7 +1535,12 @@ impl Endpoint {
             let slot = *slot;
             let stream = Stream::ALL[Self::slot_stream(&slot)];
             let peer_index = usize::from(slot.peer);
-            let header = self.build_header(peer_index, Some((stream, slot.seq)), slot.len);
+            let mut header = self.build_header(peer_index, Some((stream, slot.seq)), slot.len);
+            header.probe = slot.flags & SLOT_PROBE != 0;
+            self.slots[usize::from(slot_index)].flags &= !SLOT_PROBE;
+            self.peers[peer_index]
+                .bits
+                .set_flag(PeerBits::PROBE_SEEN, false);
             header.encode(buf);
             let start = usize::from(slot_index) * self.config.max_payload;
             let len = usize::from(slot.len);
@@ -1555,6 +1579,9 @@ impl Endpoint {
             peer.bits.set_flag(PeerBits::ACK_QUEUED, false);
             peer.bits.set_flag(PeerBits::ACK_OWED, false);
             let header = self.build_header(peer_index, None, 0);
+            self.peers[peer_index]
+                .bits
+                .set_flag(PeerBits::PROBE_SEEN, false);
             header.encode(buf);
             self.stats.acks_sent += 1;
             self.stats.datagrams_sent += 1;
@@ -1615,9 +1642,9 @@ impl Endpoint {
             }
             let rto = u64::from(self.rto_of(&self.peers[peer_index]));
             // The probes: the oldest message of each stream unacknowledged
-            // for a full timeout. The others wait for a probe's
-            // acknowledgement (see `apply_acknowledgement`): a receiver
-            // that was only slow acknowledges them with it, and is sent no
+            // for a full timeout. The others wait for the peer's echo of a
+            // probe (see `probe_echoed`): a receiver that was only slow
+            // acknowledges them before it echoes, and is sent no
             // duplicates. Each stream has its own probe, since a receiver
             // may refuse requests until replies arrive
             // ([`DropReason::NoResponseRoom`]) and never refuses a reply.
@@ -1643,6 +1670,14 @@ impl Endpoint {
                 let slot = &mut self.slots[usize::from(slot_index)];
                 slot.flags |= SLOT_QUEUED | SLOT_RETRANSMITTED | SLOT_PROBE;
                 self.transmit_queue.push_back((slot_index, slot.generation));
+            }
+            if probes.iter().any(Option::is_some) {
+                let timers = self
+                    .timers_mut(peer_index)
+                    .expect("messages are outstanding");
+                if timers.probe_at == NEVER {
+                    timers.probe_at = now;
+                }
             }
             let rto_deadline = if probes.iter().any(Option::is_some) {
                 self.stats.timeouts += 1;

@@ -58,6 +58,10 @@ pub struct SimNode {
     /// A stalled node does nothing until then (a process that is not
     /// scheduled): datagrams to it wait on the wire, in order.
     pub stalled_until: Option<Instant>,
+    /// A node that takes at most this many datagrams at one instant and is
+    /// then busy (stalled) this long, as a device's link takes a bounded
+    /// number a pass.
+    pub receive_batch: Option<(usize, Duration)>,
 }
 
 impl SimNode {
@@ -100,6 +104,7 @@ impl Sim {
                 acks_only: 0,
                 halted: false,
                 stalled_until: None,
+                receive_batch: None,
             })
             .collect();
         let mut links = HashMap::new();
@@ -280,13 +285,29 @@ impl Sim {
         }
         let mut keys: Vec<_> = self.links.keys().copied().collect();
         keys.sort_unstable();
+        let mut taken = vec![0usize; self.nodes.len()];
         for (from, to) in keys {
-            if self.nodes[usize::from(to)].stalled_at(now) {
+            let receiver = usize::from(to);
+            if self.nodes[receiver].stalled_at(now) {
                 continue;
             }
-            while let Some(datagram) = self.links.get_mut(&(from, to)).unwrap().pop_ready(now) {
+            let most = self.nodes[receiver]
+                .receive_batch
+                .map_or(usize::MAX, |(most, _)| most);
+            while taken[receiver] < most {
+                let Some(datagram) = self.links.get_mut(&(from, to)).unwrap().pop_ready(now) else {
+                    break;
+                };
                 busy = true;
+                taken[receiver] += 1;
                 self.deliver(to, &datagram);
+            }
+        }
+        for (node, taken) in self.nodes.iter_mut().zip(taken) {
+            if let Some((most, busy_for)) = node.receive_batch {
+                if taken >= most {
+                    node.stalled_until = Some(now + busy_for);
+                }
             }
         }
         for node in &mut self.nodes {

@@ -7,7 +7,7 @@
 //! |-------:|-----:|-------------------|---------------------------------------------------------------|
 //! |      0 |    2 | magic             | [`MAGIC`]                                                     |
 //! |      2 |    1 | version           | [`VERSION`]                                                   |
-//! |      3 |    1 | flags             | [`FLAG_DATA`], [`FLAG_REPLY`]; other bits zero                |
+//! |      3 |    1 | flags             | [`FLAG_DATA`], [`FLAG_REPLY`], [`FLAG_PROBE`], [`FLAG_PROBE_ECHO`]; other bits zero |
 //! |      4 |    8 | fabric            | the job token every device of the fabric shares               |
 //! |     12 |    2 | source node       |                                                               |
 //! |     14 |    2 | destination node  |                                                               |
@@ -32,13 +32,20 @@ use super::{NodeId, Seq};
 
 /// First two bytes of every datagram ("pd" read as little-endian).
 pub const MAGIC: u16 = u16::from_le_bytes(*b"pd");
-/// Version of this format.
-pub const VERSION: u8 = 1;
+/// Version of this format (2: timeout probes and their echo).
+pub const VERSION: u8 = 2;
 /// Flag: the datagram carries a message (`seq` and payload are meaningful).
 pub const FLAG_DATA: u8 = 1;
 /// Flag: the message belongs to the reply stream (replies are never
 /// answered); only with [`FLAG_DATA`].
 pub const FLAG_REPLY: u8 = 2;
+/// Flag: the message is sent again as the probe of a retransmission
+/// timeout; only with [`FLAG_DATA`].
+pub const FLAG_PROBE: u8 = 4;
+/// Flag: the sender received a probe from the destination since its last
+/// datagram with this flag (so everything the destination sent before
+/// that probe has arrived, or never will).
+pub const FLAG_PROBE_ECHO: u8 = 8;
 /// Bytes of the header in front of the payload.
 pub const HEADER_LEN: usize = 76;
 /// Sequence numbers compare modulo 2^32: `b` is after `a` when
@@ -94,6 +101,11 @@ pub struct Header {
     pub seq: Option<Seq>,
     /// The message belongs to the reply stream; `false` without a message.
     pub reply: bool,
+    /// The message is a timeout probe ([`FLAG_PROBE`]); `false` without a
+    /// message.
+    pub probe: bool,
+    /// A probe from the destination was received ([`FLAG_PROBE_ECHO`]).
+    pub probe_echo: bool,
     /// The sender's next unassigned reply seq towards the destination when
     /// the header was built.
     pub horizon: Seq,
@@ -157,11 +169,18 @@ impl Header {
         let out = &mut buf[..HEADER_LEN];
         out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
         out[2] = VERSION;
-        out[3] = match (self.seq, self.reply) {
+        let message = match (self.seq, self.reply) {
             (None, _) => 0,
             (Some(_), false) => FLAG_DATA,
             (Some(_), true) => FLAG_DATA | FLAG_REPLY,
         };
+        let probe = if self.seq.is_some() && self.probe {
+            FLAG_PROBE
+        } else {
+            0
+        };
+        let echo = if self.probe_echo { FLAG_PROBE_ECHO } else { 0 };
+        out[3] = message | probe | echo;
         out[4..12].copy_from_slice(&self.fabric.to_le_bytes());
         out[12..14].copy_from_slice(&self.source.to_le_bytes());
         out[14..16].copy_from_slice(&self.destination.to_le_bytes());
@@ -198,9 +217,9 @@ impl Header {
         }
         let flags = head[3];
         let known_flags = if flags & FLAG_DATA != 0 {
-            FLAG_DATA | FLAG_REPLY
+            FLAG_DATA | FLAG_REPLY | FLAG_PROBE | FLAG_PROBE_ECHO
         } else {
-            0
+            FLAG_PROBE_ECHO
         };
         if flags & !known_flags != 0 || u16_at(74) != 0 {
             return Err(WireError::ReservedBits);
@@ -261,6 +280,8 @@ impl Header {
             destination_incarnation: u64_at(24),
             seq,
             reply,
+            probe: flags & FLAG_PROBE != 0,
+            probe_echo: flags & FLAG_PROBE_ECHO != 0,
             horizon,
             requests,
             replies,
@@ -284,6 +305,8 @@ mod tests {
             destination_incarnation: 0,
             seq,
             reply: seq.is_some(),
+            probe: seq.is_some(),
+            probe_echo: true,
             horizon: seq.map_or(12, |seq| seq.wrapping_add(4)),
             requests: StreamHeader {
                 ack: 5,
@@ -322,10 +345,17 @@ mod tests {
         };
         assert_eq!(broken(&|b| b.truncate(10)), WireError::Truncated(10));
         assert!(matches!(broken(&|b| b[0] ^= 1), WireError::BadMagic(_)));
-        assert_eq!(broken(&|b| b[2] = 2), WireError::BadVersion(2));
-        assert_eq!(broken(&|b| b[3] |= 4), WireError::ReservedBits);
-        // A reply flag without a message.
-        assert_eq!(broken(&|b| b[3] = FLAG_REPLY), WireError::ReservedBits);
+        assert_eq!(broken(&|b| b[2] = 1), WireError::BadVersion(1));
+        assert_eq!(broken(&|b| b[3] |= 16), WireError::ReservedBits);
+        // A reply flag, or a probe flag, without a message.
+        let mut ack = vec![0u8; HEADER_LEN];
+        sample(None, 0).encode(&mut ack);
+        assert!(Header::decode(&ack).unwrap().0.probe_echo);
+        for flag in [FLAG_REPLY, FLAG_PROBE] {
+            let mut bytes = ack.clone();
+            bytes[3] |= flag;
+            assert_eq!(Header::decode(&bytes).unwrap_err(), WireError::ReservedBits);
+        }
         assert_eq!(broken(&|b| b[75] = 1), WireError::ReservedBits);
         assert!(matches!(
             broken(&|b| b.push(0)),
@@ -376,6 +406,7 @@ mod tests {
             fabric in any::<u64>(), source in any::<u16>(), destination in any::<u16>(),
             source_incarnation in 1..u64::MAX, destination_incarnation in any::<u64>(),
             seq in proptest::option::of(any::<u32>()), reply in any::<bool>(),
+            probe in any::<bool>(), probe_echo in any::<bool>(),
             acks in any::<[u32; 2]>(), sacks in any::<[u64; 2]>(),
             ahead in 1u32..1000, behind in 0u32..1000, len in 0u16..64,
         ) {
@@ -384,7 +415,8 @@ mod tests {
             let floor = base.wrapping_sub(behind);
             let header = Header {
                 fabric, source, destination, source_incarnation, destination_incarnation,
-                seq, reply: reply && seq.is_some(), horizon: base.wrapping_add(ahead),
+                seq, reply: reply && seq.is_some(), probe: probe && seq.is_some(), probe_echo,
+                horizon: base.wrapping_add(ahead),
                 requests: StreamHeader { ack: acks[0], floor, sack: sacks[0] },
                 replies: StreamHeader { ack: acks[1], floor, sack: sacks[1] },
                 payload_len: len,
