@@ -1672,11 +1672,19 @@ impl Endpoint {
                 self.transmit_queue.push_back((slot_index, slot.generation));
             }
             if probes.iter().any(Option::is_some) {
-                let timers = self
-                    .timers_mut(peer_index)
-                    .expect("messages are outstanding");
-                if timers.probe_at == NEVER {
-                    timers.probe_at = now;
+                // The earliest probe not echoed yet counts, unless its echo
+                // could no longer find anything: every message sent before
+                // it was acknowledged since (that probe, or its echo, was
+                // lost).
+                let earliest = self.timers(peer_index).map_or(NEVER, |t| t.probe_at);
+                let still_covers = earliest != NEVER
+                    && slots[..count].iter().any(|&slot_index| {
+                        self.slots[usize::from(slot_index)].last_sent < earliest
+                    });
+                if !still_covers {
+                    self.timers_mut(peer_index)
+                        .expect("messages are outstanding")
+                        .probe_at = now;
                 }
             }
             let rto_deadline = if probes.iter().any(Option::is_some) {

@@ -665,6 +665,62 @@ fn a_receiver_draining_a_backlog_in_batches_is_sent_no_copy_of_the_backlog() {
     );
 }
 
+#[test]
+fn a_probe_is_echoed_once() {
+    let config = Config::default();
+    let (mut sim, _) = introduced_pair(config);
+    // A first stall: node 1 receives probes and echoes them.
+    stall_with_messages_in_flight(&mut sim);
+    sim.run_until_quiet(Duration::from_secs(1));
+    let before = *sim.nodes[0].endpoint.stats();
+    let seen = sim.transmissions.len();
+    // A second one, drained 8 datagrams at a time: an echo left over from
+    // the first would ride on the first acknowledgement of the backlog and
+    // pass for the answer to the new probes, which still wait behind it.
+    // It lasts longer than the first, which raised the timeout.
+    stall_with_messages_in_flight(&mut sim);
+    sim.nodes[1].stalled_until = Some(sim.now + Duration::from_millis(40));
+    sim.nodes[1].receive_batch = Some((8, Duration::from_micros(30)));
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_exactly_once(&sim);
+    let stats = *sim.nodes[0].endpoint.stats();
+    assert!(stats.timeouts - before.timeouts >= 2, "{stats:?}");
+    assert_eq!(
+        stats.lost_before_probe, before.lost_before_probe,
+        "{stats:?}"
+    );
+    let later = &sim.transmissions[seen..];
+    let probes = later
+        .iter()
+        .filter(|t| t.from == 0 && t.header.probe)
+        .count();
+    let echoes = later
+        .iter()
+        .filter(|t| t.from == 1 && t.header.probe_echo)
+        .count();
+    assert!(
+        (1..=probes).contains(&echoes),
+        "{echoes} echoes of {probes} probes"
+    );
+}
+
+#[test]
+fn a_lost_probe_leaves_no_stale_probe_time() {
+    let config = Config::default();
+    let (mut sim, _) = introduced_pair(config);
+    // Every probe of a stall is lost, so no echo comes: its messages are
+    // acknowledged as the receiver catches up, and the first probe's time
+    // stays behind them.
+    sim.drop_filter = Some(Box::new(|t| t.from == 0 && t.header.probe));
+    stall_with_messages_in_flight(&mut sim);
+    sim.run_until_quiet(Duration::from_secs(1));
+    sim.drop_filter = None;
+    // A lost tail then still costs one timeout: its probe's time is new.
+    let (timeouts, lost_before_probe, _) = lose_a_tail(&mut sim);
+    assert_eq!(timeouts, 1);
+    assert_eq!(lost_before_probe, 10);
+}
+
 /// Loses the first transmissions of the last 11 of 16 messages from node
 /// 0 (nothing after them is acknowledged, so no fast retransmit can see
 /// the gap), checks every message arrived once and each lost one was sent
