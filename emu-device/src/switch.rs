@@ -8,6 +8,7 @@
 //! [`flush_rx`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use pindown_uapi::NodeId;
@@ -26,14 +27,34 @@ pub const ETH_HDR_LEN: usize = 14;
 /// Largest tx chain accepted (header + 64 KiB frame).
 pub const MAX_TX_CHAIN: usize = NET_HDR_LEN + 65_536;
 
+/// Most MAC addresses the learning table holds.
+pub const MAC_TABLE_MAX: usize = 4096;
+
+/// Most MAC addresses learnt behind one station (a port or a node): a
+/// sender that makes up ever new source addresses fills its own share and
+/// no more. Frames to addresses not learnt are flooded, as to any unknown
+/// one.
+pub const MACS_PER_STATION_MAX: usize = 1024;
+
 /// The MAC learning table.
 #[derive(Debug, Default)]
 pub struct Switch {
-    table: Mutex<HashMap<[u8; 6], Station>>,
+    table: Mutex<Table>,
+    /// Source addresses not learnt: a node's claim to an address of a
+    /// local port, or a station's address beyond its share or the table's
+    /// room.
+    refused: AtomicU64,
+}
+
+/// The addresses learnt, and how many behind each station.
+#[derive(Debug, Default)]
+struct Table {
+    stations: HashMap<[u8; 6], Station>,
+    counts: HashMap<Station, usize>,
 }
 
 /// Where a MAC address lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Station {
     /// Behind a port of this device.
     Port(usize),
@@ -79,13 +100,47 @@ pub fn is_group(mac: &[u8; 6]) -> bool {
 }
 
 impl Switch {
-    /// Records that `mac` lives at `station`.
+    /// Records that `mac` lives at `station`. An address of a local port
+    /// is not taken over by another node (a remote frame cannot divert
+    /// traffic between local ports), and a station learns at most
+    /// [`MACS_PER_STATION_MAX`] addresses, the table at most
+    /// [`MAC_TABLE_MAX`]. Refusals are counted ([`refused`](Self::refused)).
     pub fn learn(&self, mac: [u8; 6], station: Station) {
         if is_group(&mac) || mac == [0; 6] {
             return;
         }
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.insert(mac, station);
+        let previous = t.stations.get(&mac).copied();
+        if previous == Some(station) {
+            return;
+        }
+        let taken_from_port =
+            matches!(previous, Some(Station::Port(_))) && matches!(station, Station::Node(_));
+        let share = t.counts.get(&station).copied().unwrap_or(0);
+        let full = previous.is_none() && t.stations.len() >= MAC_TABLE_MAX;
+        if taken_from_port || share >= MACS_PER_STATION_MAX || full {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(previous) = previous {
+            t.uncount(previous);
+        }
+        *t.counts.entry(station).or_insert(0) += 1;
+        t.stations.insert(mac, station);
+    }
+
+    /// Source addresses not learnt (see [`learn`](Self::learn)).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Addresses the table holds.
+    pub fn learnt(&self) -> usize {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stations
+            .len()
     }
 
     /// Forgets every MAC learnt on `port` (on disconnect).
@@ -96,13 +151,14 @@ impl Switch {
     /// Forgets every MAC learnt at `station`.
     pub fn forget(&self, station: Station) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.retain(|_, s| *s != station);
+        t.stations.retain(|_, s| *s != station);
+        t.counts.remove(&station);
     }
 
     /// Where `mac` lives, if known.
     pub fn lookup(&self, mac: &[u8; 6]) -> Option<Station> {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.get(mac).copied()
+        t.stations.get(mac).copied()
     }
 
     /// Learns the source of `frame` (sent from `from`) and returns where
@@ -421,6 +477,18 @@ pub fn collect_tx(
     more
 }
 
+impl Table {
+    /// One address fewer behind `station`.
+    fn uncount(&mut self, station: Station) {
+        if let Some(count) = self.counts.get_mut(&station) {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(&station);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,6 +520,57 @@ mod tests {
         assert_eq!(s.lookup(&a), None);
         // Runt frames go nowhere.
         assert!(route(0, &[1, 2, 3]).is_empty());
+    }
+
+    #[test]
+    fn a_node_cannot_take_a_local_ports_address() {
+        let s = Switch::default();
+        let guest = [2, 0, 0, 0, 0, 1];
+        s.learn(guest, Station::Port(0));
+        s.learn(guest, Station::Node(3));
+        assert_eq!(s.lookup(&guest), Some(Station::Port(0)));
+        assert_eq!(s.refused(), 1);
+        // Another port may (a guest moved), and a node once the port
+        // forgot it.
+        s.learn(guest, Station::Port(1));
+        assert_eq!(s.lookup(&guest), Some(Station::Port(1)));
+        s.forget_port(1);
+        s.learn(guest, Station::Node(3));
+        assert_eq!(s.lookup(&guest), Some(Station::Node(3)));
+    }
+
+    #[test]
+    fn a_station_learns_its_share_of_addresses_and_no_more() {
+        let s = Switch::default();
+        let mac = |station: u8, i: usize| [2, station, 0, 0, (i >> 8) as u8, i as u8];
+        for i in 0..MACS_PER_STATION_MAX + 100 {
+            s.learn(mac(9, i), Station::Node(9));
+        }
+        assert_eq!(s.learnt(), MACS_PER_STATION_MAX);
+        assert_eq!(s.refused(), 100);
+        // Addresses it holds stay; the others are flooded (unknown).
+        assert_eq!(s.lookup(&mac(9, 0)), Some(Station::Node(9)));
+        assert_eq!(s.lookup(&mac(9, MACS_PER_STATION_MAX)), None);
+        // Other stations are not crowded out.
+        s.learn(mac(1, 0), Station::Port(0));
+        assert_eq!(s.lookup(&mac(1, 0)), Some(Station::Port(0)));
+        // Moving an address between stations moves its share.
+        s.learn(mac(9, 0), Station::Port(0));
+        s.learn(mac(9, MACS_PER_STATION_MAX), Station::Node(9));
+        assert_eq!(
+            s.lookup(&mac(9, MACS_PER_STATION_MAX)),
+            Some(Station::Node(9))
+        );
+        // Forgetting a station frees its share.
+        s.forget(Station::Node(9));
+        assert_eq!(s.learnt(), 2);
+        // The whole table is bounded too.
+        for station in 10..10 + (MAC_TABLE_MAX / MACS_PER_STATION_MAX) as u8 + 1 {
+            for i in 0..MACS_PER_STATION_MAX {
+                s.learn(mac(station, i), Station::Node(u16::from(station)));
+            }
+        }
+        assert_eq!(s.learnt(), MAC_TABLE_MAX);
     }
 
     #[test]

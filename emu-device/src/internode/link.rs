@@ -197,6 +197,9 @@ pub struct Link {
     /// batch, the message and datagram being built), bytes: fixed, beside
     /// the endpoint's.
     buffers: usize,
+    /// The device's switch (its learning table's counters are reported
+    /// here).
+    switch: Arc<Switch>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The link's work, taken for a pass by whichever thread runs it: the
     /// link's own thread, or a busy-polling port thread ([`Link::drive`]).
@@ -287,6 +290,7 @@ impl Link {
             snapshots: Snapshots::default(),
             memory: (report.fixed_bytes, report.per_peer_bytes),
             buffers,
+            switch: Arc::clone(&switch),
             thread: Mutex::new(None),
             worker: Mutex::new(None),
             driven_at: AtomicU64::new(0),
@@ -514,7 +518,7 @@ impl Link {
              bad_messages={} stray_datagrams={} dropped_datagrams={} datagrams_sent={} \
              datagrams_received={} retransmissions={} frames_sent={} frames_received={} \
              frames_dropped={} passes_on_ports={} memory_fixed={} memory_per_peer={} memory_peer_stats={} \
-             memory_buffers={}\n",
+             memory_buffers={} macs_learnt={} macs_refused={}\n",
             self.node,
             self.peers.len(),
             g(&s.started),
@@ -536,6 +540,8 @@ impl Link {
             // The per-peer counters, apart from the endpoint's state.
             std::mem::size_of::<(NodeId, PeerStats)>(),
             self.buffers,
+            self.switch.learnt(),
+            self.switch.refused(),
         ) + &self.peer_status()
     }
 
@@ -624,9 +630,13 @@ struct Op {
     /// the operation have seqs below it.
     horizon: Option<Seq>,
     failure: Option<Failure>,
-    /// When it last made progress (started, a part acknowledged, an
-    /// answer arrived).
+    /// When it last made progress (started, a part acknowledged, bytes of
+    /// read data or an answer that changed its state arrived).
     progress: Instant,
+    /// It made no progress for the operation timeout after it failed: it
+    /// completes with its failure, waiting for nothing more (a peer that
+    /// claims answers it never sends cannot hold it).
+    expired: bool,
     /// The value its completion carries (the old word of an ATOMIC_TO
     /// whose old value this write carries).
     value: u64,
@@ -1173,6 +1183,7 @@ impl Worker {
                 horizon: None,
                 failure: (!known).then_some((Status::InvalidRequest, ErrorDetail::UnknownNode)),
                 progress: Instant::now(),
+                expired: false,
                 value: 0,
             },
         );
@@ -1300,7 +1311,8 @@ impl Worker {
             Ok(frame)
                 if frame.fabric == self.link.fabric
                     && frame.destination == self.link.node
-                    && self.link.peers.contains_key(&frame.source) =>
+                    && self.link.peers.contains_key(&frame.source)
+                    && frame.frame.len() >= crate::switch::ETH_HDR_LEN =>
             {
                 frame
             }
@@ -1697,7 +1709,9 @@ impl Worker {
             return;
         }
         *received += bytes.len() as u32;
-        op.progress = Instant::now();
+        if !bytes.is_empty() {
+            op.progress = Instant::now();
+        }
         if op.failure.is_some() {
             return;
         }
@@ -1733,18 +1747,30 @@ impl Worker {
         let Some(op) = self.ops.get_mut(&tag).filter(|op| op.node == node) else {
             return self.bad_message(node, &"result of no operation of ours");
         };
-        op.progress = Instant::now();
-        if status != Status::Success {
+        // Only an answer that changes the operation is progress: repeated
+        // ones cannot keep it alive.
+        let changed = if status != Status::Success {
+            let first = op.failure.is_none();
             op.failure.get_or_insert((status, detail));
-            return;
-        }
-        match &mut op.kind {
-            OpKind::Read { finished, .. } => *finished = true,
-            OpKind::Atomic { value: old, .. } | OpKind::AtomicTo { value: old, .. } => {
-                *old = Some(value)
+            first
+        } else {
+            match &mut op.kind {
+                OpKind::Read { finished, .. } => !std::mem::replace(finished, true),
+                OpKind::Atomic { value: old, .. } | OpKind::AtomicTo { value: old, .. } => {
+                    let first = old.is_none();
+                    if first {
+                        *old = Some(value);
+                    }
+                    first
+                }
+                OpKind::Copy { done, .. } => !std::mem::replace(done, true),
+                OpKind::Write { .. } | OpKind::VectorWrite { .. } | OpKind::VectorRead { .. } => {
+                    false
+                }
             }
-            OpKind::Copy { done, .. } => *done = true,
-            OpKind::Write { .. } | OpKind::VectorWrite { .. } | OpKind::VectorRead { .. } => {}
+        };
+        if changed {
+            op.progress = Instant::now();
         }
     }
 
@@ -2266,12 +2292,16 @@ impl Worker {
     fn finish_ops(&mut self, now: Instant) {
         let op_timeout = self.op_timeout;
         for op in self.ops.values_mut() {
-            if op.failure.is_none() && now.saturating_duration_since(op.progress) > op_timeout {
-                tracing::warn!(
-                    node = op.node,
-                    "fabric operation made no progress: given up"
-                );
-                op.failure = Some(GONE);
+            if op.expired || now.saturating_duration_since(op.progress) <= op_timeout {
+                continue;
+            }
+            tracing::warn!(
+                node = op.node,
+                "fabric operation made no progress: given up"
+            );
+            match op.failure {
+                None => op.failure = Some(GONE),
+                Some(_) => op.expired = true,
             }
         }
         let done: Vec<u64> = self
@@ -2343,7 +2373,7 @@ impl Worker {
             })
         };
         match &op.kind {
-            _ if op.failure == Some(GONE) => true,
+            _ if op.failure == Some(GONE) || op.expired => true,
             // Every part acknowledged, and every answer sent before the
             // acknowledgements received: a refused part is known.
             OpKind::Write {
