@@ -34,9 +34,13 @@ use crate::switch::{Station, Switch};
 pub const MAX_DELEGATED: usize = 1024;
 
 /// Answers waiting for room in the endpoint at most; beyond, the oldest
-/// is dropped (logged), and its initiator's operation fails by its own
-/// timeout.
+/// of the same node is dropped (logged), and its initiator's operation
+/// fails by its own timeout.
 pub const MAX_DEFERRED: usize = 4096;
+
+/// Answers to one node waiting for room at most: a node that does not
+/// acknowledge its answers fills its own share, never the others'.
+pub const MAX_DEFERRED_PER_NODE: usize = 256;
 
 /// Ethernet frames waiting for the link at most; more are dropped.
 pub const MAX_FRAMES_QUEUED: usize = 512;
@@ -44,6 +48,15 @@ pub const MAX_FRAMES_QUEUED: usize = 512;
 /// Reads other nodes may have under way here at once; one more is
 /// refused with [`ErrorDetail::NodeBusy`].
 pub const MAX_READ_JOBS: usize = 1024;
+
+/// Reads one node may have under way here at once; one more is refused
+/// with [`ErrorDetail::NodeBusy`].
+pub const MAX_READ_JOBS_PER_NODE: usize = 64;
+
+/// Bytes a pass copies between two windows of this node at most (a copy
+/// delegated here whose both ends are here): the rest waits for the next
+/// passes, so a long copy never stops the link from serving its peers.
+pub const LOCAL_COPY_BYTES_PER_PASS: usize = 1 << 20;
 
 /// How the link is set up.
 #[derive(Debug, Clone)]
@@ -315,7 +328,9 @@ impl Link {
             reads: VecDeque::new(),
             delegated: 0,
             op_timeout: config.endpoint.peer_timeout * 2,
-            deferred: VecDeque::new(),
+            deferred: BTreeMap::new(),
+            deferred_count: 0,
+            local_copy_budget: LOCAL_COPY_BYTES_PER_PASS,
             message,
             received,
             outgoing,
@@ -817,8 +832,14 @@ struct Worker {
     /// no answer) before it fails with NodeUnreachable: a peer that
     /// acknowledges but never answers cannot hold it forever.
     op_timeout: Duration,
-    /// Answers the endpoint could not take at once (sent first).
-    deferred: VecDeque<(NodeId, Vec<u8>)>,
+    /// Answers the endpoint could not take at once, per node, in order
+    /// (sent first).
+    deferred: BTreeMap<NodeId, VecDeque<Vec<u8>>>,
+    /// Answers in `deferred`, all nodes.
+    deferred_count: usize,
+    /// Bytes the current pass may still copy between two windows of this
+    /// node ([`LOCAL_COPY_BYTES_PER_PASS`]).
+    local_copy_budget: usize,
     /// The message being built.
     message: Vec<u8>,
     /// Datagrams received in one system call.
@@ -1367,6 +1388,43 @@ impl Worker {
         worked
     }
 
+    /// Whether local port `origin` has a copy (or an atomic whose old
+    /// value goes to a window) under way, delegated to `node`, whose
+    /// destination holds `len` bytes at `offset` of window `key` of port
+    /// `dst_port`.
+    fn delegated_to(
+        &self,
+        node: NodeId,
+        origin: Origin,
+        dst_port: u16,
+        key: pindown_uapi::RemoteKey,
+        offset: u64,
+        len: usize,
+    ) -> bool {
+        // The part carries the sender's tag, not the copy's: any copy of
+        // that port delegated to the sender whose destination holds it.
+        self.ops.values().any(|op| {
+            let (destination, copied) = match &op.kind {
+                OpKind::Copy {
+                    destination, len, ..
+                } => (destination, *len),
+                OpKind::AtomicTo {
+                    destination, width, ..
+                } => (destination, width.bytes()),
+                _ => return false,
+            };
+            let end = offset.checked_add(len as u64);
+            op.node == node
+                && op.origin.index == origin.port
+                && op.origin.incarnation == origin.incarnation
+                && destination.node == self.link.node
+                && destination.port == dst_port
+                && destination.key == key
+                && offset >= destination.offset
+                && end.is_some_and(|end| end <= destination.offset + u64::from(copied))
+        })
+    }
+
     fn bad_message(&self, node: NodeId, what: &dyn std::fmt::Display) {
         tracing::debug!(node, "bad fabric message: {what}");
         self.link.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -1385,11 +1443,35 @@ impl Worker {
             Message::Read { origin, .. }
             | Message::Atomic { origin, .. }
             | Message::AtomicTo { origin, .. }
+            | Message::VectorWrite { origin, .. }
             | Message::Copy { origin, .. } => Some(origin.node),
             _ => None,
         };
         if origin_node.is_some_and(|origin| origin != node) {
             return self.bad_message(node, &"a request for a port of another node");
+        }
+        if let Message::Write {
+            origin,
+            dst_port,
+            key,
+            offset,
+            bytes,
+        } = &message
+        {
+            // A write for a port of this node: only the part of a copy (or
+            // the old value of an atomic) that port delegated to the
+            // sender, into its destination.
+            if origin.node == own
+                && node != own
+                && !self.delegated_to(node, *origin, *dst_port, *key, *offset, bytes.len())
+            {
+                self.bad_message(
+                    node,
+                    &"a write for a port of this node that delegated no such copy",
+                );
+                let (status, detail) = (Status::RemoteAccessError, ErrorDetail::NotGranted);
+                return self.answer(now, node, origin.tag, status, detail, 0);
+            }
         }
         let initiator = |origin: Origin| PortId {
             node: origin.node,
@@ -1435,7 +1517,11 @@ impl Worker {
                     Err((status, detail)) => {
                         self.answer(now, node, origin.tag, status, detail, 0);
                     }
-                    Ok(()) if self.reads.len() >= MAX_READ_JOBS => {
+                    Ok(())
+                        if self.reads.len() >= MAX_READ_JOBS
+                            || self.reads.iter().filter(|job| job.node == node).count()
+                                >= MAX_READ_JOBS_PER_NODE =>
+                    {
                         let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                         self.answer(now, node, origin.tag, status, detail, 0);
                     }
@@ -1549,10 +1635,7 @@ impl Worker {
                             bytes: &bytes[..len],
                         }
                         .encode(&mut answer);
-                        if !self.deferred.is_empty() || self.send_reply(now, node, &answer).is_err()
-                        {
-                            self.defer(node, answer);
-                        }
+                        self.send_answer(now, node, answer);
                     }
                     Err((status, detail)) => {
                         self.answer(now, node, origin.tag, status, detail, 0);
@@ -1637,19 +1720,35 @@ impl Worker {
             value,
         }
         .encode(&mut bytes);
-        if !self.deferred.is_empty() || self.send_reply(now, node, &bytes).is_err() {
-            self.defer(node, bytes);
+        self.send_answer(now, node, bytes);
+    }
+
+    /// Sends an answer to `node` now, or keeps it behind the node's
+    /// earlier ones when some wait or the endpoint has no room for it.
+    fn send_answer(&mut self, now: Instant, node: NodeId, answer: Vec<u8>) {
+        let waiting = self.deferred.get(&node).is_some_and(|q| !q.is_empty());
+        if waiting || self.send_reply(now, node, &answer).is_err() {
+            self.defer(node, answer);
         }
     }
 
     /// Keeps an answer for when the endpoint has room, within
-    /// [`MAX_DEFERRED`].
+    /// [`MAX_DEFERRED_PER_NODE`] for its node and [`MAX_DEFERRED`] in all
+    /// (beyond, the node's oldest is dropped).
     fn defer(&mut self, node: NodeId, answer: Vec<u8>) {
-        if self.deferred.len() >= MAX_DEFERRED {
+        let queue = self.deferred.entry(node).or_default();
+        if queue.len() >= MAX_DEFERRED_PER_NODE || self.deferred_count >= MAX_DEFERRED {
             tracing::warn!(node, "fabric answers pile up: the oldest is dropped");
-            self.deferred.pop_front();
+            if queue.pop_front().is_some() {
+                self.deferred_count -= 1;
+            }
+            if self.deferred_count >= MAX_DEFERRED {
+                // Every answer waiting is another node's: this one goes.
+                return;
+            }
         }
-        self.deferred.push_back((node, answer));
+        queue.push_back(answer);
+        self.deferred_count += 1;
     }
 
     /// Sends one request (a message the peer answers); `Ok(None)` when
@@ -1836,7 +1935,9 @@ impl Worker {
                 }
                 self.reads.retain(|job| job.node != node);
                 self.switch.forget(Station::Node(node));
-                self.deferred.retain(|(to, _)| *to != node);
+                if let Some(answers) = self.deferred.remove(&node) {
+                    self.deferred_count -= answers.len();
+                }
             }
         }
     }
@@ -1845,13 +1946,26 @@ impl Worker {
     /// requests and atomics of ours, parts of reads of other nodes.
     fn produce(&mut self, now: Instant) -> bool {
         let mut worked = false;
-        while let Some((node, bytes)) = self.deferred.pop_front() {
-            if self.send_reply(now, node, &bytes).is_err() {
-                self.deferred.push_front((node, bytes));
-                return worked;
+        self.local_copy_budget = LOCAL_COPY_BYTES_PER_PASS;
+        // Each node's waiting answers in order; a node without room waits
+        // alone.
+        let mut deferred = std::mem::take(&mut self.deferred);
+        for (&node, answers) in deferred.iter_mut() {
+            while let Some(bytes) = answers.front() {
+                if self.send_reply(now, node, bytes).is_err() {
+                    break;
+                }
+                answers.pop_front();
+                self.deferred_count -= 1;
+                worked = true;
             }
-            worked = true;
         }
+        deferred.retain(|_, answers| !answers.is_empty());
+        // Answers deferred meanwhile (none: sends only) join behind.
+        for (node, answers) in std::mem::take(&mut self.deferred) {
+            deferred.entry(node).or_default().extend(answers);
+        }
+        self.deferred = deferred;
         // The tags of the pass, in a buffer kept from pass to pass (the
         // loop runs while operations are under way: no allocation in it).
         let mut tags = std::mem::take(&mut self.tags);
@@ -2102,6 +2216,13 @@ impl Worker {
             return None;
         }
         let chunk = (*len - *sent).min(max as u32) as usize;
+        if remote.node == own {
+            if self.local_copy_budget < chunk {
+                // This pass copied its share here: the next one goes on.
+                return None;
+            }
+            self.local_copy_budget -= chunk;
+        }
         let at = *sent;
         let remote = RemoteAddress {
             offset: remote.offset + u64::from(at),
@@ -2217,12 +2338,19 @@ impl Worker {
         }
     }
 
-    /// Sends parts of the reads other nodes asked for, oldest first.
+    /// Sends parts of the reads other nodes asked for, oldest first for
+    /// each node; a node whose replies have no room waits alone.
     fn produce_reads(&mut self, now: Instant) -> bool {
         let max = self.endpoint.config().max_payload - READ_DATA_HEADER;
         let mut worked = false;
-        while let Some(job) = self.reads.front_mut() {
+        let mut waiting: Vec<NodeId> = Vec::new();
+        let mut index = 0;
+        while let Some(job) = self.reads.get(index) {
             let (node, tag) = (job.node, job.origin.tag);
+            if waiting.contains(&node) {
+                index += 1;
+                continue;
+            }
             if job.at == job.len {
                 // Every byte went out: the last word says so.
                 let mut bytes = Vec::with_capacity(24);
@@ -2234,9 +2362,11 @@ impl Worker {
                 }
                 .encode(&mut bytes);
                 if self.send_reply(now, node, &bytes).is_err() {
-                    return worked;
+                    waiting.push(node);
+                    index += 1;
+                    continue;
                 }
-                self.reads.pop_front();
+                self.reads.remove(index);
                 worked = true;
                 continue;
             }
@@ -2257,7 +2387,7 @@ impl Worker {
             });
             if let Err((status, detail)) = read {
                 // A window revoked, a port reset: the read ends here.
-                self.reads.pop_front();
+                self.reads.remove(index);
                 self.answer(now, node, tag, status, detail, 0);
                 worked = true;
                 continue;
@@ -2273,12 +2403,16 @@ impl Worker {
             let sent = self.send_reply(now, node, &message);
             self.message = message;
             match sent {
-                Err(()) => return worked,
+                Err(()) => {
+                    waiting.push(node);
+                    index += 1;
+                    continue;
+                }
                 Ok(None) => {
-                    self.reads.pop_front();
+                    self.reads.remove(index);
                 }
                 Ok(Some(_)) => {
-                    if let Some(job) = self.reads.front_mut() {
+                    if let Some(job) = self.reads.get_mut(index) {
                         job.at += chunk as u32;
                     }
                 }
