@@ -100,11 +100,11 @@ pub fn is_group(mac: &[u8; 6]) -> bool {
 }
 
 impl Switch {
-    /// Records that `mac` lives at `station`. An address of a local port
-    /// is not taken over by another node (a remote frame cannot divert
-    /// traffic between local ports), and a station learns at most
+    /// Records that `mac` lives at `station`: a station learns at most
     /// [`MACS_PER_STATION_MAX`] addresses, the table at most
-    /// [`MAC_TABLE_MAX`]. Refusals are counted ([`refused`](Self::refused)).
+    /// [`MAC_TABLE_MAX`]. A refusal is counted ([`refused`](Self::refused))
+    /// and forgets where the address was (frames to it are flooded rather
+    /// than sent where it no longer is).
     pub fn learn(&self, mac: [u8; 6], station: Station) {
         if is_group(&mac) || mac == [0; 6] {
             return;
@@ -114,16 +114,14 @@ impl Switch {
         if previous == Some(station) {
             return;
         }
-        let taken_from_port =
-            matches!(previous, Some(Station::Port(_))) && matches!(station, Station::Node(_));
+        if let Some(previous) = previous {
+            t.stations.remove(&mac);
+            t.uncount(previous);
+        }
         let share = t.counts.get(&station).copied().unwrap_or(0);
-        let full = previous.is_none() && t.stations.len() >= MAC_TABLE_MAX;
-        if taken_from_port || share >= MACS_PER_STATION_MAX || full {
+        if share >= MACS_PER_STATION_MAX || t.stations.len() >= MAC_TABLE_MAX {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return;
-        }
-        if let Some(previous) = previous {
-            t.uncount(previous);
         }
         *t.counts.entry(station).or_insert(0) += 1;
         t.stations.insert(mac, station);
@@ -523,20 +521,16 @@ mod tests {
     }
 
     #[test]
-    fn a_node_cannot_take_a_local_ports_address() {
+    fn addresses_move_between_stations() {
         let s = Switch::default();
         let guest = [2, 0, 0, 0, 0, 1];
         s.learn(guest, Station::Port(0));
         s.learn(guest, Station::Node(3));
-        assert_eq!(s.lookup(&guest), Some(Station::Port(0)));
-        assert_eq!(s.refused(), 1);
-        // Another port may (a guest moved), and a node once the port
-        // forgot it.
+        assert_eq!(s.lookup(&guest), Some(Station::Node(3)));
         s.learn(guest, Station::Port(1));
         assert_eq!(s.lookup(&guest), Some(Station::Port(1)));
-        s.forget_port(1);
-        s.learn(guest, Station::Node(3));
-        assert_eq!(s.lookup(&guest), Some(Station::Node(3)));
+        assert_eq!(s.learnt(), 1);
+        assert_eq!(s.refused(), 0);
     }
 
     #[test]
@@ -561,6 +555,13 @@ mod tests {
             s.lookup(&mac(9, MACS_PER_STATION_MAX)),
             Some(Station::Node(9))
         );
+        // A move the new station has no share for forgets the address.
+        s.learn(mac(9, 3), Station::Port(0));
+        s.learn(mac(9, 2000), Station::Node(9));
+        let refused = s.refused();
+        s.learn(mac(9, 3), Station::Node(9));
+        assert_eq!(s.refused(), refused + 1);
+        assert_eq!(s.lookup(&mac(9, 3)), None);
         // Forgetting a station frees its share.
         s.forget(Station::Node(9));
         assert_eq!(s.learnt(), 2);

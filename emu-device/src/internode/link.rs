@@ -33,6 +33,11 @@ use crate::switch::{Station, Switch};
 /// refused with [`ErrorDetail::NodeBusy`].
 pub const MAX_DELEGATED: usize = 1024;
 
+/// Copies (and atomics whose old value goes to a window) one node may
+/// have delegated to this one at once; one more is refused with
+/// [`ErrorDetail::NodeBusy`].
+pub const MAX_DELEGATED_PER_NODE: usize = 64;
+
 /// Answers waiting for room in the endpoint at most; beyond, the oldest
 /// of the same node is dropped (logged), and its initiator's operation
 /// fails by its own timeout.
@@ -331,6 +336,7 @@ impl Link {
             deferred: BTreeMap::new(),
             deferred_count: 0,
             local_copy_budget: LOCAL_COPY_BYTES_PER_PASS,
+            local_copy_waits: false,
             message,
             received,
             outgoing,
@@ -840,6 +846,9 @@ struct Worker {
     /// Bytes the current pass may still copy between two windows of this
     /// node ([`LOCAL_COPY_BYTES_PER_PASS`]).
     local_copy_budget: usize,
+    /// A copy between two windows of this node waits for the next pass's
+    /// budget: the thread polls on rather than sleeping.
+    local_copy_waits: bool,
     /// The message being built.
     message: Vec<u8>,
     /// Datagrams received in one system call.
@@ -919,7 +928,9 @@ impl Worker {
         let under_way = !self.ops.is_empty() || !self.reads.is_empty();
         Pass {
             worked,
-            spinning: (self.poll && under_way) || now.duration_since(self.last_work) < self.spin,
+            spinning: (self.poll && under_way)
+                || self.local_copy_waits
+                || now.duration_since(self.last_work) < self.spin,
         }
     }
 
@@ -1349,6 +1360,16 @@ impl Worker {
             .stats
             .frames_received
             .fetch_add(1, Ordering::Relaxed);
+        let source = crate::switch::src_mac(frame.frame);
+        if self.ports.all().iter().any(|port| Some(port.mac) == source) {
+            // Another node claims the address this device gives one of its
+            // ports: it would divert that port's traffic.
+            self.link
+                .stats
+                .frames_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         self.switch
             .forward(&self.ports, Station::Node(frame.source), frame.frame, None);
     }
@@ -1421,8 +1442,27 @@ impl Worker {
                 && destination.port == dst_port
                 && destination.key == key
                 && offset >= destination.offset
-                && end.is_some_and(|end| end <= destination.offset + u64::from(copied))
+                && end.is_some_and(|end| {
+                    destination
+                        .offset
+                        .checked_add(u64::from(copied))
+                        .is_some_and(|limit| end <= limit)
+                })
         })
+    }
+
+    /// Whether this node takes no more delegated work now: from anyone
+    /// ([`MAX_DELEGATED`]), or from `node` ([`MAX_DELEGATED_PER_NODE`]).
+    fn delegation_full(&self, node: NodeId) -> bool {
+        self.delegated >= MAX_DELEGATED
+            || self
+                .ops
+                .values()
+                .filter(
+                    |op| matches!(op.requester, Requester::Node { node: from, .. } if from == node),
+                )
+                .count()
+                >= MAX_DELEGATED_PER_NODE
     }
 
     fn bad_message(&self, node: NodeId, what: &dyn std::fmt::Display) {
@@ -1444,6 +1484,7 @@ impl Worker {
             | Message::Atomic { origin, .. }
             | Message::AtomicTo { origin, .. }
             | Message::VectorWrite { origin, .. }
+            | Message::VectorRead { origin, .. }
             | Message::Copy { origin, .. } => Some(origin.node),
             _ => None,
         };
@@ -1569,7 +1610,7 @@ impl Worker {
                     sent: 0,
                     started: false,
                 };
-                if self.delegated >= MAX_DELEGATED {
+                if self.delegation_full(node) {
                     let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                     self.answer(now, node, origin.tag, status, detail, 0);
                     return;
@@ -1653,7 +1694,7 @@ impl Worker {
                 destination,
             } => {
                 self.served();
-                if self.delegated >= MAX_DELEGATED {
+                if self.delegation_full(node) {
                     let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                     self.answer(now, node, origin.tag, status, detail, 0);
                     return;
@@ -1723,11 +1764,13 @@ impl Worker {
         self.send_answer(now, node, bytes);
     }
 
-    /// Sends an answer to `node` now, or keeps it behind the node's
-    /// earlier ones when some wait or the endpoint has no room for it.
+    /// Sends an answer to `node` now, or keeps it when the endpoint has no
+    /// room for it. It may pass answers to the node that wait: answers
+    /// of different operations need no order, and an answer sent now
+    /// lies below the horizon of the acknowledgements that follow (an
+    /// operation's initiator counts on that to know of a refusal).
     fn send_answer(&mut self, now: Instant, node: NodeId, answer: Vec<u8>) {
-        let waiting = self.deferred.get(&node).is_some_and(|q| !q.is_empty());
-        if waiting || self.send_reply(now, node, &answer).is_err() {
+        if self.send_reply(now, node, &answer).is_err() {
             self.defer(node, answer);
         }
     }
@@ -1947,6 +1990,7 @@ impl Worker {
     fn produce(&mut self, now: Instant) -> bool {
         let mut worked = false;
         self.local_copy_budget = LOCAL_COPY_BYTES_PER_PASS;
+        self.local_copy_waits = false;
         // Each node's waiting answers in order; a node without room waits
         // alone.
         let mut deferred = std::mem::take(&mut self.deferred);
@@ -2219,6 +2263,7 @@ impl Worker {
         if remote.node == own {
             if self.local_copy_budget < chunk {
                 // This pass copied its share here: the next one goes on.
+                self.local_copy_waits = true;
                 return None;
             }
             self.local_copy_budget -= chunk;
@@ -2272,6 +2317,7 @@ impl Worker {
                 *sent += chunk as u32;
                 *started = true;
             }
+            op.progress = now;
             return Some(true);
         }
         self.message.clear();

@@ -38,6 +38,7 @@ mod link;
 pub mod message;
 
 pub use link::{
-    Link, LinkConfig, LinkStats, Submission, MAX_DEFERRED, MAX_DELEGATED, MAX_FRAMES_QUEUED,
-    MAX_READ_JOBS,
+    Link, LinkConfig, LinkStats, Submission, LOCAL_COPY_BYTES_PER_PASS, MAX_DEFERRED,
+    MAX_DEFERRED_PER_NODE, MAX_DELEGATED, MAX_DELEGATED_PER_NODE, MAX_FRAMES_QUEUED, MAX_READ_JOBS,
+    MAX_READ_JOBS_PER_NODE,
 };
