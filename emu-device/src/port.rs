@@ -310,6 +310,15 @@ impl PortTable {
         self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether the device gives `mac` to one of its ports.
+    pub fn owns_mac(&self, mac: &[u8; 6]) -> bool {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|port| port.mac == *mac)
+    }
+
     /// Indices of the connected ports.
     pub fn connected(&self) -> Vec<usize> {
         self.all()

@@ -40,9 +40,8 @@ pub const MACS_PER_STATION_MAX: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Switch {
     table: Mutex<Table>,
-    /// Source addresses not learnt: a node's claim to an address of a
-    /// local port, or a station's address beyond its share or the table's
-    /// room.
+    /// Source addresses not learnt: a station's address beyond its share
+    /// or the table's room.
     refused: AtomicU64,
 }
 

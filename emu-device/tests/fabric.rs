@@ -620,7 +620,9 @@ fn hostile_datagrams_are_dropped_and_counted_and_the_fabric_goes_on() {
         let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
         match round % 4 {
             // The endpoint's magic and version, the rest random.
-            0 if len >= 4 => bytes[..3].copy_from_slice(&[b'p', b'd', 1]),
+            0 if len >= 4 => {
+                bytes[..3].copy_from_slice(&[b'p', b'd', pindown_emu_device::net::wire::VERSION])
+            }
             // A frame datagram's magic, with random token and nodes.
             1 if len >= 4 => bytes[..4].copy_from_slice(&[b'p', b'f', 1, 0]),
             _ => {}

@@ -39,8 +39,9 @@ pub const MAX_DELEGATED: usize = 1024;
 pub const MAX_DELEGATED_PER_NODE: usize = 64;
 
 /// Answers waiting for room in the endpoint at most; beyond, the oldest
-/// of the same node is dropped (logged), and its initiator's operation
-/// fails by its own timeout.
+/// of the same node is dropped, or the new one when that node has none
+/// waiting (logged), and its initiator's operation fails by its own
+/// timeout.
 pub const MAX_DEFERRED: usize = 4096;
 
 /// Answers to one node waiting for room at most: a node that does not
@@ -1356,12 +1357,7 @@ impl Worker {
                 return;
             }
         };
-        self.link
-            .stats
-            .frames_received
-            .fetch_add(1, Ordering::Relaxed);
-        let source = crate::switch::src_mac(frame.frame);
-        if self.ports.all().iter().any(|port| Some(port.mac) == source) {
+        if crate::switch::src_mac(frame.frame).is_some_and(|mac| self.ports.owns_mac(&mac)) {
             // Another node claims the address this device gives one of its
             // ports: it would divert that port's traffic.
             self.link
@@ -1370,6 +1366,10 @@ impl Worker {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.link
+            .stats
+            .frames_received
+            .fetch_add(1, Ordering::Relaxed);
         self.switch
             .forward(&self.ports, Station::Node(frame.source), frame.frame, None);
     }
@@ -1777,7 +1777,8 @@ impl Worker {
 
     /// Keeps an answer for when the endpoint has room, within
     /// [`MAX_DEFERRED_PER_NODE`] for its node and [`MAX_DEFERRED`] in all
-    /// (beyond, the node's oldest is dropped).
+    /// (beyond, the node's oldest is dropped, or this one when the node
+    /// has none waiting).
     fn defer(&mut self, node: NodeId, answer: Vec<u8>) {
         let queue = self.deferred.entry(node).or_default();
         if queue.len() >= MAX_DEFERRED_PER_NODE || self.deferred_count >= MAX_DEFERRED {
@@ -2004,11 +2005,8 @@ impl Worker {
                 worked = true;
             }
         }
+        // Sending defers nothing: the map taken is the whole of it.
         deferred.retain(|_, answers| !answers.is_empty());
-        // Answers deferred meanwhile (none: sends only) join behind.
-        for (node, answers) in std::mem::take(&mut self.deferred) {
-            deferred.entry(node).or_default().extend(answers);
-        }
         self.deferred = deferred;
         // The tags of the pass, in a buffer kept from pass to pass (the
         // loop runs while operations are under way: no allocation in it).

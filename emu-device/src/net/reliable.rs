@@ -374,8 +374,8 @@ pub struct Stats {
     pub fast_retransmits: u64,
     /// Retransmission timer expiries that retransmitted something.
     pub timeouts: u64,
-    /// Messages sent again because a later timeout probe was acknowledged
-    /// and they were not (lost before it).
+    /// Messages sent again because the peer echoed a later timeout probe
+    /// and had not acknowledged them (lost before it).
     pub lost_before_probe: u64,
     /// Pure acknowledgements sent.
     pub acks_sent: u64,
