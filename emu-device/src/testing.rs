@@ -281,6 +281,16 @@ impl DeviceProcess {
             .unwrap_or_default()
     }
 
+    /// The fabric link's line per peer (`peer node=..`), in node order;
+    /// empty without a fabric or when the device does not answer.
+    pub fn fabric_peers(&self) -> Vec<PortStatus> {
+        crate::status::query(&self.control_path(), "fabric")
+            .ok()
+            .and_then(|text| crate::status::parse_fabric(&text))
+            .map(|fabric| fabric.peers)
+            .unwrap_or_default()
+    }
+
     /// Status of port `i` (empty if unknown).
     pub fn port(&self, i: usize) -> PortStatus {
         self.status()

@@ -55,14 +55,6 @@ fn contents(buffer: &DmaBuffer) -> Vec<u8> {
     out
 }
 
-/// utime + stime of a process, clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -76,9 +68,9 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// CPU ticks the process used over `over` while nobody talks to it.
 fn idle_ticks(pid: u32, over: Duration) -> u64 {
-    let before = cpu_ticks(pid);
+    let before = common::cpu_ticks(pid);
     std::thread::sleep(over);
-    cpu_ticks(pid) - before
+    common::cpu_ticks(pid) - before
 }
 
 /// A hostile node speaking the fabric's datagram format by hand.
@@ -915,6 +907,25 @@ fn a_forged_origin_writes_into_a_window_bound_to_another_port() {
     // bytes (set now: a read that got through would bring them back).
     buf.write_at(0, &[0x5a; 64]);
     let contiguous = strided(0, 16, [1, 1, 1], [0, 0, 0], 16);
+    // Control: the same vector write under node 1's own origin, into a
+    // window open to every peer, lands.
+    let open = ctx.bind_window(&region, 8192, 4096, all).unwrap();
+    me.request(&vector_write_message(
+        origin(1, 199),
+        0,
+        open.remote().key,
+        0,
+        &contiguous,
+        &[0x44; 16],
+    ));
+    me.settle();
+    me.pump(Duration::from_millis(100));
+    let mut control = [0u8; 16];
+    buf.read_at(8192, &mut control);
+    assert_eq!(
+        control, [0x44; 16],
+        "the well-formed vector write did not land"
+    );
     for inc in 0..64u64 {
         let forged = Origin {
             node: 0,
@@ -1048,12 +1059,18 @@ fn hold_write(horizon_lie: u32, seconds: u64) {
     let status = dev.fabric_status();
     println!("answered: {answered}; completion: {done:?}; fabric: {status:?}");
     assert!(dev.alive());
-    assert!(
-        done.is_some(),
-        "the write never completed (op timeout is 1 s); started={} completed={} failed={}",
-        status.n("started"),
-        status.n("completed"),
-        status.n("failed")
+    let Some((completion, _)) = done else {
+        panic!(
+            "the write never completed (op timeout is 1 s); started={} completed={} failed={}",
+            status.n("started"),
+            status.n("completed"),
+            status.n("failed")
+        );
+    };
+    // With the refusal the peer sent, however long it took.
+    assert_eq!(
+        (completion.status, completion.detail),
+        (Status::RemoteAccessError, ErrorDetail::NotGranted)
     );
 }
 
@@ -1316,6 +1333,14 @@ fn slow_peer(copy_trick: bool) {
     println!("during the slow peer: A writes B -> {:?}", bread.1);
     println!("A fabric: {:?}", a.fabric_status());
     assert!(a.alive() && b.alive());
+    // Node 1 stayed a live peer of A the whole time (its answers only
+    // crawled), so the others were served beside it, not after it.
+    let slow = a
+        .fabric_peers()
+        .into_iter()
+        .find(|peer| peer.get("node") == Some(1))
+        .expect("node 1 is a peer of A");
+    assert_eq!(slow.n("gone_count"), 0, "{slow:?}");
     assert!(
         matches!(bread.1, Some(((Status::Success, _), _))),
         "A's write to B did not go while node 1 was slow"
@@ -1534,7 +1559,7 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
     me.request(&read_message(origin(1, 1), 0, awin.key, 0, 0));
     me.settle();
     let pid = a.pid();
-    let cpu0 = cpu_ticks(pid);
+    let cpu0 = common::cpu_ticks(pid);
     let t = Instant::now();
     for k in 0..COPIES {
         me.request(&encode(Message::Copy {
@@ -1570,7 +1595,7 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
         COPIES, COPIES,
         me.results().len() - 1,
         t.elapsed(),
-        cpu_ticks(pid) - cpu0,
+        common::cpu_ticks(pid) - cpu0,
         done.map(|d| (d.status, d.detail))
     );
     assert!(a.alive());

@@ -33,22 +33,12 @@ const BROADCAST: [u8; 6] = [0xff; 6];
 // ---------------------------------------------------------------------------
 // Helpers
 
-/// CPU time (user + system, clock ticks) the process has used so far.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("device stat");
-    // Fields after the command name (which may hold spaces) start with the
-    // state (field 3); utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 /// Asserts that no thread of the device spins: over 300 ms its CPU time
 /// barely moves (a spinning thread would add about 30 ticks).
 fn assert_cpu_idle(dev: &DeviceProcess, when: &str) {
-    let before = cpu_ticks(dev.pid());
+    let before = common::cpu_ticks(dev.pid());
     std::thread::sleep(Duration::from_millis(300));
-    let used = cpu_ticks(dev.pid()) - before;
+    let used = common::cpu_ticks(dev.pid()) - before;
     assert!(
         used <= 5,
         "{when}: the device used {used} ticks of CPU in 300 ms while idle\n{}",

@@ -363,16 +363,6 @@ impl Raw {
     }
 }
 
-/// Reads the device process's user + system CPU time, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15, i.e. 11 and 12 after the name.
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 /// The device, well-behaved frontends on sockets 1 and 2 (frames) and 3
 /// (RDMA), and socket 0 for the hostile frontend.
 struct Harness {
@@ -534,9 +524,9 @@ impl Harness {
         assert!(self.dev.alive(), "{case}: device died: {}", self.dev.log());
         self.frame_between(1, 2, None);
         self.frame_between(2, 1, None);
-        let before = cpu_ticks(self.dev.pid());
+        let before = common::cpu_ticks(self.dev.pid());
         std::thread::sleep(Duration::from_millis(300));
-        let spent = cpu_ticks(self.dev.pid()) - before;
+        let spent = common::cpu_ticks(self.dev.pid()) - before;
         assert!(spent <= 5, "{case}: device spun {spent} ticks in 300 ms");
         drop(hostile);
         self.port0_free();

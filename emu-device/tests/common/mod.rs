@@ -358,3 +358,13 @@ pub fn rx_hdr() -> Vec<u8> {
     h[10] = 1;
     h
 }
+
+/// CPU time (user + system, clock ticks) process `pid` has used so far.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("process stat");
+    // Fields after the command name (which may hold spaces) start with the
+    // state (field 3); utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
