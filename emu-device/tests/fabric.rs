@@ -8,25 +8,21 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::DeviceProcess;
+use common::{
+    buffer_contents as contents, fabric_context_config as config, salted_bytes as pattern,
+    DeviceProcess,
+};
 use pindown_driver::arena::DmaBuffer;
 use pindown_driver::verbs::opcode::{
     AtomicTo, CompareSwap, Entry, FetchAdd, FetchBitwise, Read, RemoteCopy, Vector, Write,
 };
-use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
+use pindown_driver::verbs::{CompletionQueue, Context};
 use pindown_uapi::pattern::{Block, BlockList, Pattern, Piece};
 use pindown_uapi::{
     Access, AtomicOp, Bitwise, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status,
 };
 
 const TOKEN: &str = "5eed0f1ab";
-
-fn config() -> ContextConfig {
-    ContextConfig {
-        arena_bytes: 48 << 20,
-        ..ContextConfig::default()
-    }
-}
 
 fn free_port() -> u16 {
     common::free_udp_port()
@@ -35,10 +31,7 @@ fn free_port() -> u16 {
 /// Starts node `node` of a fabric on loopback whose node `i` listens on
 /// UDP port `ports[i]`.
 fn node(node: u16, ports: &[u16], extra: &[&str]) -> DeviceProcess {
-    let mut args = common::fabric_args(node, ports, TOKEN);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    DeviceProcess::start(common::device_bin(), 1, &args).unwrap()
+    common::fabric_device(node, ports, TOKEN, 1, extra)
 }
 
 /// Posts `entries` (signaled) on a fresh queue pair and waits for one
@@ -60,18 +53,6 @@ fn run_all(context: &Context, entries: &[Entry<'_>]) -> Vec<Completion> {
 
 fn run(context: &Context, entry: Entry<'_>) -> Completion {
     run_all(context, &[entry]).remove(0)
-}
-
-fn contents(buffer: &DmaBuffer) -> Vec<u8> {
-    let mut out = vec![0u8; buffer.len()];
-    buffer.read_at(0, &mut out);
-    out
-}
-
-fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ salt ^ (i >> 9) as u8)
-        .collect()
 }
 
 /// Writes and reads of sizes from 1 byte to 4 MiB at unaligned offsets,

@@ -14,10 +14,12 @@ use std::collections::BTreeSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::DeviceProcess;
-use pindown_driver::arena::DmaBuffer;
+use common::{
+    buffer_contents as contents, fabric_context_config as config, salted_bytes as fill,
+    DeviceProcess,
+};
 use pindown_driver::verbs::opcode::{Entry, Read, Write};
-use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
+use pindown_driver::verbs::{CompletionQueue, Context};
 use pindown_emu_device::internode::message::{FrameDatagram, Message, Origin};
 use pindown_emu_device::net::wire::{Header, StreamHeader, HEADER_LEN};
 use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece};
@@ -29,30 +31,8 @@ use pindown_uapi::{
 const TOKEN: &str = "5eed0f1ab";
 const FABRIC: u64 = 0x5eed0f1ab;
 
-fn config() -> ContextConfig {
-    ContextConfig {
-        arena_bytes: 48 << 20,
-        ..ContextConfig::default()
-    }
-}
-
 fn device(node: u16, ports: &[u16], nports: usize, extra: &[&str]) -> DeviceProcess {
-    let mut args = common::fabric_args(node, ports, TOKEN);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    DeviceProcess::start(common::device_bin(), nports, &args).unwrap()
-}
-
-fn fill(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ salt ^ (i >> 9) as u8)
-        .collect()
-}
-
-fn contents(buffer: &DmaBuffer) -> Vec<u8> {
-    let mut out = vec![0u8; buffer.len()];
-    buffer.read_at(0, &mut out);
-    out
+    common::fabric_device(node, ports, TOKEN, nports, extra)
 }
 
 fn rss_kib(pid: u32) -> u64 {

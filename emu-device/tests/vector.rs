@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::DeviceProcess;
+use common::{buffer_contents as contents, DeviceProcess};
 use pindown_driver::arena::DmaBuffer;
 use pindown_driver::verbs::opcode::{Entry, Vector, Write};
 use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig};
@@ -93,12 +93,6 @@ fn ports(args: &[&str]) -> Ports {
         initiator,
         target,
     }
-}
-
-fn contents(buffer: &DmaBuffer) -> Vec<u8> {
-    let mut out = vec![0u8; buffer.len()];
-    buffer.read_at(0, &mut out);
-    out
 }
 
 /// Posts `entries` (signaled) on a fresh queue pair and waits for one

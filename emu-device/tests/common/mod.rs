@@ -87,6 +87,43 @@ pub fn fabric_args(node: u16, ports: &[u16], token: &str) -> Vec<String> {
     args
 }
 
+/// A device process that is node `node` of a loopback fabric (see
+/// [`fabric_args`]) with `ports` ports and the options `extra`.
+pub fn fabric_device(
+    node: u16,
+    udp_ports: &[u16],
+    token: &str,
+    ports: usize,
+    extra: &[&str],
+) -> DeviceProcess {
+    let mut args = fabric_args(node, udp_ports, token);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    DeviceProcess::start(device_bin(), ports, &args).unwrap()
+}
+
+/// The driver contexts of the fabric tests: an arena of 48 MiB.
+pub fn fabric_context_config() -> pindown_driver::verbs::ContextConfig {
+    pindown_driver::verbs::ContextConfig {
+        arena_bytes: 48 << 20,
+        ..Default::default()
+    }
+}
+
+/// `len` bytes that differ with `salt` and from page to page.
+pub fn salted_bytes(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt ^ (i >> 9) as u8)
+        .collect()
+}
+
+/// Every byte of `buffer`.
+pub fn buffer_contents(buffer: &pindown_driver::arena::DmaBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buffer.len()];
+    buffer.read_at(0, &mut out);
+    out
+}
+
 pub fn device_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pindown-emu-device"))
 }
