@@ -1429,9 +1429,16 @@ fn frames_with_ever_new_source_addresses() {
 /// The fabric status once the device has taken every frame that came
 /// (its frame counters stop moving), at most 10 s.
 fn settled_frames(dev: &DeviceProcess) -> pindown_emu_device::status::PortStatus {
+    settled(dev, |s| s.n("frames_received") + s.n("frames_dropped"))
+}
+
+/// The device's `fabric` line once `taken` of it (a count of what the
+/// device took from its socket) stopped growing over 200 ms, or after 10 s.
+fn settled(
+    dev: &DeviceProcess,
+    taken: impl Fn(&pindown_emu_device::status::PortStatus) -> u64,
+) -> pindown_emu_device::status::PortStatus {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let taken =
-        |s: &pindown_emu_device::status::PortStatus| s.n("frames_received") + s.n("frames_dropped");
     let mut last = dev.fabric_status();
     loop {
         std::thread::sleep(Duration::from_millis(200));
@@ -1441,6 +1448,14 @@ fn settled_frames(dev: &DeviceProcess) -> pindown_emu_device::status::PortStatus
         }
         last = now;
     }
+}
+
+/// Node `node`'s line of the device's `fabric` answer.
+fn peer_line(dev: &DeviceProcess, node: u16) -> pindown_emu_device::status::PortStatus {
+    dev.fabric_peers()
+        .into_iter()
+        .find(|p| p.n("node") == u64::from(node))
+        .unwrap_or_else(|| panic!("node {node} is not a peer of the device"))
 }
 
 /// Three nodes: node 1 floods A with valid but useless datagrams (pure
@@ -1464,29 +1479,45 @@ fn a_flooding_peer_does_not_starve_another_peer() {
     let awindow = actx.bind_window(&aregion, 0, 1 << 20, all).unwrap();
     let awin = awindow.remote();
     let bbuf = bctx.alloc(1 << 16, 4096).unwrap();
-    bbuf.write_at(0, &fill(1 << 16, 1));
     let bregion = bctx.register_buffer(&bbuf).unwrap();
-    let ops = |n: usize| {
+    // B writes 4 KiB of a new pattern into A and reads it back, 100 times;
+    // every read must bring back the bytes of the write before it.
+    let ops = |round: u64| {
         let t = Instant::now();
         let mut worst = Duration::ZERO;
-        for i in 0..n {
-            let s = Instant::now();
-            let entry = if i % 2 == 0 {
-                Write::new(bregion.local(0, 4096).unwrap(), awin.at(0)).build()
-            } else {
-                Read::new(bregion.local(8192, 4096).unwrap(), awin.at(0)).build()
-            };
-            let done = run_entry(&bctx, entry, Duration::from_secs(10));
-            assert!(done.is_some_and(|d| d.is_success()), "op {i}: {done:?}");
-            worst = worst.max(s.elapsed());
+        for i in 0..100u64 {
+            let pattern = fill(4096, (round * 100 + i) as u8);
+            bbuf.write_at(0, &pattern);
+            for read in [false, true] {
+                let s = Instant::now();
+                let entry = if read {
+                    Read::new(bregion.local(8192, 4096).unwrap(), awin.at(0)).build()
+                } else {
+                    Write::new(bregion.local(0, 4096).unwrap(), awin.at(0)).build()
+                };
+                let done = run_entry(&bctx, entry, Duration::from_secs(10));
+                assert!(done.is_some_and(|d| d.is_success()), "op {i}: {done:?}");
+                worst = worst.max(s.elapsed());
+            }
+            let mut back = vec![0; 4096];
+            bbuf.read_at(8192, &mut back);
+            assert!(
+                back == pattern,
+                "round {round}, op {i}: B read other bytes than it wrote"
+            );
         }
         (t.elapsed(), worst)
     };
-    println!("baseline 200 ops: {:?}", ops(200));
+    let served = |dev: &DeviceProcess| settled(dev, |s| s.n("served")).n("served");
+    let before = served(&a);
+    println!("baseline 200 ops: {:?}", ops(1));
+    let served_by_ops = served(&a) - before;
     let mut me = Raw::new(1, ports[1], 0, ports[0]);
     me.request(&read_message(origin(1, 1), 0, awin.key, 0, 0));
     me.settle();
     me.pump(Duration::from_millis(50));
+    let before_flood = served(&a);
+    let peer_before = peer_line(&a, 1);
     // A duplicate of the delivered request, and a pure acknowledgement.
     let payload = read_message(origin(1, 1), 0, awin.key, 0, 0);
     let mut dup = me.header(Some((0, 0)), payload.len());
@@ -1498,21 +1529,47 @@ fn a_flooding_peer_does_not_starve_another_peer() {
     let flooder = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut n = 0u64;
+            let (mut dups, mut pures) = (0u64, 0u64);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = sock.send_to(if n.is_multiple_of(2) { &dup } else { &pure }, to);
-                n += 1;
+                if dups == pures {
+                    dups += u64::from(sock.send_to(&dup, to).is_ok());
+                } else {
+                    pures += u64::from(sock.send_to(&pure, to).is_ok());
+                }
             }
-            n
+            (dups, pures)
         })
     };
     std::thread::sleep(Duration::from_millis(200));
-    let during = ops(200);
+    let during = ops(2);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let sent = flooder.join().unwrap();
-    println!("during the flood ({sent} datagrams) 200 ops: {during:?}");
-    println!("A fabric: {:?}", a.fabric_status());
+    let (dups, pures) = flooder.join().unwrap();
+    println!("during the flood ({dups} duplicates, {pures} acknowledgements) 200 ops: {during:?}");
+    // Counted once the device took what was left in its socket.
+    let _ = settled(&a, |s| s.n("datagrams_received"));
+    let peer_after = peer_line(&a, 1);
+    let delta = |field: &str| peer_after.n(field) - peer_before.n(field);
+    println!(
+        "A fabric: {:?}\nnode 1 seen from A: {peer_after:?}",
+        a.fabric_status()
+    );
     assert!(a.alive() && b.alive());
+    // The same operations were served again, the flood added none: the
+    // duplicate request was not carried out a second time.
+    assert_eq!(served(&a) - before_flood, served_by_ops);
+    // Node 1 sent nothing but the flood meanwhile: the device received at
+    // most what was sent (the kernel drops what overflows its socket), and
+    // recognised duplicates among them, no more than the duplicates sent.
+    let received = delta("datagrams_received");
+    assert!(
+        received > 0 && received <= dups + pures,
+        "{received} of {dups} + {pures}"
+    );
+    let duplicates = delta("duplicates");
+    assert!(
+        duplicates > 0 && duplicates <= dups,
+        "{duplicates} duplicates of {dups}"
+    );
 }
 
 /// Node 1 asks A for copies between two places of one large window of
