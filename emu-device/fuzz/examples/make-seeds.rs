@@ -2,7 +2,10 @@
 //! into `corpus/`: the messages a well-behaved frontend (QEMU, the pindown
 //! driver) sends, in the input format of `src/lib.rs`. Each single message
 //! is a seed of the parser; the whole handshake, and a few variations of
-//! it, are seeds of the handler.
+//! it, are seeds of the handler. The seeds of `fabric_endpoint` are
+//! exchanges of each kind of fabric message between two endpoints, over a
+//! clean wire and over one that loses, duplicates and reorders (the input
+//! format of `src/fabric.rs`).
 //!
 //! Run from `emu-device/fuzz`: `cargo run --example make-seeds`.
 
@@ -14,13 +17,16 @@ use pindown_emu_device::vhost_user::conn::RawMessage;
 use pindown_emu_device::vhost_user::handler;
 use pindown_emu_device::vhost_user::message::Header;
 
+use pindown_emu_device::internode::message::{Message as FabricMessage, Origin};
 use pindown_emu_device::port::features;
 use pindown_emu_device::testing::payload;
-use pindown_uapi::{IotlbMessage, VhostIotlbType};
+use pindown_emu_device_fuzz::fabric::{Op, World, NODE_A, NODE_B};
 use pindown_emu_device_fuzz::{
     mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
     MEM_UADDR,
 };
+use pindown_uapi::{ErrorDetail, RemoteAddress, RemoteKey, Status};
+use pindown_uapi::{IotlbMessage, VhostIotlbType};
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
 
 /// IOVA of the memory with ACCESS_PLATFORM.
@@ -29,8 +35,6 @@ const IOVA: u64 = 0x4000_0000;
 fn u64_payload(v: u64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
-
-
 
 fn iotlb(kind: VhostIotlbType, iova: u64, size: u64, uaddr: u64) -> Vec<u8> {
     IotlbMessage {
@@ -205,6 +209,121 @@ fn main() -> std::io::Result<()> {
     for seed in std::fs::read_dir(&handler)? {
         let bytes = std::fs::read(seed?.path())?;
         replay_accepted(&bytes);
+    }
+    fabric_seeds(&root.join("fabric_endpoint"))
+}
+
+/// One message of each kind the fabric's nodes exchange.
+fn fabric_messages() -> Vec<Vec<u8>> {
+    let origin = Origin {
+        node: NODE_A,
+        port: 0,
+        incarnation: 7,
+        tag: 0x51,
+    };
+    let key = RemoteKey(0x1234_5678_9abc_def1);
+    let messages = [
+        FabricMessage::Write {
+            origin,
+            dst_port: 1,
+            key,
+            offset: 64,
+            bytes: b"sixteen bytes!!!",
+        },
+        FabricMessage::Read {
+            origin,
+            dst_port: 1,
+            key,
+            offset: 0,
+            len: 4096,
+        },
+        FabricMessage::ReadData {
+            tag: 0x51,
+            at: 1024,
+            bytes: &[0xa5; 32],
+        },
+        FabricMessage::Copy {
+            origin,
+            dst_port: 0,
+            key,
+            offset: 8,
+            destination: RemoteAddress {
+                node: NODE_B,
+                port: 2,
+                key,
+                offset: 128,
+            },
+            len: 256,
+        },
+        FabricMessage::Result {
+            tag: 0x51,
+            status: Status::Success,
+            detail: ErrorDetail::None,
+            value: 42,
+        },
+    ];
+    messages
+        .iter()
+        .map(|m| {
+            let mut out = Vec::new();
+            m.encode(&mut out);
+            out
+        })
+        .collect()
+}
+
+/// Writes the `fabric_endpoint` seeds into `dir` and runs each.
+fn fabric_seeds(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let messages = fabric_messages();
+    let clean: Vec<Op> = messages
+        .iter()
+        .flat_map(|m| {
+            [
+                Op::ARequest(m.clone()),
+                Op::BRequest(m.clone()),
+                Op::Transmit,
+                Op::Deliver,
+                Op::Deliver,
+                Op::Transmit,
+                Op::Deliver,
+                Op::Deliver,
+                Op::BReply(m.clone()),
+                Op::Advance {
+                    micros: 50,
+                    scale: 0,
+                },
+                Op::Transmit,
+                Op::Deliver,
+            ]
+        })
+        .collect();
+    let mut rough = clean.clone();
+    for (i, op) in [Op::Drop, Op::Duplicate, Op::Reorder]
+        .into_iter()
+        .enumerate()
+    {
+        rough.insert(3 + 5 * i, op);
+    }
+    rough.extend([
+        Op::Advance {
+            micros: 2000,
+            scale: 0,
+        },
+        Op::Transmit,
+        Op::Deliver,
+        Op::RestartB,
+        Op::BRequest(messages[0].clone()),
+        Op::Transmit,
+        Op::Deliver,
+    ]);
+    for (name, ops) in [("clean-wire", clean), ("lossy-wire", rough)] {
+        let mut bytes = Vec::new();
+        for op in &ops {
+            op.encode(&mut bytes);
+        }
+        World::run(&bytes);
+        std::fs::write(dir.join(name), bytes)?;
     }
     Ok(())
 }

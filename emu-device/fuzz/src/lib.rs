@@ -1,6 +1,7 @@
-//! What the fuzz targets and the seed generator share: the input format (a
-//! stream of vhost-user messages with the kinds of files sent along) and a
-//! fresh port with a small memfd-backed memory table.
+//! What the fuzz targets and the seed generator share: the input format of
+//! the vhost-user targets (a stream of vhost-user messages with the kinds
+//! of files sent along) and a fresh port with a small memfd-backed memory
+//! table; [`fabric`] holds the fabric target's world.
 //!
 //! An input is a sequence of messages, each:
 //!
@@ -13,6 +14,8 @@
 //!
 //! The sequence ends where the input ends; a message cut short is dropped,
 //! as when a frontend disconnects in the middle of one.
+
+pub mod fabric;
 
 use std::cell::RefCell;
 use std::fs::File;
