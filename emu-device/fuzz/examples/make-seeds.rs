@@ -314,8 +314,10 @@ fn fabric_seeds(dir: &Path) -> std::io::Result<()> {
         Op::Deliver,
         Op::RestartB,
         Op::BRequest(messages[0].clone()),
+        Op::AReply(messages[4].clone()),
         Op::Transmit,
         Op::Deliver,
+        Op::Settle,
     ]);
     for (name, ops) in [("clean-wire", clean), ("lossy-wire", rough)] {
         let mut bytes = Vec::new();

@@ -9,24 +9,30 @@
 //! where the input ends. [`Op::encode`] writes one (the seed generator
 //! uses it).
 //!
-//! What [`World::check_delivery`] and [`World::check_events`] assert on
-//! every run:
-//! - while no byte on the wire was forged or corrupted and no datagram
-//!   stayed on the wire longer than the peer timeout, a message is
+//! What the world asserts on every run:
+//! - while no byte on the wire was forged or corrupted, no datagram
+//!   stayed on the wire for the peer timeout, and A never took a life of
+//!   B other than B's newest (two late copies of a datagram of a life that
+//!   ended can pass for its answer to an introduction): a message is
 //!   delivered at most once per incarnation of its receiver and of its
-//!   sender, stream and seq, and byte for byte as it was sent with that
-//!   seq (forged or corrupted incarnations, and a datagram of a retired
-//!   incarnation that arrives after its retirement expired, may reset a
-//!   peer's streams: the limits `pindown_emu_device::net` documents);
-//!   and under the same conditions, a message acknowledged was delivered;
+//!   sender, stream and seq, byte for byte as it was sent with that seq,
+//!   and a message acknowledged was delivered (the endpoint's limits,
+//!   which `pindown_emu_device::net` documents, are where these may not
+//!   hold);
 //! - every seq a send returned ends in at most one `Acked` or `Abandoned`
 //!   event, and only seqs that were sent do; when a peer is declared gone
-//!   or restarted, every message sent to it before has ended;
+//!   or restarted, every message sent to it before has ended; the
+//!   endpoint's count of messages outstanding is the number of sends not
+//!   ended; after a spell of perfect wire ([`Op::Settle`]) every send has
+//!   ended;
 //! - a request delivered can be answered at once (the endpoint delivers a
 //!   request only when it has room for its reply);
 //! - every datagram whose header decodes encodes back to the same bytes,
 //!   and every payload that decodes as a fabric message or frame datagram
-//!   encodes to bytes that decode to the same value.
+//!   encodes to bytes that decode to the same value;
+//! - and, as for every fuzz target, no panic and no input that runs for
+//!   long (libFuzzer's timeout): datagrams between the endpoints never
+//!   bounce back and forth forever.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -64,7 +70,7 @@ pub enum Op {
     /// B sends a reply to A.
     BReply(Vec<u8>),
     /// Time moves on by `micros << (4 * scale)` (scale 0-7, so up to about
-    /// two days), then both endpoints handle their timeouts.
+    /// 200 days), then both endpoints handle their timeouts.
     Advance {
         /// Microseconds, before scaling.
         micros: u16,
@@ -96,11 +102,20 @@ pub enum Op {
     Forged(Forgery),
     /// B restarts: a new endpoint with the next incarnation.
     RestartB,
+    /// A sends a reply to B (one B asked for or not: the endpoint does
+    /// not know).
+    AReply(Vec<u8>),
+    /// The wire turns perfect for a while: both endpoints' datagrams are
+    /// delivered as they are sent, and time runs on to each timer, for
+    /// more than the peer timeout and the longest retransmission timeout.
+    /// Every message sent before must have ended by then (acknowledged, or
+    /// abandoned with its peer).
+    Settle,
 }
 
 impl Op {
     /// Number of kinds.
-    pub const COUNT: u8 = 13;
+    pub const COUNT: u8 = 15;
 
     /// Reads one operation; `Err` when the input ends.
     pub fn read(u: &mut Unstructured<'_>) -> arbitrary::Result<Op> {
@@ -134,7 +149,9 @@ impl Op {
                 sacks: u.arbitrary()?,
                 payload: bytes(u)?,
             }),
-            _ => Op::RestartB,
+            12 => Op::RestartB,
+            13 => Op::Settle,
+            _ => Op::AReply(bytes(u)?),
         })
     }
 
@@ -182,6 +199,11 @@ impl Op {
                 bytes(out, &forgery.payload);
             }
             Op::RestartB => out.push(12),
+            Op::Settle => out.push(13),
+            Op::AReply(b) => {
+                out.push(14);
+                bytes(out, b);
+            }
         }
     }
 }
@@ -220,7 +242,8 @@ pub struct World {
 fn config() -> Config {
     Config {
         window: 8,
-        pool_slots: 24,
+        // Fewer than both streams' windows: the pool fills first.
+        pool_slots: 12,
         ..Config::default()
     }
 }
@@ -280,6 +303,9 @@ impl World {
         world.trace = trace;
         let mut u = Unstructured::new(data);
         for _ in 0..MAX_OPS {
+            if u.is_empty() {
+                break;
+            }
             let Ok(op) = Op::read(&mut u) else {
                 break;
             };
@@ -296,6 +322,7 @@ impl World {
             Op::ARequest(payload) => self.send(NODE_A, Stream::Request, &payload),
             Op::BRequest(payload) => self.send(NODE_B, Stream::Request, &payload),
             Op::BReply(payload) => self.send(NODE_B, Stream::Reply, &payload),
+            Op::AReply(payload) => self.send(NODE_A, Stream::Reply, &payload),
             Op::Advance { micros, scale } => {
                 let step = u64::from(micros) << (4 * u32::from(scale));
                 self.now += Duration::from_micros(step);
@@ -328,7 +355,7 @@ impl World {
             }
             Op::Deliver => {
                 if let Some((to, datagram, sent)) = self.wire.pop_front() {
-                    if self.now.duration_since(sent) > config().peer_timeout {
+                    if self.now.duration_since(sent) >= config().peer_timeout {
                         self.tainted = true;
                     }
                     self.receive(to, &datagram);
@@ -367,6 +394,7 @@ impl World {
                 let datagram = forgery.datagram(self.b_incarnation);
                 self.receive(NODE_A, &datagram);
             }
+            Op::Settle => self.settle(),
             Op::RestartB => {
                 self.b_incarnation += 1;
                 self.b = endpoint(NODE_B, NODE_A, self.b_incarnation);
@@ -412,7 +440,13 @@ impl World {
         } else {
             (&mut self.b, NODE_A)
         };
-        let delivered = match receiver.receive(self.now, datagram) {
+        let result = receiver.receive(self.now, datagram);
+        if self.trace {
+            if let Err(e) = &result {
+                eprintln!("  node {to} dropped: {e:?}");
+            }
+        }
+        let delivered = match result {
             Ok(Some(Message {
                 node,
                 stream,
@@ -421,6 +455,17 @@ impl World {
             })) => Some((node, stream, seq, payload.to_vec())),
             Ok(None) | Err(_) => None,
         };
+        // A took a life of B that is not B's newest for B (two late copies
+        // of a datagram of a life that ended can pass for its answer to an
+        // introduction: the limit `pindown_emu_device::net` documents).
+        if to == NODE_A
+            && self
+                .a
+                .peer_incarnation(NODE_B)
+                .is_some_and(|b| b != 0 && b != self.b_incarnation)
+        {
+            self.tainted = true;
+        }
         // What the datagram did first (a restart it revealed resets seqs).
         self.check_events();
         if let Some((node, stream, seq, payload)) = delivered {
@@ -449,6 +494,56 @@ impl World {
             }
         }
         self.check_events();
+    }
+
+    /// [`Op::Settle`].
+    fn settle(&mut self) {
+        let config = config();
+        let end = self.now + config.peer_timeout * 2 + config.rto_max * 2;
+        // Datagrams already on the wire arrive first.
+        while let Some((to, datagram, _)) = self.wire.pop_front() {
+            self.receive(to, &datagram);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        while self.now < end {
+            let mut moved = true;
+            while moved {
+                moved = false;
+                for node in [NODE_A, NODE_B] {
+                    let endpoint = if node == NODE_A {
+                        &mut self.a
+                    } else {
+                        &mut self.b
+                    };
+                    if let Some((to, len)) = endpoint.poll_transmit(self.now, &mut buf) {
+                        moved = true;
+                        let datagram = buf[..len].to_vec();
+                        if self.trace {
+                            let (h, _) = Header::decode(&datagram).expect("own datagram");
+                            eprintln!("  settle: {} -> {to}: src inc {:#x} dst inc {:#x} seq {:?} acks {:?}/{:?}", h.source, h.source_incarnation, h.destination_incarnation, h.seq, h.requests, h.replies);
+                        }
+                        self.receive(to, &datagram);
+                    }
+                }
+            }
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(end);
+            self.now = next.clamp(self.now + Duration::from_micros(1), end);
+            self.a.handle_timeout(self.now);
+            self.b.handle_timeout(self.now);
+            self.check_events();
+        }
+        self.buf = buf;
+        for (node, ledger) in [NODE_A, NODE_B].iter().zip(&self.ledgers) {
+            assert!(
+                ledger.open.iter().all(BTreeSet::is_empty),
+                "node {node}: messages still not ended after settling: {:?}",
+                ledger.open
+            );
+        }
     }
 
     /// While nothing was forged, corrupted or late: at most once per
@@ -552,6 +647,17 @@ impl World {
                     Event::PeerAbandoned { .. } => {}
                 }
             }
+            let (endpoint, peer) = if node == NODE_A {
+                (&self.a, NODE_B)
+            } else {
+                (&self.b, NODE_A)
+            };
+            let open = &self.ledgers[side].open;
+            assert_eq!(
+                endpoint.outstanding(peer),
+                Some(open[0].len() + open[1].len()),
+                "node {node}: outstanding against the sends not ended"
+            );
         }
     }
 }

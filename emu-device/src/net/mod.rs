@@ -126,32 +126,61 @@
 //! rules, for a datagram from peer `P` with source incarnation `s` when `r`
 //! is recorded for `P`:
 //!
-//! 1. `r` is 0 (never heard from `P`): record `s`.
+//! 1. `r` is 0 (never heard from `P`): record `s`, and answer (naming it).
 //! 2. `s == r`: accept.
 //! 3. `s` was retired for `P` less than `peer_timeout` ago: drop as stale.
-//! 4. Otherwise `P` restarted: retire `r`, abandon everything outstanding to
-//!    `P`, start both streams in both directions from 0, emit
-//!    [`Event::PeerRestarted`], and process the datagram.
+//! 4. `s` acknowledges something of ours (an ack or selective ack of
+//!    either stream): it knew a session of ours that we no longer have —
+//!    late from a life we left, or the live one after we were made to leave
+//!    it. Drop as stale: taking it would reset our streams towards `P`
+//!    while it keeps its own, and it would then acknowledge our new
+//!    messages as duplicates of old ones without delivering them.
+//! 5. `s` names ours and was proposed less than `peer_timeout` ago: it
+//!    heard our introduction, so `P` restarted: retire `r`, abandon
+//!    everything outstanding to `P`, start both streams in both directions
+//!    from 0, emit [`Event::PeerRestarted`], and process the datagram.
+//! 6. Otherwise *propose* `s` as `P`'s next life and introduce ourselves to
+//!    it (a pure acknowledgement to `P`'s address that names `s` and
+//!    acknowledges nothing; the live `r`, if that is who gets it, drops it
+//!    as addressed to another life), and drop the datagram
+//!    ([`DropReason::UnconfirmedIncarnation`]). Nothing changes yet.
 //!
-//! The destination check comes first, so a restart is only ever accepted
-//! from a datagram that names this incarnation or none: a new incarnation
-//! of `P` cannot know ours before it hears from us. Rule 3 keeps a late
-//! datagram of the old incarnation (which may name ours correctly) from
-//! flipping `P` back: up to 64 retired incarnations are remembered. A
-//! retired entry expires after `peer_timeout`; a datagram delayed that long
-//! (far beyond any LAN delay) could reset the peer once more, and a
-//! datagram of an incarnation never seen, delayed across a whole restart
-//! of its sender, could displace the live one until the entry expires —
-//! both heal by themselves. The job token is not an authenticator: a
-//! host that knows it can reset or confuse a peer's state, never crash or
-//! hang the device.
+//! The destination check comes first, so a datagram naming another
+//! incarnation of ours never gets this far; it is answered, since the peer
+//! still addresses a life of ours that ended: with a pure acknowledgement
+//! naming none when we have not heard from the peer (see below), else
+//! with an introduction to `r` when it comes from `r`, or to `s`,
+//! proposed, when it does not. A
+//! new incarnation of `P` has delivered nothing of ours (we never named
+//! it), so it acknowledges nothing; it cannot know our incarnation before
+//! it hears from us, and it hears from us only in an introduction (our
+//! datagrams to `P` name `r`, which it drops). So its first datagrams are
+//! proposed (rule 6), and once introduced it records us and answers naming
+//! us (rules 1 and 5): one round trip. When both sides proposed each other
+//! (each recorded another life of the other), the first introduction that
+//! arrives names a proposed life and is taken, and the answer to it (a
+//! restart taken is answered) completes the other side: introductions
+//! never bounce back and forth. A datagram of a life that will never answer — late from a life
+//! that ended, corrupted on the way, or forged — is not taken for a
+//! restart. Rule 3 drops a late datagram of the old incarnation (which may
+//! name ours correctly) quickly, and rule 4 after that if it acknowledged
+//! anything. The limits: two late copies of a datagram of a life that
+//! ended having delivered nothing of ours, the second arriving after our
+//! introduction, pass for its answer; and the job token is not an
+//! authenticator: a host that knows it and can send from `P`'s address can
+//! play both parts of a restart. Either resets our state towards `P`, and
+//! the live incarnation, which acknowledges our old session, is then
+//! refused (rule 4) until one of the two restarts: a partition that fails
+//! operations visibly, never a message lost while reported delivered, and
+//! never a crash or a hang of the device.
 //!
 //! When a device restarts, its peers still address the old incarnation. On
 //! such a stale datagram from a peer it has not heard from in this life,
 //! the device answers with a pure acknowledgement, which names no
-//! incarnation of the peer and so is never stale itself: the peer learns of
-//! the restart within one round trip instead of timing out. No exchange of
-//! such answers can loop.
+//! incarnation of the peer and so is never stale itself: the peer proposes
+//! the new incarnation and introduces itself (rule 6), the device records
+//! it and answers naming it (rule 1), and the peer takes the restart (rule
+//! 5) within two round trips instead of timing out.
 //!
 //! ## Wire format
 //!

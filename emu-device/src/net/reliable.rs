@@ -270,6 +270,14 @@ pub enum DropReason {
     /// sender retransmits at once, naming it.
     #[error("message from a peer that does not know this incarnation yet")]
     NotYetIntroduced,
+    /// From an incarnation of the peer not heard from before, which does
+    /// not know this one yet: perhaps the peer's new life, perhaps a late
+    /// or forged datagram of a life that will never answer. It is proposed
+    /// as the peer's next incarnation and introduced to (a pure
+    /// acknowledgement naming it that acknowledges nothing); the peer
+    /// changes only when it answers naming this incarnation.
+    #[error("from an incarnation of the peer that is not confirmed yet")]
+    UnconfirmedIncarnation,
     /// A new request that was not delivered because fewer than
     /// `response_reserve` replies could be sent back to its sender now (its
     /// acknowledgements were applied; the sender retransmits it).
@@ -403,6 +411,9 @@ pub struct Stats {
     /// Datagrams for a previous incarnation of this device or from a
     /// retired incarnation of a peer.
     pub stale_incarnation: u64,
+    /// Datagrams from an incarnation of a peer not heard from before that
+    /// did not know this one ([`DropReason::UnconfirmedIncarnation`]).
+    pub unconfirmed_incarnation: u64,
     /// Datagrams acknowledging messages never sent.
     pub bad_acks: u64,
     /// Messages acknowledged (`Event::Acked`).
@@ -446,6 +457,8 @@ const NO_SLOT: u16 = u16::MAX;
 const NEVER: u64 = u64::MAX;
 /// Retired incarnations remembered (see the module docs).
 const RETIRED_INCARNATIONS: usize = 64;
+/// Proposed incarnations remembered (see the module docs).
+const PROPOSED_INCARNATIONS: usize = 64;
 /// Internal times are microseconds since the epoch; a pending
 /// acknowledgement's due time keeps only their low 32 bits, a clock that
 /// wraps after this long.
@@ -561,6 +574,10 @@ impl PeerBits {
     /// A timeout probe from the peer arrived: the next datagram to it
     /// echoes it ([`wire::FLAG_PROBE_ECHO`](super::wire::FLAG_PROBE_ECHO)).
     const PROBE_SEEN: BitField = BitField::after(Self::ACK_QUEUED, 1);
+    /// The peer's recorded incarnation addressed an earlier life of this
+    /// endpoint: the next datagram from the ack queue introduces this one to
+    /// it ([`Endpoint::introduction`]).
+    const INTRODUCE: BitField = BitField::after(Self::PROBE_SEEN, 1);
     /// The largest round-trip time the estimate holds, us (8.4 s).
     const RTT_MAX: u64 = (1 << Self::SRTT.width) - 1;
 
@@ -628,13 +645,90 @@ impl Peer {
 }
 
 /// A peer incarnation replaced by a newer one, remembered so that its late
-/// datagrams cannot reset the peer again.
+/// datagrams cannot reset the peer again; or one proposed as the peer's
+/// next, waiting for its answer to our introduction.
 #[derive(Debug, Clone, Copy)]
-struct RetiredIncarnation {
+struct RemoteIncarnation {
     node: NodeId,
     incarnation: u64,
-    /// When it was retired, us since the epoch.
+    /// When it was retired or proposed, us since the epoch.
     at: u64,
+    /// A proposed one is owed an introduction.
+    introduce: bool,
+}
+
+/// The last few [`RemoteIncarnation`]s of one kind, in a fixed ring (the
+/// oldest is overwritten).
+#[derive(Debug)]
+struct IncarnationRing {
+    entries: Vec<RemoteIncarnation>,
+    capacity: usize,
+    cursor: usize,
+}
+
+impl IncarnationRing {
+    fn new(capacity: usize) -> Self {
+        Self {
+            entries: Vec::with_capacity(capacity),
+            capacity,
+            cursor: 0,
+        }
+    }
+
+    /// Remembers `incarnation` of `node` from `now` on (`introduce`: it is
+    /// owed an introduction).
+    fn remember(&mut self, node: NodeId, incarnation: u64, now: u64, introduce: bool) {
+        let entry = RemoteIncarnation {
+            node,
+            incarnation,
+            at: now,
+            introduce,
+        };
+        if let Some(same) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.node == node && e.incarnation == incarnation)
+        {
+            *same = entry;
+        } else if self.entries.len() < self.capacity {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.cursor] = entry;
+            self.cursor = (self.cursor + 1) % self.capacity;
+        }
+    }
+
+    /// Whether `incarnation` of `node` was remembered less than `lifetime`
+    /// before `now`.
+    fn holds(&self, node: NodeId, incarnation: u64, now: u64, lifetime: u64) -> bool {
+        self.entries.iter().any(|e| {
+            e.node == node && e.incarnation == incarnation && now.saturating_sub(e.at) < lifetime
+        })
+    }
+
+    /// An entry owed an introduction, which it no longer is.
+    fn take_introduction(&mut self) -> Option<(NodeId, u64)> {
+        let entry = self.entries.iter_mut().find(|e| e.introduce)?;
+        entry.introduce = false;
+        Some((entry.node, entry.incarnation))
+    }
+
+    /// Forgets `incarnation` of `node`.
+    fn forget(&mut self, node: NodeId, incarnation: u64) {
+        for e in &mut self.entries {
+            if e.node == node && e.incarnation == incarnation {
+                // Never held again: older than any lifetime.
+                e.at = 0;
+                e.incarnation = 0;
+                e.introduce = false;
+            }
+        }
+    }
+
+    /// Bytes of its fixed allocation.
+    fn bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<RemoteIncarnation>()
+    }
 }
 
 /// A duration in whole microseconds, rounded up (so a nonzero duration
@@ -679,8 +773,12 @@ pub struct Endpoint {
     /// Peers owing a pure acknowledgement, in the order it became due.
     ack_queue: VecDeque<u16>,
     events: VecDeque<Event>,
-    retired: Vec<RetiredIncarnation>,
-    retired_cursor: usize,
+    /// Incarnations of peers replaced by newer ones.
+    retired: IncarnationRing,
+    /// Incarnations proposed as a peer's next (`at`: when proposed).
+    proposed: IncarnationRing,
+    /// Some proposed incarnation may be owed an introduction.
+    introductions_owed: bool,
     stats: Stats,
     /// The timeouts of `config` in us.
     rto_min: u32,
@@ -739,8 +837,9 @@ impl Endpoint {
             transmit_queue: VecDeque::with_capacity(config.pool_slots),
             ack_queue: VecDeque::new(),
             events: VecDeque::new(),
-            retired: Vec::with_capacity(RETIRED_INCARNATIONS),
-            retired_cursor: 0,
+            retired: IncarnationRing::new(RETIRED_INCARNATIONS),
+            proposed: IncarnationRing::new(PROPOSED_INCARNATIONS),
+            introductions_owed: false,
             stats: Stats::default(),
             rto_min,
             rto_max,
@@ -1068,35 +1167,12 @@ impl Endpoint {
         }
     }
 
-    fn is_retired(&self, node: NodeId, incarnation: u64, now: u64) -> bool {
-        let lifetime = self.peer_timeout;
-        self.retired.iter().any(|retired| {
-            retired.node == node
-                && retired.incarnation == incarnation
-                && now.saturating_sub(retired.at) < lifetime
-        })
-    }
-
-    fn retire(&mut self, node: NodeId, incarnation: u64, now: u64) {
-        let entry = RetiredIncarnation {
-            node,
-            incarnation,
-            at: now,
-        };
-        if self.retired.len() < RETIRED_INCARNATIONS {
-            self.retired.push(entry);
-        } else {
-            self.retired[self.retired_cursor] = entry;
-            self.retired_cursor = (self.retired_cursor + 1) % RETIRED_INCARNATIONS;
-        }
-    }
-
     /// The peer came back as `incarnation`: abandon what was outstanding,
     /// start both directions afresh.
     fn restart_peer(&mut self, peer_index: usize, incarnation: u64, now: u64) {
         let node = self.peer_nodes[peer_index];
         let old = self.peers[peer_index].incarnation;
-        self.retire(node, old, now);
+        self.retired.remember(node, old, now, false);
         self.abandon_all(peer_index);
         let peer = &mut self.peers[peer_index];
         let ack = (
@@ -1262,12 +1338,18 @@ impl Endpoint {
         let destination = header.destination_incarnation;
         if destination != 0 && destination != self.identity.incarnation {
             self.stats.stale_incarnation += 1;
+            // The peer still addresses a previous life of ours. Not heard
+            // from in this one: a pure acknowledgement naming no incarnation
+            // of it (so never stale) tells it we restarted. Heard from: an
+            // introduction to the life we know, or to the one it spoke from,
+            // proposed (rules 5 and 6 of the module docs).
+            let source = header.source_incarnation;
             if recorded == 0 {
-                // The peer still addresses our previous life and we have not
-                // heard from it in this one: a pure acknowledgement (which
-                // names no incarnation of it, so it is never stale) tells it
-                // we restarted.
                 self.schedule_ack(peer_index, now);
+            } else if source == recorded {
+                self.introduce(peer_index);
+            } else {
+                self.propose(header.source, source, now);
             }
             return Err(DropReason::StaleIncarnation);
         }
@@ -1275,17 +1357,69 @@ impl Endpoint {
         if source == recorded {
             return Ok(());
         }
-        if self.is_retired(header.source, source, now) {
+        if self
+            .retired
+            .holds(header.source, source, now, self.peer_timeout)
+        {
             self.stats.stale_incarnation += 1;
             return Err(DropReason::StaleIncarnation);
         }
         if recorded == 0 {
             self.peers[peer_index].incarnation = source;
             self.introduced(peer_index);
-        } else {
-            self.restart_peer(peer_index, source, now);
+            // Named in our answer, the peer may take us (it may have
+            // proposed us and introduced itself).
+            self.schedule_ack(peer_index, now);
+            return Ok(());
         }
-        Ok(())
+        // An incarnation of the peer not heard from before. A new life of
+        // the peer has delivered nothing of ours (we never named it): it
+        // acknowledges nothing. One that acknowledges something knew a
+        // session of ours that we no longer have (late, or one we left for
+        // a forged life): taking it would reset our streams but not its own.
+        let acknowledges_nothing = [header.requests, header.replies]
+            .iter()
+            .all(|stream| stream.ack == 0 && stream.sack == 0);
+        if !acknowledges_nothing {
+            self.stats.stale_incarnation += 1;
+            return Err(DropReason::StaleIncarnation);
+        }
+        if destination != 0
+            && self
+                .proposed
+                .holds(header.source, source, now, self.peer_timeout)
+        {
+            // It heard our introduction: the peer restarted. Our answer
+            // names it (it may have proposed us too).
+            self.proposed.forget(header.source, source);
+            self.restart_peer(peer_index, source, now);
+            self.schedule_ack(peer_index, now);
+            return Ok(());
+        }
+        // Perhaps the peer's new life, perhaps a late or forged datagram of
+        // a life that will never answer: introduce ourselves, and change
+        // nothing until it answers naming us.
+        self.propose(header.source, source, now);
+        self.stats.unconfirmed_incarnation += 1;
+        Err(DropReason::UnconfirmedIncarnation)
+    }
+
+    /// Proposes `incarnation` as `node`'s next and queues an introduction
+    /// naming it (see [`introduction`](Self::introduction)).
+    fn propose(&mut self, node: NodeId, incarnation: u64, now: u64) {
+        self.proposed.remember(node, incarnation, now, true);
+        self.introductions_owed = true;
+    }
+
+    /// Queues an introduction naming the peer's recorded incarnation (see
+    /// [`introduction`](Self::introduction)).
+    fn introduce(&mut self, peer_index: usize) {
+        let peer = &mut self.peers[peer_index];
+        peer.bits.set_flag(PeerBits::INTRODUCE, true);
+        if !peer.bits.is(PeerBits::ACK_QUEUED) {
+            peer.bits.set_flag(PeerBits::ACK_QUEUED, true);
+            self.ack_queue.push_back(peer_index as u16);
+        }
     }
 
     /// The peer's incarnation became known: every message already sent to
@@ -1507,6 +1641,31 @@ impl Endpoint {
         }
     }
 
+    /// Writes `header`, a pure acknowledgement, into `buf` and counts it;
+    /// returns where it goes and its length.
+    fn pure_acknowledgement(&mut self, header: &Header, buf: &mut [u8]) -> (NodeId, usize) {
+        header.encode(buf);
+        self.stats.acks_sent += 1;
+        self.stats.datagrams_sent += 1;
+        (header.destination, HEADER_LEN)
+    }
+
+    /// A pure acknowledgement to the peer's address that names its
+    /// incarnation `name` and acknowledges nothing: it introduces this
+    /// endpoint to `name` (a proposed new incarnation of the peer, or the
+    /// recorded one when it addressed an earlier life of ours); any other
+    /// incarnation that gets it drops it.
+    fn introduction(&self, peer_index: usize, name: u64) -> Header {
+        Header {
+            destination_incarnation: name,
+            probe_echo: false,
+            horizon: 0,
+            requests: StreamHeader::default(),
+            replies: StreamHeader::default(),
+            ..self.build_header(peer_index, None, 0)
+        }
+    }
+
     /// Writes the next datagram to put on the wire into `buf` and returns
     /// its destination and length. `buf` must hold
     /// [`max_datagram_len`](Self::max_datagram_len) bytes; a shorter one
@@ -1558,6 +1717,17 @@ impl Endpoint {
             self.stats.datagrams_sent += 1;
             return Some((header.destination, HEADER_LEN + len));
         }
+        // Introductions to proposed incarnations.
+        if self.introductions_owed {
+            while let Some((node, incarnation)) = self.proposed.take_introduction() {
+                let Some(peer_index) = self.peer_of(node) else {
+                    continue;
+                };
+                let header = self.introduction(peer_index, incarnation);
+                return Some(self.pure_acknowledgement(&header, buf));
+            }
+            self.introductions_owed = false;
+        }
         // Pure acknowledgements that are due. The queue is in the order
         // acknowledgements became owed; an entry whose acknowledgement left
         // with a message is dropped, one not yet due goes to the back.
@@ -1566,6 +1736,15 @@ impl Endpoint {
                 break;
             };
             let peer_index = usize::from(entry);
+            if self.peers[peer_index].bits.is(PeerBits::INTRODUCE) {
+                self.peers[peer_index]
+                    .bits
+                    .set_flag(PeerBits::INTRODUCE, false);
+                // The entry stays for an acknowledgement still owed.
+                self.ack_queue.push_front(entry);
+                let header = self.introduction(peer_index, self.peers[peer_index].incarnation);
+                return Some(self.pure_acknowledgement(&header, buf));
+            }
             let due = self.ack_due_at(&self.peers[peer_index]);
             let peer = &mut self.peers[peer_index];
             if due == NEVER {
@@ -1582,10 +1761,7 @@ impl Endpoint {
             self.peers[peer_index]
                 .bits
                 .set_flag(PeerBits::PROBE_SEEN, false);
-            header.encode(buf);
-            self.stats.acks_sent += 1;
-            self.stats.datagrams_sent += 1;
-            return Some((header.destination, HEADER_LEN));
+            return Some(self.pure_acknowledgement(&header, buf));
         }
         None
     }
@@ -1780,7 +1956,8 @@ impl Endpoint {
         let fixed_bytes = std::mem::size_of::<Self>()
             + pool_bytes
             + self.transmit_queue.capacity() * std::mem::size_of::<(u16, u32)>()
-            + self.retired.capacity() * std::mem::size_of::<RetiredIncarnation>();
+            + self.retired.bytes()
+            + self.proposed.bytes();
         let per_peer_bytes = std::mem::size_of::<Peer>()
             + std::mem::size_of::<NodeId>()
             + std::mem::size_of::<(NodeId, u16)>()

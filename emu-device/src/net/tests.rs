@@ -1204,9 +1204,10 @@ fn a_restarted_device_is_noticed_within_a_round_trip() {
 }
 
 #[test]
-fn the_first_datagram_of_a_new_incarnation_resets_only_once() {
+fn a_new_incarnation_takes_over_once_it_answers_and_only_once() {
     let mut endpoint = Sim::endpoint(0, 100, Config::default(), 2);
     let now = Instant::now();
+    let mut buf = vec![0u8; endpoint.max_datagram_len()];
     // Incarnation 1 of node 1 talks (its first message names no
     // incarnation of node 0 and is not delivered until sent again naming
     // it); then incarnation 2 starts (knows nothing of node 0: destination
@@ -1223,40 +1224,132 @@ fn the_first_datagram_of_a_new_incarnation_resets_only_once() {
             .unwrap()
             .is_some());
     }
+    while endpoint.poll_transmit(now, &mut buf).is_some() {}
+    // Incarnation 2, not heard from before, not knowing node 0: proposed,
+    // introduced to, nothing changes yet.
     assert_eq!(
         endpoint.receive(now, &datagram(1, 2, 0, Some(0))),
-        Err(DropReason::NotYetIntroduced)
+        Err(DropReason::UnconfirmedIncarnation)
     );
+    assert_eq!(endpoint.poll_event(), None);
+    assert_eq!(endpoint.peer_incarnation(1), Some(1));
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(2));
+    let (to, len) = endpoint.poll_transmit(now, &mut buf).unwrap();
+    let (introduction, _) = Header::decode(&buf[..len]).unwrap();
+    assert_eq!((to, introduction.seq), (1, None));
+    assert_eq!(introduction.destination_incarnation, 2);
+    assert_eq!(
+        (
+            introduction.requests,
+            introduction.replies,
+            introduction.horizon
+        ),
+        (StreamHeader::default(), StreamHeader::default(), 0)
+    );
+    // Incarnation 1 goes on meanwhile.
+    assert!(endpoint
+        .receive(now, &datagram(1, 1, 100, Some(2)))
+        .unwrap()
+        .is_some());
+    // Incarnation 2 answers naming node 0: it takes over.
+    assert!(endpoint
+        .receive(now, &datagram(1, 2, 100, Some(0)))
+        .unwrap()
+        .is_some());
     assert_eq!(
         endpoint.poll_event(),
         Some(Event::PeerRestarted { node: 1 })
     );
     assert_eq!(endpoint.peer_incarnation(1), Some(2));
-    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(0));
-    assert!(endpoint
-        .receive(now, &datagram(1, 2, 100, Some(0)))
-        .unwrap()
-        .is_some());
-    for seq in 2..10 {
+    for seq in 3..10 {
         assert_eq!(
             endpoint.receive(now, &datagram(1, 1, 100, Some(seq))),
             Err(DropReason::StaleIncarnation)
         );
         assert!(endpoint
-            .receive(now, &datagram(1, 2, 100, Some(seq - 1)))
+            .receive(now, &datagram(1, 2, 100, Some(seq - 2)))
             .unwrap()
             .is_some());
     }
     assert_eq!(endpoint.poll_event(), None);
     assert_eq!(endpoint.stats().peers_restarted, 1);
-    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(9));
-    // Once the retirement expires (a peer timeout later) the old
-    // incarnation would count as new again: documented, bounded.
-    let later = now + Config::default().peer_timeout;
-    assert!(endpoint
-        .receive(later, &datagram(1, 1, 100, Some(0)))
-        .is_ok());
-    assert_eq!(endpoint.stats().peers_restarted, 2);
+    assert_eq!(endpoint.delivered_through(1, Stream::Request), Some(8));
+    // Long after the retirement expired, a late datagram of incarnation 1
+    // (naming node 0; it acknowledges nothing, as incarnation 1 delivered
+    // nothing of node 0's) is only proposed: it changes nothing unless it
+    // answers the introduction, which a life that ended never does.
+    let later = now + Config::default().peer_timeout * 10;
+    assert_eq!(
+        endpoint.receive(later, &datagram(1, 1, 100, Some(0))),
+        Err(DropReason::UnconfirmedIncarnation)
+    );
+    assert_eq!(endpoint.stats().peers_restarted, 1);
+    assert_eq!(endpoint.peer_incarnation(1), Some(2));
+}
+
+/// A datagram of node 1 under an incarnation node 0 never heard from —
+/// late from a life that ended, corrupted, or forged — reaches node 0,
+/// once naming node 0 and once naming none, while the live incarnation
+/// goes on talking for longer than the peer timeout. Node 0 keeps its
+/// peer: nothing is abandoned, every message is delivered exactly once,
+/// and every acknowledgement stands for a delivery. (Taking such a
+/// datagram for a restart reset node 0's streams but not the live
+/// peer's, which then acknowledged node 0's new messages as duplicates
+/// of old ones and never delivered them.)
+#[test]
+fn an_unknown_incarnation_that_never_answers_changes_nothing() {
+    let config = Config::default();
+    let mut sim = Sim::new(2, config, Faults::NONE);
+    for index in 0..5 {
+        sim.queue(0, 1, payload(0, 1, index));
+        sim.queue(1, 0, payload(1, 0, index));
+    }
+    sim.run_until_quiet(Duration::from_millis(50));
+    let live = sim.nodes[0].endpoint.peer_incarnation(1);
+    let last = sim
+        .transmissions
+        .iter()
+        .rev()
+        .find(|t| t.from == 1 && t.header.destination_incarnation != 0)
+        .unwrap()
+        .header;
+    for (incarnation, names_us) in [(0x5eed, true), (0x5eee, false)] {
+        let mut header = last;
+        header.source_incarnation = incarnation;
+        if !names_us {
+            header.destination_incarnation = 0;
+        }
+        let mut bytes = vec![0u8; HEADER_LEN];
+        header.seq = None;
+        header.reply = false;
+        header.probe = false;
+        header.payload_len = 0;
+        if !names_us {
+            header.requests = StreamHeader::default();
+            header.replies = StreamHeader::default();
+            header.horizon = 0;
+        }
+        header.encode(&mut bytes);
+        let expected = if names_us {
+            DropReason::StaleIncarnation
+        } else {
+            DropReason::UnconfirmedIncarnation
+        };
+        assert_eq!(
+            sim.nodes[0].endpoint.receive(sim.now, &bytes),
+            Err(expected)
+        );
+        assert_eq!(sim.nodes[0].endpoint.peer_incarnation(1), live);
+    }
+    for round in 0..40 {
+        sim.queue(0, 1, payload(0, 1, 100 + round));
+        sim.queue(1, 0, payload(1, 0, 100 + round));
+        sim.run_for(config.peer_timeout / 10);
+    }
+    sim.run_until_quiet(Duration::from_secs(1));
+    assert_eq!(sim.nodes[0].endpoint.peer_incarnation(1), live);
+    assert_eq!(sim.nodes[0].endpoint.stats().peers_restarted, 0);
+    assert_exactly_once(&sim);
 }
 
 #[test]
@@ -1902,4 +1995,68 @@ fn timers_carry_on_when_the_oldest_outstanding_message_changes() {
     assert!(retransmitted_at[1].0 > first + rto);
     assert_eq!(gone_at, first + config.peer_timeout);
     assert_eq!(a.outstanding(1), Some(0));
+}
+
+/// Node 1 restarts; node 0 proposes the new life and introduces itself,
+/// the new life learns node 0 from it, but every answer is lost for longer
+/// than the proposal lasts (a peer timeout), and each side gives its
+/// message up. The new life then names node 0 without being proposed any
+/// more: node 0 proposes it again and introduces itself, and the restart
+/// goes through on the answer: the new life's next message is delivered
+/// once, and both directions work.
+#[test]
+fn a_restart_whose_answers_were_lost_for_a_peer_timeout_still_goes_through() {
+    let config = Config::default();
+    let mut a = Sim::endpoint(0, 100, config, 2);
+    let mut b = Sim::endpoint(1, 1, config, 2);
+    let start = Instant::now();
+    a.send(start, 1, b"to the first life").unwrap();
+    b.send(start, 0, b"from the first life").unwrap();
+    let (now, got_a, got_b) = pump(&mut a, &mut b, start, Duration::from_millis(50));
+    assert_eq!((got_a.len(), got_b.len()), (1, 1));
+    a.send(now, 1, b"to a life that ended").unwrap();
+
+    let mut b = Sim::endpoint(1, 2, config, 2);
+    let mut buf = vec![0; a.max_datagram_len()];
+    b.send(now, 0, b"from the second life").unwrap();
+    let (_, len) = b.poll_transmit(now, &mut buf).unwrap();
+    assert_eq!(
+        a.receive(now, &buf[..len]),
+        Err(DropReason::UnconfirmedIncarnation)
+    );
+    // A's datagrams: its message to the first life, and the introduction.
+    let mut introduced = false;
+    while let Some((_, len)) = a.poll_transmit(now, &mut buf) {
+        let result = b.receive(now, &buf[..len]);
+        introduced |= result == Ok(None);
+    }
+    assert!(introduced);
+    assert_eq!(b.peer_incarnation(0), Some(100));
+    // Every answer of the second life is lost for two peer timeouts.
+    let mut now = now;
+    let end = now + config.peer_timeout * 2;
+    while now < end {
+        now += Duration::from_millis(10);
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        while b.poll_transmit(now, &mut buf).is_some() {}
+        while let Some((_, len)) = a.poll_transmit(now, &mut buf) {
+            let _ = b.receive(now, &buf[..len]);
+        }
+    }
+    assert_eq!(a.peer_incarnation(1), Some(1));
+    assert_eq!(a.stats().peers_restarted, 0);
+    // Each side gave its message up meanwhile. The wire works again, and
+    // the second life sends (naming node 0, which it learnt from the
+    // introduction).
+    assert!(b.is_gone(0) && a.is_gone(1));
+    b.send(now, 0, b"after the partition").unwrap();
+    let (now, got_a, _) = pump(&mut a, &mut b, now, Duration::from_secs(2));
+    assert_eq!(a.peer_incarnation(1), Some(2));
+    assert_eq!(a.stats().peers_restarted, 1);
+    assert_eq!(got_a, [b"after the partition".to_vec()]);
+    // Both directions work in the new sequence spaces.
+    a.send(now, 1, b"welcome").unwrap();
+    let (_, _, got_b) = pump(&mut a, &mut b, now, Duration::from_secs(1));
+    assert_eq!(got_b, [b"welcome".to_vec()]);
 }
