@@ -10,10 +10,11 @@
 //! uses it).
 //!
 //! What the world asserts on every run:
-//! - while no byte on the wire was forged or corrupted, no datagram
-//!   stayed on the wire for the peer timeout, and A never took a life of
-//!   B other than B's newest (two late copies of a datagram of a life that
-//!   ended can pass for its answer to an introduction): a message is
+//! - while no forged, corrupted or late datagram (on the wire for the
+//!   peer timeout) got past the checks that leave an endpoint as it was
+//!   (format, token, nodes), and A never took a life of B other than B's
+//!   newest (two late copies of a datagram of a life that ended can pass
+//!   for its answer to an introduction): a message is
 //!   delivered at most once per incarnation of its receiver and of its
 //!   sender, stream and seq, byte for byte as it was sent with that seq,
 //!   and a message acknowledged was delivered (the endpoint's limits,
@@ -41,7 +42,7 @@ use arbitrary::Unstructured;
 use pindown_emu_device::internode::message::{FrameDatagram, Message as FabricMessage};
 use pindown_emu_device::net::wire::{Header, StreamHeader, HEADER_LEN};
 use pindown_emu_device::net::{
-    Config, Endpoint, Event, Identity, Message, NodeId, SendError, Seq, Stream,
+    Config, DropReason, Endpoint, Event, Identity, Message, NodeId, SendError, Seq, Stream,
 };
 
 /// The fabric's job token.
@@ -208,6 +209,16 @@ impl Op {
     }
 }
 
+/// A datagram on the wire.
+#[derive(Clone)]
+struct InFlight {
+    to: NodeId,
+    bytes: Vec<u8>,
+    sent: Instant,
+    /// A byte of it was flipped.
+    corrupted: bool,
+}
+
 /// What one endpoint sent and what became of it.
 #[derive(Default)]
 struct Ledger {
@@ -223,10 +234,11 @@ pub struct World {
     b: Endpoint,
     b_incarnation: u64,
     now: Instant,
-    /// Datagrams in flight: destination, bytes, when sent.
-    wire: VecDeque<(NodeId, Vec<u8>, Instant)>,
-    /// Whether any byte on the wire was forged or corrupted, or a datagram
-    /// arrived after more than the peer timeout on the wire.
+    /// Datagrams in flight.
+    wire: VecDeque<InFlight>,
+    /// Whether a forged, corrupted or late datagram (on the wire for the
+    /// peer timeout) got past the checks that leave an endpoint as it was,
+    /// or A took a life of B that is not B's newest.
     tainted: bool,
     /// Payloads B sent, by (B's incarnation, stream, seq).
     sent_by_b: BTreeMap<(u64, usize, Seq), Vec<u8>>,
@@ -347,20 +359,18 @@ impl World {
                             Header::decode(&datagram).expect("an endpoint's own datagram decodes");
                         assert_eq!((header.source, header.destination), (node, to));
                         if self.wire.len() < WIRE_CAPACITY {
-                            self.wire.push_back((to, datagram, self.now));
+                            self.wire.push_back(InFlight {
+                                to,
+                                bytes: datagram,
+                                sent: self.now,
+                                corrupted: false,
+                            });
                         }
                     }
                 }
                 self.check_events();
             }
-            Op::Deliver => {
-                if let Some((to, datagram, sent)) = self.wire.pop_front() {
-                    if self.now.duration_since(sent) >= config().peer_timeout {
-                        self.tainted = true;
-                    }
-                    self.receive(to, &datagram);
-                }
-            }
+            Op::Deliver => self.deliver_front(),
             Op::Drop => {
                 self.wire.pop_front();
             }
@@ -377,22 +387,18 @@ impl World {
                 }
             }
             Op::Corrupt { at, xor } => {
-                if let Some((_, datagram, _)) = self.wire.front_mut() {
-                    if !datagram.is_empty() {
-                        let at = usize::from(at) % datagram.len();
-                        datagram[at] ^= xor.max(1);
-                        self.tainted = true;
+                if let Some(front) = self.wire.front_mut() {
+                    if !front.bytes.is_empty() {
+                        let at = usize::from(at) % front.bytes.len();
+                        front.bytes[at] ^= xor.max(1);
+                        front.corrupted = true;
                     }
                 }
             }
-            Op::Raw(bytes) => {
-                self.tainted = true;
-                self.receive(NODE_A, &bytes);
-            }
+            Op::Raw(bytes) => self.receive(NODE_A, &bytes, true),
             Op::Forged(forgery) => {
-                self.tainted = true;
                 let datagram = forgery.datagram(self.b_incarnation);
-                self.receive(NODE_A, &datagram);
+                self.receive(NODE_A, &datagram, true);
             }
             Op::Settle => self.settle(),
             Op::RestartB => {
@@ -433,7 +439,16 @@ impl World {
         self.check_events();
     }
 
-    fn receive(&mut self, to: NodeId, datagram: &[u8]) {
+    /// The oldest datagram on the wire reaches its destination.
+    fn deliver_front(&mut self) {
+        if let Some(datagram) = self.wire.pop_front() {
+            let late = self.now.duration_since(datagram.sent) >= config().peer_timeout;
+            self.receive(datagram.to, &datagram.bytes, datagram.corrupted || late);
+        }
+    }
+
+    /// `datagram` reaches `to`; `suspect`: forged, corrupted or late.
+    fn receive(&mut self, to: NodeId, datagram: &[u8], suspect: bool) {
         check_codecs(datagram);
         let (receiver, sender) = if to == NODE_A {
             (&mut self.a, NODE_B)
@@ -441,6 +456,18 @@ impl World {
             (&mut self.b, NODE_A)
         };
         let result = receiver.receive(self.now, datagram);
+        // Drops that leave the endpoint as it was.
+        let untouched = matches!(
+            result,
+            Err(DropReason::Malformed(_)
+                | DropReason::Oversized
+                | DropReason::WrongFabric
+                | DropReason::WrongDestination
+                | DropReason::UnknownSource)
+        );
+        if suspect && !untouched {
+            self.tainted = true;
+        }
         if self.trace {
             if let Err(e) = &result {
                 eprintln!("  node {to} dropped: {e:?}");
@@ -501,8 +528,8 @@ impl World {
         let config = config();
         let end = self.now + config.peer_timeout * 2 + config.rto_max * 2;
         // Datagrams already on the wire arrive first.
-        while let Some((to, datagram, _)) = self.wire.pop_front() {
-            self.receive(to, &datagram);
+        while !self.wire.is_empty() {
+            self.deliver_front();
         }
         let mut buf = std::mem::take(&mut self.buf);
         while self.now < end {
@@ -522,7 +549,7 @@ impl World {
                             let (h, _) = Header::decode(&datagram).expect("own datagram");
                             eprintln!("  settle: {} -> {to}: src inc {:#x} dst inc {:#x} seq {:?} acks {:?}/{:?}", h.source, h.source_incarnation, h.destination_incarnation, h.seq, h.requests, h.replies);
                         }
-                        self.receive(to, &datagram);
+                        self.receive(to, &datagram, false);
                     }
                 }
             }
