@@ -319,7 +319,18 @@ fn fabric_seeds(dir: &Path) -> std::io::Result<()> {
         Op::Deliver,
         Op::Settle,
     ]);
-    for (name, ops) in [("clean-wire", clean), ("lossy-wire", rough)] {
+    // The lossy exchange again, with sequence numbers that wrap around
+    // 2^32 halfway.
+    let mut wrapping = vec![Op::StartSequences {
+        a_to_b: u32::MAX - 3,
+        b_to_a: u32::MAX - 5,
+    }];
+    wrapping.extend(rough.iter().cloned());
+    for (name, ops) in [
+        ("clean-wire", clean),
+        ("lossy-wire", rough),
+        ("wrapping-sequences", wrapping),
+    ] {
         let mut bytes = Vec::new();
         for op in &ops {
             op.encode(&mut bytes);

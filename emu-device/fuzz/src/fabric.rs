@@ -106,6 +106,15 @@ pub enum Op {
     /// A sends a reply to B (one B asked for or not: the endpoint does
     /// not know).
     AReply(Vec<u8>),
+    /// As the first operation of an input: the streams start at these
+    /// sequence numbers (A's towards B, B's towards A) instead of 0, so
+    /// that they wrap around 2^32 within the input; ignored later.
+    StartSequences {
+        /// A's streams towards B.
+        a_to_b: u32,
+        /// B's streams towards A.
+        b_to_a: u32,
+    },
     /// The wire turns perfect for a while: both endpoints' datagrams are
     /// delivered as they are sent, and time runs on to each timer, for
     /// more than the peer timeout and the longest retransmission timeout.
@@ -116,7 +125,7 @@ pub enum Op {
 
 impl Op {
     /// Number of kinds.
-    pub const COUNT: u8 = 15;
+    pub const COUNT: u8 = 16;
 
     /// Reads one operation; `Err` when the input ends.
     pub fn read(u: &mut Unstructured<'_>) -> arbitrary::Result<Op> {
@@ -152,7 +161,11 @@ impl Op {
             }),
             12 => Op::RestartB,
             13 => Op::Settle,
-            _ => Op::AReply(bytes(u)?),
+            14 => Op::AReply(bytes(u)?),
+            _ => Op::StartSequences {
+                a_to_b: u.arbitrary()?,
+                b_to_a: u.arbitrary()?,
+            },
         })
     }
 
@@ -205,6 +218,11 @@ impl Op {
                 out.push(14);
                 bytes(out, b);
             }
+            Op::StartSequences { a_to_b, b_to_a } => {
+                out.push(15);
+                out.extend_from_slice(&a_to_b.to_le_bytes());
+                out.extend_from_slice(&b_to_a.to_le_bytes());
+            }
         }
     }
 }
@@ -249,6 +267,8 @@ pub struct World {
     buf: Vec<u8>,
     /// Print operations, deliveries and events to standard error.
     trace: bool,
+    /// Where the streams started (A's towards B, B's towards A).
+    first_seqs: (Seq, Seq),
 }
 
 fn config() -> Config {
@@ -300,6 +320,7 @@ impl World {
             ledgers: Default::default(),
             buf: vec![0; HEADER_LEN + Config::MTU_PAYLOAD + 64],
             trace: false,
+            first_seqs: (0, 0),
         }
     }
 
@@ -314,13 +335,18 @@ impl World {
         let mut world = World::new();
         world.trace = trace;
         let mut u = Unstructured::new(data);
-        for _ in 0..MAX_OPS {
+        for first in (0..MAX_OPS).map(|i| i == 0) {
             if u.is_empty() {
                 break;
             }
             let Ok(op) = Op::read(&mut u) else {
                 break;
             };
+            if let (Op::StartSequences { a_to_b, b_to_a }, true) = (&op, first) {
+                world.a.start_sequences_at(NODE_B, *a_to_b, *b_to_a);
+                world.b.start_sequences_at(NODE_A, *b_to_a, *a_to_b);
+                world.first_seqs = (*a_to_b, *b_to_a);
+            }
             if trace {
                 eprintln!("{op:?}");
             }
@@ -401,9 +427,18 @@ impl World {
                 self.receive(NODE_A, &datagram, true);
             }
             Op::Settle => self.settle(),
+            // Taken by `run_traced` when first; nothing later.
+            Op::StartSequences { .. } => {}
             Op::RestartB => {
                 self.b_incarnation += 1;
                 self.b = endpoint(NODE_B, NODE_A, self.b_incarnation);
+                if self.a.peer_incarnation(NODE_B) == Some(0) {
+                    // A has not heard from B yet: its streams are where they
+                    // started, and so are the new life's (both sides start
+                    // where the other expects, as at 0 on real devices).
+                    let (a_to_b, b_to_a) = self.first_seqs;
+                    self.b.start_sequences_at(NODE_A, b_to_a, a_to_b);
+                }
                 // B's new life starts its ledger afresh; A learns of it from
                 // B's next datagram.
                 self.ledgers[1] = Ledger::default();
