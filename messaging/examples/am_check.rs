@@ -39,6 +39,11 @@
 //! * `peer-finalized`: the last rank finalizes (its segment's window is
 //!   revoked) but its process and port stay; the others' wait must fail
 //!   with `PeerGone` naming it, found by a refused liveness check.
+//! * `leave-while-owed` (2 ranks): rank 1 sends a request whose handler
+//!   takes a second, passes the last barrier and finalizes with its port
+//!   up while rank 0 still runs that handler; rank 0 leaves the barrier,
+//!   its credit return for rank 1's packets is refused, and it learns
+//!   from that refusal that rank 1 is gone.
 //! * `latency`: times a short request and its reply against a blocking
 //!   8-byte put (notes; a measurement).
 //! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
@@ -151,12 +156,20 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "misalign" => misalign_handlers(&state, job.rank()),
         "bad-packet" | "forged-credit" => bad_packet_handlers(&state),
         "latency" => latency_handlers(&state),
+        "leave-while-owed" => {
+            // Every packet consumed is owed back at once.
+            config.ring_slots = 2;
+            slow_handlers(&state)
+        }
         _ => Handlers::new(),
     };
     let mut ep = Endpoint::new(&context, job, config, handlers).map_err(|e| e.to_string())?;
     ep.barrier().map_err(|e| format!("first barrier: {e}"))?;
     if scenario == "peer-finalized" {
         return peer_finalized(ep);
+    }
+    if scenario == "leave-while-owed" {
+        return leave_while_owed(ep, &state, counters);
     }
     let outcome = match scenario {
         "handlers" => handlers_scenario(&mut ep, &state),
@@ -1036,6 +1049,82 @@ fn peer_finalized(mut ep: Endpoint<'_>) -> Outcome {
         other => return Err(format!("waiting on a finalized rank: {other:?}")),
     }
     survivors_meet(&mut ep, last)?;
+    Ok(tally)
+}
+
+const H_SLOW: u8 = 10;
+/// The word rank 0 of `leave-while-owed` puts into rank 1's segment.
+const READY: u64 = 0x00C0_FFEE;
+/// How long the handler of `leave-while-owed` takes.
+const SLOW_HANDLER: Duration = Duration::from_secs(1);
+
+fn slow_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    handlers.register(H_SLOW, move |_, args, _| {
+        std::thread::sleep(SLOW_HANDLER);
+        if args == [7] {
+            s.borrow_mut().good += 1;
+        }
+    });
+    handlers
+}
+
+fn leave_while_owed(
+    mut ep: Endpoint<'_>,
+    state: &Rc<RefCell<State>>,
+    counters: &mut Counters,
+) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.size() != 2 {
+        return Err("leave-while-owed runs on 2 ranks".into());
+    }
+    // Rank 0 says it left the first barrier (one that consumed the slow
+    // request would run its handler too early), then stops polling:
+    // rank 1's request and barrier packet are both in its ring before it
+    // consumes either, and the final barrier's first turn runs the
+    // handler while rank 1 leaves.
+    if ep.rank() == 1 {
+        ep.wait_until(|ep| ep.segment()[..8] == READY.to_le_bytes())
+            .map_err(|e| format!("waiting for rank 0: {e}"))?;
+        std::thread::sleep(SLOW_HANDLER / 10);
+        ep.request_short(0, H_SLOW, &[7])
+            .map_err(|e| format!("the slow request: {e}"))?;
+        ep.barrier().map_err(|e| format!("last barrier: {e}"))?;
+        drop(ep);
+        std::thread::sleep(SLOW_HANDLER * 2);
+        tally.notes.push("finalized with its port up".into());
+        return Ok(tally);
+    }
+    ep.put(1, 0, &READY.to_le_bytes())
+        .map_err(|e| format!("telling rank 1: {e}"))?;
+    std::thread::sleep(SLOW_HANDLER / 2);
+    ep.barrier().map_err(|e| format!("last barrier: {e}"))?;
+    let handled = state.borrow().good;
+    if handled != 1 {
+        return Err(format!(
+            "the slow handler ran {handled} times with its argument"
+        ));
+    }
+    tally.checked += 1;
+    if ep.counters().credit_returns < 2 {
+        return Err(format!(
+            "{} credit returns: the one after the barrier was not sent",
+            ep.counters().credit_returns
+        ));
+    }
+    match ep.wait_until(|_| false) {
+        Err(pindown_messaging::Error::PeerGone { peer: 1, why }) if why.contains("credit") => {
+            tally.notes.push(format!("rank 1 gone: {why}"));
+            tally.checked += 1;
+        }
+        other => return Err(format!("after rank 1 finalized: {other:?}")),
+    }
+    match ep.request_short(1, H_SLOW, &[7]) {
+        Err(pindown_messaging::Error::PeerGone { peer: 1, .. }) => tally.checked += 1,
+        other => return Err(format!("a request to the finalized rank: {other:?}")),
+    }
+    *counters = ep.counters();
     Ok(tally)
 }
 

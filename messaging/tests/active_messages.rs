@@ -188,6 +188,18 @@ fn a_rank_that_finalized_is_gone_for_the_others_though_its_port_stays() {
     survivors_learn_the_last_rank_left("peer-finalized", 1, "liveness check");
 }
 
+#[test]
+fn a_rank_that_finalizes_while_owed_credits_leaves_the_barrier_clean() {
+    let lines = passes(2, "leave-while-owed", &[]);
+    // The handler ran once, the barrier passed though the credit return
+    // after it was refused, the refusal named rank 1 gone, and a request
+    // to it then failed at once.
+    assert_eq!(checked(&lines[0]), 3, "{}", lines[0]);
+    let note = lines[0]["notes"][0].as_str().unwrap_or_default();
+    assert!(note.contains("rank 1 gone"), "{}", lines[0]);
+    assert!(counter(&lines[0], "credit_returns") >= 2, "{}", lines[0]);
+}
+
 /// Runs `scenario` on 2 and 3 ranks: every rank but the last checked
 /// `checks` things and its first note says the last rank is gone, with
 /// `how` in it.

@@ -51,7 +51,9 @@
 //!   vector access each (VECTOR_WRITE / VECTOR_READ naming the pattern of
 //!   both sides), no pack or unpack.
 //! * **Barrier** ([`Endpoint::barrier`]): dissemination over library
-//!   messages, after every put of this rank has completed.
+//!   messages, after every put of this rank has completed. A rank that
+//!   passed it may finalize while others still wait on their last round:
+//!   only the departure of the rank a round waits on fails that round.
 //! * **A descriptor cache** ([`Config::descriptor_cache`]) for repeated
 //!   puts of the same source, target, destination and size: the plan
 //!   ([`Endpoint::transfer_descriptor`]) and the source's registration,
@@ -676,6 +678,8 @@ const RECORD_KEY: &str = "pindown-gasnet";
 const PACKET_BIT: u64 = 1 << 63;
 /// Marks the completion of a liveness check (the rest is the peer).
 const PROBE_BIT: u64 = 1 << 62;
+/// Tag bit of a credit return (the peer in the low bits).
+const CREDIT_BIT: u64 = 1 << 61;
 /// Intervals a liveness check may go unanswered.
 const PROBE_PATIENCE: u32 = 10;
 /// Reports of bad packets kept until polls take them.
@@ -742,8 +746,9 @@ pub struct Endpoint<'c> {
     slot_copy: Vec<u8>,
     args: Vec<u32>,
     stash: Vec<Completion>,
-    /// Failures of packet writes, to report.
-    failures: Vec<Error>,
+    /// Failures of packet writes, credit returns and liveness checks, to
+    /// report in the order they were found.
+    failures: VecDeque<Error>,
     next_tag: u64,
     /// By-message gets: replies arrived (request id, status).
     get_replies: HashMap<u32, u32>,
@@ -888,7 +893,7 @@ impl<'c> Endpoint<'c> {
             slot_copy: vec![0; config.slot_bytes as usize],
             args: Vec::with_capacity(MAX_ARGS),
             stash: Vec::new(),
-            failures: Vec::new(),
+            failures: VecDeque::new(),
             next_tag: 0,
             get_replies: HashMap::new(),
             next_get: 0,
@@ -995,7 +1000,7 @@ impl<'c> Endpoint<'c> {
     /// and remembers a peer the device says is gone.
     fn fail_peer(&mut self, peer: u32, err: CompletionError) {
         let error = self.failure(peer, err);
-        self.failures.push(error);
+        self.failures.push_back(error);
     }
 
     /// Records a failed liveness check of `peer`: whatever the device
@@ -1008,7 +1013,19 @@ impl<'c> Endpoint<'c> {
         if let Some(gone) = self.gone.get_mut(peer as usize) {
             gone.get_or_insert_with(|| why.clone());
         }
-        self.failures.push(Error::PeerGone { peer, why });
+        self.failures.push_back(Error::PeerGone { peer, why });
+    }
+
+    /// Records a refused credit return to `peer`: its credit word lies in
+    /// memory it exposes for its whole life (as the liveness check's word
+    /// does), so the peer is gone, usually because it finalized after
+    /// the last barrier while this rank was still consuming its packets.
+    fn fail_credit_return(&mut self, peer: u32, err: CompletionError) {
+        let why = format!("its credit word no longer takes a credit return: {err}");
+        if let Some(gone) = self.gone.get_mut(peer as usize) {
+            gone.get_or_insert_with(|| why.clone());
+        }
+        self.failures.push_back(Error::PeerGone { peer, why });
     }
 
     /// The error a failed request to `peer` means; a peer the device says
@@ -1135,7 +1152,7 @@ impl<'c> Endpoint<'c> {
             while free == 0 {
                 self.progress_incoming()?;
                 self.reap()?;
-                if let Some(err) = self.failures.pop() {
+                if let Some(err) = self.failures.pop_front() {
                     return Err(err);
                 }
                 free = self.free_slots(target);
@@ -1331,7 +1348,7 @@ impl<'c> Endpoint<'c> {
         self.reap()?;
         let ran = self.progress_incoming()?;
         self.flush_outgoing()?;
-        if let Some(err) = self.failures.pop() {
+        if let Some(err) = self.failures.pop_front() {
             return Err(err);
         }
         Ok(ran)
@@ -1439,7 +1456,8 @@ impl<'c> Endpoint<'c> {
             }
             let due = self.credit_due[sender as usize];
             let owed = self.consumed[sender as usize] - self.returned[sender as usize];
-            if owed > 0 && (due || owed >= (self.layout.ring_slots / 2).max(1)) {
+            let departed = self.gone[sender as usize].is_some();
+            if owed > 0 && !departed && (due || owed >= (self.layout.ring_slots / 2).max(1)) {
                 self.credit_due[sender as usize] = false;
                 self.return_credits(sender)?;
             }
@@ -1466,7 +1484,7 @@ impl<'c> Endpoint<'c> {
             .build()
             .inline()
             .fence()
-            .user_data(PACKET_BIT | u64::from(sender));
+            .user_data(CREDIT_BIT | u64::from(sender));
         post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
         self.counters.pio_writes += 1;
         self.counters.credit_returns += 1;
@@ -1657,6 +1675,13 @@ impl<'c> Endpoint<'c> {
                 }
                 continue;
             }
+            if completion.user_data & CREDIT_BIT != 0 {
+                if let Some(err) = failure {
+                    let peer = (completion.user_data & !CREDIT_BIT) as u32;
+                    self.fail_credit_return(peer, err);
+                }
+                continue;
+            }
             if completion.user_data & PACKET_BIT != 0 {
                 if let Some(err) = failure {
                     let peer = (completion.user_data & !PACKET_BIT) as u32;
@@ -1803,7 +1828,8 @@ impl<'c> Endpoint<'c> {
                 &[],
                 0,
             )?;
-            self.wait_until(|ep| ep.barrier_arrivals.contains_key(&(epoch, round)))?;
+            let from = (self.rank + n - distance) % n;
+            self.wait_for_barrier_round(epoch, round, from)?;
             let left = self
                 .barrier_arrivals
                 .get_mut(&(epoch, round))
@@ -1816,6 +1842,25 @@ impl<'c> Endpoint<'c> {
             round += 1;
         }
         Ok(())
+    }
+
+    /// Waits for round `round` of barrier `epoch` to arrive from `from`.
+    /// Another rank found gone meanwhile does not fail the round (it is
+    /// remembered: later calls naming it fail): once any rank has entered
+    /// a barrier's last round, every rank may leave the barrier and
+    /// finalize while others still wait on their own last round, and this
+    /// rank may learn of it from a credit return or a liveness check.
+    /// `from` found gone fails it unless its message already arrived.
+    fn wait_for_barrier_round(&mut self, epoch: u32, round: u32, from: u32) -> Result<()> {
+        let arrived = |ep: &Self| ep.barrier_arrivals.contains_key(&(epoch, round));
+        loop {
+            match self.wait_until(|ep| arrived(ep)) {
+                Ok(()) => return Ok(()),
+                // The next turn takes the arrival, or the next failure.
+                Err(Error::PeerGone { peer, .. }) if peer != from || arrived(self) => {}
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Sends a packet of raw bytes (everything after the stamp) into this
