@@ -323,6 +323,7 @@ impl Link {
             tags: Vec::new(),
             seq_tags: HashMap::new(),
             reads: VecDeque::new(),
+            delegations: HashMap::new(),
             delegated: 0,
             op_timeout: config.endpoint.peer_timeout * 2,
             deferred: BTreeMap::new(),
@@ -807,6 +808,22 @@ struct ReadJob {
 }
 
 /// What the link's thread owns.
+/// A delegation's index key: the node the operation is delegated to, and
+/// the local port's index and incarnation.
+type DelegationKey = (NodeId, u16, u64);
+
+/// The key under which operation `kind` of local port `origin`, sent to
+/// `node`, is indexed in `Worker::delegations`: copies and atomics whose
+/// old value goes to a window, the operations that make `node` write
+/// into a port of this node.
+fn delegation_key(node: NodeId, origin: PortId, kind: &OpKind) -> Option<DelegationKey> {
+    matches!(kind, OpKind::Copy { .. } | OpKind::AtomicTo { .. }).then_some((
+        node,
+        origin.index,
+        origin.incarnation,
+    ))
+}
+
 struct Worker {
     link: Arc<Link>,
     ports: Arc<PortTable>,
@@ -824,6 +841,11 @@ struct Worker {
     /// Which operation each message in flight belongs to.
     seq_tags: HashMap<(NodeId, Seq), u64>,
     reads: VecDeque<ReadJob>,
+    /// The tags of the copies and atomics with a destination word under
+    /// way, by (the node they are delegated to, the local port that asked
+    /// for them): what a write naming a port of this node is checked
+    /// against, without a scan of every operation.
+    delegations: HashMap<DelegationKey, Vec<u64>>,
     /// Copies other nodes delegated here, under way.
     delegated: usize,
     /// How long an operation may make no progress (no acknowledgement,
@@ -1196,6 +1218,9 @@ impl Worker {
         let known = node == self.link.node || self.link.peers.contains_key(&node);
         let tag = self.next_tag;
         self.next_tag += 1;
+        if let Some(key) = delegation_key(node, origin, &kind) {
+            self.delegations.entry(key).or_default().push(tag);
+        }
         self.ops.insert(
             tag,
             Op {
@@ -1415,7 +1440,13 @@ impl Worker {
     ) -> bool {
         // The part carries the sender's tag, not the copy's: any copy of
         // that port delegated to the sender whose destination holds it.
-        self.ops.values().any(|op| {
+        let Some(tags) = self
+            .delegations
+            .get(&(node, origin.port, origin.incarnation))
+        else {
+            return false;
+        };
+        tags.iter().filter_map(|tag| self.ops.get(tag)).any(|op| {
             let (destination, copied) = match &op.kind {
                 OpKind::Copy {
                     destination, len, ..
@@ -1426,10 +1457,8 @@ impl Worker {
                 _ => return false,
             };
             let end = offset.checked_add(len as u64);
-            op.node == node
-                && op.origin.index == origin.port
-                && op.origin.incarnation == origin.incarnation
-                && destination.node == self.link.node
+            // The index already matched the node and the port.
+            destination.node == self.link.node
                 && destination.port == dst_port
                 && destination.key == key
                 && offset >= destination.offset
@@ -2463,6 +2492,14 @@ impl Worker {
             .collect();
         for tag in done {
             let op = self.ops.remove(&tag).expect("listed");
+            if let Some(key) = delegation_key(op.node, op.origin, &op.kind) {
+                if let Some(tags) = self.delegations.get_mut(&key) {
+                    tags.retain(|&t| t != tag);
+                    if tags.is_empty() {
+                        self.delegations.remove(&key);
+                    }
+                }
+            }
             let outcome = match op.failure {
                 Some(failure) => Err(failure),
                 None => Ok(match op.kind {
