@@ -326,10 +326,28 @@ fn fabric_seeds(dir: &Path) -> std::io::Result<()> {
         b_to_a: u32::MAX - 5,
     }];
     wrapping.extend(rough.iter().cloned());
+    // Both sides restart, one after the other, with messages under way.
+    let mut restarts = clean.clone();
+    restarts.extend([
+        Op::ARequest(messages[1].clone()),
+        Op::Transmit,
+        Op::RestartA,
+        Op::Deliver,
+        Op::ARequest(messages[2].clone()),
+        Op::BRequest(messages[3].clone()),
+        Op::Transmit,
+        Op::Deliver,
+        Op::Deliver,
+        Op::RestartB,
+        Op::Settle,
+        Op::ARequest(messages[0].clone()),
+        Op::Settle,
+    ]);
     for (name, ops) in [
         ("clean-wire", clean),
         ("lossy-wire", rough),
         ("wrapping-sequences", wrapping),
+        ("restarts", restarts),
     ] {
         let mut bytes = Vec::new();
         for op in &ops {

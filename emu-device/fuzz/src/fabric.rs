@@ -1,20 +1,22 @@
 //! The fabric fuzz target's world: two reliable-datagram endpoints of one
 //! fabric (node 1, *A*, and node 2, *B*) on a clock that only the input
 //! moves, a wire between them that the input drives (deliver, drop,
-//! duplicate, reorder, corrupt), and a hostile sender that speaks to A
-//! with raw bytes or with well-formed headers carrying any field values.
+//! duplicate, reorder, corrupt), restarts of either side, and a hostile
+//! sender that speaks to A with raw bytes or with well-formed headers
+//! carrying any field values.
 //!
 //! An input is a sequence of operations, each a byte `k` naming one of
-//! [`Op`] (`k % Op::COUNT`) followed by its arguments; the sequence ends
-//! where the input ends. [`Op::encode`] writes one (the seed generator
-//! uses it).
+//! [`Op`] (the kind `Kind::ALL[k % Kind::ALL.len()]`) followed by its
+//! arguments; the sequence ends where the input ends. [`Op::encode`]
+//! writes one (the seed generator uses it).
 //!
 //! What the world asserts on every run:
 //! - while no forged, corrupted or late datagram (on the wire for the
 //!   peer timeout) got past the checks that leave an endpoint as it was
-//!   (format, token, nodes), and A never took a life of B other than B's
-//!   newest (two late copies of a datagram of a life that ended can pass
-//!   for its answer to an introduction): a message is
+//!   (format, token, nodes), and neither side took a life of its peer
+//!   other than the peer's newest (two late copies of a datagram of a
+//!   life that ended can pass for its answer to an introduction; either
+//!   side may restart): a message is
 //!   delivered at most once per incarnation of its receiver and of its
 //!   sender, stream and seq, byte for byte as it was sent with that seq,
 //!   and a message acknowledged was delivered (the endpoint's limits,
@@ -51,11 +53,10 @@ pub const FABRIC: u64 = 0x7069_6e64_6f77_6e21;
 pub const NODE_A: NodeId = 1;
 /// Node B, A's honest peer.
 pub const NODE_B: NodeId = 2;
-/// A's incarnation (B's first is [`B_FIRST_INCARNATION`], then one more
-/// at each restart).
-pub const A_INCARNATION: u64 = 0xa;
-/// B's first incarnation.
-pub const B_FIRST_INCARNATION: u64 = 0xb;
+/// The first incarnations of A and B; each restart adds one.
+pub const FIRST_INCARNATIONS: [u64; 2] = [0xa000, 0xb000];
+/// The nodes, by side (A is side 0, B side 1).
+const NODES: [NodeId; 2] = [NODE_A, NODE_B];
 /// Datagrams the wire holds; a transmit beyond it is lost.
 const WIRE_CAPACITY: usize = 256;
 /// Operations of one input (a longer input is cut).
@@ -103,6 +104,8 @@ pub enum Op {
     Forged(Forgery),
     /// B restarts: a new endpoint with the next incarnation.
     RestartB,
+    /// A restarts likewise.
+    RestartA,
     /// A sends a reply to B (one B asked for or not: the endpoint does
     /// not know).
     AReply(Vec<u8>),
@@ -123,49 +126,143 @@ pub enum Op {
     Settle,
 }
 
+/// The kinds of [`Op`], numbered as an input names them: by their order
+/// here (the seeds' bytes depend on it; new kinds go at the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// [`Op::ARequest`].
+    ARequest,
+    /// [`Op::BRequest`].
+    BRequest,
+    /// [`Op::BReply`].
+    BReply,
+    /// [`Op::Advance`].
+    Advance,
+    /// [`Op::Transmit`].
+    Transmit,
+    /// [`Op::Deliver`].
+    Deliver,
+    /// [`Op::Drop`].
+    Drop,
+    /// [`Op::Duplicate`].
+    Duplicate,
+    /// [`Op::Reorder`].
+    Reorder,
+    /// [`Op::Corrupt`].
+    Corrupt,
+    /// [`Op::Raw`].
+    Raw,
+    /// [`Op::Forged`].
+    Forged,
+    /// [`Op::RestartB`].
+    RestartB,
+    /// [`Op::Settle`].
+    Settle,
+    /// [`Op::AReply`].
+    AReply,
+    /// [`Op::StartSequences`].
+    StartSequences,
+    /// [`Op::RestartA`].
+    RestartA,
+}
+
+impl Kind {
+    /// Every kind, at its number.
+    pub const ALL: [Kind; 17] = [
+        Kind::ARequest,
+        Kind::BRequest,
+        Kind::BReply,
+        Kind::Advance,
+        Kind::Transmit,
+        Kind::Deliver,
+        Kind::Drop,
+        Kind::Duplicate,
+        Kind::Reorder,
+        Kind::Corrupt,
+        Kind::Raw,
+        Kind::Forged,
+        Kind::RestartB,
+        Kind::Settle,
+        Kind::AReply,
+        Kind::StartSequences,
+        Kind::RestartA,
+    ];
+}
+
+// `Kind::ALL` lists every kind at its own number.
+const _: () = {
+    let mut i = 0;
+    while i < Kind::ALL.len() {
+        assert!(Kind::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 impl Op {
-    /// Number of kinds.
-    pub const COUNT: u8 = 16;
+    /// The operation's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Op::ARequest(_) => Kind::ARequest,
+            Op::BRequest(_) => Kind::BRequest,
+            Op::BReply(_) => Kind::BReply,
+            Op::Advance { .. } => Kind::Advance,
+            Op::Transmit => Kind::Transmit,
+            Op::Deliver => Kind::Deliver,
+            Op::Drop => Kind::Drop,
+            Op::Duplicate => Kind::Duplicate,
+            Op::Reorder => Kind::Reorder,
+            Op::Corrupt { .. } => Kind::Corrupt,
+            Op::Raw(_) => Kind::Raw,
+            Op::Forged(_) => Kind::Forged,
+            Op::RestartB => Kind::RestartB,
+            Op::Settle => Kind::Settle,
+            Op::AReply(_) => Kind::AReply,
+            Op::StartSequences { .. } => Kind::StartSequences,
+            Op::RestartA => Kind::RestartA,
+        }
+    }
 
     /// Reads one operation; `Err` when the input ends.
     pub fn read(u: &mut Unstructured<'_>) -> arbitrary::Result<Op> {
-        let kind = u.arbitrary::<u8>()? % Self::COUNT;
+        let kind = Kind::ALL[usize::from(u.arbitrary::<u8>()?) % Kind::ALL.len()];
         let bytes = |u: &mut Unstructured<'_>| -> arbitrary::Result<Vec<u8>> {
             let len = usize::from(u.arbitrary::<u16>()?) % (Config::MTU_PAYLOAD + 64);
             Ok(u.bytes(len.min(u.len()))?.to_vec())
         };
         Ok(match kind {
-            0 => Op::ARequest(bytes(u)?),
-            1 => Op::BRequest(bytes(u)?),
-            2 => Op::BReply(bytes(u)?),
-            3 => Op::Advance {
+            Kind::ARequest => Op::ARequest(bytes(u)?),
+            Kind::BRequest => Op::BRequest(bytes(u)?),
+            Kind::BReply => Op::BReply(bytes(u)?),
+            Kind::Advance => Op::Advance {
                 micros: u.arbitrary()?,
                 scale: u.arbitrary::<u8>()? % 8,
             },
-            4 => Op::Transmit,
-            5 => Op::Deliver,
-            6 => Op::Drop,
-            7 => Op::Duplicate,
-            8 => Op::Reorder,
-            9 => Op::Corrupt {
+            Kind::Transmit => Op::Transmit,
+            Kind::Deliver => Op::Deliver,
+            Kind::Drop => Op::Drop,
+            Kind::Duplicate => Op::Duplicate,
+            Kind::Reorder => Op::Reorder,
+            Kind::Corrupt => Op::Corrupt {
                 at: u.arbitrary()?,
                 xor: u.arbitrary()?,
             },
-            10 => Op::Raw(bytes(u)?),
-            11 => Op::Forged(Forgery {
+            Kind::Raw => Op::Raw(bytes(u)?),
+            Kind::Forged => Op::Forged(Forgery {
                 flags: u.arbitrary()?,
                 incarnation: u.arbitrary()?,
                 numbers: u.arbitrary()?,
                 sacks: u.arbitrary()?,
                 payload: bytes(u)?,
             }),
-            12 => Op::RestartB,
-            13 => Op::Settle,
-            14 => Op::AReply(bytes(u)?),
-            _ => Op::StartSequences {
+            Kind::RestartB => Op::RestartB,
+            Kind::Settle => Op::Settle,
+            Kind::AReply => Op::AReply(bytes(u)?),
+            Kind::StartSequences => Op::StartSequences {
                 a_to_b: u.arbitrary()?,
                 b_to_a: u.arbitrary()?,
             },
+            Kind::RestartA => Op::RestartA,
         })
     }
 
@@ -175,54 +272,35 @@ impl Op {
             out.extend_from_slice(&(b.len() as u16).to_le_bytes());
             out.extend_from_slice(b);
         };
+        out.push(self.kind() as u8);
         match self {
-            Op::ARequest(b) => {
-                out.push(0);
-                bytes(out, b);
-            }
-            Op::BRequest(b) => {
-                out.push(1);
-                bytes(out, b);
-            }
-            Op::BReply(b) => {
-                out.push(2);
-                bytes(out, b);
+            Op::ARequest(b) | Op::BRequest(b) | Op::BReply(b) | Op::AReply(b) | Op::Raw(b) => {
+                bytes(out, b)
             }
             Op::Advance { micros, scale } => {
-                out.push(3);
                 out.extend_from_slice(&micros.to_le_bytes());
                 out.push(*scale);
             }
-            Op::Transmit => out.push(4),
-            Op::Deliver => out.push(5),
-            Op::Drop => out.push(6),
-            Op::Duplicate => out.push(7),
-            Op::Reorder => out.push(8),
             Op::Corrupt { at, xor } => {
-                out.push(9);
                 out.extend_from_slice(&at.to_le_bytes());
                 out.push(*xor);
             }
-            Op::Raw(b) => {
-                out.push(10);
-                bytes(out, b);
-            }
             Op::Forged(forgery) => {
-                out.push(11);
                 forgery.encode(out);
                 bytes(out, &forgery.payload);
             }
-            Op::RestartB => out.push(12),
-            Op::Settle => out.push(13),
-            Op::AReply(b) => {
-                out.push(14);
-                bytes(out, b);
-            }
             Op::StartSequences { a_to_b, b_to_a } => {
-                out.push(15);
                 out.extend_from_slice(&a_to_b.to_le_bytes());
                 out.extend_from_slice(&b_to_a.to_le_bytes());
             }
+            Op::Transmit
+            | Op::Deliver
+            | Op::Drop
+            | Op::Duplicate
+            | Op::Reorder
+            | Op::RestartB
+            | Op::Settle
+            | Op::RestartA => {}
         }
     }
 }
@@ -248,18 +326,19 @@ struct Ledger {
 
 /// The two endpoints, the wire and the record the checks use.
 pub struct World {
-    a: Endpoint,
-    b: Endpoint,
-    b_incarnation: u64,
+    /// A and B, by side.
+    endpoints: [Endpoint; 2],
+    /// Each side's current incarnation.
+    incarnations: [u64; 2],
     now: Instant,
     /// Datagrams in flight.
     wire: VecDeque<InFlight>,
     /// Whether a forged, corrupted or late datagram (on the wire for the
     /// peer timeout) got past the checks that leave an endpoint as it was,
-    /// or A took a life of B that is not B's newest.
+    /// or a side took a life of its peer that is not the peer's newest.
     tainted: bool,
-    /// Payloads B sent, by (B's incarnation, stream, seq).
-    sent_by_b: BTreeMap<(u64, usize, Seq), Vec<u8>>,
+    /// Payloads sent, by (sending side, its incarnation, stream, seq).
+    sent: BTreeMap<(usize, u64, usize, Seq), Vec<u8>>,
     /// What each endpoint delivered: (receiver, its incarnation, the
     /// sender's incarnation, stream, seq).
     delivered: BTreeSet<(NodeId, u64, u64, usize, Seq)>,
@@ -280,14 +359,15 @@ fn config() -> Config {
     }
 }
 
-fn endpoint(node: NodeId, peer: NodeId, incarnation: u64) -> Endpoint {
+/// The endpoint of `side` in its life `incarnation`.
+fn endpoint(side: usize, incarnation: u64) -> Endpoint {
     let identity = Identity {
         fabric: FABRIC,
-        node,
+        node: NODES[side],
         incarnation,
     };
     let mut endpoint = Endpoint::new(identity, config()).expect("the fuzz config is valid");
-    endpoint.add_peer(peer).expect("a new peer");
+    endpoint.add_peer(NODES[1 - side]).expect("a new peer");
     endpoint
 }
 
@@ -296,6 +376,11 @@ fn stream_index(stream: Stream) -> usize {
         Stream::Request => 0,
         Stream::Reply => 1,
     }
+}
+
+/// The side of `node`.
+fn side_of(node: NodeId) -> usize {
+    usize::from(node != NODE_A)
 }
 
 impl Default for World {
@@ -309,13 +394,12 @@ impl World {
     pub fn new() -> World {
         let start = Instant::now();
         World {
-            a: endpoint(NODE_A, NODE_B, A_INCARNATION),
-            b: endpoint(NODE_B, NODE_A, B_FIRST_INCARNATION),
-            b_incarnation: B_FIRST_INCARNATION,
+            endpoints: [0, 1].map(|side| endpoint(side, FIRST_INCARNATIONS[side])),
+            incarnations: FIRST_INCARNATIONS,
             now: start,
             wire: VecDeque::new(),
             tainted: false,
-            sent_by_b: BTreeMap::new(),
+            sent: BTreeMap::new(),
             delivered: BTreeSet::new(),
             ledgers: Default::default(),
             buf: vec![0; HEADER_LEN + Config::MTU_PAYLOAD + 64],
@@ -343,9 +427,10 @@ impl World {
                 break;
             };
             if let (Op::StartSequences { a_to_b, b_to_a }, true) = (&op, first) {
-                world.a.start_sequences_at(NODE_B, *a_to_b, *b_to_a);
-                world.b.start_sequences_at(NODE_A, *b_to_a, *a_to_b);
                 world.first_seqs = (*a_to_b, *b_to_a);
+                for side in [0, 1] {
+                    world.start_where_expected(side);
+                }
             }
             if trace {
                 eprintln!("{op:?}");
@@ -354,36 +439,41 @@ impl World {
         }
     }
 
+    /// Starts `side`'s streams where the input's first operation put them.
+    fn start_where_expected(&mut self, side: usize) {
+        let (a_to_b, b_to_a) = self.first_seqs;
+        let (own, theirs) = if side == 0 {
+            (a_to_b, b_to_a)
+        } else {
+            (b_to_a, a_to_b)
+        };
+        self.endpoints[side].start_sequences_at(NODES[1 - side], own, theirs);
+    }
+
     /// Carries out one operation and checks what came of it.
     pub fn apply(&mut self, op: Op) {
         match op {
-            Op::ARequest(payload) => self.send(NODE_A, Stream::Request, &payload),
-            Op::BRequest(payload) => self.send(NODE_B, Stream::Request, &payload),
-            Op::BReply(payload) => self.send(NODE_B, Stream::Reply, &payload),
-            Op::AReply(payload) => self.send(NODE_A, Stream::Reply, &payload),
+            Op::ARequest(payload) => self.send(0, Stream::Request, &payload),
+            Op::BRequest(payload) => self.send(1, Stream::Request, &payload),
+            Op::BReply(payload) => self.send(1, Stream::Reply, &payload),
+            Op::AReply(payload) => self.send(0, Stream::Reply, &payload),
             Op::Advance { micros, scale } => {
                 let step = u64::from(micros) << (4 * u32::from(scale));
                 self.now += Duration::from_micros(step);
-                self.a.handle_timeout(self.now);
-                self.b.handle_timeout(self.now);
+                for endpoint in &mut self.endpoints {
+                    endpoint.handle_timeout(self.now);
+                }
                 self.check_events();
             }
             Op::Transmit => {
-                for node in [NODE_A, NODE_B] {
-                    loop {
-                        let endpoint = if node == NODE_A {
-                            &mut self.a
-                        } else {
-                            &mut self.b
-                        };
-                        let Some((to, len)) = endpoint.poll_transmit(self.now, &mut self.buf)
-                        else {
-                            break;
-                        };
+                for side in [0, 1] {
+                    while let Some((to, len)) =
+                        self.endpoints[side].poll_transmit(self.now, &mut self.buf)
+                    {
                         let datagram = self.buf[..len].to_vec();
                         let (header, _) =
                             Header::decode(&datagram).expect("an endpoint's own datagram decodes");
-                        assert_eq!((header.source, header.destination), (node, to));
+                        assert_eq!((header.source, header.destination), (NODES[side], to));
                         if self.wire.len() < WIRE_CAPACITY {
                             self.wire.push_back(InFlight {
                                 to,
@@ -423,55 +513,55 @@ impl World {
             }
             Op::Raw(bytes) => self.receive(NODE_A, &bytes, true),
             Op::Forged(forgery) => {
-                let datagram = forgery.datagram(self.b_incarnation);
+                let datagram = forgery.datagram(self.incarnations);
                 self.receive(NODE_A, &datagram, true);
             }
             Op::Settle => self.settle(),
             // Taken by `run_traced` when first; nothing later.
             Op::StartSequences { .. } => {}
-            Op::RestartB => {
-                self.b_incarnation += 1;
-                self.b = endpoint(NODE_B, NODE_A, self.b_incarnation);
-                if self.a.peer_incarnation(NODE_B) == Some(0) {
-                    // A has not heard from B yet: its streams are where they
-                    // started, and so are the new life's (both sides start
-                    // where the other expects, as at 0 on real devices).
-                    let (a_to_b, b_to_a) = self.first_seqs;
-                    self.b.start_sequences_at(NODE_A, b_to_a, a_to_b);
-                }
-                // B's new life starts its ledger afresh; A learns of it from
-                // B's next datagram.
-                self.ledgers[1] = Ledger::default();
-            }
+            Op::RestartA => self.restart(0),
+            Op::RestartB => self.restart(1),
         }
     }
 
-    fn send(&mut self, from: NodeId, stream: Stream, payload: &[u8]) {
-        let (endpoint, peer) = if from == NODE_A {
-            (&mut self.a, NODE_B)
-        } else {
-            (&mut self.b, NODE_A)
-        };
+    /// `side` restarts: a new endpoint with its next incarnation, and its
+    /// ledger afresh; the peer learns of it from its next datagram.
+    fn restart(&mut self, side: usize) {
+        self.incarnations[side] += 1;
+        self.endpoints[side] = endpoint(side, self.incarnations[side]);
+        if self.endpoints[1 - side].peer_incarnation(NODES[side]) == Some(0) {
+            // The peer has not heard from this side yet: its streams are
+            // where they started, and so are the new life's (both sides
+            // start where the other expects, as at 0 on real devices).
+            self.start_where_expected(side);
+        }
+        self.ledgers[side] = Ledger::default();
+    }
+
+    fn send(&mut self, side: usize, stream: Stream, payload: &[u8]) {
+        let endpoint = &mut self.endpoints[side];
+        let peer = NODES[1 - side];
         let result = match stream {
             Stream::Request => endpoint.send(self.now, peer, payload),
             Stream::Reply => endpoint.send_reply(self.now, peer, payload),
         };
         match result {
-            Ok(seq) => {
-                let ledger = &mut self.ledgers[usize::from(from != NODE_A)];
-                let s = stream_index(stream);
-                assert!(ledger.open[s].insert(seq), "seq {seq} handed out twice");
-                ledger.ended[s].remove(&seq);
-                if from == NODE_B {
-                    self.sent_by_b
-                        .insert((self.b_incarnation, s, seq), payload.to_vec());
-                }
-            }
+            Ok(seq) => self.record_send(side, stream, seq, payload),
             Err(SendError::TooLarge { len, max }) => assert!(len > max),
             Err(SendError::WindowFull | SendError::PoolFull | SendError::PeerGone(_)) => {}
             Err(e @ SendError::UnknownPeer(_)) => panic!("refused a peer: {e}"),
         }
         self.check_events();
+    }
+
+    /// `side` sent `payload` as `seq` of `stream`.
+    fn record_send(&mut self, side: usize, stream: Stream, seq: Seq, payload: &[u8]) {
+        let ledger = &mut self.ledgers[side];
+        let s = stream_index(stream);
+        assert!(ledger.open[s].insert(seq), "seq {seq} handed out twice");
+        ledger.ended[s].remove(&seq);
+        self.sent
+            .insert((side, self.incarnations[side], s, seq), payload.to_vec());
     }
 
     /// The oldest datagram on the wire reaches its destination.
@@ -485,12 +575,9 @@ impl World {
     /// `datagram` reaches `to`; `suspect`: forged, corrupted or late.
     fn receive(&mut self, to: NodeId, datagram: &[u8], suspect: bool) {
         check_codecs(datagram);
-        let (receiver, sender) = if to == NODE_A {
-            (&mut self.a, NODE_B)
-        } else {
-            (&mut self.b, NODE_A)
-        };
-        let result = receiver.receive(self.now, datagram);
+        let side = side_of(to);
+        let sender = NODES[1 - side];
+        let result = self.endpoints[side].receive(self.now, datagram);
         // Drops that leave the endpoint as it was.
         let untouched = matches!(
             result,
@@ -517,14 +604,13 @@ impl World {
             })) => Some((node, stream, seq, payload.to_vec())),
             Ok(None) | Err(_) => None,
         };
-        // A took a life of B that is not B's newest for B (two late copies
-        // of a datagram of a life that ended can pass for its answer to an
-        // introduction: the limit `pindown_emu_device::net` documents).
-        if to == NODE_A
-            && self
-                .a
-                .peer_incarnation(NODE_B)
-                .is_some_and(|b| b != 0 && b != self.b_incarnation)
+        // The receiver took a life of its peer that is not the peer's
+        // newest (two late copies of a datagram of a life that ended can
+        // pass for its answer to an introduction: the limit
+        // `pindown_emu_device::net` documents).
+        if self.endpoints[side]
+            .peer_incarnation(sender)
+            .is_some_and(|peer| peer != 0 && peer != self.incarnations[1 - side])
         {
             self.tainted = true;
         }
@@ -532,25 +618,11 @@ impl World {
         self.check_events();
         if let Some((node, stream, seq, payload)) = delivered {
             assert_eq!(node, sender, "a message from a node that is not a peer");
-            self.check_delivery(to, stream, seq, &payload);
+            self.check_delivery(side, stream, seq, &payload);
             if stream == Stream::Request {
                 // The reply the request's room was kept for.
-                let receiver = if to == NODE_A {
-                    &mut self.a
-                } else {
-                    &mut self.b
-                };
-                let reply = receiver.send_reply(self.now, sender, b"answer");
-                match reply {
-                    Ok(seq) => {
-                        let ledger = &mut self.ledgers[usize::from(to != NODE_A)];
-                        assert!(ledger.open[1].insert(seq), "seq {seq} handed out twice");
-                        ledger.ended[1].remove(&seq);
-                        if to == NODE_B {
-                            self.sent_by_b
-                                .insert((self.b_incarnation, 1, seq), b"answer".to_vec());
-                        }
-                    }
+                match self.endpoints[side].send_reply(self.now, sender, b"answer") {
+                    Ok(seq) => self.record_send(side, Stream::Reply, seq, b"answer"),
                     Err(e) => panic!("a delivered request could not be answered: {e}"),
                 }
             }
@@ -571,35 +643,37 @@ impl World {
             let mut moved = true;
             while moved {
                 moved = false;
-                for node in [NODE_A, NODE_B] {
-                    let endpoint = if node == NODE_A {
-                        &mut self.a
-                    } else {
-                        &mut self.b
-                    };
-                    if let Some((to, len)) = endpoint.poll_transmit(self.now, &mut buf) {
+                for side in [0, 1] {
+                    if let Some((to, len)) = self.endpoints[side].poll_transmit(self.now, &mut buf)
+                    {
                         moved = true;
                         let datagram = buf[..len].to_vec();
                         if self.trace {
                             let (h, _) = Header::decode(&datagram).expect("own datagram");
-                            eprintln!("  settle: {} -> {to}: src inc {:#x} dst inc {:#x} seq {:?} acks {:?}/{:?}", h.source, h.source_incarnation, h.destination_incarnation, h.seq, h.requests, h.replies);
+                            eprintln!(
+                                "  settle: {} -> {to}: src inc {:#x} dst inc {:#x} seq {:?} acks {:?}/{:?}",
+                                h.source, h.source_incarnation, h.destination_incarnation, h.seq,
+                                h.requests, h.replies
+                            );
                         }
                         self.receive(to, &datagram, false);
                     }
                 }
             }
-            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
-                .into_iter()
-                .flatten()
+            let next = self
+                .endpoints
+                .iter()
+                .filter_map(Endpoint::poll_timeout)
                 .min()
                 .unwrap_or(end);
             self.now = next.clamp(self.now + Duration::from_micros(1), end);
-            self.a.handle_timeout(self.now);
-            self.b.handle_timeout(self.now);
+            for endpoint in &mut self.endpoints {
+                endpoint.handle_timeout(self.now);
+            }
             self.check_events();
         }
         self.buf = buf;
-        for (node, ledger) in [NODE_A, NODE_B].iter().zip(&self.ledgers) {
+        for (node, ledger) in NODES.iter().zip(&self.ledgers) {
             assert!(
                 ledger.open.iter().all(BTreeSet::is_empty),
                 "node {node}: messages still not ended after settling: {:?}",
@@ -609,15 +683,13 @@ impl World {
     }
 
     /// While nothing was forged, corrupted or late: at most once per
-    /// incarnation of both sides, stream and seq, and the bytes B sent.
-    fn check_delivery(&mut self, to: NodeId, stream: Stream, seq: Seq, payload: &[u8]) {
-        let (receiver, sender) = if to == NODE_A {
-            (&self.a, NODE_B)
-        } else {
-            (&self.b, NODE_A)
-        };
+    /// incarnation of both sides, stream and seq, and the bytes the peer
+    /// sent.
+    fn check_delivery(&mut self, side: usize, stream: Stream, seq: Seq, payload: &[u8]) {
+        let receiver = &self.endpoints[side];
+        let to = NODES[side];
         let incarnation = receiver
-            .peer_incarnation(sender)
+            .peer_incarnation(NODES[1 - side])
             .expect("a peer that delivered has an incarnation");
         let s = stream_index(stream);
         if self.trace {
@@ -632,32 +704,24 @@ impl World {
             first,
             "node {to} delivered seq {seq} of stream {stream:?} twice"
         );
-        if to == NODE_A {
-            let sent = self
-                .sent_by_b
-                .get(&(incarnation, s, seq))
-                .expect("A delivered a message B never sent");
-            assert_eq!(
-                sent.as_slice(),
-                payload,
-                "A delivered other bytes than B sent"
-            );
-        }
+        let sent = self
+            .sent
+            .get(&(1 - side, incarnation, s, seq))
+            .unwrap_or_else(|| panic!("node {to} delivered a message its peer never sent"));
+        assert_eq!(
+            sent.as_slice(),
+            payload,
+            "node {to} delivered other bytes than its peer sent"
+        );
     }
 
     /// Every event of both endpoints against the ledgers.
     fn check_events(&mut self) {
-        for node in [NODE_A, NODE_B] {
-            let side = usize::from(node != NODE_A);
-            loop {
-                let endpoint = if node == NODE_A {
-                    &mut self.a
-                } else {
-                    &mut self.b
-                };
-                let Some(event) = endpoint.poll_event() else {
-                    break;
-                };
+        for side in [0, 1] {
+            let node = NODES[side];
+            let peer_node = NODES[1 - side];
+            while let Some(event) = self.endpoints[side].poll_event() {
+                let endpoint = &self.endpoints[side];
                 if self.trace {
                     eprintln!("  node {node}: {event:?}");
                 }
@@ -709,14 +773,9 @@ impl World {
                     Event::PeerAbandoned { .. } => {}
                 }
             }
-            let (endpoint, peer) = if node == NODE_A {
-                (&self.a, NODE_B)
-            } else {
-                (&self.b, NODE_A)
-            };
             let open = &self.ledgers[side].open;
             assert_eq!(
-                endpoint.outstanding(peer),
+                self.endpoints[side].outstanding(peer_node),
                 Some(open[0].len() + open[1].len()),
                 "node {node}: outstanding against the sends not ended"
             );
@@ -756,8 +815,9 @@ impl Forgery {
         }
     }
 
-    /// The datagram, B's current incarnation being `b_incarnation`.
-    fn datagram(&self, b_incarnation: u64) -> Vec<u8> {
+    /// The datagram, A's and B's current incarnations being
+    /// `incarnations`.
+    fn datagram(&self, incarnations: [u64; 2]) -> Vec<u8> {
         let (flags, numbers) = (self.flags, self.numbers);
         let message = flags & 1 != 0;
         let payload: &[u8] = if message { &self.payload } else { &[] };
@@ -767,11 +827,11 @@ impl Forgery {
             source: NODE_B,
             destination: NODE_A,
             source_incarnation: if flags & 16 != 0 {
-                b_incarnation
+                incarnations[1]
             } else {
                 self.incarnation.max(1)
             },
-            destination_incarnation: if flags & 32 != 0 { A_INCARNATION } else { 0 },
+            destination_incarnation: if flags & 32 != 0 { incarnations[0] } else { 0 },
             seq: message.then_some(numbers[0]),
             reply: message && flags & 2 != 0,
             probe: message && flags & 4 != 0,
