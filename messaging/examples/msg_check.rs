@@ -34,7 +34,10 @@
 //! plain sends into typed receives and back, an oversized message, a type
 //! past its buffer), `peer-death` (the last rank exits; the others'
 //! receives from it fail), `device-death` (every rank waits until the
-//! device is taken away), and `collectives` (barriers, broadcasts,
+//! device is taken away), `forged-index` and `forged-epoch` (a peer
+//! writes control words no honest peer writes: an any-index receive's
+//! index out of range, collective epochs far ahead; the ranks refuse
+//! them, naming the peer), and `collectives` (barriers, broadcasts,
 //! reduces and allreduces with every algorithm, random roots, sizes 0 B to
 //! 4 MiB, element types and operations, on the world, a split and a dup;
 //! `--seed S`, `--cases N`; results compared with a reference each rank
@@ -133,10 +136,18 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "device-death" => device_death(&world),
         "peer-death" => peer_death(&world),
         "collectives" => collectives::run(&world, args),
+        "forged-index" => forged_index(&messenger, &world),
+        "forged-epoch" => forged_epoch(&messenger, &world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
-    // Everyone done before anyone leaves (but a dead rank).
-    if !["peer-death", "any-source-death", "device-death"].contains(&scenario) {
+    // Everyone done before anyone leaves (but a dead rank, and after a
+    // forgery: the world's collectives refuse a forged epoch for good, and
+    // the forger of a receive's completion still sees that receive
+    // posted, so its next send to that peer may go to it).
+    let forged = ["forged-epoch", "forged-index"];
+    if !["peer-death", "any-source-death", "device-death"].contains(&scenario)
+        && !forged.contains(&scenario)
+    {
         barrier(&world).map_err(|e| format!("final barrier: {e}"))?;
         drop(world);
         messenger
@@ -1233,6 +1244,112 @@ fn peer_death(world: &Communicator<'_>) -> Outcome {
     tally
         .notes
         .push(format!("death noticed after {:?}", start.elapsed()));
+    Ok(tally)
+}
+
+/// `forged-index` (2 ranks): rank 0 writes a done word for rank 1's
+/// any-index receive from it, naming index 2^64 - 1; rank 1's receive
+/// fails naming rank 0 and the index, and the ranks still exchange a
+/// message afterwards.
+fn forged_index(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("forged-index runs on 2 ranks".into());
+    }
+    let layout = messenger.control_layout();
+    let any_slot = layout.slot(0, 0, Config::default().slots);
+    if world.rank() == 0 {
+        let done = layout.done_word(any_slot);
+        messenger
+            .write_peer_control(1, done + 8, &u64::MAX.to_le_bytes())
+            .map_err(|e| format!("forging the index word: {e}"))?;
+        let word = pindown_messaging::layout::done_word(1, 4, false);
+        messenger
+            .write_peer_control(1, done, &word.to_le_bytes())
+            .map_err(|e| format!("forging the done word: {e}"))?;
+    }
+    barrier(world).map_err(|e| format!("barrier after forging: {e}"))?;
+    if world.rank() == 1 {
+        let mut buffer = [0x5au8; 16];
+        match world.recv_any_index(0, &mut buffer) {
+            Err(Error::BadPeerRecord { rank: 0, why }) if why.contains("index") => {
+                tally.notes.push(format!("refused: {why}"));
+                tally.checked += 1;
+            }
+            other => {
+                return Err(format!(
+                    "an any-index receive with a forged index: {other:?}"
+                ))
+            }
+        }
+        if buffer != [0x5a; 16] {
+            return Err(format!("the refused receive's buffer changed: {buffer:?}"));
+        }
+        tally.checked += 1;
+        let sent = message(1, 0, 0, 100);
+        world
+            .send(0, 2, &sent)
+            .map_err(|e| format!("a send after: {e}"))?;
+    } else {
+        let mut got = vec![0u8; 100];
+        world
+            .recv(1, 2, &mut got)
+            .map_err(|e| format!("a receive after: {e}"))?;
+        if got != message(1, 0, 0, 100) {
+            return Err("the message after the forgery arrived changed".into());
+        }
+        tally.checked += 1;
+    }
+    Ok(tally)
+}
+
+/// `forged-epoch` (2 ranks): rank 1 writes epoch 2^64 - 1 into every
+/// barrier and reduction flag word of the world's collectives at rank 0,
+/// then tells it so; rank 0's barrier and small allreduce fail naming
+/// rank 1, rather than passing without it.
+fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("forged-epoch runs on 2 ranks".into());
+    }
+    // The world is context 0; its collectives use context 1.
+    let (layout, collective) = (messenger.control_layout(), 1);
+    if world.rank() == 1 {
+        let forged = u64::MAX.to_le_bytes();
+        for round in 0..pindown_messaging::layout::COLLECTIVE_ROUNDS {
+            messenger
+                .write_peer_control(0, layout.barrier_round(collective, round), &forged)
+                .map_err(|e| format!("forging a barrier word: {e}"))?;
+        }
+        for step in 0..pindown_messaging::layout::COLLECTIVE_STEPS {
+            messenger
+                .write_peer_control(0, layout.step_epoch(collective, step), &forged)
+                .map_err(|e| format!("forging a step word: {e}"))?;
+        }
+        world
+            .send(0, 1, &[])
+            .map_err(|e| format!("the signal: {e}"))?;
+        return Ok(tally);
+    }
+    world
+        .recv(1, 1, &mut [])
+        .map_err(|e| format!("the signal: {e}"))?;
+    let refused = |what: &str, result: pindown_messaging::Result<()>| match result {
+        Err(Error::BadPeerRecord { rank: 1, why }) if why.contains("epoch") => Ok(why),
+        other => Err(format!("{what} after forged epochs: {other:?}")),
+    };
+    let why = refused("a barrier", world.barrier())?;
+    tally.notes.push(format!("barrier refused: {why}"));
+    tally.checked += 1;
+    let mut sum = [0u64];
+    let why = refused(
+        "an allreduce",
+        world
+            .allreduce(&[1u64], &mut sum, pindown_messaging::Op::Sum)
+            .map(drop),
+    )?;
+    tally.notes.push(format!("allreduce refused: {why}"));
+    tally.checked += 1;
     Ok(tally)
 }
 

@@ -7,7 +7,10 @@
 //!   context, flag words that exactly one peer writes in a call
 //!   ([`crate::layout::Layout::barrier_round`] and the rest) with one
 //!   8-byte inline write carrying a per-communicator epoch that only
-//!   grows; the waiting rank sees the epoch reach its own. A small
+//!   grows; the waiting rank sees the epoch reach its own, and refuses
+//!   (naming the peer) an epoch more than one call ahead, which no
+//!   member writes (it needs this rank's word of the next call to go
+//!   further). A small
 //!   reduction writes its data first, then (fenced) the step's epoch
 //!   word. Its data areas alternate by epoch parity: a peer can be at
 //!   most one reduction ahead (it needs this rank's data of the next one
@@ -394,8 +397,26 @@ fn check_flag_writes(engine: &mut Engine<'_>, context: u32) -> Result<()> {
 /// Waits until the flag word at `at` reaches `epoch` (the word is set
 /// by `peer`, checked for liveness meanwhile).
 fn wait_flag(engine: &mut Engine<'_>, peer: u32, at: u64, epoch: u64) -> Result<()> {
-    engine.wait_until(Some(peer), None, |e| Ok(e.load(at) >= epoch))?;
+    engine.wait_until(Some(peer), None, |e| reached(peer, e.load(at), epoch))?;
     Ok(())
+}
+
+/// Whether a flag word that `peer` writes, now holding epoch `seen`, has
+/// reached `epoch`. An honest peer is at most one call ahead (it needs
+/// this rank's word of the next call to go further); an epoch beyond
+/// that is refused, not taken as this call's, or one forged word would
+/// let every later call on the context pass without the peer.
+fn reached(peer: u32, seen: u64, epoch: u64) -> Result<bool> {
+    if seen > epoch.saturating_add(1) {
+        return Err(Error::BadPeerRecord {
+            rank: peer,
+            why: format!(
+                "a collective flag word holds epoch {seen} while this rank waits for {epoch}: \
+                 no member can be more than one call ahead"
+            ),
+        });
+    }
+    Ok(seen >= epoch)
 }
 
 fn barrier_dissemination(engine: &mut Engine<'_>, group: &Group<'_>, epoch: u64) -> Result<()> {
@@ -487,7 +508,7 @@ fn recv_step<T: Element>(
     let epoch_at = engine.layout.step_epoch(group.context, step);
     let world = group.world(peer);
     engine.wait_until(Some(world), None, |e| {
-        Ok(layout::step_epoch_len(e.load(epoch_at)).0 >= epoch)
+        reached(world, layout::step_epoch_len(e.load(epoch_at)).0, epoch)
     })?;
     let (seen, len) = layout::step_epoch_len(engine.load(epoch_at));
     let into = bytes_of_mut(into);

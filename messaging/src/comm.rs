@@ -110,6 +110,32 @@ impl<'c> Messenger<'c> {
         self.engine.borrow_mut().progress()
     }
 
+    /// Writes `bytes` (at most 64) at `offset` of world rank `peer`'s
+    /// control memory and waits for the write, as a hostile or broken
+    /// peer could: for tests of what a rank does with words it did not
+    /// expect. Offsets come from [`layout::Layout`](crate::layout::Layout)
+    /// ([`control_layout`](Self::control_layout)).
+    #[doc(hidden)]
+    pub fn write_peer_control(&self, peer: u32, offset: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > 64 {
+            return Err(Error::Unsuitable(
+                "a forged control write holds at most 64 bytes".into(),
+            ));
+        }
+        let mut engine = self.engine.borrow_mut();
+        let remote = engine.peer_control(peer).at(offset);
+        let tag = engine.write_small(peer, 0, bytes, remote, true)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        engine.wait_until(Some(peer), Some(deadline), |e| e.plain_done(tag))?;
+        Ok(())
+    }
+
+    /// The layout of every rank's control memory.
+    #[doc(hidden)]
+    pub fn control_layout(&self) -> crate::layout::Layout {
+        self.engine.borrow().layout
+    }
+
     /// Receive-window cache counters.
     pub fn window_cache_counts(&self) -> WindowCacheCounts {
         let (hits, misses) = self.engine.borrow().windows.counts();

@@ -699,17 +699,29 @@ impl<'c> Engine<'c> {
                 },
                 None => layout::done_len(word, recv.generation).map(|(len, _)| {
                     let index = if recv.any_tag {
-                        self.load(done_at + 8) as u32
+                        self.load(done_at + 8)
                     } else {
-                        (slot % u64::from(self.layout.slots)) as u32
+                        slot % u64::from(self.layout.slots)
                     };
-                    if len > recv.capacity {
+                    if index >= u64::from(self.config.slots) {
+                        Err(Error::BadPeerRecord {
+                            rank: self.slot_peer(slot),
+                            why: format!(
+                                "an any-index receive completed on index {index}, beyond the \
+                                 {} slots per peer",
+                                self.config.slots
+                            ),
+                        })
+                    } else if len > recv.capacity {
                         Err(Error::Truncated {
                             message: len,
                             capacity: recv.capacity,
                         })
                     } else {
-                        Ok(Received { len, index })
+                        Ok(Received {
+                            len,
+                            index: index as u32,
+                        })
                     }
                 }),
             };

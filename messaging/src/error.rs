@@ -84,9 +84,12 @@ pub enum Error {
         /// The largest allowed.
         limit: u64,
     },
-    /// A peer's address record did not decode (another version of the
-    /// library, or a corrupted key-value space).
-    #[error("rank {rank}'s address record does not decode: {why}")]
+    /// A record a peer published or wrote into this rank's memory does
+    /// not hold: an address record that does not decode (another version
+    /// of the library, or a corrupted key-value space), or a control word
+    /// no honest peer writes (a slot index out of range, an epoch beyond
+    /// the next). Nothing was delivered on its word.
+    #[error("rank {rank} wrote a record this rank refuses: {why}")]
     BadPeerRecord {
         /// The rank whose record it is.
         rank: u32,

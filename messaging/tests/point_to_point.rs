@@ -154,3 +154,19 @@ fn waits_end_with_peer_gone_when_the_device_goes_away() {
     // Liveness checks every 200 ms, unanswered after 10 of them: gone.
     assert!(killed.elapsed() < Duration::from_secs(30));
 }
+
+#[test]
+fn a_forged_any_index_completion_is_refused_and_the_pair_still_talks() {
+    let lines = passes(2, "forged-index", &[]);
+    // Rank 1: the refusal naming rank 0 and the index, its buffer
+    // unchanged; rank 0: the message rank 1 sent afterwards, byte-exact.
+    assert_eq!(checked(&lines[1]), 2, "{}", lines[1]);
+    assert_eq!(checked(&lines[0]), 1, "{}", lines[0]);
+}
+
+#[test]
+fn forged_collective_epochs_fail_the_collectives_instead_of_passing_them() {
+    let lines = passes(2, "forged-epoch", &[]);
+    // A barrier and a small allreduce, each refused naming rank 1.
+    assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
+}
