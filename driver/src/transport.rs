@@ -277,6 +277,14 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// A descriptor that polls as hung up (`POLLHUP`) once the device has
+    /// closed the connection, its process gone: waits for its answers end
+    /// then instead of at their timeout. `None` when the transport has no
+    /// such descriptor.
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
     /// Lets the device reach `[iova, iova + len)` with `access`; the bytes
     /// are at `uaddr` in this process (inside a registered region).
     fn iotlb_map(
@@ -346,6 +354,9 @@ pub struct VhostUserTransport {
     queues: RwLock<Vec<Option<QueueFds>>>,
     backend_channel: Option<UnixStream>,
     reply_timeout: Duration,
+    /// A third handle on the main socket, never read or written: polled
+    /// for the device's hang-up ([`Transport::hangup_fd`]).
+    hangup: UnixStream,
 }
 
 impl std::fmt::Debug for VhostUserTransport {
@@ -567,6 +578,10 @@ impl VhostUserTransport {
             operation: "dup of the vhost-user socket",
             source,
         })?;
+        let hangup = stream.try_clone().map_err(|source| TransportError::Io {
+            operation: "dup of the vhost-user socket",
+            source,
+        })?;
         let frontend =
             Frontend::from_stream(stream, vhost::vhost_user::message::VHOST_USER_MAX_VRINGS);
         let mut control = Control {
@@ -642,6 +657,7 @@ impl VhostUserTransport {
             queues: RwLock::new((0..num_queues).map(|_| None).collect()),
             backend_channel,
             reply_timeout: config.reply_timeout,
+            hangup,
         })
     }
 
@@ -697,6 +713,11 @@ impl VhostUserTransport {
 impl Transport for VhostUserTransport {
     fn device_features(&self) -> u64 {
         self.device_features
+    }
+
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.hangup.as_fd())
     }
 
     fn negotiate_features(&self, wanted: u64) -> Result<u64, TransportError> {
@@ -898,6 +919,9 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn mapping_budget(&self) -> Option<usize> {
         (**self).mapping_budget()
+    }
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).hangup_fd()
     }
     fn maps_process_memory(&self) -> bool {
         (**self).maps_process_memory()

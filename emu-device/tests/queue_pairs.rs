@@ -331,26 +331,41 @@ fn regions_and_windows_end_explicitly_with_errors_reported_or_when_dropped() {
     assert_eq!(initiator.registration_stats().hits, hits + 1);
     again.deregister().unwrap();
 
-    // A window dropped once the device is gone: the revoke cannot be
-    // answered; the drop logs and counts it, after the control timeout.
+    // A device that stops answering (its process stopped, its connection
+    // open): an explicit call fails after the control timeout, naming it.
     let window = owner
         .bind_window(&target_region, 0, 4096, Access::REMOTE_READ)
         .unwrap();
-    let mut device = device;
-    assert!(device.terminate(T));
+    let pid = device.pid() as libc::pid_t;
+    // SAFETY: signals to the device process this test started and owns.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
     let started = std::time::Instant::now();
-    drop(window);
-    assert_eq!(owner.window_revoke_failures(), 1);
+    let error = bind_read_window(&owner, &target_region).unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(300));
-    // An explicit call reports the same as an error naming the timeout.
-    let window = bind_read_window(&owner, &target_region);
-    assert!(window.is_err(), "binding without a device fails");
-    let error = window.unwrap_err();
     assert!(
         matches!(error, VerbsError::ControlTimeout { .. }),
         "{error}"
     );
     assert!(error.to_string().contains("control_timeout"), "{error}");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+
+    // A window dropped once the device is gone: the revoke cannot be
+    // answered; the drop logs and counts it, at once (the device's
+    // connection hung up), not after the control timeout.
+    let mut device = device;
+    assert!(device.terminate(T));
+    let started = std::time::Instant::now();
+    drop(window);
+    assert_eq!(owner.window_revoke_failures(), 1);
+    // An explicit call reports the same as an error saying so.
+    let error = bind_read_window(&owner, &target_region).unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(300));
+    assert!(matches!(error, VerbsError::DeviceGone { .. }), "{error}");
+    assert!(
+        error.to_string().contains("closed its connection"),
+        "{error}"
+    );
 }
 
 /// Binds a read window over all of `region`.

@@ -18,7 +18,7 @@ use pindown_uapi::{
 use super::completion::CompletionRing;
 use super::pairs::{set_up_pair, start_pair, PairPool, PairSlot};
 use super::queue_pair::SendRing;
-use super::wait::{wait_for, Awaiting};
+use super::wait::{wait_for, wait_for_control, Awaiting};
 use super::VerbsError;
 use crate::arena::{ArenaOptions, DmaArena, DmaBuffer, HugePages};
 use crate::pinner::IotlbPinner;
@@ -52,7 +52,8 @@ pub struct ContextConfig {
     /// queue pair's rings to a new one. Beyond it they fail with
     /// [`VerbsError::ControlTimeout`]. The device answers them in
     /// microseconds unless it is gone or stuck, or (inside a guest) waits
-    /// for QEMU to map memory.
+    /// for QEMU to map memory; one that closed its connection fails them
+    /// at once ([`VerbsError::DeviceGone`]).
     pub control_timeout: Duration,
     /// Whether the DMA arena is on 2 MiB huge pages: tried by default
     /// (normal pages when none are reserved); [`HugePages::Never`] keeps it
@@ -312,13 +313,7 @@ impl<T: Transport + 'static> Context<T> {
             user_data,
             answer: None,
         };
-        wait_for(&mut awaiting, self.spin, self.control_timeout).map_err(|err| match err {
-            VerbsError::Timeout(timeout) => VerbsError::ControlTimeout {
-                operation: op.opcode(),
-                timeout,
-            },
-            other => other,
-        })?;
+        wait_for_control(&mut awaiting, self.spin, self.control_timeout, op.opcode())?;
         let completion = awaiting.answer.expect("wait_for returns once answered");
         completion.result().map_err(VerbsError::Refused)?;
         Ok(completion)
@@ -389,6 +384,10 @@ impl<T: Transport> Awaiting for ArrivalWait<'_, T> {
     fn rings(&mut self) -> Vec<&mut CompletionRing> {
         vec![&mut *self.ring]
     }
+
+    fn hangup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.transport.hangup_fd()
+    }
 }
 
 /// The admin request being waited for. Completions of earlier requests
@@ -417,5 +416,9 @@ impl<T: Transport> Awaiting for AdminAnswer<'_, T> {
 
     fn rings(&mut self) -> Vec<&mut CompletionRing> {
         vec![&mut *self.ring]
+    }
+
+    fn hangup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.transport.hangup_fd()
     }
 }

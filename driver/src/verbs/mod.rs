@@ -119,7 +119,8 @@
 //! **Timeouts.** The context's own requests (query, bind, revoke, and
 //! handing a queue pair's rings to a new queue pair) wait at most
 //! [`ContextConfig::control_timeout`] for the device, then fail with
-//! [`VerbsError::ControlTimeout`].
+//! [`VerbsError::ControlTimeout`]; a device that closes its connection
+//! fails them at once with [`VerbsError::DeviceGone`].
 
 mod completion;
 mod context;
@@ -266,9 +267,20 @@ pub enum VerbsError {
         /// How long it waited.
         timeout: Duration,
     },
+    /// The device closed its connection (its process is gone) while a
+    /// request the driver made on the caller's behalf waited for its
+    /// answer.
+    #[error("the device closed its connection while {} waited for its answer", operation.name())]
+    DeviceGone {
+        /// The request.
+        operation: Opcode,
+    },
     /// No completion arrived in time.
     #[error("no completion within {0:?}")]
     Timeout(Duration),
+    /// The device hung up while a wait was under way.
+    #[error("the device closed its connection")]
+    HungUp,
     /// Waiting on the completion eventfd failed.
     #[error("waiting for completions failed: {0}")]
     Wait(std::io::Error),

@@ -20,7 +20,7 @@ use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
 
 use super::completion::{is_marker, CompletionRing};
 use super::queue_pair::SendRing;
-use super::wait::{wait_for, Awaiting};
+use super::wait::{wait_for_control, Awaiting};
 use super::{CompletionQueue, Context, QueuePair, VerbsError};
 use crate::arena::DmaArena;
 use crate::rdma_queue::{self, SendQueue};
@@ -128,6 +128,10 @@ impl<T: Transport> Awaiting for Flush<'_, T> {
 
     fn rings(&mut self) -> Vec<&mut CompletionRing> {
         vec![&mut *self.ring]
+    }
+
+    fn hangup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.transport.hangup_fd()
     }
 }
 
@@ -240,13 +244,12 @@ impl<T: Transport + 'static> Context<T> {
             ring: completion,
             marker,
         };
-        wait_for(&mut flush, self.spin, self.control_timeout).map_err(|err| match err {
-            VerbsError::Timeout(timeout) => VerbsError::ControlTimeout {
-                operation: pindown_uapi::Opcode::Nop,
-                timeout,
-            },
-            other => other,
-        })
+        wait_for_control(
+            &mut flush,
+            self.spin,
+            self.control_timeout,
+            pindown_uapi::Opcode::Nop,
+        )
     }
 
     /// Takes back the send ring of a dropped queue pair, after posting its

@@ -4,7 +4,7 @@
 //! core ([`CoreSharing`], the rule the port's thread keeps too).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use pindown_uapi::core_sharing::{self, CoreSharing};
@@ -22,13 +22,23 @@ pub(super) trait Awaiting {
 
     /// The rings whose completions are awaited.
     fn rings(&mut self) -> Vec<&mut CompletionRing>;
+
+    /// A descriptor that polls as hung up once the device that would
+    /// answer is gone ([`Transport::hangup_fd`]): the wait then ends with
+    /// [`VerbsError::HungUp`].
+    ///
+    /// [`Transport::hangup_fd`]: crate::transport::Transport::hangup_fd
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Calls [`Awaiting::try_complete`] until it reports success: for `spin`
 /// (at most `timeout`) in a busy loop, then, having asked the device to
 /// signal each ring's next completion, asleep on their eventfds until one
 /// is signalled, and so on until `timeout` has passed (then
-/// [`VerbsError::Timeout`]). While it spins the device signals nothing;
+/// [`VerbsError::Timeout`]) or the device hangs up (then
+/// [`VerbsError::HungUp`]; looked at once a millisecond while spinning). While it spins the device signals nothing;
 /// alone on its core the thread reads its switch count once a millisecond
 /// and yields once per 200 us to probe, and sharing it, it yields between
 /// polls ([`CoreSharing`]).
@@ -38,6 +48,7 @@ pub(super) fn wait_for(
     timeout: Duration,
 ) -> Result<(), VerbsError> {
     let start = Instant::now();
+    let mut hangup_looked = start;
     loop {
         // The clock is read once every few attempts only, so that a
         // completion is seen within nanoseconds of its arrival, and after
@@ -56,6 +67,12 @@ pub(super) fn wait_for(
                 if now.saturating_duration_since(spin_from) >= spin {
                     break;
                 }
+                if now.saturating_duration_since(hangup_looked) >= HANGUP_LOOK {
+                    hangup_looked = now;
+                    if hung_up(awaiting.hangup_fd(), 0)? && !awaiting.try_complete()? {
+                        return Err(VerbsError::HungUp);
+                    }
+                }
                 core_sharing::this_thread(|sharing| sharing.looked(now));
             }
         }
@@ -71,17 +88,78 @@ pub(super) fn wait_for(
             .iter_mut()
             .fold(false, |pending, ring| ring.queue.arm() | pending);
         if !pending {
-            sleep_on(&rings, timeout - elapsed).map_err(VerbsError::Wait)?;
+            drop(rings);
+            // The descriptor outlives the wait (the transport holds it).
+            let hangup = awaiting.hangup_fd().map(|fd| fd.as_raw_fd());
+            let rings = awaiting.rings();
+            if sleep_on(&rings, hangup, timeout - elapsed).map_err(VerbsError::Wait)? {
+                drop(rings);
+                // An answer sent before the hang-up still counts.
+                return match awaiting.try_complete()? {
+                    true => Ok(()),
+                    false => Err(VerbsError::HungUp),
+                };
+            }
         }
     }
+}
+
+/// [`wait_for`] on the answer to `operation`, a request the driver made
+/// on the caller's behalf: at most `timeout` ([`VerbsError::ControlTimeout`]),
+/// or until the device hangs up ([`VerbsError::DeviceGone`]).
+pub(super) fn wait_for_control(
+    awaiting: &mut impl Awaiting,
+    spin: Duration,
+    timeout: Duration,
+    operation: pindown_uapi::Opcode,
+) -> Result<(), VerbsError> {
+    wait_for(awaiting, spin, timeout).map_err(|err| match err {
+        VerbsError::Timeout(timeout) => VerbsError::ControlTimeout { operation, timeout },
+        VerbsError::HungUp => VerbsError::DeviceGone { operation },
+        other => other,
+    })
 }
 
 /// Polling attempts between two looks at the clock while spinning.
 const ATTEMPTS_PER_CLOCK: u32 = 64;
 
-/// Sleeps until one of the rings' completion eventfds is signalled (or
-/// `timeout` passes) and consumes the signals.
-fn sleep_on(rings: &[&mut CompletionRing], timeout: Duration) -> io::Result<()> {
+/// How often a spinning wait looks for the device's hang-up.
+const HANGUP_LOOK: Duration = Duration::from_millis(1);
+
+/// Whether `fd` polls as hung up within `millis` (none: never).
+fn hung_up(fd: Option<BorrowedFd<'_>>, millis: i32) -> Result<bool, VerbsError> {
+    let Some(fd) = fd else {
+        return Ok(false);
+    };
+    let mut poll = [libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    }];
+    // SAFETY: `poll` is a live array of one pollfd that poll may write
+    // the `revents` of; the descriptor is borrowed for the call.
+    let ready = unsafe { libc::poll(poll.as_mut_ptr(), 1, millis) };
+    if ready < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(VerbsError::Wait(err)),
+        };
+    }
+    Ok(poll[0].revents & HANGUP_EVENTS != 0)
+}
+
+/// What `poll` reports of a connection the device closed.
+const HANGUP_EVENTS: libc::c_short = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR;
+
+/// Sleeps until one of the rings' completion eventfds is signalled, the
+/// device hangs up (`hangup`: its connection's descriptor; then `true`)
+/// or `timeout` passes, and consumes the signals.
+fn sleep_on(
+    rings: &[&mut CompletionRing],
+    hangup: Option<std::os::fd::RawFd>,
+    timeout: Duration,
+) -> io::Result<bool> {
     let mut fds: Vec<libc::pollfd> = rings
         .iter()
         .map(|ring| libc::pollfd {
@@ -90,6 +168,13 @@ fn sleep_on(rings: &[&mut CompletionRing], timeout: Duration) -> io::Result<()> 
             revents: 0,
         })
         .collect();
+    if let Some(fd) = hangup {
+        fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        });
+    }
     let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     let count = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
     loop {
@@ -105,8 +190,9 @@ fn sleep_on(rings: &[&mut CompletionRing], timeout: Duration) -> io::Result<()> 
             return Err(err);
         }
     }
+    let gone = hangup.is_some() && fds[rings.len()].revents & HANGUP_EVENTS != 0;
     for ring in rings {
         ring.event.take()?;
     }
-    Ok(())
+    Ok(gone)
 }
