@@ -37,7 +37,11 @@
 //! device is taken away), `forged-index` and `forged-epoch` (a peer
 //! writes control words no honest peer writes: an any-index receive's
 //! index out of range, collective epochs far ahead; the ranks refuse
-//! them, naming the peer), and `collectives` (barriers, broadcasts,
+//! them, naming the peer), `leaked-key` (a third rank writes through the
+//! keys of the windows a rank bound for another peer: refused),
+//! `late-write` (the sender writes into a receive buffer after the
+//! receive returned: refused with `--window-cache 0`), and `collectives`
+//! (barriers, broadcasts,
 //! reduces and allreduces with every algorithm, random roots, sizes 0 B to
 //! 4 MiB, element types and operations, on the world, a split and a dup;
 //! `--seed S`, `--cases N`; results compared with a reference each rank
@@ -120,6 +124,15 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
             _ => Some(Duration::from_millis(20)),
         };
     }
+    if let Some(windows) = args
+        .iter()
+        .position(|a| a == "--window-cache")
+        .and_then(|i| args.get(i + 1))
+    {
+        config.window_cache = windows
+            .parse()
+            .map_err(|e| format!("--window-cache {windows}: {e}"))?;
+    }
     let messenger = Messenger::new(&context, job, config).map_err(|e| e.to_string())?;
     let world = messenger.world();
     let tally = match scenario {
@@ -138,6 +151,8 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "collectives" => collectives::run(&world, args),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
+        "leaked-key" => leaked_key(&messenger, &world),
+        "late-write" => late_write(&messenger, &world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank, and after a
@@ -1298,6 +1313,172 @@ fn forged_index(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
         if got != message(1, 0, 0, 100) {
             return Err("the message after the forgery arrived changed".into());
         }
+        tally.checked += 1;
+    }
+    Ok(tally)
+}
+
+/// Waits until rank 0 posted its first receive from this rank on world
+/// slot index `index`; the key and offset of its buffer's window, from
+/// the match record rank 0 wrote here.
+fn first_receive_window(messenger: &Messenger<'_>, index: u32) -> Result<(u64, u64), String> {
+    let layout = messenger.control_layout();
+    let record = layout.match_record(layout.slot(0, 0, index));
+    let stamp = record + pindown_messaging::layout::MATCH_STAMP_AT;
+    let start = Instant::now();
+    while messenger.own_control_word(stamp) != 1 {
+        messenger
+            .progress()
+            .map_err(|e| format!("waiting for the receive: {e}"))?;
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err("rank 0's receive never showed".into());
+        }
+    }
+    let key = messenger.own_control_word(record);
+    Ok((key, messenger.own_control_word(record + 8)))
+}
+
+/// `leaked-key` (3 ranks): rank 1 hands rank 2 the key of the window
+/// rank 0 bound over rank 1's words, and the key and offset of the
+/// window over the buffer of rank 0's receive from rank 1; rank 2's
+/// writes through them (a done word completing that receive, bytes into
+/// its buffer) are refused, and rank 0 then gets rank 1's real messages,
+/// whole.
+fn leaked_key(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 3 {
+        return Err("leaked-key runs on 3 ranks".into());
+    }
+    let (first, second) = (message(1, 0, 0, 100), message(1, 0, 1, 64));
+    let layout = messenger.control_layout();
+    match world.rank() {
+        1 => {
+            let (key, offset) = first_receive_window(messenger, 6)?;
+            let mut leak = messenger.block_key_at(0).to_le_bytes().to_vec();
+            leak.extend_from_slice(&key.to_le_bytes());
+            leak.extend_from_slice(&offset.to_le_bytes());
+            world
+                .send(2, 3, &leak)
+                .map_err(|e| format!("leaking: {e}"))?;
+            world
+                .send(0, 5, &first)
+                .map_err(|e| format!("the first send: {e}"))?;
+            world
+                .send(0, 6, &second)
+                .map_err(|e| format!("the second send: {e}"))?;
+        }
+        2 => {
+            let mut leak = [0u8; 24];
+            world
+                .recv(1, 3, &mut leak)
+                .map_err(|e| format!("the leak: {e}"))?;
+            let word = |i: usize| u64::from_le_bytes(leak[8 * i..8 * i + 8].try_into().unwrap());
+            let done = layout.done_word(layout.slot(0, 1, 5)) - layout.block_start(1);
+            let forged = pindown_messaging::layout::done_word(1, 64, false);
+            for (what, key, offset, bytes) in [
+                ("a done word", word(0), done, forged.to_le_bytes()),
+                ("receive bytes", word(1), word(2), [0xee; 8]),
+            ] {
+                match messenger.write_peer_window(0, key, offset, &bytes) {
+                    Err(Error::Completion(err)) => {
+                        tally.notes.push(format!("{what} refused: {err}"));
+                        tally.checked += 1;
+                    }
+                    other => return Err(format!("{what} through a leaked key: {other:?}")),
+                }
+            }
+            world
+                .send(0, 4, &[])
+                .map_err(|e| format!("the signal: {e}"))?;
+        }
+        _ => {
+            let pending = world
+                .irecv(1, 6, vec![0u8; 64])
+                .map_err(|e| format!("posting: {e}"))?;
+            world
+                .recv(2, 4, &mut [])
+                .map_err(|e| format!("the signal: {e}"))?;
+            let mut got = vec![0u8; 128];
+            let received = world
+                .recv(1, 5, &mut got)
+                .map_err(|e| format!("the receive: {e}"))?;
+            if received != 100 || got[..100] != first[..] || got[100..] != [0; 28] {
+                return Err(format!(
+                    "rank 1's first message arrived as {received} bytes"
+                ));
+            }
+            tally.checked += 1;
+            let (buffer, _) = pending
+                .wait()
+                .map_err(|e| format!("the second receive: {e}"))?;
+            if buffer[..] != second[..] {
+                return Err("rank 1's second message arrived changed".into());
+            }
+            tally.checked += 1;
+        }
+    }
+    Ok(tally)
+}
+
+/// `late-write` (2 ranks; with `--window-cache 0`): rank 1 keeps the
+/// key and offset of the window over rank 0's receive buffer and, once
+/// the receive has returned, writes through them again: refused, the
+/// buffer unchanged. With windows cached the write lands (the limit the
+/// README states); the notes say which.
+fn late_write(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("late-write runs on 2 ranks".into());
+    }
+    let sent = message(1, 0, 0, 64);
+    if world.rank() == 1 {
+        let (key, offset) = first_receive_window(messenger, 2)?;
+        world
+            .send(0, 2, &sent)
+            .map_err(|e| format!("the send: {e}"))?;
+        world
+            .recv(0, 3, &mut [])
+            .map_err(|e| format!("the signal: {e}"))?;
+        let outcome = messenger.write_peer_window(0, key, offset, &[0xee; 8]);
+        let landed = match outcome {
+            Ok(()) => true,
+            Err(Error::Completion(_)) => false,
+            Err(other) => return Err(format!("the late write: {other}")),
+        };
+        tally.notes.push(format!("late write landed: {landed}"));
+        world
+            .send(0, 4, &[u8::from(landed)])
+            .map_err(|e| format!("the report: {e}"))?;
+        return Ok(tally);
+    }
+    let mut buffer = vec![0u8; 64];
+    world
+        .recv(1, 2, &mut buffer)
+        .map_err(|e| format!("the receive: {e}"))?;
+    if buffer != sent {
+        return Err("the message arrived changed".into());
+    }
+    world
+        .send(1, 3, &[])
+        .map_err(|e| format!("the signal: {e}"))?;
+    let mut landed = [0u8];
+    world
+        .recv(1, 4, &mut landed)
+        .map_err(|e| format!("the report: {e}"))?;
+    // The device, not this program, may have written the buffer since.
+    let now: Vec<u8> = (0..buffer.len())
+        // SAFETY: `i` is inside `buffer`, which this function owns.
+        .map(|i| unsafe { std::ptr::read_volatile(buffer.as_ptr().add(i)) })
+        .collect();
+    let changed = now != sent;
+    if changed != (landed[0] == 1) {
+        return Err(format!(
+            "the late write landed: {}, the buffer changed: {changed}",
+            landed[0]
+        ));
+    }
+    tally.notes.push(format!("late write landed: {changed}"));
+    if !changed {
         tally.checked += 1;
     }
     Ok(tally)

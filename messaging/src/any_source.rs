@@ -294,7 +294,7 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
             continue;
         }
         let at = engine.layout.any_credit(context, engine.rank);
-        let remote = engine.peer_control(peer).at(at);
+        let remote = engine.peer_at(peer, at);
         let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, false)?;
         engine.any.unreaped.push(tag);
         engine.any.credited[ring] = word;
@@ -442,10 +442,10 @@ fn read_into(
         rank: peer,
         why: "an any-source rendezvous entry with key 0".into(),
     })?;
-    let control = engine.peer_control(peer);
+    let port = engine.peer_port(peer);
     let window = pindown_driver::verbs::RemoteWindow {
-        node: control.node,
-        port: control.port,
+        node: port.node,
+        port: port.port,
         key,
         len,
     };
@@ -495,9 +495,9 @@ impl<'c> Communicator<'c> {
             Ok((seq as u32).wrapping_sub(drained) <= ANY_ENTRIES as u32)
         })?;
         let entry = engine.layout.any_entry(context, engine.rank, seq - 1);
-        let control = engine.peer_control(peer);
-        let stamp_at = control.at(entry);
-        let head_at = control.at(entry + 8);
+        let stamp_at = engine.peer_at(peer, entry);
+        let head_at = engine.peer_at(peer, entry + 8);
+        let body_at = engine.peer_at(peer, entry + ANY_HEADER_BYTES);
         let ctx = engine.context;
         if len <= ANY_EAGER_BYTES {
             let word = layout::any_message_word(tag, Some(len));
@@ -512,7 +512,7 @@ impl<'c> Communicator<'c> {
                 return Ok(());
             }
             let region = ctx.register(data.as_ptr() as u64, len)?;
-            let body = Some((&region, len as u32, control.at(entry + ANY_HEADER_BYTES)));
+            let body = Some((&region, len as u32, body_at));
             let tag = engine.write_entry(peer, &head, head_at, body, seq, stamp_at)?;
             engine.any.sent[ring] = seq;
             return wait_plain(&mut engine, peer, tag);

@@ -683,7 +683,7 @@ fn finish_recv(engine: &mut Engine<'_>, posted: (u32, u64, u64), expected: usize
         None => Err(Error::NoRequest {
             what: "receive",
             peer,
-            index: (slot % u64::from(engine.layout.slots)) as u32,
+            index: engine.layout.slot_parts(slot).2,
         }),
     }
 }
@@ -780,9 +780,14 @@ fn broadcast_pipelined(
     // One window over the whole buffer, held for the call: every chunk's
     // receive finds it instead of binding its own.
     let held_window = match (parent, len) {
-        (Some(_), 1..) => {
-            let context = engine.context;
-            Some(engine.windows.acquire(context, base as u64, len as u64)?.2)
+        (Some(parent), 1..) => {
+            let (context, sender) = (engine.context, engine.peer_port(parent));
+            Some(
+                engine
+                    .windows
+                    .acquire(context, base as u64, len as u64, sender)?
+                    .2,
+            )
         }
         _ => None,
     };

@@ -47,8 +47,10 @@ pub struct Messenger<'c> {
 impl<'c> Messenger<'c> {
     /// Joins the job's message passing through `context` (this rank's
     /// port): allocates the control memory (matching slots, done words,
-    /// any-source rings), binds its window and exchanges every rank's
-    /// through the launcher's key-value space (collective over the job).
+    /// any-source rings, collective words), binds its windows (one per
+    /// peer, for that peer's port alone, and one over the collective
+    /// words) and exchanges every rank's through the launcher's key-value
+    /// space (collective over the job).
     pub fn new(context: &'c Context, job: &mut Job, config: Config) -> Result<Self> {
         let engine = Engine::new(context, job, config)?;
         Ok(Messenger {
@@ -117,17 +119,56 @@ impl<'c> Messenger<'c> {
     /// ([`control_layout`](Self::control_layout)).
     #[doc(hidden)]
     pub fn write_peer_control(&self, peer: u32, offset: u64, bytes: &[u8]) -> Result<()> {
+        let remote = self.engine.borrow().peer_at(peer, offset);
+        self.write_forged(peer, remote, bytes)
+    }
+
+    /// Writes `bytes` (at most 64) at `offset` of the window `key` names
+    /// at world rank `peer`'s port, as a rank holding a leaked key could;
+    /// waits for the write.
+    #[doc(hidden)]
+    pub fn write_peer_window(&self, peer: u32, key: u64, offset: u64, bytes: &[u8]) -> Result<()> {
+        let port = self.engine.borrow().peer_port(peer);
+        let key = pindown_uapi::RemoteKey::try_from(key)
+            .map_err(|_| Error::Unsuitable("a window key of 0".into()))?;
+        let remote = pindown_uapi::RemoteAddress {
+            node: port.node,
+            port: port.port,
+            key,
+            offset,
+        };
+        self.write_forged(peer, remote, bytes)
+    }
+
+    fn write_forged(
+        &self,
+        peer: u32,
+        remote: pindown_uapi::RemoteAddress,
+        bytes: &[u8],
+    ) -> Result<()> {
         if bytes.len() > 64 {
             return Err(Error::Unsuitable(
                 "a forged control write holds at most 64 bytes".into(),
             ));
         }
         let mut engine = self.engine.borrow_mut();
-        let remote = engine.peer_control(peer).at(offset);
         let tag = engine.write_small(peer, 0, bytes, remote, true)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         engine.wait_until(Some(peer), Some(deadline), |e| e.plain_done(tag))?;
         Ok(())
+    }
+
+    /// The key of the window world rank `peer` bound over this rank's
+    /// block of its control memory (for this rank's port alone).
+    #[doc(hidden)]
+    pub fn block_key_at(&self, peer: u32) -> u64 {
+        self.engine.borrow().peers[peer as usize].block.key.0
+    }
+
+    /// The word at `offset` of this rank's own control memory.
+    #[doc(hidden)]
+    pub fn own_control_word(&self, offset: u64) -> u64 {
+        self.engine.borrow().load(offset)
     }
 
     /// The layout of every rank's control memory.

@@ -51,7 +51,12 @@ pub struct Config {
     /// How long a wait goes without news from its peer before it checks
     /// that the peer is still there (a read of its control memory).
     pub liveness_interval: Duration,
-    /// Windows over receive buffers kept bound for reuse.
+    /// Windows over receive buffers kept bound for reuse, each for the
+    /// one peer the receive named. Until it goes (least recently used
+    /// first, or when its memory is invalidated), that peer can still
+    /// write into the buffer of a receive from it that completed; 0 keeps
+    /// none, revoking each window before its receive's wait returns, at
+    /// the cost of a bind and a revoke (about 1.5 us) per receive.
     pub window_cache: usize,
 }
 
@@ -196,7 +201,11 @@ const PROBE_PATIENCE: u32 = 10;
 
 /// Peer state.
 pub(crate) struct Peer {
-    pub(crate) control: RemoteWindow,
+    /// This rank's block of the peer's control memory: the window the
+    /// peer bound for this rank's port alone.
+    pub(crate) block: RemoteWindow,
+    /// The peer's collective area, open to every rank.
+    pub(crate) collective: RemoteWindow,
     gone: Option<String>,
     probe_in_flight: bool,
     /// When the liveness check in flight was posted.
@@ -206,12 +215,16 @@ pub(crate) struct Peer {
 /// One rank's engine.
 pub(crate) struct Engine<'c> {
     // Field order is drop order: the queue pair before its completion
-    // queue, windows over user memory before the control window, the
-    // control window before its memory.
+    // queue, windows over user memory before the control windows, the
+    // control windows before their memory.
     pub(crate) qp: QueuePair<'c>,
     pub(crate) cq: CompletionQueue<'c>,
     pub(crate) windows: WindowCache<'c>,
     pub(crate) in_flight: HashMap<u64, InFlight<'c>>,
+    /// The window over each peer's block, bound for that peer's port.
+    blocks: Vec<RegionWindow<'c>>,
+    /// The window over the collective area, open to every rank; its
+    /// registration stages inline payloads.
     pub(crate) control: RegionWindow<'c>,
     pub(crate) control_memory: DmaBuffer,
     pub(crate) context: &'c Context,
@@ -258,14 +271,22 @@ pub(crate) struct Engine<'c> {
     pub(crate) collective_epochs: Vec<crate::collective::Epochs>,
 }
 
-/// Bytes of a rank's address record in the launcher's key-value space.
-const RECORD_BYTES: usize = 20;
-/// The key it is published under.
+/// Bytes of a rank's address record in the launcher's key-value space:
+/// its node and port, its collective window's key and length, and the
+/// length of a peer's block.
+const RECORD_BYTES: usize = 28;
+/// Its key.
 const RECORD_KEY: &str = "pindown-messaging";
+/// The key of a rank's block keys: the key of the window over each
+/// peer's block, in rank order (8 bytes each).
+const BLOCK_KEYS_KEY: &str = "pindown-messaging-blocks";
 
 impl<'c> Engine<'c> {
-    /// Sets up this rank: control memory, its window, the queue pair, and
-    /// every rank's control window through the launcher.
+    /// Sets up this rank: control memory, its windows (one over the
+    /// collective area, open to every rank, and one over each peer's
+    /// block, bound for that peer's port), the queue pair, and every
+    /// rank's windows through the launcher: first every rank's port and
+    /// collective window, then the keys of the blocks bound for each.
     pub(crate) fn new(context: &'c Context, job: &mut Job, config: Config) -> Result<Self> {
         let config = Config {
             slots: config.slots.max(1),
@@ -283,22 +304,20 @@ impl<'c> Engine<'c> {
         // SAFETY: the buffer was just allocated for this engine and
         // `bytes` long; zeroing it before any peer knows it exists.
         unsafe { std::ptr::write_bytes(control_memory.as_ptr(), 0, bytes) };
+        let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let (collectives, collective_bytes) = layout.collectives();
         let region = context.register_buffer(&control_memory)?;
-        let control = context.bind_region_window(
-            region,
-            0,
-            layout.bytes(),
-            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            None,
-        )?;
+        let control =
+            context.bind_region_window(region, collectives, collective_bytes, access, None)?;
         let mut record = [0u8; RECORD_BYTES];
         let remote = control.remote();
         record[..2].copy_from_slice(&remote.node.to_le_bytes());
         record[2..4].copy_from_slice(&remote.port.to_le_bytes());
         record[4..12].copy_from_slice(&remote.key.0.to_le_bytes());
         record[12..20].copy_from_slice(&remote.len.to_le_bytes());
+        record[20..28].copy_from_slice(&layout.block_bytes().to_le_bytes());
         let records = job.all_gather(RECORD_KEY, &record)?;
-        let mut peers = Vec::with_capacity(records.len());
+        let mut collective_windows = Vec::with_capacity(records.len());
         for (rank, record) in records.iter().enumerate() {
             let text = format!(
                 "{}:{}:{:016x}:{}",
@@ -307,20 +326,68 @@ impl<'c> Engine<'c> {
                 u64::from_le_bytes(field(record, 4, rank)?),
                 u64::from_le_bytes(field(record, 12, rank)?),
             );
-            let control: RemoteWindow = text.parse().map_err(|e| Error::BadPeerRecord {
+            let window: RemoteWindow = text.parse().map_err(|e| Error::BadPeerRecord {
                 rank: rank as u32,
                 why: format!("{e}"),
             })?;
-            if control.len != layout.bytes() {
+            let block_bytes = u64::from_le_bytes(field(record, 20, rank)?);
+            if window.len != collective_bytes || block_bytes != layout.block_bytes() {
                 return Err(Error::Mismatch(format!(
-                    "rank {rank}'s control area is {} bytes, this rank's {}: every rank must use \
-                     the same Config::slots and Config::communicators",
-                    control.len,
-                    layout.bytes()
+                    "rank {rank}'s control area has {block_bytes}-byte peer blocks and {} bytes \
+                     of collective words, this rank's {} and {collective_bytes}: every rank must \
+                     use the same Config::slots and Config::communicators",
+                    window.len,
+                    layout.block_bytes()
                 )));
             }
+            collective_windows.push(window);
+        }
+        // One window per peer over the words that peer writes, bound for
+        // its port alone; each registration is a pin-down cache hit.
+        let mut blocks = Vec::with_capacity(collective_windows.len());
+        let mut block_keys = Vec::with_capacity(8 * collective_windows.len());
+        for (peer, window) in collective_windows.iter().enumerate() {
+            let region = context.register_buffer(&control_memory)?;
+            let port = pindown_uapi::PortAddress {
+                node: window.node,
+                port: window.port,
+            };
+            let block = context.bind_region_window(
+                region,
+                layout.block_start(peer as u32),
+                layout.block_bytes(),
+                access,
+                Some(port),
+            )?;
+            block_keys.extend_from_slice(&block.remote().key.0.to_le_bytes());
+            blocks.push(block);
+        }
+        let keys = job.all_gather(BLOCK_KEYS_KEY, &block_keys)?;
+        let me = job.rank() as usize;
+        let mut peers = Vec::with_capacity(keys.len());
+        for (rank, (keys, collective)) in keys.iter().zip(collective_windows).enumerate() {
+            if keys.len() != block_keys.len() {
+                return Err(Error::BadPeerRecord {
+                    rank: rank as u32,
+                    why: format!(
+                        "{} bytes of block keys, {} expected",
+                        keys.len(),
+                        block_keys.len()
+                    ),
+                });
+            }
+            let key = u64::from_le_bytes(field(keys, 8 * me, rank)?);
+            let key = pindown_uapi::RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
+                rank: rank as u32,
+                why: "a block key of 0".into(),
+            })?;
             peers.push(Peer {
-                control,
+                block: RemoteWindow {
+                    key,
+                    len: layout.block_bytes(),
+                    ..collective
+                },
+                collective,
                 gone: None,
                 probe_in_flight: false,
                 probe_sent: None,
@@ -338,6 +405,7 @@ impl<'c> Engine<'c> {
             cq,
             windows: WindowCache::new(config.window_cache),
             in_flight: HashMap::new(),
+            blocks,
             control,
             control_memory,
             context,
@@ -402,9 +470,27 @@ impl<'c> Engine<'c> {
         self.control_memory.as_ptr()
     }
 
-    /// The control window of world rank `peer`.
-    pub(crate) fn peer_control(&self, peer: u32) -> RemoteWindow {
-        self.peers[peer as usize].control
+    /// Where the word at `offset` of world rank `peer`'s control memory
+    /// (a [`Layout`] offset) is reached: through this rank's block there,
+    /// or the collective window. Panics for any other offset (scratch, or
+    /// another rank's block): this rank never writes there.
+    pub(crate) fn peer_at(&self, peer: u32, offset: u64) -> RemoteAddress {
+        peer_address(&self.layout, self.rank, &self.peers[peer as usize], offset)
+    }
+
+    /// The window over `peer`'s block of this rank's control memory,
+    /// which only `peer` may use.
+    pub(crate) fn block_window_for(&self, peer: u32) -> RemoteWindow {
+        self.blocks[peer as usize].remote()
+    }
+
+    /// The port of world rank `peer`.
+    pub(crate) fn peer_port(&self, peer: u32) -> pindown_uapi::PortAddress {
+        let window = &self.peers[peer as usize].block;
+        pindown_uapi::PortAddress {
+            node: window.node,
+            port: window.port,
+        }
     }
 
     /// Fails if `peer` is known to be gone.
@@ -521,9 +607,10 @@ impl<'c> Engine<'c> {
                 Some(self.context.register(ptr as u64, capacity)?)
             };
             let offer = typed.offer.as_ptr() as u64;
+            let sender = self.peer_port(peer);
             let (window, start, id) =
                 self.windows
-                    .acquire(self.context, offer, typed.offer.len() as u64)?;
+                    .acquire(self.context, offer, typed.offer.len() as u64, sender)?;
             let len = typed.pattern.len;
             (
                 window.key,
@@ -533,17 +620,15 @@ impl<'c> Engine<'c> {
                 len | layout::TYPED_RECEIVE,
             )
         } else if capacity == 0 {
-            (
-                self.control.remote().key,
-                self.layout.scratch(),
-                None,
-                None,
-                0,
-            )
+            // Nothing lands: a window only the sender may use, at 0.
+            (self.block_window_for(peer).key, 0, None, None, 0)
         } else {
             // The window first: finding none may make the cache renew the
             // registration of this memory, which the receive then holds.
-            let (window, start, id) = self.windows.acquire(self.context, ptr as u64, capacity)?;
+            let sender = self.peer_port(peer);
+            let (window, start, id) =
+                self.windows
+                    .acquire(self.context, ptr as u64, capacity, sender)?;
             let region = match self.context.register(ptr as u64, capacity) {
                 // Idle cached windows hold pinned memory: under the pin
                 // limit, let them go and try again.
@@ -575,7 +660,8 @@ impl<'c> Engine<'c> {
         let target = self
             .layout
             .match_record(self.layout.slot(context, self.rank, index));
-        let control = self.peers[peer as usize].control;
+        let record_at = self.peer_at(peer, target);
+        let stamp_at = self.peer_at(peer, target + MATCH_STAMP_AT);
         let tag = self.tag();
         let scratch = self.layout.scratch();
         let posted = (|| {
@@ -597,11 +683,11 @@ impl<'c> Engine<'c> {
                 &generation.to_le_bytes(),
             )?;
             let entries = [
-                Write::new(record_local, control.at(target))
+                Write::new(record_local, record_at)
                     .build()
                     .inline()
                     .user_data(tag | PART_BIT),
-                Write::new(stamp_local, control.at(target + MATCH_STAMP_AT))
+                Write::new(stamp_local, stamp_at)
                     .build()
                     .inline()
                     .fence()
@@ -701,7 +787,7 @@ impl<'c> Engine<'c> {
                     let index = if recv.any_tag {
                         self.load(done_at + 8)
                     } else {
-                        slot % u64::from(self.layout.slots)
+                        u64::from(self.layout.slot_parts(slot).2)
                     };
                     if index >= u64::from(self.config.slots) {
                         Err(Error::BadPeerRecord {
@@ -843,10 +929,8 @@ impl<'c> Engine<'c> {
 
     /// Matches and posts the waiting sends of `slot`, in order.
     fn try_sends(&mut self, slot: u64) -> Result<()> {
-        let slots_per_peer = u64::from(self.layout.slots);
-        let peer = ((slot / slots_per_peer) % u64::from(self.layout.ranks)) as u32;
-        let context_peer_base = slot - slot % slots_per_peer;
-        let any_slot = context_peer_base + u64::from(self.config.slots);
+        let (context, peer, index) = self.layout.slot_parts(slot);
+        let any_slot = self.layout.slot(context, peer, self.config.slots);
         while let Some(front) = self.slots[slot as usize].waiting.front() {
             let generation = front.generation;
             // The explicit slot first, then the any-tag slot.
@@ -871,12 +955,10 @@ impl<'c> Engine<'c> {
             let key = self.load(record_at);
             let offset = self.load(record_at + 8);
             let capacity = self.load(record_at + 16);
-            let index = (slot % slots_per_peer) as u32;
-            let remote_slot = self.layout.slot(
-                ((slot / slots_per_peer) / u64::from(self.layout.ranks)) as u32,
-                self.rank,
-                (target_slot % slots_per_peer) as u32,
-            );
+            // The same slot at the receiver, named from its side.
+            let remote_slot =
+                self.layout
+                    .slot(context, self.rank, self.layout.slot_parts(target_slot).2);
             if capacity & layout::TYPED_RECEIVE != 0 || pending.pattern.is_some() {
                 let result = self.post_typed_send(
                     crate::typed::Matched {
@@ -910,11 +992,7 @@ impl<'c> Engine<'c> {
                 offset,
                 capacity,
                 (target_slot == any_slot && slot != any_slot).then_some(index),
-                self.layout.slot(
-                    ((slot / slots_per_peer) / u64::from(self.layout.ranks)) as u32,
-                    self.rank,
-                    (target_slot % slots_per_peer) as u32,
-                ),
+                remote_slot,
                 receive_generation,
             );
             self.slots[slot as usize].sends_posted = generation;
@@ -943,7 +1021,7 @@ impl<'c> Engine<'c> {
         remote_slot: u64,
         receive_generation: u64,
     ) -> Result<()> {
-        let control = self.peers[peer as usize].control;
+        let control = self.peers[peer as usize].block;
         let key = pindown_uapi::RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
             rank: peer,
             why: "a match record with key 0".into(),
@@ -964,7 +1042,7 @@ impl<'c> Engine<'c> {
         } else {
             None
         };
-        let done_at = self.layout.done_word(remote_slot);
+        let done = self.peer_at(peer, self.layout.done_word(remote_slot));
         let scratch = self.layout.scratch();
         {
             let Engine {
@@ -1012,8 +1090,7 @@ impl<'c> Engine<'c> {
                 }
             }
             SendTail {
-                control,
-                done_at,
+                done,
                 any_tag_index,
                 word: layout::done_word(receive_generation, len, false),
                 tag,
@@ -1097,7 +1174,7 @@ impl<'c> Engine<'c> {
 
     /// The world rank a slot's peer is.
     pub(crate) fn slot_peer(&self, slot: u64) -> u32 {
-        ((slot / u64::from(self.layout.slots)) % u64::from(self.layout.ranks)) as u32
+        self.layout.slot_parts(slot).1
     }
 
     /// The error a failed request to `peer` means: the peer gone (and
@@ -1229,8 +1306,8 @@ impl<'c> Engine<'c> {
         }
         let tag = self.tag();
         let at = self.layout.scratch() + SCRATCH_PROBE;
-        let control = self.peers[peer as usize].control;
-        let remote = control.at(self.layout.scratch());
+        // The first word of this rank's block there: what it may read.
+        let remote = self.peers[peer as usize].block.at(0);
         let Engine {
             qp,
             cq,
@@ -1492,13 +1569,26 @@ impl<'c> Engine<'c> {
     }
 }
 
+/// [`Engine::peer_at`] for rank `rank`'s engine of layout `layout`.
+fn peer_address(layout: &Layout, rank: u32, peer: &Peer, offset: u64) -> RemoteAddress {
+    let block = layout.block_start(rank);
+    let (collectives, bytes) = layout.collectives();
+    if (block..block + layout.block_bytes()).contains(&offset) {
+        peer.block.at(offset - block)
+    } else if (collectives..collectives + bytes).contains(&offset) {
+        peer.collective.at(offset - collectives)
+    } else {
+        panic!("offset {offset} lies in no window of a peer open to this rank")
+    }
+}
+
 fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N]> {
     record
         .get(at..at + N)
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| Error::BadPeerRecord {
             rank: rank as u32,
-            why: format!("{} bytes, {RECORD_BYTES} expected", record.len()),
+            why: format!("{} bytes, {} expected at least", record.len(), at + N),
         })
 }
 
@@ -1528,10 +1618,8 @@ pub(crate) fn post_entries(
 /// index the sender named (for an any-index receive) and then, fenced, the
 /// done word, which completes the group tagged `tag`.
 pub(crate) struct SendTail {
-    /// The receiver's control window.
-    pub(crate) control: RemoteWindow,
-    /// Offset of the done word there (the index word follows it).
-    pub(crate) done_at: u64,
+    /// The done word at the receiver (the index word follows it).
+    pub(crate) done: RemoteAddress,
     /// The index, for an any-index receive.
     pub(crate) any_tag_index: Option<u32>,
     /// The done word.
@@ -1554,10 +1642,16 @@ impl SendTail {
             let bytes = u64::from(index).to_le_bytes();
             let local = stage(memory, region, scratch, SCRATCH_INDEX, &bytes)?;
             entries.push(
-                Write::new(local, self.control.at(self.done_at + 8))
-                    .build()
-                    .inline()
-                    .user_data(self.tag | PART_BIT),
+                Write::new(
+                    local,
+                    RemoteAddress {
+                        offset: self.done.offset + 8,
+                        ..self.done
+                    },
+                )
+                .build()
+                .inline()
+                .user_data(self.tag | PART_BIT),
             );
         }
         let local = stage(
@@ -1568,7 +1662,7 @@ impl SendTail {
             &self.word.to_le_bytes(),
         )?;
         entries.push(
-            Write::new(local, self.control.at(self.done_at))
+            Write::new(local, self.done)
                 .build()
                 .inline()
                 .fence()
@@ -1617,15 +1711,18 @@ impl Engine<'_> {
     pub(crate) fn write_words(&mut self, peer: u32, writes: &[(u64, &[u8])]) -> Result<u64> {
         let tag = self.tag();
         let scratch = self.layout.scratch();
-        let control = self.peers[peer as usize].control;
         let Engine {
             qp,
             cq,
             completions,
             control: window,
             control_memory,
+            layout,
+            rank,
+            peers,
             ..
         } = self;
+        let target = &peers[peer as usize];
         let region = window.region();
         let mut entries: Vec<Entry<'_>> = Vec::with_capacity(writes.len());
         let mut staged = SCRATCH_COLLECTIVE;
@@ -1633,7 +1730,8 @@ impl Engine<'_> {
             debug_assert!(bytes.len() <= MAX_INLINE as usize);
             let local = stage(control_memory, region, scratch, staged, bytes)?;
             staged += bytes.len().next_multiple_of(8) as u64;
-            let entry = Write::new(local, control.at(at)).build().inline();
+            let remote = peer_address(layout, *rank, target, at);
+            let entry = Write::new(local, remote).build().inline();
             entries.push(if i + 1 == writes.len() {
                 entry.fence().user_data(tag).signaled()
             } else {

@@ -1,9 +1,12 @@
 //! Where each shared word lives in a rank's control memory.
 //!
-//! Every rank exposes one control area to its peers through one window.
-//! For each communicator context `c`, each peer `p` (world rank) and each
-//! slot index `i` it holds, at the slot's number `((c * ranks) + p) *
-//! slots + i`:
+//! A rank's control memory starts with one **block per peer** (world
+//! rank `p`, itself included), holding every word that peer, and only
+//! that peer, writes into this rank; each block is exposed through a
+//! window bound to that peer's port alone, so no rank can write, or
+//! read, another peer's words. Block `p` holds, for each communicator
+//! context `c` and slot index `i`, at the slot's number `((p * contexts)
+//! + c) * slots + i` (its position in the block: `c * slots + i`):
 //!
 //! * a **match record** (32 bytes) that peer `p` writes when it posts a
 //!   receive from this rank on slot `i`: the receive buffer's window key,
@@ -16,16 +19,19 @@
 //!   is written after the body, by a fenced write, as one aligned 8-byte
 //!   store.
 //!
-//! Then the any-source area: for each context and each peer, a ring of
-//! [`ANY_ENTRIES`] entries of [`ANY_ENTRY_BYTES`] that the peer fills and
-//! this rank drains, and one credit word per peer the peer's receiver side
-//! writes back. Then the collective area: for each context,
-//! [`COLLECTIVE_WORDS`] flag words (barrier rounds, tree arrival and
-//! release, reduction step epochs) and the data areas of small
-//! reductions ([`COLLECTIVE_STEPS`] steps, two parities each, of
-//! [`COLLECTIVE_DATA_BYTES`]); every word of it has one writer per
-//! collective call. Last comes scratch memory this rank alone uses
-//! (inline payloads are staged there before posting).
+//! then, for each context, the any-source ring of [`ANY_ENTRIES`] entries
+//! of [`ANY_ENTRY_BYTES`] that the peer fills and this rank drains, and
+//! the credit words the peer's receiver side writes back, one per
+//! context.
+//!
+//! After the blocks comes the collective area, exposed to every rank of
+//! the job through one window: for each context, [`COLLECTIVE_WORDS`]
+//! flag words (barrier rounds, tree arrival and release, reduction step
+//! epochs) and the data areas of small reductions ([`COLLECTIVE_STEPS`]
+//! steps, two parities each, of [`COLLECTIVE_DATA_BYTES`]); every word of
+//! it has one writer per collective call, which the epochs check. Last
+//! comes scratch memory no window exposes (inline payloads are staged
+//! there before posting).
 
 /// Bytes of a match record.
 pub const MATCH_RECORD_BYTES: u64 = 32;
@@ -163,35 +169,61 @@ impl Layout {
         u64::from(self.contexts) * u64::from(self.ranks) * u64::from(self.slots)
     }
 
+    /// Slots of one peer (every context).
+    fn peer_slots(&self) -> u64 {
+        u64::from(self.contexts) * u64::from(self.slots)
+    }
+
     /// The slot number of (`context`, `peer`, `index`).
     pub fn slot(&self, context: u32, peer: u32, index: u32) -> u64 {
-        (u64::from(context) * u64::from(self.ranks) + u64::from(peer)) * u64::from(self.slots)
+        (u64::from(peer) * u64::from(self.contexts) + u64::from(context)) * u64::from(self.slots)
             + u64::from(index)
+    }
+
+    /// The (context, peer, index) of slot number `slot`.
+    pub fn slot_parts(&self, slot: u64) -> (u32, u32, u32) {
+        let index = slot % u64::from(self.slots);
+        let context = (slot / u64::from(self.slots)) % u64::from(self.contexts);
+        let peer = slot / self.peer_slots();
+        (context as u32, peer as u32, index as u32)
+    }
+
+    /// Bytes of the match records and done words in a peer's block.
+    fn slot_bytes(&self) -> u64 {
+        self.peer_slots() * (MATCH_RECORD_BYTES + DONE_WORD_BYTES)
+    }
+
+    /// Bytes of one peer's block, a multiple of 64.
+    pub fn block_bytes(&self) -> u64 {
+        let any = u64::from(self.contexts) * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8);
+        (self.slot_bytes() + any).next_multiple_of(64)
+    }
+
+    /// Where peer `peer`'s block starts.
+    pub fn block_start(&self, peer: u32) -> u64 {
+        u64::from(peer) * self.block_bytes()
     }
 
     /// Offset of the match record of slot `slot`.
     pub fn match_record(&self, slot: u64) -> u64 {
-        slot * MATCH_RECORD_BYTES
+        let (_, peer, _) = self.slot_parts(slot);
+        self.block_start(peer) + slot % self.peer_slots() * MATCH_RECORD_BYTES
     }
 
     /// Offset of the done word of slot `slot`.
     pub fn done_word(&self, slot: u64) -> u64 {
-        self.slot_count() * MATCH_RECORD_BYTES + slot * DONE_WORD_BYTES
-    }
-
-    fn any_start(&self) -> u64 {
-        self.slot_count() * (MATCH_RECORD_BYTES + DONE_WORD_BYTES)
-    }
-
-    fn rings(&self) -> u64 {
-        u64::from(self.contexts) * u64::from(self.ranks)
+        let (_, peer, _) = self.slot_parts(slot);
+        self.block_start(peer)
+            + self.peer_slots() * MATCH_RECORD_BYTES
+            + slot % self.peer_slots() * DONE_WORD_BYTES
     }
 
     /// Offset of entry `entry` of the any-source ring peer `peer` fills in
     /// context `context`.
     pub fn any_entry(&self, context: u32, peer: u32, entry: u64) -> u64 {
-        let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
-        self.any_start() + (ring * ANY_ENTRIES + entry % ANY_ENTRIES) * ANY_ENTRY_BYTES
+        self.block_start(peer)
+            + self.slot_bytes()
+            + (u64::from(context) * ANY_ENTRIES + entry % ANY_ENTRIES) * ANY_ENTRY_BYTES
     }
 
     /// Offset of the credit word peer `peer` writes in context `context`:
@@ -199,8 +231,10 @@ impl Layout {
     /// drained, and how many of this rank's rendezvous messages it has
     /// read ([`any_credit_word`]).
     pub fn any_credit(&self, context: u32, peer: u32) -> u64 {
-        let ring = u64::from(context) * u64::from(self.ranks) + u64::from(peer);
-        self.any_start() + self.rings() * ANY_ENTRIES * ANY_ENTRY_BYTES + ring * 8
+        self.block_start(peer)
+            + self.slot_bytes()
+            + u64::from(self.contexts) * ANY_ENTRIES * ANY_ENTRY_BYTES
+            + u64::from(context) * 8
     }
 
     /// Offset of the scratch memory.
@@ -214,10 +248,19 @@ impl Layout {
     }
 }
 
-/// The collective area (after the any-source area, before scratch).
+/// The collective area (after the peers' blocks, before scratch).
 impl Layout {
     fn collective_start(&self) -> u64 {
-        self.any_start() + self.rings() * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8)
+        u64::from(self.ranks) * self.block_bytes()
+    }
+
+    /// The range of every context's collective area together, the one
+    /// window open to every rank: offset and bytes.
+    pub fn collectives(&self) -> (u64, u64) {
+        (
+            self.collective_start(),
+            u64::from(self.contexts) * COLLECTIVE_BYTES,
+        )
     }
 
     fn collective_word(&self, context: u32, word: u64) -> u64 {
@@ -297,7 +340,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn areas_do_not_overlap_and_fit() {
+    fn each_peer_block_holds_exactly_that_peers_words() {
         let layout = Layout {
             ranks: 5,
             contexts: 3,
@@ -305,15 +348,39 @@ mod tests {
         };
         let last = layout.slot(2, 4, 6);
         assert_eq!(last + 1, layout.slot_count());
-        assert!(layout.match_record(last) + MATCH_RECORD_BYTES <= layout.done_word(0));
-        assert!(layout.done_word(last) + DONE_WORD_BYTES <= layout.any_entry(0, 0, 0));
-        assert!(
-            layout.any_entry(2, 4, ANY_ENTRIES - 1) + ANY_ENTRY_BYTES <= layout.any_credit(0, 0)
-        );
-        assert!(layout.any_credit(2, 4) + 8 <= layout.scratch());
+        let mut ranges: Vec<(u64, u64, u32)> = Vec::new();
+        for peer in 0..5 {
+            for context in 0..3 {
+                for index in 0..7 {
+                    let slot = layout.slot(context, peer, index);
+                    assert_eq!(layout.slot_parts(slot), (context, peer, index));
+                    ranges.push((layout.match_record(slot), MATCH_RECORD_BYTES, peer));
+                    ranges.push((layout.done_word(slot), DONE_WORD_BYTES, peer));
+                }
+                for entry in 0..ANY_ENTRIES {
+                    ranges.push((
+                        layout.any_entry(context, peer, entry),
+                        ANY_ENTRY_BYTES,
+                        peer,
+                    ));
+                }
+                ranges.push((layout.any_credit(context, peer), 8, peer));
+            }
+        }
+        for &(at, bytes, peer) in &ranges {
+            assert_eq!(at % 8, 0);
+            let start = layout.block_start(peer);
+            assert!(at >= start && at + bytes <= start + layout.block_bytes());
+        }
+        ranges.sort_unstable();
+        for pair in ranges.windows(2) {
+            assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{pair:?} overlap");
+        }
+        assert_eq!(layout.block_bytes() % 64, 0);
+        let (collectives, bytes) = layout.collectives();
+        assert_eq!(collectives, layout.block_start(5));
+        assert_eq!(collectives + bytes, layout.scratch());
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
-        assert_eq!(layout.done_word(0) % 8, 0);
-        assert_eq!(layout.any_credit(1, 1) % 8, 0);
     }
 
     #[test]
@@ -323,7 +390,7 @@ mod tests {
             contexts: 3,
             slots: 7,
         };
-        let any_end = layout.any_credit(2, 4) + 8;
+        let any_end = layout.block_start(5);
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         for context in 0..3 {
             let (start, bytes) = layout.collective_area(context);

@@ -82,7 +82,7 @@ impl<'c> Engine<'c> {
     ) -> Result<()> {
         let bytes = data.bytes();
         let pattern = pattern.unwrap_or_else(|| Pattern::contiguous(bytes.len() as u64));
-        let control = self.peers[matched.peer as usize].control;
+        let control = self.peers[matched.peer as usize].block;
         let key = RemoteKey::try_from(matched.key).map_err(|_| Error::BadPeerRecord {
             rank: matched.peer,
             why: "a match record with key 0".into(),
@@ -97,19 +97,26 @@ impl<'c> Engine<'c> {
         let typed_receive = matched.capacity & TYPED_RECEIVE != 0;
         let capacity = matched.capacity & !TYPED_RECEIVE;
         let tag = self.tag();
-        let done_at = self.layout.done_word(matched.remote_slot);
+        let done = self.peer_at(matched.peer, self.layout.done_word(matched.remote_slot));
         let scratch = self.layout.scratch();
         self.windows.refresh(self.context);
         if typed_receive {
             // The offer: a read window over the buffer, and the pattern.
             let (window, start, window_id) = if bytes.is_empty() {
-                (self.control.remote(), self.layout.scratch(), 0)
+                // Nothing to read: a window of the receiver's, at offset 0.
+                (
+                    self.block_window_for(matched.peer),
+                    bytes.as_ptr() as u64,
+                    0,
+                )
             } else {
+                let receiver = self.peer_port(matched.peer);
                 self.windows.acquire_for(
                     self.context,
                     bytes.as_ptr() as u64,
                     bytes.len() as u64,
                     Access::REMOTE_READ,
+                    receiver,
                 )?
             };
             let encoded = pattern.encode();
@@ -161,8 +168,7 @@ impl<'c> Engine<'c> {
             };
             entries.push(offer_entry.user_data(tag | PART_BIT));
             SendTail {
-                control,
-                done_at,
+                done,
                 any_tag_index: matched.any_tag_index,
                 word: layout::done_word(matched.receive_generation, len, true),
                 tag,
@@ -216,8 +222,7 @@ impl<'c> Engine<'c> {
             entries.push(vector.build().user_data(tag | PART_BIT));
         }
         SendTail {
-            control,
-            done_at,
+            done,
             any_tag_index: matched.any_tag_index,
             word: layout::done_word(matched.receive_generation, len, false),
             tag,
@@ -296,12 +301,12 @@ impl<'c> Engine<'c> {
 
     /// The slot index of `slot`.
     fn slot_index(&self, slot: u64) -> u32 {
-        (slot % u64::from(self.layout.slots)) as u32
+        self.layout.slot_parts(slot).2
     }
 
     fn post_typed_read(&mut self, slot: u64, peer: u32, len: u64) -> Result<Option<u64>> {
         let tag = self.tag();
-        let control = self.peers[peer as usize].control;
+        let control = self.peers[peer as usize].block;
         let Engine {
             slots,
             qp,
@@ -384,12 +389,11 @@ impl<'c> Engine<'c> {
         else {
             return;
         };
-        let peer = self.slot_peer(slot);
-        let context = (slot / u64::from(self.layout.slots) / u64::from(self.layout.ranks)) as u32;
-        let record =
-            self.layout
-                .match_record(self.layout.slot(context, self.rank, self.slot_index(slot)));
-        let remote = self.peers[peer as usize].control.at(record);
+        let (context, peer, index) = self.layout.slot_parts(slot);
+        let record = self
+            .layout
+            .match_record(self.layout.slot(context, self.rank, index));
+        let remote = self.peer_at(peer, record);
         let word = READ_NOTICE | generation;
         if let Err(err) = self.write_small(peer, SCRATCH_NOTICE, &word.to_le_bytes(), remote, true)
         {

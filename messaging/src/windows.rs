@@ -1,20 +1,25 @@
 //! Windows over receive buffers, kept bound for reuse.
 //!
-//! A receive hands its sender a window over the receive buffer. Binding
-//! one is a request to the device; receiving into the same buffer again
-//! (the common case: a loop over the same arrays) finds the window bound
-//! already. Entries in use by a posted receive are never evicted; idle
-//! ones go least recently used first once the cache is full. A window
-//! covers exactly the buffer it was bound for (or a larger one that
-//! contains it), never the memory around it.
+//! A receive hands its sender a window over the receive buffer, bound
+//! for the sender's port alone. Binding one is a request to the device;
+//! receiving into the same buffer from the same peer again (the common
+//! case: a loop over the same arrays) finds the window bound already.
+//! Entries in use by a posted receive are never evicted; idle ones go
+//! least recently used first once the cache is full, and with a capacity
+//! of 0 none is kept: each is revoked as its last receive completes. A
+//! window covers exactly the buffer it was bound for (or a larger one,
+//! bound for the same peer, that contains it), never the memory around
+//! it.
 
 use pindown_driver::verbs::{Context, RegionWindow, RemoteWindow, VerbsError};
-use pindown_uapi::Access;
+use pindown_uapi::{Access, PortAddress};
 
 use crate::error::Result;
 
 struct Entry<'c> {
     id: u64,
+    /// The only port the window lets in.
+    peer: PortAddress,
     access: Access,
     start: u64,
     len: u64,
@@ -45,7 +50,7 @@ impl<'c> WindowCache<'c> {
     pub(crate) fn new(capacity: usize) -> Self {
         WindowCache {
             entries: Vec::new(),
-            capacity: capacity.max(1),
+            capacity,
             clock: 0,
             next_id: 0,
             hits: 0,
@@ -62,22 +67,28 @@ impl<'c> WindowCache<'c> {
         context: &'c Context,
         addr: u64,
         len: u64,
+        peer: PortAddress,
     ) -> Result<(RemoteWindow, u64, u64)> {
-        self.acquire_for(context, addr, len, Access::REMOTE_WRITE)
+        self.acquire_for(context, addr, len, Access::REMOTE_WRITE, peer)
     }
 
-    /// [`acquire`](Self::acquire) a window granting `access`.
+    /// [`acquire`](Self::acquire) a window granting `access` to `peer`.
     pub(crate) fn acquire_for(
         &mut self,
         context: &'c Context,
         addr: u64,
         len: u64,
         access: Access,
+        peer: PortAddress,
     ) -> Result<(RemoteWindow, u64, u64)> {
         self.clock += 1;
         self.refresh(context);
         if let Some(entry) = self.entries.iter_mut().rev().find(|e| {
-            !e.stale && e.access == access && e.start <= addr && addr + len <= e.start + e.len
+            !e.stale
+                && e.peer == peer
+                && e.access == access
+                && e.start <= addr
+                && addr + len <= e.start + e.len
         }) {
             entry.in_use += 1;
             entry.last_use = self.clock;
@@ -85,7 +96,7 @@ impl<'c> WindowCache<'c> {
             return Ok((entry.window.remote(), entry.start, entry.id));
         }
         self.misses += 1;
-        if self.entries.len() >= self.capacity {
+        if self.entries.len() >= self.capacity.max(1) {
             self.evict();
         }
         let region = match context.register(addr, len) {
@@ -94,7 +105,7 @@ impl<'c> WindowCache<'c> {
             Err(_) if self.evict_idle() > 0 => context.register(addr, len)?,
             other => other?,
         };
-        let window = match context.bind_region_window(region, 0, len, access, None) {
+        let window = match context.bind_region_window(region, 0, len, access, Some(peer)) {
             Err(VerbsError::ReadOnlyMemory { .. }) if access.contains(Access::REMOTE_WRITE) => {
                 // The registration says read-only, yet the memory is the
                 // caller's writable buffer: an old registration of memory
@@ -103,7 +114,7 @@ impl<'c> WindowCache<'c> {
                 self.forget_range(addr, len);
                 context.invalidate(addr, len);
                 let region = context.register(addr, len)?;
-                context.bind_region_window(region, 0, len, access, None)?
+                context.bind_region_window(region, 0, len, access, Some(peer))?
             }
             other => other?,
         };
@@ -111,6 +122,7 @@ impl<'c> WindowCache<'c> {
         self.next_id += 1;
         self.entries.push(Entry {
             id: self.next_id,
+            peer,
             access,
             start: addr,
             len,
@@ -174,7 +186,7 @@ impl<'c> WindowCache<'c> {
         if let Some(at) = self.entries.iter().position(|e| e.id == id) {
             let entry = &mut self.entries[at];
             entry.in_use = entry.in_use.saturating_sub(1);
-            if entry.stale && entry.in_use == 0 {
+            if (entry.stale || self.capacity == 0) && entry.in_use == 0 {
                 let entry = self.entries.remove(at);
                 if let Err(err) = entry.window.revoke() {
                     tracing::warn!("revoking a stale receive window failed: {err}");

@@ -170,3 +170,23 @@ fn forged_collective_epochs_fail_the_collectives_instead_of_passing_them() {
     // A barrier and a small allreduce, each refused naming rank 1.
     assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
 }
+
+#[test]
+fn a_leaked_key_lets_no_third_rank_write_another_peers_words() {
+    let lines = passes(3, "leaked-key", &[]);
+    // Rank 2's writes through the keys rank 0 bound for rank 1 (its
+    // block, a receive buffer) refused; rank 0's receives from rank 1
+    // then got rank 1's bytes, whole.
+    assert_eq!(checked(&lines[2]), 2, "{}", lines[2]);
+    assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
+}
+
+#[test]
+fn with_no_window_cache_a_sender_cannot_write_after_the_receive_returned() {
+    let lines = passes(2, "late-write", &["--window-cache", "0"]);
+    // Rank 0's buffer, read again after rank 1's late write was refused.
+    assert_eq!(checked(&lines[0]), 1, "{}", lines[0]);
+    // Cached (the default), the write lands: the limit the README states.
+    let cached = passes(2, "late-write", &[]);
+    assert_eq!(checked(&cached[0]), 0, "{}", cached[0]);
+}
