@@ -277,10 +277,10 @@ pub trait Transport: Send + Sync {
         None
     }
 
-    /// A descriptor that polls as hung up (`POLLHUP`) once the device has
-    /// closed the connection, its process gone: waits for its answers end
-    /// then instead of at their timeout. `None` when the transport has no
-    /// such descriptor.
+    /// A descriptor that polls as hung up (`POLLHUP`, `POLLRDHUP` or
+    /// `POLLERR`) once the device has closed the connection, its process
+    /// gone: waits for its answers end then instead of at their timeout.
+    /// `None` when the transport has no such descriptor.
     fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }

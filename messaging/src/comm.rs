@@ -119,7 +119,12 @@ impl<'c> Messenger<'c> {
     /// ([`control_layout`](Self::control_layout)).
     #[doc(hidden)]
     pub fn write_peer_control(&self, peer: u32, offset: u64, bytes: &[u8]) -> Result<()> {
-        let remote = self.engine.borrow().peer_at(peer, offset);
+        let remote = self.engine.borrow().try_peer_at(peer, offset);
+        let remote = remote.ok_or_else(|| {
+            Error::Unsuitable(format!(
+                "offset {offset} lies in no window of a peer open to this rank"
+            ))
+        })?;
         self.write_forged(peer, remote, bytes)
     }
 

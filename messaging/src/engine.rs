@@ -277,16 +277,19 @@ pub(crate) struct Engine<'c> {
 const RECORD_BYTES: usize = 28;
 /// Its key.
 const RECORD_KEY: &str = "pindown-messaging";
-/// The key of a rank's block keys: the key of the window over each
-/// peer's block, in rank order (8 bytes each).
-const BLOCK_KEYS_KEY: &str = "pindown-messaging-blocks";
+/// The launcher key under which a rank publishes the key of the window
+/// over `peer`'s block (8 bytes), for `peer` alone to get.
+fn block_key_name(peer: u32) -> String {
+    format!("pindown-messaging-for-{peer}")
+}
 
 impl<'c> Engine<'c> {
     /// Sets up this rank: control memory, its windows (one over the
     /// collective area, open to every rank, and one over each peer's
     /// block, bound for that peer's port), the queue pair, and every
     /// rank's windows through the launcher: first every rank's port and
-    /// collective window, then the keys of the blocks bound for each.
+    /// collective window, then, from each rank, the key of the block it
+    /// bound for this one.
     pub(crate) fn new(context: &'c Context, job: &mut Job, config: Config) -> Result<Self> {
         let config = Config {
             slots: config.slots.max(1),
@@ -343,9 +346,9 @@ impl<'c> Engine<'c> {
             collective_windows.push(window);
         }
         // One window per peer over the words that peer writes, bound for
-        // its port alone; each registration is a pin-down cache hit.
+        // its port alone; each registration is a pin-down cache hit. Its
+        // key is published for that peer to get: O(ranks) per rank.
         let mut blocks = Vec::with_capacity(collective_windows.len());
-        let mut block_keys = Vec::with_capacity(8 * collective_windows.len());
         for (peer, window) in collective_windows.iter().enumerate() {
             let region = context.register_buffer(&control_memory)?;
             let port = pindown_uapi::PortAddress {
@@ -359,24 +362,21 @@ impl<'c> Engine<'c> {
                 access,
                 Some(port),
             )?;
-            block_keys.extend_from_slice(&block.remote().key.0.to_le_bytes());
+            job.put(
+                &block_key_name(peer as u32),
+                &block.remote().key.0.to_le_bytes(),
+            )?;
             blocks.push(block);
         }
-        let keys = job.all_gather(BLOCK_KEYS_KEY, &block_keys)?;
-        let me = job.rank() as usize;
-        let mut peers = Vec::with_capacity(keys.len());
-        for (rank, (keys, collective)) in keys.iter().zip(collective_windows).enumerate() {
-            if keys.len() != block_keys.len() {
-                return Err(Error::BadPeerRecord {
-                    rank: rank as u32,
-                    why: format!(
-                        "{} bytes of block keys, {} expected",
-                        keys.len(),
-                        block_keys.len()
-                    ),
-                });
-            }
-            let key = u64::from_le_bytes(field(keys, 8 * me, rank)?);
+        job.fence()?;
+        let me = job.rank();
+        let mut peers = Vec::with_capacity(collective_windows.len());
+        for (rank, collective) in collective_windows.into_iter().enumerate() {
+            let record = match rank as u32 == me {
+                true => blocks[rank].remote().key.0.to_le_bytes().to_vec(),
+                false => job.get(rank as u32, &block_key_name(me))?,
+            };
+            let key = u64::from_le_bytes(field(&record, 0, rank)?);
             let key = pindown_uapi::RemoteKey::try_from(key).map_err(|_| Error::BadPeerRecord {
                 rank: rank as u32,
                 why: "a block key of 0".into(),
@@ -475,6 +475,14 @@ impl<'c> Engine<'c> {
     /// or the collective window. Panics for any other offset (scratch, or
     /// another rank's block): this rank never writes there.
     pub(crate) fn peer_at(&self, peer: u32, offset: u64) -> RemoteAddress {
+        self.try_peer_at(peer, offset).unwrap_or_else(|| {
+            panic!("offset {offset} lies in no window of a peer open to this rank")
+        })
+    }
+
+    /// [`peer_at`](Self::peer_at), or `None` for an offset no window of
+    /// `peer` open to this rank reaches.
+    pub(crate) fn try_peer_at(&self, peer: u32, offset: u64) -> Option<RemoteAddress> {
         peer_address(&self.layout, self.rank, &self.peers[peer as usize], offset)
     }
 
@@ -1569,16 +1577,16 @@ impl<'c> Engine<'c> {
     }
 }
 
-/// [`Engine::peer_at`] for rank `rank`'s engine of layout `layout`.
-fn peer_address(layout: &Layout, rank: u32, peer: &Peer, offset: u64) -> RemoteAddress {
+/// [`Engine::try_peer_at`] for rank `rank`'s engine of layout `layout`.
+fn peer_address(layout: &Layout, rank: u32, peer: &Peer, offset: u64) -> Option<RemoteAddress> {
     let block = layout.block_start(rank);
     let (collectives, bytes) = layout.collectives();
     if (block..block + layout.block_bytes()).contains(&offset) {
-        peer.block.at(offset - block)
+        Some(peer.block.at(offset - block))
     } else if (collectives..collectives + bytes).contains(&offset) {
-        peer.collective.at(offset - collectives)
+        Some(peer.collective.at(offset - collectives))
     } else {
-        panic!("offset {offset} lies in no window of a peer open to this rank")
+        None
     }
 }
 
@@ -1730,7 +1738,8 @@ impl Engine<'_> {
             debug_assert!(bytes.len() <= MAX_INLINE as usize);
             let local = stage(control_memory, region, scratch, staged, bytes)?;
             staged += bytes.len().next_multiple_of(8) as u64;
-            let remote = peer_address(layout, *rank, target, at);
+            let remote = peer_address(layout, *rank, target, at)
+                .expect("collective words lie in a window open to every rank");
             let entry = Write::new(local, remote).build().inline();
             entries.push(if i + 1 == writes.len() {
                 entry.fence().user_data(tag).signaled()

@@ -336,8 +336,10 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Like [`arrivals`](Self::arrivals), but waits up to `timeout` for
     /// at least one (polling, then asleep on the admin completion
-    /// queue's eventfd); an empty list when none came. The context's own
-    /// requests (bind, revoke) wait meanwhile.
+    /// queue's eventfd); an empty list when none came, and
+    /// [`VerbsError::HungUp`] at once if the device closes its
+    /// connection. The context's own requests (bind, revoke) wait
+    /// meanwhile.
     pub fn wait_arrivals(&self, timeout: Duration) -> Result<Vec<Arrival>, VerbsError> {
         let mut admin = self.admin.lock();
         let admin = &mut *admin;

@@ -278,7 +278,8 @@ pub enum VerbsError {
     /// No completion arrived in time.
     #[error("no completion within {0:?}")]
     Timeout(Duration),
-    /// The device hung up while a wait was under way.
+    /// The device closed its connection (its process is gone) while
+    /// [`Context::wait_arrivals`] waited.
     #[error("the device closed its connection")]
     HungUp,
     /// Waiting on the completion eventfd failed.

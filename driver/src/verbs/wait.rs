@@ -38,10 +38,11 @@ pub(super) trait Awaiting {
 /// signal each ring's next completion, asleep on their eventfds until one
 /// is signalled, and so on until `timeout` has passed (then
 /// [`VerbsError::Timeout`]) or the device hangs up (then
-/// [`VerbsError::HungUp`]; looked at once a millisecond while spinning). While it spins the device signals nothing;
-/// alone on its core the thread reads its switch count once a millisecond
-/// and yields once per 200 us to probe, and sharing it, it yields between
-/// polls ([`CoreSharing`]).
+/// [`VerbsError::HungUp`]; looked at once a millisecond while spinning).
+/// While it spins the device signals nothing; alone on its core the
+/// thread reads its switch count once a millisecond and yields once per
+/// 200 us to probe, and sharing it, it yields between polls
+/// ([`CoreSharing`]).
 pub(super) fn wait_for(
     awaiting: &mut impl Awaiting,
     spin: Duration,
