@@ -91,7 +91,9 @@ impl<'c> Engine<'c> {
             node: control.node,
             port: control.port,
             key,
-            len: matched.offset + OFFER_BYTES as u64,
+            // The offset is the receiver's word: saturate, the device
+            // refuses what lies outside its window.
+            len: matched.offset.saturating_add(OFFER_BYTES as u64),
         };
         let len = pattern.len;
         let typed_receive = matched.capacity & TYPED_RECEIVE != 0;
@@ -344,8 +346,9 @@ impl<'c> Engine<'c> {
                 typed.pattern.len
             )));
         }
-        let remote_pattern = offer
-            .get(OFFER_HEADER..OFFER_HEADER + encoded_len)
+        let remote_pattern = OFFER_HEADER
+            .checked_add(encoded_len)
+            .and_then(|end| offer.get(OFFER_HEADER..end))
             .ok_or_else(|| Error::Mismatch("an offer longer than its buffer".into()))
             .and_then(|bytes| {
                 Pattern::decode(bytes, 0)
