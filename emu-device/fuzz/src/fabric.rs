@@ -346,8 +346,11 @@ pub struct World {
     buf: Vec<u8>,
     /// Print operations, deliveries and events to standard error.
     trace: bool,
-    /// Where the streams started (A's towards B, B's towards A).
-    first_seqs: (Seq, Seq),
+    /// Where each side's current life started its streams towards the
+    /// peer, and where it expects the peer's to start: 0 on a real
+    /// device, anywhere after [`Op::StartSequences`], and 0 again once
+    /// either side has taken a restart of the other.
+    origins: [(Seq, Seq); 2],
 }
 
 fn config() -> Config {
@@ -404,7 +407,7 @@ impl World {
             ledgers: Default::default(),
             buf: vec![0; HEADER_LEN + Config::MTU_PAYLOAD + 64],
             trace: false,
-            first_seqs: (0, 0),
+            origins: [(0, 0); 2],
         }
     }
 
@@ -427,10 +430,8 @@ impl World {
                 break;
             };
             if let (Op::StartSequences { a_to_b, b_to_a }, true) = (&op, first) {
-                world.first_seqs = (*a_to_b, *b_to_a);
-                for side in [0, 1] {
-                    world.start_where_expected(side);
-                }
+                world.start_at(0, (*a_to_b, *b_to_a));
+                world.start_at(1, (*b_to_a, *a_to_b));
             }
             if trace {
                 eprintln!("{op:?}");
@@ -439,15 +440,11 @@ impl World {
         }
     }
 
-    /// Starts `side`'s streams where the input's first operation put them.
-    fn start_where_expected(&mut self, side: usize) {
-        let (a_to_b, b_to_a) = self.first_seqs;
-        let (own, theirs) = if side == 0 {
-            (a_to_b, b_to_a)
-        } else {
-            (b_to_a, a_to_b)
-        };
-        self.endpoints[side].start_sequences_at(NODES[1 - side], own, theirs);
+    /// Starts `side`'s streams at `origin`: its own towards the peer, and
+    /// where it expects the peer's.
+    fn start_at(&mut self, side: usize, origin: (Seq, Seq)) {
+        self.endpoints[side].start_sequences_at(NODES[1 - side], origin.0, origin.1);
+        self.origins[side] = origin;
     }
 
     /// Carries out one operation and checks what came of it.
@@ -529,11 +526,13 @@ impl World {
     fn restart(&mut self, side: usize) {
         self.incarnations[side] += 1;
         self.endpoints[side] = endpoint(side, self.incarnations[side]);
+        self.origins[side] = (0, 0);
         if self.endpoints[1 - side].peer_incarnation(NODES[side]) == Some(0) {
-            // The peer has not heard from this side yet: its streams are
-            // where they started, and so are the new life's (both sides
-            // start where the other expects, as at 0 on real devices).
-            self.start_where_expected(side);
+            // The peer has not heard from this side yet: the new life
+            // starts where the peer expects (both sides always agree, as
+            // at 0 on real devices).
+            let (theirs, own) = self.origins[1 - side];
+            self.start_at(side, (own, theirs));
         }
         self.ledgers[side] = Ledger::default();
     }
@@ -768,6 +767,7 @@ impl World {
                         if matches!(event, Event::PeerRestarted { .. }) {
                             // Seqs start again from 0 in both directions.
                             *ledger = Ledger::default();
+                            self.origins[side] = (0, 0);
                         }
                     }
                     Event::PeerAbandoned { .. } => {}
