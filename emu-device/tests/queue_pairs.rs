@@ -371,6 +371,8 @@ fn regions_and_windows_end_explicitly_with_errors_reported_or_when_dropped() {
     assert!(error.to_string().contains("control_timeout"), "{error}");
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
+    let mut idle_cq = owner.create_completion_queue();
+    let idle_qp = owner.create_queue_pair(&mut idle_cq).unwrap();
 
     // A window dropped once the device is gone: the revoke cannot be
     // answered; the drop logs and counts it, at once (the device's
@@ -388,6 +390,15 @@ fn regions_and_windows_end_explicitly_with_errors_reported_or_when_dropped() {
         error.to_string().contains("closed its connection"),
         "{error}"
     );
+    // A wait for completions that can no longer come ends at once too.
+    let started = std::time::Instant::now();
+    let error = idle_cq
+        .wait(Duration::from_secs(10))
+        .map(|ready| ready.count())
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(matches!(error, VerbsError::HungUp), "{error}");
+    drop(idle_qp);
 }
 
 /// Binds a read window over all of `region`.

@@ -106,10 +106,11 @@ impl<'c, T: Transport + 'static> CompletionQueue<'c, T> {
     }
 
     /// Waits until at least one completion is ready (or `timeout` passes:
-    /// [`VerbsError::Timeout`]), then yields those ready, as
-    /// [`poll`](Self::poll) does. Polls for the context's
-    /// [`spin`](super::ContextConfig::spin) first, then sleeps on the
-    /// completion rings' eventfds.
+    /// [`VerbsError::Timeout`]; or the device closes its connection, its
+    /// process gone: [`VerbsError::HungUp`] at once, since no completion
+    /// can come), then yields those ready, as [`poll`](Self::poll) does.
+    /// Polls for the context's [`spin`](super::ContextConfig::spin) first,
+    /// then sleeps on the completion rings' eventfds.
     pub fn wait(&mut self, timeout: Duration) -> Result<Completions<'_>, VerbsError> {
         let spin = self.context.spin;
         wait_for(self, spin, timeout)?;
@@ -176,6 +177,10 @@ impl<T: Transport + 'static> Awaiting for CompletionQueue<'_, T> {
             .iter_mut()
             .map(|member| &mut member.ring)
             .collect()
+    }
+
+    fn hangup_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.context.transport.hangup_fd()
     }
 }
 

@@ -279,7 +279,7 @@ pub enum VerbsError {
     #[error("no completion within {0:?}")]
     Timeout(Duration),
     /// The device closed its connection (its process is gone) while
-    /// [`Context::wait_arrivals`] waited.
+    /// [`CompletionQueue::wait`] or [`Context::wait_arrivals`] waited.
     #[error("the device closed its connection")]
     HungUp,
     /// Waiting on the completion eventfd failed.
