@@ -22,7 +22,11 @@
 //! per-(source, tag) order, fairness, truncation and that domains and
 //! communicators stay apart) and `any-source-death` (the last rank dies in
 //! the middle of a rendezvous send; rank 0's `recv_any` from it fails with
-//! `PeerGone`, and with 3 ranks or more rank 1's `send_any` to it too).
+//! `PeerGone`, and with 3 ranks or more rank 1's `send_any` to it too),
+//! and `any-flood` (every rank but 0 sends rank 0 more any-source messages
+//! than `--unexpected N` lets wait while its only receive asks for
+//! another tag: the queue stays within N per sender, the senders are held
+//! back, and every message then arrives in order).
 //!
 //! Scenarios: `pingpong` (blocking and nonblocking, 0 B to 4 MiB, FMPL's
 //! (peer, index) waits, persistent requests), `timeout-switch` (buffered,
@@ -134,11 +138,21 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
             .parse()
             .map_err(|e| format!("--window-cache {windows}: {e}"))?;
     }
-    let messenger = Messenger::new(&context, job, config).map_err(|e| e.to_string())?;
+    if let Some(limit) = args
+        .iter()
+        .position(|a| a == "--unexpected")
+        .and_then(|i| args.get(i + 1))
+    {
+        config.unexpected_per_sender = limit
+            .parse()
+            .map_err(|e| format!("--unexpected {limit}: {e}"))?;
+    }
+    let messenger = Messenger::new(&context, job, config.clone()).map_err(|e| e.to_string())?;
     let world = messenger.world();
     let tally = match scenario {
         "any-source" => any_source(&world),
         "any-source-death" => any_source_death(&world),
+        "any-flood" => any_flood(&messenger, &world, &config),
         "pingpong" => pingpong(&messenger, &world),
         "timeout-switch" => timeout_switch(&messenger, &world),
         "send-first" => send_first(&messenger, &world),
@@ -964,6 +978,103 @@ fn any_source(world: &Communicator<'_>) -> Outcome {
     Ok(tally)
 }
 
+/// Messages each sender of `any-flood` sends that no receive asks for
+/// until later.
+const FLOOD: u64 = 40;
+
+/// Every rank but 0 sends rank 0 [`FLOOD`] any-source messages with tag 1
+/// and then one with tag 2. Rank 0 posts a receive for tag 2 only and
+/// progresses for a while: its unexpected queue must hold at most
+/// `Config::unexpected_per_sender` messages of each sender, and the
+/// senders must have been held back (their sends waiting). Then it
+/// receives the tag-1 messages, each sender's in order and byte-exact,
+/// and the tag-2 ones: nothing lost, the senders released.
+fn any_flood(messenger: &Messenger<'_>, world: &Communicator<'_>, config: &Config) -> Outcome {
+    let mut tally = Tally::default();
+    let (me, size) = (world.rank(), world.size());
+    let eager = pindown_messaging::layout::ANY_EAGER_BYTES;
+    let len_of = |n: u64| (1 + (n * 37 + 5) % eager) as usize;
+    if me != 0 {
+        for n in 0..=FLOOD {
+            let data = message(me, 0, 5000 + n, len_of(n));
+            let tag = if n == FLOOD { 2 } else { 1 };
+            world
+                .send_any(0, tag, &data)
+                .map_err(err("send_any flood"))?;
+            tally.checked += data.len() as u64 + 1;
+        }
+        return Ok(tally);
+    }
+    let cap = config.unexpected_per_sender.max(1);
+    let mut waiting = world
+        .irecv_any(None, Some(2), vec![0u8; eager as usize])
+        .map_err(err("irecv_any"))?;
+    let started = Instant::now();
+    let mut most = pindown_messaging::AnyBacklog::default();
+    while started.elapsed() < Duration::from_millis(500) {
+        if waiting.test().map_err(err("test"))? {
+            return Err("the tag-2 receive matched before the tag-1 flood was received".into());
+        }
+        let now = messenger.any_backlog();
+        if now.most_from_one_sender > cap {
+            return Err(format!(
+                "{} messages of one sender queued, {cap} allowed: {now:?}",
+                now.most_from_one_sender
+            ));
+        }
+        if now.messages > most.messages {
+            most = now;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let held = messenger.any_backlog().held_back;
+    let senders = u64::from(size - 1);
+    // With a cap below the flood, every sender was held back at least
+    // once, and no more than the cap of each waited.
+    if (cap as u64) < FLOOD && held < senders {
+        return Err(format!("{held} senders held back, {senders} expected"));
+    }
+    tally.checked += held;
+    tally
+        .notes
+        .push(format!("most queued: {most:?}, held back {held} times"));
+    let mut buffer = vec![0u8; eager as usize];
+    for source in 1..size {
+        for n in 0..FLOOD {
+            let got = world
+                .recv_any(Some(source), Some(1), &mut buffer)
+                .map_err(err("recv_any flood"))?;
+            let len = len_of(n);
+            if got.len != len as u64 {
+                return Err(format!(
+                    "message {n} from {source}: {} bytes, {len} sent",
+                    got.len
+                ));
+            }
+            let what = format!("flood message {n} from {source}");
+            tally.checked += check(&buffer[..len], source, 0, 5000 + n, &what)? + 1;
+        }
+    }
+    let last = |got: pindown_messaging::AnyReceived, bytes: &[u8]| -> Result<u64, String> {
+        let len = len_of(FLOOD);
+        if got.tag != 2 || got.len != len as u64 {
+            return Err(format!(
+                "last message: {got:?}, {len} bytes of tag 2 expected"
+            ));
+        }
+        check(&bytes[..len], got.source, 0, 5000 + FLOOD, "last message")
+    };
+    let (bytes, got) = waiting.wait().map_err(err("wait tag 2"))?;
+    tally.checked += last(got, &bytes)?;
+    for _ in 2..size {
+        let got = world
+            .recv_any(None, Some(2), &mut buffer)
+            .map_err(err("recv_any tag 2"))?;
+        tally.checked += last(got, &buffer)?;
+    }
+    Ok(tally)
+}
+
 fn any_source_death(world: &Communicator<'_>) -> Outcome {
     let mut tally = Tally::default();
     let (me, size) = (world.rank(), world.size());
@@ -1303,6 +1414,9 @@ fn forged_index(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
         }
         tally.checked += 1;
         let sent = message(1, 0, 0, 100);
+        // Synchronous: this rank leaves with no final barrier, so the
+        // message must not wait in its spool.
+        messenger.set_send_timeout(None);
         world
             .send(0, 2, &sent)
             .map_err(|e| format!("a send after: {e}"))?;
@@ -1509,6 +1623,8 @@ fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
                 .write_peer_control(0, layout.step_epoch(collective, step), &forged)
                 .map_err(|e| format!("forging a step word: {e}"))?;
         }
+        // Synchronous, as this rank leaves with no final barrier.
+        messenger.set_send_timeout(None);
         world
             .send(0, 1, &[])
             .map_err(|e| format!("the signal: {e}"))?;

@@ -33,7 +33,10 @@
 //!   in that order. Matching first moves what has arrived in the rings
 //!   into the unexpected queue, round robin (one entry of each sender in
 //!   turn, from the one after the last served, so no sender starves under
-//!   contention), and writes the credits back; then each posted receive,
+//!   contention; a sender with
+//!   [`Config::unexpected_per_sender`](crate::Config::unexpected_per_sender)
+//!   messages queued is skipped, so its sends wait for credits until
+//!   receives take some), and writes the credits back; then each posted receive,
 //!   oldest first, takes the first queued message it matches. Each ring is
 //!   read in order, so the messages of one (source, tag) are received in
 //!   the order they were sent (MPI's non-overtaking rule), and a message
@@ -131,6 +134,16 @@ pub(crate) struct AnyState {
     credited: Vec<u64>,
     /// Messages drained from the rings and not yet received, oldest first.
     unexpected: VecDeque<Drained>,
+    /// Per ring: its messages in `unexpected` (at most
+    /// [`Config::unexpected_per_sender`](crate::Config::unexpected_per_sender)).
+    queued: Vec<usize>,
+    /// Bytes of the eager bodies in `unexpected`.
+    queued_bytes: u64,
+    /// Per ring: whether its next entry is left there, its sender having
+    /// as many messages queued as it may.
+    held: Vec<bool>,
+    /// Times a ring started being held.
+    held_back: u64,
     /// Per context: the member whose ring the next receive looks at first.
     cursor: Vec<usize>,
     /// Writes back (credits, read-done words) whose completion nobody
@@ -180,6 +193,10 @@ impl AnyState {
             reads: vec![0; rings],
             credited: vec![0; rings],
             unexpected: VecDeque::new(),
+            queued: vec![0; rings],
+            queued_bytes: 0,
+            held: vec![false; rings],
+            held_back: 0,
             cursor: vec![0; layout.contexts as usize],
             unreaped: Vec::new(),
             unconfirmed: Vec::new(),
@@ -191,6 +208,55 @@ impl AnyState {
     fn ring(&self, context: u32, peer: u32) -> usize {
         context as usize * self.ranks as usize + peer as usize
     }
+
+    /// Queues a message drained from its ring.
+    fn enqueue(&mut self, message: Drained) {
+        let ring = self.ring(message.context, message.peer);
+        self.queued[ring] += 1;
+        if let Body::Eager(bytes) = &message.body {
+            self.queued_bytes += bytes.len() as u64;
+        }
+        self.unexpected.push_back(message);
+    }
+
+    /// Takes the queued message at `at` out of the queue.
+    fn dequeue(&mut self, at: usize) -> Drained {
+        let message = self.unexpected.remove(at).expect("a queued message");
+        let ring = self.ring(message.context, message.peer);
+        self.queued[ring] -= 1;
+        if let Body::Eager(bytes) = &message.body {
+            self.queued_bytes -= bytes.len() as u64;
+        }
+        message
+    }
+
+    /// What waits in the unexpected queue now.
+    pub(crate) fn backlog(&self) -> AnyBacklog {
+        AnyBacklog {
+            messages: self.unexpected.len(),
+            eager_bytes: self.queued_bytes,
+            most_from_one_sender: self.queued.iter().copied().max().unwrap_or(0),
+            held_back: self.held_back,
+        }
+    }
+}
+
+/// The any-source domain's unexpected queue: messages that arrived before
+/// a receive matched them ([`Messenger::any_backlog`](crate::Messenger::any_backlog)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnyBacklog {
+    /// Messages waiting.
+    pub messages: usize,
+    /// Bytes of their eager bodies (a rendezvous message's bytes stay
+    /// with its sender).
+    pub eager_bytes: u64,
+    /// The most messages waiting from one sender on one communicator
+    /// (at most [`Config::unexpected_per_sender`](crate::Config::unexpected_per_sender)).
+    pub most_from_one_sender: usize,
+    /// Times so far a sender was held back: its next message left in its
+    /// ring, that sender having as many messages waiting as it may, so
+    /// that its sends waited for this rank's receives.
+    pub held_back: u64,
 }
 
 /// How long a failed wait still waits for the device to finish with a
@@ -305,7 +371,8 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
 /// How many messages a sender's wait ([`drain_all`]) lets wait in the
 /// unexpected queue: past it, senders wait for this rank's receives again
 /// (flow control) instead of its memory growing. Posted receives still
-/// drain every ring, whatever the queue holds.
+/// drain every ring, whatever the queue holds, up to each sender's
+/// [`Config::unexpected_per_sender`](crate::Config::unexpected_per_sender).
 const UNEXPECTED_SOFT_LIMIT: usize = 4096;
 
 /// Moves the entries that have arrived in the rings of `context` into the
@@ -313,22 +380,38 @@ const UNEXPECTED_SOFT_LIMIT: usize = 4096;
 /// each ring in turn, from the ring after the last one served, so that
 /// the queue interleaves the senders and none starves. Writes the credits
 /// back.
+///
+/// A ring whose sender already has [`Config::unexpected_per_sender`]
+/// messages queued is left as it is: its sender's memory here stays
+/// bounded, and its sends wait for credits until receives take some.
+///
+/// [`Config::unexpected_per_sender`]: crate::Config::unexpected_per_sender
 fn drain(engine: &mut Engine<'_>, context: u32, limit: usize) -> Result<()> {
     let ranks = engine.any.ranks;
+    let per_sender = engine.config.unexpected_per_sender;
     let mut next = engine.any.cursor[context as usize] % ranks as usize;
     let mut idle = 0;
     while idle < ranks && engine.any.unexpected.len() < limit {
         let peer = next as u32;
         next = (next + 1) % ranks as usize;
-        match peek(engine, context, peer) {
-            Some(head) => {
-                let drained = take(engine, context, peer, head);
-                engine.any.unexpected.push_back(drained);
-                engine.any.cursor[context as usize] = next;
-                idle = 0;
+        let Some(head) = peek(engine, context, peer) else {
+            idle += 1;
+            continue;
+        };
+        let ring = engine.any.ring(context, peer);
+        if engine.any.queued[ring] >= per_sender {
+            if !engine.any.held[ring] {
+                engine.any.held[ring] = true;
+                engine.any.held_back += 1;
             }
-            None => idle += 1,
+            idle += 1;
+            continue;
         }
+        engine.any.held[ring] = false;
+        let drained = take(engine, context, peer, head);
+        engine.any.enqueue(drained);
+        engine.any.cursor[context as usize] = next;
+        idle = 0;
     }
     write_credits(engine, context)
 }
@@ -685,7 +768,7 @@ fn match_posted(engine: &mut Engine<'_>) -> Result<()> {
         else {
             continue;
         };
-        let message = engine.any.unexpected.remove(i).expect("found");
+        let message = engine.any.dequeue(i);
         // SAFETY: the owner of a posted receive keeps its buffer valid and
         // to this engine alone until it takes the receive back (see
         // `post`); the engine is borrowed mutably here, so no other

@@ -187,6 +187,13 @@ impl<'c> Messenger<'c> {
         let (hits, misses) = self.engine.borrow().windows.counts();
         WindowCacheCounts { hits, misses }
     }
+
+    /// The any-source domain's unexpected queue now: messages that
+    /// arrived before a receive matched them, and how often a sender was
+    /// held back at [`Config::unexpected_per_sender`].
+    pub fn any_backlog(&self) -> crate::AnyBacklog {
+        self.engine.borrow().any.backlog()
+    }
 }
 
 /// A group of ranks with its own matching slots: messages of one

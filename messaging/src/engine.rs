@@ -58,6 +58,14 @@ pub struct Config {
     /// none, revoking each window before its receive's wait returns, at
     /// the cost of a bind and a revoke (about 1.5 us) per receive.
     pub window_cache: usize,
+    /// Messages of one sender that may wait, received by nobody yet, in
+    /// the any-source domain's unexpected queue (an eager body takes at
+    /// most [`ANY_EAGER_BYTES`](crate::layout::ANY_EAGER_BYTES)). Past
+    /// it, that sender's further messages stay in its ring here and its
+    /// sends wait for this rank's receives, as sends do in an MPI that
+    /// buffers nothing: a sender streaming messages no one receives holds
+    /// at most this many of them in this rank's memory. 0 counts as 1.
+    pub unexpected_per_sender: usize,
 }
 
 impl Default for Config {
@@ -69,6 +77,7 @@ impl Default for Config {
             spin: Duration::ZERO,
             liveness_interval: Duration::from_millis(200),
             window_cache: 128,
+            unexpected_per_sender: 4096,
         }
     }
 }
@@ -294,6 +303,7 @@ impl<'c> Engine<'c> {
         let config = Config {
             slots: config.slots.max(1),
             communicators: config.communicators.max(1),
+            unexpected_per_sender: config.unexpected_per_sender.max(1),
             ..config
         };
         let layout = Layout {

@@ -106,4 +106,4 @@ pub fn context_config() -> ContextConfig {
 pub use error::{Error, Result};
 
 mod any_source;
-pub use any_source::{AnyReceived, AnyRecvRequest, AnyStatus};
+pub use any_source::{AnyBacklog, AnyReceived, AnyRecvRequest, AnyStatus};
