@@ -14,6 +14,8 @@
 //! their own addresses) for fabric tests:
 //! [`DeviceProcess::start_in_netns`].
 
+#[cfg(any(test, feature = "test-hooks"))]
+pub mod engine;
 pub mod netns;
 
 use std::io;
