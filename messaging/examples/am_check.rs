@@ -61,6 +61,8 @@ use pindown_messaging::gasnet::{
 };
 use serde_json::{json, Value};
 
+#[path = "scenarios/hostile_gasnet.rs"]
+mod hostile_gasnet;
 #[path = "scenarios/launcher.rs"]
 mod launcher;
 
@@ -113,6 +115,7 @@ fn rank(scenario: &str, args: &[String]) -> ExitCode {
         "fixup_bytes": counters.fixup_bytes, "bounced": counters.bounced,
         "vector_transfers": counters.vector_transfers, "gets_native": counters.gets_native,
         "gets_by_message": counters.gets_by_message, "bad_packets": counters.bad_packets,
+        "requests_held": counters.requests_held,
     });
     println!("{line}");
     if outcome.is_ok() {
@@ -144,6 +147,10 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
     if scenario == "descriptors" || (scenario == "remap-put" && arg(args, "--cache") != Some("off"))
     {
         config.descriptor_cache = Some(descriptor_config(args)?);
+    }
+    if scenario.starts_with("hostile-") {
+        config.ring_slots = 8;
+        return hostile_gasnet::run(job, &context, config, scenario, counters);
     }
     let state = Rc::new(RefCell::new(State::default()));
     let handlers = match scenario {
@@ -897,8 +904,9 @@ fn with_args(mut body: Vec<u8>, args: &[u32]) -> Vec<u8> {
     body
 }
 
-/// Bodies of malformed packets (everything after the stamp).
-fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
+/// Bodies of malformed packets (everything after the stamp), and whether
+/// each goes into the ring of replies.
+fn bad_bodies() -> Vec<(&'static str, bool, Vec<u8>)> {
     let header = |kind: u8, flags: u8, handler: u8, nargs: u8, len: u32, offset: u64| {
         let mut b = vec![kind, flags, handler, nargs];
         b.extend_from_slice(&len.to_le_bytes());
@@ -906,7 +914,7 @@ fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
         b.extend_from_slice(&[0u8; 64]);
         b
     };
-    vec![
+    let requests = vec![
         ("unregistered handler", header(0, 0, 200, 0, 0, 0)),
         ("17 arguments", header(0, 0, H_GOOD, 17, 0, 0)),
         ("medium past the slot", header(1, 0, H_GOOD, 0, 5000, 0)),
@@ -927,7 +935,25 @@ fn bad_bodies() -> Vec<(&'static str, Vec<u8>)> {
             "far barrier",
             with_args(header(0, 4, 2, 2, 0, 0), &[1000, 0]),
         ),
-    ]
+    ];
+    let mut bodies: Vec<_> = requests
+        .into_iter()
+        .map(|(what, body)| (what, false, body))
+        .collect();
+    // Rings in the wrong lane: a request among the replies (which the
+    // target consumes whatever it has queued, since replies never reply)
+    // and a reply among the requests.
+    bodies.push((
+        "request in the reply ring",
+        true,
+        header(0, 0, H_GOOD, 0, 0, 0),
+    ));
+    bodies.push((
+        "reply in the request ring",
+        false,
+        header(0, 1, H_GOOD, 0, 0, 0),
+    ));
+    bodies
 }
 
 fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
@@ -936,8 +962,9 @@ fn bad_packet(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
     if ep.rank() == 1 {
         ep.wait_until(|_| state.borrow().verified > 0)
             .map_err(|e| e.to_string())?;
-        for (_, body) in &bodies {
-            ep.send_raw_packet(0, body).map_err(|e| e.to_string())?;
+        for (_, reply_ring, body) in &bodies {
+            ep.send_raw_packet(0, *reply_ring, body)
+                .map_err(|e| e.to_string())?;
             ep.request_short(0, H_GOOD, &[])
                 .map_err(|e| e.to_string())?;
         }
@@ -1550,7 +1577,8 @@ fn forged_barrier(ep: &mut Endpoint<'_>) -> Outcome {
             body.extend_from_slice(&0u64.to_le_bytes());
             body.extend_from_slice(&[0u8; 8]);
             let body = with_args(body, &[next_epoch, 1]);
-            ep.send_raw_packet(0, &body).map_err(|e| e.to_string())?;
+            ep.send_raw_packet(0, false, &body)
+                .map_err(|e| e.to_string())?;
             ep.barrier().map_err(|e| e.to_string())?;
         }
         1 => {

@@ -157,7 +157,8 @@ fn no_rank_leaves_a_barrier_before_every_rank_entered_it() {
 #[test]
 fn malformed_packets_are_reported_and_never_run() {
     let lines = passes(2, "bad-packet", &[]);
-    let bad = 9;
+    // Nine malformed headers, and a packet in each wrong ring.
+    let bad = 11;
     assert_eq!(counter(&lines[0], "bad_packets"), bad, "{}", lines[0]);
     // The good message after each bad one ran; nothing else did.
     assert_eq!(checked(&lines[0]), bad, "{}", lines[0]);
@@ -284,4 +285,14 @@ fn hostile_peers_and_abandoned_operations_change_nothing_they_should_not() {
     ] {
         passes(ranks, scenario, args);
     }
+}
+
+#[test]
+fn a_rank_that_consumes_nothing_holds_a_ring_of_replies_and_delays_no_one_else() {
+    let lines = passes(3, "hostile-no-consume", &[]);
+    // Rank 0 failed unless it ran exactly two rings of the requests of
+    // the rank that consumes nothing, queued exactly one ring of replies
+    // to it and held the rest; rank 1 failed unless its echo came back.
+    assert!(counter(&lines[0], "requests_held") >= 1, "{}", lines[0]);
+    assert_eq!(checked(&lines[1]), 1, "{}", lines[1]);
 }

@@ -15,7 +15,8 @@
 //!   reply ([`Token::reply_short`], [`Token::reply_medium`],
 //!   [`Token::reply_long`]).
 //! * **Packets on per-pair rings in the target's memory.** Every target
-//!   holds one ring per sender of [`Config::ring_slots`] fixed slots of
+//!   holds two rings per sender, one for requests and one for replies,
+//!   each of [`Config::ring_slots`] fixed slots of
 //!   [`Config::slot_bytes`]; a packet (variable length) takes one slot. The
 //!   sender writes the packet's body into the slot, then, fenced after it,
 //!   the 8-byte stamp (the packet's sequence number on the ring): the
@@ -24,13 +25,14 @@
 //!   mirror of the target's ring in its own memory (the paper's send
 //!   buffer holding the same bytes as the receive buffer), which it reuses
 //!   only once the slot is free again.
-//! * **Credits.** The target writes how many packets of a sender it has
-//!   consumed into the sender's memory: every `ring_slots / 2` packets, and
-//!   at once when a packet says its sender has no slot left. A sender
-//!   without a free slot *stalls* ([`Counters::stalls`]): it keeps
-//!   progressing (running the handlers of what arrives, returning credits,
-//!   sending queued replies) until a slot frees. Two ranks flooding each
-//!   other both keep consuming, so neither waits forever.
+//! * **Credits.** The target writes how many packets of a sender's ring
+//!   it has consumed into the sender's memory: every `ring_slots / 2`
+//!   packets, and at once when a packet says its sender has no slot left
+//!   in that ring. A request without a free slot *stalls*
+//!   ([`Counters::stalls`]): the sender keeps progressing (running the
+//!   handlers of what arrives, returning credits, sending queued replies)
+//!   until a slot frees. Two ranks flooding each other both keep
+//!   consuming, so neither waits forever.
 //! * **PIO and DMA.** Writes of at most [`Config::pio_max`] bytes travel
 //!   inline in the work request ([`Entry::inline`](pindown_driver::verbs::opcode::Entry::inline); the paper's PIO, the
 //!   CPU storing the bytes), longer ones as DMA from registered memory.
@@ -71,9 +73,15 @@
 //! gets a [`Token`], not the endpoint, and can only reply. A request handler
 //! replies at most once; a reply handler may not reply at all
 //! ([`Token::reply_short`] fails). Replies are queued and sent when the
-//! handler has returned, before any new request, so a handler never waits
-//! for a credit: whatever the traffic, every rank that polls keeps
-//! consuming its rings, and every stalled sender is freed.
+//! handler has returned, each as soon as its target's ring of replies has
+//! a free slot, so a handler never waits for a credit and a target that
+//! consumes slowly delays no other's replies. A reply never causes a
+//! packet, so a rank consumes its rings of replies whatever it has
+//! queued, and every rank that polls frees the replies queued to it.
+//! While a ring's worth of replies to a sender waits (that sender
+//! consumes none), its requests stay in their ring ([`Counters::requests_held`])
+//! until it does: a rank that never polls holds at most two rings of
+//! replies in its peers' memory, and its own requests stall.
 //!
 //! ## Untrusted packets
 //!
@@ -518,6 +526,10 @@ pub struct Counters {
     pub gets_by_message: u64,
     /// Packets from peers refused as malformed (none of them ran).
     pub bad_packets: u64,
+    /// Times a sender's requests started being left in their ring
+    /// because this rank's replies to it, a ring's worth, waited for
+    /// slots there (it consumed none of them).
+    pub requests_held: u64,
 }
 
 /// Offsets of one rank's memory: the part every peer reaches through one
@@ -560,9 +572,9 @@ impl Layout {
         let bounce_at = segment.next_multiple_of(64);
         let bounce_bytes = config.get_bounce_bytes as u64;
         let rings_at = (bounce_at + bounce_bytes).next_multiple_of(64);
-        let ring_bytes = ranks * ring_slots * slot_bytes;
+        let ring_bytes = ranks * LANES * ring_slots * slot_bytes;
         let credits_at = rings_at + ring_bytes;
-        let exposed = credits_at + 8 * ranks;
+        let exposed = credits_at + 8 * LANES * ranks;
         let staging_at = exposed.next_multiple_of(4096);
         let scratch_at = staging_at + ring_bytes;
         Layout {
@@ -579,30 +591,70 @@ impl Layout {
         }
     }
 
-    /// Offset of slot `slot` of `sender`'s ring (in the target's memory).
-    fn ring_slot(&self, sender: u32, slot: u64) -> u64 {
-        self.rings_at + (u64::from(sender) * self.ring_slots + slot) * self.slot_bytes
+    /// Offset of slot `slot` of `sender`'s ring of `lane` (in the
+    /// target's memory); a sender's two rings are adjacent, requests
+    /// first.
+    fn ring_slot(&self, sender: u32, lane: Lane, slot: u64) -> u64 {
+        self.rings_at + self.lane_slot(sender, lane, slot)
     }
 
-    /// Bytes of one sender's ring.
-    fn ring_bytes(&self) -> u64 {
+    /// Where slot `slot` of `peer`'s ring of `lane` lies among the rings
+    /// of every peer (the same numbering serves the target's rings and
+    /// the sender's mirrors).
+    fn lane_slot(&self, peer: u32, lane: Lane, slot: u64) -> u64 {
+        ((u64::from(peer) * LANES + lane as u64) * self.ring_slots + slot) * self.slot_bytes
+    }
+
+    /// Bytes of one ring.
+    fn lane_bytes(&self) -> u64 {
         self.ring_slots * self.slot_bytes
     }
 
-    /// Offset of this rank's credit word for `target` (written by
-    /// `target`).
-    fn credit_word(&self, target: u32) -> u64 {
-        self.credits_at + 8 * u64::from(target)
+    /// Bytes of one sender's two rings.
+    fn ring_bytes(&self) -> u64 {
+        LANES * self.lane_bytes()
     }
 
-    /// Offset of the mirror of slot `slot` of this rank's ring at `target`.
-    fn staging_slot(&self, target: u32, slot: u64) -> u64 {
-        self.staging_at + (u64::from(target) * self.ring_slots + slot) * self.slot_bytes
+    /// Offset of this rank's credit word for its ring of `lane` at
+    /// `target` (written by `target`); the two words of a target are
+    /// adjacent, requests first.
+    fn credit_word(&self, target: u32, lane: Lane) -> u64 {
+        self.credits_at + 8 * (LANES * u64::from(target) + lane as u64)
+    }
+
+    /// Offset of the mirror of slot `slot` of this rank's ring of `lane`
+    /// at `target`.
+    fn staging_slot(&self, target: u32, lane: Lane, slot: u64) -> u64 {
+        self.staging_at + self.lane_slot(target, lane, slot)
+    }
+}
+
+/// The two rings a sender has at each target. Replies never cause a
+/// packet (a reply handler may not reply), so a target consumes its reply
+/// rings whatever it has queued; it leaves a sender's requests in their
+/// ring while its own replies to that sender wait for slots, so that a
+/// sender that consumes nothing holds at most a ring of replies here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Request = 0,
+    Reply = 1,
+}
+
+/// Rings per (sender, target): [`Lane`]s.
+const LANES: u64 = 2;
+
+impl Lane {
+    /// The lane a packet with `flags` travels in.
+    fn of(flags: u8) -> Lane {
+        match flags & FLAG_REPLY {
+            0 => Lane::Request,
+            _ => Lane::Reply,
+        }
     }
 }
 
 /// What reaches a peer: its shared window (segment, bounce area), its
-/// ring for this rank, and its credit word for this rank.
+/// rings for this rank, and its credit words for this rank.
 #[derive(Clone, Copy, Debug)]
 struct PeerWindows {
     shared: RemoteWindow,
@@ -732,16 +784,21 @@ pub struct Endpoint<'c> {
     rank: u32,
     size: u32,
     peers: Vec<PeerWindows>,
-    /// Packets sent to each target (the last sequence number).
-    sent: Vec<u64>,
-    /// Packets consumed from each sender.
-    consumed: Vec<u64>,
-    /// The consumed count last written back to each sender.
-    returned: Vec<u64>,
-    /// Senders owed a credit write at once (a packet asked).
-    credit_due: Vec<bool>,
+    /// Packets sent to each target, by [`Lane`] (the last sequence
+    /// number).
+    sent: Vec<[u64; 2]>,
+    /// Packets consumed from each sender, by lane.
+    consumed: Vec<[u64; 2]>,
+    /// The consumed counts last written back to each sender, by lane.
+    returned: Vec<[u64; 2]>,
+    /// Senders' rings owed a credit write at once (a packet asked).
+    credit_due: Vec<[bool; 2]>,
     handlers: Handlers,
-    outgoing: VecDeque<Outgoing>,
+    /// Replies (and the library's answers) waiting for a slot, by target.
+    outgoing: Vec<VecDeque<Outgoing>>,
+    /// Senders whose requests are left in their ring now
+    /// ([`Counters::requests_held`]).
+    holding: Vec<bool>,
     /// A copy of the slot being handled, and the medium library buffer.
     slot_copy: Vec<u8>,
     args: Vec<u32>,
@@ -841,8 +898,11 @@ impl<'c> Endpoint<'c> {
                 port: peer[0].port,
             });
             for (at, len) in [
-                (layout.ring_slot(rank as u32, 0), layout.ring_bytes()),
-                (layout.credit_word(rank as u32), 8),
+                (
+                    layout.ring_slot(rank as u32, Lane::Request, 0),
+                    layout.ring_bytes(),
+                ),
+                (layout.credit_word(rank as u32, Lane::Request), 8 * LANES),
             ] {
                 let region = context.register_buffer(&memory)?;
                 let pair =
@@ -884,12 +944,13 @@ impl<'c> Endpoint<'c> {
             rank: job.rank(),
             size,
             peers,
-            sent: vec![0; n],
-            consumed: vec![0; n],
-            returned: vec![0; n],
-            credit_due: vec![false; n],
+            sent: vec![[0; 2]; n],
+            consumed: vec![[0; 2]; n],
+            returned: vec![[0; 2]; n],
+            credit_due: vec![[false; 2]; n],
             handlers,
-            outgoing: VecDeque::new(),
+            outgoing: (0..n).map(|_| VecDeque::new()).collect(),
+            holding: vec![false; n],
             slot_copy: vec![0; config.slot_bytes as usize],
             args: Vec::with_capacity(MAX_ARGS),
             stash: Vec::new(),
@@ -1117,19 +1178,21 @@ impl<'c> Endpoint<'c> {
         Ok(())
     }
 
-    /// Free slots in this rank's ring at `target`, from the consumed count
-    /// `target` wrote back (never believed beyond what was sent).
-    fn free_slots(&self, target: u32) -> u64 {
-        let sent = self.sent[target as usize];
+    /// Free slots in this rank's ring of `lane` at `target`, from the
+    /// consumed count `target` wrote back (never believed beyond what was
+    /// sent).
+    fn free_slots(&self, target: u32, lane: Lane) -> u64 {
+        let sent = self.sent[target as usize][lane as usize];
         let consumed = self
-            .word(self.layout.credit_word(target))
+            .word(self.layout.credit_word(target, lane))
             .load(Ordering::Acquire)
             .min(sent);
         self.layout.ring_slots - (sent - consumed).min(self.layout.ring_slots)
     }
 
-    /// Writes one packet into this rank's ring at `target`: the body,
-    /// then the fenced stamp. Waits (progressing) for a free slot.
+    /// Writes one packet into this rank's ring at `target` of its lane
+    /// (replies apart from the rest): the body, then the fenced stamp.
+    /// Waits (progressing) for a free slot.
     /// `payload`: a medium message's bytes (carried in the packet) or a
     /// long message's (already put: only its length travels).
     #[allow(clippy::too_many_arguments)]
@@ -1143,7 +1206,8 @@ impl<'c> Endpoint<'c> {
         payload: &[u8],
         long_offset: u64,
     ) -> Result<()> {
-        let mut free = self.free_slots(target);
+        let lane = Lane::of(flags);
+        let mut free = self.free_slots(target, lane);
         if free == 0 {
             self.counters.stalls += 1;
             let start = Instant::now();
@@ -1155,7 +1219,7 @@ impl<'c> Endpoint<'c> {
                 if let Some(err) = self.failures.pop_front() {
                     return Err(err);
                 }
-                free = self.free_slots(target);
+                free = self.free_slots(target, lane);
                 spins = spins.wrapping_add(1);
                 if free == 0 && spins.is_multiple_of(64) {
                     let now = Instant::now();
@@ -1178,7 +1242,7 @@ impl<'c> Endpoint<'c> {
                 std::thread::yield_now();
             }
         }
-        let seq = self.sent[target as usize] + 1;
+        let seq = self.sent[target as usize][lane as usize] + 1;
         let slot = (seq - 1) % self.layout.ring_slots;
         let flags = if free == 1 {
             flags | FLAG_CREDIT
@@ -1201,7 +1265,7 @@ impl<'c> Endpoint<'c> {
             long_offset,
         };
         let body_len = header.body_len();
-        let staged = self.layout.staging_slot(target, slot);
+        let staged = self.layout.staging_slot(target, lane, slot);
         {
             let mut bytes = vec![0u8; 8 + body_len];
             bytes[..8].copy_from_slice(&seq.to_le_bytes());
@@ -1228,16 +1292,17 @@ impl<'c> Endpoint<'c> {
             };
         }
         let pio = body_len as u64 <= u64::from(self.config.pio_max);
-        self.post_staged_packet(target, seq, staged, body_len, pio)
+        self.post_staged_packet(target, lane, seq, staged, body_len, pio)
     }
 
     /// Posts the packet staged at `staged` (its stamp, then `body_len`
-    /// bytes) into its slot of `target`'s ring for this rank: the body
+    /// bytes) into its slot of `target`'s ring of `lane` for this rank: the body
     /// (inline when `pio`), then the stamp fenced behind it, so the target
     /// never sees half a packet. Packet `seq` is then sent.
     fn post_staged_packet(
         &mut self,
         target: u32,
+        lane: Lane,
         seq: u64,
         staged: u64,
         body_len: usize,
@@ -1245,7 +1310,7 @@ impl<'c> Endpoint<'c> {
     ) -> Result<()> {
         let slot = (seq - 1) % self.layout.ring_slots;
         let remote = self.peers[target as usize].ring;
-        let ring = slot * self.layout.slot_bytes;
+        let ring = lane as u64 * self.layout.lane_bytes() + slot * self.layout.slot_bytes;
         let user_data = PACKET_BIT | u64::from(target);
         let region = self.window.region();
         let body = Write::new(
@@ -1267,23 +1332,51 @@ impl<'c> Endpoint<'c> {
             self.counters.pio_writes += 1;
             self.counters.dma_writes += 1;
         }
-        self.sent[target as usize] = seq;
+        self.sent[target as usize][lane as usize] = seq;
         Ok(())
     }
 
-    /// Sends queued replies and library answers, oldest first.
+    /// Sends queued replies and library answers, oldest first per target,
+    /// as far as free reply slots allow: never waits, so a target that
+    /// consumes nothing holds up no other's replies. Those to a target
+    /// known gone are dropped.
     fn flush_outgoing(&mut self) -> Result<()> {
-        while let Some(out) = self.outgoing.pop_front() {
-            if let Err(failure) = self.send_outgoing(&out) {
-                if !failure.packet_sent {
-                    // Kept, first in line, for the next flush: a reply
-                    // that could not go yet is not lost.
-                    self.outgoing.push_front(out);
+        for target in 0..self.size {
+            let queued = &mut self.outgoing[target as usize];
+            if self.gone[target as usize].is_some() {
+                queued.clear();
+                continue;
+            }
+            while !self.outgoing[target as usize].is_empty()
+                && self.free_slots(target, Lane::Reply) > 0
+            {
+                let out = self.outgoing[target as usize]
+                    .pop_front()
+                    .expect("one queued");
+                if let Err(failure) = self.send_outgoing(&out) {
+                    if !failure.packet_sent {
+                        // Kept, first in line, for the next flush: a reply
+                        // that could not go yet is not lost.
+                        self.outgoing[target as usize].push_front(out);
+                    }
+                    return Err(failure.error);
                 }
-                return Err(failure.error);
             }
         }
         Ok(())
+    }
+
+    /// Whether replies wait for slots at any target.
+    fn replies_queued(&self) -> bool {
+        self.outgoing.iter().any(|queued| !queued.is_empty())
+    }
+
+    /// Replies (and the library's answers) queued, waiting for free slots
+    /// at their targets: at most about two rings' worth per target, since
+    /// a target whose replies fill a ring has its requests left in their
+    /// ring until it consumes some.
+    pub fn replies_waiting(&self) -> usize {
+        self.outgoing.iter().map(VecDeque::len).sum()
     }
 
     fn send_outgoing(&mut self, out: &Outgoing) -> std::result::Result<(), SendFailure> {
@@ -1442,33 +1535,56 @@ impl<'c> Endpoint<'c> {
         let _consuming = Consuming(std::rc::Rc::clone(&self.polling));
         let mut ran = 0;
         for sender in 0..self.size {
-            loop {
-                match self.take_packet(sender) {
-                    Ok(Some(n)) => ran += n,
-                    Ok(None) => break,
-                    Err(err) => {
-                        self.counters.bad_packets += 1;
-                        if self.bad_packets.len() < BAD_PACKETS_KEPT {
-                            self.bad_packets.push_back(err);
+            // Replies first: consuming them never queues anything.
+            for lane in [Lane::Reply, Lane::Request] {
+                loop {
+                    if lane == Lane::Request && self.holds_requests_of(sender) {
+                        if !self.holding[sender as usize] && self.packet_arrived(sender, lane) {
+                            self.holding[sender as usize] = true;
+                            self.counters.requests_held += 1;
+                        }
+                        break;
+                    }
+                    if lane == Lane::Request {
+                        self.holding[sender as usize] = false;
+                    }
+                    match self.take_packet(sender, lane) {
+                        Ok(Some(n)) => ran += n,
+                        Ok(None) => break,
+                        Err(err) => {
+                            self.counters.bad_packets += 1;
+                            if self.bad_packets.len() < BAD_PACKETS_KEPT {
+                                self.bad_packets.push_back(err);
+                            }
                         }
                     }
                 }
-            }
-            let due = self.credit_due[sender as usize];
-            let owed = self.consumed[sender as usize] - self.returned[sender as usize];
-            let departed = self.gone[sender as usize].is_some();
-            if owed > 0 && !departed && (due || owed >= (self.layout.ring_slots / 2).max(1)) {
-                self.credit_due[sender as usize] = false;
-                self.return_credits(sender)?;
+                let (peer, l) = (sender as usize, lane as usize);
+                let due = self.credit_due[peer][l];
+                let owed = self.consumed[peer][l] - self.returned[peer][l];
+                let departed = self.gone[peer].is_some();
+                if owed > 0 && !departed && (due || owed >= (self.layout.ring_slots / 2).max(1)) {
+                    self.credit_due[peer][l] = false;
+                    self.return_credits(sender, lane)?;
+                }
             }
         }
         Ok(ran)
     }
 
-    /// Writes the consumed count of `sender`'s ring into its memory.
-    fn return_credits(&mut self, sender: u32) -> Result<()> {
-        let consumed = self.consumed[sender as usize];
-        let at = self.layout.scratch_at + SCRATCH_CREDIT;
+    /// Whether the requests of `sender` stay in their ring for now: this
+    /// rank's replies to it fill a ring already, waiting for slots there
+    /// (it does not consume them). Each request consumed queues at most
+    /// one reply, so the replies queued to a sender stay under two rings.
+    fn holds_requests_of(&self, sender: u32) -> bool {
+        self.outgoing[sender as usize].len() as u64 >= self.layout.ring_slots
+    }
+
+    /// Writes the consumed count of `sender`'s ring of `lane` into its
+    /// memory.
+    fn return_credits(&mut self, sender: u32, lane: Lane) -> Result<()> {
+        let consumed = self.consumed[sender as usize][lane as usize];
+        let at = self.layout.scratch_at + SCRATCH_CREDIT + 8 * lane as u64;
         // SAFETY: the scratch credit word is inside this endpoint's private
         // memory; the inline write copies it when posted.
         unsafe {
@@ -1478,7 +1594,7 @@ impl<'c> Endpoint<'c> {
                 8,
             )
         };
-        let remote = self.peers[sender as usize].credit.at(0);
+        let remote = self.peers[sender as usize].credit.at(8 * lane as u64);
         // Fenced: a later count never lands before an earlier one.
         let entry = Write::new(self.window.region().local(at, 8)?, remote)
             .build()
@@ -1488,17 +1604,30 @@ impl<'c> Endpoint<'c> {
         post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
         self.counters.pio_writes += 1;
         self.counters.credit_returns += 1;
-        self.counters.credits_returned += consumed - self.returned[sender as usize];
-        self.returned[sender as usize] = consumed;
+        self.counters.credits_returned += consumed - self.returned[sender as usize][lane as usize];
+        self.returned[sender as usize][lane as usize] = consumed;
         Ok(())
     }
 
-    /// Consumes the next packet of `sender`'s ring if it has arrived: its
-    /// handler runs (or it is refused). `Ok(None)`: nothing new.
-    fn take_packet(&mut self, sender: u32) -> Result<Option<usize>> {
-        let expected = self.consumed[sender as usize] + 1;
+    /// Where the next packet of `sender`'s ring of `lane` is, and its
+    /// sequence number.
+    fn next_packet(&self, sender: u32, lane: Lane) -> (u64, u64) {
+        let expected = self.consumed[sender as usize][lane as usize] + 1;
         let slot = (expected - 1) % self.layout.ring_slots;
-        let at = self.layout.ring_slot(sender, slot);
+        (self.layout.ring_slot(sender, lane, slot), expected)
+    }
+
+    /// Whether the next packet of `sender`'s ring of `lane` has arrived.
+    fn packet_arrived(&self, sender: u32, lane: Lane) -> bool {
+        let (at, expected) = self.next_packet(sender, lane);
+        self.word(at).load(Ordering::Acquire) == expected
+    }
+
+    /// Consumes the next packet of `sender`'s ring of `lane` if it has
+    /// arrived: its handler runs (or it is refused). `Ok(None)`: nothing
+    /// new.
+    fn take_packet(&mut self, sender: u32, lane: Lane) -> Result<Option<usize>> {
+        let (at, expected) = self.next_packet(sender, lane);
         if self.word(at).load(Ordering::Acquire) != expected {
             return Ok(None);
         }
@@ -1516,18 +1645,33 @@ impl<'c> Endpoint<'c> {
                 slot_bytes,
             )
         };
-        self.consumed[sender as usize] = expected;
-        let result = self.handle_packet(sender, &copy);
+        self.consumed[sender as usize][lane as usize] = expected;
+        let result = self.handle_packet(sender, lane, &copy);
         self.slot_copy = copy;
         result.map(Some)
     }
 
-    fn handle_packet(&mut self, sender: u32, slot: &[u8]) -> Result<usize> {
+    fn handle_packet(&mut self, sender: u32, lane: Lane, slot: &[u8]) -> Result<usize> {
         let bad =
             |why: String| Error::Gasnet(format!("a malformed packet from rank {sender}: {why}"));
         let header = Header::decode(slot, self.layout.segment).map_err(bad)?;
         if header.flags & FLAG_CREDIT != 0 {
-            self.credit_due[sender as usize] = true;
+            self.credit_due[sender as usize][lane as usize] = true;
+        }
+        if Lane::of(header.flags) != lane {
+            return Err(bad(format!(
+                "a {} in the ring of {}",
+                if lane == Lane::Reply {
+                    "request"
+                } else {
+                    "reply"
+                },
+                if lane == Lane::Reply {
+                    "replies"
+                } else {
+                    "requests"
+                },
+            )));
         }
         let mut args = std::mem::take(&mut self.args);
         header.args(slot, &mut args);
@@ -1588,7 +1732,7 @@ impl<'c> Endpoint<'c> {
             replied: false,
             segment_bytes: layout.segment,
             max_medium: config.slot_bytes as usize - HEADER_BYTES - 4 * MAX_ARGS,
-            replies: outgoing,
+            replies: &mut outgoing[sender as usize],
         };
         handler(&mut token, args, payload);
         counters.handlers_run += 1;
@@ -1620,7 +1764,7 @@ impl<'c> Endpoint<'c> {
                 if fits && len > 0 {
                     reply.pre_write = Some((offset, len, self.layout.bounce_at + bounce_offset));
                 }
-                self.outgoing.push_back(reply);
+                self.outgoing[sender as usize].push_back(reply);
                 Ok(())
             }
             // Only the get in progress (one at a time) expects a reply.
@@ -1864,18 +2008,22 @@ impl<'c> Endpoint<'c> {
     }
 
     /// Sends a packet of raw bytes (everything after the stamp) into this
-    /// rank's ring at `target`, as a hostile peer could: for tests of the
-    /// target's checks.
+    /// rank's ring at `target` (the ring of replies if `reply_ring`), as a
+    /// hostile peer could: for tests of the target's checks.
     #[doc(hidden)]
-    pub fn send_raw_packet(&mut self, target: u32, body: &[u8]) -> Result<()> {
+    pub fn send_raw_packet(&mut self, target: u32, reply_ring: bool, body: &[u8]) -> Result<()> {
         self.check_target(target)?;
         if body.is_empty() || body.len() + 8 > self.layout.slot_bytes as usize {
             return Err(Error::Gasnet("a raw packet must fit a slot".into()));
         }
-        self.wait_until(|ep| ep.free_slots(target) > 0)?;
-        let seq = self.sent[target as usize] + 1;
+        let lane = match reply_ring {
+            true => Lane::Reply,
+            false => Lane::Request,
+        };
+        self.wait_until(|ep| ep.free_slots(target, lane) > 0)?;
+        let seq = self.sent[target as usize][lane as usize] + 1;
         let slot = (seq - 1) % self.layout.ring_slots;
-        let staged = self.layout.staging_slot(target, slot);
+        let staged = self.layout.staging_slot(target, lane, slot);
         let mut bytes = Vec::with_capacity(8 + body.len());
         bytes.extend_from_slice(&seq.to_le_bytes());
         bytes.extend_from_slice(body);
@@ -1888,7 +2036,7 @@ impl<'c> Endpoint<'c> {
                 bytes.len(),
             )
         };
-        self.post_staged_packet(target, seq, staged, body.len(), false)
+        self.post_staged_packet(target, lane, seq, staged, body.len(), false)
     }
 }
 
@@ -1898,7 +2046,12 @@ impl Drop for Endpoint<'_> {
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
         self.config.timeout = self.config.timeout.min(Duration::from_secs(5));
-        let _ = self.flush_outgoing();
+        while self.replies_queued() && Instant::now() < deadline {
+            if self.progress().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
         while !self.ops.is_empty() && Instant::now() < deadline {
             if self.reap().is_err() {
                 break;
@@ -1954,16 +2107,34 @@ mod tests {
             assert!(layout.bounce_at >= layout.segment);
             assert!(layout.rings_at >= layout.bounce_at + layout.bounce_bytes);
             assert_eq!(layout.rings_at % 64, 0);
-            // Rings of different senders and slots never overlap; the last
-            // ends where the credit words start.
-            let last = layout.ring_slot(ranks - 1, u64::from(slots) - 1);
+            // Rings of different senders, lanes and slots never overlap;
+            // the last ends where the credit words start; a sender's two
+            // rings are adjacent (one window covers both).
+            let last_slot = u64::from(slots) - 1;
+            let mut starts = std::collections::BTreeSet::new();
+            for sender in 0..ranks {
+                for lane in [Lane::Request, Lane::Reply] {
+                    for slot in 0..u64::from(slots) {
+                        assert!(starts.insert(layout.ring_slot(sender, lane, slot)));
+                    }
+                }
+                assert_eq!(
+                    layout.ring_slot(sender, Lane::Reply, last_slot) + u64::from(slot_bytes),
+                    layout.ring_slot(sender, Lane::Request, 0) + layout.ring_bytes()
+                );
+                assert_eq!(
+                    layout.credit_word(sender, Lane::Reply),
+                    layout.credit_word(sender, Lane::Request) + 8
+                );
+            }
+            let last = layout.ring_slot(ranks - 1, Lane::Reply, last_slot);
             assert_eq!(last + u64::from(slot_bytes), layout.credits_at);
-            assert_eq!(layout.ring_slot(1 % ranks, 0) % 8, 0);
-            assert!(layout.credit_word(ranks) <= layout.staging_at);
+            assert_eq!(layout.ring_slot(1 % ranks, Lane::Reply, 0) % 8, 0);
+            assert!(layout.credit_word(ranks - 1, Lane::Reply) + 8 <= layout.staging_at);
             // What peers may not touch lies past the window.
             assert_eq!(layout.staging_at % 4096, 0);
             let staged_end =
-                layout.staging_slot(ranks - 1, u64::from(slots) - 1) + u64::from(slot_bytes);
+                layout.staging_slot(ranks - 1, Lane::Reply, last_slot) + u64::from(slot_bytes);
             assert_eq!(staged_end, layout.scratch_at);
             assert!(layout.scratch_at + SCRATCH_BYTES <= layout.total);
             assert!(SCRATCH_READ_SMALL + u64::from(MAX_INLINE) <= SCRATCH_BYTES);

@@ -1,0 +1,284 @@
+//! `am_check` scenarios in which one rank plays a hostile peer of the
+//! GASNet endpoint with raw writes through the windows it was given (its
+//! own queue pair, not the endpoint's calls), and the others check that
+//! they keep working and lose nothing.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use pindown_driver::arena::DmaBuffer;
+use pindown_driver::launch::Job;
+use pindown_driver::verbs::opcode::Write;
+use pindown_driver::verbs::{
+    Completion, CompletionQueue, Context, MemoryRegion, QueuePair, RemoteWindow,
+};
+use pindown_messaging::gasnet::{Config, Counters, Endpoint, Handlers};
+
+use super::{Outcome, Tally};
+
+/// Handlers of these scenarios.
+const H_ECHO: u8 = 8;
+const H_ECHOED: u8 = 9;
+
+/// Runs hostile scenario `scenario`; `counters`: the endpoint's at the
+/// end.
+pub fn run(
+    job: &mut Job,
+    context: &Context,
+    config: Config,
+    scenario: &str,
+    counters: &mut Counters,
+) -> Outcome {
+    let (tally, last) = match scenario {
+        "hostile-no-consume" => no_consume(job, context, config)?,
+        other => return Err(format!("unknown scenario {other:?}")),
+    };
+    *counters = last;
+    Ok(tally)
+}
+
+/// The windows of a launcher record of the endpoint's exchange (node,
+/// port, key, length: 20 bytes each).
+fn windows(record: &[u8]) -> Result<Vec<RemoteWindow>, String> {
+    record
+        .chunks_exact(20)
+        .map(|w| {
+            let u16_at = |at: usize| u16::from_le_bytes([w[at], w[at + 1]]);
+            let u64_at = |at: usize| u64::from_le_bytes(w[at..at + 8].try_into().expect("8 bytes"));
+            format!(
+                "{}:{}:{:016x}:{}",
+                u16_at(0),
+                u16_at(2),
+                u64_at(4),
+                u64_at(12)
+            )
+            .parse::<RemoteWindow>()
+            .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Writes through the hostile rank's own queue pair.
+struct RawWriter<'c> {
+    qp: QueuePair<'c>,
+    cq: CompletionQueue<'c>,
+    buffer: DmaBuffer,
+    region: MemoryRegion<'c>,
+    posted: usize,
+    done: Vec<Completion>,
+}
+
+impl<'c> RawWriter<'c> {
+    const BYTES: usize = 1 << 16;
+
+    fn new(context: &'c Context) -> Result<Self, String> {
+        let buffer = context
+            .alloc(Self::BYTES, 4096)
+            .map_err(|e| e.to_string())?;
+        let region = context
+            .register_buffer(&buffer)
+            .map_err(|e| e.to_string())?;
+        let mut cq = context.create_completion_queue();
+        let qp = context
+            .create_queue_pair(&mut cq)
+            .map_err(|e| e.to_string())?;
+        Ok(RawWriter {
+            qp,
+            cq,
+            buffer,
+            region,
+            posted: 0,
+            done: Vec::new(),
+        })
+    }
+
+    /// Stages `bytes` at `at` of the writer's buffer.
+    fn stage(&self, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= Self::BYTES);
+        // SAFETY: the range lies inside the writer's buffer (asserted),
+        // which no request posted and unfinished reads (callers drain
+        // before staging again).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.buffer.as_ptr().add(at), bytes.len())
+        };
+    }
+
+    /// Writes a packet as the endpoint does (the body, then the stamp
+    /// `seq` fenced after it) into slot `(seq - 1) % ring_slots` of the
+    /// ring of requests at the start of `rings`, staged at `at`.
+    fn packet(
+        &mut self,
+        rings: &RemoteWindow,
+        slot_bytes: u64,
+        ring_slots: u64,
+        seq: u64,
+        body: &[u8],
+        at: usize,
+    ) -> Result<(), String> {
+        let slot = (seq - 1) % ring_slots * slot_bytes;
+        self.stage(at, &seq.to_le_bytes());
+        self.stage(at + 8, body);
+        let local = |offset: usize, len: usize| {
+            self.region
+                .local(offset as u64, len as u32)
+                .map_err(|e| e.to_string())
+        };
+        let body = Write::new(local(at + 8, body.len())?, rings.at(slot + 8))
+            .build()
+            .signaled();
+        let stamp = Write::new(local(at, 8)?, rings.at(slot))
+            .build()
+            .inline()
+            .fence()
+            .signaled();
+        self.qp.post(&[body, stamp]).map_err(|e| e.to_string())?;
+        self.posted += 2;
+        Ok(())
+    }
+
+    /// Waits until every write posted completed; fails if one failed.
+    fn drain(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.done.len() < self.posted && Instant::now() < deadline {
+            self.cq
+                .poll_into(&mut self.done)
+                .map_err(|e| e.to_string())?;
+            std::thread::yield_now();
+        }
+        if let Some(failed) = self.done.iter().find_map(|c| c.result().err()) {
+            return Err(format!("a raw write failed: {failed}"));
+        }
+        if self.done.len() < self.posted {
+            return Err("raw writes did not complete".into());
+        }
+        Ok(())
+    }
+}
+
+/// The body (after the stamp) of a short request to `handler`.
+fn short_request(handler: u8, args: &[u32]) -> Vec<u8> {
+    let mut body = vec![0u8, 0, handler, args.len() as u8];
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    for arg in args {
+        body.extend_from_slice(&arg.to_le_bytes());
+    }
+    body
+}
+
+/// Three ranks. Rank 0 answers every echo request with a reply. Rank 2
+/// writes echo requests into its ring at rank 0 and never consumes
+/// anything (no poll): rank 0's replies to it fill its ring of replies,
+/// then a ring's worth waits, then rank 0 leaves rank 2's requests in
+/// their ring. Rank 2 sends three rings of requests, so rank 0 runs
+/// exactly two rings of them and queues exactly one ring of replies.
+/// Meanwhile rank 1 asks rank 0 for an echo and gets it, not stuck
+/// behind the replies to rank 2.
+fn no_consume(
+    job: &mut Job,
+    context: &Context,
+    config: Config,
+) -> Result<(Tally, Counters), String> {
+    let mut tally = Tally::default();
+    if job.size() != 3 {
+        return Err("hostile-no-consume runs on 3 ranks".into());
+    }
+    let ring_slots = u64::from(config.ring_slots);
+    let handled = Rc::new(RefCell::new([0u64; 3]));
+    let echoed = Rc::new(RefCell::new(0u32));
+    let mut handlers = Handlers::new();
+    let h = handled.clone();
+    handlers.register(H_ECHO, move |token, args, _| {
+        h.borrow_mut()[token.source() as usize] += 1;
+        let _ = token.reply_short(H_ECHOED, args);
+    });
+    let e = echoed.clone();
+    handlers.register(H_ECHOED, move |_, _, _| *e.borrow_mut() += 1);
+    let mut ep =
+        Endpoint::new(context, job, config.clone(), handlers).map_err(|e| e.to_string())?;
+    ep.barrier().map_err(|e| e.to_string())?;
+    const FLOODED: [u8; 8] = *b"flooded!";
+    match ep.rank() {
+        0 => {
+            let start = Instant::now();
+            let mut most_waiting = 0;
+            // Until rank 1 has had its echo and said so.
+            while ep.segment()[..8] != FLOODED {
+                if start.elapsed() > Duration::from_secs(30) {
+                    return Err("rank 1 never said it had its echo".into());
+                }
+                ep.poll().map_err(|e| format!("poll: {e}"))?;
+                most_waiting = most_waiting.max(ep.replies_waiting());
+            }
+            let handled = *handled.borrow();
+            let counters = ep.counters();
+            tally.notes.push(format!(
+                "ran {handled:?}, at most {most_waiting} replies waiting, requests held {} times",
+                counters.requests_held
+            ));
+            if handled[2] != 2 * ring_slots || most_waiting as u64 != ring_slots {
+                return Err(format!(
+                    "ran {} requests of the rank that consumes nothing and queued at most \
+                     {most_waiting} replies to it: {} and {ring_slots} expected",
+                    handled[2],
+                    2 * ring_slots
+                ));
+            }
+            if handled[1] != 1 || counters.requests_held == 0 {
+                return Err(format!("rank 1's request ran {} times", handled[1]));
+            }
+            tally.checked = handled[2] + handled[1];
+            Ok((tally, counters))
+        }
+        1 => {
+            // Once rank 2's requests are held at rank 0.
+            std::thread::sleep(Duration::from_millis(500));
+            ep.set_timeout(Duration::from_secs(10));
+            let start = Instant::now();
+            ep.request_short(0, H_ECHO, &[7])
+                .map_err(|e| e.to_string())?;
+            ep.wait_until(|_| *echoed.borrow() > 0)
+                .map_err(|e| format!("rank 0's reply, behind its replies to rank 2: {e}"))?;
+            tally
+                .notes
+                .push(format!("echo after {:?}", start.elapsed()));
+            ep.put(0, 0, &FLOODED).map_err(|e| e.to_string())?;
+            tally.checked = 1;
+            Ok((tally, ep.counters()))
+        }
+        _ => {
+            let pairs = job
+                .get(0, "pindown-gasnet-pairs")
+                .map_err(|e| e.to_string())?;
+            // Rank 0's rings for this rank (both lanes, requests first).
+            let rings = windows(&pairs)?[2 * 2];
+            let mut raw = RawWriter::new(context)?;
+            // The first barrier's notice was request 1.
+            let mut seq = 2;
+            while seq <= 3 * ring_slots + 1 {
+                let body = short_request(H_ECHO, &[seq as u32]);
+                let at = 64 * (seq % 512) as usize;
+                raw.packet(
+                    &rings,
+                    u64::from(config.slot_bytes),
+                    ring_slots,
+                    seq,
+                    &body,
+                    at,
+                )?;
+                raw.drain()?;
+                seq += 1;
+                // Paced: rank 0 consumes as they come, until it holds.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            tally
+                .notes
+                .push(format!("sent {} requests, consumed nothing", seq - 2));
+            // Alive (its port open) until rank 0 has looked.
+            std::thread::sleep(Duration::from_secs(3));
+            tally.checked = 1;
+            Ok((tally, ep.counters()))
+        }
+    }
+}
