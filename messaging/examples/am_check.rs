@@ -115,7 +115,7 @@ fn rank(scenario: &str, args: &[String]) -> ExitCode {
         "fixup_bytes": counters.fixup_bytes, "bounced": counters.bounced,
         "vector_transfers": counters.vector_transfers, "gets_native": counters.gets_native,
         "gets_by_message": counters.gets_by_message, "bad_packets": counters.bad_packets,
-        "requests_held": counters.requests_held,
+        "requests_held": counters.requests_held, "get_data_refused": counters.get_data_refused,
     });
     println!("{line}");
     if outcome.is_ok() {

@@ -296,3 +296,31 @@ fn a_rank_that_consumes_nothing_holds_a_ring_of_replies_and_delays_no_one_else()
     assert!(counter(&lines[0], "requests_held") >= 1, "{}", lines[0]);
     assert_eq!(checked(&lines[1]), 1, "{}", lines[1]);
 }
+
+#[test]
+fn a_third_rank_cannot_write_what_a_get_by_message_returns() {
+    let lines = passes(3, "hostile-bounce", &[]);
+    // Rank 0 failed unless every get returned rank 1's bytes; rank 2
+    // unless every write into rank 0's bounce area was refused.
+    assert!(checked(&lines[0]) > 0, "{}", lines[0]);
+    assert!(checked(&lines[2]) > 0, "{}", lines[2]);
+}
+
+#[test]
+fn a_get_given_up_holds_up_no_later_get_and_its_late_answer_fails_nothing() {
+    let lines = passes(3, "hostile-abandoned-get", &[]);
+    // Four gets from rank 1 right after the one given up, each at once;
+    // the late answer refused at rank 2 (no failure there) and taken as
+    // expected at rank 0 (no bad packet).
+    assert_eq!(checked(&lines[0]), 4, "{}", lines[0]);
+    assert_eq!(counter(&lines[0], "bad_packets"), 0, "{}", lines[0]);
+    assert_eq!(counter(&lines[2], "get_data_refused"), 1, "{}", lines[2]);
+}
+
+#[test]
+fn a_rank_publishing_another_ranks_windows_as_its_own_is_refused_by_name() {
+    let lines = passes(3, "hostile-spoofed-pairs", &[]);
+    for rank in [0, 1] {
+        assert_eq!(checked(&lines[rank]), 1, "{}", lines[rank]);
+    }
+}

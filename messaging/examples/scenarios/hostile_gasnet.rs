@@ -13,7 +13,9 @@ use pindown_driver::verbs::opcode::Write;
 use pindown_driver::verbs::{
     Completion, CompletionQueue, Context, MemoryRegion, QueuePair, RemoteWindow,
 };
-use pindown_messaging::gasnet::{Config, Counters, Endpoint, Handlers};
+use pindown_messaging::gasnet::{Config, Counters, Endpoint, GetMode, Handlers};
+use pindown_messaging::Error;
+use pindown_uapi::CompletionError;
 
 use super::{Outcome, Tally};
 
@@ -32,6 +34,9 @@ pub fn run(
 ) -> Outcome {
     let (tally, last) = match scenario {
         "hostile-no-consume" => no_consume(job, context, config)?,
+        "hostile-bounce" => bounce(job, context, config)?,
+        "hostile-abandoned-get" => abandoned_get(job, context, config)?,
+        "hostile-spoofed-pairs" => spoofed_pairs(job, context, config)?,
         other => return Err(format!("unknown scenario {other:?}")),
     };
     *counters = last;
@@ -135,6 +140,30 @@ impl<'c> RawWriter<'c> {
         self.qp.post(&[body, stamp]).map_err(|e| e.to_string())?;
         self.posted += 2;
         Ok(())
+    }
+
+    /// Writes `len` bytes of the writer's buffer (from its start) to
+    /// `remote`; what the device answered.
+    fn write(
+        &mut self,
+        remote: pindown_uapi::RemoteAddress,
+        len: usize,
+    ) -> Result<Result<(), CompletionError>, String> {
+        let local = self
+            .region
+            .local(0, len as u32)
+            .map_err(|e| e.to_string())?;
+        let entry = Write::new(local, remote).build().signaled();
+        self.qp.post(&[entry]).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut done = Vec::new();
+        while done.is_empty() {
+            if Instant::now() > deadline {
+                return Err("a raw write did not complete".into());
+            }
+            self.cq.poll_into(&mut done).map_err(|e| e.to_string())?;
+        }
+        Ok(done[0].result().map(drop))
     }
 
     /// Waits until every write posted completed; fails if one failed.
@@ -280,5 +309,248 @@ fn no_consume(
             tally.checked = 1;
             Ok((tally, ep.counters()))
         }
+    }
+}
+
+/// Bytes of rank 1's segment the get scenarios read.
+const GOT: usize = 4096;
+/// What rank 1's segment holds there.
+const RANK_1_BYTE: u8 = 0x11;
+/// Rank 0 says it is done (into the others' segments).
+const DONE: [u8; 8] = *b"all done";
+
+/// An endpoint getting by message through a bounce area of [`GOT`] bytes.
+fn by_message(config: Config) -> Config {
+    Config {
+        get: GetMode::ByMessage,
+        get_bounce_bytes: GOT,
+        ..config
+    }
+}
+
+/// Polls until rank 0 has put [`DONE`] at `at` of this rank's segment.
+fn poll_until_done(ep: &mut Endpoint<'_>, at: usize) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ep.segment()[at..at + 8] != DONE {
+        if Instant::now() > deadline {
+            return Err("rank 0 never said it was done".into());
+        }
+        let _ = ep.poll();
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Fails unless `bytes` are all rank 1's.
+fn rank_1_bytes(bytes: &[u8], what: &str) -> Result<(), String> {
+    match bytes.iter().position(|&b| b != RANK_1_BYTE) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what}: byte {i} is {:#x}, not rank 1's {RANK_1_BYTE:#x}",
+            bytes[i]
+        )),
+    }
+}
+
+/// Three ranks, gets by message. Rank 0 gets rank 1's bytes again and
+/// again while rank 2 writes other bytes, as fast as it can, where rank
+/// 0's bounce area lies past its segment window: every such write is
+/// refused (the area is only ever bound for the rank a get asks), and
+/// every get returns rank 1's bytes.
+fn bounce(job: &mut Job, context: &Context, config: Config) -> Result<(Tally, Counters), String> {
+    let mut tally = Tally::default();
+    if job.size() != 3 {
+        return Err("hostile-bounce runs on 3 ranks".into());
+    }
+    let config = by_message(config);
+    let mut ep =
+        Endpoint::new(context, job, config.clone(), Handlers::new()).map_err(|e| e.to_string())?;
+    ep.segment()[..GOT].fill(RANK_1_BYTE);
+    ep.barrier().map_err(|e| e.to_string())?;
+    match ep.rank() {
+        0 => {
+            let mut buffer = vec![0u8; GOT];
+            let start = Instant::now();
+            let mut gets = 0;
+            while start.elapsed() < Duration::from_secs(1) {
+                buffer.fill(0);
+                ep.get(1, 0, &mut buffer).map_err(|e| format!("get: {e}"))?;
+                rank_1_bytes(&buffer, &format!("get {gets}"))?;
+                gets += 1;
+            }
+            for rank in [1, 2] {
+                ep.put(rank, GOT as u64, &DONE).map_err(|e| e.to_string())?;
+            }
+            tally
+                .notes
+                .push(format!("{gets} gets, every byte rank 1's"));
+            tally.checked = gets;
+        }
+        1 => poll_until_done(&mut ep, GOT)?,
+        _ => {
+            let record = job.get(0, "pindown-gasnet").map_err(|e| e.to_string())?;
+            let segment = windows(&record)?[0];
+            let mut raw = RawWriter::new(context)?;
+            raw.stage(0, &[0xee; GOT]);
+            let mut refused = 0;
+            while ep.segment()[GOT..GOT + 8] != DONE {
+                // Where the bounce area starts: the segment's end.
+                match raw.write(segment.at(segment.len), GOT)? {
+                    Ok(()) => return Err("a write into rank 0's bounce area landed".into()),
+                    Err(_) => refused += 1,
+                }
+                let _ = ep.poll();
+            }
+            if refused == 0 {
+                return Err("no write was tried while rank 0 got".into());
+            }
+            tally.notes.push(format!(
+                "{refused} writes into rank 0's bounce area refused"
+            ));
+            tally.checked = refused;
+        }
+    }
+    ep.barrier().map_err(|e| e.to_string())?;
+    Ok((tally, ep.counters()))
+}
+
+/// Three ranks, gets by message. Rank 2 does not poll for 3 s: rank 0's
+/// get from it gives up after 1 s, and rank 0's gets from rank 1 right
+/// after go through at once (they wait for no late reply). Rank 2 then
+/// answers the get given up: its bytes are refused (the window is gone),
+/// which is no failure of rank 2's, and rank 0 takes the late reply as
+/// expected, not as a bad packet.
+fn abandoned_get(
+    job: &mut Job,
+    context: &Context,
+    config: Config,
+) -> Result<(Tally, Counters), String> {
+    let mut tally = Tally::default();
+    if job.size() != 3 {
+        return Err("hostile-abandoned-get runs on 3 ranks".into());
+    }
+    let mut ep = Endpoint::new(context, job, by_message(config), Handlers::new())
+        .map_err(|e| e.to_string())?;
+    ep.segment()[..GOT].fill(RANK_1_BYTE);
+    ep.barrier().map_err(|e| e.to_string())?;
+    match ep.rank() {
+        0 => {
+            let mut buffer = vec![0u8; GOT];
+            ep.set_timeout(Duration::from_secs(1));
+            if ep.get(2, 0, &mut buffer).is_ok() {
+                return Err("a get from a rank that does not poll succeeded".into());
+            }
+            ep.set_timeout(Duration::from_secs(60));
+            for n in 0..4 {
+                let start = Instant::now();
+                buffer.fill(0);
+                ep.get(1, 0, &mut buffer)
+                    .map_err(|e| format!("get {n} from rank 1 after a get given up: {e}"))?;
+                rank_1_bytes(&buffer, &format!("get {n}"))?;
+                if start.elapsed() > Duration::from_millis(500) {
+                    return Err(format!("get {n} from rank 1 took {:?}", start.elapsed()));
+                }
+                tally.checked += 1;
+            }
+            // Rank 2's late reply comes once it polls again.
+            std::thread::sleep(Duration::from_secs(3));
+            let until = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < until {
+                ep.poll()
+                    .map_err(|e| format!("poll after the late reply: {e}"))?;
+            }
+            for rank in [1, 2] {
+                ep.put(rank, GOT as u64, &DONE).map_err(|e| e.to_string())?;
+            }
+        }
+        1 => poll_until_done(&mut ep, GOT)?,
+        _ => {
+            std::thread::sleep(Duration::from_secs(3));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while ep.segment()[GOT..GOT + 8] != DONE {
+                if Instant::now() > deadline {
+                    return Err("rank 0 never said it was done".into());
+                }
+                ep.poll()
+                    .map_err(|e| format!("answering the get given up: {e}"))?;
+            }
+            if ep.counters().get_data_refused != 1 {
+                return Err(format!(
+                    "{} answers refused, 1 expected (the get given up)",
+                    ep.counters().get_data_refused
+                ));
+            }
+            tally.checked = 1;
+        }
+    }
+    ep.barrier().map_err(|e| e.to_string())?;
+    Ok((tally, ep.counters()))
+}
+
+/// Three ranks. Rank 2 joins the endpoints' two exchanges by hand,
+/// publishing a segment window of its own but, as its rings and credit
+/// words, rank 0's (read from the launcher before it publishes): had the
+/// others taken them, their credit returns for rank 2's packets would
+/// have gone into rank 0's credit word for them. Ranks 0 and 1 refuse the
+/// record, naming rank 2.
+fn spoofed_pairs(
+    job: &mut Job,
+    context: &Context,
+    config: Config,
+) -> Result<(Tally, Counters), String> {
+    let mut tally = Tally::default();
+    if job.size() != 3 {
+        return Err("hostile-spoofed-pairs runs on 3 ranks".into());
+    }
+    if job.rank() == 2 {
+        let memory = context.alloc(1 << 22, 4096).map_err(|e| e.to_string())?;
+        let region = context
+            .register_buffer(&memory)
+            .map_err(|e| e.to_string())?;
+        // As long as an endpoint's segment window (the segment rounded up
+        // to 64 bytes).
+        let len = (config.segment_bytes as u64).max(1).next_multiple_of(64);
+        let own = context
+            .bind_region_window(
+                region,
+                0,
+                len,
+                pindown_uapi::Access::REMOTE_WRITE | pindown_uapi::Access::REMOTE_READ,
+                None,
+            )
+            .map_err(|e| e.to_string())?;
+        let remote = own.remote();
+        let mut record = Vec::new();
+        record.extend_from_slice(&remote.node.to_le_bytes());
+        record.extend_from_slice(&remote.port.to_le_bytes());
+        record.extend_from_slice(&remote.key.0.to_le_bytes());
+        record.extend_from_slice(&remote.len.to_le_bytes());
+        job.all_gather("pindown-gasnet", &record)
+            .map_err(|e| e.to_string())?;
+        // Rank 0's pair windows, readable before the fence.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let pairs = loop {
+            match job.get(0, "pindown-gasnet-pairs") {
+                Ok(pairs) => break pairs,
+                Err(e) if Instant::now() > deadline => return Err(e.to_string()),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        job.all_gather("pindown-gasnet-pairs", &pairs)
+            .map_err(|e| e.to_string())?;
+        tally
+            .notes
+            .push("published rank 0's pair windows as its own".into());
+        tally.checked = 1;
+        return Ok((tally, Counters::default()));
+    }
+    match Endpoint::new(context, job, config, Handlers::new()) {
+        Err(Error::BadPeerRecord { rank: 2, why }) if why.contains("not its own") => {
+            tally.notes.push(format!("refused: {why}"));
+            tally.checked = 1;
+            Ok((tally, Counters::default()))
+        }
+        Err(other) => Err(format!("rank 2's record: {other}")),
+        Ok(_) => Err("rank 2's record, naming rank 0's windows, was taken".into()),
     }
 }

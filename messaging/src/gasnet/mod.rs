@@ -49,6 +49,8 @@
 //!   ([`GetMode::Native`]), or the paper's get over a write-only fabric
 //!   ([`GetMode::ByMessage`]): a request message, the target's library
 //!   handler writes the bytes into the requester's bounce area and replies.
+//!   The bounce area is bound, for each get, for the rank it asks alone,
+//!   and revoked before the get returns.
 //! * **Strided, indexed and vector** put/get (GASNet's VIS) as one remote
 //!   vector access each (VECTOR_WRITE / VECTOR_READ naming the pattern of
 //!   both sides), no pack or unpack.
@@ -90,7 +92,9 @@
 //! payload (inside the segment), handler index (registered). A bad one is
 //! consumed, counted ([`Counters::bad_packets`]) and reported by the
 //! [`Endpoint::poll`] that found it as [`Error::Gasnet`]; nothing of it
-//! runs.
+//! runs. What a rank publishes at [`Endpoint::new`] is checked too: its
+//! rings and credit words must be windows of its own port, a port no
+//! other rank names.
 //!
 //! ## Choosing PIO or DMA
 //!
@@ -225,7 +229,9 @@ use pindown_driver::verbs::{
     Completion, CompletionQueue, Context, MemoryRegion, QueuePair, RegionWindow, RemoteWindow,
 };
 use pindown_uapi::queue::MAX_INLINE;
-use pindown_uapi::{Access, CompletionError, ErrorDetail, PortAddress, RemoteAddress, Status};
+use pindown_uapi::{
+    Access, CompletionError, ErrorDetail, PortAddress, RemoteAddress, RemoteKey, Status,
+};
 
 use crate::engine::post_entries;
 use crate::error::{Error, Result};
@@ -255,8 +261,8 @@ pub enum GetMode {
 }
 
 /// How an endpoint is set up. Every rank of a job must use the same
-/// `segment_bytes`, `ring_slots`, `slot_bytes` and `get_bounce_bytes`
-/// (checked at [`Endpoint::new`]).
+/// `segment_bytes`, `ring_slots` and `slot_bytes` (checked at
+/// [`Endpoint::new`]).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Bytes of this rank's segment.
@@ -276,7 +282,7 @@ pub struct Config {
     /// computes its descriptor.
     pub descriptor_cache: Option<CacheConfig>,
     /// Bytes of the area a [`GetMode::ByMessage`] get lands in (longer gets
-    /// go in pieces of this size).
+    /// go in pieces of this size); ranks may differ.
     pub get_bounce_bytes: usize,
     /// How long a wait goes without its condition before it fails.
     pub timeout: Duration,
@@ -457,10 +463,10 @@ pub(crate) struct Outgoing {
     args: Vec<u32>,
     payload: Vec<u8>,
     long_offset: u64,
-    /// Bytes of this rank's segment written into the target's window
-    /// before the message: (segment offset, length, offset in the target's
-    /// window).
-    pre_write: Option<(u64, u64, u64)>,
+    /// Bytes of this rank's segment written to the target before the
+    /// message: (segment offset, length, where they go: a window the
+    /// target bound for this rank).
+    pre_write: Option<(u64, u64, RemoteAddress)>,
 }
 
 impl Outgoing {
@@ -526,6 +532,9 @@ pub struct Counters {
     pub gets_by_message: u64,
     /// Packets from peers refused as malformed (none of them ran).
     pub bad_packets: u64,
+    /// Replies to by-message gets whose bytes the requester's window
+    /// refused (it had given the get up, or named no window of its own).
+    pub get_data_refused: u64,
     /// Times a sender's requests started being left in their ring
     /// because this rank's replies to it, a ring's worth, waited for
     /// slots there (it consumed none of them).
@@ -569,7 +578,9 @@ impl Layout {
         let ring_slots = u64::from(config.ring_slots);
         let slot_bytes = u64::from(config.slot_bytes);
         let segment = config.segment_bytes as u64;
-        let bounce_at = segment.next_multiple_of(64);
+        // At least 64 bytes before the bounce area: the segment window
+        // (which liveness checks read) is never empty.
+        let bounce_at = segment.max(1).next_multiple_of(64);
         let bounce_bytes = config.get_bounce_bytes as u64;
         let rings_at = (bounce_at + bounce_bytes).next_multiple_of(64);
         let ring_bytes = ranks * LANES * ring_slots * slot_bytes;
@@ -732,10 +743,16 @@ const PACKET_BIT: u64 = 1 << 63;
 const PROBE_BIT: u64 = 1 << 62;
 /// Tag bit of a credit return (the peer in the low bits).
 const CREDIT_BIT: u64 = 1 << 61;
+/// Tag bit of the bytes of a by-message get's reply (the peer in the low
+/// bits): refused when the requester gave the get up and revoked its
+/// window, which is no failure of this rank's.
+const GET_DATA_BIT: u64 = 1 << 60;
 /// Intervals a liveness check may go unanswered.
 const PROBE_PATIENCE: u32 = 10;
 /// Reports of bad packets kept until polls take them.
 const BAD_PACKETS_KEPT: usize = 64;
+/// By-message gets given up whose late replies are still expected.
+const GETS_GIVEN_UP_KEPT: usize = 16;
 /// Longest single write or read posted.
 const MAX_REQUEST: u64 = 1 << 30;
 
@@ -812,9 +829,10 @@ pub struct Endpoint<'c> {
     next_get: u32,
     /// The by-message get in progress: (request id, target).
     get_pending: Option<(u32, u32)>,
-    /// A by-message get given up whose reply has not come: its target may
-    /// still write the bounce area.
-    get_abandoned: Option<(u32, u32)>,
+    /// By-message gets given up whose reply has not come (request id,
+    /// target), the last [`GETS_GIVEN_UP_KEPT`]: a late reply is expected,
+    /// not a bad packet.
+    gets_given_up: VecDeque<(u32, u32)>,
     /// Barrier notices arrived, by (epoch, round).
     barrier_arrivals: HashMap<(u32, u32), u32>,
     barrier_epoch: u32,
@@ -869,24 +887,27 @@ impl<'c> Endpoint<'c> {
         // `bytes` long; zeroing it before any peer knows it exists.
         unsafe { std::ptr::write_bytes(memory.as_ptr(), 0, bytes) };
         let region = context.register_buffer(&memory)?;
+        // The segment, open to every rank; the bounce area of gets by
+        // message is not in it (each get binds it for its target).
         let window = context.bind_region_window(
             region,
             0,
-            layout.rings_at,
+            layout.bounce_at,
             Access::REMOTE_WRITE | Access::REMOTE_READ,
             None,
         )?;
         let shared = exchange_windows(job, RECORD_KEY, &[window.remote()], |rank, peer| {
-            (peer[0].len == layout.rings_at)
+            (peer[0].len == layout.bounce_at)
                 .then_some(())
                 .ok_or_else(|| {
                     Error::Mismatch(format!(
-                    "rank {rank}'s window is {} bytes, this rank's {}: every rank must use the \
-                     same segment_bytes, ring_slots, slot_bytes and get_bounce_bytes",
-                    peer[0].len, layout.rings_at
-                ))
+                        "rank {rank}'s segment window is {} bytes, this rank's {}: every rank \
+                         must use the same segment_bytes",
+                        peer[0].len, layout.bounce_at
+                    ))
                 })
         })?;
+        crate::records::distinct_ports(shared.iter().map(|peer| (peer[0].node, peer[0].port)))?;
         // Each sender's ring, writable by that sender alone; each credit
         // word, by its target alone: a peer cannot fill another's ring or
         // forge another's credits.
@@ -911,13 +932,41 @@ impl<'c> Endpoint<'c> {
                 pair_windows.push(pair);
             }
         }
+        // A rank's pair windows are its own port's (it cannot hand out
+        // another rank's credit words or rings as its own) and as long as
+        // this rank's.
         let pairs = exchange_windows(job, PAIRS_KEY, &pair_remotes, |rank, windows| {
-            (windows.len() == 2 * size as usize)
-                .then_some(())
-                .ok_or_else(|| Error::BadPeerRecord {
-                    rank,
-                    why: format!("{} pair windows, {} expected", windows.len(), 2 * size),
-                })
+            let bad = |why: String| Error::BadPeerRecord { rank, why };
+            if windows.len() != 2 * size as usize {
+                return Err(bad(format!(
+                    "{} pair windows, {} expected",
+                    windows.len(),
+                    2 * size
+                )));
+            }
+            let own = shared[rank as usize][0];
+            if let Some(w) = windows
+                .iter()
+                .find(|w| (w.node, w.port) != (own.node, own.port))
+            {
+                return Err(bad(format!(
+                    "a pair window on port {}:{}, not its own {}:{}",
+                    w.node, w.port, own.node, own.port
+                )));
+            }
+            let lengths = [layout.ring_bytes(), 8 * LANES];
+            match windows
+                .iter()
+                .enumerate()
+                .find(|(i, w)| w.len != lengths[i % 2])
+            {
+                Some((_, w)) => Err(Error::Mismatch(format!(
+                    "rank {rank}'s rings or credit words are {} bytes, this rank's {:?}: every \
+                     rank must use the same ring_slots and slot_bytes",
+                    w.len, lengths
+                ))),
+                None => Ok(()),
+            }
         })?;
         let me = job.rank() as usize;
         let peers = shared
@@ -959,7 +1008,7 @@ impl<'c> Endpoint<'c> {
             get_replies: HashMap::new(),
             next_get: 0,
             get_pending: None,
-            get_abandoned: None,
+            gets_given_up: VecDeque::new(),
             barrier_arrivals: HashMap::new(),
             barrier_epoch: 0,
             counters: Counters::default(),
@@ -1743,15 +1792,23 @@ impl<'c> Endpoint<'c> {
     fn internal(&mut self, sender: u32, header: &Header, args: &[u32]) -> Result<()> {
         let arg = |i: usize| args.get(i).copied().unwrap_or(0);
         match header.handler {
-            INTERNAL_GET_REQUEST if args.len() == 5 => {
+            INTERNAL_GET_REQUEST if args.len() == 6 => {
                 let id = arg(0);
                 let offset = u64::from(arg(1)) | u64::from(arg(2)) << 32;
                 let len = u64::from(arg(3));
-                let bounce_offset = u64::from(arg(4));
+                let key = u64::from(arg(4)) | u64::from(arg(5)) << 32;
+                // Into the window over its bounce area the requester bound
+                // for this rank for this get (its key is the request's).
+                let to = RemoteKey::try_from(key).ok().map(|key| RemoteAddress {
+                    key,
+                    offset: 0,
+                    ..self.peers[sender as usize].at(0)
+                });
+                // The window bounds the length (the device refuses past it).
                 let fits = offset
                     .checked_add(len)
                     .is_some_and(|end| end <= self.layout.segment)
-                    && bounce_offset + len <= self.layout.bounce_bytes;
+                    && to.is_some();
                 let mut reply = Outgoing::message(
                     sender,
                     Kind::Short,
@@ -1761,8 +1818,8 @@ impl<'c> Endpoint<'c> {
                     Vec::new(),
                     0,
                 );
-                if fits && len > 0 {
-                    reply.pre_write = Some((offset, len, self.layout.bounce_at + bounce_offset));
+                if let Some(to) = to.filter(|_| fits && len > 0) {
+                    reply.pre_write = Some((offset, len, to));
                 }
                 self.outgoing[sender as usize].push_back(reply);
                 Ok(())
@@ -1773,12 +1830,13 @@ impl<'c> Endpoint<'c> {
                 self.get_replies.insert(arg(0), arg(1));
                 Ok(())
             }
-            // The late reply to a get given up: its bytes have landed, the
-            // bounce area is free again.
+            // The late reply to a get given up (its window was revoked
+            // first, so its bytes did not land): nothing to do.
             INTERNAL_GET_REPLY
-                if args.len() == 2 && self.get_abandoned == Some((arg(0), sender)) =>
+                if args.len() == 2 && self.gets_given_up.contains(&(arg(0), sender)) =>
             {
-                self.get_abandoned = None;
+                self.gets_given_up
+                    .retain(|&given_up| given_up != (arg(0), sender));
                 Ok(())
             }
             // A peer is at most one barrier ahead: notices of this rank's
@@ -1816,6 +1874,12 @@ impl<'c> Endpoint<'c> {
                 }
                 if let Some(err) = failure {
                     self.fail_probe(peer, err);
+                }
+                continue;
+            }
+            if completion.user_data & GET_DATA_BIT != 0 {
+                if failure.is_some() {
+                    self.counters.get_data_refused += 1;
                 }
                 continue;
             }

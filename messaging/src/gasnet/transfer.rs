@@ -5,15 +5,15 @@ use std::rc::Rc;
 
 use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
 use pindown_driver::verbs::{MemoryRegion, RemoteWindow};
-use pindown_uapi::WorkRequest;
+use pindown_uapi::{Access, PortAddress, RemoteAddress, WorkRequest};
 
 use super::descriptor_cache::{CacheCounters, Cached, DescriptorCache};
 use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece, MAX_DIMS};
 use pindown_uapi::queue::MAX_INLINE;
 
 use super::{
-    check_range, Endpoint, GetMode, Handle, Kind, Op, DMA_ALIGN, FLAG_INTERNAL,
-    INTERNAL_GET_REQUEST, MAX_REQUEST, PACKET_BIT, SCRATCH_HEAD, SCRATCH_READ_HEAD,
+    check_range, Endpoint, GetMode, Handle, Kind, Op, DMA_ALIGN, FLAG_INTERNAL, GETS_GIVEN_UP_KEPT,
+    GET_DATA_BIT, INTERNAL_GET_REQUEST, MAX_REQUEST, SCRATCH_HEAD, SCRATCH_READ_HEAD,
     SCRATCH_READ_SMALL, SCRATCH_READ_TAIL, SCRATCH_SMALL, SCRATCH_TAIL,
 };
 use crate::engine::post_entries;
@@ -428,18 +428,21 @@ impl<'c> Endpoint<'c> {
         target: u32,
         from: u64,
         len: u64,
-        to: u64,
+        to: RemoteAddress,
     ) -> Result<()> {
-        let remote = self.peers[target as usize];
         let pio = len <= u64::from(self.config.pio_max);
         let region = self.window.region();
         let mut entries: Vec<Entry<'_>> = Vec::new();
         let mut at = 0;
         while at < len {
             let n = (len - at).min(MAX_REQUEST);
-            let entry = Write::new(region.local(from + at, n as u32)?, remote.at(to + at))
+            let destination = RemoteAddress {
+                offset: to.offset + at,
+                ..to
+            };
+            let entry = Write::new(region.local(from + at, n as u32)?, destination)
                 .build()
-                .user_data(PACKET_BIT | u64::from(target));
+                .user_data(GET_DATA_BIT | u64::from(target));
             entries.push(if pio { entry.inline() } else { entry });
             at += n;
         }
@@ -592,22 +595,29 @@ impl<'c> Endpoint<'c> {
     /// The paper's get over a write-only fabric: a request message per
     /// piece of the bounce area; the target writes the bytes into this
     /// rank's bounce area, then replies; the bytes are copied out.
+    ///
+    /// The bounce area is reachable only through a window bound for the
+    /// target for this get alone (its key travels in each request), and
+    /// revoked before the get returns, whatever happened: no other rank
+    /// can write what this get returns, and a late reply to a get given
+    /// up finds the window gone, so the next get need not wait for it.
     fn get_by_message(&mut self, target: u32, offset: u64, destination: &mut [u8]) -> Result<()> {
         self.counters.gets_by_message += 1;
         let piece = self.layout.bounce_bytes.clamp(1, u64::from(u32::MAX));
         let len = destination.len() as u64;
+        let shared = self.peers[target as usize].shared;
+        let window = self.context.bind_region_window(
+            self.context.register_buffer(&self.memory)?,
+            self.layout.bounce_at,
+            self.layout.bounce_bytes.max(1),
+            Access::REMOTE_WRITE,
+            Some(PortAddress {
+                node: shared.node,
+                port: shared.port,
+            }),
+        )?;
+        let key = window.remote().key.0;
         let mut at = 0;
-        if let Some((id, earlier)) = self.get_abandoned {
-            // Its target may still write the bounce area: wait for its
-            // reply first.
-            self.wait_until(|ep| ep.get_abandoned.is_none())
-                .map_err(|e| {
-                    Error::Gasnet(format!(
-                        "the reply of rank {earlier} to an earlier get (request {id}) never \
-                         came, and it may still write the bounce area: {e}"
-                    ))
-                })?;
-        }
         while at < len {
             let n = (len - at).min(piece);
             self.next_get = self.next_get.wrapping_add(1);
@@ -620,12 +630,26 @@ impl<'c> Endpoint<'c> {
                 Kind::Short,
                 FLAG_INTERNAL,
                 INTERNAL_GET_REQUEST,
-                &[id, from as u32, (from >> 32) as u32, n as u32, 0],
+                &[
+                    id,
+                    from as u32,
+                    (from >> 32) as u32,
+                    n as u32,
+                    key as u32,
+                    (key >> 32) as u32,
+                ],
                 &[],
                 0,
             )?;
             if let Err(err) = self.wait_until(|ep| ep.get_replies.contains_key(&id)) {
-                self.get_abandoned = self.get_pending.take();
+                // Revoked (a barrier: nothing the target writes lands
+                // after it) before the caller gets the memory back.
+                drop(window);
+                let given_up = self.get_pending.take().expect("the get in progress");
+                if self.gets_given_up.len() == GETS_GIVEN_UP_KEPT {
+                    self.gets_given_up.pop_front();
+                }
+                self.gets_given_up.push_back(given_up);
                 return Err(err);
             }
             self.get_pending = None;
@@ -647,6 +671,7 @@ impl<'c> Endpoint<'c> {
             };
             at += n;
         }
+        drop(window);
         self.counters.bounced += 1;
         Ok(())
     }
