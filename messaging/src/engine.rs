@@ -355,6 +355,7 @@ impl<'c> Engine<'c> {
             }
             collective_windows.push(window);
         }
+        crate::records::distinct_ports(collective_windows.iter().map(|w| (w.node, w.port)))?;
         // One window per peer over the words that peer writes, bound for
         // its port alone; each registration is a pin-down cache hit. Its
         // key is published for that peer to get: O(ranks) per rank.

@@ -52,10 +52,13 @@ fn memory_per_peer_is_at_most_64_bytes_and_the_report_covers_the_heap() {
         assert!(figures["per_peer"] <= 64, "{figures:?}");
         assert_eq!(figures["peers"], u64::from(n), "{figures:?}");
         assert!(figures["heap"] <= figures["total"], "{figures:?}");
-        totals.push((n, figures["total"], figures["per_peer"]));
+        // One window and one key per round of sync's dissemination.
+        let rounds = u64::from(n.next_power_of_two().trailing_zeros());
+        assert!(figures["sync"] <= 256 * rounds, "{figures:?}");
+        totals.push((n, figures["total"] - figures["sync"], figures["per_peer"]));
     }
-    // The report grows by exactly its per-peer figure per rank: nothing
-    // else is kept per peer.
+    // Beside sync's rounds, the report grows by exactly its per-peer
+    // figure per rank: nothing else is kept per peer.
     let (n0, total0, _) = totals[0];
     for &(n, total, per_peer) in &totals[1..] {
         assert_eq!(total - total0, per_peer * u64::from(n - n0), "{totals:?}");
@@ -84,6 +87,7 @@ fn the_edges_hold() {
         ("acp-edge-order", 2),
         ("acp-edge-stale-pin", 1),
         ("acp-edge-evict", 2),
+        ("acp-edge-hostile-sync", 3),
     ] {
         passes(ranks, scenario, &[]);
     }

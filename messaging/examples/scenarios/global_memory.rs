@@ -654,8 +654,8 @@ fn memory(job: &mut Job, context: &Context) -> Outcome {
         ));
     }
     tally.notes.push(format!(
-        "heap={heap} fixed={} per_peer={} peers={} per_registration={} registrations={} starter={} total={}",
-        report.fixed, report.per_peer, report.peers, report.per_registration, report.registrations, report.starter, report.total
+        "heap={heap} fixed={} per_peer={} sync={} peers={} per_registration={} registrations={} starter={} total={}",
+        report.fixed, report.per_peer, report.sync, report.peers, report.per_registration, report.registrations, report.starter, report.total
     ));
     tally.checked += 1;
     memory.finalize().map_err(err("finalize"))?;

@@ -31,6 +31,7 @@ pub fn run(job: &mut Job, context: &Context, name: &str) -> Outcome {
         "acp-edge-order" => order(job, context),
         "acp-edge-stale-pin" => stale_pin(job, context),
         "acp-edge-evict" => evict(job, context),
+        "acp-edge-hostile-sync" => hostile_sync(job, context),
         other => Err(format!("unknown scenario {other:?}")),
     }
 }
@@ -203,6 +204,7 @@ fn memuse(job: &mut Job, context: &Context) -> Outcome {
     let memory = GlobalMemory::init(context, job, Config::default()).map_err(err("init"))?;
     let r = memory.memory_use();
     let sum = r.fixed
+        + r.sync
         + r.starter
         + r.per_peer * u64::from(r.peers)
         + r.per_registration * u64::from(r.registrations)
@@ -210,7 +212,7 @@ fn memuse(job: &mut Job, context: &Context) -> Outcome {
     memory.finalize().ok();
     if sum != r.total {
         return Err(format!(
-            "total {} but fixed + starter + per_peer * peers + ... = {sum} ({r:?})",
+            "total {} but fixed + sync + starter + per_peer * peers + ... = {sum} ({r:?})",
             r.total
         ));
     }
@@ -551,4 +553,114 @@ fn evict(job: &mut Job, context: &Context) -> Outcome {
     memory.finalize().map_err(err("finalize"))?;
     drop((user, other));
     result
+}
+
+/// Three ranks; rank 2 is hostile. Each synchronization word of a rank is
+/// writable only by the rank that signals it in that round: rank 2 holds
+/// the key of rank 0's word of round 0 (it signals it there) and can read
+/// from the launcher the key of its word of round 1, which rank 1
+/// signals. Its write through the latter is refused; through the former
+/// it writes a synchronization far ahead, and rank 0's next `sync` fails
+/// naming rank 2 instead of passing without it.
+fn hostile_sync(job: &mut Job, context: &Context) -> Outcome {
+    use pindown_driver::verbs::opcode::Write;
+    use pindown_uapi::{ErrorDetail, RemoteAddress, RemoteKey};
+    use std::time::{Duration, Instant};
+    const FORGED: [u8; 8] = *b"forged!!";
+    let config = Config {
+        starter_bytes: 4096,
+        ..Config::default()
+    };
+    let mut memory = GlobalMemory::init(context, job, config).map_err(err("init"))?;
+    if memory.size() != 3 {
+        return Err("acp-edge-hostile-sync runs on 3 ranks".into());
+    }
+    memory.sync().map_err(err("sync"))?;
+    let mut tally = Tally::default();
+    let zero = memory.starter_address(0).map_err(err("address"))?;
+    match memory.rank() {
+        0 => {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut seen = [0u8; 8];
+            while seen != FORGED {
+                if Instant::now() > deadline {
+                    return Err("rank 2 never said it had forged".into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                memory.read_local(zero, &mut seen).map_err(err("read"))?;
+            }
+            match memory.sync() {
+                Err(Error::BadPeerRecord { rank: 2, why }) if why.contains("ahead") => {
+                    tally.notes.push(format!("refused: {why}"));
+                    tally.checked += 1;
+                }
+                other => return Err(format!("sync after a forged signal: {other:?}")),
+            }
+        }
+        1 => tally.checked += 1,
+        _ => {
+            // Rank 0's record: its node and port.
+            let record = job.get(0, "pindown-acp-0").map_err(err("record"))?;
+            let node = u16::from_le_bytes([record[8], record[9]]);
+            let port = u16::from_le_bytes([record[10], record[11]]);
+            let own = RemoteKey(u64::from_le_bytes(job_key(job, 0)?));
+            let rank_1s = RemoteKey(u64::from_le_bytes(job_key(job, 1)?));
+            let buffer = context.alloc(4096, 4096).map_err(err("alloc"))?;
+            buffer.write_at(0, &u64::MAX.to_le_bytes());
+            let region = context.register_buffer(&buffer).map_err(err("register"))?;
+            let mut cq = context.create_completion_queue();
+            let mut qp = context
+                .create_queue_pair(&mut cq)
+                .map_err(err("queue pair"))?;
+            let mut write =
+                |key: RemoteKey| -> Result<Result<(), pindown_uapi::CompletionError>, String> {
+                    let remote = RemoteAddress {
+                        node,
+                        port,
+                        key,
+                        offset: 0,
+                    };
+                    let entry = Write::new(region.local(0, 8).map_err(err("local"))?, remote)
+                        .build()
+                        .signaled();
+                    qp.post(&[entry]).map_err(err("post"))?;
+                    let mut done = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while done.is_empty() {
+                        if Instant::now() > deadline {
+                            return Err("a write did not complete".into());
+                        }
+                        cq.poll_into(&mut done).map_err(err("poll"))?;
+                    }
+                    Ok(done[0].result().map(drop))
+                };
+            match write(rank_1s)? {
+                Err(e) if e.detail == ErrorDetail::NotGranted => tally.checked += 1,
+                other => return Err(format!("a write into rank 1's word at rank 0: {other:?}")),
+            }
+            write(own)?.map_err(|e| format!("a write into its own word at rank 0: {e}"))?;
+            let mine = memory.starter_address(2).map_err(err("address"))?;
+            memory.write_local(mine, &FORGED).map_err(err("write"))?;
+            let copy = memory
+                .copy(zero, mine, 8, Order::Any)
+                .map_err(err("copy"))?;
+            memory.complete(copy).map_err(err("complete"))?;
+            tally.checked += 1;
+        }
+    }
+    // Rank 0 reads no more; the others may leave.
+    std::thread::sleep(Duration::from_millis(500));
+    memory.finalize().map_err(err("finalize"))?;
+    Ok(tally)
+}
+
+/// The key rank 0 published for its synchronization word of `round` (of
+/// the first init of this process).
+fn job_key(job: &mut Job, round: u32) -> Result<[u8; 8], String> {
+    let value = job
+        .get(0, &format!("pindown-acp-0-sync-{round}"))
+        .map_err(err("sync key"))?;
+    value
+        .try_into()
+        .map_err(|v: Vec<u8>| format!("a sync key of {} bytes", v.len()))
 }

@@ -68,7 +68,7 @@ use std::time::Duration;
 use pindown_driver::launch::Job;
 use pindown_driver::verbs::{Context, RegionWindow};
 use pindown_uapi::queue::{COMPLETION_SLOT, REQUEST_SLOT};
-use pindown_uapi::{Access, NodeId, RemoteAddress, RemoteKey};
+use pindown_uapi::{Access, NodeId, PortAddress, RemoteAddress, RemoteKey};
 
 pub use address::{
     AddressFields, AddressLayout, GlobalAddress, Key, COLOR_BITS, MAX_RANKS, MAX_REGISTRATION,
@@ -142,8 +142,13 @@ pub struct MemoryUse {
     /// rings (the command queue), the key table peers read, the
     /// synchronization words and the staging area.
     pub fixed: u64,
-    /// Bytes per peer: its port and three window keys. No buffers.
+    /// Bytes per peer: its port and two window keys. No buffers.
     pub per_peer: u64,
+    /// Bytes of [`GlobalMemory::sync`]'s windows and keys: per round of
+    /// the dissemination (log2 of the ranks, rounded up), a window over
+    /// this rank's word for the rank that signals it and the key of the
+    /// word it signals.
+    pub sync: u64,
     /// Ranks whose record is kept (every rank, this one included).
     pub peers: u32,
     /// Bytes per registration held (its key-table entry and record).
@@ -161,15 +166,13 @@ pub struct MemoryUse {
     pub total: u64,
 }
 
-/// How a peer is reached: 40 bytes.
+/// How a peer is reached: 32 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Peer {
     node: NodeId,
     port: u16,
     /// Its key table (read-only).
     directory: RemoteKey,
-    /// Its synchronization words (write-only).
-    sync: RemoteKey,
     /// Its starter memory.
     starter: RemoteKey,
     starter_len: u64,
@@ -188,8 +191,8 @@ impl Peer {
 
 /// Bytes of a rank's record in the launcher's key-value space: a status
 /// byte (and padding), the rank chosen, node, port, key-table entries,
-/// three window keys, starter bytes.
-const RECORD_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 * 4;
+/// two window keys, starter bytes.
+const RECORD_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 * 3;
 /// The status byte of a rank that set up.
 const RECORD_OK: u8 = 1;
 /// Synchronization words: one per dissemination round.
@@ -240,7 +243,6 @@ struct Local<'c> {
     system: PageMemory,
     starter: PageMemory,
     directory_window: RegionWindow<'c>,
-    sync_window: RegionWindow<'c>,
     starter_window: RegionWindow<'c>,
     entries: u32,
 }
@@ -279,13 +281,6 @@ impl<'c> Local<'c> {
             Access::REMOTE_READ,
             None,
         )?;
-        let sync_window = context.bind_region_window(
-            context.register(system.addr(), system.len() as u64)?,
-            directory_bytes,
-            SYNC_WORDS * 8,
-            Access::REMOTE_WRITE,
-            None,
-        )?;
         let starter_window = context.bind_region_window(
             context.register(starter.addr(), config.starter_bytes as u64)?,
             0,
@@ -298,7 +293,6 @@ impl<'c> Local<'c> {
             system,
             starter,
             directory_window,
-            sync_window,
             starter_window,
             entries,
         })
@@ -314,9 +308,8 @@ impl<'c> Local<'c> {
         record[10..12].copy_from_slice(&own.port.to_le_bytes());
         record[12..16].copy_from_slice(&config.registrations.to_le_bytes());
         record[16..24].copy_from_slice(&own.key.0.to_le_bytes());
-        record[24..32].copy_from_slice(&self.sync_window.remote().key.0.to_le_bytes());
-        record[32..40].copy_from_slice(&self.starter_window.remote().key.0.to_le_bytes());
-        record[40..48].copy_from_slice(&(config.starter_bytes as u64).to_le_bytes());
+        record[24..32].copy_from_slice(&self.starter_window.remote().key.0.to_le_bytes());
+        record[32..40].copy_from_slice(&(config.starter_bytes as u64).to_le_bytes());
         record
     }
 }
@@ -332,11 +325,12 @@ pub struct GlobalMemory<'c> {
     ops: Operations<'c>,
     registrations: Registrations<RegionWindow<'c>>,
     directory_window: RegionWindow<'c>,
-    #[expect(
-        dead_code,
-        reason = "held so that peers can write the synchronization words"
-    )]
-    sync_window: RegionWindow<'c>,
+    /// For each round of [`sync`](Self::sync), the window over its word,
+    /// bound for the one rank that signals this rank in that round.
+    sync_windows: Vec<RegionWindow<'c>>,
+    /// For each round, the key of the window over that round's word at
+    /// the rank this rank signals in it.
+    sync_keys: Vec<RemoteKey>,
     system: PageMemory,
     starter: PageMemory,
     context: &'c Context,
@@ -405,22 +399,31 @@ impl<'c> GlobalMemory<'c> {
         };
         let records = job.all_gather(&format!("pindown-acp-{generation}"), &record)?;
         let local = local?;
-        let peers = peers_by_chosen_rank(&records, config.registrations)?;
+        let (peers, launcher_ranks) = peers_by_chosen_rank(&records, config.registrations)?;
+        crate::records::distinct_ports(peers.iter().map(|peer| (peer.node, peer.port)))?;
         let Local {
             layout,
             system,
             starter,
             directory_window,
-            sync_window,
             starter_window,
             entries,
         } = local;
+        let (sync_windows, sync_keys) = sync_windows(
+            context,
+            job,
+            generation,
+            (rank, &peers, &launcher_ranks),
+            &system,
+            u64::from(entries) * ENTRY_BYTES,
+        )?;
         let ops = Operations::new(context)?;
         let mut memory = GlobalMemory {
             ops,
             registrations: Registrations::new(entries),
             directory_window,
-            sync_window,
+            sync_windows,
+            sync_keys,
             system,
             starter,
             context,
@@ -747,6 +750,8 @@ impl<'c> GlobalMemory<'c> {
         let queue = u64::from(self.context.queue_size());
         let table = u64::from(self.registrations.capacity())
             * (std::mem::size_of::<Option<Registered<RegionWindow<'c>>>>() + 4) as u64;
+        let sync = (self.sync_windows.len() * std::mem::size_of::<RegionWindow<'c>>()
+            + self.sync_keys.len() * std::mem::size_of::<RemoteKey>()) as u64;
         let fixed = queue * (REQUEST_SLOT + COMPLETION_SLOT) as u64
             + self.system.len() as u64
             + std::mem::size_of::<Self>() as u64
@@ -764,6 +769,7 @@ impl<'c> GlobalMemory<'c> {
         MemoryUse {
             fixed,
             per_peer,
+            sync,
             peers: self.size(),
             per_registration,
             registrations,
@@ -771,6 +777,7 @@ impl<'c> GlobalMemory<'c> {
             cached_entries,
             starter,
             total: fixed
+                + sync
                 + starter
                 + per_peer * u64::from(self.size())
                 + per_registration * u64::from(registrations)
@@ -888,9 +895,93 @@ fn check_bounds(address: GlobalAddress, offset: u64, len: u64, registered: u64) 
 
 /// Every rank's record, placed by the rank it chose; every rank must have
 /// set up, chosen a distinct rank and sized its key table alike.
-fn peers_by_chosen_rank(records: &[Vec<u8>], registrations: u32) -> Result<Vec<Peer>> {
+/// The launcher key under which a rank publishes the key of its window
+/// over its word of round `round` of `sync`.
+fn sync_key_name(generation: u32, round: u32) -> String {
+    format!("pindown-acp-{generation}-sync-{round}")
+}
+
+/// The windows over this rank's synchronization words, each bound for
+/// the one rank that signals it in that round (dissemination: rank
+/// `rank - 2^round`), and the keys of the windows of the ranks this rank
+/// signals (`rank + 2^round`), exchanged through the launcher: O(log
+/// ranks) per rank. `me`: this rank (chosen), every peer by chosen rank,
+/// and each chosen rank's rank at the launcher. A collective call: every
+/// rank publishes and fences whatever fails locally.
+fn sync_windows<'c>(
+    context: &'c Context,
+    job: &mut Job,
+    generation: u32,
+    (rank, peers, launcher_ranks): (u32, &[Peer], &[u32]),
+    system: &PageMemory,
+    words_at: u64,
+) -> Result<(Vec<RegionWindow<'c>>, Vec<RemoteKey>)> {
+    let size = peers.len() as u32;
+    let rounds = (0..SYNC_WORDS as u32).take_while(|&round| 1u64 << round < u64::from(size));
+    let mut windows = Vec::new();
+    let mut failed = None;
+    for round in rounds.clone() {
+        let from = peers[((rank + size - (1 << round) % size) % size) as usize];
+        let bound = context
+            .register(system.addr(), system.len() as u64)
+            .and_then(|region| {
+                context.bind_region_window(
+                    region,
+                    words_at + 8 * u64::from(round),
+                    8,
+                    Access::REMOTE_WRITE,
+                    Some(PortAddress {
+                        node: from.node,
+                        port: from.port,
+                    }),
+                )
+            });
+        let key = match bound {
+            Ok(window) => {
+                let key = window.remote().key.0;
+                windows.push(window);
+                key
+            }
+            Err(err) => {
+                failed.get_or_insert(err);
+                0
+            }
+        };
+        job.put(&sync_key_name(generation, round), &key.to_le_bytes())?;
+    }
+    job.fence()?;
+    if let Some(err) = failed {
+        return Err(err.into());
+    }
+    let mut keys = Vec::new();
+    for round in rounds {
+        let to = (rank + (1 << round) % size) % size;
+        let value = job.get(
+            launcher_ranks[to as usize],
+            &sync_key_name(generation, round),
+        )?;
+        let key = <[u8; 8]>::try_from(value.as_slice())
+            .ok()
+            .and_then(|bytes| RemoteKey::try_from(u64::from_le_bytes(bytes)).ok())
+            .ok_or_else(|| Error::BadPeerRecord {
+                rank: to,
+                why: format!(
+                    "{} bytes for the key of its synchronization word of round {round}, a \
+                     nonzero 8-byte key expected (it failed to set up, or lies)",
+                    value.len()
+                ),
+            })?;
+        keys.push(key);
+    }
+    Ok((windows, keys))
+}
+
+/// Every rank's peer record by the rank it chose, and each chosen rank's
+/// rank at the launcher.
+fn peers_by_chosen_rank(records: &[Vec<u8>], registrations: u32) -> Result<(Vec<Peer>, Vec<u32>)> {
     let size = records.len();
     let mut peers: Vec<Option<Peer>> = vec![None; size];
+    let mut launcher_ranks = vec![0; size];
     for (index, record) in records.iter().enumerate() {
         let bad = |why: String| Error::BadPeerRecord {
             rank: index as u32,
@@ -930,13 +1021,14 @@ fn peers_by_chosen_rank(records: &[Vec<u8>], registrations: u32) -> Result<Vec<P
             node: u16::from_le_bytes(record[8..10].try_into().unwrap()),
             port: u16::from_le_bytes(record[10..12].try_into().unwrap()),
             directory: RemoteKey(u64_at(16)),
-            sync: RemoteKey(u64_at(24)),
-            starter: RemoteKey(u64_at(32)),
-            starter_len: u64_at(40),
+            starter: RemoteKey(u64_at(24)),
+            starter_len: u64_at(32),
         });
+        launcher_ranks[chosen as usize] = index as u32;
     }
-    Ok(peers
+    let peers = peers
         .into_iter()
         .map(|p| p.expect("every rank placed once"))
-        .collect())
+        .collect();
+    Ok((peers, launcher_ranks))
 }

@@ -345,7 +345,11 @@ impl GlobalMemory<'_> {
     /// A barrier across every rank (ACP's `acp_sync`), after this rank's
     /// operations completed: when it returns, every rank's operations
     /// started before it have landed. Dissemination over one word per
-    /// round in each rank's memory, written by the device.
+    /// round in each rank's memory, written by the device through a
+    /// window bound for the one rank that signals in that round, so no
+    /// other rank can release it; that rank's word more than one barrier
+    /// ahead of this rank's (no member can be) fails it with
+    /// [`Error::BadPeerRecord`] naming the writer.
     pub fn sync(&mut self) -> Result<()> {
         self.complete_all()?;
         let size = self.size();
@@ -354,7 +358,7 @@ impl GlobalMemory<'_> {
         }
         self.sync_epoch += 1;
         let epoch = self.sync_epoch;
-        let flags_at = self.sync_window_offset();
+        let flags_at = self.sync_words_at();
         let staging = self.staging_offset();
         // SAFETY: the staging area lies inside `system` (see
         // `staging_offset`), this rank's own memory no peer can write.
@@ -367,7 +371,7 @@ impl GlobalMemory<'_> {
             let tag = self.ops.tag();
             let entry = Write::new(
                 self.directory_window.region().local(staging, 8)?,
-                peer.address(peer.sync, round * 8),
+                peer.address(self.sync_keys[round as usize], 0),
             )
             .build()
             .inline()
@@ -384,7 +388,20 @@ impl GlobalMemory<'_> {
                 AtomicU64::from_ptr((self.system.addr() + flags_at + round * 8) as *mut u64)
             };
             // Acquire: what the peer wrote before its signal is seen after.
-            while flag.load(Ordering::Acquire) < epoch {
+            loop {
+                let signalled = flag.load(Ordering::Acquire);
+                if signalled > epoch + 1 {
+                    return Err(Error::BadPeerRecord {
+                        rank: from,
+                        why: format!(
+                            "synchronization {signalled} signalled while this rank is in {epoch}: \
+                             no rank can be more than one ahead"
+                        ),
+                    });
+                }
+                if signalled >= epoch {
+                    break;
+                }
                 self.progress()?;
                 if let Some(err) = self.ops.signal_failure.take() {
                     return Err(err);
@@ -639,13 +656,13 @@ impl GlobalMemory<'_> {
     }
 
     /// Offset in `system` of the synchronization words.
-    fn sync_window_offset(&self) -> u64 {
+    fn sync_words_at(&self) -> u64 {
         u64::from(self.registrations.capacity()) * ENTRY_BYTES
     }
 
     /// Offset in `system` of the staging area.
     fn staging_offset(&self) -> u64 {
-        self.sync_window_offset() + SYNC_WORDS * 8
+        self.sync_words_at() + SYNC_WORDS * 8
     }
 }
 
