@@ -44,7 +44,11 @@
 //! them, naming the peer), `leaked-key` (a third rank writes through the
 //! keys of the windows a rank bound for another peer: refused),
 //! `late-write` (the sender writes into a receive buffer after the
-//! receive returned: refused with `--window-cache 0`), and `collectives`
+//! receive returned: refused with `--window-cache 0`), `forged-split` and
+//! `forged-context` (the rank gathering a split's table forges this
+//! rank's entry: refused), `forged-credit` and `forged-entry` (any-source
+//! credit words and ring entries no honest peer writes: refused, naming
+//! the peer), and `collectives`
 //! (barriers, broadcasts,
 //! reduces and allreduces with every algorithm, random roots, sizes 0 B to
 //! 4 MiB, element types and operations, on the world, a split and a dup;
@@ -168,13 +172,24 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "forged-epoch" => forged_epoch(&messenger, &world),
         "leaked-key" => leaked_key(&messenger, &world),
         "late-write" => late_write(&messenger, &world),
+        "forged-split" => forged_split(&messenger, &world, false),
+        "forged-context" => forged_split(&messenger, &world, true),
+        "forged-credit" => forged_credit(&messenger, &world),
+        "forged-entry" => forged_entry(&messenger, &world),
         other => Err(format!("unknown scenario {other:?}")),
     }?;
     // Everyone done before anyone leaves (but a dead rank, and after a
     // forgery: the world's collectives refuse a forged epoch for good, and
     // the forger of a receive's completion still sees that receive
     // posted, so its next send to that peer may go to it).
-    let forged = ["forged-epoch", "forged-index"];
+    let forged = [
+        "forged-epoch",
+        "forged-index",
+        "forged-split",
+        "forged-context",
+        "forged-credit",
+        "forged-entry",
+    ];
     if !["peer-death", "any-source-death", "device-death"].contains(&scenario)
         && !forged.contains(&scenario)
     {
@@ -994,21 +1009,34 @@ fn any_flood(messenger: &Messenger<'_>, world: &Communicator<'_>, config: &Confi
     let (me, size) = (world.rank(), world.size());
     let eager = pindown_messaging::layout::ANY_EAGER_BYTES;
     let len_of = |n: u64| (1 + (n * 37 + 5) % eager) as usize;
+    // The flood alternates between the world and a dup: the limit holds
+    // per sender and communicator, and the receives in the senders' order
+    // (one communicator, then the other) never find their message held
+    // behind the other communicator's.
+    let dup = world.dup().map_err(err("dup"))?;
+    let comms = [world, &dup];
     if me != 0 {
         for n in 0..=FLOOD {
             let data = message(me, 0, 5000 + n, len_of(n));
-            let tag = if n == FLOOD { 2 } else { 1 };
-            world
-                .send_any(0, tag, &data)
+            let (comm, tag) = match n == FLOOD {
+                true => (world, 2),
+                false => (comms[n as usize % 2], 1),
+            };
+            comm.send_any(0, tag, &data)
                 .map_err(err("send_any flood"))?;
             tally.checked += data.len() as u64 + 1;
         }
         return Ok(tally);
     }
     let cap = config.unexpected_per_sender.max(1);
+    let senders = u64::from(size - 1);
     let mut waiting = world
         .irecv_any(None, Some(2), vec![0u8; eager as usize])
         .map_err(err("irecv_any"))?;
+    // A receive on the dup that nothing matches: its rings drain too.
+    let unmatched = dup
+        .irecv_any(None, Some(3), vec![0u8; 8])
+        .map_err(err("irecv_any on the dup"))?;
     let started = Instant::now();
     let mut most = pindown_messaging::AnyBacklog::default();
     while started.elapsed() < Duration::from_millis(500) {
@@ -1016,10 +1044,12 @@ fn any_flood(messenger: &Messenger<'_>, world: &Communicator<'_>, config: &Confi
             return Err("the tag-2 receive matched before the tag-1 flood was received".into());
         }
         let now = messenger.any_backlog();
-        if now.most_from_one_sender > cap {
+        // At most `cap` per sender and communicator, on two.
+        if now.most_from_one_sender > cap || now.messages as u64 > 2 * cap as u64 * senders {
             return Err(format!(
-                "{} messages of one sender queued, {cap} allowed: {now:?}",
-                now.most_from_one_sender
+                "{} messages queued, at most {cap} of each of {senders} senders on each of 2 \
+                 communicators allowed: {now:?}",
+                now.messages
             ));
         }
         if now.messages > most.messages {
@@ -1027,8 +1057,8 @@ fn any_flood(messenger: &Messenger<'_>, world: &Communicator<'_>, config: &Confi
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    drop(unmatched);
     let held = messenger.any_backlog().held_back;
-    let senders = u64::from(size - 1);
     // With a cap below the flood, every sender was held back at least
     // once, and no more than the cap of each waited.
     if (cap as u64) < FLOOD && held < senders {
@@ -1041,7 +1071,7 @@ fn any_flood(messenger: &Messenger<'_>, world: &Communicator<'_>, config: &Confi
     let mut buffer = vec![0u8; eager as usize];
     for source in 1..size {
         for n in 0..FLOOD {
-            let got = world
+            let got = comms[n as usize % 2]
                 .recv_any(Some(source), Some(1), &mut buffer)
                 .map_err(err("recv_any flood"))?;
             let len = len_of(n);
@@ -2211,4 +2241,186 @@ mod collectives {
         tally.checked += length_mismatch(world)?;
         Ok(tally)
     }
+}
+
+/// `forged-split` and `forged-context` (2 ranks): rank 0, which gathers
+/// the contributions of a split and sends every rank the table, sends
+/// rank 1 a forged one: rank 1's own color taken out (`forged-split`), or
+/// the world's context marked free for the new communicator
+/// (`forged-context`). Rank 1's split fails naming rank 0, instead of
+/// panicking or putting the new communicator on the world's context; the
+/// world still works.
+fn forged_split(messenger: &Messenger<'_>, world: &Communicator<'_>, context: bool) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("forged-split runs on 2 ranks".into());
+    }
+    let layout = messenger.control_layout();
+    // The world is context 0; its collectives (the exchange) context 1.
+    let collective = 1;
+    if world.rank() == 1 {
+        match world.split(Some(5), 0) {
+            Err(Error::BadPeerRecord { rank: 0, why }) => {
+                tally.notes.push(format!("refused: {why}"));
+                tally.checked += 1;
+            }
+            Err(other) => return Err(format!("split with a forged table: {other}")),
+            Ok(_) => return Err("split took a forged table".into()),
+        }
+        let mut got = [0u8; 8];
+        world
+            .recv(0, 4, &mut got)
+            .map_err(err("a world receive after"))?;
+        if got != [0xee; 8] {
+            return Err(format!("the world message after: {got:x?}"));
+        }
+        tally.checked += 1;
+        return Ok(tally);
+    }
+    // Rank 1's receives of the tables: its match record here.
+    let record = layout.match_record(layout.slot(collective, 1, 0));
+    let stamp = record + pindown_messaging::layout::MATCH_STAMP_AT;
+    let pairs = Config::default().communicators as usize;
+    // The table of colors (rank 1's own row forged out unless `context`),
+    // then, if rank 1 took it, the free contexts (all free, the world's
+    // included).
+    let tables: Vec<Vec<u8>> = {
+        let mut colors = vec![0u8; 18];
+        colors[0] = 1;
+        colors[1..5].copy_from_slice(&5u32.to_le_bytes());
+        if context {
+            colors[9] = 1;
+            colors[10..14].copy_from_slice(&5u32.to_le_bytes());
+        }
+        match context {
+            true => vec![colors, vec![1u8; 2 * pairs]],
+            false => vec![colors],
+        }
+    };
+    for (generation, table) in (1u64..).zip(&tables) {
+        let started = Instant::now();
+        while messenger.own_control_word(stamp) != generation {
+            messenger.progress().map_err(err("progress"))?;
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(format!("rank 1's receive {generation} never showed"));
+            }
+        }
+        let (key, offset) = (
+            messenger.own_control_word(record),
+            messenger.own_control_word(record + 8),
+        );
+        for (i, chunk) in table.chunks(64).enumerate() {
+            messenger
+                .write_peer_window(1, key, offset + 64 * i as u64, chunk)
+                .map_err(err("forging the table"))?;
+        }
+        let word = pindown_messaging::layout::done_word(generation, table.len() as u64, false);
+        messenger
+            .write_peer_control(
+                1,
+                layout.done_word(layout.slot(collective, 0, 0)),
+                &word.to_le_bytes(),
+            )
+            .map_err(err("forging the done word"))?;
+    }
+    messenger.set_send_timeout(None);
+    world
+        .send(1, 4, &[0xee; 8])
+        .map_err(err("a world send after"))?;
+    tally.checked += 1;
+    Ok(tally)
+}
+
+/// `forged-credit` (2 ranks): rank 1 writes into rank 0 a credit word
+/// saying it drained 1000 entries of rank 0's any-source ring, of none
+/// sent. Rank 0's next `send_any` to it fails naming rank 1 instead of
+/// waiting while rank 1 lives.
+fn forged_credit(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("forged-credit runs on 2 ranks".into());
+    }
+    let layout = messenger.control_layout();
+    messenger.set_send_timeout(None);
+    if world.rank() == 1 {
+        let word = pindown_messaging::layout::any_credit_word(1000, 0);
+        messenger
+            .write_peer_control(0, layout.any_credit(0, 1), &word.to_le_bytes())
+            .map_err(err("forging"))?;
+        world.send(0, 1, &[]).map_err(err("signal"))?;
+        world.recv(0, 2, &mut []).map_err(err("signal back"))?;
+        tally.checked += 1;
+        return Ok(tally);
+    }
+    world.recv(1, 1, &mut []).map_err(err("signal"))?;
+    match world.send_any(1, 7, &[1, 2, 3]) {
+        Err(Error::BadPeerRecord { rank: 1, why }) if why.contains("drained") => {
+            tally.notes.push(format!("refused: {why}"));
+            tally.checked += 1;
+        }
+        other => return Err(format!("send_any after a forged credit: {other:?}")),
+    }
+    world.send(1, 2, &[]).map_err(err("signal back"))?;
+    Ok(tally)
+}
+
+/// `forged-entry` (2 ranks): rank 1 writes into its own any-source ring
+/// at rank 0 a rendezvous entry naming a window it does not have, 2^62
+/// bytes long, then an eager entry whose length says 2^31 - 1. Rank 0's
+/// first `recv_any` fails naming rank 1, its buffer unchanged; the second
+/// is a truncation of what one entry holds.
+fn forged_entry(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    use pindown_messaging::layout::{any_message_word, ANY_EAGER_BYTES, ANY_RENDEZVOUS};
+    let mut tally = Tally::default();
+    if world.size() != 2 {
+        return Err("forged-entry runs on 2 ranks".into());
+    }
+    let layout = messenger.control_layout();
+    messenger.set_send_timeout(None);
+    if world.rank() == 1 {
+        let first = layout.any_entry(0, 1, 0);
+        let mut head = Vec::new();
+        head.extend_from_slice(&(ANY_RENDEZVOUS | 9).to_le_bytes());
+        head.extend_from_slice(&0x1234_5678u64.to_le_bytes());
+        head.extend_from_slice(&(1u64 << 62).to_le_bytes());
+        messenger
+            .write_peer_control(0, first + 8, &head)
+            .map_err(err("entry 0"))?;
+        messenger
+            .write_peer_control(0, first, &1u64.to_le_bytes())
+            .map_err(err("stamp 0"))?;
+        let second = layout.any_entry(0, 1, 1);
+        let word = any_message_word(10, Some(0x7fff_ffff));
+        messenger
+            .write_peer_control(0, second + 8, &word.to_le_bytes())
+            .map_err(err("entry 1"))?;
+        messenger
+            .write_peer_control(0, second, &2u64.to_le_bytes())
+            .map_err(err("stamp 1"))?;
+        world.send(0, 1, &[]).map_err(err("signal"))?;
+        world.recv(0, 2, &mut []).map_err(err("signal back"))?;
+        tally.checked += 1;
+        return Ok(tally);
+    }
+    world.recv(1, 1, &mut []).map_err(err("signal"))?;
+    let mut buffer = vec![0x5au8; 64];
+    match world.recv_any(None, None, &mut buffer) {
+        Err(Error::BadPeerRecord { rank: 1, why }) => {
+            tally.notes.push(format!("refused: {why}"));
+            tally.checked += 1;
+        }
+        other => return Err(format!("a rendezvous entry with a forged key: {other:?}")),
+    }
+    if buffer.iter().any(|&b| b != 0x5a) {
+        return Err("the refused receive changed its buffer".into());
+    }
+    match world.recv_any(None, None, &mut buffer) {
+        Err(Error::Truncated {
+            message,
+            capacity: 64,
+        }) if message == ANY_EAGER_BYTES => tally.checked += 1,
+        other => return Err(format!("an eager entry 2^31 - 1 bytes long: {other:?}")),
+    }
+    world.send(1, 2, &[]).map_err(err("signal back"))?;
+    Ok(tally)
 }

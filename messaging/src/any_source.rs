@@ -134,8 +134,11 @@ pub(crate) struct AnyState {
     credited: Vec<u64>,
     /// Messages drained from the rings and not yet received, oldest first.
     unexpected: VecDeque<Drained>,
-    /// Per ring: its messages in `unexpected` (at most
+    /// Per ring (sender and communicator): its messages in `unexpected`
+    /// (at most
     /// [`Config::unexpected_per_sender`](crate::Config::unexpected_per_sender)).
+    /// Per ring, not per sender: a sender's messages on one communicator
+    /// must not hold up those a receive on another asks for.
     queued: Vec<usize>,
     /// Bytes of the eager bodies in `unexpected`.
     queued_bytes: u64,
@@ -537,7 +540,19 @@ fn read_into(
     let tag = engine.read_remote(peer, &region, buffer.len() as u64, window, 0)?;
     // The region stays registered until the device is done with it (or
     // gave up, bounded, in `wait_plain`).
-    wait_plain(engine, peer, tag)
+    wait_plain(engine, peer, tag).map_err(|err| match err {
+        // The sender's window refused the read: its entry named a window
+        // it does not have open for this rank.
+        Error::Completion(refused) if refused.status == pindown_uapi::Status::RemoteAccessError => {
+            Error::BadPeerRecord {
+                rank: peer,
+                why: format!(
+                    "its rendezvous entry names a window that refuses the read: {refused}"
+                ),
+            }
+        }
+        other => other,
+    })
 }
 
 impl<'c> Communicator<'c> {
@@ -575,7 +590,19 @@ impl<'c> Communicator<'c> {
         engine.wait_until(Some(peer), None, |e| {
             drain_all(e, context)?;
             let (drained, _) = layout::any_credit_counts(e.load(credit_at));
-            Ok((seq as u32).wrapping_sub(drained) <= ANY_ENTRIES as u32)
+            // Entries written and not drained: at most the ring, unless
+            // the receiver claims entries this rank never wrote.
+            let undrained = ((seq - 1) as u32).wrapping_sub(drained);
+            if undrained > ANY_ENTRIES as u32 {
+                return Err(Error::BadPeerRecord {
+                    rank: peer,
+                    why: format!(
+                        "its credit word says {drained} entries drained (mod 2^32), of {} written",
+                        seq - 1
+                    ),
+                });
+            }
+            Ok(undrained < ANY_ENTRIES as u32)
         })?;
         let entry = engine.layout.any_entry(context, engine.rank, seq - 1);
         let stamp_at = engine.peer_at(peer, entry);
@@ -621,7 +648,17 @@ impl<'c> Communicator<'c> {
         wait_plain(&mut engine, peer, tag)?;
         engine.wait_until(Some(peer), None, |e| {
             drain_all(e, context)?;
-            Ok(layout::any_credit_counts(e.load(credit_at)).1 == number)
+            let reads = layout::any_credit_counts(e.load(credit_at)).1;
+            // Ahead of the rendezvous messages written (mod 2^32): forged.
+            if (reads.wrapping_sub(number) as i32) > 0 {
+                return Err(Error::BadPeerRecord {
+                    rank: peer,
+                    why: format!(
+                        "its credit word says {reads} rendezvous messages read, of {number} written"
+                    ),
+                });
+            }
+            Ok(reads == number)
         })?;
         // Revokes the window: the receiver has finished reading.
         drop(window);

@@ -638,7 +638,9 @@ impl<'c> Communicator<'c> {
     }
 
     /// Every member's `value` (all of the same length), in rank order:
-    /// gathered at rank 0 and sent back, on the collective context.
+    /// gathered at rank 0 and sent back, on the collective context. The
+    /// table rank 0 sends back must hold this rank's value unchanged
+    /// ([`Error::BadPeerRecord`] naming rank 0 otherwise).
     pub(crate) fn exchange(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
         let collective = self.context + 1;
         let size = self.size();
@@ -668,6 +670,15 @@ impl<'c> Communicator<'c> {
                     all.len()
                 )));
             }
+            if all[self.rank as usize * len..][..len] != *value {
+                return Err(Error::BadPeerRecord {
+                    rank: self.ranks[0],
+                    why: format!(
+                        "its table of contributions changed rank {}'s own",
+                        self.rank
+                    ),
+                });
+            }
         }
         Ok(all
             .chunks(len.max(1))
@@ -688,7 +699,7 @@ impl<'c> Communicator<'c> {
         let all = self.exchange(&free)?;
         let contexts = self.engine.borrow().contexts_taken.len() as u32;
         let pair = (0..free.len())
-            .find(|&i| all.iter().all(|f| f[i] == 1))
+            .find(|&i| free[i] == 1 && all.iter().all(|f| f[i] == 1))
             .ok_or(Error::NoContext { contexts })?;
         let context = pair as u32 * 2;
         let mut engine = self.engine();
@@ -736,10 +747,14 @@ impl<'c> Communicator<'c> {
             .iter()
             .map(|&(_, r)| self.ranks[r as usize])
             .collect();
+        // This rank's own entry came back unchanged (`exchange`).
         let rank = members
             .iter()
             .position(|&(_, r)| r == self.rank)
-            .expect("this rank is a member of its color") as u32;
+            .ok_or_else(|| Error::BadPeerRecord {
+                rank: self.ranks[0],
+                why: "its table of colors left this rank out of its own".into(),
+            })? as u32;
         Ok(Some(Communicator {
             engine: self.engine.clone(),
             context,

@@ -58,13 +58,17 @@ pub struct Config {
     /// none, revoking each window before its receive's wait returns, at
     /// the cost of a bind and a revoke (about 1.5 us) per receive.
     pub window_cache: usize,
-    /// Messages of one sender that may wait, received by nobody yet, in
-    /// the any-source domain's unexpected queue (an eager body takes at
-    /// most [`ANY_EAGER_BYTES`](crate::layout::ANY_EAGER_BYTES)). Past
-    /// it, that sender's further messages stay in its ring here and its
-    /// sends wait for this rank's receives, as sends do in an MPI that
-    /// buffers nothing: a sender streaming messages no one receives holds
-    /// at most this many of them in this rank's memory. 0 counts as 1.
+    /// Messages of one sender on one communicator that may wait,
+    /// received by nobody yet, in the any-source domain's unexpected
+    /// queue (an eager body takes at most
+    /// [`ANY_EAGER_BYTES`](crate::layout::ANY_EAGER_BYTES)). Past it,
+    /// that sender's further messages on that communicator stay in its
+    /// ring here and its sends wait for this rank's receives, as sends do
+    /// in an MPI that buffers nothing: a sender streaming messages no one
+    /// receives holds at most this many of them per communicator in this
+    /// rank's memory. (Per communicator, not per sender: a receive on one
+    /// communicator must find its message whatever the same sender left
+    /// unreceived on another.) 0 counts as 1.
     pub unexpected_per_sender: usize,
 }
 

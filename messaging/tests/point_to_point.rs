@@ -190,3 +190,25 @@ fn with_no_window_cache_a_sender_cannot_write_after_the_receive_returned() {
     let cached = passes(2, "late-write", &[]);
     assert_eq!(checked(&cached[0]), 0, "{}", cached[0]);
 }
+
+#[test]
+fn a_forged_table_from_the_rank_that_gathers_fails_split_naming_it() {
+    for scenario in ["forged-split", "forged-context"] {
+        let lines = passes(2, scenario, &[]);
+        // Rank 1's split refused naming rank 0 (no panic, no communicator
+        // on the world's context), and a world message after arrived.
+        assert_eq!(checked(&lines[1]), 2, "{scenario}: {}", lines[1]);
+    }
+}
+
+#[test]
+fn forged_any_source_credits_and_entries_are_refused_naming_the_peer() {
+    // A credit word claiming entries never written: send_any refused.
+    let lines = passes(2, "forged-credit", &[]);
+    assert_eq!(checked(&lines[0]), 1, "{}", lines[0]);
+    // A rendezvous entry naming a window the sender does not have:
+    // refused naming it, the buffer unchanged; an eager length past the
+    // entry: truncated to what the entry holds.
+    let lines = passes(2, "forged-entry", &[]);
+    assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
+}
