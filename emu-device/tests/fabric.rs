@@ -19,7 +19,7 @@ use pindown_driver::verbs::opcode::{
 use pindown_driver::verbs::{CompletionQueue, Context};
 use pindown_uapi::pattern::{Block, BlockList, Pattern, Piece};
 use pindown_uapi::{
-    Access, AtomicOp, Bitwise, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status,
+    Access, Arrival, AtomicOp, Bitwise, Completion, ErrorDetail, RemoteAddress, RemoteKey, Status,
 };
 
 const TOKEN: &str = "5eed0f1ab";
@@ -573,6 +573,121 @@ fn vector_writes_and_reads_cross_nodes_in_self_describing_parts() {
             "byte {i} outside the pattern changed"
         );
     }
+}
+
+/// A vector write into a window of another node that asks for a target
+/// notice (NOTIFY_TARGET): the target's context finds one arrival naming
+/// the writer's node and port, the window, the bytes and the immediate,
+/// with every byte in place when it is seen, for a write of one part and
+/// one of many parts, under loss; refused writes queue nothing; a port
+/// that holds as many arrivals as the device allows refuses the next
+/// notifying write, and none that succeeded lost its arrival.
+#[test]
+fn a_notifying_vector_write_tells_the_target_on_another_node() {
+    let ports = [free_port(), free_port()];
+    let lossy = [
+        "--fault-in",
+        "loss=0.03,dup=0.02,reorder=0.03,seed=31",
+        "--fault-out",
+        "loss=0.03,reorder=0.03,seed=32",
+    ];
+    let zero = node(0, &ports, &lossy);
+    let one = node(1, &ports, &lossy);
+    let initiator = Context::open(zero.socket(0), config()).unwrap();
+    let target = Context::open(one.socket(0), config()).unwrap();
+    const SPAN: usize = 1 << 20;
+    let near = initiator.alloc(SPAN, 64).unwrap();
+    let far = target.alloc(SPAN, 64).unwrap();
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(&far_region, 0, SPAN as u64, Access::REMOTE_WRITE)
+        .unwrap();
+    let writer = initiator.info().address();
+    assert_eq!(writer.node, 0);
+    let mut cq: CompletionQueue<'_> = initiator.create_completion_queue();
+    let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+    // 64 bytes in one part; 4096 blocks of 64 bytes 128 apart (256 KiB,
+    // a few hundred parts).
+    let cases = [
+        (
+            Pattern::new(vec![Piece::vector(8, 16, 4, 40)], 1, 0).unwrap(),
+            0xa1u64,
+        ),
+        (
+            Pattern::new(vec![Piece::vector(0, 64, 4096, 128)], 1, 0).unwrap(),
+            0xa2,
+        ),
+    ];
+    for (round, (remote_pattern, immediate)) in cases.into_iter().enumerate() {
+        let len = remote_pattern.plan().unwrap().len() as usize;
+        let source = pattern(len, 0x10 + round as u8);
+        near.write_at(0, &source);
+        let far_before = pattern(SPAN, 0x90 + round as u8);
+        far.write_at(0, &far_before);
+        let write = Vector::write(
+            near_region.local(0, len as u32).unwrap(),
+            Pattern::contiguous(len as u64),
+            window.remote().at(4096),
+            remote_pattern.clone(),
+        )
+        .unwrap()
+        .notify(immediate);
+        qp.post(&[write.build().signaled().user_data(round as u64)])
+            .unwrap();
+        // The arrival first: the bytes are in place when it is seen.
+        let arrivals = target.wait_arrivals(Duration::from_secs(30)).unwrap();
+        let landed = contents(&far);
+        assert_eq!(
+            arrivals,
+            vec![Arrival {
+                peer: writer,
+                key: window.remote().key,
+                bytes: len as u32,
+                immediate,
+            }],
+            "round {round}"
+        );
+        let mut expected = far_before;
+        for (i, at) in stream(&remote_pattern).into_iter().enumerate() {
+            expected[4096 + at] = source[i];
+        }
+        assert!(landed == expected, "round {round}: remote memory differs");
+        let done: Vec<Completion> = cq.wait(Duration::from_secs(30)).unwrap().collect();
+        assert_eq!(done.len(), 1);
+        assert_eq!(
+            (done[0].status, done[0].user_data, done[0].byte_len),
+            (Status::Success, round as u64, len as u32),
+            "{done:?}"
+        );
+        assert!(target.arrivals().unwrap().is_empty(), "one arrival a write");
+    }
+
+    // Refused (past the window): no arrival.
+    let past = Pattern::new(vec![Piece::vector(0, 8, 2, 1 << 30)], 1, 0).unwrap();
+    let refused = Vector::write(
+        near_region.local(0, 16).unwrap(),
+        Pattern::contiguous(16),
+        window.remote().at(0),
+        past,
+    )
+    .unwrap()
+    .notify(0xbad);
+    let done = run(&initiator, refused.build());
+    assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
+    assert!(target.arrivals().unwrap().is_empty());
+
+    // Arrivals the target does not take: once its port holds as many as
+    // the device allows, notifying writes are refused (NoticeLimit), and
+    // every one that succeeded has its arrival.
+    let small = Vector::write(
+        near_region.local(0, 8).unwrap(),
+        Pattern::contiguous(8),
+        window.remote().at(0),
+        Pattern::contiguous(8),
+    )
+    .unwrap();
+    common::arrivals::arrivals_are_bounded_and_none_is_dropped(&initiator, &target, &small);
 }
 
 /// Datagrams nobody of the fabric sends (random bytes, another job's

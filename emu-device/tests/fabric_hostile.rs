@@ -20,12 +20,12 @@ use common::{
 };
 use pindown_driver::verbs::opcode::{Entry, Read, Write};
 use pindown_driver::verbs::{CompletionQueue, Context};
-use pindown_emu_device::internode::message::{FrameDatagram, Message, Origin};
+use pindown_emu_device::internode::message::{FrameDatagram, Message, Origin, PartNotice};
 use pindown_emu_device::net::wire::{Header, StreamHeader, HEADER_LEN};
 use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece};
 use pindown_uapi::{
-    Access, AtomicOp, AtomicWidth, Completion, ErrorDetail, PortAddress, RemoteAddress, RemoteKey,
-    Status,
+    Access, Arrival, AtomicOp, AtomicWidth, Completion, ErrorDetail, PortAddress, RemoteAddress,
+    RemoteKey, Status,
 };
 
 const TOKEN: &str = "5eed0f1ab";
@@ -345,6 +345,20 @@ fn vector_write_message(
     pattern: &[u8],
     bytes: &[u8],
 ) -> Vec<u8> {
+    notifying_write_message(origin, dst_port, key, offset, pattern, bytes, None)
+}
+
+/// A VECTOR_WRITE part as [`vector_write_message`], the last of its write
+/// when it carries `notice`.
+fn notifying_write_message(
+    origin: Origin,
+    dst_port: u16,
+    key: RemoteKey,
+    offset: u64,
+    pattern: &[u8],
+    bytes: &[u8],
+    notice: Option<PartNotice>,
+) -> Vec<u8> {
     encode(Message::VectorWrite {
         origin,
         dst_port,
@@ -352,6 +366,7 @@ fn vector_write_message(
         offset,
         pattern,
         bytes,
+        notice,
     })
 }
 
@@ -594,6 +609,30 @@ fn hostile_messages_from_a_joined_peer() {
                 vector_write_message(o(48), 0, key, 0, &p, &[7u8; 500])
             },
         ),
+        ("vector write notice: fewer bytes than its part", {
+            let p = strided(0, 8, [1, 1, 1], [0, 0, 0], 8);
+            let notice = Some(PartNotice {
+                immediate: 0xbad1,
+                total: 7,
+            });
+            notifying_write_message(o(53), 0, key, 0, &p, &[8u8; 8], notice)
+        }),
+        ("vector write notice: a window bound to port 1", {
+            let p = strided(0, 8, [1, 1, 1], [0, 0, 0], 8);
+            let notice = Some(PartNotice {
+                immediate: 0xbad2,
+                total: 8,
+            });
+            notifying_write_message(o(54), 0, b.key, 0, &p, &[9u8; 8], notice)
+        }),
+        ("vector write notice: past the window", {
+            let p = strided(0, 8, [2, 1, 1], [1 << 40, 0, 0], 16);
+            let notice = Some(PartNotice {
+                immediate: 0xbad3,
+                total: 1 << 20,
+            });
+            notifying_write_message(o(55), 0, key, 0, &p, &[10u8; 16], notice)
+        }),
         ("vector read: more than a datagram", {
             let p = strided(0, 4096, [1, 1, 1], [0, 0, 0], 4096);
             encode(Message::VectorRead {
@@ -797,6 +836,38 @@ fn hostile_messages_from_a_joined_peer() {
     println!("fabric after:  {status:?}");
     println!("port 0: {:?}", dev.port(0));
     assert!(dev.alive(), "device died:\n{}", dev.log());
+    // No refused part queued an arrival; an honest notifying part from
+    // this node's port lands and names it.
+    assert_eq!(ctx.arrivals().unwrap(), vec![]);
+    let p = strided(0, 8, [2, 1, 1], [64, 0, 0], 16);
+    let notice = Some(PartNotice {
+        immediate: 0x600d,
+        total: 16,
+    });
+    me.request(&notifying_write_message(
+        o(56),
+        0,
+        key,
+        256,
+        &p,
+        &[0x3c; 16],
+        notice,
+    ));
+    me.settle();
+    let arrivals = ctx.wait_arrivals(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        arrivals,
+        vec![Arrival {
+            peer: PortAddress { node: 1, port: 0 },
+            key,
+            bytes: 16,
+            immediate: 0x600d,
+        }]
+    );
+    let landed = contents(&buf);
+    let at = (WIN_AT + 256) as usize;
+    assert_eq!(&landed[at..at + 8], &[0x3c; 8]);
+    assert_eq!(&landed[at + 64..at + 72], &[0x3c; 8]);
     // The six frames shorter than an Ethernet header were dropped and
     // counted, not delivered.
     assert_eq!(
@@ -1586,7 +1657,10 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
         common::free_udp_port(),
     ];
     let timeout = ["--peer-timeout", "2s"];
-    let mut a = device(0, &ports, 1, &["--peer-timeout", "2s", "--spin-us", "0"]);
+    // A's operation timeout (twice its peer timeout) is shorter than the
+    // copies take in all: the last ones wait for the older ones' shares
+    // longer than that, and must not fail as unreachable for it.
+    let mut a = device(0, &ports, 1, &["--peer-timeout", "500ms", "--spin-us", "0"]);
     let b = device(2, &ports, 1, &timeout);
     let actx = Context::open(a.socket(0), config()).unwrap();
     let bctx = Context::open(b.socket(0), config()).unwrap();

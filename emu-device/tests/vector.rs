@@ -741,7 +741,7 @@ fn the_target_learns_of_a_notifying_write_from_its_own_completion_queue() {
     let arrivals = target.wait_arrivals(Duration::from_secs(5)).unwrap();
     assert_eq!(arrivals.len(), 1, "{arrivals:?}");
     let arrival = arrivals[0];
-    assert_eq!(arrival.peer, initiator.info().port);
+    assert_eq!(arrival.peer, initiator.info().address());
     assert_eq!(arrival.key, window.remote().key);
     assert_eq!(arrival.bytes, 4096);
     assert_eq!(arrival.immediate, 0xfeed_0001);
@@ -791,58 +791,7 @@ fn the_target_learns_of_a_notifying_write_from_its_own_completion_queue() {
         Pattern::contiguous(8),
     )
     .unwrap();
-    let mut cq = initiator.create_completion_queue();
-    let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
-    let (mut succeeded, mut limited) = (0u64, None);
-    'posting: for batch in 0..1000u64 {
-        let notifying: Vec<Vector<'_>> = (0..16)
-            .map(|i| small.clone().notify(batch * 16 + i))
-            .collect();
-        let entries: Vec<Entry<'_>> = notifying
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v.build().signaled().user_data(batch * 16 + i as u64))
-            .collect();
-        qp.post(&entries).unwrap();
-        let mut seen = 0;
-        while seen < entries.len() {
-            for done in cq.wait(Duration::from_secs(10)).unwrap() {
-                seen += 1;
-                if done.is_success() {
-                    succeeded += 1;
-                } else {
-                    assert_eq!(
-                        (done.status, done.detail),
-                        (Status::LimitReached, ErrorDetail::NoticeLimit)
-                    );
-                    limited.get_or_insert(done.user_data);
-                }
-            }
-        }
-        if limited.is_some() {
-            break 'posting;
-        }
-    }
-    let first_refused = limited.expect("the notices are bounded");
-    assert!(succeeded >= 4096, "{succeeded} notices held");
-    let mut arrived = Vec::new();
-    loop {
-        let more = target.wait_arrivals(Duration::from_millis(500)).unwrap();
-        if more.is_empty() {
-            break;
-        }
-        arrived.extend(more);
-    }
-    assert_eq!(arrived.len() as u64, succeeded, "no arrival dropped");
-    let immediates: std::collections::HashSet<u64> = arrived.iter().map(|a| a.immediate).collect();
-    assert_eq!(immediates.len() as u64, succeeded);
-    assert!(!immediates.contains(&first_refused));
-    // Taken: the port has room again.
-    assert!(run(initiator, small.clone().notify(1).build()).is_success());
-    assert_eq!(
-        target.wait_arrivals(Duration::from_secs(5)).unwrap().len(),
-        1
-    );
+    common::arrivals::arrivals_are_bounded_and_none_is_dropped(initiator, target, &small);
 }
 
 #[test]

@@ -12,7 +12,8 @@
 //! | 12 | 4 | bytes transferred |
 //! | 16 | 8 | value: old word (atomics), new 64-bit key (BIND), device information (QUERY); arrival: the window's key |
 //! | 24 | 2 | arrival: the port that wrote; else zero |
-//! | 26 | 6 | reserved, zero |
+//! | 26 | 2 | arrival: the node of the port that wrote; else zero |
+//! | 28 | 4 | reserved, zero |
 //!
 //! **Arrivals.** When a VECTOR_WRITE with
 //! [`NOTIFY_TARGET`](crate::VectorFlags::NOTIFY_TARGET) has moved all its
@@ -21,7 +22,8 @@
 //! after the bytes are in place: kind 1, status success, opcode
 //! VECTOR_WRITE, user data = the request's immediate value, bytes = the
 //! bytes written, value = the key of the window written through, bytes
-//! 24..26 = the writer's port ([`Completion::arrival`]). The target port
+//! 24..28 = the writer's port and node ([`Completion::arrival`]). A
+//! writer on another node of the fabric is named the same way. The target port
 //! holds a bounded number of arrivals its driver has not taken yet; a
 //! write whose arrival would not fit fails before it moves a byte
 //! ([`Status::LimitReached`], [`ErrorDetail::NoticeLimit`]), so no
@@ -221,8 +223,8 @@ impl fmt::Display for ErrorDetail {
 /// completion layout in [`Completion`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arrival {
-    /// The port that wrote.
-    pub peer: u16,
+    /// The port that wrote, and its node.
+    pub peer: crate::PortAddress,
     /// The window it wrote through.
     pub key: crate::RemoteKey,
     /// Bytes written.
@@ -247,9 +249,9 @@ pub struct Completion {
     /// Old word (atomics), key (BIND), device information (QUERY), the
     /// window's key (an arrival), else 0.
     pub value: u64,
-    /// `Some(port)`: this completion is an [`Arrival`] from `port`, not
-    /// the outcome of a request of this port's.
-    pub arrival_from: Option<u16>,
+    /// `Some(port)`: this completion is an [`Arrival`] from `port` (of
+    /// any node), not the outcome of a request of this port's.
+    pub arrival_from: Option<crate::PortAddress>,
 }
 
 /// Byte 11: a completion of the port's own request.
@@ -369,7 +371,8 @@ impl Completion {
         bytes[16..24].copy_from_slice(&self.value.to_le_bytes());
         if let Some(peer) = self.arrival_from {
             bytes[11] = KIND_ARRIVAL;
-            bytes[24..26].copy_from_slice(&peer.to_le_bytes());
+            bytes[24..26].copy_from_slice(&peer.port.to_le_bytes());
+            bytes[26..28].copy_from_slice(&peer.node.to_le_bytes());
         }
         bytes
     }
@@ -383,8 +386,11 @@ impl Completion {
                 None
             }
             KIND_ARRIVAL => {
-                reserved_zero(bytes, 26..32)?;
-                Some(crate::error::le_u16(bytes, 24))
+                reserved_zero(bytes, 28..32)?;
+                Some(crate::PortAddress {
+                    port: crate::error::le_u16(bytes, 24),
+                    node: crate::error::le_u16(bytes, 26),
+                })
             }
             _ => reserved_zero(bytes, 11..12).map(|()| None)?,
         };
@@ -411,7 +417,10 @@ mod tests {
     #[test]
     fn an_arrival_round_trips_and_own_completions_keep_their_reserved_bytes_zero() {
         let arrival = Arrival {
-            peer: 3,
+            peer: crate::PortAddress {
+                node: 0x0102,
+                port: 3,
+            },
             key: crate::RemoteKey(0x1234_5678_9abc_def0),
             bytes: 4096,
             immediate: 77,
@@ -430,8 +439,11 @@ mod tests {
         let mut bad = bytes;
         bad[11] = 2;
         assert!(Completion::decode(&bad).is_err(), "unknown kind");
-        let mut bad = bytes;
+        let mut bad = own.encode();
         bad[26] = 1;
+        assert!(Completion::decode(&bad).is_err(), "a node only in arrivals");
+        let mut bad = bytes;
+        bad[28] = 1;
         assert!(Completion::decode(&bad).is_err());
     }
 

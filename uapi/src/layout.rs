@@ -19,7 +19,11 @@
 /// Version 6: a remote address names a node of the fabric (the top 16
 /// bits of the request's offset field; offsets are 48 bits), and QUERY
 /// reports the device's node.
-pub const ABI_VERSION: u16 = 6;
+///
+/// Version 7: an arrival names the writer's node beside its port
+/// (completion bytes 26..28), since a VECTOR_WRITE from another node of
+/// the fabric may ask for one.
+pub const ABI_VERSION: u16 = 7;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).
@@ -146,6 +150,15 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// This port's address in the fabric (what an [`Arrival`](crate::Arrival)
+    /// of its writes names).
+    pub fn address(&self) -> crate::PortAddress {
+        crate::PortAddress {
+            node: self.node,
+            port: self.port,
+        }
+    }
+
     /// Packs the information into a QUERY completion's byte count (the
     /// node) and value (the rest).
     pub fn to_query(&self) -> (u32, u64) {

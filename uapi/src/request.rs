@@ -215,7 +215,7 @@ bitflags::bitflags! {
         /// the send queue.
         const DESCRIPTOR_IN_MEMORY = 1 << 0;
         /// When a VECTOR_WRITE completes, the target's driver learns of it
-        /// from its own completion queue: which port wrote, through which
+        /// from its own completion queue: which port (of which node) wrote, through which
         /// window, how many bytes, and the request's immediate value
         /// (DIMMnet-2's receive status). Not allowed on VECTOR_READ.
         const NOTIFY_TARGET = 1 << 1;

@@ -572,7 +572,8 @@ impl<'r> Vector<'r> {
     }
 
     /// Tells the target when the write has landed: its context finds an
-    /// arrival in its admin completion queue carrying this port, the
+    /// arrival in its admin completion queue carrying this port and its
+    /// node (the target may be on another node of the fabric), the
     /// window's key, the bytes and `immediate`
     /// ([`Context::arrivals`](super::Context::arrivals)). A write only (a
     /// read ignores it).

@@ -17,7 +17,7 @@ use pindown_emu_device::vhost_user::conn::RawMessage;
 use pindown_emu_device::vhost_user::handler;
 use pindown_emu_device::vhost_user::message::Header;
 
-use pindown_emu_device::internode::message::{Message as FabricMessage, Origin};
+use pindown_emu_device::internode::message::{Message as FabricMessage, Origin, PartNotice};
 use pindown_emu_device::port::features;
 use pindown_emu_device::testing::payload;
 use pindown_emu_device_fuzz::fabric::{Op, World, NODE_A, NODE_B};
@@ -25,6 +25,7 @@ use pindown_emu_device_fuzz::{
     mem_table_payload, next_message, port_with_memory, write_message, FdKind, MEM_GPA, MEM_SIZE,
     MEM_UADDR,
 };
+use pindown_uapi::pattern::{Pattern, Piece};
 use pindown_uapi::{ErrorDetail, RemoteAddress, RemoteKey, Status};
 use pindown_uapi::{IotlbMessage, VhostIotlbType};
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
@@ -222,6 +223,9 @@ fn fabric_messages() -> Vec<Vec<u8>> {
         tag: 0x51,
     };
     let key = RemoteKey(0x1234_5678_9abc_def1);
+    let vector_part = Pattern::new(vec![Piece::vector(0, 8, 2, 64)], 1, 0)
+        .expect("a valid pattern")
+        .encode();
     let messages = [
         FabricMessage::Write {
             origin,
@@ -260,6 +264,20 @@ fn fabric_messages() -> Vec<Vec<u8>> {
             status: Status::Success,
             detail: ErrorDetail::None,
             value: 42,
+        },
+        // The last part of a vector write that asked for an arrival
+        // notice: two 8-byte blocks 64 apart.
+        FabricMessage::VectorWrite {
+            origin,
+            dst_port: 1,
+            key,
+            offset: 0,
+            pattern: &vector_part,
+            bytes: &[0x3c; 16],
+            notice: Some(PartNotice {
+                immediate: 0xfeed,
+                total: 4096,
+            }),
         },
     ];
     messages

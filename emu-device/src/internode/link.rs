@@ -14,13 +14,15 @@ use std::time::{Duration, Instant};
 use pindown_uapi::core_sharing::CoreSharing;
 use pindown_uapi::pattern::{Pattern, Plan};
 use pindown_uapi::{
-    AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, RemoteAddress, Status,
-    VectorTransfer, WorkRequest, WrFlags,
+    Arrival, AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, PortAddress,
+    RemoteAddress, Status, VectorTransfer, WorkRequest, WrFlags,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::batch;
-use super::message::{FrameDatagram, Message, Origin, READ_DATA_HEADER, WRITE_HEADER};
+use super::message::{
+    FrameDatagram, Message, Origin, PartNotice, PART_NOTICE_LEN, READ_DATA_HEADER, WRITE_HEADER,
+};
 use crate::fabric::with_port;
 use crate::net::wire::{seq_before, Header};
 use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream};
@@ -723,6 +725,10 @@ enum OpKind {
         len: u32,
         sent: u32,
         started: bool,
+        /// The immediate value of the arrival notice the target queues
+        /// (NOTIFY_TARGET): its last part carries it, sent once every
+        /// other part is acknowledged and answered.
+        notify: Option<u64>,
     },
     /// A vector read, asked for in parts that each carry the remote
     /// pattern of their bytes and are answered by one READ_DATA each.
@@ -1150,6 +1156,7 @@ impl Worker {
                             len: vector.len,
                             sent: 0,
                             started: false,
+                            notify: vector.notify,
                         }
                     }
                     Ok((local, pattern)) => OpKind::VectorRead {
@@ -1192,10 +1199,6 @@ impl Worker {
         vector: &VectorTransfer,
         inline: &[u8],
     ) -> Result<(Plan<'static>, Plan<'static>), Failure> {
-        if vector.notify.is_some() {
-            // Arrival notices name a port of the writer's node only.
-            return Err((Status::InvalidRequest, ErrorDetail::Unsupported));
-        }
         let own = port.index as u16;
         let limits = port.vector_limits;
         on_port(&self.ports, own, |local| {
@@ -1631,16 +1634,43 @@ impl Worker {
                 offset,
                 pattern,
                 bytes,
+                notice,
             } => {
                 self.served();
                 let base = at(dst_port, key, offset);
+                // Room for the arrival before the last part's bytes move:
+                // a notice that could not be queued would be lost.
+                let slot = match notice {
+                    None => None,
+                    Some(notice) => match self.reserve_notice(dst_port) {
+                        Some(slot) => Some((slot, notice)),
+                        None => {
+                            let (status, detail) = (Status::LimitReached, ErrorDetail::NoticeLimit);
+                            return self.answer(now, node, origin.tag, status, detail, 0);
+                        }
+                    },
+                };
                 let written = part_plan(pattern).and_then(|plan| {
                     on_port(&self.ports, dst_port, |target| {
                         remote::write_pattern(target, initiator(origin), base, &plan, bytes)
                     })
                 });
-                if let Err((status, detail)) = written {
-                    self.answer(now, node, origin.tag, status, detail, 0);
+                match (written, slot) {
+                    (Err((status, detail)), _) => {
+                        self.answer(now, node, origin.tag, status, detail, 0);
+                    }
+                    (Ok(()), Some((slot, notice))) => {
+                        slot.deliver(Completion::arrival_notice(Arrival {
+                            peer: PortAddress {
+                                node: origin.node,
+                                port: origin.port,
+                            },
+                            key,
+                            bytes: notice.total,
+                            immediate: notice.immediate,
+                        }));
+                    }
+                    (Ok(()), None) => {}
                 }
             }
             Message::VectorRead {
@@ -1742,6 +1772,26 @@ impl Worker {
 
     fn served(&self) {
         self.link.stats.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Promises room for one arrival notice in port `index`'s queue, or
+    /// `None` when it has none (or the port is unknown or down).
+    fn reserve_notice(&self, index: u16) -> Option<rdma::NoticeSlot> {
+        let port = self.ports.get(usize::from(index))?;
+        port.inbox
+            .reserve_notice()
+            .then(|| rdma::NoticeSlot::new(port))
+    }
+
+    /// Whether every answer the peer `node` sent before `horizon` (the
+    /// largest horizon of an operation's acknowledgements) has arrived:
+    /// then a refusal of anything acknowledged is known.
+    fn answered(&self, node: NodeId, horizon: Option<Seq>) -> bool {
+        horizon.is_none_or(|h| {
+            self.endpoint
+                .delivered_through(node, Stream::Reply)
+                .is_none_or(|through| !seq_before(through, h))
+        })
     }
 
     /// Sends a RESULT (or keeps it for the next round when the endpoint
@@ -2127,7 +2177,12 @@ impl Worker {
     /// the local pattern, with the remote pattern of just those bytes.
     /// Returns as [`write_part`](Self::write_part) does.
     fn vector_write_part(&mut self, now: Instant, tag: u64) -> Option<bool> {
-        let room = self.endpoint.config().max_payload - WRITE_HEADER;
+        let max_payload = self.endpoint.config().max_payload;
+        let op = self.ops.get(&tag)?;
+        // Every earlier part acknowledged, and every answer sent before
+        // those acknowledgements received (none refused, or the operation
+        // would have failed): the notifying last part may go.
+        let earlier_landed = op.unacked == 0 && self.answered(op.node, op.horizon);
         let op = self.ops.get_mut(&tag)?;
         let origin = op.origin;
         let OpKind::VectorWrite {
@@ -2138,6 +2193,7 @@ impl Worker {
             len,
             sent,
             started,
+            notify,
         } = &mut op.kind
         else {
             return None;
@@ -2145,12 +2201,32 @@ impl Worker {
         if *started && *sent == *len {
             return None;
         }
+        // Every part of a notifying write has room for the notice: which
+        // one is last is known only once it is cut.
+        let room = match notify {
+            None => max_payload - WRITE_HEADER,
+            Some(_) => max_payload - WRITE_HEADER - PART_NOTICE_LEN,
+        };
         let from = u64::from(*sent);
         let left = u64::from(*len - *sent);
         let fits = |encoded: usize, bytes: usize| encoded + bytes <= room;
         let Some((part, encoded)) = pattern_part(pattern, from, left, fits, room) else {
             op.failure = Some((Status::LimitReached, ErrorDetail::PatternLimit));
             return Some(false);
+        };
+        let last = from + part == u64::from(*len);
+        let notice = match *notify {
+            Some(immediate) if last => {
+                if !earlier_landed {
+                    // Sent once the earlier parts are known to have landed.
+                    return None;
+                }
+                Some(PartNotice {
+                    immediate,
+                    total: *len,
+                })
+            }
+            _ => None,
         };
         let (base, remote) = (*base, *remote);
         let bytes = &mut self.bytes[..part as usize];
@@ -2173,6 +2249,7 @@ impl Worker {
             offset: remote.offset,
             pattern: &encoded,
             bytes: &self.bytes[..part as usize],
+            notice,
         }
         .encode(&mut self.message);
         let went = self.send_part(now, tag, remote.node);
@@ -2263,7 +2340,12 @@ impl Worker {
         if remote.node == own {
             if self.local_copy_budget < chunk {
                 // This pass copied its share here: the next one goes on.
+                // Waiting for this node's own budget (older copies first)
+                // is not a peer's silence: the operation timeout does
+                // not run meanwhile (400 copies of 16 MiB asked at once
+                // failed their last ones as unreachable).
                 self.local_copy_waits = true;
+                op.progress = now;
                 return None;
             }
             self.local_copy_budget -= chunk;
@@ -2553,13 +2635,7 @@ impl Worker {
             // Nothing of an operation is in flight when it completes.
             return false;
         }
-        let answered = |horizon: Option<Seq>| {
-            horizon.is_none_or(|h| {
-                self.endpoint
-                    .delivered_through(op.node, Stream::Reply)
-                    .is_none_or(|through| !seq_before(through, h))
-            })
-        };
+        let answered = |horizon: Option<Seq>| self.answered(op.node, horizon);
         match &op.kind {
             _ if op.failure == Some(GONE) || op.expired => true,
             // Every part acknowledged, and every answer sent before the

@@ -23,6 +23,7 @@
 //! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
 //! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
 //! | 7 VECTOR_WRITE | the remote pattern of these bytes (len bytes, [`Pattern`](pindown_uapi::pattern::Pattern) encoding; offsets from the header's offset), then the bytes |
+//! | 10 VECTOR_WRITE_NOTIFY | the last part of a vector write that asked for an arrival notice: immediate u64, the whole write's bytes u32, 4 pad, then as VECTOR_WRITE |
 //! | 9 ATOMIC_TO | operand 0 u64, operand 1 u64, destination key u64, destination offset u64, destination port u16 (the header's destination node; code and extra as ATOMIC's) |
 //! | 8 VECTOR_READ | at u32 (offset of this part inside the read), the remote pattern of the part (len bytes) |
 //!
@@ -105,6 +106,10 @@ pub enum Message<'a> {
         pattern: &'a [u8],
         /// The bytes, in the pattern's order.
         bytes: &'a [u8],
+        /// On the last part of a write that asked for it, sent once every
+        /// other part is acknowledged: the target queues an arrival
+        /// notice once these bytes are in place.
+        notice: Option<PartNotice>,
     },
     /// Part of a vector read: the blocks of `pattern` (offsets from
     /// `offset`) in window `key` of `dst_port`, answered by one
@@ -179,6 +184,16 @@ pub enum Message<'a> {
     },
 }
 
+/// The arrival notice the last part of a vector write asks its target to
+/// queue (the writer and the window are the part's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartNotice {
+    /// The writer's immediate value.
+    pub immediate: u64,
+    /// Bytes of the whole write.
+    pub total: u32,
+}
+
 /// Who asks: the port whose rights are checked, and the operation's tag
 /// in the sending node's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +232,9 @@ const COPY: u8 = 6;
 const VECTOR_WRITE: u8 = 7;
 const VECTOR_READ: u8 = 8;
 const ATOMIC_TO: u8 = 9;
+const VECTOR_WRITE_NOTIFY: u8 = 10;
+/// Bytes a VECTOR_WRITE_NOTIFY carries beyond a VECTOR_WRITE.
+pub const PART_NOTICE_LEN: usize = 16;
 const ATOMIC_TO_LEN: usize = ATOMIC_LEN + 18;
 
 /// Header bytes of a WRITE (its bytes follow), and of READ.
@@ -286,12 +304,22 @@ impl<'a> Message<'a> {
                 offset,
                 pattern,
                 bytes,
+                notice,
             } => {
+                let kind = match notice {
+                    None => VECTOR_WRITE,
+                    Some(_) => VECTOR_WRITE_NOTIFY,
+                };
                 RequestHeader {
                     len: pattern.len() as u32,
-                    ..RequestHeader::new(VECTOR_WRITE, origin, dst_port, key, offset)
+                    ..RequestHeader::new(kind, origin, dst_port, key, offset)
                 }
                 .encode(out);
+                if let Some(notice) = notice {
+                    out.extend_from_slice(&notice.immediate.to_le_bytes());
+                    out.extend_from_slice(&notice.total.to_le_bytes());
+                    out.extend_from_slice(&[0; 4]);
+                }
                 out.extend_from_slice(pattern);
                 out.extend_from_slice(bytes);
             }
@@ -419,12 +447,26 @@ impl<'a> Message<'a> {
                     len: u32_at(44),
                 }
             }
-            VECTOR_WRITE => {
-                need(WRITE_HEADER)?;
+            VECTOR_WRITE | VECTOR_WRITE_NOTIFY => {
+                let (notice, start) = if kind == VECTOR_WRITE_NOTIFY {
+                    need(WRITE_HEADER + PART_NOTICE_LEN)?;
+                    let notice = PartNotice {
+                        immediate: u64_at(WRITE_HEADER),
+                        total: u32_at(WRITE_HEADER + 8),
+                    };
+                    (Some(notice), WRITE_HEADER + PART_NOTICE_LEN)
+                } else {
+                    need(WRITE_HEADER)?;
+                    (None, WRITE_HEADER)
+                };
                 let pattern_len = u32_at(44) as usize;
-                let rest = &bytes[WRITE_HEADER..];
+                let rest = &bytes[start..];
                 if pattern_len > rest.len() {
                     return Err(MessageError::BadField("pattern length"));
+                }
+                let bytes = &rest[pattern_len..];
+                if notice.is_some_and(|notice| (notice.total as usize) < bytes.len()) {
+                    return Err(MessageError::BadField("notice's byte count"));
                 }
                 Message::VectorWrite {
                     origin: origin(),
@@ -432,7 +474,8 @@ impl<'a> Message<'a> {
                     key: key()?,
                     offset: u64_at(32),
                     pattern: &rest[..pattern_len],
-                    bytes: &rest[pattern_len..],
+                    bytes,
+                    notice,
                 }
             }
             VECTOR_READ => {
@@ -718,6 +761,19 @@ mod tests {
                 offset: 8,
                 pattern: &payload[..40],
                 bytes: &payload[40..],
+                notice: None,
+            },
+            Message::VectorWrite {
+                origin: origin(),
+                dst_port: 1,
+                key,
+                offset: 8,
+                pattern: &payload[..40],
+                bytes: &payload[40..],
+                notice: Some(PartNotice {
+                    immediate: 0xfeed,
+                    total: 1 << 20,
+                }),
             },
             Message::VectorRead {
                 origin: origin(),
@@ -781,6 +837,9 @@ mod tests {
             assert_eq!(Message::decode(&bytes), Ok(message.clone()));
             // Every shorter prefix of a fixed header is refused.
             let fixed = match message {
+                Message::VectorWrite {
+                    notice: Some(_), ..
+                } => WRITE_HEADER + PART_NOTICE_LEN,
                 Message::Write { .. } | Message::VectorWrite { .. } => WRITE_HEADER,
                 Message::VectorRead { .. } => WRITE_HEADER + 4,
                 Message::ReadData { .. } => READ_DATA_HEADER,
@@ -810,6 +869,30 @@ mod tests {
         assert_eq!(
             Message::decode(&bad_status),
             Err(MessageError::BadField("status"))
+        );
+        // A notice counting fewer bytes than its own part carries.
+        let mut notified = Vec::new();
+        Message::VectorWrite {
+            origin: Origin {
+                node: 1,
+                port: 0,
+                incarnation: 1,
+                tag: 2,
+            },
+            dst_port: 0,
+            key: RemoteKey(5),
+            offset: 0,
+            pattern: &[],
+            bytes: &[1, 2, 3],
+            notice: Some(PartNotice {
+                immediate: 1,
+                total: 2,
+            }),
+        }
+        .encode(&mut notified);
+        assert_eq!(
+            Message::decode(&notified),
+            Err(MessageError::BadField("notice's byte count"))
         );
         let mut bad_kind = result;
         bad_kind[0] = 0x99;

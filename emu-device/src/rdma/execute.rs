@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pindown_uapi::{
     Access, Arrival, AtomicWidth, Bitwise, Completion, DeviceInfo, ErrorDetail, Opcode, Operation,
-    RemoteAddress, Status, WorkRequest,
+    PortAddress, RemoteAddress, Status, WorkRequest,
 };
 
 use super::vector::{self, Side, VectorState};
@@ -31,8 +31,9 @@ pub struct Progress {
     /// A vector transfer's plans, from its first turn on.
     pub vector: Option<Box<VectorState>>,
     /// Room for the arrival notice of a VECTOR_WRITE with NOTIFY_TARGET,
-    /// promised by the target before the first byte moved.
-    pub notice: Option<NoticeSlot>,
+    /// promised by the target before the first byte moved, and the
+    /// notice that goes there once the last byte has.
+    pub notice: Option<(NoticeSlot, Completion)>,
 }
 
 /// What one turn of a request did.
@@ -482,7 +483,9 @@ fn vector_transfer(
     if progress.vector.is_none() {
         let limits = fabric.vector_limits();
         let mut prepared = None;
+        let mut writer = PortAddress { node: 0, port: own };
         on_port(fabric, own, own, &mut |local, _| {
+            writer.node = local.node;
             prepared = Some(vector::prepare(
                 own,
                 local.memory,
@@ -493,14 +496,19 @@ fn vector_transfer(
             Ok(STEP_DONE)
         })?;
         progress.vector = prepared.map(Box::new);
-        if transfer.notify.is_some() {
+        if let Some(immediate) = transfer.notify {
             // Room for the arrival first: a notice that could not be
             // queued would be lost, so the write does not start.
-            progress.notice = Some(
-                fabric
-                    .reserve_notice(transfer.remote.port)
-                    .ok_or((Status::LimitReached, ErrorDetail::NoticeLimit))?,
-            );
+            let slot = fabric
+                .reserve_notice(transfer.remote.port)
+                .ok_or((Status::LimitReached, ErrorDetail::NoticeLimit))?;
+            let arrival = Completion::arrival_notice(Arrival {
+                peer: writer,
+                key: transfer.remote.key,
+                bytes: transfer.len,
+                immediate,
+            });
+            progress.notice = Some((slot, arrival));
         }
     }
     let Some(state) = progress.vector.as_deref() else {
@@ -532,13 +540,8 @@ fn vector_transfer(
         },
     )?;
     if finished {
-        if let (Some(slot), Some(immediate)) = (progress.notice.take(), transfer.notify) {
-            slot.deliver(Completion::arrival_notice(Arrival {
-                peer: own,
-                key: transfer.remote.key,
-                bytes: transfer.len,
-                immediate,
-            }));
+        if let Some((slot, arrival)) = progress.notice.take() {
+            slot.deliver(arrival);
         }
     }
     Ok(finished)

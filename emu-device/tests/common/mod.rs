@@ -24,6 +24,8 @@ pub mod rank;
 
 pub mod any_memory;
 
+pub mod arrivals;
+
 /// virtio-net header length with VERSION_1.
 pub const HDR: usize = 12;
 /// Ring size used by the test driver.

@@ -11,8 +11,8 @@ use pindown_uapi::pattern::{encode_blocks, encode_pair, Block, BlockList, Dim, P
 use pindown_uapi::queue;
 use pindown_uapi::{
     Access, Arrival, AtomicWidth, Completion, Descriptor, DeviceInfo, ErrorDetail, Opcode,
-    Operation, RemoteAddress, RemoteKey, Status, VectorTransfer, WorkRequest, WrFlags, ABI_VERSION,
-    RDMA_FEATURES,
+    Operation, PortAddress, RemoteAddress, RemoteKey, Status, VectorTransfer, WorkRequest, WrFlags,
+    ABI_VERSION, RDMA_FEATURES,
 };
 
 fn main() -> std::io::Result<()> {
@@ -108,7 +108,7 @@ fn main() -> std::io::Result<()> {
         ),
         Completion::error(9, None, Status::InvalidRequest, ErrorDetail::None),
         Completion::arrival_notice(Arrival {
-            peer: 2,
+            peer: PortAddress { node: 1, port: 2 },
             key: RemoteKey(0x1234_5678),
             bytes: 4096,
             immediate: 77,
