@@ -880,21 +880,68 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
         assert_eq!(word_of(word_node, word_at), new, "{op:?}: the word");
         assert_eq!(word_of(to_node, to_at), old, "{op:?}: the old value landed");
     }
-    // The destination must grant the write right: refused, the completion
-    // says so.
-    let read_only = contexts[1]
-        .bind_window(&regions[1], 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // A destination that refuses (no write right, or the old value would
+    // end past the window) fails the request before the word changes,
+    // wherever the word and the destination are: a third node, the
+    // initiator's node, the word's node, and the initiator's own word
+    // with its old value bound for another node. Nothing of either
+    // memory changes.
+    let read_only: Vec<_> = contexts
+        .iter()
+        .zip(&regions)
+        .map(|(c, r)| c.bind_window(r, 0, 4096, Access::REMOTE_READ).unwrap())
+        .collect();
+    // (word's node, destination node, destination, what the refusal is)
+    let refusals = [
+        (2usize, 1usize, read_only[1].remote().at(8), "read-only"),
+        (2, 1, windows[1].remote().at(4090), "past the window"),
+        (1, 0, read_only[0].remote().at(8), "read-only"),
+        (1, 0, windows[0].remote().at(4092), "past the window"),
+        (2, 2, read_only[2].remote().at(8), "read-only"),
+        (0, 2, read_only[2].remote().at(8), "read-only"),
+        (0, 1, windows[1].remote().at(4089), "past the window"),
+    ];
+    for (word_node, to_node, destination, why) in refusals {
+        let memory: Vec<Vec<u8>> = buffers.iter().map(contents).collect();
+        let done = run(
+            &contexts[0],
+            AtomicTo::new(
+                windows[word_node].remote().at(64),
+                AtomicOp::FetchAdd { add: 1 },
+                destination,
+            )
+            .build(),
+        );
+        assert_eq!(
+            (done.status, done.detail),
+            (Status::RemoteAccessError, ErrorDetail::NotGranted),
+            "word on node {word_node}, old value to node {to_node} ({why}): {done:?}"
+        );
+        for (n, before) in memory.iter().enumerate() {
+            assert!(
+                contents(&buffers[n]) == *before,
+                "word on node {word_node}, old value to node {to_node} ({why}): node {n}'s memory changed"
+            );
+        }
+    }
+    // And the same requests with a destination that takes it go through.
+    let old = word_of(2, 64);
     let done = run(
         &contexts[0],
         AtomicTo::new(
             windows[2].remote().at(64),
             AtomicOp::FetchAdd { add: 1 },
-            read_only.remote().at(8),
+            windows[1].remote().at(4088),
         )
         .build(),
     );
-    assert_eq!(done.status, Status::RemoteAccessError, "{done:?}");
+    assert_eq!(
+        (done.status, done.value),
+        (Status::Success, old),
+        "{done:?}"
+    );
+    assert_eq!(word_of(2, 64), old + 1);
+    assert_eq!(word_of(1, 4088), old);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use pindown_uapi::core_sharing::CoreSharing;
 use pindown_uapi::pattern::{Pattern, Plan};
 use pindown_uapi::{
-    Arrival, AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, PortAddress,
+    Access, Arrival, AtomicWidth, Completion, ErrorDetail, NodeId, Opcode, Operation, PortAddress,
     RemoteAddress, Status, VectorTransfer, WorkRequest, WrFlags,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -674,6 +674,15 @@ enum Requester {
     },
     /// Another node that delegated a copy: a RESULT.
     Node { node: NodeId, tag: u64 },
+    /// An ATOMIC_TO of a local port whose old value goes to a third node,
+    /// held while this operation (a write of no bytes into the
+    /// destination) shows that the destination takes it: the atomic runs
+    /// only then, so a destination that refuses leaves the word as it
+    /// was. `incarnation` is the port's when the request was taken.
+    Check {
+        held: Box<Submission>,
+        incarnation: u64,
+    },
 }
 
 /// Where a write's bytes come from.
@@ -925,7 +934,7 @@ impl Worker {
     /// send.
     fn pass(&mut self) -> Pass {
         let now = Instant::now();
-        let mut worked = self.take_submissions(now);
+        let mut worked = self.take_submissions();
         worked |= self.receive(now);
         if self.endpoint.poll_timeout().is_some_and(|at| at <= now) {
             self.endpoint.handle_timeout(now);
@@ -1020,32 +1029,82 @@ impl Worker {
         let _ = self.link.wake.read();
     }
 
-    fn take_submissions(&mut self, now: Instant) -> bool {
+    fn take_submissions(&mut self) -> bool {
         let taken: Vec<Submission> = {
             let mut queue = self.link.queue.lock().unwrap_or_else(|e| e.into_inner());
             queue.drain(..).collect()
         };
         let worked = !taken.is_empty();
         for submission in taken {
-            self.start(submission, now);
+            self.start(submission, false);
         }
         worked
     }
 
     /// Turns a submission into an operation (or completes it at once).
-    fn start(&mut self, submission: Submission, _now: Instant) {
+    /// `destination_checked`: an ATOMIC_TO held for its destination's
+    /// check, which that destination passed.
+    fn start(&mut self, submission: Submission, destination_checked: bool) {
+        let incarnation = submission.port.shared.incarnation();
+        let origin = PortId {
+            node: self.link.node,
+            index: submission.port.index as u16,
+            incarnation,
+        };
+        if let Operation::AtomicTo {
+            word,
+            width,
+            destination,
+            ..
+        } = submission.request.op
+        {
+            // The old value's destination is checked before the word
+            // changes: here when it is a window of this node; by the
+            // word's device when it is one of that node; else by a write
+            // of no bytes at its end (the window check covers its bounds
+            // and rights), the atomic held until that write succeeded.
+            let own = self.link.node;
+            let len = u64::from(width.bytes());
+            if destination.node == own {
+                let checked = on_port(&self.ports, destination.port, |target| {
+                    let needed = Access::REMOTE_WRITE;
+                    remote::check_access(target, origin, destination, len, needed)
+                });
+                if let Err(failure) = checked {
+                    let Submission {
+                        port,
+                        pair,
+                        request,
+                        ..
+                    } = submission;
+                    return deliver(&self.link, &port, pair, &request, Err(failure));
+                }
+            } else if destination.node != word.node && !destination_checked {
+                let end = RemoteAddress {
+                    offset: destination.offset.saturating_add(len),
+                    ..destination
+                };
+                let probe = OpKind::Write {
+                    source: Source::Inline(Vec::new()),
+                    remote: end,
+                    len: 0,
+                    sent: 0,
+                    started: false,
+                };
+                let requester = Requester::Check {
+                    held: Box::new(submission),
+                    incarnation,
+                };
+                self.insert_op(requester, origin, probe);
+                return;
+            }
+        }
         let Submission {
             port,
             pair,
             request,
             inline,
         } = submission;
-        let incarnation = port.shared.incarnation();
-        let origin = PortId {
-            node: self.link.node,
-            index: port.index as u16,
-            incarnation,
-        };
         let mut value = 0;
         let write = |source, remote, len| OpKind::Write {
             source,
@@ -1561,7 +1620,8 @@ impl Worker {
                 self.served();
                 let remote = at(dst_port, key, offset);
                 let checked = on_port(&self.ports, dst_port, |target| {
-                    remote::check_read(target, initiator(origin), remote, u64::from(len))
+                    let (len, needed) = (u64::from(len), Access::REMOTE_READ);
+                    remote::check_access(target, initiator(origin), remote, len, needed)
                 });
                 match checked {
                     Err((status, detail)) => {
@@ -1732,6 +1792,19 @@ impl Worker {
                     return;
                 }
                 let word = at(dst_port, key, offset);
+                if destination.node == own {
+                    // The old value's destination is a window of this
+                    // node: checked before the word changes (the
+                    // initiator checks one of its own node, and has one
+                    // of a third node checked, before it asks).
+                    let (len, needed) = (u64::from(width.bytes()), Access::REMOTE_WRITE);
+                    let checked = on_port(&self.ports, destination.port, |target| {
+                        remote::check_access(target, initiator(origin), destination, len, needed)
+                    });
+                    if let Err((status, detail)) = checked {
+                        return self.answer(now, node, origin.tag, status, detail, 0);
+                    }
+                }
                 let old = on_port(&self.ports, dst_port, |target| {
                     remote::atomic(target, initiator(origin), word, width, op)
                 });
@@ -2625,6 +2698,25 @@ impl Worker {
                         Err((status, detail)) => (status, detail, 0),
                     };
                     self.answer(now, node, tag, status, detail, value);
+                }
+                Requester::Check { held, incarnation } => {
+                    if held.port.shared.incarnation() != incarnation {
+                        // The frontend that asked is gone: so is its
+                        // request.
+                        continue;
+                    }
+                    match outcome {
+                        Ok(_) => self.start(*held, true),
+                        Err(failure) => {
+                            let Submission {
+                                port,
+                                pair,
+                                request,
+                                ..
+                            } = *held;
+                            deliver(&self.link, &port, pair, &request, Err(failure));
+                        }
+                    }
                 }
             }
         }

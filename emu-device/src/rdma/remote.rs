@@ -61,26 +61,21 @@ pub fn read_from(
     still_there(target)
 }
 
-/// Checks that `initiator` may read `len` bytes at `remote` in `target`
-/// (a read's first answer: nothing is refused later but a window revoked
-/// meanwhile).
-pub fn check_read(
+/// Checks that `initiator` may access `len` bytes at `remote` in `target`
+/// as `needed` says (`REMOTE_READ` or `REMOTE_WRITE`), moving nothing: a
+/// read's first answer, or the destination of an ATOMIC_TO checked before
+/// its word changes (nothing is refused later but a window revoked or
+/// memory taken away meanwhile).
+pub fn check_access(
     target: &Target<'_>,
     initiator: PortId,
     remote: RemoteAddress,
     len: u64,
+    needed: Access,
 ) -> Result<(), Failure> {
     let mut far = Spans::new();
-    remote_range(
-        target,
-        initiator,
-        remote,
-        len,
-        Access::REMOTE_READ,
-        false,
-        &mut far,
-    )
-    .map(drop)
+    let write = needed.contains(Access::REMOTE_WRITE);
+    remote_range(target, initiator, remote, len, needed, write, &mut far).map(drop)
 }
 
 /// Runs `op` on the `width`-byte word at `remote` in `target`, for
