@@ -41,7 +41,8 @@ struct InboxState {
 }
 
 /// Arrival notices a port holds at most, queued or promised (a vector
-/// write with NOTIFY_TARGET beyond it fails before it moves a byte).
+/// write with NOTIFY_TARGET beyond it fails: from this node before it
+/// moves a byte, from another before its last part lands).
 pub const NOTICES_MAX: usize = 4096;
 
 /// Frames an inbox holds; older ones are dropped when it is full.

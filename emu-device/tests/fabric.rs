@@ -663,6 +663,18 @@ fn a_notifying_vector_write_tells_the_target_on_another_node() {
         assert!(target.arrivals().unwrap().is_empty(), "one arrival a write");
     }
 
+    // A write of no bytes names a window too.
+    let read_only = target
+        .bind_window(&far_region, 0, SPAN as u64, Access::REMOTE_READ)
+        .unwrap();
+    common::arrivals::empty_notifying_writes_are_checked(
+        &initiator,
+        &target,
+        near_region.local(0, 0).unwrap(),
+        window.remote(),
+        read_only.remote(),
+    );
+
     // Refused (past the window): no arrival.
     let past = Pattern::new(vec![Piece::vector(0, 8, 2, 1 << 30)], 1, 0).unwrap();
     let refused = Vector::write(
@@ -891,8 +903,22 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
         .zip(&regions)
         .map(|(c, r)| c.bind_window(r, 0, 4096, Access::REMOTE_READ).unwrap())
         .collect();
+    // A window of node 1 over memory taken away after it was bound: it
+    // grants nothing, though its key, bounds and rights are live.
+    let bare = contexts[1].alloc(4096, 64).unwrap();
+    let bare_region = contexts[1].register_buffer(&bare).unwrap();
+    // SAFETY: `bare` stays allocated, and exposed to nobody else, until
+    // `unbacked` is revoked (dropped before it at the end of the test).
+    let unbacked =
+        unsafe { contexts[1].bind_window_raw(bare.iova(), 4096, Access::REMOTE_WRITE, None) }
+            .unwrap();
+    drop(bare_region);
+    assert_eq!(contexts[1].invalidate(bare.iova(), 4096), 1);
     // (word's node, destination node, destination, what the refusal is)
     let refusals = [
+        (2usize, 1usize, unbacked.remote().at(8), "memory taken away"),
+        (1, 1, unbacked.remote().at(8), "memory taken away"),
+        (0, 1, unbacked.remote().at(8), "memory taken away"),
         (2usize, 1usize, read_only[1].remote().at(8), "read-only"),
         (2, 1, windows[1].remote().at(4090), "past the window"),
         (1, 0, read_only[0].remote().at(8), "read-only"),
@@ -913,8 +939,8 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
             .build(),
         );
         assert_eq!(
-            (done.status, done.detail),
-            (Status::RemoteAccessError, ErrorDetail::NotGranted),
+            done.status,
+            Status::RemoteAccessError,
             "word on node {word_node}, old value to node {to_node} ({why}): {done:?}"
         );
         for (n, before) in memory.iter().enumerate() {
@@ -942,6 +968,63 @@ fn atomics_deliver_old_values_to_windows_on_other_nodes() {
     );
     assert_eq!(word_of(2, 64), old + 1);
     assert_eq!(word_of(1, 4088), old);
+    drop(unbacked);
+}
+
+/// An ATOMIC_TO held for its destination's check goes out as soon as the
+/// check passed, not at the link's next wake-up: with devices that sleep
+/// at once after work (`--spin-us 0`), 20 of them (third-node
+/// destination, and the initiator's own word with a remote one) complete
+/// well within the time one sleep of a second each would take.
+#[test]
+fn a_held_atomic_to_goes_on_without_waiting_for_a_wake_up() {
+    let ports = [free_port(), free_port(), free_port()];
+    let devices: Vec<DeviceProcess> = (0..3)
+        .map(|n| node(n, &ports, &["--spin-us", "0"]))
+        .collect();
+    let contexts: Vec<Context> = devices
+        .iter()
+        .map(|d| Context::open(d.socket(0), config()).unwrap())
+        .collect();
+    let buffers: Vec<DmaBuffer> = contexts
+        .iter()
+        .map(|c| c.alloc(4096, 64).unwrap())
+        .collect();
+    let regions: Vec<_> = contexts
+        .iter()
+        .zip(&buffers)
+        .map(|(c, b)| c.register_buffer(b).unwrap())
+        .collect();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let windows: Vec<_> = contexts
+        .iter()
+        .zip(&regions)
+        .map(|(c, r)| c.bind_window(r, 0, 4096, all).unwrap())
+        .collect();
+    let started = Instant::now();
+    for round in 0..20u64 {
+        let (word_node, to_node) = if round % 2 == 0 { (2, 1) } else { (0, 1) };
+        let done = run(
+            &contexts[0],
+            AtomicTo::new(
+                windows[word_node].remote().at(64),
+                AtomicOp::FetchAdd { add: 1 },
+                windows[to_node].remote().at(512 + 8 * round),
+            )
+            .build(),
+        );
+        assert!(done.is_success(), "{done:?}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "20 held ATOMIC_TOs took {took:?} (a link that slept till its next wake-up: a second each)"
+    );
+    let mut word = [0u8; 8];
+    buffers[2].read_at(64, &mut word);
+    assert_eq!(u64::from_le_bytes(word), 10);
+    buffers[0].read_at(64, &mut word);
+    assert_eq!(u64::from_le_bytes(word), 10);
 }
 
 #[test]

@@ -633,6 +633,26 @@ fn hostile_messages_from_a_joined_peer() {
             });
             notifying_write_message(o(55), 0, key, 0, &p, &[10u8; 16], notice)
         }),
+        (
+            "check of 4 GiB at the window's end",
+            encode(Message::Check {
+                origin: o(57),
+                dst_port: 0,
+                key,
+                offset: WIN_LEN,
+                len: u32::MAX,
+            }),
+        ),
+        (
+            "check through a window bound to port 1",
+            encode(Message::Check {
+                origin: o(58),
+                dst_port: 0,
+                key: b.key,
+                offset: 0,
+                len: 8,
+            }),
+        ),
         ("vector read: more than a datagram", {
             let p = strided(0, 4096, [1, 1, 1], [0, 0, 0], 4096);
             encode(Message::VectorRead {
@@ -761,7 +781,7 @@ fn hostile_messages_from_a_joined_peer() {
             .map(|i| (seed.rotate_left(i as u32 % 64) >> 3) as u8)
             .collect();
         if let Some(first) = bytes.first_mut() {
-            *first = 1 + (round % 9) as u8;
+            *first = 1 + (round % 11) as u8;
         }
         if bytes.len() > 32 {
             // Keep the key valid half the time, so checks past decode run.

@@ -774,6 +774,18 @@ fn the_target_learns_of_a_notifying_write_from_its_own_completion_queue() {
         refused(&run(initiator, outside.build())),
         (Status::RemoteAccessError, ErrorDetail::NotGranted)
     );
+    // A write of no bytes names a window too.
+    let read_only = target
+        .bind_window(&sink_region, 0, 8192, Access::REMOTE_READ)
+        .unwrap();
+    common::arrivals::empty_notifying_writes_are_checked(
+        initiator,
+        target,
+        source_region.local(0, 0).unwrap(),
+        window.remote(),
+        read_only.remote(),
+    );
+    drop(read_only);
     // (A bind reaps the admin queue: arrivals are kept, not lost.)
     let extra = target
         .bind_window(&sink_region, 0, 64, Access::REMOTE_READ)

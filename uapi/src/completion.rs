@@ -25,9 +25,10 @@
 //! 24..28 = the writer's port and node ([`Completion::arrival`]). A
 //! writer on another node of the fabric is named the same way. The target port
 //! holds a bounded number of arrivals its driver has not taken yet; a
-//! write whose arrival would not fit fails before it moves a byte
-//! ([`Status::LimitReached`], [`ErrorDetail::NoticeLimit`]), so no
-//! arrival is dropped.
+//! write whose arrival would not fit fails ([`Status::LimitReached`],
+//! [`ErrorDetail::NoticeLimit`]), so no arrival is dropped: on one node
+//! before it moves a byte, from another node before its last part lands
+//! (its earlier parts have).
 
 use std::fmt;
 

@@ -279,6 +279,14 @@ fn fabric_messages() -> Vec<Vec<u8>> {
                 total: 4096,
             }),
         },
+        // The check of an ATOMIC_TO's destination on a third node.
+        FabricMessage::Check {
+            origin,
+            dst_port: 1,
+            key,
+            offset: 4088,
+            len: 8,
+        },
     ];
     messages
         .iter()

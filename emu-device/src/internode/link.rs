@@ -332,6 +332,7 @@ impl Link {
             deferred_count: 0,
             local_copy_budget: LOCAL_COPY_BYTES_PER_PASS,
             local_copy_waits: false,
+            resumed: false,
             message,
             received,
             outgoing,
@@ -675,8 +676,8 @@ enum Requester {
     /// Another node that delegated a copy: a RESULT.
     Node { node: NodeId, tag: u64 },
     /// An ATOMIC_TO of a local port whose old value goes to a third node,
-    /// held while this operation (a write of no bytes into the
-    /// destination) shows that the destination takes it: the atomic runs
+    /// held while this operation (a CHECK of the destination) shows that
+    /// the destination takes it: the atomic runs
     /// only then, so a destination that refuses leaves the word as it
     /// was. `incarnation` is the port's when the request was taken.
     Check {
@@ -758,6 +759,13 @@ enum OpKind {
         destination: RemoteAddress,
         requested: bool,
         value: Option<u64>,
+    },
+    /// Whether the origin may write `len` bytes at `remote` (an ATOMIC_TO's
+    /// destination on a third node, checked before the atomic runs).
+    Check {
+        remote: RemoteAddress,
+        len: u32,
+        requested: bool,
     },
     /// A copy delegated to the source's node (`Op::node`).
     Copy {
@@ -878,6 +886,9 @@ struct Worker {
     /// A copy between two windows of this node waits for the next pass's
     /// budget: the thread polls on rather than sleeping.
     local_copy_waits: bool,
+    /// A request held for its destination's check was started after this
+    /// pass produced: the next pass runs at once.
+    resumed: bool,
     /// The message being built.
     message: Vec<u8>,
     /// Datagrams received in one system call.
@@ -959,6 +970,7 @@ impl Worker {
             worked,
             spinning: (self.poll && under_way)
                 || self.local_copy_waits
+                || std::mem::take(&mut self.resumed)
                 || now.duration_since(self.last_work) < self.spin,
         }
     }
@@ -1060,16 +1072,13 @@ impl Worker {
         {
             // The old value's destination is checked before the word
             // changes: here when it is a window of this node; by the
-            // word's device when it is one of that node; else by a write
-            // of no bytes at its end (the window check covers its bounds
-            // and rights), the atomic held until that write succeeded.
+            // word's device when it is one of that node; else by a CHECK
+            // sent to the destination's node, the atomic held until it
+            // passed.
             let own = self.link.node;
             let len = u64::from(width.bytes());
             if destination.node == own {
-                let checked = on_port(&self.ports, destination.port, |target| {
-                    let needed = Access::REMOTE_WRITE;
-                    remote::check_access(target, origin, destination, len, needed)
-                });
+                let checked = self.check_here(origin, destination, len, Access::REMOTE_WRITE);
                 if let Err(failure) = checked {
                     let Submission {
                         port,
@@ -1080,16 +1089,10 @@ impl Worker {
                     return deliver(&self.link, &port, pair, &request, Err(failure));
                 }
             } else if destination.node != word.node && !destination_checked {
-                let end = RemoteAddress {
-                    offset: destination.offset.saturating_add(len),
-                    ..destination
-                };
-                let probe = OpKind::Write {
-                    source: Source::Inline(Vec::new()),
-                    remote: end,
-                    len: 0,
-                    sent: 0,
-                    started: false,
+                let probe = OpKind::Check {
+                    remote: destination,
+                    len: width.bytes(),
+                    requested: false,
                 };
                 let requester = Requester::Check {
                     held: Box::new(submission),
@@ -1273,7 +1276,8 @@ impl Worker {
             | OpKind::Read { remote, .. }
             | OpKind::Atomic { remote, .. }
             | OpKind::VectorWrite { remote, .. }
-            | OpKind::VectorRead { remote, .. } => remote.node,
+            | OpKind::VectorRead { remote, .. }
+            | OpKind::Check { remote, .. } => remote.node,
             OpKind::Copy { source, .. } => source.node,
             OpKind::AtomicTo { word, .. } => word.node,
         };
@@ -1553,6 +1557,7 @@ impl Worker {
             | Message::AtomicTo { origin, .. }
             | Message::VectorWrite { origin, .. }
             | Message::VectorRead { origin, .. }
+            | Message::Check { origin, .. }
             | Message::Copy { origin, .. } => Some(origin.node),
             _ => None,
         };
@@ -1619,11 +1624,8 @@ impl Worker {
             } => {
                 self.served();
                 let remote = at(dst_port, key, offset);
-                let checked = on_port(&self.ports, dst_port, |target| {
-                    let (len, needed) = (u64::from(len), Access::REMOTE_READ);
-                    remote::check_access(target, initiator(origin), remote, len, needed)
-                });
-                match checked {
+                let needed = Access::REMOTE_READ;
+                match self.check_here(initiator(origin), remote, u64::from(len), needed) {
                     Err((status, detail)) => {
                         self.answer(now, node, origin.tag, status, detail, 0);
                     }
@@ -1638,6 +1640,21 @@ impl Worker {
                         len,
                         at: 0,
                     }),
+                }
+            }
+            Message::Check {
+                origin,
+                dst_port,
+                key,
+                offset,
+                len,
+            } => {
+                self.served();
+                let remote = at(dst_port, key, offset);
+                let needed = Access::REMOTE_WRITE;
+                let checked = self.check_here(initiator(origin), remote, u64::from(len), needed);
+                if let Err((status, detail)) = checked {
+                    self.answer(now, node, origin.tag, status, detail, 0);
                 }
             }
             Message::Atomic {
@@ -1798,9 +1815,7 @@ impl Worker {
                     // initiator checks one of its own node, and has one
                     // of a third node checked, before it asks).
                     let (len, needed) = (u64::from(width.bytes()), Access::REMOTE_WRITE);
-                    let checked = on_port(&self.ports, destination.port, |target| {
-                        remote::check_access(target, initiator(origin), destination, len, needed)
-                    });
+                    let checked = self.check_here(initiator(origin), destination, len, needed);
                     if let Err((status, detail)) = checked {
                         return self.answer(now, node, origin.tag, status, detail, 0);
                     }
@@ -1845,6 +1860,20 @@ impl Worker {
 
     fn served(&self) {
         self.link.stats.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether `initiator` may access `len` bytes at `remote` (a window of
+    /// a port of this node) as `needed` says, moving nothing.
+    fn check_here(
+        &self,
+        initiator: PortId,
+        remote: RemoteAddress,
+        len: u64,
+        needed: Access,
+    ) -> Result<(), Failure> {
+        on_port(&self.ports, remote.port, |target| {
+            remote::check_access(target, initiator, remote, len, needed)
+        })
     }
 
     /// Promises room for one arrival notice in port `index`'s queue, or
@@ -2032,9 +2061,10 @@ impl Worker {
                     first
                 }
                 OpKind::Copy { done, .. } => !std::mem::replace(done, true),
-                OpKind::Write { .. } | OpKind::VectorWrite { .. } | OpKind::VectorRead { .. } => {
-                    false
-                }
+                OpKind::Write { .. }
+                | OpKind::VectorWrite { .. }
+                | OpKind::VectorRead { .. }
+                | OpKind::Check { .. } => false,
             }
         };
         if changed {
@@ -2224,6 +2254,17 @@ impl Worker {
                     width: *width,
                     op: *atomic,
                     destination: *destination,
+                },
+                OpKind::Check {
+                    remote,
+                    len,
+                    requested: false,
+                } => Message::Check {
+                    origin,
+                    dst_port: remote.port,
+                    key: remote.key,
+                    offset: remote.offset,
+                    len: *len,
                 },
                 OpKind::Copy {
                     source,
@@ -2506,6 +2547,7 @@ impl Worker {
                     OpKind::Read { requested, .. }
                     | OpKind::Atomic { requested, .. }
                     | OpKind::AtomicTo { requested, .. }
+                    | OpKind::Check { requested, .. }
                     | OpKind::Copy { requested, .. },
                 ) = self.ops.get_mut(&tag).map(|op| &mut op.kind)
                 {
@@ -2662,7 +2704,8 @@ impl Worker {
                     OpKind::Read { len, .. }
                     | OpKind::Copy { len, .. }
                     | OpKind::VectorWrite { len, .. }
-                    | OpKind::VectorRead { len, .. } => (len, 0),
+                    | OpKind::VectorRead { len, .. }
+                    | OpKind::Check { len, .. } => (len, 0),
                     OpKind::Atomic { width, value, .. } | OpKind::AtomicTo { width, value, .. } => {
                         (width.bytes(), value.unwrap_or(0))
                     }
@@ -2702,11 +2745,18 @@ impl Worker {
                 Requester::Check { held, incarnation } => {
                     if held.port.shared.incarnation() != incarnation {
                         // The frontend that asked is gone: so is its
-                        // request.
+                        // request (counted as failed, as the link's
+                        // counters add up).
+                        self.link.stats.failed.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     match outcome {
-                        Ok(_) => self.start(*held, true),
+                        Ok(_) => {
+                            self.start(*held, true);
+                            // Its request goes out in the next pass, at
+                            // once (no sleep in between).
+                            self.resumed = true;
+                        }
                         Err(failure) => {
                             let Submission {
                                 port,
@@ -2755,6 +2805,12 @@ impl Worker {
                 op.failure.is_some() || value.is_some()
             }
             OpKind::Copy { done, .. } => op.failure.is_some() || *done,
+            // Acknowledged, and the answers sent before received: a
+            // refusal is known.
+            OpKind::Check { requested, .. } => {
+                (op.failure.is_some() || (*requested && op.horizon.is_some()))
+                    && answered(op.horizon)
+            }
             OpKind::VectorWrite {
                 len, sent, started, ..
             } => {

@@ -23,6 +23,7 @@
 //! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
 //! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
 //! | 7 VECTOR_WRITE | the remote pattern of these bytes (len bytes, [`Pattern`](pindown_uapi::pattern::Pattern) encoding; offsets from the header's offset), then the bytes |
+//! | 11 CHECK | nothing: may the origin write len bytes at offset of the window? (answered only when not) |
 //! | 10 VECTOR_WRITE_NOTIFY | the last part of a vector write that asked for an arrival notice: immediate u64, the whole write's bytes u32, 4 pad, then as VECTOR_WRITE |
 //! | 9 ATOMIC_TO | operand 0 u64, operand 1 u64, destination key u64, destination offset u64, destination port u16 (the header's destination node; code and extra as ATOMIC's) |
 //! | 8 VECTOR_READ | at u32 (offset of this part inside the read), the remote pattern of the part (len bytes) |
@@ -127,6 +128,23 @@ pub enum Message<'a> {
         at: u32,
         /// The encoded pattern of this part.
         pattern: &'a [u8],
+    },
+    /// Whether `origin` may write `len` bytes at `offset` in window `key`
+    /// of `dst_port` (its bounds, rights and memory), moving nothing:
+    /// answered by an error [`Message::Result`] only when it may not.
+    /// Sent before an ATOMIC_TO whose old value goes to the receiver's
+    /// node, so that a destination that refuses leaves the word as it was.
+    Check {
+        /// The port that will write.
+        origin: Origin,
+        /// The destination's port.
+        dst_port: u16,
+        /// The window.
+        key: RemoteKey,
+        /// Where in the window.
+        offset: u64,
+        /// Bytes that will be written.
+        len: u32,
     },
     /// Part of a read's answer: `bytes` from offset `at` of the read.
     ReadData {
@@ -233,6 +251,7 @@ const VECTOR_WRITE: u8 = 7;
 const VECTOR_READ: u8 = 8;
 const ATOMIC_TO: u8 = 9;
 const VECTOR_WRITE_NOTIFY: u8 = 10;
+const CHECK: u8 = 11;
 /// Bytes a VECTOR_WRITE_NOTIFY carries beyond a VECTOR_WRITE.
 pub const PART_NOTICE_LEN: usize = 16;
 const ATOMIC_TO_LEN: usize = ATOMIC_LEN + 18;
@@ -277,6 +296,17 @@ impl<'a> Message<'a> {
             } => RequestHeader {
                 len,
                 ..RequestHeader::new(READ, origin, dst_port, key, offset)
+            }
+            .encode(out),
+            Message::Check {
+                origin,
+                dst_port,
+                key,
+                offset,
+                len,
+            } => RequestHeader {
+                len,
+                ..RequestHeader::new(CHECK, origin, dst_port, key, offset)
             }
             .encode(out),
             Message::Copy {
@@ -422,6 +452,16 @@ impl<'a> Message<'a> {
             READ => {
                 need(READ_LEN)?;
                 Message::Read {
+                    origin: origin(),
+                    dst_port: u16_at(4),
+                    key: key()?,
+                    offset: u64_at(32),
+                    len: u32_at(44),
+                }
+            }
+            CHECK => {
+                need(READ_LEN)?;
+                Message::Check {
                     origin: origin(),
                     dst_port: u16_at(4),
                     key: key()?,
@@ -787,6 +827,13 @@ mod tests {
                 tag: 9,
                 at: 1400,
                 bytes: &payload[..10],
+            },
+            Message::Check {
+                origin: origin(),
+                dst_port: 2,
+                key,
+                offset: 4088,
+                len: 8,
             },
             Message::Atomic {
                 origin: origin(),

@@ -523,6 +523,24 @@ fn vector_transfer(
         len,
         &mut progress.moved,
         &mut |local, target, moved, step| {
+            if len == 0 {
+                // No element to check: the window itself is, as for an
+                // empty WRITE (an arrival of no bytes still names a window
+                // the writer must be granted).
+                let initiator = id_of(own, local);
+                let mut none = Spans::new();
+                let remote = transfer.remote;
+                remote_range(
+                    target,
+                    initiator,
+                    remote,
+                    0,
+                    needed,
+                    remote_writes,
+                    &mut none,
+                )?;
+                return Ok(());
+            }
             let near = Side::Local {
                 memory: local.memory,
                 base: transfer.local,

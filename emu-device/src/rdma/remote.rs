@@ -111,6 +111,11 @@ fn pattern_spans(
     write: bool,
 ) -> Result<Spans, Failure> {
     let mut spans = Spans::new();
+    if plan.is_empty() {
+        // No block to check: the window itself is, as for an empty WRITE
+        // (an empty part still names a window it must be granted).
+        remote_range(target, initiator, base, 0, needed, write, &mut spans)?;
+    }
     for block in plan.segments(0, plan.len()) {
         let offset = u64::try_from(i128::from(base.offset) + i128::from(block.offset))
             .map_err(|_| refuse_outside(target))?;

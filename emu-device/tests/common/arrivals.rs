@@ -5,8 +5,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use pindown_driver::verbs::opcode::{Entry, Vector};
-use pindown_driver::verbs::Context;
-use pindown_uapi::{ErrorDetail, Status};
+use pindown_driver::verbs::{Context, Local, RemoteWindow};
+use pindown_uapi::pattern::Pattern;
+use pindown_uapi::{ErrorDetail, RemoteAddress, RemoteKey, Status};
 
 /// Posts notifying copies of `small` (a vector write from `initiator`
 /// into a window of `target`'s port) in batches of 32 while `target`
@@ -80,4 +81,35 @@ pub fn arrivals_are_bounded_and_none_is_dropped(
         target.wait_arrivals(Duration::from_secs(10)).unwrap().len(),
         1
     );
+}
+
+/// A notifying vector write of no bytes from `initiator` (its local side
+/// `empty`, a range of no bytes) names a window too: through a key of no
+/// window (next to `writable`'s) or through `read_only` (a window
+/// without the write right) it is refused, and `target` gets no arrival.
+pub fn empty_notifying_writes_are_checked(
+    initiator: &Context,
+    target: &Context,
+    empty: Local<'_>,
+    writable: RemoteWindow,
+    read_only: RemoteWindow,
+) {
+    let no_window = RemoteAddress {
+        key: RemoteKey(writable.key.0 ^ 0x5a5a),
+        ..writable.at(0)
+    };
+    for to in [no_window, read_only.at(0)] {
+        let write = Vector::write(empty, Pattern::contiguous(0), to, Pattern::contiguous(0))
+            .unwrap()
+            .notify(0xe0);
+        let mut cq = initiator.create_completion_queue();
+        let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+        qp.post(&[write.build().signaled()]).unwrap();
+        let done: Vec<_> = cq.wait(Duration::from_secs(30)).unwrap().collect();
+        assert!(
+            done.len() == 1 && done[0].status == Status::RemoteAccessError,
+            "an empty write to {to:?}: {done:?}"
+        );
+    }
+    assert!(target.arrivals().unwrap().is_empty());
 }
