@@ -6,7 +6,9 @@
 //! refused, and keeps serving its other peers and ports: hostile lengths,
 //! windows, patterns and origins; a peer that acknowledges its answers
 //! slowly, claims answers it never sends, floods, restarts, makes up MAC
-//! addresses, or asks for long copies inside one node.
+//! addresses, or asks for long copies inside one node; and a target that
+//! holds back its refusal of a vector write's first part (the notifying
+//! last part must wait for it).
 
 mod common;
 
@@ -18,7 +20,7 @@ use common::{
     buffer_contents as contents, fabric_context_config as config, salted_bytes as fill,
     DeviceProcess,
 };
-use pindown_driver::verbs::opcode::{Entry, Read, Write};
+use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
 use pindown_driver::verbs::{CompletionQueue, Context};
 use pindown_emu_device::internode::message::{FrameDatagram, Message, Origin, PartNotice};
 use pindown_emu_device::net::wire::{Header, StreamHeader, HEADER_LEN};
@@ -1752,5 +1754,110 @@ fn large_copies_within_one_node_do_not_stop_the_link() {
             .iter()
             .all(|r| r.1 == Status::Success || r.2 == ErrorDetail::NodeBusy),
         "{copies:?}"
+    );
+}
+
+/// The notice of a vector write to another node rides on its last part,
+/// sent only once every earlier part is acknowledged *and* every answer
+/// the target sent before those acknowledgements has arrived. Here the
+/// target (this test, playing node 1) refuses the first part with an
+/// answer it holds back while it acknowledges every part, naming the
+/// refusal in its horizon: the notifying part must not go while that
+/// answer is missing, and once it arrives the write fails with it.
+#[test]
+fn a_notifying_part_waits_for_the_answers_to_earlier_parts() {
+    let ports = [common::free_udp_port(), common::free_udp_port()];
+    let dev = device(0, &ports, 1, &["--peer-timeout", "5s"]);
+    let ctx = Context::open(dev.socket(0), config()).unwrap();
+    const LEN: usize = 16 << 10;
+    let buf = ctx.alloc(LEN, 4096).unwrap();
+    buf.write_at(0, &fill(LEN, 3));
+    let region = ctx.register_buffer(&buf).unwrap();
+    let window = ctx
+        .bind_window(&region, 0, LEN as u64, Access::REMOTE_READ)
+        .unwrap();
+    let mut me = Raw::new(1, ports[1], 0, ports[0]);
+    // Handshake: a read of 0 bytes.
+    me.request(&read_message(origin(1, 1), 0, window.remote().key, 0, 0));
+    me.settle();
+    me.pump(Duration::from_millis(50));
+    assert!(me.dev_inc != 0);
+
+    let kinds = |me: &Raw| -> Vec<Option<u64>> {
+        me.inbox
+            .iter()
+            .filter_map(|(_, _, p)| match Message::decode(p) {
+                Ok(Message::VectorWrite { notice, .. }) => Some(notice.map(|n| n.immediate)),
+                _ => None,
+            })
+            .collect()
+    };
+    // The seq of the refusal, taken before any part arrives: every
+    // acknowledgement of a part names it in its horizon, though nothing
+    // is sent on it until the test says so.
+    let held = me.next[1];
+    me.next[1] += 1;
+    let player = std::thread::spawn(move || {
+        // Wait for the first part; acknowledge every part while the
+        // refusal of the first is held back.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let first = loop {
+            me.pump(Duration::from_millis(1));
+            let found = me
+                .inbox
+                .iter()
+                .find_map(|(_, _, p)| match Message::decode(p) {
+                    Ok(Message::VectorWrite { origin, .. }) => Some(origin.tag),
+                    _ => None,
+                });
+            if let Some(tag) = found {
+                break tag;
+            }
+            assert!(Instant::now() < deadline, "no part arrived");
+        };
+        let refusal = encode(Message::Result {
+            tag: first,
+            status: Status::RemoteAccessError,
+            detail: ErrorDetail::NotGranted,
+            value: 0,
+        });
+        me.pump(Duration::from_millis(400));
+        let before = kinds(&me);
+        // The refusal goes now.
+        me.unacked.push((1, held, refusal.clone()));
+        me.put(Some((1, held)), &refusal);
+        me.pump(Duration::from_millis(400));
+        (before, kinds(&me))
+    });
+    let write = Vector::write(
+        region.local(0, LEN as u32).unwrap(),
+        Pattern::contiguous(LEN as u64),
+        RemoteAddress {
+            node: 1,
+            port: 0,
+            key: RemoteKey(0x5eed_1234),
+            offset: 0,
+        },
+        Pattern::contiguous(LEN as u64),
+    )
+    .unwrap()
+    .notify(0xabc);
+    let done = run_entry(&ctx, write.build(), Duration::from_secs(20));
+    let (before, after) = player.join().unwrap();
+    println!("parts before the refusal: {before:?}; after: {after:?}; completion {done:?}");
+    assert!(before.len() >= 2, "a write of several parts: {before:?}");
+    assert!(
+        before.iter().all(Option::is_none),
+        "the notifying part went while an answer to an earlier part was missing: {before:?}"
+    );
+    assert!(
+        after.iter().all(Option::is_none),
+        "a notifying part of a refused write: {after:?}"
+    );
+    let done = done.expect("the write completes");
+    assert_eq!(
+        (done.status, done.detail),
+        (Status::RemoteAccessError, ErrorDetail::NotGranted),
+        "{done:?}"
     );
 }
