@@ -8,7 +8,8 @@
 //! slowly, claims answers it never sends, floods, restarts, makes up MAC
 //! addresses, or asks for long copies inside one node; and a target that
 //! holds back its refusal of a vector write's first part (the notifying
-//! last part must wait for it).
+//! last part must wait for it), or stays silent while a request is held
+//! for its check.
 
 mod common;
 
@@ -20,7 +21,7 @@ use common::{
     buffer_contents as contents, fabric_context_config as config, salted_bytes as fill,
     DeviceProcess,
 };
-use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
+use pindown_driver::verbs::opcode::{AtomicTo, Entry, Read, Vector, Write};
 use pindown_driver::verbs::{CompletionQueue, Context};
 use pindown_emu_device::internode::message::{FrameDatagram, Message, Origin, PartNotice};
 use pindown_emu_device::net::wire::{Header, StreamHeader, HEADER_LEN};
@@ -1860,4 +1861,86 @@ fn a_notifying_part_waits_for_the_answers_to_earlier_parts() {
         (Status::RemoteAccessError, ErrorDetail::NotGranted),
         "{done:?}"
     );
+}
+
+/// An ATOMIC_TO held for the check of its destination on a silent node,
+/// whose frontend leaves (and a new one takes the port) before the check
+/// fails: the request is dropped with its frontend, counted as failed, so
+/// that the link's counters add up again (requests started = completed +
+/// failed) and nothing lands in the new frontend's memory.
+#[test]
+fn a_held_request_whose_frontend_left_is_counted() {
+    let ports = [common::free_udp_port(), common::free_udp_port()];
+    let dev = device(0, &ports, 1, &["--peer-timeout", "1s"]);
+    // Silent: node 1's socket is bound, nothing is ever answered.
+    let mut me = Raw::new(1, ports[1], 0, ports[0]);
+    me.silent = true;
+    let ctx = Context::open(dev.socket(0), config()).unwrap();
+    let buf = ctx.alloc(4096, 64).unwrap();
+    let region = ctx.register_buffer(&buf).unwrap();
+    let window = ctx
+        .bind_window(
+            &region,
+            0,
+            4096,
+            Access::REMOTE_ATOMIC | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let destination = RemoteAddress {
+        node: 1,
+        port: 0,
+        key: RemoteKey(0x77),
+        offset: 0,
+    };
+    {
+        let mut cq: CompletionQueue<'_> = ctx.create_completion_queue();
+        let mut qp = ctx.create_queue_pair(&mut cq).unwrap();
+        let atomic = AtomicTo::new(
+            window.remote().at(64),
+            AtomicOp::FetchAdd { add: 1 },
+            destination,
+        );
+        qp.post(&[atomic.build().signaled()]).unwrap();
+        // Held by the link for its check (node 1 acknowledges nothing).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while dev.fabric_status().n("started") == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the request never reached the link"
+            );
+            me.pump(Duration::from_millis(5));
+        }
+    }
+    drop(window);
+    drop(region);
+    drop(ctx);
+    // A new frontend on the port.
+    let fresh = Context::open(dev.socket(0), config()).unwrap();
+    let fresh_buf = fresh.alloc(4096, 64).unwrap();
+    fresh_buf.write_at(0, &[0x11; 4096]);
+    let fresh_region = fresh.register_buffer(&fresh_buf).unwrap();
+    // The check fails once node 1 is gone (a second of silence); the
+    // counters then add up.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        me.pump(Duration::from_millis(20));
+        let status = dev.fabric_status();
+        if status.n("completed") + status.n("failed") == status.n("started") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "requests started {} never all ended: completed {}, failed {}",
+            status.n("started"),
+            status.n("completed"),
+            status.n("failed")
+        );
+    };
+    assert_eq!(
+        (status.n("started"), status.n("failed")),
+        (1, 1),
+        "{status:?}"
+    );
+    assert!(contents(&fresh_buf).iter().all(|&b| b == 0x11));
+    drop(fresh_region);
 }
