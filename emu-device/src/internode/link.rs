@@ -677,9 +677,9 @@ enum Requester {
     Node { node: NodeId, tag: u64 },
     /// An ATOMIC_TO of a local port whose old value goes to a third node,
     /// held while this operation (a CHECK of the destination) shows that
-    /// the destination takes it: the atomic runs
-    /// only then, so a destination that refuses leaves the word as it
-    /// was. `incarnation` is the port's when the request was taken.
+    /// the destination takes it: the atomic runs only then, so a
+    /// destination that refuses leaves the word as it was. `incarnation`
+    /// is the port's when the request was taken.
     Check {
         held: Box<Submission>,
         incarnation: u64,

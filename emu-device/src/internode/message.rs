@@ -23,10 +23,10 @@
 //! | 4 ATOMIC | operand 0 u64, operand 1 u64 |
 //! | 6 COPY | destination key u64, destination offset u64 (key and offset of the header: the source) |
 //! | 7 VECTOR_WRITE | the remote pattern of these bytes (len bytes, [`Pattern`](pindown_uapi::pattern::Pattern) encoding; offsets from the header's offset), then the bytes |
-//! | 11 CHECK | nothing: may the origin write len bytes at offset of the window? (answered only when not) |
-//! | 10 VECTOR_WRITE_NOTIFY | the last part of a vector write that asked for an arrival notice: immediate u64, the whole write's bytes u32, 4 pad, then as VECTOR_WRITE |
-//! | 9 ATOMIC_TO | operand 0 u64, operand 1 u64, destination key u64, destination offset u64, destination port u16 (the header's destination node; code and extra as ATOMIC's) |
 //! | 8 VECTOR_READ | at u32 (offset of this part inside the read), the remote pattern of the part (len bytes) |
+//! | 9 ATOMIC_TO | operand 0 u64, operand 1 u64, destination key u64, destination offset u64, destination port u16 (the header's destination node; code and extra as ATOMIC's) |
+//! | 10 VECTOR_WRITE_NOTIFY | the last part of a vector write that asked for an arrival notice: immediate u64, the whole write's bytes u32, 4 pad, then as VECTOR_WRITE |
+//! | 11 CHECK | nothing: may the origin write len bytes at offset of the window? (answered only when not) |
 //!
 //! | kind | layout |
 //! |---|---|

@@ -528,18 +528,7 @@ fn vector_transfer(
                 // empty WRITE (an arrival of no bytes still names a window
                 // the writer must be granted).
                 let initiator = id_of(own, local);
-                let mut none = Spans::new();
-                let remote = transfer.remote;
-                remote_range(
-                    target,
-                    initiator,
-                    remote,
-                    0,
-                    needed,
-                    remote_writes,
-                    &mut none,
-                )?;
-                return Ok(());
+                return super::remote::check_access(target, initiator, transfer.remote, 0, needed);
             }
             let near = Side::Local {
                 memory: local.memory,
