@@ -318,6 +318,29 @@ const GOT: usize = 4096;
 const RANK_1_BYTE: u8 = 0x11;
 /// Rank 0 says it is done (into the others' segments).
 const DONE: [u8; 8] = *b"all done";
+/// Rank 0 says its get from rank 2 gave up (into rank 2's segment, after
+/// [`DONE`]'s word).
+const GAVE_UP: [u8; 8] = *b"gave up!";
+/// Rank 2 says it polls no more (into rank 0's segment, after
+/// [`GAVE_UP`]'s word), by a raw write: the endpoint's calls poll.
+const SILENT: [u8; 8] = *b"silent!!";
+
+/// Waits, without polling, until `word` of `ep`'s segment holds `value`.
+fn await_word(
+    ep: &mut Endpoint<'_>,
+    word: usize,
+    value: &[u8; 8],
+    what: &str,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ep.segment()[word..word + 8] != *value {
+        if Instant::now() > deadline {
+            return Err(format!("{what} never came"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
 
 /// An endpoint getting by message through a bounce area of [`GOT`] bytes.
 fn by_message(config: Config) -> Config {
@@ -414,12 +437,16 @@ fn bounce(job: &mut Job, context: &Context, config: Config) -> Result<(Tally, Co
     Ok((tally, ep.counters()))
 }
 
-/// Three ranks, gets by message. Rank 2 does not poll for 3 s: rank 0's
-/// get from it gives up after 1 s, and rank 0's gets from rank 1 right
-/// after go through at once (they wait for no late reply). Rank 2 then
-/// answers the get given up: its bytes are refused (the window is gone),
-/// which is no failure of rank 2's, and rank 0 takes the late reply as
-/// expected, not as a bad packet.
+/// Three ranks, gets by message. Rank 2 stops polling once it has left
+/// the barrier and says so (a raw write into rank 0's segment: a get sent
+/// while rank 2 still polled in the barrier was answered), and polls
+/// again only once rank 0 says (a put into rank 2's segment, which needs
+/// no poll there) that its get from rank 2 gave up, after 1 s; rank 0's gets from rank 1 right after
+/// go through at once (they wait for no late reply). Rank 2 then answers
+/// the get given up: its bytes are refused (the window is gone), which is
+/// no failure of rank 2's, and rank 0 takes the late reply as expected,
+/// not as a bad packet. (Rank 2 once slept a fixed 3 s instead: on a
+/// loaded machine rank 0 could start its get late enough to be answered.)
 fn abandoned_get(
     job: &mut Job,
     context: &Context,
@@ -436,11 +463,19 @@ fn abandoned_get(
     match ep.rank() {
         0 => {
             let mut buffer = vec![0u8; GOT];
+            await_word(
+                &mut ep,
+                GOT + 16,
+                &SILENT,
+                "rank 2's word that it polls no more",
+            )?;
             ep.set_timeout(Duration::from_secs(1));
             if ep.get(2, 0, &mut buffer).is_ok() {
                 return Err("a get from a rank that does not poll succeeded".into());
             }
             ep.set_timeout(Duration::from_secs(60));
+            ep.put(2, GOT as u64 + 8, &GAVE_UP)
+                .map_err(|e| e.to_string())?;
             for n in 0..4 {
                 let start = Instant::now();
                 buffer.fill(0);
@@ -465,7 +500,19 @@ fn abandoned_get(
         }
         1 => poll_until_done(&mut ep, GOT)?,
         _ => {
-            std::thread::sleep(Duration::from_secs(3));
+            let record = job.get(0, "pindown-gasnet").map_err(|e| e.to_string())?;
+            let segment = windows(&record)?[0];
+            let mut raw = RawWriter::new(context)?;
+            raw.stage(0, &SILENT);
+            raw.write(segment.at(GOT as u64 + 16), SILENT.len())?
+                .map_err(|e| format!("telling rank 0 this rank polls no more: {e}"))?;
+            // No poll (the get stays unanswered) until rank 0 gave up.
+            await_word(
+                &mut ep,
+                GOT + 8,
+                &GAVE_UP,
+                "rank 0's word that its get gave up",
+            )?;
             let deadline = Instant::now() + Duration::from_secs(60);
             while ep.segment()[GOT..GOT + 8] != DONE {
                 if Instant::now() > deadline {
