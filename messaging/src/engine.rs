@@ -247,8 +247,13 @@ pub(crate) struct Engine<'c> {
     pub(crate) slots: Vec<SlotState<'c>>,
     /// Slots with sends waiting for their receive.
     waiting_slots: Vec<u64>,
-    /// Slots with receives posted.
-    active_slots: Vec<u64>,
+    /// Slots with typed receives posted: the only receives that need
+    /// this rank to act when their done word arrives (a read of the
+    /// sender's bytes), so the only ones every progress call checks. A
+    /// plain receive is checked when somebody asks about it
+    /// ([`recv_outstanding`](Self::recv_outstanding)), so that a poll
+    /// costs the same with one receive posted or thousands.
+    typed_slots: Vec<u64>,
     /// Failures of plain requests, by tag.
     plain_failures: HashMap<u64, Error>,
     /// Failures of sends, by slot and generation, until taken.
@@ -429,7 +434,7 @@ impl<'c> Engine<'c> {
             peers,
             slots,
             waiting_slots: Vec::new(),
-            active_slots: Vec::new(),
+            typed_slots: Vec::new(),
             plain_failures: HashMap::new(),
             send_failures: HashMap::new(),
             part_failures: HashMap::new(),
@@ -619,9 +624,12 @@ impl<'c> Engine<'c> {
     ) -> Result<(u64, u64)> {
         self.check_peer(peer)?;
         let slot = self.layout.slot(context, peer, index);
+        // A receive stays on its slot, whatever arrived, until its request
+        // (or a wait naming the slot) has looked: it alone takes the result.
         if self.slots[slot as usize].recv.is_some() {
             return Err(Error::SlotBusy { peer, index });
         }
+        let is_typed = typed.is_some();
         self.windows.refresh(self.context);
         let (key, offset, region, window_start, capacity) = if let Some(typed) = &typed {
             let region = if capacity == 0 {
@@ -740,7 +748,9 @@ impl<'c> Engine<'c> {
             typed,
             reading: None,
         });
-        self.active_slots.push(slot);
+        if is_typed {
+            self.typed_slots.push(slot);
+        }
         Ok((slot, generation))
     }
 
@@ -757,12 +767,14 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Whether receive `generation` on `slot` is still outstanding.
-    pub(crate) fn recv_outstanding(&self, slot: u64, generation: u64) -> bool {
-        self.slots[slot as usize]
+    /// Whether receive `generation` on `slot` is still outstanding
+    /// (checking its done word).
+    pub(crate) fn recv_outstanding(&mut self, slot: u64, generation: u64) -> bool {
+        let posted = self.slots[slot as usize]
             .recv
             .as_ref()
-            .is_some_and(|r| r.generation == generation)
+            .is_some_and(|r| r.generation == generation);
+        posted && !self.check_recv(slot)
     }
 
     /// The generation of the receive outstanding on `slot`, or of the last
@@ -776,71 +788,85 @@ impl<'c> Engine<'c> {
             .or(state.finished_recv.as_ref().map(|&(g, _)| g))
     }
 
-    /// Checks the done words of posted receives.
+    /// Checks the done words of the typed receives posted (plain ones are
+    /// checked when asked about).
     fn check_recvs(&mut self) {
         let mut i = 0;
-        while i < self.active_slots.len() {
-            let slot = self.active_slots[i];
-            let done_at = self.layout.done_word(slot);
-            let word = self.load(done_at);
-            let state = &self.slots[slot as usize];
-            let Some(recv) = state.recv.as_ref() else {
-                self.active_slots.swap_remove(i);
-                continue;
-            };
-            let result = match &recv.result {
-                Some(_) => self.slots[slot as usize]
-                    .recv
-                    .as_mut()
-                    .unwrap()
-                    .result
-                    .take(),
-                None if recv.typed.is_some() => match layout::done_len(word, recv.generation) {
-                    Some((len, true)) if recv.reading.is_none() => {
-                        self.start_typed_read(slot, len);
-                        i += 1;
-                        continue;
-                    }
-                    Some((len, false)) => Some(Err(Error::Mismatch(format!(
-                        "a typed receive got {len} bytes written, not an offer"
-                    )))),
-                    _ => None,
-                },
-                None => layout::done_len(word, recv.generation).map(|(len, _)| {
-                    let index = if recv.any_tag {
-                        self.load(done_at + 8)
-                    } else {
-                        u64::from(self.layout.slot_parts(slot).2)
-                    };
-                    if index >= u64::from(self.config.slots) {
-                        Err(Error::BadPeerRecord {
-                            rank: self.slot_peer(slot),
-                            why: format!(
-                                "an any-index receive completed on index {index}, beyond the \
-                                 {} slots per peer",
-                                self.config.slots
-                            ),
-                        })
-                    } else if len > recv.capacity {
-                        Err(Error::Truncated {
-                            message: len,
-                            capacity: recv.capacity,
-                        })
-                    } else {
-                        Ok(Received {
-                            len,
-                            index: index as u32,
-                        })
-                    }
-                }),
-            };
-            match result {
-                Some(result) => {
-                    self.finish_recv(slot, result);
-                    self.active_slots.swap_remove(i);
-                }
-                None => i += 1,
+        while i < self.typed_slots.len() {
+            let slot = self.typed_slots[i];
+            let typed_posted = self.slots[slot as usize]
+                .recv
+                .as_ref()
+                .is_some_and(|r| r.typed.is_some());
+            if !typed_posted || self.check_recv(slot) {
+                self.typed_slots.swap_remove(i);
+            } else {
+                i += 1;
             }
+        }
+    }
+
+    /// Checks the done word of the receive posted on `slot`, finishing it
+    /// (or, for a typed receive offered the sender's bytes, starting its
+    /// read); whether the slot has no receive outstanding any more.
+    fn check_recv(&mut self, slot: u64) -> bool {
+        let done_at = self.layout.done_word(slot);
+        let word = self.load(done_at);
+        let state = &self.slots[slot as usize];
+        let Some(recv) = state.recv.as_ref() else {
+            return true;
+        };
+        let result = match &recv.result {
+            Some(_) => self.slots[slot as usize]
+                .recv
+                .as_mut()
+                .unwrap()
+                .result
+                .take(),
+            None if recv.typed.is_some() => match layout::done_len(word, recv.generation) {
+                Some((len, true)) if recv.reading.is_none() => {
+                    self.start_typed_read(slot, len);
+                    return false;
+                }
+                Some((len, false)) => Some(Err(Error::Mismatch(format!(
+                    "a typed receive got {len} bytes written, not an offer"
+                )))),
+                _ => None,
+            },
+            None => layout::done_len(word, recv.generation).map(|(len, _)| {
+                let index = if recv.any_tag {
+                    self.load(done_at + 8)
+                } else {
+                    u64::from(self.layout.slot_parts(slot).2)
+                };
+                if index >= u64::from(self.config.slots) {
+                    Err(Error::BadPeerRecord {
+                        rank: self.slot_peer(slot),
+                        why: format!(
+                            "an any-index receive completed on index {index}, beyond the \
+                             {} slots per peer",
+                            self.config.slots
+                        ),
+                    })
+                } else if len > recv.capacity {
+                    Err(Error::Truncated {
+                        message: len,
+                        capacity: recv.capacity,
+                    })
+                } else {
+                    Ok(Received {
+                        len,
+                        index: index as u32,
+                    })
+                }
+            }),
+        };
+        match result {
+            Some(result) => {
+                self.finish_recv(slot, result);
+                true
+            }
+            None => false,
         }
     }
 
@@ -1293,7 +1319,7 @@ impl<'c> Engine<'c> {
                 self.try_sends(slot)?;
             }
         }
-        if !self.active_slots.is_empty() {
+        if !self.typed_slots.is_empty() {
             self.check_recvs();
         }
         if !self.orphans.is_empty() {
