@@ -41,7 +41,9 @@
 //! device is taken away), `forged-index` and `forged-epoch` (a peer
 //! writes control words no honest peer writes: an any-index receive's
 //! index out of range, collective epochs far ahead; the ranks refuse
-//! them, naming the peer), `leaked-key` (a third rank writes through the
+//! them, naming the peer), `outsider-collective` (a rank outside a
+//! communicator forges every collective word it can reach: the
+//! communicator's collectives pass, exact), `leaked-key` (a third rank writes through the
 //! keys of the windows a rank bound for another peer: refused),
 //! `late-write` (the sender writes into a receive buffer after the
 //! receive returned: refused with `--window-cache 0`), `forged-split` and
@@ -60,7 +62,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pindown_driver::launch::{device_socket, Job};
-use pindown_messaging::{Communicator, Config, Error, Messenger};
+use pindown_messaging::{BarrierAlgorithm, Communicator, Config, Error, Messenger};
 use pindown_uapi::ErrorDetail;
 
 #[path = "scenarios/global_memory.rs"]
@@ -170,6 +172,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "collectives" => collectives::run(&world, args),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
+        "outsider-collective" => outsider_collective(&messenger, &world),
         "leaked-key" => leaked_key(&messenger, &world),
         "late-write" => late_write(&messenger, &world),
         "forged-split" => forged_split(&messenger, &world, false),
@@ -184,6 +187,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     // posted, so its next send to that peer may go to it).
     let forged = [
         "forged-epoch",
+        "outsider-collective",
         "forged-index",
         "forged-split",
         "forged-context",
@@ -371,6 +375,9 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
     let peer = 1 - me;
     let late = Duration::from_millis(150);
     let mut buffer = vec![0u8; 70_000];
+    // Both ranks start here, so that rank 1's receives come `late` after
+    // rank 0's sends however long each took to set up.
+    meet(world, peer).map_err(err("meet"))?;
     // 1. Buffered: the sends return before any receive exists; the spool
     //    drains when the receives come.
     messenger.set_send_timeout(Some(Duration::ZERO));
@@ -1631,7 +1638,8 @@ fn late_write(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
 }
 
 /// `forged-epoch` (2 ranks): rank 1 writes epoch 2^64 - 1 into every
-/// barrier and reduction flag word of the world's collectives at rank 0,
+/// barrier and reduction flag word it sets in the world's collectives at
+/// rank 0,
 /// then tells it so; rank 0's barrier and small allreduce fail naming
 /// rank 1, rather than passing without it.
 fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
@@ -1643,15 +1651,10 @@ fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
     let (layout, collective) = (messenger.control_layout(), 1);
     if world.rank() == 1 {
         let forged = u64::MAX.to_le_bytes();
-        for round in 0..pindown_messaging::layout::COLLECTIVE_ROUNDS {
+        for word in layout.collective_flag_words(collective, 1) {
             messenger
-                .write_peer_control(0, layout.barrier_round(collective, round), &forged)
-                .map_err(|e| format!("forging a barrier word: {e}"))?;
-        }
-        for step in 0..pindown_messaging::layout::COLLECTIVE_STEPS {
-            messenger
-                .write_peer_control(0, layout.step_epoch(collective, step), &forged)
-                .map_err(|e| format!("forging a step word: {e}"))?;
+                .write_peer_control(0, word, &forged)
+                .map_err(|e| format!("forging a flag word: {e}"))?;
         }
         // Synchronous, as this rank leaves with no final barrier.
         messenger.set_send_timeout(None);
@@ -1679,6 +1682,81 @@ fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
     )?;
     tally.notes.push(format!("allreduce refused: {why}"));
     tally.checked += 1;
+    Ok(tally)
+}
+
+/// `outsider-collective` (3 ranks): ranks 0 and 1 split off a
+/// communicator of their own; rank 2, outside it, writes epoch 2^64 - 1
+/// into every collective flag word it can reach at ranks 0 and 1 (its own
+/// section of every context, the new communicator's included), fills its
+/// data areas with garbage, and tries to reach rank 1's section at rank 0
+/// (no window of rank 0 open to rank 2 covers it). Ranks 0 and 1 then run
+/// barriers of both algorithms and small allreduces on their
+/// communicator: all pass, with exact sums.
+fn outsider_collective(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    let mut tally = Tally::default();
+    if world.size() != 3 {
+        return Err("outsider-collective runs on 3 ranks".into());
+    }
+    let me = world.rank();
+    let pair = world
+        .split((me < 2).then_some(0), me)
+        .map_err(err("split"))?;
+    let layout = messenger.control_layout();
+    // Synchronous signals: no rank leaves with its message spooled.
+    messenger.set_send_timeout(None);
+    if me == 2 {
+        let forged = u64::MAX.to_le_bytes();
+        let garbage = [0xa5u8; 64];
+        for victim in 0..2 {
+            for context in 0..layout.contexts {
+                for word in layout.collective_flag_words(context, 2) {
+                    messenger
+                        .write_peer_control(victim, word, &forged)
+                        .map_err(|e| format!("forging its own flag word: {e}"))?;
+                }
+                for parity in 0..2 {
+                    let data = layout.step_data(context, 2, parity);
+                    messenger
+                        .write_peer_control(victim, data, &garbage)
+                        .map_err(|e| format!("forging its own step data: {e}"))?;
+                }
+            }
+        }
+        tally.checked += 1;
+        for context in 0..layout.contexts {
+            match messenger.write_peer_control(0, layout.barrier_word(context, 1), &forged) {
+                Err(Error::Unsuitable(why)) if why.contains("no window") => {}
+                other => return Err(format!("rank 1's flag word at rank 0: {other:?}")),
+            }
+        }
+        tally.checked += 1;
+        for victim in 0..2 {
+            world
+                .send(victim, 1, &[])
+                .map_err(|e| format!("the signal: {e}"))?;
+        }
+        return Ok(tally);
+    }
+    world
+        .recv(2, 1, &mut [])
+        .map_err(|e| format!("the signal: {e}"))?;
+    let pair = pair.ok_or("ranks 0 and 1 got no communicator")?;
+    for round in 0..20u64 {
+        pair.barrier_with(BarrierAlgorithm::Dissemination)
+            .map_err(err("dissemination barrier"))?;
+        pair.barrier_with(BarrierAlgorithm::BinaryTree)
+            .map_err(err("tree barrier"))?;
+        let mine = [u64::from(me) * 1000 + round, round];
+        let mut sum = [0u64; 2];
+        pair.allreduce(&mine, &mut sum, pindown_messaging::Op::Sum)
+            .map_err(err("allreduce"))?;
+        let expected = [1000 + 2 * round, 2 * round];
+        if sum != expected {
+            return Err(format!("allreduce {round}: {sum:?}, not {expected:?}"));
+        }
+        tally.checked += 1;
+    }
     Ok(tally)
 }
 

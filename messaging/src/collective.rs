@@ -4,10 +4,10 @@
 //! * **Flag words.** Barriers and small reductions do not go through
 //!   matched messages (a receive's match record, then the send: two
 //!   remote writes per hop). Each rank's control memory holds, per
-//!   context, flag words that exactly one peer writes in a call
-//!   ([`crate::layout::Layout::barrier_round`] and the rest) with one
-//!   8-byte inline write carrying a per-communicator epoch that only
-//!   grows; the waiting rank sees the epoch reach its own, and refuses
+//!   context and per peer, flag words that only that peer can write (in
+//!   its block, [`crate::layout::Layout::barrier_word`] and the rest),
+//!   set with one 8-byte inline write carrying a per-communicator epoch
+//!   that only grows; the waiting rank sees the epoch reach its own, and refuses
 //!   (naming the peer) an epoch more than one call ahead, which no
 //!   member writes (it needs this rank's word of the next call to go
 //!   further). A small
@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::comm::Communicator;
 use crate::engine::{Engine, SendBytes};
 use crate::error::{Error, Result};
-use crate::layout::{self, COLLECTIVE_DATA_BYTES, COLLECTIVE_ROUNDS, COLLECTIVE_STEPS};
+use crate::layout::{self, COLLECTIVE_DATA_BYTES};
 
 // ---- the default choice ----
 //
@@ -318,9 +318,11 @@ pub(crate) struct Epochs {
 /// starts from zero on every member.
 pub(crate) fn release_context(engine: &mut Engine<'_>, context: u32) {
     engine.collective_epochs[context as usize] = Epochs::default();
-    let (start, bytes) = engine.layout.collective_area(context);
-    for at in (start..start + bytes).step_by(8) {
-        engine.store(at, 0);
+    for writer in 0..engine.layout.ranks {
+        let (start, bytes) = engine.layout.collective_section(context, writer);
+        for at in (start..start + bytes).step_by(8) {
+            engine.store(at, 0);
+        }
     }
 }
 
@@ -420,21 +422,16 @@ fn reached(peer: u32, seen: u64, epoch: u64) -> Result<bool> {
 }
 
 fn barrier_dissemination(engine: &mut Engine<'_>, group: &Group<'_>, epoch: u64) -> Result<()> {
-    let n = group.size();
+    let (n, me, context) = (group.size(), group.me, group.context);
     let rounds = 32 - (n - 1).leading_zeros();
-    if rounds > COLLECTIVE_ROUNDS {
-        return Err(Error::Unsuitable(format!(
-            "a dissemination barrier on {n} ranks needs {rounds} rounds, the flag words hold \
-             {COLLECTIVE_ROUNDS}"
-        )));
-    }
     for round in 0..rounds {
         let distance = 1 << round;
-        let to = group.world((group.me + distance) % n);
-        let from = group.world((group.me + n - distance) % n);
-        let at = engine.layout.barrier_round(group.context, round);
-        write_flags(engine, group.context, to, &[(at, &epoch.to_le_bytes())])?;
-        wait_flag(engine, from, at, epoch)?;
+        let to = group.world((me + distance) % n);
+        let from = group.world((me + n - distance) % n);
+        let set = engine.layout.barrier_word(context, engine.rank);
+        write_flags(engine, context, to, &[(set, &epoch.to_le_bytes())])?;
+        let seen = engine.layout.barrier_word(context, from);
+        wait_flag(engine, from, seen, epoch)?;
     }
     Ok(())
 }
@@ -444,44 +441,40 @@ fn barrier_tree(engine: &mut Engine<'_>, group: &Group<'_>, epoch: u64) -> Resul
     let children: Vec<u32> = [2 * me + 1, 2 * me + 2]
         .into_iter()
         .filter(|&c| c < n)
+        .map(|c| group.world(c))
         .collect();
-    for (child_slot, &child) in children.iter().enumerate() {
-        let at = engine.layout.tree_arrive(context, child_slot as u32);
-        wait_flag(engine, group.world(child), at, epoch)?;
+    for &child in &children {
+        let at = engine.layout.tree_arrive(context, child);
+        wait_flag(engine, child, at, epoch)?;
     }
     if me > 0 {
         let parent = group.world((me - 1) / 2);
-        let arrive = engine.layout.tree_arrive(context, (me - 1) % 2);
+        let arrive = engine.layout.tree_arrive(context, engine.rank);
         write_flags(engine, context, parent, &[(arrive, &epoch.to_le_bytes())])?;
-        let release = engine.layout.tree_release(context);
+        let release = engine.layout.tree_release(context, parent);
         wait_flag(engine, parent, release, epoch)?;
     }
-    let release = engine.layout.tree_release(context);
+    let release = engine.layout.tree_release(context, engine.rank);
     for &child in &children {
-        write_flags(
-            engine,
-            context,
-            group.world(child),
-            &[(release, &epoch.to_le_bytes())],
-        )?;
+        write_flags(engine, context, child, &[(release, &epoch.to_le_bytes())])?;
     }
     Ok(())
 }
 
-/// One small-reduction step's data sent to `peer` (member rank): data,
-/// then the fenced epoch word.
+/// This rank's step of a small reduction, sent to `peer` (member rank):
+/// data, then the fenced epoch word, in this rank's section there (a
+/// rank sends each peer at most one step per reduction).
 fn send_step<T: Element>(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     peer: u32,
-    step: u32,
     epoch: u64,
     data: &[T],
 ) -> Result<()> {
     let bytes = bytes_of(data);
     let word = layout::step_word(epoch, bytes.len() as u64).to_le_bytes();
-    let data_at = engine.layout.step_data(group.context, step, epoch);
-    let epoch_at = engine.layout.step_epoch(group.context, step);
+    let data_at = engine.layout.step_data(group.context, engine.rank, epoch);
+    let epoch_at = engine.layout.step_epoch(group.context, engine.rank);
     let peer = group.world(peer);
     if bytes.is_empty() {
         write_flags(engine, group.context, peer, &[(epoch_at, &word)])
@@ -495,18 +488,17 @@ fn send_step<T: Element>(
     }
 }
 
-/// Waits for a small-reduction step's data from `peer` (member rank) and
-/// copies it into `into`.
+/// Waits for `peer`'s (member rank) step of a small reduction and
+/// copies its data into `into`.
 fn recv_step<T: Element>(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     peer: u32,
-    step: u32,
     epoch: u64,
     into: &mut [T],
 ) -> Result<()> {
-    let epoch_at = engine.layout.step_epoch(group.context, step);
     let world = group.world(peer);
+    let epoch_at = engine.layout.step_epoch(group.context, world);
     engine.wait_until(Some(world), None, |e| {
         reached(world, layout::step_epoch_len(e.load(epoch_at)).0, epoch)
     })?;
@@ -518,7 +510,7 @@ fn recv_step<T: Element>(
             into.len()
         )));
     }
-    let data_at = engine.layout.step_data(group.context, step, epoch);
+    let data_at = engine.layout.step_data(group.context, world, epoch);
     // SAFETY: the data area lies inside the control memory (the layout's
     // test checks it) and `into` is at most COLLECTIVE_DATA_BYTES long
     // (checked by the caller); the peer wrote it before the epoch word
@@ -546,37 +538,33 @@ fn allreduce_flags<T: Element>(
     let bytes = std::mem::size_of_val(accumulated);
     let n = group.size();
     let (power, rounds) = power_of_two_below(n);
-    if bytes > REDUCE_FLAG_MAX || rounds > COLLECTIVE_ROUNDS {
+    if bytes > REDUCE_FLAG_MAX {
         return Err(Error::Unsuitable(format!(
-            "flag-word reductions carry at most {REDUCE_FLAG_MAX} bytes on at most 2^{} ranks: \
-             {bytes} bytes on {n} ranks asked",
-            COLLECTIVE_ROUNDS + 1
+            "flag-word reductions carry at most {REDUCE_FLAG_MAX} bytes: {bytes} bytes asked"
         )));
     }
     let epochs = &mut engine.collective_epochs[group.context as usize];
     epochs.flag_reduce += 1;
     let epoch = epochs.flag_reduce;
-    let fold_in = 0;
-    let fold_out = COLLECTIVE_STEPS - 1;
     let me = group.me;
     let mut incoming = vec![T::default(); accumulated.len()];
     if me >= power {
-        send_step(engine, group, me - power, fold_in, epoch, accumulated)?;
-        return recv_step(engine, group, me - power, fold_out, epoch, accumulated);
+        send_step(engine, group, me - power, epoch, accumulated)?;
+        return recv_step(engine, group, me - power, epoch, accumulated);
     }
     let folded = me + power < n;
     if folded {
-        recv_step(engine, group, me + power, fold_in, epoch, &mut incoming)?;
+        recv_step(engine, group, me + power, epoch, &mut incoming)?;
         combine(op, accumulated, &incoming);
     }
     for round in 0..rounds {
         let partner = me ^ (1 << round);
-        send_step(engine, group, partner, 1 + round, epoch, accumulated)?;
-        recv_step(engine, group, partner, 1 + round, epoch, &mut incoming)?;
+        send_step(engine, group, partner, epoch, accumulated)?;
+        recv_step(engine, group, partner, epoch, &mut incoming)?;
         combine(op, accumulated, &incoming);
     }
     if folded {
-        send_step(engine, group, me + power, fold_out, epoch, accumulated)?;
+        send_step(engine, group, me + power, epoch, accumulated)?;
     }
     Ok(())
 }

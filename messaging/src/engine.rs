@@ -217,8 +217,6 @@ pub(crate) struct Peer {
     /// This rank's block of the peer's control memory: the window the
     /// peer bound for this rank's port alone.
     pub(crate) block: RemoteWindow,
-    /// The peer's collective area, open to every rank.
-    pub(crate) collective: RemoteWindow,
     gone: Option<String>,
     probe_in_flight: bool,
     /// When the liveness check in flight was posted.
@@ -236,9 +234,10 @@ pub(crate) struct Engine<'c> {
     pub(crate) in_flight: HashMap<u64, InFlight<'c>>,
     /// The window over each peer's block, bound for that peer's port.
     blocks: Vec<RegionWindow<'c>>,
-    /// The window over the collective area, open to every rank; its
-    /// registration stages inline payloads.
-    pub(crate) control: RegionWindow<'c>,
+    /// The registration of the control memory, which stages inline
+    /// payloads (no window of its own: peers reach it only through the
+    /// block bound for each).
+    pub(crate) control: MemoryRegion<'c>,
     pub(crate) control_memory: DmaBuffer,
     pub(crate) context: &'c Context,
     pub(crate) layout: Layout,
@@ -290,9 +289,8 @@ pub(crate) struct Engine<'c> {
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space:
-/// its node and port, its collective window's key and length, and the
-/// length of a peer's block.
-const RECORD_BYTES: usize = 28;
+/// its node and port, and the length of a peer's block.
+const RECORD_BYTES: usize = 12;
 /// Its key.
 const RECORD_KEY: &str = "pindown-messaging";
 /// The launcher key under which a rank publishes the key of the window
@@ -302,12 +300,11 @@ fn block_key_name(peer: u32) -> String {
 }
 
 impl<'c> Engine<'c> {
-    /// Sets up this rank: control memory, its windows (one over the
-    /// collective area, open to every rank, and one over each peer's
-    /// block, bound for that peer's port), the queue pair, and every
-    /// rank's windows through the launcher: first every rank's port and
-    /// collective window, then, from each rank, the key of the block it
-    /// bound for this one.
+    /// Sets up this rank: control memory, its windows (one over each
+    /// peer's block, bound for that peer's port), the queue pair, and
+    /// every rank's windows through the launcher: first every rank's
+    /// port, then, from each rank, the key of the block it bound for this
+    /// one.
     pub(crate) fn new(context: &'c Context, job: &mut Job, config: Config) -> Result<Self> {
         let config = Config {
             slots: config.slots.max(1),
@@ -327,54 +324,36 @@ impl<'c> Engine<'c> {
         // `bytes` long; zeroing it before any peer knows it exists.
         unsafe { std::ptr::write_bytes(control_memory.as_ptr(), 0, bytes) };
         let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let (collectives, collective_bytes) = layout.collectives();
-        let region = context.register_buffer(&control_memory)?;
-        let control =
-            context.bind_region_window(region, collectives, collective_bytes, access, None)?;
+        let control = context.register_buffer(&control_memory)?;
         let mut record = [0u8; RECORD_BYTES];
-        let remote = control.remote();
-        record[..2].copy_from_slice(&remote.node.to_le_bytes());
-        record[2..4].copy_from_slice(&remote.port.to_le_bytes());
-        record[4..12].copy_from_slice(&remote.key.0.to_le_bytes());
-        record[12..20].copy_from_slice(&remote.len.to_le_bytes());
-        record[20..28].copy_from_slice(&layout.block_bytes().to_le_bytes());
+        let own = context.info().address();
+        record[..2].copy_from_slice(&own.node.to_le_bytes());
+        record[2..4].copy_from_slice(&own.port.to_le_bytes());
+        record[4..12].copy_from_slice(&layout.block_bytes().to_le_bytes());
         let records = job.all_gather(RECORD_KEY, &record)?;
-        let mut collective_windows = Vec::with_capacity(records.len());
+        let mut ports = Vec::with_capacity(records.len());
         for (rank, record) in records.iter().enumerate() {
-            let text = format!(
-                "{}:{}:{:016x}:{}",
-                u16::from_le_bytes(field(record, 0, rank)?),
-                u16::from_le_bytes(field(record, 2, rank)?),
-                u64::from_le_bytes(field(record, 4, rank)?),
-                u64::from_le_bytes(field(record, 12, rank)?),
-            );
-            let window: RemoteWindow = text.parse().map_err(|e| Error::BadPeerRecord {
-                rank: rank as u32,
-                why: format!("{e}"),
-            })?;
-            let block_bytes = u64::from_le_bytes(field(record, 20, rank)?);
-            if window.len != collective_bytes || block_bytes != layout.block_bytes() {
+            let port = pindown_uapi::PortAddress {
+                node: u16::from_le_bytes(field(record, 0, rank)?),
+                port: u16::from_le_bytes(field(record, 2, rank)?),
+            };
+            let block_bytes = u64::from_le_bytes(field(record, 4, rank)?);
+            if block_bytes != layout.block_bytes() {
                 return Err(Error::Mismatch(format!(
-                    "rank {rank}'s control area has {block_bytes}-byte peer blocks and {} bytes \
-                     of collective words, this rank's {} and {collective_bytes}: every rank must \
-                     use the same Config::slots and Config::communicators",
-                    window.len,
+                    "rank {rank}'s control area has {block_bytes}-byte peer blocks, this rank's \
+                     {}: every rank must use the same Config::slots and Config::communicators",
                     layout.block_bytes()
                 )));
             }
-            collective_windows.push(window);
+            ports.push(port);
         }
-        crate::records::distinct_ports(collective_windows.iter().map(|w| (w.node, w.port)))?;
+        crate::records::distinct_ports(ports.iter().map(|p| (p.node, p.port)))?;
         // One window per peer over the words that peer writes, bound for
         // its port alone; each registration is a pin-down cache hit. Its
         // key is published for that peer to get: O(ranks) per rank.
-        let mut blocks = Vec::with_capacity(collective_windows.len());
-        for (peer, window) in collective_windows.iter().enumerate() {
+        let mut blocks = Vec::with_capacity(ports.len());
+        for (peer, &port) in ports.iter().enumerate() {
             let region = context.register_buffer(&control_memory)?;
-            let port = pindown_uapi::PortAddress {
-                node: window.node,
-                port: window.port,
-            };
             let block = context.bind_region_window(
                 region,
                 layout.block_start(peer as u32),
@@ -390,8 +369,8 @@ impl<'c> Engine<'c> {
         }
         job.fence()?;
         let me = job.rank();
-        let mut peers = Vec::with_capacity(collective_windows.len());
-        for (rank, collective) in collective_windows.into_iter().enumerate() {
+        let mut peers = Vec::with_capacity(ports.len());
+        for (rank, port) in ports.into_iter().enumerate() {
             let record = match rank as u32 == me {
                 true => blocks[rank].remote().key.0.to_le_bytes().to_vec(),
                 false => job.get(rank as u32, &block_key_name(me))?,
@@ -403,11 +382,11 @@ impl<'c> Engine<'c> {
             })?;
             peers.push(Peer {
                 block: RemoteWindow {
+                    node: port.node,
+                    port: port.port,
                     key,
                     len: layout.block_bytes(),
-                    ..collective
                 },
-                collective,
                 gone: None,
                 probe_in_flight: false,
                 probe_sent: None,
@@ -491,9 +470,9 @@ impl<'c> Engine<'c> {
     }
 
     /// Where the word at `offset` of world rank `peer`'s control memory
-    /// (a [`Layout`] offset) is reached: through this rank's block there,
-    /// or the collective window. Panics for any other offset (scratch, or
-    /// another rank's block): this rank never writes there.
+    /// (a [`Layout`] offset) is reached: through this rank's block there.
+    /// Panics for any other offset (scratch, or another rank's block):
+    /// this rank never writes there.
     pub(crate) fn peer_at(&self, peer: u32, offset: u64) -> RemoteAddress {
         self.try_peer_at(peer, offset).unwrap_or_else(|| {
             panic!("offset {offset} lies in no window of a peer open to this rank")
@@ -563,13 +542,7 @@ impl<'c> Engine<'c> {
             control_memory,
             ..
         } = self;
-        let local = stage(
-            control_memory,
-            control.region(),
-            scratch,
-            SCRATCH_FREE + at,
-            bytes,
-        )?;
+        let local = stage(control_memory, &*control, scratch, SCRATCH_FREE + at, bytes)?;
         let mut entry = Write::new(local, remote)
             .build()
             .inline()
@@ -704,7 +677,7 @@ impl<'c> Engine<'c> {
                 control_memory,
                 ..
             } = &mut *self;
-            let region = window.region();
+            let region = &*window;
             let record_local = stage(control_memory, region, scratch, SCRATCH_RECORD, &record)?;
             let stamp_local = stage(
                 control_memory,
@@ -1102,7 +1075,7 @@ impl<'c> Engine<'c> {
                 control_memory,
                 ..
             } = &mut *self;
-            let own = window.region();
+            let own = &*window;
             let mut entries: Vec<Entry<'_>> = Vec::with_capacity(4);
             if moved > 0 {
                 match &region {
@@ -1364,7 +1337,7 @@ impl<'c> Engine<'c> {
             control: window,
             ..
         } = &mut *self;
-        let entry = Read::new(window.region().local(at, 8)?, remote)
+        let entry = Read::new((*window).local(at, 8)?, remote)
             .build()
             .user_data(tag)
             .signaled();
@@ -1533,7 +1506,7 @@ impl<'c> Engine<'c> {
             control_memory,
             ..
         } = &mut *self;
-        let own = control.region();
+        let own = &*control;
         let head_local = stage(
             control_memory,
             own,
@@ -1621,14 +1594,9 @@ impl<'c> Engine<'c> {
 /// [`Engine::try_peer_at`] for rank `rank`'s engine of layout `layout`.
 fn peer_address(layout: &Layout, rank: u32, peer: &Peer, offset: u64) -> Option<RemoteAddress> {
     let block = layout.block_start(rank);
-    let (collectives, bytes) = layout.collectives();
-    if (block..block + layout.block_bytes()).contains(&offset) {
-        Some(peer.block.at(offset - block))
-    } else if (collectives..collectives + bytes).contains(&offset) {
-        Some(peer.collective.at(offset - collectives))
-    } else {
-        None
-    }
+    (block..block + layout.block_bytes())
+        .contains(&offset)
+        .then(|| peer.block.at(offset - block))
 }
 
 fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N]> {
@@ -1772,7 +1740,7 @@ impl Engine<'_> {
             ..
         } = self;
         let target = &peers[peer as usize];
-        let region = window.region();
+        let region = &*window;
         let mut entries: Vec<Entry<'_>> = Vec::with_capacity(writes.len());
         let mut staged = SCRATCH_COLLECTIVE;
         for (i, &(at, bytes)) in writes.iter().enumerate() {
@@ -1780,7 +1748,7 @@ impl Engine<'_> {
             let local = stage(control_memory, region, scratch, staged, bytes)?;
             staged += bytes.len().next_multiple_of(8) as u64;
             let remote = peer_address(layout, *rank, target, at)
-                .expect("collective words lie in a window open to every rank");
+                .expect("a rank writes collective words only in its own sections");
             let entry = Write::new(local, remote).build().inline();
             entries.push(if i + 1 == writes.len() {
                 entry.fence().user_data(tag).signaled()

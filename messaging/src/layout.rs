@@ -20,18 +20,22 @@
 //!   store.
 //!
 //! then, for each context, the any-source ring of [`ANY_ENTRIES`] entries
-//! of [`ANY_ENTRY_BYTES`] that the peer fills and this rank drains, and
-//! the credit words the peer's receiver side writes back, one per
-//! context.
+//! of [`ANY_ENTRY_BYTES`] that the peer fills and this rank drains, the
+//! credit words the peer's receiver side writes back, one per context,
+//! and last each context's **collective section** of
+//! [`COLLECTIVE_SECTION_BYTES`]: the flag words the peer sets in this
+//! rank's collectives (its dissemination-barrier round, its arrival as a
+//! tree child, its release as the tree parent, its step of a small
+//! reduction) and that step's data areas (two parities of
+//! [`COLLECTIVE_DATA_BYTES`]). In any one call a peer plays at most one
+//! part of each kind towards this rank (the peers of the barrier rounds,
+//! of a tree node and of the reduction steps are all distinct), so a
+//! section per peer holds every word it writes, and no rank can set a
+//! word another rank should: not another member's, and not as a rank
+//! outside the communicator.
 //!
-//! After the blocks comes the collective area, exposed to every rank of
-//! the job through one window: for each context, [`COLLECTIVE_WORDS`]
-//! flag words (barrier rounds, tree arrival and release, reduction step
-//! epochs) and the data areas of small reductions ([`COLLECTIVE_STEPS`]
-//! steps, two parities each, of [`COLLECTIVE_DATA_BYTES`]); every word of
-//! it has one writer per collective call, which the epochs check. Last
-//! comes scratch memory no window exposes (inline payloads are staged
-//! there before posting).
+//! After the blocks comes scratch memory no window exposes (inline
+//! payloads are staged there before posting).
 
 /// Bytes of a match record.
 pub const MATCH_RECORD_BYTES: u64 = 32;
@@ -108,26 +112,19 @@ pub fn any_credit_counts(word: u64) -> (u32, u32) {
 
 /// Bytes of this rank's own scratch memory.
 pub const SCRATCH_BYTES: u64 = 4096;
-/// Flag words of each context's collective area.
-pub const COLLECTIVE_WORDS: u64 = 64;
-/// Dissemination barrier rounds the flag words hold (up to 2^16 ranks).
-pub const COLLECTIVE_ROUNDS: u32 = 16;
-/// Steps of a small reduction over flag words: the fold of a rank beyond
-/// the largest power of two, [`COLLECTIVE_ROUNDS`] recursive-doubling
-/// rounds, and the result sent back to the folded rank.
-pub const COLLECTIVE_STEPS: u32 = COLLECTIVE_ROUNDS + 2;
-/// Bytes of each small-reduction data area (one step, one parity): the
-/// largest reduction the flag words carry. Fits one inline write.
+/// Flag words of each context's collective section.
+pub const COLLECTIVE_WORDS: u64 = 4;
+/// Bytes of each small-reduction data area (one parity): the largest
+/// reduction the flag words carry. Fits one inline write.
 pub const COLLECTIVE_DATA_BYTES: u64 = 256;
-/// Bytes of each context's collective area.
-pub const COLLECTIVE_BYTES: u64 =
-    COLLECTIVE_WORDS * 8 + COLLECTIVE_STEPS as u64 * 2 * COLLECTIVE_DATA_BYTES;
-/// First flag word of the tree barrier: the arrival words of the two
-/// children, then the release word the parent writes.
-const TREE_ARRIVE_WORD: u64 = COLLECTIVE_ROUNDS as u64;
-const TREE_RELEASE_WORD: u64 = TREE_ARRIVE_WORD + 2;
-/// First flag word of the small-reduction steps' epochs.
-const STEP_EPOCH_WORD: u64 = TREE_RELEASE_WORD + 1;
+/// Bytes of each context's collective section in a peer's block: the
+/// flag words, then the data areas of the two parities.
+pub const COLLECTIVE_SECTION_BYTES: u64 = COLLECTIVE_WORDS * 8 + 2 * COLLECTIVE_DATA_BYTES;
+/// The flag words of a collective section, in order.
+const BARRIER_WORD: u64 = 0;
+const TREE_ARRIVE_WORD: u64 = 1;
+const TREE_RELEASE_WORD: u64 = 2;
+const STEP_EPOCH_WORD: u64 = 3;
 /// Bits of a step epoch word that carry the data's length (the epoch is
 /// above them).
 pub const STEP_LEN_BITS: u32 = 12;
@@ -195,8 +192,8 @@ impl Layout {
 
     /// Bytes of one peer's block, a multiple of 64.
     pub fn block_bytes(&self) -> u64 {
-        let any = u64::from(self.contexts) * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8);
-        (self.slot_bytes() + any).next_multiple_of(64)
+        let per_context = ANY_ENTRIES * ANY_ENTRY_BYTES + 8 + COLLECTIVE_SECTION_BYTES;
+        (self.slot_bytes() + u64::from(self.contexts) * per_context).next_multiple_of(64)
     }
 
     /// Where peer `peer`'s block starts.
@@ -239,7 +236,7 @@ impl Layout {
 
     /// Offset of the scratch memory.
     pub fn scratch(&self) -> u64 {
-        self.collective_start() + u64::from(self.contexts) * COLLECTIVE_BYTES
+        self.block_start(self.ranks)
     }
 
     /// Bytes of the whole control area.
@@ -248,79 +245,69 @@ impl Layout {
     }
 }
 
-/// The collective area (after the peers' blocks, before scratch).
+/// The collective sections, at the end of each peer's block.
 impl Layout {
-    fn collective_start(&self) -> u64 {
-        u64::from(self.ranks) * self.block_bytes()
-    }
-
-    /// The range of every context's collective area together, the one
-    /// window open to every rank: offset and bytes.
-    pub fn collectives(&self) -> (u64, u64) {
+    /// The range of the section world rank `writer` writes in `context`'s
+    /// collectives: offset and bytes.
+    pub fn collective_section(&self, context: u32, writer: u32) -> (u64, u64) {
+        assert!(context < self.contexts, "context {context} out of range");
+        let sections = self.block_start(writer)
+            + self.slot_bytes()
+            + u64::from(self.contexts) * (ANY_ENTRIES * ANY_ENTRY_BYTES + 8);
         (
-            self.collective_start(),
-            u64::from(self.contexts) * COLLECTIVE_BYTES,
+            sections + u64::from(context) * COLLECTIVE_SECTION_BYTES,
+            COLLECTIVE_SECTION_BYTES,
         )
     }
 
-    fn collective_word(&self, context: u32, word: u64) -> u64 {
+    fn collective_word(&self, context: u32, writer: u32, word: u64) -> u64 {
         debug_assert!(word < COLLECTIVE_WORDS);
-        self.collective_start() + u64::from(context) * COLLECTIVE_BYTES + word * 8
+        self.collective_section(context, writer).0 + word * 8
     }
 
-    /// Offset of the flag word that round `round` of a dissemination
-    /// barrier in `context` sets (to the barrier's epoch).
-    pub fn barrier_round(&self, context: u32, round: u32) -> u64 {
-        assert!(
-            round < COLLECTIVE_ROUNDS,
-            "barrier round {round} out of range"
-        );
-        self.collective_word(context, u64::from(round))
+    /// Offset of the flag word `writer` sets (to the barrier's epoch) in
+    /// its round of a dissemination barrier in `context`.
+    pub fn barrier_word(&self, context: u32, writer: u32) -> u64 {
+        self.collective_word(context, writer, BARRIER_WORD)
     }
 
-    /// Offset of the flag word child `child` (0 or 1) of a tree barrier
-    /// sets on arrival.
-    pub fn tree_arrive(&self, context: u32, child: u32) -> u64 {
-        assert!(child < 2, "a binary tree node has two children");
-        self.collective_word(context, TREE_ARRIVE_WORD + u64::from(child))
+    /// Offset of the flag word `writer`, a child in a tree barrier, sets
+    /// on arrival.
+    pub fn tree_arrive(&self, context: u32, writer: u32) -> u64 {
+        self.collective_word(context, writer, TREE_ARRIVE_WORD)
     }
 
-    /// Offset of the flag word the parent in a tree barrier sets to
-    /// release this rank.
-    pub fn tree_release(&self, context: u32) -> u64 {
-        self.collective_word(context, TREE_RELEASE_WORD)
+    /// Offset of the flag word `writer`, the parent in a tree barrier,
+    /// sets to release this rank.
+    pub fn tree_release(&self, context: u32, writer: u32) -> u64 {
+        self.collective_word(context, writer, TREE_RELEASE_WORD)
     }
 
-    /// Offset of the epoch word of small-reduction step `step`: the
-    /// reduction's epoch above [`STEP_LEN_BITS`], its data length below,
-    /// written after the data.
-    pub fn step_epoch(&self, context: u32, step: u32) -> u64 {
-        assert!(
-            step < COLLECTIVE_STEPS,
-            "reduction step {step} out of range"
-        );
-        self.collective_word(context, STEP_EPOCH_WORD + u64::from(step))
+    /// Offset of the epoch word of `writer`'s step of a small reduction:
+    /// the reduction's epoch above [`STEP_LEN_BITS`], its data length
+    /// below, written after the data.
+    pub fn step_epoch(&self, context: u32, writer: u32) -> u64 {
+        self.collective_word(context, writer, STEP_EPOCH_WORD)
     }
 
-    /// Offset of the data area of small-reduction step `step` for the
-    /// reductions of parity `parity` (epoch modulo 2).
-    pub fn step_data(&self, context: u32, step: u32, parity: u64) -> u64 {
-        assert!(
-            step < COLLECTIVE_STEPS,
-            "reduction step {step} out of range"
-        );
-        self.collective_start()
-            + u64::from(context) * COLLECTIVE_BYTES
+    /// Offsets of every flag word `writer` sets in `context`'s
+    /// collectives: its barrier round, tree arrival, tree release and
+    /// reduction step.
+    pub fn collective_flag_words(&self, context: u32, writer: u32) -> [u64; 4] {
+        [
+            self.barrier_word(context, writer),
+            self.tree_arrive(context, writer),
+            self.tree_release(context, writer),
+            self.step_epoch(context, writer),
+        ]
+    }
+
+    /// Offset of the data area of `writer`'s step of a small reduction,
+    /// for the reductions of parity `parity` (epoch modulo 2).
+    pub fn step_data(&self, context: u32, writer: u32, parity: u64) -> u64 {
+        self.collective_section(context, writer).0
             + COLLECTIVE_WORDS * 8
-            + (u64::from(step) * 2 + parity % 2) * COLLECTIVE_DATA_BYTES
-    }
-
-    /// The range of `context`'s collective area: offset and bytes.
-    pub fn collective_area(&self, context: u32) -> (u64, u64) {
-        (
-            self.collective_start() + u64::from(context) * COLLECTIVE_BYTES,
-            COLLECTIVE_BYTES,
-        )
+            + parity % 2 * COLLECTIVE_DATA_BYTES
     }
 }
 
@@ -365,6 +352,16 @@ mod tests {
                     ));
                 }
                 ranges.push((layout.any_credit(context, peer), 8, peer));
+                let (section, section_bytes) = layout.collective_section(context, peer);
+                for word in layout.collective_flag_words(context, peer) {
+                    assert!(word >= section && word + 8 <= section + COLLECTIVE_WORDS * 8);
+                    ranges.push((word, 8, peer));
+                }
+                for parity in 0..2 {
+                    let at = layout.step_data(context, peer, parity);
+                    assert!(at + COLLECTIVE_DATA_BYTES <= section + section_bytes);
+                    ranges.push((at, COLLECTIVE_DATA_BYTES, peer));
+                }
             }
         }
         for &(at, bytes, peer) in &ranges {
@@ -377,53 +374,12 @@ mod tests {
             assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{pair:?} overlap");
         }
         assert_eq!(layout.block_bytes() % 64, 0);
-        let (collectives, bytes) = layout.collectives();
-        assert_eq!(collectives, layout.block_start(5));
-        assert_eq!(collectives + bytes, layout.scratch());
+        assert_eq!(layout.scratch(), layout.block_start(5));
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
     }
 
     #[test]
-    fn collective_areas_are_disjoint_aligned_and_between_any_source_and_scratch() {
-        let layout = Layout {
-            ranks: 5,
-            contexts: 3,
-            slots: 7,
-        };
-        let any_end = layout.block_start(5);
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for context in 0..3 {
-            let (start, bytes) = layout.collective_area(context);
-            let mut words: Vec<u64> = (0..COLLECTIVE_ROUNDS)
-                .map(|r| layout.barrier_round(context, r))
-                .collect();
-            words.extend([
-                layout.tree_arrive(context, 0),
-                layout.tree_arrive(context, 1),
-                layout.tree_release(context),
-            ]);
-            words.extend((0..COLLECTIVE_STEPS).map(|s| layout.step_epoch(context, s)));
-            for &word in &words {
-                assert_eq!(word % 8, 0);
-                assert!(word >= start && word + 8 <= start + COLLECTIVE_WORDS * 8);
-                ranges.push((word, 8));
-            }
-            for step in 0..COLLECTIVE_STEPS {
-                for parity in 0..2 {
-                    let at = layout.step_data(context, step, parity);
-                    assert_eq!(at % 8, 0);
-                    assert!(at >= start + COLLECTIVE_WORDS * 8);
-                    assert!(at + COLLECTIVE_DATA_BYTES <= start + bytes);
-                    ranges.push((at, COLLECTIVE_DATA_BYTES));
-                }
-            }
-            assert!(start >= any_end);
-            assert!(start + bytes <= layout.scratch());
-        }
-        ranges.sort_unstable();
-        for pair in ranges.windows(2) {
-            assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{pair:?} overlap");
-        }
+    fn step_words_carry_epoch_and_length() {
         for (epoch, len) in [(1, 0), (7, 256), (1 << 40, 8)] {
             assert_eq!(step_epoch_len(step_word(epoch, len)), (epoch, len));
         }

@@ -153,7 +153,7 @@ impl<'c> Engine<'c> {
                 control_memory,
                 ..
             } = &mut *self;
-            let own = own.region();
+            let own = &*own;
             let mut entries: Vec<Entry<'_>> = Vec::with_capacity(3);
             let offer_entry = match &held {
                 Some(region) => Write::new(
@@ -218,7 +218,7 @@ impl<'c> Engine<'c> {
             control_memory,
             ..
         } = &mut *self;
-        let own = own.region();
+        let own = &*own;
         let mut entries: Vec<Entry<'_>> = Vec::with_capacity(3);
         if let Some(vector) = &vector {
             entries.push(vector.build().user_data(tag | PART_BIT));

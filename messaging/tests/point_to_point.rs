@@ -172,6 +172,18 @@ fn forged_collective_epochs_fail_the_collectives_instead_of_passing_them() {
 }
 
 #[test]
+fn a_rank_outside_a_communicator_cannot_touch_its_collectives() {
+    let lines = passes(3, "outsider-collective", &[]);
+    // Rank 2: its own sections forged at both victims, and rank 1's
+    // section at rank 0 out of its reach.
+    assert_eq!(checked(&lines[2]), 2, "{}", lines[2]);
+    // Ranks 0 and 1: 20 rounds of both barriers and an allreduce, exact.
+    for line in &lines[..2] {
+        assert_eq!(checked(line), 20, "{line}");
+    }
+}
+
+#[test]
 fn a_leaked_key_lets_no_third_rank_write_another_peers_words() {
     let lines = passes(3, "leaked-key", &[]);
     // Rank 2's writes through the keys rank 0 bound for rank 1 (its
