@@ -237,7 +237,7 @@ use crate::engine::post_entries;
 use crate::error::{Error, Result};
 use packet::{Header, FLAG_CREDIT, FLAG_INTERNAL, FLAG_REPLY, HEADER_BYTES};
 
-pub use packet::{Kind, MAX_ARGS};
+pub use packet::{Kind, MAX_ARGS, MIN_SLOT_BYTES};
 pub use transfer::TransferDescriptor;
 
 /// Alignment (bytes) the DMA path wants on both sides; unaligned heads and
@@ -269,9 +269,9 @@ pub struct Config {
     pub segment_bytes: usize,
     /// Slots of the ring each sender has at each target (at least 1).
     pub ring_slots: u32,
-    /// Bytes of one slot (a multiple of 8, at least 64): the packet header
-    /// (24 bytes), up to [`MAX_ARGS`] arguments and a medium payload
-    /// ([`Endpoint::max_medium`]).
+    /// Bytes of one slot (a multiple of 8, at least [`MIN_SLOT_BYTES`]):
+    /// the packet header (24 bytes), up to [`MAX_ARGS`] arguments and a
+    /// medium payload ([`Endpoint::max_medium`]).
     pub slot_bytes: u32,
     /// Writes of at most this many bytes go inline in the work request
     /// (PIO), longer ones by DMA; at most [`MAX_INLINE`].
@@ -282,7 +282,7 @@ pub struct Config {
     /// computes its descriptor.
     pub descriptor_cache: Option<CacheConfig>,
     /// Bytes of the area a [`GetMode::ByMessage`] get lands in (longer gets
-    /// go in pieces of this size); ranks may differ.
+    /// go in pieces of this size; at least 1); ranks may differ.
     pub get_bounce_bytes: usize,
     /// How long a wait goes without its condition before it fails.
     pub timeout: Duration,
@@ -868,11 +868,17 @@ impl<'c> Endpoint<'c> {
                 "Config::ring_slots must be at least 1".into(),
             ));
         }
-        if config.slot_bytes < 64 || !config.slot_bytes.is_multiple_of(8) {
+        if (config.slot_bytes as usize) < MIN_SLOT_BYTES || !config.slot_bytes.is_multiple_of(8) {
             return Err(Error::Gasnet(format!(
-                "Config::slot_bytes {} must be a multiple of 8 and at least 64",
+                "Config::slot_bytes {} must be a multiple of 8 and at least {MIN_SLOT_BYTES} (a \
+                 header and {MAX_ARGS} arguments)",
                 config.slot_bytes
             )));
+        }
+        if config.get_bounce_bytes == 0 {
+            return Err(Error::Gasnet(
+                "Config::get_bounce_bytes must be at least 1".into(),
+            ));
         }
         let config = Config {
             pio_max: config.pio_max.min(MAX_INLINE),
@@ -1792,7 +1798,7 @@ impl<'c> Endpoint<'c> {
     fn internal(&mut self, sender: u32, header: &Header, args: &[u32]) -> Result<()> {
         let arg = |i: usize| args.get(i).copied().unwrap_or(0);
         match header.handler {
-            INTERNAL_GET_REQUEST if args.len() == 6 => {
+            INTERNAL_GET_REQUEST if args.len() == 6 && header.flags & FLAG_REPLY == 0 => {
                 let id = arg(0);
                 let offset = u64::from(arg(1)) | u64::from(arg(2)) << 32;
                 let len = u64::from(arg(3));
@@ -1826,14 +1832,20 @@ impl<'c> Endpoint<'c> {
             }
             // Only the get in progress (one at a time) expects a reply.
             // The reply to the get in progress, from the rank asked.
-            INTERNAL_GET_REPLY if args.len() == 2 && self.get_pending == Some((arg(0), sender)) => {
+            INTERNAL_GET_REPLY
+                if args.len() == 2
+                    && header.flags & FLAG_REPLY != 0
+                    && self.get_pending == Some((arg(0), sender)) =>
+            {
                 self.get_replies.insert(arg(0), arg(1));
                 Ok(())
             }
             // The late reply to a get given up (its window was revoked
             // first, so its bytes did not land): nothing to do.
             INTERNAL_GET_REPLY
-                if args.len() == 2 && self.gets_given_up.contains(&(arg(0), sender)) =>
+                if args.len() == 2
+                    && header.flags & FLAG_REPLY != 0
+                    && self.gets_given_up.contains(&(arg(0), sender)) =>
             {
                 self.gets_given_up
                     .retain(|&given_up| given_up != (arg(0), sender));
@@ -1844,6 +1856,7 @@ impl<'c> Endpoint<'c> {
             // one rank that signals this rank in that round.
             INTERNAL_BARRIER
                 if args.len() == 2
+                    && header.flags & FLAG_REPLY == 0
                     && (arg(0) == self.barrier_epoch
                         || arg(0) == self.barrier_epoch.wrapping_add(1))
                     && arg(1) < 31

@@ -17,6 +17,8 @@
 pub(crate) const HEADER_BYTES: usize = 24;
 /// Arguments a message carries at most (GASNet's `gex_AM_MaxArgs` is 16).
 pub const MAX_ARGS: usize = 16;
+/// The smallest slot: a header and [`MAX_ARGS`] arguments.
+pub const MIN_SLOT_BYTES: usize = HEADER_BYTES + 4 * MAX_ARGS;
 
 /// A reply (its handler may not reply).
 pub(crate) const FLAG_REPLY: u8 = 1;
@@ -92,6 +94,12 @@ impl Header {
         let nargs = slot[11] as usize;
         if nargs > MAX_ARGS {
             return Err(format!("{nargs} arguments, at most {MAX_ARGS}"));
+        }
+        if HEADER_BYTES + 4 * nargs > slot.len() {
+            return Err(format!(
+                "{nargs} arguments do not fit a {}-byte slot",
+                slot.len()
+            ));
         }
         let payload_len = u32::from_le_bytes(slot[12..16].try_into().expect("4 bytes"));
         let long_offset = u64::from_le_bytes(slot[16..24].try_into().expect("8 bytes"));
@@ -207,5 +215,24 @@ mod tests {
         };
         assert!(Header::decode(&slot_with(&short, 256), 4096).is_err());
         assert!(Header::decode(&[0u8; 10], 4096).is_err());
+        // Arguments past the slot, for every kind (a short or long packet
+        // in a slot too small for its arguments was once taken, and
+        // reading them panicked).
+        for kind in [Kind::Short, Kind::Medium, Kind::Long] {
+            let argued = Header {
+                kind,
+                nargs: MAX_ARGS,
+                payload_len: 0,
+                long_offset: 0,
+                ..good
+            };
+            let tight = slot_with(&argued, HEADER_BYTES + 4 * MAX_ARGS - 8);
+            assert!(Header::decode(&tight, 4096).is_err(), "{kind:?}");
+            let roomy = slot_with(&argued, MIN_SLOT_BYTES);
+            let header = Header::decode(&roomy, 4096).expect("fits");
+            let mut args = Vec::new();
+            header.args(&roomy, &mut args);
+            assert_eq!(args.len(), MAX_ARGS);
+        }
     }
 }
