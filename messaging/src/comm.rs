@@ -920,8 +920,12 @@ impl<B: 'static> RecvRequest<'_, B> {
                 self.generation,
             ),
         };
+        // A failed wait (the peer gone, a liveness check unanswered) may
+        // leave the receive posted: the buffer stays with the request,
+        // whose drop hands it to the engine until nothing can land in it.
+        let received = result?;
         let buffer = self.buffer.take().expect("the buffer until wait");
-        result.map(|received| (buffer, received))
+        Ok((buffer, received))
     }
 }
 
