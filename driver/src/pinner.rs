@@ -362,10 +362,10 @@ impl<T: Transport, L: Locate> Pinner for IotlbPinner<T, L> {
         self.locate.forget(unmapped);
     }
 
-    fn unpin_unmapped(&self, range: PageRange, _token: u64, unmapped: PageRange) {
+    fn unpin_unmapped(&self, range: PageRange, _token: u64, unmapped: &[PageRange]) {
         {
             let mut mapped = self.mapped.lock();
-            for rest in range.minus(unmapped) {
+            for rest in range.minus_all(unmapped) {
                 for part in mapped.release_lenient(rest.start..rest.end()) {
                     self.unmap(part);
                 }

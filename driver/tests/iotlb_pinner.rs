@@ -271,7 +271,7 @@ fn forgetting_unmapped_memory_invalidates_its_entries() {
             len: 2 * p
         }]
     );
-    pinner.unpin_unmapped(range, token, gone);
+    pinner.unpin_unmapped(range, token, &[gone]);
     assert_eq!(
         recorder.take_calls(),
         vec![

@@ -19,7 +19,7 @@
 //! Region ids and index nodes that readers may still see are reused only after
 //! an RCU grace period, batched so that its cost is shared by many misses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -93,9 +93,12 @@ struct Writer {
     tick: u64,
     pinned_bytes: usize,
     pinned_entries: usize,
-    retired: usize,
-    /// Invalidated regions whose memory was (partly) unmapped: that part.
-    unmapped: HashMap<u32, PageRange>,
+    /// Regions invalidated while held (out of the index, pinned until
+    /// their last release).
+    retired: HashSet<u32>,
+    /// Invalidated regions whose memory was (partly) unmapped: those
+    /// parts, one per unmapping (a retired region may meet several).
+    unmapped: HashMap<u32, Vec<PageRange>>,
     age: u64,
     misses: u64,
     locked_hits: u64,
@@ -405,7 +408,7 @@ impl<P: Pinner> Shared<P> {
         if self.table.entry(id).state.load(Ordering::Relaxed) == state::RETIRED
             && self.table.refs(id) == 0
         {
-            writer.retired -= 1;
+            writer.retired.remove(&id);
             self.unpin_region(&mut writer, id);
         }
     }
@@ -549,7 +552,7 @@ impl<P: Pinner> Shared<P> {
                 .entry(id)
                 .state
                 .store(state::RETIRED, Ordering::Release);
-            writer.retired += 1;
+            writer.retired.insert(id);
         }
         for &id in &idle {
             self.unpin_region(&mut writer, id);
@@ -776,15 +779,16 @@ impl<P: Pinner> Shared<P> {
         let range = self.range_of(id);
         let unmapped = writer.unmapped.remove(&id);
         if let Some(token) = self.table.take_token(id) {
-            match unmapped {
+            match &unmapped {
                 Some(gone) => self.pinner.unpin_unmapped(range, token, gone),
                 None => self.pinner.unpin(range, token),
             }
         }
         if self.subscribed() {
-            match unmapped {
+            match &unmapped {
                 Some(gone) => range
-                    .minus(gone)
+                    .minus_all(gone)
+                    .into_iter()
                     .for_each(monitor::MemoryMonitor::unwatch_global),
                 None => monitor::MemoryMonitor::unwatch_global(range),
             }
@@ -856,17 +860,25 @@ impl<P: Pinner> Shared<P> {
             start: first,
             len: last - first,
         };
+        let doomed = self.neighbours(first, last, false);
         if unmapped {
             self.pinner.forget(gone);
+            // Every region pinned there learns that part is gone: those in
+            // the index (doomed now) and those retired earlier and still
+            // held, which the index no longer finds. Each releases only
+            // the rest of its range, never pins made there since.
+            let retired_there: Vec<u32> = writer
+                .retired
+                .iter()
+                .copied()
+                .filter(|&id| self.range_of(id).overlaps(gone))
+                .collect();
+            for id in doomed.iter().copied().chain(retired_there) {
+                writer.unmapped.entry(id).or_default().push(gone);
+            }
         }
-        let doomed = self.neighbours(first, last, false);
         if doomed.is_empty() {
             return 0;
-        }
-        if unmapped {
-            for &id in &doomed {
-                writer.unmapped.insert(id, gone);
-            }
         }
         for &id in &doomed {
             writer.order.remove(id);
@@ -889,7 +901,7 @@ impl<P: Pinner> Shared<P> {
                     .entry(id)
                     .state
                     .store(state::RETIRED, Ordering::Release);
-                writer.retired += 1;
+                writer.retired.insert(id);
             }
         }
         writer.invalidations += doomed.len() as u64;
@@ -907,7 +919,7 @@ impl<P: Pinner> Shared<P> {
             merges: writer.merges,
             pinned_bytes: writer.pinned_bytes,
             pinned_entries: writer.pinned_entries,
-            retired_entries: writer.retired,
+            retired_entries: writer.retired.len(),
             max_pinned_bytes: self.limits.max_bytes,
             max_entries: self.limits.max_entries,
             index_nodes: self.index.node_count(),

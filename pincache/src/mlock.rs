@@ -136,9 +136,9 @@ impl Pinner for MlockPinner {
         self.locked.lock().clear(unmapped.start..unmapped.end());
     }
 
-    fn unpin_unmapped(&self, range: PageRange, _token: (), unmapped: PageRange) {
+    fn unpin_unmapped(&self, range: PageRange, _token: (), unmapped: &[PageRange]) {
         let mut locked = self.locked.lock();
-        for rest in range.minus(unmapped) {
+        for rest in range.minus_all(unmapped) {
             for part in locked.release_lenient(rest.start..rest.end()) {
                 munlock_range(part.start, part.end);
             }

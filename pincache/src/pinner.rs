@@ -113,15 +113,29 @@ pub trait Pinner: Send + Sync {
     }
 
     /// Undoes a `pin` of `range` after [`forget`](Self::forget) was told
-    /// that `unmapped`, which overlaps it, is gone: only the rest of `range`
-    /// still needs undoing.
-    fn unpin_unmapped(&self, range: PageRange, token: Self::Token, unmapped: PageRange) {
+    /// that the ranges of `unmapped`, which overlap it, are gone: only the
+    /// rest of `range` ([`PageRange::minus_all`]) still needs undoing.
+    fn unpin_unmapped(&self, range: PageRange, token: Self::Token, unmapped: &[PageRange]) {
         let _ = unmapped;
         self.unpin(range, token);
     }
 }
 
 impl PageRange {
+    /// Whether the two ranges share a page.
+    pub fn overlaps(&self, other: PageRange) -> bool {
+        self.start < other.end() && other.start < self.end()
+    }
+
+    /// The parts of `self` outside every range of `others`, in order.
+    pub fn minus_all(&self, others: &[PageRange]) -> Vec<PageRange> {
+        let mut rest = vec![*self];
+        for &other in others {
+            rest = rest.iter().flat_map(|part| part.minus(other)).collect();
+        }
+        rest
+    }
+
     /// The parts of `self` outside `other` (none, one or two ranges).
     pub fn minus(&self, other: PageRange) -> impl Iterator<Item = PageRange> {
         let left = PageRange {

@@ -14,6 +14,7 @@ fn unmapped_memory_is_never_hit_again() {
     plain_munmap_then_map_again_misses();
     the_unmap_hook_invalidates_before_the_pages_go();
     a_region_in_use_when_unmapped_is_retired_and_never_hit_again();
+    a_region_retired_then_unmapped_releases_only_its_own_pins();
     mremap_moving_a_mapping_invalidates_the_old_range();
 }
 
@@ -119,6 +120,46 @@ fn a_region_in_use_when_unmapped_is_retired_and_never_hit_again() {
     drop(fresh);
     drop(cache);
     common::unmap_plain(again, len);
+}
+
+/// A region invalidated while held (retired, out of the index), whose
+/// memory is then unmapped in two parts, each mapped again and pinned by a
+/// new region: releasing the old region must leave the new ones' pins.
+fn a_region_retired_then_unmapped_releases_only_its_own_pins() {
+    let cache = monitored_cache();
+    let len = 4 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    let held = cache.pin(addr, len).unwrap();
+    assert_eq!(cache.invalidate(addr, len), 1);
+    assert_eq!(cache.stats().retired_entries, 1);
+    // Two holes, one after the other, each mapped again and pinned.
+    // SAFETY: pages of the mapping made above.
+    let second = unsafe { buffer.add(PAGE) };
+    common::unmap_plain(second, PAGE);
+    let second_again = common::map_anonymous_at(second, PAGE);
+    let fresh_second = cache.pin(addr + PAGE, PAGE).unwrap();
+    // SAFETY: as above.
+    let fourth = unsafe { buffer.add(3 * PAGE) };
+    common::unmap_plain(fourth, PAGE);
+    let fourth_again = common::map_anonymous_at(fourth, PAGE);
+    let fresh_fourth = cache.pin(addr + 3 * PAGE, PAGE).unwrap();
+    // Pages 0 and 2 are the old region's alone; 1 and 3 the new regions'.
+    assert_eq!(cache.pinner().locked_len(), len);
+    drop(held);
+    assert_eq!(
+        cache.pinner().locked_len(),
+        2 * PAGE,
+        "the new regions' pages stay locked"
+    );
+    assert_eq!(cache.stats().retired_entries, 0);
+    drop((fresh_second, fresh_fourth));
+    drop(cache);
+    common::unmap_plain(buffer, PAGE);
+    common::unmap_plain(second_again, PAGE);
+    // SAFETY: as above.
+    common::unmap_plain(unsafe { buffer.add(2 * PAGE) }, PAGE);
+    common::unmap_plain(fourth_again, PAGE);
 }
 
 fn mremap_moving_a_mapping_invalidates_the_old_range() {

@@ -88,9 +88,9 @@ impl Pinner for VfioPinner {
         }
     }
 
-    fn unpin_unmapped(&self, range: PageRange, _token: u64, unmapped: PageRange) {
+    fn unpin_unmapped(&self, range: PageRange, _token: u64, unmapped: &[PageRange]) {
         let mut mapped = self.mapped.lock();
-        for rest in range.minus(unmapped) {
+        for rest in range.minus_all(unmapped) {
             for part in mapped.release_lenient(rest.start..rest.end()) {
                 let _ = self
                     .dma
