@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use pindown_driver::verbs::{Context, VerbsError};
+use pindown_driver::verbs::{Context, MemoryRegion, VerbsError};
 use pindown_driver::DmaBuffer;
 use serde::Serialize;
 
@@ -88,6 +88,21 @@ impl TestBuffer {
     /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Registers `[offset, offset + len)` with `context`; the region
+    /// borrows the buffer.
+    pub fn register_part<'a>(
+        &'a self,
+        context: &'a Context,
+        offset: usize,
+        len: usize,
+    ) -> Result<MemoryRegion<'a>, VerbsError> {
+        self.check(offset, len);
+        // SAFETY: inside the buffer (checked), which the region borrows,
+        // so it stays allocated while the region lives; the buffer's bytes
+        // are reached only through raw copies, which tolerate the device.
+        unsafe { context.register(self.addr + offset as u64, len as u64) }
     }
 
     fn check(&self, offset: usize, len: usize) {

@@ -85,13 +85,17 @@ pub fn ping_pong(
     let largest = sizes.iter().map(|s| s.bytes).max().unwrap_or(0);
     let flag_at = largest.next_multiple_of(64);
     let target = vec![0u8; flag_at + 64];
-    let target_region = context.register(target.as_ptr() as u64, target.len() as u64)?;
+    // SAFETY (both registrations): `target` and `source` are declared
+    // before the regions, the window and the queue pair, so they are freed
+    // after them, at the end of this function; the peer's writes into
+    // `target` are read only through the atomic flag word.
+    let target_region = unsafe { context.register(target.as_ptr() as u64, target.len() as u64)? };
     let window =
         context.bind_window(&target_region, 0, target.len() as u64, Access::REMOTE_WRITE)?;
     let texts = job.all_gather(key, window.remote().to_string().as_bytes())?;
     let peer_window: RemoteWindow = String::from_utf8(texts[peer as usize].clone())?.parse()?;
     let mut source = vec![0u8; flag_at + 64];
-    let source_region = context.register(source.as_ptr() as u64, source.len() as u64)?;
+    let source_region = unsafe { context.register(source.as_ptr() as u64, source.len() as u64)? };
     let mut cq = context.create_completion_queue();
     let mut qp = context.create_queue_pair(&mut cq)?;
     let flag = |memory: &[u8]| -> u64 {

@@ -55,8 +55,8 @@ fn main() -> ExitCode {
 /// and once told the write is done checks the buffer.
 fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     let context = Context::open(socket, ContextConfig::default())?;
-    let buffer = vec![0u8; 4096];
-    let region = context.register(buffer.as_ptr() as u64, buffer.len() as u64)?;
+    let mut buffer = vec![0u8; 4096];
+    let region = context.register_bytes(&mut buffer)?;
     let window = context.bind_window(&region, 0, 4096, Access::REMOTE_WRITE)?;
     println!("window {}", window.remote());
 
@@ -65,23 +65,20 @@ fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     if line.trim() != "written" {
         return Err(format!("expected `written`, got {line:?}").into());
     }
-    // The device wrote into `buffer` behind the compiler's back: read it
-    // through a volatile copy, never through a cached value.
-    let landed: Vec<u8> = (0..MESSAGE.len())
-        // SAFETY: `i` is below MESSAGE.len() <= buffer.len(), so the read is
-        // inside the live, initialized allocation of `buffer`.
-        .map(|i| unsafe { std::ptr::read_volatile(buffer.as_ptr().add(i)) })
-        .collect();
+    // The region borrows `buffer` while the device may write it: revoke
+    // the window and release the region before reading.
+    window.revoke()?;
+    region.deregister()?;
+    let landed = &buffer[..MESSAGE.len()];
     if landed != MESSAGE {
-        println!("mismatch: {:?}", String::from_utf8_lossy(&landed));
+        println!("mismatch: {:?}", String::from_utf8_lossy(landed));
         return Err("the bytes that arrived are not the message".into());
     }
     println!(
         "verified {} bytes: {}",
         landed.len(),
-        String::from_utf8_lossy(&landed)
+        String::from_utf8_lossy(landed)
     );
-    window.revoke()?;
     Ok(())
 }
 
@@ -114,8 +111,8 @@ fn writer(dir: Option<PathBuf>) -> Result<(), Box<dyn Error>> {
     println!("owner's window: {window}");
 
     let context = Context::open(dir.join("port0.sock"), ContextConfig::default())?;
-    let source: Vec<u8> = MESSAGE.to_vec();
-    let region = context.register(source.as_ptr() as u64, source.len() as u64)?;
+    let mut source: Vec<u8> = MESSAGE.to_vec();
+    let region = context.register_bytes(&mut source)?;
     let mut cq = context.create_completion_queue();
     let mut qp = context.create_queue_pair(&mut cq)?;
     let write = Write::new(region.local(0, MESSAGE.len() as u32)?, window.at(0));

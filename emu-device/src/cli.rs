@@ -203,7 +203,7 @@ fn parse_max_windows(s: &str) -> Result<usize, String> {
 }
 
 /// Most blocks per pattern the flag accepts (384 MiB kept per transfer).
-const MAX_PATTERN_BLOCKS_CAP: u64 = 1 << 24;
+const MAX_PATTERN_BLOCKS_CAP: u64 = pindown_uapi::pattern::MAX_BLOCKS_CAP;
 
 fn parse_descriptor_bytes(s: &str) -> Result<u64, String> {
     let bytes = parse_bytes(s)?;

@@ -23,7 +23,9 @@ fn stack_array_round_trip(pair: &Pair) {
     let mut array = [0x11u8; 3 * 4096 + 123];
     let addr = array.as_ptr() as u64 + 7;
     let len = array.len() as u64 - 14;
-    let region = pair.owner.register(addr, len).unwrap();
+    // SAFETY: `array` outlives the region and the window (both gone
+    // before it goes out of scope) and is read with volatile reads.
+    let region = unsafe { pair.owner.register(addr, len) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, len, ALL).unwrap();
     let data = pattern(1, len as usize);
     peer_writes(pair, &window, 0, &data);
@@ -56,7 +58,9 @@ fn stack_arrays_and_c_heap_buffers_are_reached_in_place() {
     assert!(!buffer.is_null());
     // SAFETY: `len` bytes we own.
     unsafe { std::ptr::write_bytes(buffer, 0x22, len) };
-    let region = pair.owner.register(buffer as u64, len as u64).unwrap();
+    // SAFETY: the allocation is freed only after the region and the
+    // window are gone, and read once the device has finished.
+    let region = unsafe { pair.owner.register(buffer as u64, len as u64) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
     let data = pattern(2, len - 10);
     peer_writes(&pair, &window, 5, &data);
@@ -155,7 +159,9 @@ fn a_neighbour_writing_while_its_pages_move_loses_no_write() {
         while rounds_done() < 1 + round % 3 {
             std::hint::spin_loop();
         }
-        let region = pair.owner.register(buffer, buffer_len).unwrap();
+        // SAFETY: the mapping outlives the region; the device never
+        // touches it (no request, no window).
+        let region = unsafe { pair.owner.register(buffer, buffer_len) }.unwrap();
         let after = rounds_done();
         while rounds_done() < after + 2 {
             std::hint::spin_loop();
@@ -194,7 +200,8 @@ fn read_only_memory_registers_read_only() {
         unsafe { libc::mprotect(base.cast(), len, libc::PROT_READ) },
         0
     );
-    let region = pair.owner.register(base as u64, len as u64).unwrap();
+    // SAFETY: the mapping outlives the region, and is only read.
+    let region = unsafe { pair.owner.register(base as u64, len as u64) }.unwrap();
     assert_eq!(mapping_of(base as usize), (true, "r--".to_owned()));
     for access in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC, ALL] {
         match pair.owner.bind_window(&region, 0, len as u64, access) {
@@ -232,16 +239,15 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
     let base = anonymous(3 * page, libc::PROT_READ | libc::PROT_WRITE);
     // SAFETY: unmapping a page of our own mapping.
     unsafe { libc::munmap(base.add(page).cast(), page) };
-    match pair.owner.register(base as u64, 3 * page as u64) {
+    // SAFETY (and below, to the disk file): each registration is refused,
+    // so the device never reaches the memory.
+    match unsafe { pair.owner.register(base as u64, 3 * page as u64) } {
         Err(VerbsError::Unreachable(ReachError::Unmapped { addr })) => {
             assert_eq!(addr, base as u64 + page as u64)
         }
         other => panic!("a hole: {other:?}"),
     }
-    let error = pair
-        .owner
-        .register(base as u64, 3 * page as u64)
-        .unwrap_err();
+    let error = unsafe { pair.owner.register(base as u64, 3 * page as u64) }.unwrap_err();
     assert!(
         error
             .to_string()
@@ -251,7 +257,7 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
     // No access.
     let none = anonymous(page, libc::PROT_NONE);
     assert!(matches!(
-        pair.owner.register(none as u64, 8),
+        unsafe { pair.owner.register(none as u64, 8) },
         Err(VerbsError::Unreachable(ReachError::NoAccess { .. }))
     ));
     // A disk file mapped shared.
@@ -277,7 +283,7 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
         )
     };
     assert_ne!(mapped, libc::MAP_FAILED);
-    match pair.owner.register(mapped as u64 + 10, 100) {
+    match unsafe { pair.owner.register(mapped as u64 + 10, 100) } {
         Err(VerbsError::Unreachable(error @ ReachError::DiskFile { .. })) => {
             let text = error.to_string();
             assert!(text.contains(path.to_str().unwrap()), "{text}");
@@ -285,9 +291,70 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
         }
         other => panic!("a shared disk file: {other:?}"),
     }
+    // A disk file mapped privately and writable (as a program's initialized
+    // statics are): userfaultfd cannot fence it, so it is refused unless
+    // the caller vouches that no other thread writes there.
+    // SAFETY: a new private mapping of the file, placed by the kernel.
+    let private = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    }
+    .cast::<u8>();
+    assert_ne!(private.cast(), libc::MAP_FAILED);
+    // SAFETY: the first 64 bytes of the mapping, which no one else uses.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(private.add(64), 64) };
+    bytes.fill(0x5a);
+    let unfenced_before = pair.owner.reach_stats().unfenced;
+    match pair.owner.register_bytes(bytes) {
+        Err(VerbsError::Unreachable(ReachError::Unfenceable { start, .. })) => {
+            assert_eq!(start, private as u64)
+        }
+        other => panic!("a private disk-file mapping, safe form: {other:?}"),
+    }
+    // SAFETY: refused (checked), so the device never reaches it.
+    match unsafe { pair.owner.register(private as u64, 4 * page as u64) } {
+        Err(VerbsError::Unreachable(error @ ReachError::Unfenceable { .. })) => {
+            let text = error.to_string();
+            assert!(text.contains("register_unfenced"), "{text}");
+        }
+        other => panic!("a private disk-file mapping: {other:?}"),
+    }
+    assert!(!mapping_of(private as usize).0, "refused, not moved");
+    // SAFETY: no other thread touches the mapping, which stays mapped past
+    // the region and the window (read once the device has finished).
+    let region = unsafe {
+        pair.owner
+            .register_unfenced(private as u64, 4 * page as u64)
+    }
+    .unwrap();
+    assert_eq!(pair.owner.reach_stats().unfenced, unfenced_before + 1);
+    let window = pair
+        .owner
+        .bind_window(&region, 0, 4 * page as u64, ALL)
+        .unwrap();
+    peer_writes(&pair, &window, 128, &pattern(11, 100));
+    // SAFETY: inside the mapping; the device has finished.
+    let landed = unsafe { std::slice::from_raw_parts(private.add(64), 164) }.to_vec();
+    assert_eq!(&landed[..64], &[0x5a; 64]);
+    assert_eq!(&landed[64..], &pattern(11, 100)[..]);
+    window.revoke().unwrap();
+    drop(region);
+    // The file itself is unchanged: the mapping is private.
+    let mut on_disk = vec![0u8; 256];
+    std::io::Read::read_exact(&mut &file, &mut on_disk).unwrap();
+    assert!(on_disk.iter().all(|&b| b == 0), "the file changed");
+
     // The device still serves this port.
     let mut heap = vec![0u8; 1000];
-    let region = pair.owner.register(heap.as_ptr() as u64, 1000).unwrap();
+    // SAFETY: `heap` outlives the region and the window; it is read once
+    // the device has finished, through black_box.
+    let region = unsafe { pair.owner.register(heap.as_ptr() as u64, 1000) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, 1000, ALL).unwrap();
     peer_writes(&pair, &window, 0, &pattern(4, 1000));
     heap.iter_mut().for_each(|b| *b = std::hint::black_box(*b));
@@ -299,10 +366,9 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
     let pair = Arc::new(pair());
     let len = 16 << 20;
     let mut target = vec![0u8; len];
-    let region = pair
-        .owner
-        .register(target.as_ptr() as u64, len as u64)
-        .unwrap();
+    // SAFETY: `target` is freed after the window and the region (dropped
+    // at the end), and read once the writes have finished.
+    let region = unsafe { pair.owner.register(target.as_ptr() as u64, len as u64) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, len as u64, ALL).unwrap();
     let remote = window.remote();
     let tables_before = pair.owner.reach_stats().tables_sent;
@@ -312,10 +378,9 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
         let (pair, stop) = (Arc::clone(&pair), Arc::clone(&stop));
         std::thread::spawn(move || {
             let source = pattern(6, len);
-            let source_region = pair
-                .peer
-                .register(source.as_ptr() as u64, len as u64)
-                .unwrap();
+            // SAFETY: `source` outlives the region; the device only reads it.
+            let source_region =
+                unsafe { pair.peer.register(source.as_ptr() as u64, len as u64) }.unwrap();
             let local = source_region.local(0, len as u32).unwrap();
             let mut writes = 0;
             while !stop.load(Ordering::Relaxed) || writes < 3 {
@@ -331,11 +396,10 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
     let mut kept = Vec::new();
     for size in [40 << 20, 70 << 20, 100 << 20] {
         let buffer = vec![1u8; size];
-        let region = pair
-            .owner
-            .register(buffer.as_ptr() as u64, size as u64)
-            .unwrap();
-        kept.push((buffer, region));
+        // SAFETY: kept beside its region (a Vec's move leaves the bytes in
+        // place) and dropped after it; the device never touches it.
+        let region = unsafe { pair.owner.register(buffer.as_ptr() as u64, size as u64) }.unwrap();
+        kept.push((region, buffer));
     }
     let shm = tempfile::tempfile_in("/dev/shm").unwrap();
     shm.set_len(1 << 20).unwrap();
@@ -351,7 +415,8 @@ fn a_growing_memory_table_keeps_windows_and_transfers_going() {
         )
     };
     assert_ne!(mapped, libc::MAP_FAILED);
-    let shm_region = pair.owner.register(mapped as u64, 1 << 20).unwrap();
+    // SAFETY: the mapping is never unmapped; the device never touches it.
+    let shm_region = unsafe { pair.owner.register(mapped as u64, 1 << 20) }.unwrap();
     stop.store(true, Ordering::Relaxed);
     let writes = stream.join().unwrap();
     let stats = pair.owner.reach_stats();
@@ -384,9 +449,11 @@ fn a_region_held_across_an_invalidation_leaves_the_next_registration_whole() {
     let before = pattern(5, len);
     // SAFETY: `len` bytes of the fresh mapping.
     unsafe { std::ptr::copy_nonoverlapping(before.as_ptr(), base, len) };
-    let old = pair.owner.register(base as u64, len as u64).unwrap();
+    // SAFETY (both): the mapping is never unmapped, and read with
+    // volatile reads once the device has finished.
+    let old = unsafe { pair.owner.register(base as u64, len as u64) }.unwrap();
     assert_eq!(pair.owner.invalidate(base as u64, len as u64), 1);
-    let new = pair.owner.register(base as u64, len as u64).unwrap();
+    let new = unsafe { pair.owner.register(base as u64, len as u64) }.unwrap();
     drop(old);
     let window = pair
         .owner

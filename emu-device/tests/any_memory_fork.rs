@@ -16,10 +16,13 @@ fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
     let pair = pair();
     // Above the C library's mmap threshold: a mapping of its own.
     let mut buffer = vec![0x44u8; 1 << 20];
-    let region = pair
-        .owner
-        .register(buffer.as_ptr() as u64, buffer.len() as u64)
-        .unwrap();
+    // SAFETY: `buffer` outlives the region and the window, and the parent
+    // reads it only once the device has finished.
+    let region = unsafe {
+        pair.owner
+            .register(buffer.as_ptr() as u64, buffer.len() as u64)
+    }
+    .unwrap();
     assert!(mapping_of(buffer.as_ptr() as usize).0);
     let window = pair
         .owner
@@ -88,7 +91,9 @@ fn shared_anonymous_memory_and_memfds_stay_shared() {
         at.cast::<u8>()
     };
     let (one, two) = (map_shared(fd, 0), map_shared(fd, 0));
-    let region = pair.owner.register(one as u64 + 100, 5000).unwrap();
+    // SAFETY: the mappings are never unmapped, and read once the device
+    // has finished.
+    let region = unsafe { pair.owner.register(one as u64 + 100, 5000) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, 5000, ALL).unwrap();
     peer_writes(&pair, &window, 0, &pattern(8, 5000));
     // SAFETY: live mappings of `len` bytes; the device is done.
@@ -118,7 +123,8 @@ fn shared_anonymous_memory_and_memfds_stay_shared() {
             libc::_exit(if seen == &expected[..] { 0 } else { 4 });
         }
     }
-    let region = pair.owner.register(anon as u64 + 8, 1000).unwrap();
+    // SAFETY: as above.
+    let region = unsafe { pair.owner.register(anon as u64 + 8, 1000) }.unwrap();
     let window = pair.owner.bind_window(&region, 0, 1000, ALL).unwrap();
     peer_writes(&pair, &window, 0, &pattern(9, 1000));
     // SAFETY: writing one byte to our end of the pipe.

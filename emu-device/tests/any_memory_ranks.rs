@@ -289,13 +289,16 @@ fn buffer_rank(socket: &str, kind: &str) {
     let mut offset = 0;
     while offset < BUFFER_BYTES {
         let len = PIECE.min(BUFFER_BYTES - offset);
-        regions.push(context.register(buffer.addr(offset), len as u64).unwrap());
+        // SAFETY (and `whole` below): the buffer lives until the process
+        // ends, past the regions and the window, and is read only
+        // through the peer's requests; no other thread of this rank
+        // touches its pages (a private disk-file buffer moves unfenced).
+        regions
+            .push(unsafe { context.register_unfenced(buffer.addr(offset), len as u64) }.unwrap());
         offset += len;
     }
     // One window over the whole buffer: a region of the whole buffer.
-    let whole = context
-        .register(buffer.addr(0), BUFFER_BYTES as u64)
-        .unwrap();
+    let whole = unsafe { context.register_unfenced(buffer.addr(0), BUFFER_BYTES as u64) }.unwrap();
     let window = context
         .bind_window(&whole, 0, BUFFER_BYTES as u64, ALL)
         .unwrap();
@@ -442,7 +445,9 @@ fn reuse_rank(socket: &str, hook: bool) {
         unsafe { std::ptr::write_bytes(at, value, LEN) };
     };
     let register = |at: *mut u8| {
-        let region = context.register(at as u64, LEN as u64).unwrap();
+        // SAFETY: the region is dropped at once, while the memory is
+        // allocated; the window below is the unsafe part, and tested.
+        let region = unsafe { context.register(at as u64, LEN as u64) }.unwrap();
         // SAFETY: the window is meant to outlive its registration: what the
         // device does when the memory under it is freed is what is tested.
         let window =
@@ -524,7 +529,10 @@ fn vanish_rank(socket: &str, hook: bool) {
                 let at = map(0, LEN, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1);
                 // SAFETY: LEN bytes we own.
                 unsafe { std::ptr::write_bytes(at, 0x11, LEN) };
-                let region = context.register(at as u64, LEN as u64).unwrap();
+                // SAFETY: the region is dropped at once, while the memory
+                // is mapped; the window below is the unsafe part, and
+                // tested.
+                let region = unsafe { context.register(at as u64, LEN as u64) }.unwrap();
                 // SAFETY: the window is meant to outlive its registration:
                 // what the device does when the memory under it is unmapped
                 // is what is tested.
@@ -578,7 +586,9 @@ fn writer_rank(socket: &str) {
     let context = Arc::new(Context::open(socket, config(false)).expect("open"));
     let mut source = pattern(0x5eed, 16 << 20);
     let source_addr = source.as_ptr() as u64;
-    let region = context.register(source_addr, source.len() as u64).unwrap();
+    // SAFETY: `source` lives until the process ends, past the region and
+    // the writing thread; the device only reads it.
+    let region = unsafe { context.register(source_addr, source.len() as u64) }.unwrap();
     say("ready");
     let mut stream: Option<(Arc<AtomicBool>, std::thread::JoinHandle<[u64; 3]>)> = None;
     for line in std::io::stdin().lock().lines() {

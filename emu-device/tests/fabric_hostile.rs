@@ -561,20 +561,7 @@ fn hostile_messages_from_a_joined_peer() {
             vector_write_message(o(46), 0, key, 0, &p, &[6u8; 9])
         }),
         ("vector write: blocks in memory", {
-            let p = Pattern {
-                repeat: 1,
-                extent: 0,
-                skip: 0,
-                len: 0,
-                pieces: vec![Piece::Indexed {
-                    offset: 0,
-                    blocks: BlockList::InMemory {
-                        iova: 0x1000,
-                        count: 1 << 40,
-                    },
-                }],
-            }
-            .encode();
+            let p = Pattern::listed_in_memory(0x1000, 1 << 40, 0).encode();
             vector_write_message(o(47), 0, key, 0, &p, &[])
         }),
         (

@@ -372,7 +372,7 @@ struct Harness {
     /// Port 3, holding the window (kept open for the whole test).
     rdma: &'static Context,
     window: MemoryWindow<'static>,
-    target: DmaBuffer,
+    target: &'static DmaBuffer,
     round: u16,
     rng: Rng,
 }
@@ -407,8 +407,11 @@ impl Harness {
         let rdma: &'static Context = Box::leak(Box::new(
             Context::open(dev.socket(3), rdma_config()).expect("port 3"),
         ));
-        let target = rdma.alloc(RDMA_BYTES, 64).unwrap();
-        let region: &'static _ = Box::leak(Box::new(rdma.register_buffer(&target).unwrap()));
+        let region: &'static _ = Box::leak(Box::new(
+            rdma.register_owned(rdma.alloc(RDMA_BYTES, 64).unwrap())
+                .unwrap(),
+        ));
+        let target = region.buffer().expect("an owned region");
         let window = rdma
             .bind_window(
                 region,

@@ -181,7 +181,11 @@ fn initiator_rank(socket: &str) {
         let mut offset = 0;
         while offset < buffer.len() as u64 {
             let len = PIECE.min(buffer.len() as u64 - offset);
-            regions.push(me.context.register(buffer.iova() + offset, len).unwrap());
+            regions.push(
+                me.context
+                    .register_buffer_part(buffer, offset as usize, len as usize)
+                    .unwrap(),
+            );
             offset += len;
         }
     }

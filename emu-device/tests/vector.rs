@@ -387,21 +387,8 @@ fn indexed_lists_inline_in_a_large_descriptor_and_in_memory() {
         let window = target
             .bind_window(&sink_region, 0, (count * 16) as u64, Access::REMOTE_WRITE)
             .unwrap();
-        // Pattern::new cannot sum a list it does not hold: the length is
-        // given.
-        let in_memory = Pattern {
-            repeat: 1,
-            extent: 0,
-            skip: 0,
-            len: (count * 8) as u64,
-            pieces: vec![Piece::Indexed {
-                offset: 0,
-                blocks: BlockList::InMemory {
-                    iova: list_region.iova(),
-                    count: count as u64,
-                },
-            }],
-        };
+        let in_memory =
+            Pattern::listed_in_memory(list_region.iova(), count as u64, (count * 8) as u64);
         let write = Vector::write(
             source_region.local(0, (count * 8) as u32).unwrap(),
             Pattern::contiguous((count * 8) as u64),
@@ -580,29 +567,8 @@ fn refused_transfers_move_no_byte_and_the_device_keeps_serving() {
         pindown_uapi::pattern::encode_pair(&Pattern::contiguous(64), &Pattern::contiguous(64));
     let mut overflowing = Pattern::contiguous(64);
     overflowing.pieces = vec![strided(0, 1 << 20, [(1 << 30, 1), (1 << 30, 1), (1, 0)])];
-    let huge_list = Pattern {
-        repeat: 1,
-        extent: 0,
-        skip: 0,
-        len: 64,
-        pieces: vec![Piece::Indexed {
-            offset: 0,
-            blocks: BlockList::InMemory {
-                iova: near_region.iova(),
-                count: 1 << 40,
-            },
-        }],
-    };
-    let over_limit = Pattern {
-        pieces: vec![Piece::Indexed {
-            offset: 0,
-            blocks: BlockList::InMemory {
-                iova: near_region.iova(),
-                count: 5001,
-            },
-        }],
-        ..huge_list.clone()
-    };
+    let huge_list = Pattern::listed_in_memory(near_region.iova(), 1 << 40, 64);
+    let over_limit = Pattern::listed_in_memory(near_region.iova(), 5001, 64);
     let mut trailing = good.clone();
     trailing.extend_from_slice(&[0; 5]);
     // What, descriptor bytes, in memory at, expected answer.

@@ -610,12 +610,17 @@ fn misalign(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>, args: &[String]) 
                     *b = byte(me, target, seed, i);
                 }
                 let before = state.borrow().verified;
-                ep.put(
-                    target,
-                    put_area(me) + dst_mis,
-                    &source[src_mis..src_mis + len],
-                )
-                .map_err(|e| format!("put {len} bytes ({src_mis}, {dst_mis}): {e}"))?;
+                let bytes = &source[src_mis..src_mis + len];
+                let at = put_area(me) + dst_mis;
+                // Every other put is nonblocking, from a copy it owns
+                // (aligned as the allocator places it) and drops once done.
+                let put = if seed.is_multiple_of(2) {
+                    ep.put_nb(target, at, bytes.to_vec())
+                        .and_then(|handle| ep.wait(handle))
+                } else {
+                    ep.put(target, at, bytes)
+                };
+                put.map_err(|e| format!("put {len} bytes ({src_mis}, {dst_mis}): {e}"))?;
                 ep.request_short(target, H_VERIFY, &[dst_mis as u32, len as u32, seed as u32])
                     .map_err(|e| format!("verify request: {e}"))?;
                 ep.wait_until(|_| state.borrow().verified > before)

@@ -536,11 +536,20 @@ fn read_into(
         len,
     };
     let context = engine.context;
-    let region = context.register(buffer.as_mut_ptr() as u64, buffer.len() as u64)?;
-    let tag = engine.read_remote(peer, &region, buffer.len() as u64, window, 0)?;
-    // The region stays registered until the device is done with it (or
-    // gave up, bounded, in `wait_plain`).
-    wait_plain(engine, peer, tag).map_err(|err| match err {
+    let (addr, capacity) = (buffer.as_ptr() as u64, buffer.len() as u64);
+    let region = context.register_bytes(buffer)?;
+    let tag = engine.read_remote(peer, &region, capacity, window, 0)?;
+    let waited = wait_plain(engine, peer, tag);
+    if waited.is_err() && matches!(engine.plain_done(tag), Ok(false)) {
+        // The device has not finished the read, even after the grace of
+        // `wait_plain`: take its access to the buffer away before the
+        // caller gets the buffer back. Invalidation retires the pages, and
+        // the deregistration of their last holder returns once the device
+        // has answered, after which no access can touch them.
+        context.invalidate(addr, capacity);
+        region.deregister()?;
+    }
+    waited.map_err(|err| match err {
         // The sender's window refused the read: its entry named a window
         // it does not have open for this rank.
         Error::Completion(refused) if refused.status == pindown_uapi::Status::RemoteAccessError => {
@@ -621,7 +630,10 @@ impl<'c> Communicator<'c> {
                 engine.any.unconfirmed.push((peer, tag));
                 return Ok(());
             }
-            let region = ctx.register(data.as_ptr() as u64, len)?;
+            // SAFETY: `data` is borrowed for this blocking call, which
+            // returns once the write has completed (or the device gave up
+            // on it, in `wait_plain`); the device only reads it.
+            let region = unsafe { ctx.register(data.as_ptr() as u64, len)? };
             let body = Some((&region, len as u32, body_at));
             let tag = engine.write_entry(peer, &head, head_at, body, seq, stamp_at)?;
             engine.any.sent[ring] = seq;
@@ -629,7 +641,10 @@ impl<'c> Communicator<'c> {
         }
         // Rendezvous: a read-only window over the send buffer, for the
         // receiver's port alone.
-        let region = ctx.register(data.as_ptr() as u64, len)?;
+        // SAFETY: `data` is borrowed for this blocking call, and the
+        // window (read-only) is revoked before it returns, whatever
+        // happens: a revocation is a barrier for the device's accesses.
+        let region = unsafe { ctx.register(data.as_ptr() as u64, len)? };
         let window = ctx.bind_region_window(
             region,
             0,

@@ -1043,7 +1043,15 @@ impl<B: StableDeref + DerefMut<Target = [u8]> + 'static> PersistentRecv<'_, B> {
                 index: self.index,
             });
         };
-        wait_recv(&mut self.engine.borrow_mut(), self.peer, slot, generation)
+        let mut engine = self.engine.borrow_mut();
+        let result = wait_recv(&mut engine, self.peer, slot, generation);
+        if result.is_err() && engine.recv_outstanding(slot, generation) {
+            // Still posted (the wait failed on a liveness check): the
+            // receive stays active, so the buffer is not handed out and a
+            // drop gives it to the engine until nothing can land in it.
+            self.active = Some((slot, generation));
+        }
+        result
     }
 
     /// The buffer, between receives.

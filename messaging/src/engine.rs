@@ -324,7 +324,10 @@ impl<'c> Engine<'c> {
         // `bytes` long; zeroing it before any peer knows it exists.
         unsafe { std::ptr::write_bytes(control_memory.as_ptr(), 0, bytes) };
         let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let control = context.register_buffer(&control_memory)?;
+        // SAFETY: `control_memory` moves into the engine with the region,
+        // into a field declared after `control` and `blocks`: it is freed
+        // only after every registration and window over it is gone.
+        let control = unsafe { context.register(control_memory.iova(), bytes as u64)? };
         let mut record = [0u8; RECORD_BYTES];
         let own = context.info().address();
         record[..2].copy_from_slice(&own.node.to_le_bytes());
@@ -353,7 +356,8 @@ impl<'c> Engine<'c> {
         // key is published for that peer to get: O(ranks) per rank.
         let mut blocks = Vec::with_capacity(ports.len());
         for (peer, &port) in ports.iter().enumerate() {
-            let region = context.register_buffer(&control_memory)?;
+            // SAFETY: as for `control` above.
+            let region = unsafe { context.register(control_memory.iova(), bytes as u64)? };
             let block = context.bind_region_window(
                 region,
                 layout.block_start(peer as u32),
@@ -608,7 +612,10 @@ impl<'c> Engine<'c> {
             let region = if capacity == 0 {
                 None
             } else {
-                Some(self.context.register(ptr as u64, capacity)?)
+                // SAFETY: the caller keeps the buffer valid until the
+                // receive completes (this function's contract), and the
+                // region goes with the receive's slot.
+                Some(unsafe { self.context.register(ptr as u64, capacity)? })
             };
             let offer = typed.offer.as_ptr() as u64;
             let sender = self.peer_port(peer);
@@ -633,12 +640,14 @@ impl<'c> Engine<'c> {
             let (window, start, id) =
                 self.windows
                     .acquire(self.context, ptr as u64, capacity, sender)?;
-            let region = match self.context.register(ptr as u64, capacity) {
+            // SAFETY: the caller keeps the buffer valid until the receive
+            // completes (this function's contract), and the region goes
+            // with the receive's slot.
+            let register = |context: &'c Context| unsafe { context.register(ptr as u64, capacity) };
+            let region = match register(self.context) {
                 // Idle cached windows hold pinned memory: under the pin
                 // limit, let them go and try again.
-                Err(_) if self.windows.evict_idle() > 0 => {
-                    self.context.register(ptr as u64, capacity)
-                }
+                Err(_) if self.windows.evict_idle() > 0 => register(self.context),
                 other => other,
             };
             let region = match region {
@@ -1060,7 +1069,11 @@ impl<'c> Engine<'c> {
         let tag = self.tag();
         let region = if moved > u64::from(MAX_INLINE) {
             self.windows.refresh(self.context);
-            Some(self.context.register(bytes.as_ptr() as u64, moved)?)
+            // SAFETY: the bytes are the caller's, kept valid until the send
+            // completes (`SendData::Borrowed`'s contract), or the spool's
+            // heap bytes, which move with the region into `in_flight` and
+            // are freed with it once the send has completed.
+            Some(unsafe { self.context.register(bytes.as_ptr() as u64, moved)? })
         } else {
             None
         };

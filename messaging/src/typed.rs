@@ -138,9 +138,13 @@ impl<'c> Engine<'c> {
                 });
             }
             let held = if offer.len() > MAX_INLINE as usize {
-                let region = self
-                    .context
-                    .register(offer.as_ptr() as u64, offer.len() as u64)?;
+                // SAFETY: the offer's heap bytes move with the region into
+                // the notice kept in `in_flight` until the offer is read
+                // (a Vec's move leaves its bytes in place).
+                let region = unsafe {
+                    self.context
+                        .register(offer.as_ptr() as u64, offer.len() as u64)?
+                };
                 Some(region)
             } else {
                 None
@@ -194,10 +198,12 @@ impl<'c> Engine<'c> {
         // side contiguous; too long for the buffer, nothing moves and the
         // receiver is told the length (a truncation error there).
         let region = if len > 0 && len <= capacity {
-            Some(
+            // SAFETY: `bytes` are the send's, which its owner keeps valid
+            // until the send completes (`SendData`'s contract).
+            Some(unsafe {
                 self.context
-                    .register(bytes.as_ptr() as u64, bytes.len() as u64)?,
-            )
+                    .register(bytes.as_ptr() as u64, bytes.len() as u64)?
+            })
         } else {
             None
         };

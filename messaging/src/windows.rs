@@ -99,10 +99,18 @@ impl<'c> WindowCache<'c> {
         if self.entries.len() >= self.capacity.max(1) {
             self.evict();
         }
-        let region = match context.register(addr, len) {
+        // SAFETY: the caller's receive buffer, which its caller keeps
+        // allocated while the window is in use (until the receive
+        // completes). An idle window stays bound after that, over memory
+        // the program may free: the limit `Config::window_cache` states
+        // (the named peer alone may still write there until the window is
+        // evicted or the memory invalidated; a capacity of 0 revokes each
+        // window as its last receive completes).
+        let register = |context: &'c Context| unsafe { context.register(addr, len) };
+        let region = match register(context) {
             // Idle windows hold pinned memory: under the pin limit, let
             // them go and try again.
-            Err(_) if self.evict_idle() > 0 => context.register(addr, len)?,
+            Err(_) if self.evict_idle() > 0 => register(context)?,
             other => other?,
         };
         let window = match context.bind_region_window(region, 0, len, access, Some(peer)) {
@@ -113,7 +121,7 @@ impl<'c> WindowCache<'c> {
                 // range and register it afresh.
                 self.forget_range(addr, len);
                 context.invalidate(addr, len);
-                let region = context.register(addr, len)?;
+                let region = register(context)?;
                 context.bind_region_window(region, 0, len, access, Some(peer))?
             }
             other => other?,

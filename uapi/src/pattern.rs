@@ -63,6 +63,10 @@ pub const LISTED_HEADER_BYTES: usize = 24;
 pub const IN_MEMORY_BYTES: usize = 32;
 /// Bytes of one encoded [`Block`].
 pub const BLOCK_BYTES: usize = 16;
+/// The most blocks a device takes in one pattern, whatever its
+/// configuration (`pindown-emu-device --max-pattern-blocks` chooses a
+/// limit up to this one).
+pub const MAX_BLOCKS_CAP: u64 = 1 << 24;
 
 const KIND_STRIDED: u8 = 1;
 const KIND_LISTED: u8 = 2;
@@ -260,6 +264,22 @@ impl Pattern {
             skip: 0,
             len,
             pieces: vec![Piece::contiguous(0, len)],
+        }
+    }
+
+    /// `len` bytes by the list of `count` blocks at `iova` of the
+    /// initiator's registered memory, read when the request runs (the
+    /// length is given: it cannot be summed from a list not held here).
+    pub fn listed_in_memory(iova: u64, count: u64, len: u64) -> Pattern {
+        Pattern {
+            repeat: 1,
+            extent: 0,
+            skip: 0,
+            len,
+            pieces: vec![Piece::Indexed {
+                offset: 0,
+                blocks: BlockList::InMemory { iova, count },
+            }],
         }
     }
 

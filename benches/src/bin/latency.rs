@@ -471,7 +471,7 @@ fn measure_kind(
             Some(owner.arena_uses_huge_pages() && initiator.arena_uses_huge_pages());
         let target = TestBuffer::new(&owner, kind, WINDOW_BYTES)?;
         target.write_at(READ_BASE, &pattern(READ_SEED, 0, 16 << 20));
-        let target_region = owner.register(target.addr(), target.len() as u64)?;
+        let target_region = target.register_part(&owner, 0, target.len())?;
         let access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let bound = owner.bind_window(&target_region, 0, target.len() as u64, access)?;
         let source = TestBuffer::new(&initiator, kind, SOURCE_BYTES)?;
@@ -594,7 +594,7 @@ impl Bench<'_, '_> {
     ) -> Result<LatencyFigure, Box<dyn Error>> {
         self.target.write_at(WRITE_BASE, &vec![0u8; bytes as usize]);
         let initiator = self.initiator;
-        let region = initiator.register(self.source.addr(), u64::from(bytes))?;
+        let region = self.source.register_part(initiator, 0, bytes as usize)?;
         let at = self.window.at(WRITE_BASE as u64);
         let build = |_| {
             let entry = Write::new(region.local(0, bytes)?, at).build();
@@ -611,7 +611,7 @@ impl Bench<'_, '_> {
     fn read_latency(&mut self, plan: &Plan, bytes: u32) -> Result<LatencyFigure, Box<dyn Error>> {
         self.sink.write_at(0, &vec![0u8; bytes as usize]);
         let initiator = self.initiator;
-        let region = initiator.register(self.sink.addr(), u64::from(bytes))?;
+        let region = self.sink.register_part(initiator, 0, bytes as usize)?;
         // A different part of the read region for each size.
         let offset = READ_BASE as u64 + u64::from(bytes) * 3;
         let at = self.window.at(offset);
@@ -648,7 +648,7 @@ impl Bench<'_, '_> {
         let writes = plan.writes_per_round(bytes);
         self.target.write_at(WRITE_BASE, &vec![0u8; bytes as usize]);
         let initiator = self.initiator;
-        let region = initiator.register(self.source.addr(), u64::from(bytes))?;
+        let region = self.source.register_part(initiator, 0, bytes as usize)?;
         let at = self.window.at(WRITE_BASE as u64);
         let (qp, cq) = (&mut self.qp, &mut self.cq);
         let mut stream = || -> Result<Duration, Box<dyn Error>> {

@@ -837,9 +837,9 @@ impl Initiator<'_> {
         self.source
             .write_at(skew as usize, &pattern(seed, 0, len as usize));
         // Registered for this transfer only, as a messaging library would.
-        let region = self
-            .context
-            .register(self.source.iova() + skew, u64::from(len))?;
+        let region =
+            self.context
+                .register_buffer_part(&self.source, skew as usize, len as usize)?;
         let entry = Write::new(region.local(0, len)?, self.window.at(offset)).build();
         let start = Instant::now();
         let done = run_one(&mut self.qp, &mut self.cq, entry.user_data(i))?;
@@ -869,7 +869,7 @@ impl Initiator<'_> {
         self.sink.write_at(skew as usize, &vec![0; len as usize]);
         let region = self
             .context
-            .register(self.sink.iova() + skew, u64::from(len))?;
+            .register_buffer_part(&self.sink, skew as usize, len as usize)?;
         let entry = Read::new(region.local(0, len)?, self.window.at(offset)).build();
         let start = Instant::now();
         let done = run_one(&mut self.qp, &mut self.cq, entry.user_data(100 + i))?;
@@ -970,7 +970,7 @@ impl Initiator<'_> {
         let target = self.window.at(WRITE_BASE);
         let mut samples = Vec::with_capacity(plan.latency_writes);
         for i in 0..plan.latency_warmup + plan.latency_writes {
-            let region = self.context.register(self.source.iova(), 8)?;
+            let region = self.context.register_buffer_part(&self.source, 0, 8)?;
             let entry = Write::new(region.local(0, 8)?, target).build();
             let start = Instant::now();
             run_one(&mut self.qp, &mut self.cq, entry.user_data(i as u64))?;
@@ -1004,7 +1004,7 @@ impl Initiator<'_> {
         let target = self.window.at(WRITE_BASE);
         let context = self.context;
         let (qp, cq) = (&mut self.qp, &mut self.cq);
-        let source = self.source.iova();
+        let source = &self.source;
         let mut stream = || {
             let start = Instant::now();
             run_many(
@@ -1012,7 +1012,7 @@ impl Initiator<'_> {
                 cq,
                 writes,
                 plan.in_flight,
-                |_| Ok(context.register(source, u64::from(bytes))?),
+                |_| Ok(context.register_buffer_part(source, 0, bytes as usize)?),
                 |region| Ok(Write::new(region.local(0, bytes)?, target).build()),
             )?;
             Ok::<_, Box<dyn Error>>(start.elapsed())

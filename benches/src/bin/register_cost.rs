@@ -144,10 +144,13 @@ fn config() -> ContextConfig {
 
 /// Times `hits` registrations of a cached range; nanoseconds per hit.
 fn hit_ns(context: &Context, addr: u64, len: u64, hits: usize) -> Result<f64, Box<dyn Error>> {
-    drop(context.register(addr, len)?);
+    // SAFETY (each registration here): no request or window names the
+    // region, dropped at once, so the device never touches the memory.
+    drop(unsafe { context.register(addr, len)? });
     let start = Instant::now();
     for _ in 0..hits {
-        black_box(context.register(addr, len)?);
+        // SAFETY: as above.
+        black_box(unsafe { context.register(addr, len)? });
     }
     Ok(start.elapsed().as_secs_f64() * 1e9 / hits as f64)
 }
@@ -186,7 +189,10 @@ fn registration(
         // Arena miss.
         context.invalidate(arena_addr, len);
         let start = Instant::now();
-        let region = context.register(arena_addr, len)?;
+        // SAFETY (the three registrations below): no request or window
+        // names the region, dropped at once, so the device never touches
+        // the memory.
+        let region = unsafe { context.register(arena_addr, len)? };
         arena_miss.push(us(start));
         drop(region);
         context.invalidate(arena_addr, len);
@@ -195,12 +201,12 @@ fn registration(
         let fresh = Mapping::new(bytes)?;
         let (addr, _) = fresh.into_raw();
         let start = Instant::now();
-        let region = context.register(addr as u64, len)?;
+        let region = unsafe { context.register(addr as u64, len)? };
         first.push(us(start));
         drop(region);
         context.invalidate(addr as u64, len);
         let start = Instant::now();
-        let region = context.register(addr as u64, len)?;
+        let region = unsafe { context.register(addr as u64, len)? };
         again.push(us(start));
         drop(region);
         if rep == 0 {
@@ -238,7 +244,12 @@ fn registration(
 
 /// `count` writes of `bytes` from `source` into `window`, IN_FLIGHT at a
 /// time; GB/s.
-fn rdma_gbps(
+///
+/// # Safety
+///
+/// `source` is the first of BUFFER_BYTES bytes that stay allocated until
+/// this returns.
+unsafe fn rdma_gbps(
     context: &Context,
     source: u64,
     window: &MemoryWindow<'_>,
@@ -255,7 +266,12 @@ fn rdma_gbps(
         IN_FLIGHT,
         |i| {
             let offset = ((i as usize * bytes) % (BUFFER_BYTES - bytes + 1)) as u64;
-            Ok((offset, context.register(source + offset, bytes as u64)?))
+            // SAFETY: inside the caller's buffer (the offset keeps the
+            // range in BUFFER_BYTES), allocated until `run_many` has seen
+            // every write complete (this function's contract).
+            Ok((offset, unsafe {
+                context.register(source + offset, bytes as u64)?
+            }))
         },
         |(offset, region)| {
             Ok(Write::new(region.local(0, bytes as u32)?, window.remote().at(*offset)).build())
@@ -334,9 +350,13 @@ fn measure(args: &Args, device: &DeviceChild) -> Result<Report, Box<dyn Error>> 
     let _arena_source_region = initiator.register_buffer(&arena_source)?;
     let arena_target_region = owner.register_buffer(&arena_target)?;
     let arena_window = owner.bind_window(&arena_target_region, 0, BUFFER_BYTES as u64, all)?;
+    // SAFETY (both): the heap buffers are declared before the regions and
+    // the window, so they are freed after them; the target is read only
+    // once every write has completed.
     let _heap_source_region =
-        initiator.register(heap_source.as_ptr() as u64, BUFFER_BYTES as u64)?;
-    let heap_target_region = owner.register(heap_target.as_ptr() as u64, BUFFER_BYTES as u64)?;
+        unsafe { initiator.register(heap_source.as_ptr() as u64, BUFFER_BYTES as u64)? };
+    let heap_target_region =
+        unsafe { owner.register(heap_target.as_ptr() as u64, BUFFER_BYTES as u64)? };
     let heap_window = owner.bind_window(&heap_target_region, 0, BUFFER_BYTES as u64, all)?;
 
     let exe = std::env::current_exe()?;
@@ -381,20 +401,20 @@ fn measure(args: &Args, device: &DeviceChild) -> Result<Report, Box<dyn Error>> 
                 (bytes as u64 * count) as f64,
                 start.elapsed().as_secs_f64(),
             ));
-            samples[1].push(rdma_gbps(
-                &initiator,
-                arena_source.iova(),
-                &arena_window,
-                bytes,
-                count,
-            )?);
-            samples[2].push(rdma_gbps(
-                &initiator,
-                heap_source.as_ptr() as u64,
-                &heap_window,
-                bytes,
-                count,
-            )?);
+            // SAFETY (both): BUFFER_BYTES-long sources, alive until the end
+            // of this function.
+            samples[1].push(unsafe {
+                rdma_gbps(&initiator, arena_source.iova(), &arena_window, bytes, count)
+            }?);
+            samples[2].push(unsafe {
+                rdma_gbps(
+                    &initiator,
+                    heap_source.as_ptr() as u64,
+                    &heap_window,
+                    bytes,
+                    count,
+                )
+            }?);
             // CMA, the other side device-mapped: one copy per transfer.
             let start = Instant::now();
             for i in 0..count {

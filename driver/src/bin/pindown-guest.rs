@@ -445,7 +445,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
         source[skew + i] = guest_pattern(HEAP_AT + i as u64);
     }
     let source_region = context
-        .register(source.as_ptr() as u64, source.len() as u64)
+        .register_bytes(&mut source)
         .map_err(|e| e.to_string())?;
     let write = Write::new(
         source_region
@@ -459,7 +459,7 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     expect_success(link.run(write)?, "write from a heap Vec")?;
     let mut sink = vec![0u8; HEAP_LEN as usize + 1];
     let sink_region = context
-        .register(sink.as_ptr() as u64, sink.len() as u64)
+        .register_bytes(&mut sink)
         .map_err(|e| e.to_string())?;
     let read = Read::new(
         sink_region.local(1, HEAP_LEN).map_err(|e| e.to_string())?,
@@ -469,12 +469,12 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     .user_data(26)
     .signaled();
     expect_success(link.run(read)?, "read into a heap Vec")?;
+    drop((source_region, sink_region));
     // The device wrote behind the compiler's back.
     std::hint::black_box(&mut sink);
     if sink[0] != 0 || sink[1..] != source[skew..skew + HEAP_LEN as usize] {
         return Err("heap Vec: the bytes read back differ".into());
     }
-    drop((source_region, sink_region));
     say(format!(
         "heap Vec write and read of {HEAP_LEN} bytes verified"
     ));

@@ -186,6 +186,46 @@ pub enum ReachError {
     /// This process's mappings could not be read.
     #[error("cannot read this process's mappings (/proc/self/maps): {0}")]
     Maps(io::Error),
+    /// Writable private memory mapping a disk file (a program's
+    /// initialized statics, for one), registered through a safe form.
+    #[error(
+        "[{start:#x}, {end:#x}) is writable memory mapping a disk file privately (initialized \
+         statics, for one): userfaultfd cannot hold other threads' writes off while its pages \
+         move into memory shared with the device, and a write in the middle would be lost; copy \
+         the data into the heap, or register it with the unsafe Context::register_unfenced, \
+         whose caller answers for other writers"
+    )]
+    Unfenceable {
+        /// First byte of the part refused.
+        start: u64,
+        /// One past its last byte.
+        end: u64,
+    },
+}
+
+thread_local! {
+    /// Whether the registration running on this thread may move private
+    /// disk-file memory without a write fence.
+    static UNFENCED_MOVES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `register` allowing, for the registrations it makes on this thread,
+/// moves of private disk-file memory without a write fence (which another
+/// thread's write to those pages, in the middle of the move, would lose).
+/// `Context::register_unfenced` uses it; its caller answers for writers.
+pub(crate) fn allowing_unfenced_moves<R>(register: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            UNFENCED_MOVES.with(|allowed| allowed.set(self.0));
+        }
+    }
+    let _reset = Reset(UNFENCED_MOVES.with(|allowed| allowed.replace(true)));
+    register()
+}
+
+fn unfenced_moves_allowed() -> bool {
+    UNFENCED_MOVES.with(|allowed| allowed.get())
 }
 
 /// Counters of [`DeviceReach`].
@@ -474,6 +514,7 @@ impl<T: Transport> DeviceReach<T> {
             prot: mapping.prot(),
             fence: mapping.write,
             file_backed: mapping.file.is_some(),
+            allow_unfenced: unfenced_moves_allowed(),
             pool: segment.fd().as_raw_fd(),
             offset: chunk.offset as u64,
             destination,
@@ -488,6 +529,13 @@ impl<T: Transport> DeviceReach<T> {
                     self.unfenced.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(destination as u64)
+            }
+            Err(error) if error.step == rehome::UNFENCEABLE => {
+                state.pool.cancel(chunk);
+                Err(ReachError::Unfenceable {
+                    start: part.start as u64,
+                    end: part.end as u64,
+                })
             }
             Err(error) => {
                 state.pool.cancel(chunk);

@@ -12,8 +12,10 @@
 //! ([`pindown_pincache::WriteFence`]): writers block in the kernel from the
 //! moment the range is write-protected until the new mapping is in place,
 //! then retry their writes on it. A private mapping of a disk file cannot
-//! be write-protected by userfaultfd; it is rehomed unfenced, and the
-//! caller must see to it that no other thread writes to it meanwhile.
+//! be write-protected by userfaultfd; it is rehomed unfenced only when the
+//! registration allows it ([`Move::allow_unfenced`]: the unsafe
+//! `Context::register_unfenced`, whose caller must see to it that no other
+//! thread writes to those pages meanwhile), and refused otherwise.
 //!
 //! The steps run on a thread of their own (`pindown-rehome`), never on the
 //! registering thread: the range may hold the registering thread's own
@@ -41,9 +43,12 @@ pub struct Move {
     pub prot: libc::c_int,
     /// Hold writers off while moving (writable memory).
     pub fence: bool,
-    /// The range maps a disk file privately: it cannot be fenced, and is
-    /// moved unfenced if fencing fails for that reason.
+    /// The range maps a file privately: if it is a disk file, it cannot be
+    /// fenced.
     pub file_backed: bool,
+    /// Move file-backed memory that cannot be fenced anyway (else the move
+    /// fails with [`UNFENCEABLE`]).
+    pub allow_unfenced: bool,
     /// The pool segment's memfd.
     pub pool: RawFd,
     /// Offset of the chunk in it.
@@ -62,6 +67,10 @@ pub enum Moved {
     /// The memory could not be fenced (a private mapping of a disk file).
     Unfenced,
 }
+
+/// The step of a [`MoveError`] refusing a private disk-file mapping that
+/// cannot be fenced, when unfenced moves are not allowed.
+pub const UNFENCEABLE: &str = "write-protecting a private mapping of a disk file";
 
 /// Why a move failed (the range is unchanged).
 #[derive(Debug)]
@@ -121,6 +130,12 @@ fn move_range(job: &Move) -> Result<Moved, MoveError> {
         match WriteFence::raise(job.start, job.len) {
             Ok(fence) => (Some(fence), Moved::Fenced),
             Err(e) if job.file_backed && e.raw_os_error() == Some(libc::EINVAL) => {
+                if !job.allow_unfenced {
+                    return Err(MoveError {
+                        step: UNFENCEABLE,
+                        source: e,
+                    });
+                }
                 (None, Moved::Unfenced)
             }
             Err(source) => {

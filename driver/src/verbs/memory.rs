@@ -90,7 +90,62 @@ impl<T: Transport + 'static> Context<T> {
     /// the module documentation for what a first registration does). The
     /// region borrows the context; it is deregistered by
     /// [`MemoryRegion::deregister`] or when dropped.
-    pub fn register(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
+    ///
+    /// The safe forms borrow the memory for the region's life:
+    /// [`register_buffer`](Context::register_buffer),
+    /// [`register_buffer_part`](Context::register_buffer_part) and
+    /// [`register_bytes`](Context::register_bytes).
+    ///
+    /// # Safety
+    ///
+    /// The range holds no borrow of the memory it names. The caller keeps
+    /// `[addr, addr + len)` allocated to what the device is meant to read
+    /// or write there (not freed, not handed to another owner) while the
+    /// region lives, and beyond it until every request naming the range
+    /// has finished and every window over it is revoked: the device reads
+    /// and writes whatever the range holds when it executes them. Memory
+    /// the device writes (a read's destination, a window open to remote
+    /// writes) must not be read through a Rust reference that assumes it
+    /// does not change.
+    ///
+    /// Writable memory that maps a disk file privately (a program's
+    /// initialized statics, for one) cannot be fenced while its pages first
+    /// move into memory shared with the device (see [`crate::reach`]), so
+    /// every form refuses it ([`ReachError::Unfenceable`]) but
+    /// [`register_unfenced`](Context::register_unfenced).
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
+        // SAFETY: the same contract.
+        unsafe { self.pin_range(addr, len) }
+    }
+
+    /// Like [`register`](Context::register), but also moves writable
+    /// memory that maps a disk file privately, which userfaultfd cannot
+    /// write-protect while its pages move into memory shared with the
+    /// device.
+    ///
+    /// # Safety
+    ///
+    /// As for [`register`](Context::register); and no other thread writes
+    /// to the pages under the range during this call (a write made between
+    /// the copy and the remapping of a page would be lost), not even to
+    /// bytes outside the range on the same pages, such as a neighbouring
+    /// static.
+    pub unsafe fn register_unfenced(
+        &self,
+        addr: u64,
+        len: u64,
+    ) -> Result<MemoryRegion<'_, T>, VerbsError> {
+        // SAFETY: the caller keeps `register`'s contract (this one's).
+        crate::reach::allowing_unfenced_moves(|| unsafe { self.pin_range(addr, len) })
+    }
+
+    /// Registers `[addr, addr + len)`, refusing private disk-file memory
+    /// that cannot be fenced unless the thread allows unfenced moves.
+    ///
+    /// # Safety
+    ///
+    /// As for [`register`](Self::register).
+    unsafe fn pin_range(&self, addr: u64, len: u64) -> Result<MemoryRegion<'_, T>, VerbsError> {
         let (Ok(start), Ok(bytes)) = (usize::try_from(addr), usize::try_from(len)) else {
             return Err(ReachError::Unmapped { addr }.into());
         };
@@ -98,14 +153,86 @@ impl<T: Transport + 'static> Context<T> {
         Ok(MemoryRegion {
             context: self,
             registration,
+            owned: None,
             addr,
             len,
         })
     }
 
-    /// Registers a whole buffer.
-    pub fn register_buffer(&self, buffer: &DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        self.register(buffer.iova(), buffer.len() as u64)
+    /// Registers a whole buffer of the context's arena. The region borrows
+    /// the buffer, which therefore outlives it.
+    pub fn register_buffer<'a>(
+        &'a self,
+        buffer: &'a DmaBuffer,
+    ) -> Result<MemoryRegion<'a, T>, VerbsError> {
+        self.register_buffer_part(buffer, 0, buffer.len())
+    }
+
+    /// Registers `[offset, offset + len)` of a buffer (a sub-range, for
+    /// example at an unaligned start). The region borrows the buffer.
+    pub fn register_buffer_part<'a>(
+        &'a self,
+        buffer: &'a DmaBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<MemoryRegion<'a, T>, VerbsError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= buffer.len() => {}
+            _ => {
+                return Err(VerbsError::OutOfRegion {
+                    offset: offset as u64,
+                    len: len as u64,
+                    region_len: buffer.len() as u64,
+                })
+            }
+        }
+        // SAFETY: the range lies inside `buffer` (checked above), a chunk
+        // of the arena that stays allocated to its owner while the returned
+        // region (which borrows it for 'a) lives; DmaBuffer gives access to
+        // its bytes only through volatile copies, which tolerate the
+        // device's writes.
+        unsafe { self.pin_range(buffer.iova() + offset as u64, len as u64) }
+    }
+
+    /// Registers a whole buffer of the context's arena and keeps it: the
+    /// region owns the buffer ([`MemoryRegion::buffer`]) and frees it only
+    /// after the registration is released, so a library can keep the two
+    /// together (in a struct, or in a [`RegionWindow`](super::RegionWindow)).
+    /// On failure the buffer is freed.
+    pub fn register_owned(&self, buffer: DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
+        // SAFETY: the region keeps `buffer` (its `owned` field, dropped
+        // after the registration), so the chunk stays allocated to it while
+        // the region lives; DmaBuffer gives access to its bytes only through
+        // volatile copies, which tolerate the device's writes.
+        let region = unsafe { self.pin_range(buffer.iova(), buffer.len() as u64)? };
+        Ok(MemoryRegion {
+            owned: Some(buffer),
+            ..region
+        })
+    }
+
+    /// Registers ordinary memory of the process: a `Vec`'s or an array's
+    /// bytes, on the heap or the stack. The region holds the exclusive
+    /// borrow, so nothing reads or frees the bytes while the device may
+    /// write them; read the results once the region is dropped.
+    ///
+    /// ```compile_fail,E0502
+    /// # use pindown_driver::verbs::Context;
+    /// # fn f(context: &Context) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut buffer = vec![0u8; 4096];
+    /// let region = context.register_bytes(&mut buffer)?;
+    /// println!("{}", buffer[0]); // the device may be writing it
+    /// # drop(region);
+    /// # Ok(()) }
+    /// ```
+    pub fn register_bytes<'a>(
+        &'a self,
+        bytes: &'a mut [u8],
+    ) -> Result<MemoryRegion<'a, T>, VerbsError> {
+        // SAFETY: the region borrows `bytes` exclusively for 'a, so the
+        // memory stays allocated to the caller and no reference reads it
+        // while the region lives.
+        unsafe { self.pin_range(bytes.as_mut_ptr() as u64, bytes.len() as u64) }
     }
 }
 
@@ -116,6 +243,9 @@ impl<T: Transport + 'static> Context<T> {
 pub struct MemoryRegion<'c, T: Transport + 'static = VhostUserTransport> {
     context: &'c Context<T>,
     registration: Registration<'c, ContextPinner<T>>,
+    /// The buffer a [`Context::register_owned`] region keeps; declared
+    /// after the registration, so it is freed after the registration goes.
+    owned: Option<DmaBuffer>,
     addr: u64,
     len: u64,
 }
@@ -134,6 +264,12 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
     /// Whether the region is empty (never: registration needs a byte).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The buffer the region owns, if it was registered with
+    /// [`Context::register_owned`].
+    pub fn buffer(&self) -> Option<&DmaBuffer> {
+        self.owned.as_ref()
     }
 
     /// The pinned range backing the region (page aligned, possibly larger).
@@ -179,11 +315,13 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
         let MemoryRegion {
             context,
             registration,
+            owned,
             ..
         } = self;
         let pinner = context.cache.pinner();
         let before = pinner.unmap_failures();
         drop(registration);
+        drop(owned);
         match pinner.unmap_failures() - before {
             0 => Ok(()),
             failures => Err(VerbsError::Deregistration { failures }),

@@ -217,6 +217,14 @@ pub enum VerbsError {
         /// Bytes of the remote pattern.
         remote: u64,
     },
+    /// A safe vector builder was given a local pattern whose block list
+    /// lies in memory.
+    #[error(
+        "the local pattern's block list lies in memory, where its blocks cannot be checked against \
+         the local range before the request is posted: give the blocks inline, or use the unsafe \
+         Vector::with_local_list_in_memory"
+    )]
+    LocalListInMemory,
     /// A vector transfer's pattern is not valid.
     #[error("invalid access pattern: {0}")]
     Pattern(#[from] pindown_uapi::pattern::PatternError),
@@ -305,5 +313,52 @@ mod tests {
         send::<MemoryWindow<'static, VhostUserTransport>>();
         send::<Entry<'static>>();
         send::<VerbsError>();
+    }
+
+    /// A local pattern whose block list lies in memory cannot be checked
+    /// against the local range, so the safe builders refuse it; a remote
+    /// one is checked by the device against the window, and is taken.
+    #[test]
+    fn safe_vector_builders_refuse_a_local_block_list_in_memory() {
+        use pindown_uapi::pattern::Pattern;
+        use pindown_uapi::{RemoteAddress, RemoteKey};
+        let listed = Pattern::listed_in_memory(0x10_0000, 8, 64);
+        // SAFETY: a range for a request that is built and never posted.
+        let local = unsafe { Local::from_raw(0x20_0000, 64) };
+        let remote = RemoteAddress {
+            node: 0,
+            port: 1,
+            key: RemoteKey::try_from(7).unwrap(),
+            offset: 0,
+        };
+        let contiguous = Pattern::contiguous(64);
+        for read in [false, true] {
+            let built = if read {
+                opcode::Vector::read(local, listed.clone(), remote, contiguous.clone())
+            } else {
+                opcode::Vector::write(local, listed.clone(), remote, contiguous.clone())
+            };
+            assert!(
+                matches!(built, Err(VerbsError::LocalListInMemory)),
+                "read {read}: {built:?}"
+            );
+            let remote_listed = if read {
+                opcode::Vector::read(local, contiguous.clone(), remote, listed.clone())
+            } else {
+                opcode::Vector::write(local, contiguous.clone(), remote, listed.clone())
+            };
+            assert!(remote_listed.is_ok(), "read {read}: {remote_listed:?}");
+            // SAFETY: as above: never posted.
+            let vouched = unsafe {
+                opcode::Vector::with_local_list_in_memory(
+                    local,
+                    listed.clone(),
+                    remote,
+                    contiguous.clone(),
+                    read,
+                )
+            };
+            assert!(vouched.is_ok(), "read {read}: {vouched:?}");
+        }
     }
 }

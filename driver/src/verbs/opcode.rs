@@ -472,7 +472,7 @@ impl<'r> Vector<'r> {
         remote: RemoteAddress,
         remote_pattern: Pattern,
     ) -> Result<Self, VerbsError> {
-        Self::new(local, local_pattern, remote, remote_pattern, false)
+        Self::new(local, local_pattern, remote, remote_pattern, false, false)
     }
 
     /// Reads the bytes of the window at `remote` that `remote_pattern`
@@ -483,7 +483,7 @@ impl<'r> Vector<'r> {
         remote: RemoteAddress,
         remote_pattern: Pattern,
     ) -> Result<Self, VerbsError> {
-        Self::new(local, local_pattern, remote, remote_pattern, true)
+        Self::new(local, local_pattern, remote, remote_pattern, true, false)
     }
 
     /// Writes `local_side.0` elements of datatype `local_side.1`, laid
@@ -499,7 +499,7 @@ impl<'r> Vector<'r> {
         remote_side: (u64, &Committed),
     ) -> Result<Self, VerbsError> {
         let (local_pattern, remote_pattern) = typed_patterns(cache, local_side, remote_side)?;
-        Self::new(local, local_pattern, remote, remote_pattern, false)
+        Self::new(local, local_pattern, remote, remote_pattern, false, false)
     }
 
     /// Reads `remote_side.0` elements of datatype `remote_side.1` from
@@ -513,15 +513,42 @@ impl<'r> Vector<'r> {
         remote_side: (u64, &Committed),
     ) -> Result<Self, VerbsError> {
         let (local_pattern, remote_pattern) = typed_patterns(cache, local_side, remote_side)?;
-        Self::new(local, local_pattern, remote, remote_pattern, true)
+        Self::new(local, local_pattern, remote, remote_pattern, true, false)
     }
 
+    /// Like [`write`](Self::write) (or, with `read`, [`read`](Self::read)),
+    /// but the local pattern may hold a block list in memory
+    /// ([`BlockList::InMemory`](pindown_uapi::pattern::BlockList::InMemory)),
+    /// which the device reads when it executes the request. The safe forms
+    /// refuse such a pattern ([`VerbsError::LocalListInMemory`]): its
+    /// blocks cannot be checked against `local` here, and the device checks
+    /// each local block only against the port's registered memory, not
+    /// against the range `local` names.
+    ///
+    /// # Safety
+    ///
+    /// When the device executes the request, every block the list names
+    /// lies inside `local` (the device refuses blocks outside registered
+    /// memory, but not blocks in memory registered for something else).
+    pub unsafe fn with_local_list_in_memory(
+        local: Local<'r>,
+        local_pattern: Pattern,
+        remote: RemoteAddress,
+        remote_pattern: Pattern,
+        read: bool,
+    ) -> Result<Self, VerbsError> {
+        Self::new(local, local_pattern, remote, remote_pattern, read, true)
+    }
+
+    /// The request, once the lengths and the local pattern are checked
+    /// (a local block list in memory only if `local_list_in_memory`).
     fn new(
         local: Local<'r>,
         local_pattern: Pattern,
         remote: RemoteAddress,
         remote_pattern: Pattern,
         read: bool,
+        local_list_in_memory: bool,
     ) -> Result<Self, VerbsError> {
         let len = local_pattern.len;
         if remote_pattern.len != len {
@@ -546,8 +573,11 @@ impl<'r> Vector<'r> {
                     }
                 }
             }
-            // Block lists in memory: the device checks every element.
-            Err(PatternError::Unresolved) => {}
+            // A block list in memory: vouched for by the caller of the
+            // unsafe form; the device checks every block against the
+            // port's registered memory.
+            Err(PatternError::Unresolved) if local_list_in_memory => {}
+            Err(PatternError::Unresolved) => return Err(VerbsError::LocalListInMemory),
             Err(error) => return Err(VerbsError::Pattern(error)),
         }
         if let Err(error) = remote_pattern.plan() {

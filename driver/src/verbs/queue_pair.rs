@@ -154,7 +154,12 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                 Some(bytes) if bytes.len() > MAX_INLINE as usize => {
                     let buffer = self.context.alloc(bytes.len(), 64)?;
                     buffer.write_at(0, bytes);
-                    let region = self.context.register_buffer(&buffer)?;
+                    // SAFETY: `buffer` is kept beside the region in
+                    // `held`, declared after it so it is freed after the
+                    // region deregisters, and both stay until the device
+                    // has finished the request (`release_descriptors`).
+                    let region =
+                        unsafe { self.context.register(buffer.iova(), buffer.len() as u64)? };
                     let iova = buffer.iova();
                     held.push((region, buffer));
                     Some(iova)

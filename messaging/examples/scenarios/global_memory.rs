@@ -395,7 +395,7 @@ fn functions(job: &mut Job, context: &Context) -> Outcome {
     }
     tally.checked += SOURCE_LEN;
     let word_owner = (r + n - 1) % n; // who ran atomics on this rank's words
-    let result_owner = (r + n - 2) % n; // whose old values landed here
+    let result_owner = (r + 2 * n - 2) % n; // whose old values landed here
     for op in 0..12 {
         let slot = op as u64 * 16;
         let (_, new, _) = atomics(initial(r, word_owner, op), word_owner)[op];

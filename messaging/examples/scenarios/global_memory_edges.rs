@@ -127,9 +127,9 @@ fn extend(job: &mut Job, context: &Context) -> Outcome {
     let base = buffer.as_mut_ptr();
     // Pinned ahead (the pin-down cache's hit), so that registering the
     // adjacent half costs only a window bind.
-    let pinned = context
-        .register(base as u64, 2 * HALF as u64)
-        .map_err(err("pin"))?;
+    // SAFETY: `buffer` outlives the region (declared before it); the
+    // device reaches it only through the keys registered below.
+    let pinned = unsafe { context.register(base as u64, 2 * HALF as u64) }.map_err(err("pin"))?;
     // SAFETY: `buffer` outlives every registration of it.
     let key = unsafe { memory.register(base, HALF as u64, 0) }.map_err(err("register"))?;
     let ga = memory.address(key, base).map_err(err("address"))?;

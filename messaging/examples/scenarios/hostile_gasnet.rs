@@ -68,7 +68,7 @@ fn windows(record: &[u8]) -> Result<Vec<RemoteWindow>, String> {
 struct RawWriter<'c> {
     qp: QueuePair<'c>,
     cq: CompletionQueue<'c>,
-    buffer: DmaBuffer,
+    /// Owns the buffer requests read from.
     region: MemoryRegion<'c>,
     posted: usize,
     done: Vec<Completion>,
@@ -81,9 +81,7 @@ impl<'c> RawWriter<'c> {
         let buffer = context
             .alloc(Self::BYTES, 4096)
             .map_err(|e| e.to_string())?;
-        let region = context
-            .register_buffer(&buffer)
-            .map_err(|e| e.to_string())?;
+        let region = context.register_owned(buffer).map_err(|e| e.to_string())?;
         let mut cq = context.create_completion_queue();
         let qp = context
             .create_queue_pair(&mut cq)
@@ -91,11 +89,14 @@ impl<'c> RawWriter<'c> {
         Ok(RawWriter {
             qp,
             cq,
-            buffer,
             region,
             posted: 0,
             done: Vec::new(),
         })
+    }
+
+    fn buffer(&self) -> &DmaBuffer {
+        self.region.buffer().expect("an owned region")
     }
 
     /// Stages `bytes` at `at` of the writer's buffer.
@@ -105,7 +106,11 @@ impl<'c> RawWriter<'c> {
         // which no request posted and unfinished reads (callers drain
         // before staging again).
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.buffer.as_ptr().add(at), bytes.len())
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.buffer().as_ptr().add(at),
+                bytes.len(),
+            )
         };
     }
 

@@ -158,7 +158,7 @@
 //! ep.put(peer, 0, b"eight by")?;
 //! let mut back = [0u8; 8];
 //! ep.get(peer, 0, &mut back)?;
-//! let handle = ep.put_nb(peer, 8, &back)?;
+//! let handle = ep.put_nb(peer, 8, back.to_vec())?;
 //! ep.wait(handle)?;
 //! let source = [7u8; 48];
 //! ep.put_strided(peer, 8192, &[64], &source, &[16], &[4, 3])?;
@@ -201,8 +201,8 @@
 //! let mut gathered = [0u8; 24];
 //! ep.get_vector(peer, &[(0, 8), (512, 16)], &mut gathered, &[(0, 24)])?;
 //! ep.get_indexed(peer, &[0, 64, 128], 8, &mut gathered, &[0], 24)?;
-//! let a = ep.put_nb(peer, 4096, &row)?;
-//! let b = ep.put_nb(peer, 8192, &column)?;
+//! let a = ep.put_nb(peer, 4096, row.to_vec())?;
+//! let b = ep.put_nb(peer, 8192, std::sync::Arc::<[u8]>::from(&column[..]))?;
 //! ep.wait(a)?;
 //! ep.wait_all()?;                                          // b, and anything else
 //! # let _ = b;
@@ -218,7 +218,7 @@ pub use descriptor_cache::{CacheConfig, CacheCounters, Replacement};
 mod packet;
 mod transfer;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -573,22 +573,34 @@ const SCRATCH_PROBE: u64 = 192;
 const SCRATCH_BYTES: u64 = 2048 + MAX_INLINE as u64;
 
 impl Layout {
-    fn new(ranks: u32, config: &Config) -> Self {
+    /// The layout for `ranks` ranks, or an error naming the sizes when
+    /// the memory it needs does not fit 64 bits.
+    fn new(ranks: u32, config: &Config) -> Result<Self> {
+        let too_large = || {
+            Error::Gasnet(format!(
+                "the endpoint's memory for {ranks} ranks does not fit 64 bits (segment_bytes {}, \
+                 get_bounce_bytes {}, ring_slots {}, slot_bytes {})",
+                config.segment_bytes, config.get_bounce_bytes, config.ring_slots, config.slot_bytes
+            ))
+        };
+        let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(too_large);
+        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or_else(too_large);
+        let round_up = |a: u64, to: u64| a.checked_next_multiple_of(to).ok_or_else(too_large);
         let ranks = u64::from(ranks);
         let ring_slots = u64::from(config.ring_slots);
         let slot_bytes = u64::from(config.slot_bytes);
         let segment = config.segment_bytes as u64;
         // At least 64 bytes before the bounce area: the segment window
         // (which liveness checks read) is never empty.
-        let bounce_at = segment.max(1).next_multiple_of(64);
+        let bounce_at = round_up(segment.max(1), 64)?;
         let bounce_bytes = config.get_bounce_bytes as u64;
-        let rings_at = (bounce_at + bounce_bytes).next_multiple_of(64);
-        let ring_bytes = ranks * LANES * ring_slots * slot_bytes;
-        let credits_at = rings_at + ring_bytes;
-        let exposed = credits_at + 8 * LANES * ranks;
-        let staging_at = exposed.next_multiple_of(4096);
-        let scratch_at = staging_at + ring_bytes;
-        Layout {
+        let rings_at = round_up(add(bounce_at, bounce_bytes)?, 64)?;
+        let ring_bytes = mul(mul(mul(ranks, LANES)?, ring_slots)?, slot_bytes)?;
+        let credits_at = add(rings_at, ring_bytes)?;
+        let exposed = add(credits_at, mul(8 * LANES, ranks)?)?;
+        let staging_at = round_up(exposed, 4096)?;
+        let scratch_at = add(staging_at, ring_bytes)?;
+        Ok(Layout {
             ring_slots,
             slot_bytes,
             segment,
@@ -598,8 +610,8 @@ impl Layout {
             bounce_bytes,
             staging_at,
             scratch_at,
-            total: (scratch_at + SCRATCH_BYTES).next_multiple_of(4096),
-        }
+            total: round_up(add(scratch_at, SCRATCH_BYTES)?, 4096)?,
+        })
     }
 
     /// Offset of slot `slot` of `sender`'s ring of `lane` (in the
@@ -770,9 +782,12 @@ struct Op<'c> {
     /// or bounce offset, destination pointer, length).
     copies: Vec<(u64, *mut u8, usize)>,
     _regions: Vec<MemoryRegion<'c>>,
-    _bounce: Option<(MemoryRegion<'c>, DmaBuffer)>,
+    /// A bounce buffer's region, which owns the buffer.
+    _bounce: Option<MemoryRegion<'c>>,
     /// The registration of a cached put's source, shared with the cache.
     _cached: Option<std::rc::Rc<MemoryRegion<'c>>>,
+    /// A nonblocking put's source, declared after its regions.
+    _source: Option<Box<dyn std::any::Any>>,
 }
 
 /// Why a queued message did not go, and whether its packet went anyway
@@ -834,7 +849,7 @@ pub struct Endpoint<'c> {
     /// not a bad packet.
     gets_given_up: VecDeque<(u32, u32)>,
     /// Barrier notices arrived, by (epoch, round).
-    barrier_arrivals: HashMap<(u32, u32), u32>,
+    barrier_arrivals: HashSet<(u32, u32)>,
     barrier_epoch: u32,
     counters: Counters,
     /// When the liveness check in flight to each peer was posted.
@@ -885,14 +900,16 @@ impl<'c> Endpoint<'c> {
             ..config
         };
         let size = job.size();
-        let layout = Layout::new(size, &config);
+        let layout = Layout::new(size, &config)?;
         let bytes = usize::try_from(layout.total)
             .map_err(|_| Error::Gasnet("the endpoint's memory does not fit".into()))?;
         let memory = context.alloc(bytes, 4096)?;
         // SAFETY: the buffer was just allocated for this endpoint and is
         // `bytes` long; zeroing it before any peer knows it exists.
         unsafe { std::ptr::write_bytes(memory.as_ptr(), 0, bytes) };
-        let region = context.register_buffer(&memory)?;
+        // SAFETY: `memory` becomes the endpoint's `memory` field, which
+        // outlives every window over it (see `register_memory`).
+        let region = unsafe { register_memory(context, &memory)? };
         // The segment, open to every rank; the bounce area of gets by
         // message is not in it (each get binds it for its target).
         let window = context.bind_region_window(
@@ -931,7 +948,8 @@ impl<'c> Endpoint<'c> {
                 ),
                 (layout.credit_word(rank as u32, Lane::Request), 8 * LANES),
             ] {
-                let region = context.register_buffer(&memory)?;
+                // SAFETY: as for the segment's region above.
+                let region = unsafe { register_memory(context, &memory)? };
                 let pair =
                     context.bind_region_window(region, at, len, Access::REMOTE_WRITE, owner)?;
                 pair_remotes.push(pair.remote());
@@ -1015,7 +1033,7 @@ impl<'c> Endpoint<'c> {
             next_get: 0,
             get_pending: None,
             gets_given_up: VecDeque::new(),
-            barrier_arrivals: HashMap::new(),
+            barrier_arrivals: HashSet::new(),
             barrier_epoch: 0,
             counters: Counters::default(),
             probes: vec![None; n],
@@ -1864,7 +1882,9 @@ impl<'c> Endpoint<'c> {
                     && sender
                         == (self.rank + self.size - (1u32 << arg(1)) % self.size) % self.size =>
             {
-                *self.barrier_arrivals.entry((arg(0), arg(1))).or_default() += 1;
+                // One notice per (barrier, round) is due: a repeated one
+                // changes nothing.
+                self.barrier_arrivals.insert((arg(0), arg(1)));
                 Ok(())
             }
             other => Err(Error::Gasnet(format!(
@@ -1969,8 +1989,8 @@ impl<'c> Endpoint<'c> {
             // completed; `to` points into the caller's destination, which
             // the blocking get borrows mutably for the whole call.
             unsafe {
-                let source = match &op._bounce {
-                    Some((_, bounce)) => bounce.as_ptr().add(*from as usize),
+                let source = match op._bounce.as_ref().and_then(|r| r.buffer()) {
+                    Some(bounce) => bounce.as_ptr().add(*from as usize),
                     None => self.memory.as_ptr().add(*from as usize),
                 };
                 std::ptr::copy_nonoverlapping(source, *to, *len);
@@ -2035,6 +2055,10 @@ impl<'c> Endpoint<'c> {
         self.flush_outgoing()?;
         self.barrier_epoch = self.barrier_epoch.wrapping_add(1);
         let epoch = self.barrier_epoch;
+        // Notices of earlier barriers (a repeated notice taken after its
+        // round) can no longer be due.
+        self.barrier_arrivals
+            .retain(|&(of, _)| of == epoch || of == epoch.wrapping_add(1));
         let n = self.size;
         let mut distance = 1u32;
         let mut round = 0u32;
@@ -2051,14 +2075,7 @@ impl<'c> Endpoint<'c> {
             )?;
             let from = (self.rank + n - distance) % n;
             self.wait_for_barrier_round(epoch, round, from)?;
-            let left = self
-                .barrier_arrivals
-                .get_mut(&(epoch, round))
-                .expect("arrived");
-            *left -= 1;
-            if *left == 0 {
-                self.barrier_arrivals.remove(&(epoch, round));
-            }
+            self.barrier_arrivals.remove(&(epoch, round));
             distance *= 2;
             round += 1;
         }
@@ -2073,7 +2090,7 @@ impl<'c> Endpoint<'c> {
     /// rank may learn of it from a credit return or a liveness check.
     /// `from` found gone fails it unless its message already arrived.
     fn wait_for_barrier_round(&mut self, epoch: u32, round: u32, from: u32) -> Result<()> {
-        let arrived = |ep: &Self| ep.barrier_arrivals.contains_key(&(epoch, round));
+        let arrived = |ep: &Self| ep.barrier_arrivals.contains(&(epoch, round));
         loop {
             match self.wait_until(|ep| arrived(ep)) {
                 Ok(()) => return Ok(()),
@@ -2165,9 +2182,56 @@ fn check_range(offset: u64, len: u64, limit: u64) -> Result<()> {
     }
 }
 
+/// Registers an endpoint's memory (its segment, rings, credit words,
+/// staging and bounce area).
+///
+/// # Safety
+///
+/// `memory` is, or becomes, the `memory` field of an [`Endpoint`]: declared
+/// after every field that holds a registration or window over it (`ops`,
+/// `window`, `_pair_windows`), it is freed only after they are gone.
+unsafe fn register_memory<'c>(
+    context: &'c Context,
+    memory: &DmaBuffer,
+) -> Result<MemoryRegion<'c>> {
+    // SAFETY: the caller keeps `memory` allocated while the region and
+    // every window over it live (this function's contract); the endpoint
+    // reads and writes it only through raw pointers and atomics.
+    Ok(unsafe { context.register(memory.iova(), memory.len() as u64)? })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes whose memory does not fit 64 bits are refused by name, never
+    /// wrapped (a wrapped layout would place rings inside the segment).
+    #[test]
+    fn a_layout_too_large_for_64_bits_is_refused() {
+        let huge = [
+            Config {
+                segment_bytes: usize::MAX - 10,
+                ..Config::default()
+            },
+            Config {
+                get_bounce_bytes: usize::MAX - 100,
+                ..Config::default()
+            },
+            Config {
+                ring_slots: u32::MAX,
+                slot_bytes: u32::MAX,
+                ..Config::default()
+            },
+        ];
+        for config in huge {
+            match Layout::new(u32::MAX, &config) {
+                Err(Error::Gasnet(why)) => assert!(why.contains("does not fit 64 bits"), "{why}"),
+                Err(other) => panic!("{other}"),
+                Ok(layout) => panic!("{layout:?}"),
+            }
+        }
+        assert!(Layout::new(2, &Config::default()).is_ok());
+    }
 
     #[test]
     fn the_layout_keeps_rings_credits_and_bounce_inside_the_window_and_staging_out() {
@@ -2180,7 +2244,7 @@ mod tests {
                 slot_bytes,
                 ..Config::default()
             };
-            let layout = Layout::new(ranks, &config);
+            let layout = Layout::new(ranks, &config).unwrap();
             assert!(layout.bounce_at >= layout.segment);
             assert!(layout.rings_at >= layout.bounce_at + layout.bounce_bytes);
             assert_eq!(layout.rings_at % 64, 0);

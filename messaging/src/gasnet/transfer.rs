@@ -1,14 +1,17 @@
 //! Puts and gets: contiguous (PIO, DMA, alignment fix-up, bounce), by
 //! message, and strided / indexed / vector through remote vector access.
 
+use std::ops::Deref;
 use std::rc::Rc;
+
+use stable_deref_trait::StableDeref;
 
 use pindown_driver::verbs::opcode::{Entry, Read, Vector, Write};
 use pindown_driver::verbs::{MemoryRegion, RemoteWindow};
 use pindown_uapi::{Access, PortAddress, RemoteAddress, WorkRequest};
 
 use super::descriptor_cache::{CacheCounters, Cached, DescriptorCache};
-use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece, MAX_DIMS};
+use pindown_uapi::pattern::{Block, BlockList, Dim, Pattern, Piece, MAX_BLOCKS_CAP, MAX_DIMS};
 use pindown_uapi::queue::MAX_INLINE;
 
 use super::{
@@ -187,12 +190,12 @@ impl<'c> Endpoint<'c> {
                     source.len(),
                 )
             };
-            let region = self.context.register_buffer(&buffer)?;
+            let region = self.context.register_owned(buffer)?;
             self.counters.bounced += 1;
-            (Some(buffer), region, shift + descriptor.head)
+            (true, region, shift + descriptor.head)
         } else {
             let (region, offset) = self.register_body(source, descriptor)?;
-            (None, region, offset)
+            (false, region, offset)
         };
         let count = self.post_put(
             tag,
@@ -205,9 +208,10 @@ impl<'c> Endpoint<'c> {
             None,
         )?;
         let mut op = self.op(target, count);
-        match bounce {
-            Some(buffer) => op._bounce = Some((region, buffer)),
-            None => op._regions.push(region),
+        if bounce {
+            op._bounce = Some(region);
+        } else {
+            op._regions.push(region);
         }
         self.ops.insert(tag, op);
         Ok(Handle(tag))
@@ -220,14 +224,20 @@ impl<'c> Endpoint<'c> {
         source: &[u8],
         descriptor: TransferDescriptor,
     ) -> Result<(MemoryRegion<'c>, u64)> {
+        // SAFETY (both registrations): the range lies inside `source`,
+        // which stays allocated until the put's operation completes or is
+        // settled: `put` and the long sends wait for it while they borrow
+        // the bytes, and `put_nb` moves its source into the operation. The
+        // device only reads it.
         Ok(if descriptor.body > 0 {
             let at = source.as_ptr() as u64 + descriptor.head;
-            (self.context.register(at, descriptor.body)?, 0)
+            (unsafe { self.context.register(at, descriptor.body)? }, 0)
         } else {
             // No aligned body: the head and tail carry everything.
-            let region = self
-                .context
-                .register(source.as_ptr() as u64, source.len() as u64)?;
+            let region = unsafe {
+                self.context
+                    .register(source.as_ptr() as u64, source.len() as u64)?
+            };
             (region, descriptor.head)
         })
     }
@@ -401,6 +411,7 @@ impl<'c> Endpoint<'c> {
             copies: Vec::new(),
             _regions: Vec::new(),
             _bounce: None,
+            _source: None,
             _cached: None,
         }
     }
@@ -464,11 +475,19 @@ impl<'c> Endpoint<'c> {
 
     /// Starts writing `source` into `target`'s segment at `target_offset`;
     /// [`wait`](Self::wait) or [`wait_all`](Self::wait_all) completes it.
-    /// Until then `source` must stay unchanged and allocated (GASNet's
-    /// rule for nonblocking puts): bytes written to it meanwhile may or may
-    /// not reach the target. Small puts (PIO) are copied at once.
-    pub fn put_nb(&mut self, target: u32, target_offset: u64, source: &[u8]) -> Result<Handle> {
-        self.start_put(target, target_offset, source)
+    /// The operation owns `source` (a `Vec`, a `Box<[u8]>`, an `Arc<[u8]>`
+    /// shared with the caller...) until it completes, so the bytes stay
+    /// allocated while the device reads them (GASNet leaves that to the
+    /// caller). Small puts (PIO) are copied at once.
+    pub fn put_nb<B>(&mut self, target: u32, target_offset: u64, source: B) -> Result<Handle>
+    where
+        B: StableDeref + Deref<Target = [u8]> + 'static,
+    {
+        let handle = self.start_put(target, target_offset, &source)?;
+        if let Some(op) = self.ops.get_mut(&handle.0) {
+            op._source = Some(Box::new(source));
+        }
+        Ok(handle)
     }
 
     /// Reads `destination.len()` bytes of `target`'s segment at
@@ -517,7 +536,7 @@ impl<'c> Endpoint<'c> {
             // misalignment, then copied.
             let shift = offset % DMA_ALIGN;
             let buffer = self.context.alloc((len + 2 * DMA_ALIGN) as usize, 64)?;
-            let region = self.context.register_buffer(&buffer)?;
+            let region = self.context.register_owned(buffer)?;
             let mut entries = Vec::new();
             let mut at = 0;
             while at < len {
@@ -534,15 +553,19 @@ impl<'c> Endpoint<'c> {
             op.remaining = entries.len() as u32;
             drop(entries);
             op.copies.push((shift, dest, len as usize));
-            op._bounce = Some((region, buffer));
+            op._bounce = Some(region);
             self.counters.bounced += 1;
             self.ops.insert(tag, op);
             return self.wait(Handle(tag));
         }
         let (head, body, tail) = split(offset, len);
-        let region = self
-            .context
-            .register(destination.as_ptr() as u64 + head, body)?;
+        // SAFETY: the body lies inside `destination`, borrowed mutably for
+        // this call, which returns only once the read has completed or is
+        // settled (`wait`: nothing lands after).
+        let region = unsafe {
+            self.context
+                .register(destination.as_ptr() as u64 + head, body)?
+        };
         let own = self.window.region();
         let mut entries: Vec<Entry<'_>> = Vec::new();
         if head > 0 {
@@ -607,7 +630,8 @@ impl<'c> Endpoint<'c> {
         let len = destination.len() as u64;
         let shared = self.peers[target as usize].shared;
         let window = self.context.bind_region_window(
-            self.context.register_buffer(&self.memory)?,
+            // SAFETY: `self.memory` is the endpoint's own memory.
+            unsafe { super::register_memory(self.context, &self.memory)? },
             self.layout.bounce_at,
             self.layout.bounce_bytes.max(1),
             Access::REMOTE_WRITE,
@@ -738,9 +762,13 @@ impl<'c> Endpoint<'c> {
         check_range(target_offset, high as u64, self.layout.segment)?;
         let local_len = u32::try_from(local.1)
             .map_err(|_| Error::Gasnet("a local buffer of 4 GiB or more".into()))?;
-        let region = self
-            .context
-            .register(local.0 as u64, u64::from(local_len))?;
+        // SAFETY: `local` is the caller's buffer (its pointer and length),
+        // borrowed for this blocking call, which returns only once the
+        // transfer has completed or is settled.
+        let region = unsafe {
+            self.context
+                .register(local.0 as u64, u64::from(local_len))?
+        };
         let at = self.peers[target as usize].at(target_offset);
         let whole = region.local(0, local_len)?;
         let vector = if read {
@@ -904,8 +932,20 @@ pub(crate) fn strided_pattern(strides: &[u64], counts: &[u64]) -> Result<Pattern
         };
         return Pattern::new(vec![piece], repeat, extent).map_err(pattern_error);
     }
-    // Deeper nests: every block listed.
-    let mut blocks = Vec::new();
+    // Deeper nests: every block listed, once their number is known to be
+    // one a device takes (counted first, checked: a nest of large counts
+    // would otherwise be listed block by block before any check).
+    let block_count = counts[1..]
+        .iter()
+        .try_fold(1u64, |n, &count| n.checked_mul(count))
+        .filter(|&n| n <= MAX_BLOCKS_CAP)
+        .ok_or_else(|| {
+            Error::Gasnet(format!(
+                "a strided transfer of {levels} levels with counts {counts:?} lists more than \
+                 {MAX_BLOCKS_CAP} blocks, the most a device takes"
+            ))
+        })?;
+    let mut blocks = Vec::with_capacity(block_count as usize);
     let mut index = vec![0u64; levels];
     loop {
         let mut offset = 0u64;
@@ -1023,5 +1063,19 @@ mod tests {
             assert_eq!(walk(&pattern), merged, "levels {levels}");
         }
         assert!(strided_pattern(&[1], &[1]).is_err());
+    }
+
+    /// A deep nest whose blocks a device would never take is refused
+    /// before any is listed (40^5 blocks would take 1.6 GiB to list).
+    #[test]
+    fn a_deep_strided_nest_of_too_many_blocks_is_refused_before_listing() {
+        let counts = [1u64, 40, 40, 40, 40, 40];
+        let strides = [1u64, 40, 1600, 64_000, 2_560_000];
+        match strided_pattern(&strides, &counts) {
+            Err(Error::Gasnet(why)) => assert!(why.contains("more than"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let overflowing = [1u64, u64::MAX, u64::MAX, 2, 2, 2];
+        assert!(strided_pattern(&strides, &overflowing).is_err());
     }
 }

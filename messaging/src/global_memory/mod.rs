@@ -239,11 +239,12 @@ impl Drop for PageMemory {
 
 /// What a rank sets up before the exchange of records.
 struct Local<'c> {
+    // Field order is drop order: the windows before the memory under them.
+    directory_window: RegionWindow<'c>,
+    starter_window: RegionWindow<'c>,
     layout: AddressLayout,
     system: PageMemory,
     starter: PageMemory,
-    directory_window: RegionWindow<'c>,
-    starter_window: RegionWindow<'c>,
     entries: u32,
 }
 
@@ -274,15 +275,20 @@ impl<'c> Local<'c> {
         // address: forget what the pin-down cache knew of it.
         context.invalidate(system.addr(), system.len() as u64);
         context.invalidate(starter.addr(), starter.len() as u64);
+        // SAFETY (both registrations): `system` and `starter` move with
+        // their windows into `Local`, then `GlobalMemory`, each declared
+        // after the windows over them, so they are unmapped only after the
+        // windows are revoked and the registrations released. Peers write
+        // them; this rank reads them only through raw pointers and atomics.
         let directory_window = context.bind_region_window(
-            context.register(system.addr(), system.len() as u64)?,
+            unsafe { context.register(system.addr(), system.len() as u64)? },
             0,
             directory_bytes,
             Access::REMOTE_READ,
             None,
         )?;
         let starter_window = context.bind_region_window(
-            context.register(starter.addr(), config.starter_bytes as u64)?,
+            unsafe { context.register(starter.addr(), config.starter_bytes as u64)? },
             0,
             config.starter_bytes as u64,
             Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
@@ -560,8 +566,14 @@ impl<'c> GlobalMemory<'c> {
             .expect("placed in a live entry")
     }
 
+    /// Binds a window over `[base, base + len)`, memory registered with
+    /// [`register`](Self::register), whose caller keeps it allocated until
+    /// the last deregistration of its key.
     fn bind(&self, base: u64, len: u64) -> Result<RegionWindow<'c>> {
-        let region = self.context.register(base, len)?;
+        // SAFETY: the range is memory a caller of the unsafe `register`
+        // vouched for until the last deregistration of its key, which
+        // revokes this window (or `finalize`, which revokes every one).
+        let region = unsafe { self.context.register(base, len)? };
         Ok(self.context.bind_region_window(
             region,
             0,
@@ -922,9 +934,10 @@ fn sync_windows<'c>(
     let mut failed = None;
     for round in rounds.clone() {
         let from = peers[((rank + size - (1 << round) % size) % size) as usize];
-        let bound = context
-            .register(system.addr(), system.len() as u64)
-            .and_then(|region| {
+        // SAFETY: `system` is the rank's own memory, kept (in
+        // `GlobalMemory`, after `sync_windows`) until the windows are gone.
+        let bound =
+            unsafe { context.register(system.addr(), system.len() as u64) }.and_then(|region| {
                 context.bind_region_window(
                     region,
                     words_at + 8 * u64::from(round),
