@@ -375,11 +375,12 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
     let peer = 1 - me;
     let late = Duration::from_millis(150);
     let mut buffer = vec![0u8; 70_000];
-    // Both ranks start here, so that rank 1's receives come `late` after
-    // rank 0's sends however long each took to set up.
+    // Both ranks start here, however long each took to set up.
     meet(world, peer).map_err(err("meet"))?;
     // 1. Buffered: the sends return before any receive exists; the spool
-    //    drains when the receives come.
+    //    drains when the receives come. Rank 1 posts them only when told
+    //    (on slot GO) that the sends have returned, however long they took.
+    const GO: u32 = 9;
     messenger.set_send_timeout(Some(Duration::ZERO));
     if me == 0 {
         for n in 0..8u64 {
@@ -396,6 +397,7 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
             return Err(format!("buffered sends left nothing spooled: {status:?}"));
         }
         tally.notes.push(format!("after sends: {status:?}"));
+        world.send(peer, GO, &[]).map_err(err("go"))?;
         let start = Instant::now();
         loop {
             let status = messenger.sendbuf_check().map_err(err("sendbuf_check"))?;
@@ -411,7 +413,7 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
             std::thread::sleep(Duration::from_micros(100));
         }
     } else {
-        std::thread::sleep(late);
+        world.recv(peer, GO, &mut []).map_err(err("go"))?;
         for n in 0..8u64 {
             let len = world
                 .recv(peer, n as u32, &mut buffer)
@@ -423,24 +425,29 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
     // 2. Synchronous: the send waits for the late receive.
     messenger.set_send_timeout(None);
     if me == 0 {
+        let before = messenger.sendbuf_check().map_err(err("sendbuf_check"))?;
         let start = Instant::now();
         world
             .send(peer, 20, &message(me, peer, 20, 5000))
             .map_err(err("sync send"))?;
         let waited = start.elapsed();
         let status = messenger.sendbuf_check().map_err(err("sendbuf_check"))?;
-        if status.spooled != 0 || waited < late {
+        if status.spooled != 0 || status.sent != before.sent {
             return Err(format!(
-                "synchronous send returned after {waited:?} with {status:?}"
+                "a synchronous send went through the spool: {before:?} then {status:?}"
             ));
         }
+        tally
+            .notes
+            .push(format!("synchronous send waited {waited:?}"));
     } else {
         std::thread::sleep(late + Duration::from_millis(20));
         let len = world.recv(peer, 20, &mut buffer).map_err(err("recv"))?;
         tally.checked += check(&buffer[..len], peer, me, 20, "synchronous message")?;
     }
     meet(world, 1 - world.rank()).map_err(err("meet"))?;
-    // 3. The switch: a timeout shorter than the receiver's delay spools.
+    // 3. The switch: with no receive in its timeout, a send spools and
+    //    returns; rank 1 posts the receive only when told (slot GO).
     messenger.set_send_timeout(Some(Duration::from_millis(10)));
     if me == 0 {
         let before = messenger.sendbuf_check().map_err(err("sendbuf_check"))?;
@@ -448,13 +455,26 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
             .send(peer, 21, &message(me, peer, 21, 30_000))
             .map_err(err("send"))?;
         let after = messenger.sendbuf_check().map_err(err("sendbuf_check"))?;
-        if after.spooled != 1 && after.sent == before.sent {
+        if after.spooled != before.spooled + 1 {
             return Err(format!(
                 "the switch did not spool: {before:?} then {after:?}"
             ));
         }
+        world.send(peer, GO, &[]).map_err(err("go"))?;
+        let start = Instant::now();
+        while messenger
+            .sendbuf_check()
+            .map_err(err("sendbuf_check"))?
+            .spooled
+            > 0
+        {
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err("the switched message never left the spool".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     } else {
-        std::thread::sleep(late);
+        world.recv(peer, GO, &mut []).map_err(err("go"))?;
         let len = world.recv(peer, 21, &mut buffer).map_err(err("recv"))?;
         tally.checked += check(&buffer[..len], peer, me, 21, "switched message")?;
     }
@@ -610,6 +630,25 @@ fn slots(world: &Communicator<'_>) -> Outcome {
         }
         tally.checked += check(&got, peer, me, index as u64, "slot")?;
     }
+    // A receive completed by a wait naming its slot (FMPL's naming) keeps
+    // the slot until its handle has taken the result: a second receive
+    // there is refused, and the handle still gets its message.
+    let first = world.irecv(peer, 1, vec![0u8; 300]).map_err(err("irecv"))?;
+    world
+        .send(peer, 1, &message(me, peer, 1001, 300))
+        .map_err(err("send"))?;
+    world.wait_recv(peer, 1).map_err(err("wait_recv"))?;
+    match world.irecv(peer, 1, vec![0u8; 8]) {
+        Err(Error::SlotBusy { index: 1, .. }) => {}
+        other => {
+            return Err(format!(
+                "a receive on a slot whose result is not taken: {:?}",
+                other.err()
+            ))
+        }
+    }
+    let (got, _) = first.wait().map_err(err("recv wait after wait_recv"))?;
+    tally.checked += check(&got, peer, me, 1001, "slot after wait_recv")?;
     Ok(tally)
 }
 

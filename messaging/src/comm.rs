@@ -824,6 +824,10 @@ fn abandon<B: 'static>(engine: &Shared<'_>, slot: u64, generation: u64, is_send:
         !engine.recv_outstanding(slot, generation)
     };
     if finished {
+        if !is_send {
+            // The result, if nobody took it, frees the slot with the request.
+            engine.take_recv(slot, generation);
+        }
         return;
     }
     if is_send {

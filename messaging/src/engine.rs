@@ -601,9 +601,11 @@ impl<'c> Engine<'c> {
     ) -> Result<(u64, u64)> {
         self.check_peer(peer)?;
         let slot = self.layout.slot(context, peer, index);
-        // A receive stays on its slot, whatever arrived, until its request
-        // (or a wait naming the slot) has looked: it alone takes the result.
-        if self.slots[slot as usize].recv.is_some() {
+        // A receive keeps its slot until its request has taken the result
+        // (a wait naming the slot, or the progress that finishes a typed
+        // receive, leaves it there for the request): it alone takes it.
+        let state = &self.slots[slot as usize];
+        if state.recv.is_some() || state.finished_recv.is_some() {
             return Err(Error::SlotBusy { peer, index });
         }
         let is_typed = typed.is_some();
@@ -1313,8 +1315,12 @@ impl<'c> Engine<'c> {
             orphans.retain(|&(slot, generation, is_send, _)| {
                 if is_send {
                     !self.send_completed(slot, generation)
+                } else if self.recv_outstanding(slot, generation) {
+                    true
                 } else {
-                    self.recv_outstanding(slot, generation)
+                    // No request will take the result: free the slot.
+                    self.take_recv(slot, generation);
+                    false
                 }
             });
             self.orphans = orphans;
