@@ -84,27 +84,33 @@ pub fn ping_pong(
     let peer = 1 - me;
     let largest = sizes.iter().map(|s| s.bytes).max().unwrap_or(0);
     let flag_at = largest.next_multiple_of(64);
-    let target = vec![0u8; flag_at + 64];
+    let mut target = vec![0u8; flag_at + 64];
+    // The peer writes `target` behind the compiler's back: it is reached
+    // only through this pointer from here on, never through the Vec.
+    let (target_at, target_len) = (target.as_mut_ptr(), target.len());
     // SAFETY (both registrations): `target` and `source` are declared
     // before the regions, the window and the queue pair, so they are freed
-    // after them, at the end of this function; the peer's writes into
-    // `target` are read only through the atomic flag word.
-    let target_region = unsafe { context.register(target.as_ptr() as u64, target.len() as u64)? };
-    let window =
-        context.bind_window(&target_region, 0, target.len() as u64, Access::REMOTE_WRITE)?;
+    // after them, at the end of this function; `target` is read through
+    // `target_at` alone (below).
+    let target_region = unsafe { context.register(target_at as u64, target_len as u64)? };
+    let window = context.bind_window(&target_region, 0, target_len as u64, Access::REMOTE_WRITE)?;
+    // The bytes of `target` the peer wrote last. SAFETY: inside `target`,
+    // which lives to the end of the function; read only once the flag of
+    // iteration n has arrived (after the data, fenced), and the peer
+    // writes iteration n + 1 only after this rank has answered n, so no
+    // write lands while the slice is in use.
+    let landed = |len: usize| unsafe { std::slice::from_raw_parts(target_at.cast_const(), len) };
     let texts = job.all_gather(key, window.remote().to_string().as_bytes())?;
     let peer_window: RemoteWindow = String::from_utf8(texts[peer as usize].clone())?.parse()?;
     let mut source = vec![0u8; flag_at + 64];
     let source_region = unsafe { context.register(source.as_ptr() as u64, source.len() as u64)? };
     let mut cq = context.create_completion_queue();
     let mut qp = context.create_queue_pair(&mut cq)?;
-    let flag = |memory: &[u8]| -> u64 {
-        // SAFETY: the flag word lies inside `memory` (flag_at + 8 <= len),
+    let flag = || -> u64 {
+        // SAFETY: the flag word lies inside `target` (flag_at + 8 <= len),
         // 8-aligned in a heap buffer aligned to 8 at least; the device
         // writes it as one aligned store, so it is read atomically.
-        unsafe {
-            AtomicU64::from_ptr(memory.as_ptr().add(flag_at) as *mut u64).load(Ordering::Acquire)
-        }
+        unsafe { AtomicU64::from_ptr(target_at.add(flag_at).cast::<u64>()).load(Ordering::Acquire) }
     };
     // Iterations are numbered across sizes, so that a flag word never
     // needs resetting (and the ranks never need to meet between sizes).
@@ -143,7 +149,7 @@ pub fn ping_pong(
         };
         let wait_flag = |n: u64, cq: &mut CompletionQueue<'_>, outstanding: &mut u64| {
             let start = Instant::now();
-            while flag(&target) != n {
+            while flag() != n {
                 for completion in cq.poll()? {
                     completion.result()?;
                     *outstanding -= 1;
@@ -157,7 +163,7 @@ pub fn ping_pong(
             Ok::<(), Box<dyn Error>>(())
         };
         let check = |n: u64| -> Result<(), Box<dyn Error>> {
-            if !stamped(&target[..bytes], n) || (n == last && !whole(&target[..bytes], n)) {
+            if !stamped(landed(bytes), n) || (n == last && !whole(landed(bytes), n)) {
                 return Err(
                     format!("rank {me}: raw write {n} of {bytes} bytes arrived wrong").into(),
                 );

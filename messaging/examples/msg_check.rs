@@ -46,7 +46,7 @@
 //! communicator's collectives pass, exact), `leaked-key` (a third rank writes through the
 //! keys of the windows a rank bound for another peer: refused),
 //! `late-write` (the sender writes into a receive buffer after the
-//! receive returned: refused with `--window-cache 0`), `forged-split` and
+//! receive returned: refused, as no window is cached by default), `forged-split` and
 //! `forged-context` (the rank gathering a split's table forges this
 //! rank's entry: refused), `forged-credit` and `forged-entry` (any-source
 //! credit words and ring entries no honest peer writes: refused, naming
@@ -1611,11 +1611,11 @@ fn leaked_key(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
     Ok(tally)
 }
 
-/// `late-write` (2 ranks; with `--window-cache 0`): rank 1 keeps the
-/// key and offset of the window over rank 0's receive buffer and, once
-/// the receive has returned, writes through them again: refused, the
-/// buffer unchanged. With windows cached the write lands (the limit the
-/// README states); the notes say which.
+/// `late-write` (2 ranks): rank 1 keeps the key and offset of the window
+/// over rank 0's receive buffer and, once the receive has returned,
+/// writes through them again: refused, the buffer unchanged. With windows
+/// cached (`--window-cache N`, for trusted peers) the write lands (the
+/// limit the README states); the notes say which.
 fn late_write(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
     let mut tally = Tally::default();
     if world.size() != 2 {

@@ -474,6 +474,30 @@ fn wait_plain(engine: &mut Engine<'_>, peer: u32, tag: u64) -> Result<()> {
     Ok(())
 }
 
+/// [`wait_plain`], and if the device has not finished request `tag` even
+/// then, takes its access to `[addr, addr + len)` (the memory of `region`)
+/// away before the caller's buffer goes back to the caller: the idle
+/// receive windows cached over that memory are revoked, the pages are
+/// invalidated, and `region`, their last holder then, deregisters once the
+/// device has answered, after which no access that began earlier can
+/// touch them.
+fn wait_plain_fenced(
+    engine: &mut Engine<'_>,
+    peer: u32,
+    tag: u64,
+    region: pindown_driver::verbs::MemoryRegion<'_>,
+    addr: u64,
+    len: u64,
+) -> Result<()> {
+    let waited = wait_plain(engine, peer, tag);
+    if waited.is_err() && matches!(engine.plain_done(tag), Ok(false)) {
+        engine.windows.forget_range(addr, len);
+        engine.context.invalidate(addr, len);
+        region.deregister()?;
+    }
+    waited
+}
+
 /// Delivers a taken message into `buffer`: copies an eager body from the
 /// queue, or reads a rendezvous body from its sender and tells the sender.
 fn deliver(
@@ -539,17 +563,7 @@ fn read_into(
     let (addr, capacity) = (buffer.as_ptr() as u64, buffer.len() as u64);
     let region = context.register_bytes(buffer)?;
     let tag = engine.read_remote(peer, &region, capacity, window, 0)?;
-    let waited = wait_plain(engine, peer, tag);
-    if waited.is_err() && matches!(engine.plain_done(tag), Ok(false)) {
-        // The device has not finished the read, even after the grace of
-        // `wait_plain`: take its access to the buffer away before the
-        // caller gets the buffer back. Invalidation retires the pages, and
-        // the deregistration of their last holder returns once the device
-        // has answered, after which no access can touch them.
-        context.invalidate(addr, capacity);
-        region.deregister()?;
-    }
-    waited.map_err(|err| match err {
+    wait_plain_fenced(engine, peer, tag, region, addr, capacity).map_err(|err| match err {
         // The sender's window refused the read: its entry named a window
         // it does not have open for this rank.
         Error::Completion(refused) if refused.status == pindown_uapi::Status::RemoteAccessError => {
@@ -631,13 +645,13 @@ impl<'c> Communicator<'c> {
                 return Ok(());
             }
             // SAFETY: `data` is borrowed for this blocking call, which
-            // returns once the write has completed (or the device gave up
-            // on it, in `wait_plain`); the device only reads it.
+            // returns once the write has completed or the device's access
+            // to `data` is fenced off (`wait_plain_fenced`).
             let region = unsafe { ctx.register(data.as_ptr() as u64, len)? };
             let body = Some((&region, len as u32, body_at));
             let tag = engine.write_entry(peer, &head, head_at, body, seq, stamp_at)?;
             engine.any.sent[ring] = seq;
-            return wait_plain(&mut engine, peer, tag);
+            return wait_plain_fenced(&mut engine, peer, tag, region, data.as_ptr() as u64, len);
         }
         // Rendezvous: a read-only window over the send buffer, for the
         // receiver's port alone.

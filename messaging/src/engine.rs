@@ -51,12 +51,15 @@ pub struct Config {
     /// How long a wait goes without news from its peer before it checks
     /// that the peer is still there (a read of its control memory).
     pub liveness_interval: Duration,
-    /// Windows over receive buffers kept bound for reuse, each for the
-    /// one peer the receive named. Until it goes (least recently used
-    /// first, or when its memory is invalidated), that peer can still
-    /// write into the buffer of a receive from it that completed; 0 keeps
-    /// none, revoking each window before its receive's wait returns, at
-    /// the cost of a bind and a revoke (about 1.5 us) per receive.
+    /// Windows over receive buffers (and typed sends' offers) kept bound
+    /// for reuse, each for the one peer the receive named; 0 (the
+    /// default) keeps none, revoking each window before its receive's
+    /// wait returns, at the cost of a bind and a revoke (about 1.5 us) per
+    /// receive. For trusted peers only: until a cached window goes (least
+    /// recently used first, or when its memory is unmapped), that peer can
+    /// still write into the buffer of a receive that completed, which the
+    /// program may have freed and reused since (as with the keys an MPI's
+    /// registration cache keeps valid).
     pub window_cache: usize,
     /// Messages of one sender on one communicator that may wait,
     /// received by nobody yet, in the any-source domain's unexpected
@@ -80,7 +83,7 @@ impl Default for Config {
             send_timeout: Some(Duration::from_millis(1)),
             spin: Duration::ZERO,
             liveness_interval: Duration::from_millis(200),
-            window_cache: 128,
+            window_cache: 0,
             unexpected_per_sender: 4096,
         }
     }

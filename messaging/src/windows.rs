@@ -101,11 +101,11 @@ impl<'c> WindowCache<'c> {
         }
         // SAFETY: the caller's receive buffer, which its caller keeps
         // allocated while the window is in use (until the receive
-        // completes). An idle window stays bound after that, over memory
-        // the program may free: the limit `Config::window_cache` states
-        // (the named peer alone may still write there until the window is
-        // evicted or the memory invalidated; a capacity of 0 revokes each
-        // window as its last receive completes).
+        // completes); with a capacity of 0 (the default) each window is
+        // revoked as its last receive completes. A program that sets a
+        // capacity trusts its peers: an idle window stays bound over
+        // memory the program may free, and the named peer could still
+        // write there (`Config::window_cache`).
         let register = |context: &'c Context| unsafe { context.register(addr, len) };
         let region = match register(context) {
             // Idle windows hold pinned memory: under the pin limit, let
@@ -160,7 +160,7 @@ impl<'c> WindowCache<'c> {
 
     /// Lets go of the idle windows overlapping `[addr, addr + len)` and
     /// marks the others stale.
-    fn forget_range(&mut self, addr: u64, len: u64) {
+    pub(crate) fn forget_range(&mut self, addr: u64, len: u64) {
         for entry in &mut self.entries {
             if entry.start < addr + len && addr < entry.start + entry.len {
                 entry.stale = true;

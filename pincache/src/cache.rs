@@ -97,8 +97,12 @@ struct Writer {
     /// their last release).
     retired: HashSet<u32>,
     /// Invalidated regions whose memory was (partly) unmapped: those
-    /// parts, one per unmapping (a retired region may meet several).
+    /// parts (a retired region may meet several unmappings).
     unmapped: HashMap<u32, Vec<PageRange>>,
+    /// Invalidated regions whose watches the memory monitor cleared (the
+    /// memory unmapped, or its contents removed): those parts, which the
+    /// region must not unwatch again (they may be another region's now).
+    unwatched: HashMap<u32, Vec<PageRange>>,
     age: u64,
     misses: u64,
     locked_hits: u64,
@@ -260,7 +264,7 @@ impl<P: Pinner + 'static> PinCache<P> {
     /// released. No later `pin` returns them. Returns how many regions were
     /// invalidated. Call it before memory is unmapped or freed.
     pub fn invalidate(&self, addr: usize, len: usize) -> usize {
-        self.shared.invalidate(addr, len, false)
+        self.shared.invalidate(addr, len, false, false)
     }
 
     /// Counters of the cache's activity and occupancy.
@@ -315,6 +319,31 @@ impl<P: Pinner + 'static> std::fmt::Debug for PinCache<P> {
             .field("stats", &self.stats())
             .finish()
     }
+}
+
+/// Adds `part` to a region's list of lost parts, merged with those it
+/// overlaps or touches, so the list never holds more parts than there are
+/// disjoint ones.
+fn add_part(parts: &mut Vec<PageRange>, part: PageRange) {
+    let (mut start, mut end) = (part.start, part.end());
+    loop {
+        let before = parts.len();
+        parts.retain(|other| {
+            let touches = other.start <= end && start <= other.end();
+            if touches {
+                start = start.min(other.start);
+                end = end.max(other.end());
+            }
+            !touches
+        });
+        if parts.len() == before {
+            break;
+        }
+    }
+    parts.push(PageRange {
+        start,
+        len: end - start,
+    });
 }
 
 /// The system page size.
@@ -778,21 +807,13 @@ impl<P: Pinner> Shared<P> {
     fn unpin_region(&self, writer: &mut Writer, id: u32) {
         let range = self.range_of(id);
         let unmapped = writer.unmapped.remove(&id);
-        if let Some(token) = self.table.take_token(id) {
-            match &unmapped {
-                Some(gone) => self.pinner.unpin_unmapped(range, token, gone),
-                None => self.pinner.unpin(range, token),
-            }
-        }
-        if self.subscribed() {
-            match &unmapped {
-                Some(gone) => range
-                    .minus_all(gone)
-                    .into_iter()
-                    .for_each(monitor::MemoryMonitor::unwatch_global),
-                None => monitor::MemoryMonitor::unwatch_global(range),
-            }
-        }
+        let unwatched = writer.unwatched.remove(&id);
+        self.release_pins(
+            id,
+            unmapped.as_deref(),
+            unwatched.as_deref(),
+            self.subscribed(),
+        );
         self.table
             .entry(id)
             .state
@@ -840,9 +861,39 @@ impl<P: Pinner> Shared<P> {
         Ok((id, true))
     }
 
+    /// Gives back region `id`'s pin and (if `monitored`) watch of its
+    /// range, but for the parts already unmapped (their pins are void) and
+    /// the parts whose watches the monitor cleared.
+    fn release_pins(
+        &self,
+        id: u32,
+        unmapped: Option<&[PageRange]>,
+        unwatched: Option<&[PageRange]>,
+        monitored: bool,
+    ) {
+        let range = self.range_of(id);
+        if let Some(token) = self.table.take_token(id) {
+            match unmapped {
+                Some(gone) => self.pinner.unpin_unmapped(range, token, gone),
+                None => self.pinner.unpin(range, token),
+            }
+        }
+        if monitored {
+            match unwatched {
+                Some(cleared) => range
+                    .minus_all(cleared)
+                    .into_iter()
+                    .for_each(monitor::MemoryMonitor::unwatch_global),
+                None => monitor::MemoryMonitor::unwatch_global(range),
+            }
+        }
+    }
+
     /// Invalidates the regions overlapping `[addr, addr + len)`; `unmapped`:
-    /// the memory itself is gone, not only its contents.
-    fn invalidate(&self, addr: usize, len: usize, unmapped: bool) -> usize {
+    /// the memory itself is gone, not only its contents; `watches_cleared`:
+    /// the memory monitor has cleared the watches there (it reports every
+    /// unmapping and removal so).
+    fn invalidate(&self, addr: usize, len: usize, unmapped: bool, watches_cleared: bool) -> usize {
         if len == 0 {
             return 0;
         }
@@ -863,10 +914,12 @@ impl<P: Pinner> Shared<P> {
         let doomed = self.neighbours(first, last, false);
         if unmapped {
             self.pinner.forget(gone);
-            // Every region pinned there learns that part is gone: those in
-            // the index (doomed now) and those retired earlier and still
-            // held, which the index no longer finds. Each releases only
-            // the rest of its range, never pins made there since.
+        }
+        if unmapped || watches_cleared {
+            // Every region pinned there learns what it lost: those in the
+            // index (doomed now) and those retired earlier and still held,
+            // which the index no longer finds. Each gives back only the
+            // rest of its range, never pins or watches made there since.
             let retired_there: Vec<u32> = writer
                 .retired
                 .iter()
@@ -874,7 +927,12 @@ impl<P: Pinner> Shared<P> {
                 .filter(|&id| self.range_of(id).overlaps(gone))
                 .collect();
             for id in doomed.iter().copied().chain(retired_there) {
-                writer.unmapped.entry(id).or_default().push(gone);
+                if unmapped {
+                    add_part(writer.unmapped.entry(id).or_default(), gone);
+                }
+                if watches_cleared {
+                    add_part(writer.unwatched.entry(id).or_default(), gone);
+                }
             }
         }
         if doomed.is_empty() {
@@ -929,7 +987,8 @@ impl<P: Pinner> Shared<P> {
 
 impl<P: Pinner> InvalidationTarget for Shared<P> {
     fn invalidate_range(&self, start: usize, len: usize, unmapped: bool) -> usize {
-        self.invalidate(start, len, unmapped)
+        // The monitor calls this once it has cleared the watches there.
+        self.invalidate(start, len, unmapped, true)
     }
 }
 
@@ -938,16 +997,15 @@ impl<P: Pinner> Drop for Shared<P> {
         let monitored = self.subscribed();
         drop(self.subscription.lock().take());
         let writer = self.writer.get_mut();
+        let (mut unmapped, mut unwatched) = (
+            std::mem::take(&mut writer.unmapped),
+            std::mem::take(&mut writer.unwatched),
+        );
         for id in 0..writer.next_id {
             let current = self.table.entry(id).state.load(Ordering::Relaxed);
             if matches!(current, state::LIVE | state::DYING | state::RETIRED) {
-                let range = self.range_of(id);
-                if let Some(token) = self.table.take_token(id) {
-                    self.pinner.unpin(range, token);
-                }
-                if monitored {
-                    monitor::MemoryMonitor::unwatch_global(range);
-                }
+                let (gone, cleared) = (unmapped.remove(&id), unwatched.remove(&id));
+                self.release_pins(id, gone.as_deref(), cleared.as_deref(), monitored);
             }
         }
     }

@@ -15,6 +15,8 @@ fn unmapped_memory_is_never_hit_again() {
     the_unmap_hook_invalidates_before_the_pages_go();
     a_region_in_use_when_unmapped_is_retired_and_never_hit_again();
     a_region_retired_then_unmapped_releases_only_its_own_pins();
+    a_region_retired_by_a_removal_leaves_the_next_region_watched();
+    a_cache_dropped_with_a_leaked_retired_region_releases_only_its_pins();
     mremap_moving_a_mapping_invalidates_the_old_range();
 }
 
@@ -128,16 +130,9 @@ fn a_region_in_use_when_unmapped_is_retired_and_never_hit_again() {
 fn a_region_retired_then_unmapped_releases_only_its_own_pins() {
     let cache = monitored_cache();
     let len = 4 * PAGE;
-    let buffer = common::map_anonymous(len);
-    let addr = buffer as usize;
-    let held = cache.pin(addr, len).unwrap();
-    assert_eq!(cache.invalidate(addr, len), 1);
-    assert_eq!(cache.stats().retired_entries, 1);
     // Two holes, one after the other, each mapped again and pinned.
-    // SAFETY: pages of the mapping made above.
-    let second = unsafe { buffer.add(PAGE) };
-    common::unmap_plain(second, PAGE);
-    let second_again = common::map_anonymous_at(second, PAGE);
+    let (held, buffer, second_again) = retired_with_a_hole(&cache, len);
+    let addr = buffer as usize;
     let fresh_second = cache.pin(addr + PAGE, PAGE).unwrap();
     // SAFETY: as above.
     let fourth = unsafe { buffer.add(3 * PAGE) };
@@ -160,6 +155,78 @@ fn a_region_retired_then_unmapped_releases_only_its_own_pins() {
     // SAFETY: as above.
     common::unmap_plain(unsafe { buffer.add(2 * PAGE) }, PAGE);
     common::unmap_plain(fourth_again, PAGE);
+}
+
+/// A removal (MADV_DONTNEED through the crate's helper) clears the
+/// monitor's watches and retires a held region; a new region there
+/// watches the pages again. The old region's release must not unwatch
+/// them: else a later munmap goes unseen and the cache hits a stale region.
+fn a_region_retired_by_a_removal_leaves_the_next_region_watched() {
+    let cache = monitored_cache();
+    let len = 4 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    let held = cache.pin(addr, len).unwrap();
+    // SAFETY: the mapping is ours; its contents may go (locked pages make
+    // the kernel refuse, after the watches are cleared: what matters here).
+    let _ = unsafe { pindown_pincache::madvise_dontneed(buffer, len) };
+    assert_eq!(cache.stats().retired_entries, 1);
+    let fresh = cache.pin(addr, len).unwrap();
+    drop(held);
+    drop(fresh);
+    common::unmap_plain(buffer, len);
+    let again = common::map_anonymous_at(buffer, len);
+    let misses = cache.stats().misses;
+    drop(cache.pin(addr, len).unwrap());
+    assert_eq!(
+        cache.stats().misses,
+        misses + 1,
+        "memory mapped again after a munmap must miss, not hit the old region"
+    );
+    drop(cache);
+    common::unmap_plain(again, len);
+}
+
+/// A registration leaked (mem::forget) on a region retired and then partly
+/// unmapped: dropping the cache releases that region's pins but for the
+/// unmapped part, whose pages another region now pins.
+fn a_cache_dropped_with_a_leaked_retired_region_releases_only_its_pins() {
+    let cache = monitored_cache();
+    let len = 4 * PAGE;
+    let (held, buffer, second_again) = retired_with_a_hole(&cache, len);
+    drop(cache.pin(buffer as usize + PAGE, PAGE).unwrap());
+    std::mem::forget(held);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(cache)));
+    assert!(
+        dropped.is_ok(),
+        "the cache's drop released pins it did not hold"
+    );
+    common::unmap_plain(buffer, PAGE);
+    common::unmap_plain(second_again, PAGE);
+    // SAFETY: the rest of the mapping made above.
+    common::unmap_plain(unsafe { buffer.add(2 * PAGE) }, 2 * PAGE);
+}
+
+/// Maps `len` bytes, pins them (the registration returned), invalidates
+/// them while held (the region retires), then unmaps the second page and
+/// maps it again; returns the registration, the mapping and the new page.
+fn retired_with_a_hole(
+    cache: &PinCache<MlockPinner>,
+    len: usize,
+) -> (
+    pindown_pincache::Registration<'_, MlockPinner>,
+    *mut u8,
+    *mut u8,
+) {
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    let held = cache.pin(addr, len).unwrap();
+    assert_eq!(cache.invalidate(addr, len), 1);
+    assert_eq!(cache.stats().retired_entries, 1);
+    // SAFETY: a page of the mapping made above.
+    let second = unsafe { buffer.add(PAGE) };
+    common::unmap_plain(second, PAGE);
+    (held, buffer, common::map_anonymous_at(second, PAGE))
 }
 
 fn mremap_moving_a_mapping_invalidates_the_old_range() {

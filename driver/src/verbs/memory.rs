@@ -1,4 +1,17 @@
 //! Registered memory and the local ranges requests name.
+//!
+//! **What a region's borrow covers.** The safe registrations
+//! ([`Context::register_bytes`], [`Context::register_buffer`],
+//! [`Context::register_buffer_part`], [`Context::register_owned`]) keep
+//! the memory allocated to its owner while the region lives, and a window
+//! or a request under construction borrows the region. Two things outlive
+//! that borrow, and the program must see to them as with every RDMA API
+//! (this is a known gap of the safe API, not yet closed): a request
+//! already posted (keep the region and its memory until its completion),
+//! and a window leaked with `mem::forget` (it stays bound until the port
+//! goes). Closing it needs the memory to be owned, not borrowed, by what
+//! the device may still use: regions that own their memory, requests that
+//! keep it until they finish, windows that keep it until revoked.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -160,7 +173,21 @@ impl<T: Transport + 'static> Context<T> {
     }
 
     /// Registers a whole buffer of the context's arena. The region borrows
-    /// the buffer, which therefore outlives it.
+    /// the buffer, which therefore outlives it: freeing the buffer (its
+    /// chunk would go to the next allocation) under a live region, or under
+    /// a window over it, does not compile.
+    ///
+    /// ```compile_fail,E0505
+    /// # use pindown_driver::verbs::Context;
+    /// # use pindown_uapi::Access;
+    /// # fn f(context: &Context) -> Result<(), Box<dyn std::error::Error>> {
+    /// let buffer = context.alloc(4096, 4096)?;
+    /// let region = context.register_buffer(&buffer)?;
+    /// let window = context.bind_window(&region, 0, 4096, Access::REMOTE_WRITE)?;
+    /// drop(buffer);
+    /// # drop(window);
+    /// # Ok(()) }
+    /// ```
     pub fn register_buffer<'a>(
         &'a self,
         buffer: &'a DmaBuffer,
@@ -190,7 +217,8 @@ impl<T: Transport + 'static> Context<T> {
         // of the arena that stays allocated to its owner while the returned
         // region (which borrows it for 'a) lives; DmaBuffer gives access to
         // its bytes only through volatile copies, which tolerate the
-        // device's writes.
+        // device's writes. Posted requests and leaked windows outlive the
+        // borrow: the gap the module documentation states.
         unsafe { self.pin_range(buffer.iova() + offset as u64, len as u64) }
     }
 
@@ -203,7 +231,9 @@ impl<T: Transport + 'static> Context<T> {
         // SAFETY: the region keeps `buffer` (its `owned` field, dropped
         // after the registration), so the chunk stays allocated to it while
         // the region lives; DmaBuffer gives access to its bytes only through
-        // volatile copies, which tolerate the device's writes.
+        // volatile copies, which tolerate the device's writes. Posted
+        // requests and leaked windows outlive the region: the gap the
+        // module documentation states.
         let region = unsafe { self.pin_range(buffer.iova(), buffer.len() as u64)? };
         Ok(MemoryRegion {
             owned: Some(buffer),
@@ -231,7 +261,8 @@ impl<T: Transport + 'static> Context<T> {
     ) -> Result<MemoryRegion<'a, T>, VerbsError> {
         // SAFETY: the region borrows `bytes` exclusively for 'a, so the
         // memory stays allocated to the caller and no reference reads it
-        // while the region lives.
+        // while the region lives. Posted requests and leaked windows
+        // outlive the borrow: the gap the module documentation states.
         unsafe { self.pin_range(bytes.as_mut_ptr() as u64, bytes.len() as u64) }
     }
 }
