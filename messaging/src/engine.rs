@@ -648,12 +648,9 @@ impl<'c> Engine<'c> {
             // SAFETY: the caller keeps the buffer valid until the receive
             // completes (this function's contract), and the region goes
             // with the receive's slot.
-            let register = |context: &'c Context| unsafe { context.register(ptr as u64, capacity) };
-            let region = match register(self.context) {
-                // Idle cached windows hold pinned memory: under the pin
-                // limit, let them go and try again.
-                Err(_) if self.windows.evict_idle() > 0 => register(self.context),
-                other => other,
+            let region = unsafe {
+                self.windows
+                    .register_evicting(self.context, ptr as u64, capacity)
             };
             let region = match region {
                 Ok(region) => region,

@@ -11,7 +11,7 @@
 //! bound for the same peer, that contains it), never the memory around
 //! it.
 
-use pindown_driver::verbs::{Context, RegionWindow, RemoteWindow, VerbsError};
+use pindown_driver::verbs::{Context, MemoryRegion, RegionWindow, RemoteWindow, VerbsError};
 use pindown_uapi::{Access, PortAddress};
 
 use crate::error::Result;
@@ -106,13 +106,7 @@ impl<'c> WindowCache<'c> {
         // capacity trusts its peers: an idle window stays bound over
         // memory the program may free, and the named peer could still
         // write there (`Config::window_cache`).
-        let register = |context: &'c Context| unsafe { context.register(addr, len) };
-        let region = match register(context) {
-            // Idle windows hold pinned memory: under the pin limit, let
-            // them go and try again.
-            Err(_) if self.evict_idle() > 0 => register(context)?,
-            other => other?,
-        };
+        let region = unsafe { self.register_evicting(context, addr, len)? };
         let window = match context.bind_region_window(region, 0, len, access, Some(peer)) {
             Err(VerbsError::ReadOnlyMemory { .. }) if access.contains(Access::REMOTE_WRITE) => {
                 // The registration says read-only, yet the memory is the
@@ -121,7 +115,8 @@ impl<'c> WindowCache<'c> {
                 // range and register it afresh.
                 self.forget_range(addr, len);
                 context.invalidate(addr, len);
-                let region = register(context)?;
+                // SAFETY: as above.
+                let region = unsafe { self.register_evicting(context, addr, len)? };
                 context.bind_region_window(region, 0, len, access, Some(peer))?
             }
             other => other?,
@@ -176,6 +171,26 @@ impl<'c> WindowCache<'c> {
             } else {
                 i += 1;
             }
+        }
+    }
+
+    /// Registers `[addr, addr + len)`; if that fails, lets the idle
+    /// windows go (they hold pinned memory: the pin limit may be what
+    /// refused it) and tries once more.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Context::register`].
+    pub(crate) unsafe fn register_evicting(
+        &mut self,
+        context: &'c Context,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<MemoryRegion<'c>, VerbsError> {
+        // SAFETY: the caller keeps `Context::register`'s contract.
+        match unsafe { context.register(addr, len) } {
+            Err(_) if self.evict_idle() > 0 => unsafe { context.register(addr, len) },
+            other => other,
         }
     }
 

@@ -32,9 +32,6 @@
 //! keep receive windows bound (`Config::window_cache`, reported), as
 //! MPI's registration caches keep keys valid between messages.
 
-/// Receive windows each rank keeps bound (`Config::window_cache`).
-const FMPL_WINDOW_CACHE: usize = 128;
-
 use std::error::Error;
 use std::path::Path;
 use std::process::ExitCode;
@@ -49,6 +46,9 @@ use pindown_driver::launch::{device_socket, Job};
 use pindown_driver::verbs::Context;
 use pindown_messaging::{Communicator, Config, Messenger, Op};
 use serde_json::{json, Value};
+
+/// Receive windows each rank keeps bound (`Config::window_cache`).
+const FMPL_WINDOW_CACHE: usize = 128;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
