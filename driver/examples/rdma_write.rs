@@ -55,8 +55,7 @@ fn main() -> ExitCode {
 /// and once told the write is done checks the buffer.
 fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     let context = Context::open(socket, ContextConfig::default())?;
-    let mut buffer = vec![0u8; 4096];
-    let region = context.register_bytes(&mut buffer)?;
+    let region = context.register_memory(vec![0u8; 4096])?;
     let window = context.bind_window(&region, 0, 4096, Access::REMOTE_WRITE)?;
     println!("window {}", window.remote());
 
@@ -65,10 +64,12 @@ fn owner(socket: &Path) -> Result<(), Box<dyn Error>> {
     if line.trim() != "written" {
         return Err(format!("expected `written`, got {line:?}").into());
     }
-    // The region borrows `buffer` while the device may write it: revoke
-    // the window and release the region before reading.
+    // The region holds the Vec while peers may write it: revoke the
+    // window, then take the Vec back to read it.
     window.revoke()?;
-    region.deregister()?;
+    let buffer: Vec<u8> = region
+        .into_memory()
+        .map_err(|_| "the buffer is still shared")?;
     let landed = &buffer[..MESSAGE.len()];
     if landed != MESSAGE {
         println!("mismatch: {:?}", String::from_utf8_lossy(landed));
@@ -111,8 +112,7 @@ fn writer(dir: Option<PathBuf>) -> Result<(), Box<dyn Error>> {
     println!("owner's window: {window}");
 
     let context = Context::open(dir.join("port0.sock"), ContextConfig::default())?;
-    let mut source: Vec<u8> = MESSAGE.to_vec();
-    let region = context.register_bytes(&mut source)?;
+    let region = context.register_memory(MESSAGE.to_vec())?;
     let mut cq = context.create_completion_queue();
     let mut qp = context.create_queue_pair(&mut cq)?;
     let write = Write::new(region.local(0, MESSAGE.len() as u32)?, window.at(0));

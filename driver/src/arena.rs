@@ -317,10 +317,12 @@ impl DmaArena {
                 free: free.free_bytes(),
             })?;
         Ok(DmaBuffer {
-            arena: Arc::clone(self),
-            offset,
+            chunk: Arc::new(Chunk {
+                arena: Arc::clone(self),
+                offset,
+                reserved: rounded,
+            }),
             len,
-            reserved: rounded,
         })
     }
 
@@ -335,16 +337,32 @@ impl DmaArena {
     }
 }
 
-/// A chunk of a [`DmaArena`]. Freed back to the arena on drop.
+/// A chunk of a [`DmaArena`]. Freed back to the arena when dropped, and
+/// when what registration made of it lets go too: a region registered
+/// over it, a window bound on it, or a request naming it keeps the chunk
+/// allocated until the device is done with it, so that dropping the
+/// buffer early never hands memory the device may still write to the
+/// next allocation.
 ///
 /// The device may read and write the chunk at any time while it holds its
 /// address, so the chunk is only reachable through raw pointers and volatile
 /// accesses ([`DmaBuffer::volatile`]), never through `&mut [u8]`.
 pub struct DmaBuffer {
+    chunk: Arc<Chunk>,
+    len: usize,
+}
+
+/// The allocation behind a [`DmaBuffer`], shared with what keeps it.
+struct Chunk {
     arena: Arc<DmaArena>,
     offset: usize,
-    len: usize,
     reserved: usize,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        self.arena.free.lock().give(self.offset, self.reserved);
+    }
 }
 
 impl std::fmt::Debug for DmaBuffer {
@@ -360,7 +378,7 @@ impl DmaBuffer {
     /// Address of the first byte in this process.
     pub fn as_ptr(&self) -> *mut u8 {
         // SAFETY: offset < arena size, so the result stays inside the mapping.
-        unsafe { self.arena.map.as_mut_ptr().add(self.offset) }
+        unsafe { self.chunk.arena.map.as_mut_ptr().add(self.chunk.offset) }
     }
 
     /// The IOVA of the first byte (equal to its virtual address).
@@ -380,12 +398,17 @@ impl DmaBuffer {
 
     /// Offset of the chunk in the arena's file.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.chunk.offset
     }
 
     /// The arena this chunk belongs to.
     pub fn arena(&self) -> &Arc<DmaArena> {
-        &self.arena
+        &self.chunk.arena
+    }
+
+    /// A share of the chunk: it stays allocated while the share lives.
+    pub(crate) fn keep_alive(&self) -> crate::verbs::KeepAlive {
+        self.chunk.clone()
     }
 
     /// The chunk as a volatile slice: copies in and out of it are volatile,
@@ -427,12 +450,6 @@ impl DmaBuffer {
     pub fn fill(&self, value: u8) {
         // SAFETY: as in `volatile`; write_bytes stays inside the chunk.
         unsafe { std::ptr::write_bytes(self.as_ptr(), value, self.len) };
-    }
-}
-
-impl Drop for DmaBuffer {
-    fn drop(&mut self) {
-        self.arena.free.lock().give(self.offset, self.reserved);
     }
 }
 

@@ -119,6 +119,11 @@ impl QueueMemory {
     }
 }
 
+/// Positions the driver posts past the device's retired position at most
+/// (half the 16-bit position space), so that comparing a position with
+/// the retired one never wraps.
+const UNRETIRED_LIMIT: u16 = 1 << 15;
+
 /// The driver side of the send queue.
 pub struct SendQueue {
     memory: QueueMemory,
@@ -126,6 +131,9 @@ pub struct SendQueue {
     tail: u16,
     /// The device's head as last read.
     head: u16,
+    /// The device's retired position as last read (every request before
+    /// it has finished).
+    retired: u16,
     /// `tail` when the doorbell was last considered.
     kicked_at: u16,
     broken: Option<QueueError>,
@@ -138,6 +146,7 @@ impl SendQueue {
             memory: QueueMemory::new(arena, size, REQUEST_SLOT)?,
             tail: 0,
             head: 0,
+            retired: 0,
             kicked_at: 0,
             broken: None,
         })
@@ -154,13 +163,17 @@ impl SendQueue {
     }
 
     /// Slots free for new requests, as far as the driver knows without
-    /// reading the device's record.
+    /// reading the device's record: free slots, and no more than
+    /// [`UNRETIRED_LIMIT`] positions past the retired one.
     fn known_free(&self) -> u16 {
-        self.memory.size - self.tail.wrapping_sub(self.head)
+        let slots = self.memory.size - self.tail.wrapping_sub(self.head);
+        let positions = UNRETIRED_LIMIT - self.tail.wrapping_sub(self.retired);
+        slots.min(positions)
     }
 
-    /// Whether `slots` slots are free; reads the device's head if the last
-    /// one read says not. An error if the device wrote an impossible head.
+    /// Whether `slots` slots are free; reads the device's record if the
+    /// last one read says not. An error if the device wrote an impossible
+    /// head or retired position.
     pub fn has_room(&mut self, slots: usize) -> Result<bool, QueueError> {
         if let Some(error) = &self.broken {
             return Err(QueueError::Broken(Box::new(error.clone())));
@@ -168,23 +181,44 @@ impl SendQueue {
         if slots <= usize::from(self.known_free()) {
             return Ok(true);
         }
-        let head = u16::from_le(
-            self.memory
-                .device_field(Record::INDEX)
-                .load(Ordering::Acquire),
-        );
-        // The head only moves forward, and never past what was posted.
-        if head.wrapping_sub(self.head) > self.tail.wrapping_sub(self.head) {
-            let error = QueueError::HeadOutOfRange {
-                head,
-                last: self.head,
-                tail: self.tail,
-            };
+        self.read_retired()?;
+        self.head = self.read_position(Record::INDEX, self.head, |head, last, tail| {
+            QueueError::HeadOutOfRange { head, last, tail }
+        })?;
+        Ok(slots <= usize::from(self.known_free()))
+    }
+
+    /// Reads the device's retired position (before its head, which is
+    /// never behind it).
+    fn read_retired(&mut self) -> Result<(), QueueError> {
+        self.retired =
+            self.read_position(Record::RETIRED, self.retired, |retired, last, tail| {
+                QueueError::RetiredOutOfRange {
+                    retired,
+                    last,
+                    tail,
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Reads a position the device publishes in its record at `field`,
+    /// last read as `last`: it only moves forward, never past what was
+    /// posted; otherwise the queue is broken with `out_of_range(read,
+    /// last, tail)`.
+    fn read_position(
+        &mut self,
+        field: usize,
+        last: u16,
+        out_of_range: impl FnOnce(u16, u16, u16) -> QueueError,
+    ) -> Result<u16, QueueError> {
+        let read = u16::from_le(self.memory.device_field(field).load(Ordering::Acquire));
+        if read.wrapping_sub(last) > self.tail.wrapping_sub(last) {
+            let error = out_of_range(read, last, self.tail);
             self.broken = Some(error.clone());
             return Err(error);
         }
-        self.head = head;
-        Ok(slots <= usize::from(self.known_free()))
+        Ok(read)
     }
 
     /// Slots free now (reading the device's head).
@@ -226,13 +260,24 @@ impl SendQueue {
         self.tail
     }
 
-    /// Whether the device has taken a request at position `after` or
-    /// later, so that (as it runs a queue's requests one at a time) every
-    /// request before `after` has finished; reads the device's head.
+    /// Whether every request before position `after` (at most the next
+    /// position to write) has finished, its memory accesses done: the
+    /// device's retired position has reached `after`. Reads the device's
+    /// record unless the last read says so already.
     pub fn finished_before(&mut self, after: u16) -> Result<bool, QueueError> {
-        self.free()?;
-        let taken = self.head.wrapping_sub(after);
-        Ok(taken >= 1 && taken <= self.tail.wrapping_sub(after))
+        let retired = |queue: &Self| {
+            // Positions run at most UNRETIRED_LIMIT past the retired one,
+            // so one still ahead of it is more than that behind in 16 bits.
+            queue.retired.wrapping_sub(after) <= queue.tail.wrapping_sub(after)
+        };
+        if retired(self) {
+            return Ok(true);
+        }
+        if let Some(error) = &self.broken {
+            return Err(QueueError::Broken(Box::new(error.clone())));
+        }
+        self.read_retired()?;
+        Ok(retired(self))
     }
 
     /// Whether the device must be kicked for the requests written since
@@ -358,6 +403,59 @@ mod tests {
             flags: WrFlags::SIGNALED,
             op: Operation::Nop,
         }
+    }
+
+    /// Stores the device record's `field` as the device would.
+    fn device_stores(sq: &SendQueue, field: usize, value: u16) {
+        sq.memory
+            .device_field(field)
+            .store(value.to_le(), Ordering::Release);
+    }
+
+    #[test]
+    fn a_request_finishes_when_the_retired_position_passes_it_not_when_taken() {
+        let arena = DmaArena::new(1 << 20).unwrap();
+        let mut sq = SendQueue::new(&arena, 8).unwrap();
+        sq.push(&nop(1), &[]);
+        sq.push(&nop(2), &[]);
+        assert!(!sq.finished_before(1).unwrap());
+        // Both taken (the second, say, handed to the fabric): not finished.
+        device_stores(&sq, Record::INDEX, 2);
+        assert!(!sq.finished_before(1).unwrap());
+        assert!(!sq.finished_before(2).unwrap());
+        device_stores(&sq, Record::RETIRED, 1);
+        assert!(sq.finished_before(1).unwrap());
+        assert!(!sq.finished_before(2).unwrap());
+        device_stores(&sq, Record::RETIRED, 2);
+        assert!(sq.finished_before(2).unwrap());
+        // A retired position past what was posted is a device bug.
+        device_stores(&sq, Record::RETIRED, 5);
+        sq.push(&nop(3), &[]);
+        assert!(matches!(
+            sq.finished_before(3),
+            Err(QueueError::RetiredOutOfRange { retired: 5, .. })
+        ));
+        assert!(sq.has_room(1).is_err(), "the queue stays broken");
+    }
+
+    #[test]
+    fn posting_stops_half_the_position_space_past_the_retired_position() {
+        let arena = DmaArena::new(1 << 20).unwrap();
+        let mut sq = SendQueue::new(&arena, 4).unwrap();
+        // The device takes every request at once but one at position 0
+        // never finishes (an answer from the fabric that does not come).
+        let mut posted = 0u32;
+        while sq.has_room(1).unwrap() {
+            sq.push(&nop(u64::from(posted)), &[]);
+            posted += 1;
+            device_stores(&sq, Record::INDEX, sq.tail());
+        }
+        assert_eq!(posted, u32::from(UNRETIRED_LIMIT));
+        assert!(!sq.finished_before(1).unwrap());
+        // Once it finishes, posting goes on.
+        device_stores(&sq, Record::RETIRED, sq.tail());
+        assert!(sq.has_room(1).unwrap());
+        assert!(sq.finished_before(sq.tail()).unwrap());
     }
 
     #[test]

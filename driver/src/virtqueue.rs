@@ -161,6 +161,17 @@ pub enum QueueError {
         /// The next position the driver would write.
         tail: u16,
     },
+    /// The device published a send queue retired position that moved
+    /// backwards or past the requests posted.
+    #[error("device bug: send queue retired position moved to {retired}, outside {last}..={tail}")]
+    RetiredOutOfRange {
+        /// The position the device published.
+        retired: u16,
+        /// The position it published before.
+        last: u16,
+        /// The next position the driver would write.
+        tail: u16,
+    },
     /// An earlier device bug broke the queue; it must be reset.
     #[error("the queue is broken by an earlier device error ({0}); reset it")]
     Broken(Box<QueueError>),

@@ -36,8 +36,19 @@ struct InboxState {
     /// Notices promised to transfers under way ([`Inbox::reserve_notice`]).
     reserved: usize,
     /// Completions of requests the fabric link carried out, by queue
-    /// pair, each with whether the request asked for it (SIGNALED).
-    completions: Vec<VecDeque<(Completion, bool)>>,
+    /// pair.
+    completions: Vec<VecDeque<LinkCompletion>>,
+}
+
+/// The outcome of a request the fabric link carried out.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkCompletion {
+    /// Its completion.
+    pub completion: Completion,
+    /// Whether the request asked for a completion on success (SIGNALED).
+    pub signaled: bool,
+    /// The request's position in its send queue.
+    pub position: u16,
 }
 
 /// Arrival notices a port holds at most, queued or promised (a vector
@@ -117,10 +128,10 @@ impl Inbox {
         let _ = wake.write(1);
     }
 
-    /// Queues the completion of a request of queue pair `pair` that the
+    /// Queues the outcome of a request of queue pair `pair` that the
     /// fabric link carried out, and wakes the port's thread; dropped when
     /// the port's frontend has gone meanwhile.
-    pub fn deliver_completion(&self, pair: u16, completion: Completion, signaled: bool) {
+    pub fn deliver_completion(&self, pair: u16, done: LinkCompletion) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(wake) = st.wake.clone() else {
             return;
@@ -129,7 +140,7 @@ impl Inbox {
         if st.completions.len() <= pair {
             st.completions.resize_with(pair + 1, VecDeque::new);
         }
-        st.completions[pair].push_back((completion, signaled));
+        st.completions[pair].push_back(done);
         self.completions_pending.store(true, Ordering::Release);
         let _ = wake.write(1);
     }
@@ -139,9 +150,8 @@ impl Inbox {
         self.completions_pending.load(Ordering::Acquire)
     }
 
-    /// Takes the fabric link's completions for queue pair `pair`, each
-    /// with whether its request was SIGNALED.
-    pub fn take_completions(&self, pair: u16) -> VecDeque<(Completion, bool)> {
+    /// Takes the fabric link's completions for queue pair `pair`.
+    pub fn take_completions(&self, pair: u16) -> VecDeque<LinkCompletion> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let taken = st
             .completions

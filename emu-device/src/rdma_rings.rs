@@ -470,6 +470,16 @@ impl RingsView<'_, '_> {
         unsafe { field(self.rings.sq_head) }.store(head.to_le(), Ordering::Release);
     }
 
+    /// Stores the send queue's retired position (every request before it
+    /// has finished).
+    pub fn publish_retired(&self, retired: u16) {
+        // SAFETY: the device record's index line (64 bytes from the
+        // record, translated writable) holds the retired field at
+        // `RETIRED`, 2-aligned like the record.
+        unsafe { field(self.rings.sq_head.add(Record::RETIRED - Record::INDEX)) }
+            .store(retired.to_le(), Ordering::Release);
+    }
+
     /// Asks the driver to kick the send queue when it publishes `head`,
     /// and says whether a request is there already (then the caller must
     /// not sleep).

@@ -68,9 +68,13 @@ pub struct SendQueue {
     running: Option<Running>,
     /// The inline bytes of the request taken last (reused).
     inline: Vec<u8>,
-    /// Requests handed to the fabric link whose completions have not come
-    /// back yet.
-    in_flight: usize,
+    /// Positions of the requests handed to the fabric link whose
+    /// completions have not come back yet, oldest first.
+    on_link: VecDeque<u16>,
+    /// The retired position last stored in the device record (see
+    /// [`pindown_uapi::queue::Record::RETIRED`]); `None` when the rings
+    /// (re)start.
+    retired: Option<u16>,
 }
 
 impl Drop for SendQueue {
@@ -86,6 +90,8 @@ impl Drop for SendQueue {
 /// A request taken from the send queue and not complete yet.
 #[derive(Debug)]
 struct Running {
+    /// Its position in the send queue.
+    position: u16,
     request: WorkRequest,
     /// The bytes of a WRITE_INLINE.
     inline: Vec<u8>,
@@ -185,7 +191,8 @@ impl SendQueue {
             waiting_since: None,
             running: None,
             inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
-            in_flight: 0,
+            on_link: VecDeque::new(),
+            retired: None,
         }
     }
 
@@ -220,7 +227,7 @@ impl SendQueue {
     /// Requests taken and not finished: the running one, those on the
     /// fabric, and those whose completion waits for room.
     fn requests_in_flight(&self) -> usize {
-        usize::from(self.running.is_some()) + self.in_flight + self.pending.len()
+        usize::from(self.running.is_some()) + self.on_link.len() + self.pending.len()
     }
 
     /// Tells the port's statistics how many requests are in flight.
@@ -256,6 +263,7 @@ impl SendQueue {
             self.running = None;
             self.waiting_since = None;
             self.rings.clear();
+            self.retired = None;
             return Served::default();
         }
         if !vrings[cq].active() {
@@ -274,11 +282,13 @@ impl SendQueue {
         }
         let mut served = Served::default();
         if port.inbox.completions_pending() {
-            for (completion, signaled) in port.inbox.take_completions(self.pair) {
-                self.in_flight = self.in_flight.saturating_sub(1);
+            for done in port.inbox.take_completions(self.pair) {
+                if let Some(at) = self.on_link.iter().position(|&p| p == done.position) {
+                    self.on_link.remove(at);
+                }
                 served.worked = true;
-                if signaled || !completion.is_success() {
-                    self.pending.push_back(completion);
+                if done.signaled || !done.completion.is_success() {
+                    self.pending.push_back(done.completion);
                 }
             }
         }
@@ -351,6 +361,7 @@ impl SendQueue {
         budget: &mut usize,
     ) -> Next {
         loop {
+            self.publish_retired(view, vrings[sq].position());
             served.worked |= self.flush(view, &mut vrings[cq]);
             if !self.pending.is_empty() {
                 // The completion queue is full (the driver was asked to
@@ -365,18 +376,18 @@ impl SendQueue {
                 served.more = true;
                 return Next::Stop;
             }
-            if self.in_flight >= MAX_IN_FLIGHT {
+            if self.on_link.len() >= MAX_IN_FLIGHT {
                 // A completion from the fabric link wakes the port.
                 return Next::Stop;
             }
-            let head = vrings[sq].position();
-            let (request, slots) = match view.take(head, &mut self.inline) {
+            let head_before = vrings[sq].position();
+            let (request, slots) = match view.take(head_before, &mut self.inline) {
                 Slot::Empty => return Next::Stop,
                 Slot::Taken { request, slots } => (request, slots),
             };
             *budget -= 1;
             served.worked = true;
-            let head = head.wrapping_add(slots);
+            let head = head_before.wrapping_add(slots);
             vrings[sq].set_position(head);
             view.publish_head(head);
             match request {
@@ -384,6 +395,7 @@ impl SendQueue {
                     // The request takes the bytes with their buffer; the
                     // buffer comes back when it completes here.
                     self.running = Some(Running {
+                        position: head_before,
                         request,
                         inline: std::mem::take(&mut self.inline),
                         progress: Progress::default(),
@@ -395,6 +407,21 @@ impl SendQueue {
                     self.pending.push_back(malformed(user_data));
                 }
             }
+        }
+    }
+
+    /// Stores the retired position if it moved: the oldest request still
+    /// running or on the fabric link, else `head`.
+    fn publish_retired(&mut self, view: &RingsView<'_, '_>, head: u16) {
+        let unfinished = self.on_link.iter().copied();
+        let running = self.running.as_ref().map(|running| running.position);
+        let retired = unfinished
+            .chain(running)
+            .max_by_key(|&position| head.wrapping_sub(position))
+            .unwrap_or(head);
+        if self.retired != Some(retired) {
+            view.publish_retired(retired);
+            self.retired = Some(retired);
         }
     }
 
@@ -446,7 +473,7 @@ impl SendQueue {
         let Some(running) = self.running.as_mut() else {
             return Advanced::Completed;
         };
-        if running.request.flags.contains(WrFlags::FENCE) && self.in_flight > 0 {
+        if running.request.flags.contains(WrFlags::FENCE) && !self.on_link.is_empty() {
             return Advanced::Fenced;
         }
         let nodes = remote_nodes(&running.request.op);
@@ -497,10 +524,11 @@ impl SendQueue {
                 link.submit(Submission {
                     port: Arc::clone(&self.port),
                     pair: self.pair,
+                    position: running.position,
                     request,
                     inline: running.inline,
                 });
-                self.in_flight += 1;
+                self.on_link.push_back(running.position);
             }
             _ => self.pending.push_back(refused(ErrorDetail::UnknownNode)),
         }

@@ -311,7 +311,8 @@ fn holes_memory_without_access_and_shared_disk_files_are_refused_by_name() {
     let bytes = unsafe { std::slice::from_raw_parts_mut(private.add(64), 64) };
     bytes.fill(0x5a);
     let unfenced_before = pair.owner.reach_stats().unfenced;
-    match pair.owner.register_bytes(bytes) {
+    // SAFETY: refused (checked below), so nothing is registered.
+    match unsafe { pair.owner.register_bytes(bytes) } {
         Err(VerbsError::Unreachable(ReachError::Unfenceable { start, .. })) => {
             assert_eq!(start, private as u64)
         }

@@ -561,7 +561,12 @@ fn read_into(
     };
     let context = engine.context;
     let (addr, capacity) = (buffer.as_ptr() as u64, buffer.len() as u64);
-    let region = context.register_bytes(buffer)?;
+    // SAFETY: `wait_plain_fenced` returns only once the read has finished
+    // or its range is fenced off from the device (window cache entries
+    // revoked, the range invalidated and deregistered), whatever the
+    // outcome; no window is bound on the region; `buffer` stays borrowed
+    // until then.
+    let region = unsafe { context.register_bytes(buffer)? };
     let tag = engine.read_remote(peer, &region, capacity, window, 0)?;
     wait_plain_fenced(engine, peer, tag, region, addr, capacity).map_err(|err| match err {
         // The sender's window refused the read: its entry named a window

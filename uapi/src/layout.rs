@@ -23,7 +23,11 @@
 /// Version 7: an arrival names the writer's node beside its port
 /// (completion bytes 26..28), since a VECTOR_WRITE from another node of
 /// the fabric may ask for one.
-pub const ABI_VERSION: u16 = 7;
+///
+/// Version 8: the send queue's device record carries the retired position
+/// ([`Record::RETIRED`](crate::queue::Record::RETIRED)), before which every
+/// request has finished.
+pub const ABI_VERSION: u16 = 8;
 
 /// RDMA features a device of this ABI version offers (bits of
 /// [`DeviceInfo::features`]).

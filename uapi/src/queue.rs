@@ -44,6 +44,18 @@
 //! inline slots and stores `head` in its record's index ([`Record::INDEX`])
 //! with release ordering: slots before `head` may be written again.
 //!
+//! Taking a request is not finishing it: a request handed to the fabric
+//! link reads or writes the initiator's memory until its answer arrives,
+//! while the device takes the requests after it. The device therefore also
+//! stores, in the same line of its record ([`Record::RETIRED`]), the
+//! position before which every request has finished, its last access to
+//! the memory it names done: the oldest request still running or on the
+//! fabric, or `head` when none is. It moves forward only, from `head`'s
+//! first value, and a driver keeps the memory a request names allocated
+//! until the retired position has passed the request (a completion of a
+//! later request does not tell, since requests on the fabric complete out
+//! of order).
+//!
 //! ## The completion queue
 //!
 //! The device writes one completion per signalled request and per failed
@@ -72,7 +84,8 @@
 //! call, is made per request.
 //!
 //! The send queue's driver record and the completion queue's device
-//! record index are reserved: zero.
+//! record index are reserved: zero. So is the retired position of every
+//! record but the send queue's device record.
 
 use crate::error::DecodeError;
 use crate::{Completion, WorkRequest};
@@ -121,6 +134,11 @@ impl Record {
     pub const SIZE: u64 = 128;
     /// Offset of the 16-bit index (little-endian).
     pub const INDEX: usize = 0;
+    /// Offset of the send queue device record's 16-bit retired position
+    /// (little-endian), on the index's line: every request before it has
+    /// finished, those handed to the fabric included (see the module
+    /// documentation). Zero in the other records.
+    pub const RETIRED: usize = 2;
     /// Offset of the 16-bit event (little-endian).
     pub const EVENT: usize = 64;
 }

@@ -444,9 +444,11 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     for i in 0..HEAP_LEN as usize {
         source[skew + i] = guest_pattern(HEAP_AT + i as u64);
     }
-    let source_region = context
-        .register_bytes(&mut source)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: `link.run` returns once the request has completed, or fails
+    // this run, which then exits; `source` outlives both regions and no
+    // window is bound on them.
+    let source_region =
+        unsafe { context.register_bytes(&mut source) }.map_err(|e| e.to_string())?;
     let write = Write::new(
         source_region
             .local(skew as u64, HEAP_LEN)
@@ -458,9 +460,8 @@ fn rdma(window: RemoteWindow) -> Result<(), String> {
     .signaled();
     expect_success(link.run(write)?, "write from a heap Vec")?;
     let mut sink = vec![0u8; HEAP_LEN as usize + 1];
-    let sink_region = context
-        .register_bytes(&mut sink)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: as for `source_region`.
+    let sink_region = unsafe { context.register_bytes(&mut sink) }.map_err(|e| e.to_string())?;
     let read = Read::new(
         sink_region.local(1, HEAP_LEN).map_err(|e| e.to_string())?,
         window.at(HEAP_AT),

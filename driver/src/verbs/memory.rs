@@ -1,20 +1,29 @@
 //! Registered memory and the local ranges requests name.
 //!
-//! **What a region's borrow covers.** The safe registrations
-//! ([`Context::register_bytes`], [`Context::register_buffer`],
-//! [`Context::register_buffer_part`], [`Context::register_owned`]) keep
-//! the memory allocated to its owner while the region lives, and a window
-//! or a request under construction borrows the region. Two things outlive
-//! that borrow, and the program must see to them as with every RDMA API
-//! (this is a known gap of the safe API, not yet closed): a request
-//! already posted (keep the region and its memory until its completion),
-//! and a window leaked with `mem::forget` (it stays bound until the port
-//! goes). Closing it needs the memory to be owned, not borrowed, by what
-//! the device may still use: regions that own their memory, requests that
-//! keep it until they finish, windows that keep it until revoked.
+//! **What keeps memory allocated.** Memory the device may still read or
+//! write must stay allocated to what the program meant it for, beyond the
+//! borrows of safe code: a request already posted runs after the region
+//! that named it is dropped, and a window leaked with `mem::forget` stays
+//! bound. The safe registrations therefore take a share of the memory, not
+//! a borrow: a region over an arena buffer ([`Context::register_buffer`],
+//! [`Context::register_buffer_part`], [`Context::register_owned`]) keeps
+//! the buffer's chunk allocated; a window bound on the region keeps a share
+//! until it is revoked (for ever, if leaked); and a posted request naming
+//! the region keeps one until the device has finished it (the queue pair
+//! holds it until the send queue's retired position passes the request,
+//! see [`pindown_uapi::queue`]). Dropping the buffer then only drops the
+//! program's handle: its memory goes back to the arena when the last share
+//! goes. The forms that name memory the driver cannot hold a share of
+//! ([`Context::register`], [`Context::register_bytes`],
+//! [`Local::from_raw`]) are `unsafe`, and their contract is to keep the
+//! memory as the shares would.
 
+use std::any::Any;
 use std::fmt;
-use std::marker::PhantomData;
+use std::ops::DerefMut;
+use std::sync::Arc;
+
+use stable_deref_trait::StableDeref;
 
 use pindown_pincache::{CacheError, PinError, Registration};
 
@@ -58,10 +67,49 @@ use crate::transport::{Transport, VhostUserTransport};
 pub struct Local<'r> {
     iova: u64,
     len: u32,
-    region: PhantomData<&'r ()>,
+    keep: KeepRef<'r>,
 }
 
-impl Local<'_> {
+/// A share of memory the device may use: while one lives, the memory
+/// stays allocated to its owner (an arena chunk is not handed out again,
+/// memory a region owns is not given back).
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+/// Memory of the program's that a region took ([`Context::register_memory`]),
+/// never dereferenced while shared.
+struct OwnedMemory<M>(M);
+
+/// The share a [`Local`] range's region holds, if any, borrowed: a
+/// request takes its own share of it when posted.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KeepRef<'r>(Option<&'r KeepAlive>);
+
+impl<'r> KeepRef<'r> {
+    /// The share borrowed, if any.
+    pub(crate) fn get(self) -> Option<&'r KeepAlive> {
+        self.0
+    }
+}
+
+impl fmt::Debug for KeepRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "kept" } else { "raw" })
+    }
+}
+
+impl PartialEq for KeepRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for KeepRef<'_> {}
+
+impl<'r> Local<'r> {
     /// A range no region vouches for, to hand the device addresses it must
     /// refuse (tests of the device's checks) or to span several regions.
     ///
@@ -77,7 +125,7 @@ impl Local<'_> {
         Local {
             iova,
             len,
-            region: PhantomData,
+            keep: KeepRef(None),
         }
     }
 
@@ -95,19 +143,26 @@ impl Local<'_> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The share of the memory a request naming the range takes.
+    pub(crate) fn keep(&self) -> KeepRef<'r> {
+        self.keep
+    }
 }
 
 impl<T: Transport + 'static> Context<T> {
     /// Registers `[addr, addr + len)`, any memory this process maps, with
     /// the device (a pin-down cache hit if it is registered already; see
-    /// the module documentation for what a first registration does). The
+    /// [`crate::reach`] for what a first registration does). The
     /// region borrows the context; it is deregistered by
     /// [`MemoryRegion::deregister`] or when dropped.
     ///
-    /// The safe forms borrow the memory for the region's life:
+    /// The safe forms keep a share of the memory for as long as the
+    /// device may use it (see the module documentation):
+    /// [`register_memory`](Context::register_memory),
     /// [`register_buffer`](Context::register_buffer),
     /// [`register_buffer_part`](Context::register_buffer_part) and
-    /// [`register_bytes`](Context::register_bytes).
+    /// [`register_owned`](Context::register_owned).
     ///
     /// # Safety
     ///
@@ -167,42 +222,30 @@ impl<T: Transport + 'static> Context<T> {
             context: self,
             registration,
             owned: None,
+            keep: None,
             addr,
             len,
         })
     }
 
-    /// Registers a whole buffer of the context's arena. The region borrows
-    /// the buffer, which therefore outlives it: freeing the buffer (its
-    /// chunk would go to the next allocation) under a live region, or under
-    /// a window over it, does not compile.
-    ///
-    /// ```compile_fail,E0505
-    /// # use pindown_driver::verbs::Context;
-    /// # use pindown_uapi::Access;
-    /// # fn f(context: &Context) -> Result<(), Box<dyn std::error::Error>> {
-    /// let buffer = context.alloc(4096, 4096)?;
-    /// let region = context.register_buffer(&buffer)?;
-    /// let window = context.bind_window(&region, 0, 4096, Access::REMOTE_WRITE)?;
-    /// drop(buffer);
-    /// # drop(window);
-    /// # Ok(()) }
-    /// ```
-    pub fn register_buffer<'a>(
-        &'a self,
-        buffer: &'a DmaBuffer,
-    ) -> Result<MemoryRegion<'a, T>, VerbsError> {
+    /// Registers a whole buffer of the context's arena. The region keeps a
+    /// share of the buffer's chunk, and so does every window bound on it
+    /// and every request posted naming it, until the device is done with
+    /// it: dropping the buffer meanwhile does not hand its memory to the
+    /// next allocation.
+    pub fn register_buffer(&self, buffer: &DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
         self.register_buffer_part(buffer, 0, buffer.len())
     }
 
     /// Registers `[offset, offset + len)` of a buffer (a sub-range, for
-    /// example at an unaligned start). The region borrows the buffer.
-    pub fn register_buffer_part<'a>(
-        &'a self,
-        buffer: &'a DmaBuffer,
+    /// example at an unaligned start), keeping a share of its chunk as
+    /// [`register_buffer`](Self::register_buffer) does.
+    pub fn register_buffer_part(
+        &self,
+        buffer: &DmaBuffer,
         offset: usize,
         len: usize,
-    ) -> Result<MemoryRegion<'a, T>, VerbsError> {
+    ) -> Result<MemoryRegion<'_, T>, VerbsError> {
         match offset.checked_add(len) {
             Some(end) if end <= buffer.len() => {}
             _ => {
@@ -214,55 +257,103 @@ impl<T: Transport + 'static> Context<T> {
             }
         }
         // SAFETY: the range lies inside `buffer` (checked above), a chunk
-        // of the arena that stays allocated to its owner while the returned
-        // region (which borrows it for 'a) lives; DmaBuffer gives access to
-        // its bytes only through volatile copies, which tolerate the
-        // device's writes. Posted requests and leaked windows outlive the
-        // borrow: the gap the module documentation states.
-        unsafe { self.pin_range(buffer.iova() + offset as u64, len as u64) }
+        // of the arena that the region's share keeps allocated while the
+        // region lives, and that the shares of its windows and posted
+        // requests keep allocated while the device may use them; the chunk
+        // is reachable only through volatile copies, which tolerate the
+        // device's writes.
+        let region = unsafe { self.pin_range(buffer.iova() + offset as u64, len as u64)? };
+        Ok(MemoryRegion {
+            keep: Some(buffer.keep_alive()),
+            ..region
+        })
     }
 
     /// Registers a whole buffer of the context's arena and keeps it: the
-    /// region owns the buffer ([`MemoryRegion::buffer`]) and frees it only
-    /// after the registration is released, so a library can keep the two
-    /// together (in a struct, or in a [`RegionWindow`](super::RegionWindow)).
-    /// On failure the buffer is freed.
+    /// region owns the buffer ([`MemoryRegion::buffer`]), so a library can
+    /// keep the two together (in a struct, or in a
+    /// [`RegionWindow`](super::RegionWindow)). On failure the buffer is
+    /// freed.
     pub fn register_owned(&self, buffer: DmaBuffer) -> Result<MemoryRegion<'_, T>, VerbsError> {
-        // SAFETY: the region keeps `buffer` (its `owned` field, dropped
-        // after the registration), so the chunk stays allocated to it while
-        // the region lives; DmaBuffer gives access to its bytes only through
-        // volatile copies, which tolerate the device's writes. Posted
-        // requests and leaked windows outlive the region: the gap the
-        // module documentation states.
-        let region = unsafe { self.pin_range(buffer.iova(), buffer.len() as u64)? };
+        let region = self.register_buffer(&buffer)?;
         Ok(MemoryRegion {
             owned: Some(buffer),
             ..region
         })
     }
 
+    /// Registers ordinary memory of the process and takes it: a `Vec<u8>`,
+    /// a `Box<[u8]>`, any owner whose bytes stay where they are when it
+    /// moves. The region keeps a share of it, and so does every window
+    /// bound on the region and every request posted naming it, until the
+    /// device is done with it; [`MemoryRegion::into_memory`] gives it
+    /// back once no share is left. On failure the memory is dropped.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use pindown_driver::verbs::{opcode::Read, Context, RemoteWindow};
+    /// # fn f(context: &Context, peer: RemoteWindow) -> Result<(), Box<dyn std::error::Error>> {
+    /// let region = context.register_memory(vec![0u8; 4096])?;
+    /// let mut cq = context.create_completion_queue();
+    /// let mut qp = context.create_queue_pair(&mut cq)?;
+    /// qp.post(&[Read::new(region.local(0, 4096)?, peer.at(0)).build().signaled()])?;
+    /// cq.wait(Duration::from_secs(1))?.next().ok_or("no completion")?.result()?;
+    /// qp.release_finished()?; // the read has finished: its share goes
+    /// let bytes: Vec<u8> = region.into_memory().map_err(|_| "still shared")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn register_memory<M>(&self, mut memory: M) -> Result<MemoryRegion<'_, T>, VerbsError>
+    where
+        M: StableDeref + DerefMut<Target = [u8]> + Send + Sync + 'static,
+    {
+        let bytes = memory.deref_mut();
+        let (addr, len) = (bytes.as_mut_ptr() as u64, bytes.len() as u64);
+        // SAFETY: the bytes belong to `memory`, which moves into the
+        // region's share without moving them (StableDeref); they stay
+        // allocated while any share lives (the region's, its windows',
+        // its posted requests'), and nothing dereferences `memory` until
+        // `into_memory` takes it back from the last share.
+        let region = unsafe { self.pin_range(addr, len)? };
+        let keep: KeepAlive = Arc::new(OwnedMemory(memory));
+        Ok(MemoryRegion {
+            keep: Some(keep),
+            ..region
+        })
+    }
+
     /// Registers ordinary memory of the process: a `Vec`'s or an array's
     /// bytes, on the heap or the stack. The region holds the exclusive
-    /// borrow, so nothing reads or frees the bytes while the device may
-    /// write them; read the results once the region is dropped.
+    /// borrow, so nothing reads or frees the bytes through safe code while
+    /// the region lives.
+    ///
+    /// # Safety
+    ///
+    /// The borrow ends with the region, and the driver cannot hold a share
+    /// of memory it did not allocate: the caller keeps the bytes allocated
+    /// and unread (no reference reads them) until every request naming
+    /// them has finished (its completion, or a later one of the same queue
+    /// pair, has arrived) and every window bound on the region is revoked,
+    /// never leaked. A library that owns the memory it registers (a
+    /// `Box<[u8]>`, a `Vec` it keeps until the operation is done) meets
+    /// this; see the module documentation.
     ///
     /// ```compile_fail,E0502
     /// # use pindown_driver::verbs::Context;
     /// # fn f(context: &Context) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut buffer = vec![0u8; 4096];
-    /// let region = context.register_bytes(&mut buffer)?;
+    /// // SAFETY: nothing is posted and no window is bound.
+    /// let region = unsafe { context.register_bytes(&mut buffer)? };
     /// println!("{}", buffer[0]); // the device may be writing it
     /// # drop(region);
     /// # Ok(()) }
     /// ```
-    pub fn register_bytes<'a>(
+    pub unsafe fn register_bytes<'a>(
         &'a self,
         bytes: &'a mut [u8],
     ) -> Result<MemoryRegion<'a, T>, VerbsError> {
         // SAFETY: the region borrows `bytes` exclusively for 'a, so the
         // memory stays allocated to the caller and no reference reads it
-        // while the region lives. Posted requests and leaked windows
-        // outlive the borrow: the gap the module documentation states.
+        // while the region lives; beyond it, the caller's contract.
         unsafe { self.pin_range(bytes.as_mut_ptr() as u64, bytes.len() as u64) }
     }
 }
@@ -277,6 +368,8 @@ pub struct MemoryRegion<'c, T: Transport + 'static = VhostUserTransport> {
     /// The buffer a [`Context::register_owned`] region keeps; declared
     /// after the registration, so it is freed after the registration goes.
     owned: Option<DmaBuffer>,
+    /// The region's share of its memory, when the driver allocated it.
+    keep: Option<KeepAlive>,
     addr: u64,
     len: u64,
 }
@@ -323,13 +416,50 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
         Ok(Local {
             iova: self.iova_at(offset, u64::from(len))?,
             len,
-            region: PhantomData,
+            keep: KeepRef(self.keep.as_ref()),
         })
     }
 
     /// The context the region is registered with.
     pub(super) fn context(&self) -> &'c Context<T> {
         self.context
+    }
+
+    /// The region's share of its memory, if the driver holds one.
+    pub(super) fn keep_alive(&self) -> Option<&KeepAlive> {
+        self.keep.as_ref()
+    }
+
+    /// Releases the registration and gives back the memory
+    /// [`Context::register_memory`] took, once nothing else holds a share
+    /// of it: no window bound on the region (revoke them first) and no
+    /// request naming it that its queue pair still keeps (the queue pair
+    /// lets go of finished requests' shares when it is dropped, when
+    /// [`QueuePair::release_finished`](super::QueuePair::release_finished)
+    /// is called, and from time to time as it posts). Otherwise, or if the
+    /// region holds other memory or memory of another type, the region
+    /// comes back unchanged.
+    pub fn into_memory<M: Any + Send + Sync>(mut self) -> Result<M, Self> {
+        let Some(keep) = self.keep.take() else {
+            return Err(self);
+        };
+        let owned = match keep.downcast::<OwnedMemory<M>>() {
+            Ok(owned) => owned,
+            Err(keep) => {
+                self.keep = Some(keep);
+                return Err(self);
+            }
+        };
+        match Arc::try_unwrap(owned) {
+            Ok(OwnedMemory(memory)) => {
+                drop(self);
+                Ok(memory)
+            }
+            Err(owned) => {
+                self.keep = Some(owned);
+                Err(self)
+            }
+        }
     }
 
     /// Releases the registration, as dropping the region does, and reports
@@ -347,12 +477,14 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
             context,
             registration,
             owned,
+            keep,
             ..
         } = self;
         let pinner = context.cache.pinner();
         let before = pinner.unmap_failures();
         drop(registration);
         drop(owned);
+        drop(keep);
         match pinner.unmap_failures() - before {
             0 => Ok(()),
             failures => Err(VerbsError::Deregistration { failures }),

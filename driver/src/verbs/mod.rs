@@ -83,9 +83,13 @@
 //! already posted when its region is deregistered still finishes normally
 //! while the pin-down cache keeps the pages registered, or completes with
 //! [`Status::LocalProtectionError`](pindown_uapi::Status) once they are
-//! unregistered: as with every RDMA API, leave memory a request names
-//! untouched until its completion (or a later one of the same queue pair)
-//! has arrived.
+//! unregistered. Either way its memory stays allocated: the region, its
+//! windows and its posted requests each hold a share of the memory (see
+//! [`MemoryRegion`]'s module), released when the device is done with it,
+//! so dropping a buffer, or leaking a window with `mem::forget`, never
+//! lets the device write into memory handed to someone else. Only the
+//! `unsafe` forms ([`Context::register`], [`Context::register_bytes`],
+//! [`Local::from_raw`]) leave that to the caller.
 //!
 //! **Protection.** A context is one protection domain: every queue pair of
 //! a context reaches every region registered through it, and nothing of
@@ -143,6 +147,7 @@ use crate::virtqueue::QueueError;
 
 pub use completion::{CompletionQueue, Completions};
 pub use context::{Context, ContextConfig};
+pub(crate) use memory::KeepAlive;
 pub use memory::{Local, MemoryRegion};
 pub use opcode::Entry;
 pub use pindown_uapi::Completion;

@@ -16,14 +16,13 @@
 //! # let _ = fence;
 //! ```
 
-use std::marker::PhantomData;
-
 use pindown_uapi::pattern::{encode_pair, Pattern, PatternError};
 use pindown_uapi::{
     AtomicOp, AtomicWidth, Bitwise, Descriptor, Operation, RemoteAddress, VectorTransfer,
     WorkRequest, WrFlags,
 };
 
+use super::memory::{KeepAlive, KeepRef};
 use super::{Local, VerbsError};
 use crate::datatype::{Committed, DescriptorCache};
 
@@ -36,7 +35,9 @@ pub struct Entry<'r> {
     inline: bool,
     /// A vector transfer's descriptor (borrowed from its [`Vector`]).
     descriptor: Option<&'r [u8]>,
-    local: PhantomData<&'r ()>,
+    /// The share of the local memory the request names, which the queue
+    /// pair keeps from posting until the device has finished the request.
+    keep: KeepRef<'r>,
 }
 
 impl<'r> Entry<'r> {
@@ -49,8 +50,20 @@ impl<'r> Entry<'r> {
             },
             inline: false,
             descriptor: None,
-            local: PhantomData,
+            keep: KeepRef::default(),
         }
+    }
+
+    /// This entry, naming the memory `local` was taken from.
+    fn naming(mut self, local: &Local<'r>) -> Self {
+        self.keep = local.keep();
+        self
+    }
+
+    /// The share of local memory the request names, if its region holds
+    /// one.
+    pub(crate) fn keep_alive(&self) -> Option<&'r KeepAlive> {
+        self.keep.get()
     }
 
     /// An entry of any request, with `descriptor` for a vector transfer
@@ -68,7 +81,7 @@ impl<'r> Entry<'r> {
             request,
             inline: false,
             descriptor,
-            local: PhantomData,
+            keep: KeepRef::default(),
         }
     }
 
@@ -146,6 +159,7 @@ impl<'r> Write<'r> {
             len: self.local.len(),
             remote: self.remote,
         })
+        .naming(&self.local)
     }
 }
 
@@ -169,6 +183,7 @@ impl<'r> Read<'r> {
             len: self.local.len(),
             remote: self.remote,
         })
+        .naming(&self.local)
     }
 }
 
@@ -640,7 +655,8 @@ impl<'r> Vector<'r> {
             Operation::VectorRead(vector)
         } else {
             Operation::VectorWrite(vector)
-        });
+        })
+        .naming(&self.local);
         entry.descriptor = Some(&self.descriptor);
         entry
     }

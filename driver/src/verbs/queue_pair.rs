@@ -1,13 +1,14 @@
 //! Queue pairs: a send ring of the port's, owned by one [`QueuePair`],
 //! where work requests are posted.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pindown_uapi::queue::{inline_slots, INLINE_IN_REQUEST, MAX_INLINE};
 use pindown_uapi::{Descriptor, Operation, WorkRequest};
 
 use super::pairs::PairShared;
-use super::{Context, Entry, MemoryRegion, VerbsError};
+use super::{Context, Entry, KeepAlive, MemoryRegion, VerbsError};
 use crate::arena::{DmaArena, DmaBuffer};
 use crate::rdma_queue::SendQueue;
 use crate::transport::{QueueIndex, Transport, VhostUserTransport};
@@ -106,8 +107,16 @@ pub struct QueuePair<'c, T: Transport + 'static = VhostUserTransport> {
     send: Option<SendRing>,
     shared: Arc<PairShared>,
     /// Vector descriptors in registered memory, oldest first.
-    descriptors: std::collections::VecDeque<HeldDescriptors<'c, T>>,
+    descriptors: VecDeque<HeldDescriptors<'c, T>>,
+    /// Shares of the memory posted requests name, each with the position
+    /// after the last request naming it, oldest first.
+    kept: VecDeque<(u16, KeepAlive)>,
 }
+
+/// Shares of memory a queue pair holds before it asks the device which
+/// requests have finished (posting reads the device's record only then,
+/// or when the send ring's room is in question).
+const KEPT_BEFORE_ASKING: usize = 32;
 
 impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     pub(super) fn new(
@@ -121,7 +130,8 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             pair,
             send: Some(send),
             shared,
-            descriptors: Default::default(),
+            descriptors: VecDeque::new(),
+            kept: VecDeque::new(),
         }
     }
 
@@ -142,11 +152,15 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     /// of at most [`MAX_INLINE`] bytes travels in the send ring's slots
     /// after the request; a larger one is copied into memory of the
     /// context's arena, registered, which the queue pair keeps until the
-    /// device has finished the request (it can tell once the device has
-    /// taken a later request of the pair; a dropped queue pair waits for
-    /// that up to [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
+    /// device has finished the request (the send queue's retired position
+    /// tells; a dropped queue pair waits for that up to [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
+    ///
+    /// A request naming a region that holds a share of its memory (see
+    /// [`MemoryRegion`]) keeps a share too, until the device has finished
+    /// the request: the memory stays allocated even if the region and its
+    /// buffer are dropped as soon as this returns.
     pub fn post(&mut self, entries: &[Entry<'_>]) -> Result<(), VerbsError> {
-        self.release_descriptors()?;
+        self.release(false)?;
         let mut in_memory: Vec<Option<u64>> = Vec::new();
         let mut held = Vec::new();
         for entry in entries {
@@ -190,17 +204,43 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                 (request, entry.wants_inline(), carried)
             },
         )?;
+        let after = send.queue.tail();
         if !held.is_empty() {
-            self.descriptors.push_back(HeldDescriptors {
-                after: send.queue.tail(),
-                _held: held,
-            });
+            self.descriptors
+                .push_back(HeldDescriptors { after, _held: held });
+        }
+        for keep in entries.iter().filter_map(Entry::keep_alive) {
+            match self.kept.back_mut() {
+                Some((last_after, last)) if Arc::ptr_eq(last, keep) => *last_after = after,
+                _ => self.kept.push_back((after, Arc::clone(keep))),
+            }
         }
         Ok(())
     }
 
-    /// Lets go of the descriptors of requests the device has finished.
-    fn release_descriptors(&mut self) -> Result<(), VerbsError> {
+    /// Whether the device has finished every request posted here so far:
+    /// its last access to the memory they name is done, fabric requests'
+    /// answers included (taken, or a later request completed, does not
+    /// tell; see [`pindown_uapi::queue::Record::RETIRED`]). Memory that a
+    /// request names through an `unsafe` form ([`Local::from_raw`](super::Local::from_raw),
+    /// [`Context::register`]) may be reused once this holds.
+    pub fn all_finished(&mut self) -> Result<bool, VerbsError> {
+        let send = self.send.as_mut().expect("the send ring stays until drop");
+        let tail = send.queue.tail();
+        Ok(send.queue.finished_before(tail)?)
+    }
+
+    /// Lets go of the shares of memory (see [`MemoryRegion`]) that the
+    /// requests the device has finished kept, now; posting does it from
+    /// time to time, and dropping the queue pair for every request.
+    pub fn release_finished(&mut self) -> Result<(), VerbsError> {
+        self.release(true)
+    }
+
+    /// Lets go of the descriptors and the memory shares of requests the
+    /// device has finished. Unless `now`, shares go only when there are
+    /// enough of them to be worth reading the device's record for.
+    fn release(&mut self, now: bool) -> Result<(), VerbsError> {
         let send = self.send.as_mut().expect("the send ring stays until drop");
         while let Some(first) = self.descriptors.front() {
             if !send.queue.finished_before(first.after)? {
@@ -208,47 +248,55 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             }
             self.descriptors.pop_front();
         }
+        if now || self.kept.len() >= KEPT_BEFORE_ASKING {
+            while let Some(&(after, _)) = self.kept.front() {
+                if !send.queue.finished_before(after)? {
+                    break;
+                }
+                self.kept.pop_front();
+            }
+        }
         Ok(())
     }
 
     /// Waits (up to the context's control timeout) until the device has
-    /// finished every request whose descriptor the queue pair holds: a
-    /// NOP after them shows when. What is still held then is leaked, never
-    /// freed under the device.
-    fn settle_descriptors(&mut self) {
-        let Some(last) = self.descriptors.back() else {
+    /// finished every request whose descriptor or memory the queue pair
+    /// holds. What is still held then is leaked, never freed under the
+    /// device.
+    fn settle(&mut self) {
+        let last_descriptor = self.descriptors.back().map(|held| held.after);
+        let last_kept = self.kept.back().map(|&(after, _)| after);
+        let send = self.send.as_mut().expect("the send ring stays until drop");
+        let tail = send.queue.tail();
+        // The later of the two: the nearer to the tail.
+        let Some(after) = last_descriptor
+            .into_iter()
+            .chain(last_kept)
+            .min_by_key(|&after| tail.wrapping_sub(after))
+        else {
             return;
         };
-        let after = last.after;
-        let send = self.send.as_mut().expect("the send ring stays until drop");
-        let nop = WorkRequest {
-            user_data: 0,
-            flags: pindown_uapi::WrFlags::empty(),
-            op: Operation::Nop,
-        };
-        let posted = send.queue.tail() != after
-            || send
-                .post(&*self.context.transport, &self.context.arena, 1, |_| {
-                    (nop, false, &[][..])
-                })
-                .is_ok();
         let deadline = std::time::Instant::now() + self.context.control_timeout;
-        while posted && std::time::Instant::now() < deadline {
+        while std::time::Instant::now() < deadline {
             if !matches!(send.queue.finished_before(after), Ok(false)) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
-        if posted && matches!(send.queue.finished_before(after), Ok(true)) {
+        if matches!(send.queue.finished_before(after), Ok(true)) {
             self.descriptors.clear();
+            self.kept.clear();
         } else {
             tracing::warn!(
                 pair = self.pair,
-                "the device did not finish the vector requests of a dropped queue pair: \
-                 their descriptors stay allocated"
+                "the device did not finish the requests of a dropped queue pair: \
+                 the memory they name stays allocated"
             );
             for held in self.descriptors.drain(..) {
                 std::mem::forget(held);
+            }
+            for (_, keep) in self.kept.drain(..) {
+                std::mem::forget(keep);
             }
         }
     }
@@ -265,8 +313,8 @@ fn place_descriptor(request: &mut WorkRequest, len: u32, iova: Option<u64>) {
     }
 }
 
-/// Descriptors in registered memory, held until the device has taken a
-/// request at `after` or later.
+/// Descriptors in registered memory, held until the device has finished
+/// every request before `after` (the retired position has reached it).
 struct HeldDescriptors<'c, T: Transport + 'static> {
     after: u16,
     /// Kept alive only; each region drops (deregisters) before its
@@ -276,7 +324,7 @@ struct HeldDescriptors<'c, T: Transport + 'static> {
 
 impl<T: Transport + 'static> Drop for QueuePair<'_, T> {
     fn drop(&mut self) {
-        self.settle_descriptors();
+        self.settle();
         if let Some(send) = self.send.take() {
             self.context.return_send_ring(self.pair, send, &self.shared);
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use pindown_uapi::{Access, NodeId, Operation, PortAddress, RemoteAddress, RemoteKey};
 
-use super::{Context, MemoryRegion, VerbsError};
+use super::{Context, KeepAlive, MemoryRegion, VerbsError};
 use crate::transport::{Transport, VhostUserTransport};
 
 impl<T: Transport + 'static> Context<T> {
@@ -71,7 +71,7 @@ impl<T: Transport + 'static> Context<T> {
         access: Access,
         peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'_, T>, VerbsError> {
-        self.bind_range(start, len, access, peer)
+        self.bind_range(start, len, access, peer, None)
     }
 
     /// Like [`bind_window`](Context::bind_window) (or, with `peer`,
@@ -90,7 +90,8 @@ impl<T: Transport + 'static> Context<T> {
         peer: Option<PortAddress>,
     ) -> Result<RegionWindow<'c, T>, VerbsError> {
         let start = self.window_start(&region, offset, len, access)?;
-        let window = self.bind_range(start, len, access, peer)?;
+        let keep = region.keep_alive().cloned();
+        let window = self.bind_range(start, len, access, peer, keep)?;
         Ok(RegionWindow { window, region })
     }
 
@@ -103,7 +104,7 @@ impl<T: Transport + 'static> Context<T> {
         peer: Option<PortAddress>,
     ) -> Result<MemoryWindow<'r, T>, VerbsError> {
         let start = self.window_start(region, offset, len, access)?;
-        self.bind_range(start, len, access, peer)
+        self.bind_range(start, len, access, peer, region.keep_alive().cloned())
     }
 
     /// Where a window over `[offset, offset + len)` of `region` starts,
@@ -136,6 +137,7 @@ impl<T: Transport + 'static> Context<T> {
         len: u64,
         access: Access,
         peer: Option<PortAddress>,
+        keep: Option<KeepAlive>,
     ) -> Result<MemoryWindow<'_, T>, VerbsError> {
         let done = self.run_admin(Operation::BindWindow {
             start,
@@ -154,6 +156,8 @@ impl<T: Transport + 'static> Context<T> {
             },
             access,
             peer,
+            keep,
+            bound: true,
             region: PhantomData,
         })
     }
@@ -167,11 +171,20 @@ impl<T: Transport + 'static> Context<T> {
 /// A window this port bound over part of a [`MemoryRegion`], which it
 /// borrows. Peers reach it through its [`RemoteWindow`]; it is revoked by
 /// [`revoke`](Self::revoke) or when dropped.
+///
+/// The window keeps a share of the region's memory (when the region holds
+/// one) until it is revoked: a window leaked with `mem::forget` keeps the
+/// memory allocated for good, so peers never write into memory handed to
+/// someone else. If revoking fails, the share is leaked the same way.
 pub struct MemoryWindow<'r, T: Transport + 'static = VhostUserTransport> {
     context: &'r Context<T>,
     remote: RemoteWindow,
     access: Access,
     peer: Option<PortAddress>,
+    /// The share of the memory under the window.
+    keep: Option<KeepAlive>,
+    /// Not revoked yet.
+    bound: bool,
     region: PhantomData<&'r ()>,
 }
 
@@ -195,9 +208,23 @@ impl<T: Transport + 'static> MemoryWindow<'_, T> {
     /// is in flight and every later one fails. Fails when the device
     /// refuses (it no longer knows the window: the port was reset) or
     /// cannot be reached; the window is gone either way.
-    pub fn revoke(self) -> Result<(), VerbsError> {
-        let window = std::mem::ManuallyDrop::new(self);
-        window.context.revoke_key(window.remote.key)
+    pub fn revoke(mut self) -> Result<(), VerbsError> {
+        self.unbind()
+    }
+
+    /// Revokes the window, once; on failure, leaks the share of its memory
+    /// (the device may still let peers reach it).
+    fn unbind(&mut self) -> Result<(), VerbsError> {
+        if !std::mem::take(&mut self.bound) {
+            return Ok(());
+        }
+        let revoked = self.context.revoke_key(self.remote.key);
+        if revoked.is_err() {
+            if let Some(keep) = self.keep.take() {
+                std::mem::forget(keep);
+            }
+        }
+        revoked
     }
 }
 
@@ -205,7 +232,7 @@ impl<T: Transport + 'static> Drop for MemoryWindow<'_, T> {
     /// Revokes the window; a failure is logged and counted
     /// ([`Context::window_revoke_failures`]).
     fn drop(&mut self) {
-        if let Err(err) = self.context.revoke_key(self.remote.key) {
+        if let Err(err) = self.unbind() {
             self.context
                 .window_revoke_failures
                 .fetch_add(1, Ordering::Relaxed);

@@ -24,6 +24,7 @@ use super::message::{
     FrameDatagram, Message, Origin, PartNotice, PART_NOTICE_LEN, READ_DATA_HEADER, WRITE_HEADER,
 };
 use crate::fabric::with_port;
+use crate::inbox::LinkCompletion;
 use crate::net::wire::{seq_before, Header};
 use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream};
 use crate::port::{Port, PortTable};
@@ -90,6 +91,9 @@ pub struct Submission {
     pub port: Arc<Port>,
     /// Its queue pair, where the completion goes.
     pub pair: u16,
+    /// The request's position in the pair's send queue, which the
+    /// completion carries back (the pair retires it then).
+    pub position: u16,
     /// The request.
     pub request: WorkRequest,
     /// The bytes of a WRITE_INLINE.
@@ -668,6 +672,8 @@ enum Requester {
         /// a later frontend of the port is never touched for it.
         incarnation: u64,
         pair: u16,
+        /// The request's position in the pair's send queue.
+        position: u16,
         user_data: u64,
         opcode: Opcode,
         /// The request asked for a completion on success.
@@ -1083,10 +1089,11 @@ impl Worker {
                     let Submission {
                         port,
                         pair,
+                        position,
                         request,
                         ..
                     } = submission;
-                    return deliver(&self.link, &port, pair, &request, Err(failure));
+                    return deliver(&self.link, &port, (pair, position), &request, Err(failure));
                 }
             } else if destination.node != word.node && !destination_checked {
                 let probe = OpKind::Check {
@@ -1105,6 +1112,7 @@ impl Worker {
         let Submission {
             port,
             pair,
+            position,
             request,
             inline,
         } = submission;
@@ -1174,7 +1182,7 @@ impl Worker {
                         write(Source::Inline(bytes), destination, width.bytes())
                     }
                     Err(failure) => {
-                        deliver(&self.link, &port, pair, &request, Err(failure));
+                        deliver(&self.link, &port, (pair, position), &request, Err(failure));
                         return;
                     }
                 }
@@ -1206,7 +1214,7 @@ impl Worker {
             Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
                 match self.plan_vector(&port, &vector, &inline) {
                     Err(failure) => {
-                        deliver(&self.link, &port, pair, &request, Err(failure));
+                        deliver(&self.link, &port, (pair, position), &request, Err(failure));
                         return;
                     }
                     Ok((local, pattern)) if matches!(request.op, Operation::VectorWrite(_)) => {
@@ -1235,7 +1243,7 @@ impl Worker {
             _ => {
                 // The send queue hands over only these operations.
                 let failure = (Status::InvalidRequest, ErrorDetail::Unsupported);
-                deliver(&self.link, &port, pair, &request, Err(failure));
+                deliver(&self.link, &port, (pair, position), &request, Err(failure));
                 return;
             }
         };
@@ -1243,6 +1251,7 @@ impl Worker {
             port,
             incarnation,
             pair,
+            position,
             user_data: request.user_data,
             opcode: request.op.opcode(),
             signaled: request.flags.contains(WrFlags::SIGNALED),
@@ -2716,6 +2725,7 @@ impl Worker {
                     port,
                     incarnation,
                     pair,
+                    position,
                     user_data,
                     opcode,
                     signaled,
@@ -2731,7 +2741,12 @@ impl Worker {
                         }
                     };
                     if port.shared.incarnation() == incarnation {
-                        port.inbox.deliver_completion(pair, completion, signaled);
+                        let done = LinkCompletion {
+                            completion,
+                            signaled,
+                            position,
+                        };
+                        port.inbox.deliver_completion(pair, done);
                     }
                 }
                 Requester::Node { node, tag } => {
@@ -2761,10 +2776,11 @@ impl Worker {
                             let Submission {
                                 port,
                                 pair,
+                                position,
                                 request,
                                 ..
                             } = *held;
-                            deliver(&self.link, &port, pair, &request, Err(failure));
+                            deliver(&self.link, &port, (pair, position), &request, Err(failure));
                         }
                     }
                 }
@@ -2944,7 +2960,7 @@ fn atomic(remote: RemoteAddress, width: AtomicWidth, op: AtomicOp) -> OpKind {
 fn deliver(
     link: &Link,
     port: &Port,
-    pair: u16,
+    (pair, position): (u16, u16),
     request: &WorkRequest,
     outcome: Result<(), Failure>,
 ) {
@@ -2956,5 +2972,10 @@ fn deliver(
             Completion::error(request.user_data, Some(opcode), status, detail)
         }
     };
-    port.inbox.deliver_completion(pair, completion, true);
+    let done = LinkCompletion {
+        completion,
+        signaled: true,
+        position,
+    };
+    port.inbox.deliver_completion(pair, done);
 }
