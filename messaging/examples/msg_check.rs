@@ -46,7 +46,10 @@
 //! communicator's collectives pass, exact), `leaked-key` (a third rank writes through the
 //! keys of the windows a rank bound for another peer: refused),
 //! `late-write` (the sender writes into a receive buffer after the
-//! receive returned: refused, as no window is cached by default), `forged-split` and
+//! receive returned: refused, as no window is cached by default),
+//! `withdrawn-receive` (a blocking receive fails because its peer counts
+//! as gone, though it is not; the peer sends afterwards, and nothing lands
+//! in the buffer the failed receive gave back), `forged-split` and
 //! `forged-context` (the rank gathering a split's table forges this
 //! rank's entry: refused), `forged-credit` and `forged-entry` (any-source
 //! credit words and ring entries no honest peer writes: refused, naming
@@ -175,6 +178,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "outsider-collective" => outsider_collective(&messenger, &world),
         "leaked-key" => leaked_key(&messenger, &world),
         "late-write" => late_write(&messenger, &world),
+        "withdrawn-receive" => withdrawn_receive(&messenger, &world),
         "forged-split" => forged_split(&messenger, &world, false),
         "forged-context" => forged_split(&messenger, &world, true),
         "forged-credit" => forged_credit(&messenger, &world),
@@ -194,7 +198,13 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "forged-credit",
         "forged-entry",
     ];
-    if !["peer-death", "any-source-death", "device-death"].contains(&scenario)
+    if ![
+        "peer-death",
+        "any-source-death",
+        "device-death",
+        "withdrawn-receive",
+    ]
+    .contains(&scenario)
         && !forged.contains(&scenario)
     {
         barrier(&world).map_err(|e| format!("final barrier: {e}"))?;
@@ -480,6 +490,52 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
         world.recv(peer, GO, &mut []).map_err(err("go"))?;
         let len = world.recv(peer, 21, &mut buffer).map_err(err("recv"))?;
         tally.checked += check(&buffer[..len], peer, me, 21, "switched message")?;
+    }
+    Ok(tally)
+}
+
+fn withdrawn_receive(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
+    const INDEX: u32 = 4;
+    const LEN: usize = 4096;
+    const CANARY: u8 = 0xab;
+    let mut tally = Tally::default();
+    if world.size() < 2 || world.rank() > 1 {
+        return Ok(tally);
+    }
+    let me = world.rank();
+    meet(world, 1 - me).map_err(err("meet"))?;
+    if me == 1 {
+        // Rank 0 counts as gone 100 ms into the receive: the receive fails
+        // and its buffer comes back.
+        let mut buffer = vec![CANARY; LEN];
+        messenger
+            .declare_gone_at(0, Instant::now() + Duration::from_millis(100))
+            .map_err(err("declare_gone_at"))?;
+        match world.recv(0, INDEX, &mut buffer) {
+            Err(Error::PeerGone { .. }) => {}
+            other => return Err(format!("a receive from a rank declared gone: {other:?}")),
+        }
+        // Rank 0 sends 300 ms after the meeting, and keeps trying for
+        // 700 ms more.
+        std::thread::sleep(Duration::from_millis(1200));
+        if let Some(at) = buffer.iter().position(|&b| b != CANARY) {
+            return Err(format!(
+                "a write landed at byte {at} of the buffer a failed receive gave back"
+            ));
+        }
+        tally.checked += LEN as u64;
+    } else {
+        std::thread::sleep(Duration::from_millis(300));
+        // Buffered: the send returns, and a failure (the receive's window
+        // is gone) shows later or never; this rank only tries.
+        messenger.set_send_timeout(Some(Duration::ZERO));
+        let sent = world.send(1, INDEX, &message(0, 1, 0, LEN));
+        tally.notes.push(format!("send: {sent:?}"));
+        let until = Instant::now() + Duration::from_millis(700);
+        while Instant::now() < until {
+            let _ = messenger.sendbuf_check();
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
     Ok(tally)
 }

@@ -671,32 +671,41 @@ impl<'c> Communicator<'c> {
             Access::REMOTE_READ,
             Some(head_at.port_address()),
         )?;
-        let mut head = Vec::with_capacity(24);
-        head.extend_from_slice(&layout::any_message_word(tag, None).to_le_bytes());
-        head.extend_from_slice(&window.remote().key.0.to_le_bytes());
-        head.extend_from_slice(&len.to_le_bytes());
-        let tag = engine.write_entry(peer, &head, head_at, None, seq, stamp_at)?;
-        engine.any.sent[ring] = seq;
-        engine.any.rendezvous_sent[ring] += 1;
-        let number = engine.any.rendezvous_sent[ring] as u32;
-        wait_plain(&mut engine, peer, tag)?;
-        engine.wait_until(Some(peer), None, |e| {
-            drain_all(e, context)?;
-            let reads = layout::any_credit_counts(e.load(credit_at)).1;
-            // Ahead of the rendezvous messages written (mod 2^32): forged.
-            if (reads.wrapping_sub(number) as i32) > 0 {
-                return Err(Error::BadPeerRecord {
-                    rank: peer,
-                    why: format!(
-                        "its credit word says {reads} rendezvous messages read, of {number} written"
-                    ),
-                });
-            }
-            Ok(reads == number)
-        })?;
-        // Revokes the window: the receiver has finished reading.
-        drop(window);
-        Ok(())
+        let key = window.remote().key;
+        let mut exchange = || -> Result<()> {
+            let mut head = Vec::with_capacity(24);
+            head.extend_from_slice(&layout::any_message_word(tag, None).to_le_bytes());
+            head.extend_from_slice(&key.0.to_le_bytes());
+            head.extend_from_slice(&len.to_le_bytes());
+            let tag = engine.write_entry(peer, &head, head_at, None, seq, stamp_at)?;
+            engine.any.sent[ring] = seq;
+            engine.any.rendezvous_sent[ring] += 1;
+            let number = engine.any.rendezvous_sent[ring] as u32;
+            wait_plain(&mut engine, peer, tag)?;
+            engine.wait_until(Some(peer), None, |e| {
+                drain_all(e, context)?;
+                let reads = layout::any_credit_counts(e.load(credit_at)).1;
+                // Ahead of the rendezvous messages written (mod 2^32): forged.
+                if (reads.wrapping_sub(number) as i32) > 0 {
+                    return Err(Error::BadPeerRecord {
+                        rank: peer,
+                        why: format!(
+                            "its credit word says {reads} rendezvous messages read, of {number} written"
+                        ),
+                    });
+                }
+                Ok(reads == number)
+            })?;
+            Ok(())
+        };
+        let exchanged = exchange();
+        // The window goes before `data` does, whatever happened above (the
+        // receiver has finished reading, or failed): a device that does
+        // not answer is asked again.
+        if let Err(err) = window.revoke_waiting() {
+            tracing::warn!("revoking a rendezvous window: {err} (the device lets it go)");
+        }
+        exchanged
     }
 
     /// Receives a message of the any-source domain (sent with

@@ -112,6 +112,19 @@ impl<'c> Messenger<'c> {
         self.engine.borrow_mut().progress()
     }
 
+    /// Makes waits on world rank `peer` find it gone from `at` on, as a
+    /// liveness check that goes unanswered does: for tests of what calls
+    /// do when a peer that is still there counts as gone.
+    #[doc(hidden)]
+    pub fn declare_gone_at(&self, peer: u32, at: std::time::Instant) -> Result<()> {
+        let mut engine = self.engine.borrow_mut();
+        if peer as usize >= engine.peers.len() {
+            return Err(Error::Unsuitable(format!("no rank {peer}")));
+        }
+        engine.declare_gone_at(peer, at);
+        Ok(())
+    }
+
     /// Writes `bytes` (at most 64) at `offset` of world rank `peer`'s
     /// control memory and waits for the write, as a hostile or broken
     /// peer could: for tests of what a rank does with words it did not
@@ -795,9 +808,15 @@ fn typed_pattern(
 
 /// Waits for receive `generation` on `slot` and takes its result.
 fn wait_recv(engine: &mut Engine<'_>, peer: u32, slot: u64, generation: u64) -> Result<Received> {
-    engine.wait_until(Some(peer), None, |e| {
+    let waited = engine.wait_until(Some(peer), None, |e| {
         Ok(!e.recv_outstanding(slot, generation))
-    })?;
+    });
+    if let Err(err) = waited {
+        // The caller's buffer goes back with the error: no write may land
+        // in it later.
+        engine.withdraw_recv(slot, generation);
+        return Err(err);
+    }
     engine
         .take_recv(slot, generation)
         .unwrap_or(Err(Error::NoRequest {

@@ -224,6 +224,9 @@ pub(crate) struct Peer {
     probe_in_flight: bool,
     /// When the liveness check in flight was posted.
     probe_sent: Option<Instant>,
+    /// When waits on the peer are to find it gone, whatever the checks
+    /// say ([`Engine::declare_gone_at`]).
+    declared_gone_at: Option<Instant>,
 }
 
 /// One rank's engine.
@@ -397,6 +400,7 @@ impl<'c> Engine<'c> {
                 gone: None,
                 probe_in_flight: false,
                 probe_sent: None,
+                declared_gone_at: None,
             });
         }
         let mut cq = context.create_completion_queue();
@@ -516,6 +520,13 @@ impl<'c> Engine<'c> {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Makes waits on `peer` find it gone from `at` on, as if its checks
+    /// had gone unanswered: for tests of what a rank's calls do when a
+    /// peer that is still there counts as gone.
+    pub(crate) fn declare_gone_at(&mut self, peer: u32, at: Instant) {
+        self.peers[peer as usize].declared_gone_at = Some(at);
     }
 
     pub(crate) fn tag(&mut self) -> u64 {
@@ -851,6 +862,41 @@ impl<'c> Engine<'c> {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Takes receive `generation` on `slot` back after its wait failed,
+    /// so that its buffer may go back to the caller: the window its sender
+    /// writes through is revoked (waiting as long as the device takes, so
+    /// that no write is in flight or can land later), and a typed
+    /// receive's own read into the buffer is waited for (every request of
+    /// the queue pair finished). Nothing to do if it completed meanwhile.
+    pub(crate) fn withdraw_recv(&mut self, slot: u64, generation: u64) {
+        let state = &mut self.slots[slot as usize];
+        if state
+            .recv
+            .as_ref()
+            .is_none_or(|r| r.generation != generation)
+        {
+            return;
+        }
+        let Some(recv) = state.recv.take() else {
+            return;
+        };
+        state.finished_recv = None;
+        if let Some(id) = recv.window_start {
+            self.windows.withdraw(id);
+        }
+        if recv.reading.is_some() {
+            // Completions must keep being taken for the device to go on.
+            while !matches!(self.qp.all_finished(), Ok(true) | Err(_)) {
+                let _ = self.progress();
+                std::thread::yield_now();
+            }
+        }
+        drop(recv.region);
+        if let Some(typed) = recv.typed {
+            self.offer_pool.push(typed.offer);
         }
     }
 
@@ -1420,6 +1466,11 @@ impl<'c> Engine<'c> {
                         "the device did not answer a check of it within {patience:?}"
                     ));
                 }
+                if state.declared_gone_at.is_some_and(|at| now >= at) {
+                    state
+                        .gone
+                        .get_or_insert("declared gone by the program".into());
+                }
             }
             let waited = now - start;
             yielding = waited >= self.config.spin;
@@ -1586,10 +1637,12 @@ impl<'c> Engine<'c> {
             let n = (len - at).min(MAX_WRITE);
             let last = at + n == len;
             let entry = Read::new(region.local(at, n as u32)?, remote.at(offset + at)).build();
-            entries.push(if last {
-                entry.user_data(tag).signaled()
-            } else {
-                entry.user_data(tag | PART_BIT)
+            entries.push(match (last, at) {
+                (true, 0) => entry.user_data(tag).signaled(),
+                // Fenced after the other parts, which may finish out of
+                // order on the fabric: its completion says all are done.
+                (true, _) => entry.fence().user_data(tag).signaled(),
+                (false, _) => entry.user_data(tag | PART_BIT),
             });
             at += n;
         }

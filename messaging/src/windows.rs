@@ -218,6 +218,27 @@ impl<'c> WindowCache<'c> {
         }
     }
 
+    /// Takes window `id` from a receive whose wait failed, whose buffer
+    /// goes back to its caller: revoked now, waiting however long the
+    /// device takes, unless another receive still uses it (then it goes
+    /// with that one, stale). Idle windows over the same memory go too.
+    pub(crate) fn withdraw(&mut self, id: u64) {
+        let Some(at) = self.entries.iter().position(|e| e.id == id) else {
+            return;
+        };
+        let entry = &mut self.entries[at];
+        entry.in_use = entry.in_use.saturating_sub(1);
+        entry.stale = true;
+        let (start, len) = (entry.start, entry.len);
+        if entry.in_use == 0 {
+            let entry = self.entries.remove(at);
+            if let Err(err) = entry.window.revoke_waiting() {
+                tracing::warn!("withdrawing a receive window: {err} (the device lets it go)");
+            }
+        }
+        self.forget_range(start, len);
+    }
+
     fn evict(&mut self) {
         let victim = self
             .entries

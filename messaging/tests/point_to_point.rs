@@ -226,3 +226,9 @@ fn forged_any_source_credits_and_entries_are_refused_naming_the_peer() {
     let lines = passes(2, "forged-entry", &[]);
     assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
 }
+
+#[test]
+fn a_failed_blocking_receive_gives_its_buffer_back_out_of_the_senders_reach() {
+    let lines = passes(2, "withdrawn-receive", &[]);
+    assert_eq!(checked(&lines[1]), 4096, "{}", lines[1]);
+}

@@ -331,9 +331,11 @@ impl<T: Transport + 'static> Context<T> {
     /// The borrow ends with the region, and the driver cannot hold a share
     /// of memory it did not allocate: the caller keeps the bytes allocated
     /// and unread (no reference reads them) until every request naming
-    /// them has finished (its completion, or a later one of the same queue
-    /// pair, has arrived) and every window bound on the region is revoked,
-    /// never leaked. A library that owns the memory it registers (a
+    /// them has finished and every window bound on the region is revoked,
+    /// never leaked. A request has finished once its completion has
+    /// arrived, or once [`QueuePair::all_finished`](super::QueuePair::all_finished)
+    /// holds; a later request's completion does not tell, since requests
+    /// on the fabric finish out of order (unless the later one is fenced). A library that owns the memory it registers (a
     /// `Box<[u8]>`, a `Vec` it keeps until the operation is done) meets
     /// this; see the module documentation.
     ///

@@ -183,7 +183,8 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             in_memory.push(placed);
         }
         let send = self.send.as_mut().expect("the send ring stays until drop");
-        send.post(
+        let before = send.queue.tail();
+        let posted = send.post(
             &*self.context.transport,
             &self.context.arena,
             entries.len(),
@@ -203,8 +204,14 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                 };
                 (request, entry.wants_inline(), carried)
             },
-        )?;
+        );
         let after = send.queue.tail();
+        if after == before {
+            // Nothing reached the ring: nothing to keep.
+            return posted;
+        }
+        // The requests are in the ring (even if ringing the doorbell
+        // failed, a polling device runs them): keep what they name.
         if !held.is_empty() {
             self.descriptors
                 .push_back(HeldDescriptors { after, _held: held });
@@ -215,7 +222,7 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                 _ => self.kept.push_back((after, Arc::clone(keep))),
             }
         }
-        Ok(())
+        posted
     }
 
     /// Whether the device has finished every request posted here so far:

@@ -212,6 +212,28 @@ impl<T: Transport + 'static> MemoryWindow<'_, T> {
         self.unbind()
     }
 
+    /// Revokes the window however long the device takes: a device that
+    /// has not answered within the control timeout is asked again, since
+    /// until it answers the window may still grant access. Once this
+    /// returns, no access through the key is in flight and none will be:
+    /// an error says the device is gone or no longer knows the window
+    /// (its port was reset). For memory a borrow lends the device, which
+    /// must be out of its reach before the borrow ends; a device that
+    /// never answers makes this wait for ever.
+    pub fn revoke_waiting(mut self) -> Result<(), VerbsError> {
+        loop {
+            match self.context.revoke_key(self.remote.key) {
+                Err(err @ VerbsError::ControlTimeout { .. }) => {
+                    tracing::warn!(window = %self.remote, "revoking again: {err}");
+                }
+                revoked => {
+                    self.bound = false;
+                    return revoked;
+                }
+            }
+        }
+    }
+
     /// Revokes the window, once; on failure, leaks the share of its memory
     /// (the device may still let peers reach it).
     fn unbind(&mut self) -> Result<(), VerbsError> {
@@ -282,6 +304,15 @@ impl<'c, T: Transport + 'static> RegionWindow<'c, T> {
     pub fn revoke(self) -> Result<(), VerbsError> {
         let RegionWindow { window, region } = self;
         let revoked = window.revoke();
+        drop(region);
+        revoked
+    }
+
+    /// Like [`revoke`](Self::revoke), but waiting however long the device
+    /// takes ([`MemoryWindow::revoke_waiting`]).
+    pub fn revoke_waiting(self) -> Result<(), VerbsError> {
+        let RegionWindow { window, region } = self;
+        let revoked = window.revoke_waiting();
         drop(region);
         revoked
     }
