@@ -333,11 +333,13 @@ impl<T: Transport + 'static> Context<T> {
     /// and unread (no reference reads them) until every request naming
     /// them has finished and every window bound on the region is revoked,
     /// never leaked. A request has finished once its completion has
-    /// arrived, or once [`QueuePair::all_finished`](super::QueuePair::all_finished)
-    /// holds; a later request's completion does not tell, since requests
-    /// on the fabric finish out of order (unless the later one is fenced). A library that owns the memory it registers (a
-    /// `Box<[u8]>`, a `Vec` it keeps until the operation is done) meets
-    /// this; see the module documentation.
+    /// arrived, or once
+    /// [`QueuePair::all_finished`](super::QueuePair::all_finished) holds;
+    /// a later request's completion does not tell, since requests on the
+    /// fabric finish out of order (unless the later one is fenced). A
+    /// library that owns the memory it registers (a `Box<[u8]>`, a `Vec`
+    /// it keeps until the operation is done) meets this; see the module
+    /// documentation.
     ///
     /// ```compile_fail,E0502
     /// # use pindown_driver::verbs::Context;
