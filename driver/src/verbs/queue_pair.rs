@@ -9,7 +9,7 @@ use pindown_uapi::{Descriptor, Operation, WorkRequest};
 
 use super::pairs::PairShared;
 use super::{Context, Entry, KeepAlive, MemoryRegion, VerbsError};
-use crate::arena::{DmaArena, DmaBuffer};
+use crate::arena::DmaArena;
 use crate::rdma_queue::SendQueue;
 use crate::transport::{QueueIndex, Transport, VhostUserTransport};
 
@@ -153,7 +153,8 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     /// after the request; a larger one is copied into memory of the
     /// context's arena, registered, which the queue pair keeps until the
     /// device has finished the request (the send queue's retired position
-    /// tells; a dropped queue pair waits for that up to [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
+    /// tells; a dropped queue pair waits for that up to
+    /// [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
     ///
     /// A request naming a region that holds a share of its memory (see
     /// [`MemoryRegion`]) keeps a share too, until the device has finished
@@ -168,14 +169,8 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                 Some(bytes) if bytes.len() > MAX_INLINE as usize => {
                     let buffer = self.context.alloc(bytes.len(), 64)?;
                     buffer.write_at(0, bytes);
-                    // SAFETY: `buffer` is kept beside the region in
-                    // `held`, declared after it so it is freed after the
-                    // region deregisters, and both stay until the device
-                    // has finished the request (`release_descriptors`).
-                    let region =
-                        unsafe { self.context.register(buffer.iova(), buffer.len() as u64)? };
                     let iova = buffer.iova();
-                    held.push((region, buffer));
+                    held.push(self.context.register_owned(buffer)?);
                     Some(iova)
                 }
                 _ => None,
@@ -271,26 +266,17 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     /// holds. What is still held then is leaked, never freed under the
     /// device.
     fn settle(&mut self) {
-        let last_descriptor = self.descriptors.back().map(|held| held.after);
-        let last_kept = self.kept.back().map(|&(after, _)| after);
-        let send = self.send.as_mut().expect("the send ring stays until drop");
-        let tail = send.queue.tail();
-        // The later of the two: the nearer to the tail.
-        let Some(after) = last_descriptor
-            .into_iter()
-            .chain(last_kept)
-            .min_by_key(|&after| tail.wrapping_sub(after))
-        else {
+        if self.descriptors.is_empty() && self.kept.is_empty() {
             return;
-        };
+        }
         let deadline = std::time::Instant::now() + self.context.control_timeout;
         while std::time::Instant::now() < deadline {
-            if !matches!(send.queue.finished_before(after), Ok(false)) {
+            if !matches!(self.all_finished(), Ok(false)) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
-        if matches!(send.queue.finished_before(after), Ok(true)) {
+        if matches!(self.all_finished(), Ok(true)) {
             self.descriptors.clear();
             self.kept.clear();
         } else {
@@ -324,9 +310,8 @@ fn place_descriptor(request: &mut WorkRequest, len: u32, iova: Option<u64>) {
 /// every request before `after` (the retired position has reached it).
 struct HeldDescriptors<'c, T: Transport + 'static> {
     after: u16,
-    /// Kept alive only; each region drops (deregisters) before its
-    /// buffer is freed.
-    _held: Vec<(MemoryRegion<'c, T>, DmaBuffer)>,
+    /// Kept alive only: regions that own their buffers.
+    _held: Vec<MemoryRegion<'c, T>>,
 }
 
 impl<T: Transport + 'static> Drop for QueuePair<'_, T> {
