@@ -4,10 +4,10 @@
 //! figure as SVG and PNG, and each program's own JSON document.
 //!
 //! ```text
-//! cargo run --release -p pindown-benches --bin pindown-report            # full, into docs/
+//! cargo run --release -p pindown-benches --bin pindown-report            # full, into benches/results/
 //! cargo run --release -p pindown-benches --bin pindown-report -- --quick # short, into target/report-quick/
-//! pindown-report --render docs                                           # report.md and plots again from docs/report.json
-//! pindown-report --rebuild docs                                          # sections again from docs/raw/*.json
+//! pindown-report --render benches/results   # report.md and plots again from benches/results/report.json
+//! pindown-report --rebuild benches/results  # sections again from benches/results/raw/*.json
 //! ```
 //!
 //! Exit status 0 when every program ran and passed its own checks (under
@@ -29,7 +29,7 @@ struct Args {
     /// The short version (about a minute; CI runs it).
     #[arg(long)]
     quick: bool,
-    /// Output folder [default: docs/ of the workspace for a full run,
+    /// Output folder [default: benches/results/ of the workspace for a full run,
     /// target/report-quick/ for --quick].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -112,7 +112,7 @@ fn main_result() -> Result<ExitCode, Box<dyn Error>> {
         if args.quick {
             workspace().join("target/report-quick")
         } else {
-            workspace().join("docs")
+            workspace().join("benches").join("results")
         }
     });
     let options = run::Options {
