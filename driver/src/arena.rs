@@ -93,6 +93,10 @@ pub enum ArenaError {
         /// Bytes free in total (possibly fragmented).
         free: usize,
     },
+    /// The arena was sealed ([`DmaArena::seal`]): a device may still
+    /// write into chunks freed since, so nothing is handed out any more.
+    #[error("the DMA arena is sealed: its device never confirmed it let go of the memory")]
+    Sealed,
 }
 
 /// One region of the memory table, as a vhost-user `SET_MEM_TABLE` entry (or
@@ -297,6 +301,21 @@ impl DmaArena {
         self.free.lock().free_bytes()
     }
 
+    /// Hands out nothing more: later allocations fail with
+    /// [`ArenaError::Sealed`] and chunks freed from now on are kept
+    /// (leaked) rather than reused. For an arena whose device may still
+    /// write into memory it was given (it never confirmed the end of its
+    /// connection, [`Transport::disconnect`](crate::transport::Transport::disconnect)).
+    /// The memory itself goes when the last buffer does.
+    pub fn seal(&self) {
+        self.free.lock().sealed = true;
+    }
+
+    /// Whether [`seal`](Self::seal) was called.
+    pub fn is_sealed(&self) -> bool {
+        self.free.lock().sealed
+    }
+
     /// Allocates `len` bytes aligned to `align` (a power of two; at least
     /// [`MIN_ALIGN`] is used). The chunk returns to the arena when the
     /// [`DmaBuffer`] is dropped. Its content is whatever was there before.
@@ -309,6 +328,9 @@ impl DmaArena {
         let rounded = round_up(len, MIN_ALIGN);
         let base = self.addr() as usize;
         let mut free = self.free.lock();
+        if free.sealed {
+            return Err(ArenaError::Sealed);
+        }
         let offset = free
             .take(rounded, align, base)
             .ok_or(ArenaError::OutOfMemory {
@@ -463,13 +485,18 @@ impl AsRawFd for DmaArena {
 #[derive(Debug)]
 struct FreeList {
     chunks: BTreeMap<usize, usize>,
+    /// Set by [`DmaArena::seal`]: nothing is taken or given back any more.
+    sealed: bool,
 }
 
 impl FreeList {
     fn new(size: usize) -> Self {
         let mut chunks = BTreeMap::new();
         chunks.insert(0, size);
-        Self { chunks }
+        Self {
+            chunks,
+            sealed: false,
+        }
     }
 
     fn free_bytes(&self) -> usize {
@@ -494,6 +521,9 @@ impl FreeList {
     }
 
     fn give(&mut self, offset: usize, len: usize) {
+        if self.sealed {
+            return;
+        }
         let mut start = offset;
         let mut end = offset + len;
         if let Some((&prev, &prev_len)) = self.chunks.range(..offset).next_back() {

@@ -23,12 +23,12 @@
 //! userspace addresses.
 
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use pindown_uapi::{IotlbMessage, RingLayout, VhostAccess, MAX_RDMA_QUEUE_PAIRS};
@@ -189,18 +189,46 @@ impl CompletionEvent {
 }
 
 /// Waits until `fd` is readable (or hung up); `false` on timeout.
-fn poll_readable(fd: i32, timeout: Option<Duration>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let millis = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    Ok(poll_one(fd, libc::POLLIN, timeout)? != 0)
+}
+
+/// What `poll` reports of a connection whose other end closed.
+pub(crate) const HANGUP_EVENTS: libc::c_short = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR;
+
+/// Waits until the connection `fd` polls as hung up (its other end
+/// closed); `false` when `timeout` passes first (`None`: no limit; zero: a
+/// look).
+pub(crate) fn poll_hangup(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    Ok(poll_one(fd, libc::POLLRDHUP, timeout)? & HANGUP_EVENTS != 0)
+}
+
+/// Polls one descriptor for `events` until one is reported or `timeout`
+/// passes (`None`: no limit), through interruptions; returns the events
+/// reported (0 on timeout).
+fn poll_one(
+    fd: RawFd,
+    events: libc::c_short,
+    timeout: Option<Duration>,
+) -> io::Result<libc::c_short> {
+    // A timeout too long for the clock is no limit.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
-        // SAFETY: one pollfd that we own, count 1.
+        let millis = deadline.map_or(-1, |at| {
+            let left = at.saturating_duration_since(Instant::now());
+            // Rounded up, so a wait never ends before its deadline.
+            i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+        });
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that we own, count 1; poll only writes its
+        // `revents`.
         let ready = unsafe { libc::poll(&mut pfd, 1, millis) };
         if ready >= 0 {
-            return Ok(ready > 0);
+            return Ok(if ready > 0 { pfd.revents } else { 0 });
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
@@ -285,6 +313,20 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// Ends the connection and waits up to `timeout` for the device's word
+    /// that it no longer touches this process's memory: a vhost-user
+    /// device closes its end once it has reset the port, a virtio-pci
+    /// device reads back status 0 after a reset. Returns whether the word
+    /// came; if not, memory the device was given (rings above all, which
+    /// it writes on its own) must never be handed out again. No request
+    /// works afterwards, except that removing IOTLB entries of a
+    /// connection that ended succeeds where the device forgot them all.
+    /// Without a way to end the connection (the default), `false`.
+    fn disconnect(&self, timeout: Duration) -> bool {
+        let _ = timeout;
+        false
+    }
+
     /// Lets the device reach `[iova, iova + len)` with `access`; the bytes
     /// are at `uaddr` in this process (inside a registered region).
     fn iotlb_map(
@@ -355,8 +397,12 @@ pub struct VhostUserTransport {
     backend_channel: Option<UnixStream>,
     reply_timeout: Duration,
     /// A third handle on the main socket, never read or written: polled
-    /// for the device's hang-up ([`Transport::hangup_fd`]).
+    /// for the device's hang-up ([`Transport::hangup_fd`]), and shut for
+    /// writing by [`Transport::disconnect`].
     hangup: UnixStream,
+    /// Set by [`Transport::disconnect`]: the device forgets every IOTLB
+    /// entry when the connection ends.
+    disconnected: AtomicBool,
 }
 
 impl std::fmt::Debug for VhostUserTransport {
@@ -658,6 +704,7 @@ impl VhostUserTransport {
             backend_channel,
             reply_timeout: config.reply_timeout,
             hangup,
+            disconnected: AtomicBool::new(false),
         })
     }
 
@@ -869,10 +916,26 @@ impl Transport for VhostUserTransport {
 
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
         check_iotlb_range(iova, len)?;
-        if !self.iotlb_enabled() {
+        if !self.iotlb_enabled() || self.disconnected.load(Ordering::Acquire) {
             return Ok(());
         }
         self.iotlb_msg(IotlbMessage::invalidate(iova, len))
+    }
+
+    fn disconnect(&self, timeout: Duration) -> bool {
+        let mut control = self.control.lock();
+        control
+            .broken
+            .get_or_insert_with(|| "the driver ended the connection".into());
+        self.disconnected.store(true, Ordering::Release);
+        // The writing half only: the device reads the end of the stream,
+        // resets the port and then closes its end, which this end polls as
+        // hung up. Shutting the reading half too would make this end poll
+        // as hung up at once. (A device gone already fails the shutdown
+        // and polls as hung up.)
+        let _ = self.hangup.shutdown(std::net::Shutdown::Write);
+        drop(control);
+        poll_hangup(self.hangup.as_raw_fd(), Some(timeout)).unwrap_or(false)
     }
 }
 
@@ -940,5 +1003,8 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
         (**self).iotlb_unmap(iova, len)
+    }
+    fn disconnect(&self, timeout: Duration) -> bool {
+        (**self).disconnect(timeout)
     }
 }

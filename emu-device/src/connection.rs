@@ -93,16 +93,18 @@ pub struct Context<'a> {
 }
 
 /// Serves one frontend connection on `port` until it closes, misbehaves
-/// or the device stops, and closes it. The caller then resets the port
-/// (see [`reset_port`]), however this ends, a panic included.
-pub fn serve(ctx: Context<'_>, port: Arc<Port>, mut stream: UnixStream) {
+/// or the device stops. The caller then resets the port (see
+/// [`reset_port`]), however this ends, a panic included, and only then
+/// closes `stream`: the frontend takes the closed connection as the
+/// device's word that its memory is no longer touched.
+pub fn serve(ctx: Context<'_>, port: Arc<Port>, stream: &mut UnixStream) {
     let index = port.index;
     tracing::info!(port = index, "frontend connected");
     ctx.switch.learn(port.mac, switch::Station::Port(index));
     *port.send_queues() = (0..ctx.config.rdma_queue_pairs)
         .map(|pair| SendQueue::new(Arc::clone(&port), pair))
         .collect();
-    if let Err(e) = run(ctx, &port, &mut stream) {
+    if let Err(e) = run(ctx, &port, stream) {
         tracing::info!(port = index, "connection ends: {e}");
     }
 }

@@ -433,10 +433,14 @@ fn accept(dev: &Arc<Device>, socket: usize, stream: UnixStream) {
     let spawned = thread::Builder::new()
         .name(format!("port{}", port.index))
         .spawn(move || {
+            // Closed last, after the port's reset (locals drop in reverse
+            // order, on a panic too): a frontend that sees its end close
+            // knows the device no longer touches its memory or rings.
+            let mut stream = stream;
             // Released when the thread ends, however it ends (a panic
             // included): a port is never left taken.
             let _release = Release { dev: &d, port: &p };
-            connection::serve(d.context(), Arc::clone(&p), stream);
+            connection::serve(d.context(), Arc::clone(&p), &mut stream);
         });
     if let Err(e) = spawned {
         // The closure (and the stream) is dropped: the frontend sees the

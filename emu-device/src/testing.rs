@@ -317,13 +317,53 @@ impl DeviceProcess {
         }
     }
 
+    /// Stops the process (SIGSTOP) and waits up to `timeout` until every
+    /// thread of it is seen stopped (the signal is delivered
+    /// asynchronously); returns whether they were. Its connections stay
+    /// open, unanswered, until [`resume`](Self::resume).
+    pub fn stop(&self, timeout: Duration) -> bool {
+        self.signal(libc::SIGSTOP);
+        let tasks = format!("/proc/{}/task", self.pid());
+        let stopped = || {
+            std::fs::read_dir(&tasks).is_ok_and(|mut threads| {
+                threads.all(|thread| {
+                    thread
+                        .and_then(|thread| std::fs::read_to_string(thread.path().join("stat")))
+                        // The state follows the parenthesised command name.
+                        .is_ok_and(|stat| {
+                            stat.rsplit_once(')')
+                                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+                        })
+                })
+            })
+        };
+        let deadline = Instant::now() + timeout;
+        while !stopped() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Continues a process [`stop`](Self::stop)ped (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child, not reaped while `self` owns
+        // it; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for a clean exit; returns
     /// whether it exited successfully.
     pub fn terminate(&mut self, timeout: Duration) -> bool {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
+        self.signal(libc::SIGTERM);
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(st)) = self.child.try_wait() {

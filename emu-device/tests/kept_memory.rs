@@ -3,13 +3,16 @@
 //! leaked with `mem::forget`, is not handed to the next allocation until
 //! the device is done with it; and a request on the fabric counts as
 //! finished only once its answer is in, not when the device has taken the
-//! requests after it.
+//! requests after it. A context's rings go back to its arena only once
+//! the device has let go of the port.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::DeviceProcess;
+use pindown_driver::arena::{ArenaError, DmaBuffer};
 use pindown_driver::verbs::opcode::{Nop, Read, Write};
 use pindown_driver::verbs::{CompletionQueue, Context, ContextConfig, RegionWindow};
 use pindown_uapi::{Access, Completion, ErrorDetail, RemoteAddress, RemoteKey};
@@ -193,4 +196,82 @@ fn a_vec_a_region_took_comes_back_once_no_request_shares_it() {
     assert_eq!(bytes.len(), LEN + 3);
     assert_eq!(&bytes[..3], &[0, 0, 0], "bytes outside the read changed");
     assert_eq!(&bytes[3..], &pattern[..]);
+}
+
+/// A context of `device`'s port 0 that has set up the rings of an I/O
+/// queue pair as well as its admin pair's, and a buffer of its arena
+/// that outlives it.
+fn context_with_rings(device: &DeviceProcess, config: ContextConfig) -> (Context, DmaBuffer) {
+    let context = Context::open(device.socket(0), config).unwrap();
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    qp.post(&[Nop::new().build().user_data(1).signaled()])
+        .unwrap();
+    assert!(wait_one(&mut cq, Duration::from_secs(10)).is_success());
+    drop(qp);
+    drop(cq);
+    let kept = context.alloc(4096, 4096).unwrap();
+    (context, kept)
+}
+
+#[test]
+fn a_dropped_context_frees_its_rings_once_the_device_has_let_go_of_the_port() {
+    let device = DeviceProcess::start(common::device_bin(), 1, &[]).unwrap();
+    let (context, kept) = context_with_rings(&device, config());
+    let arena = Arc::clone(kept.arena());
+    drop(context);
+    // Asked right away: the device reset the port before it closed the
+    // connection, and the drop waited for that.
+    let port = &device.status().unwrap()[0];
+    assert_eq!(
+        (port.n("connections"), port.n("connected")),
+        (1, 0),
+        "the port is reset when the drop returns"
+    );
+    assert!(!arena.is_sealed());
+    assert_eq!(
+        arena.free_bytes(),
+        arena.size() - 4096,
+        "everything but the kept buffer (the rings too) is back"
+    );
+    let again = arena.alloc(4096, 4096).expect("the arena still allocates");
+    drop((again, kept));
+    assert_eq!(arena.free_bytes(), arena.size());
+}
+
+#[test]
+fn rings_of_a_device_that_never_confirms_the_end_stay_out_of_every_later_allocation() {
+    let device = DeviceProcess::start(common::device_bin(), 1, &[]).unwrap();
+    let timeout = Duration::from_millis(300);
+    let (context, kept) = context_with_rings(
+        &device,
+        ContextConfig {
+            control_timeout: timeout,
+            ..config()
+        },
+    );
+    let arena = Arc::clone(kept.arena());
+    let later = context.alloc(4096, 4096).unwrap();
+    let free = arena.free_bytes();
+    // Stopped, the device can neither reset the port nor close its end;
+    // woken, it would still write its records into the rings.
+    assert!(
+        device.stop(Duration::from_secs(5)),
+        "the device did not stop"
+    );
+    drop(context);
+    assert!(arena.is_sealed());
+    assert_eq!(arena.free_bytes(), free, "the rings are kept");
+    drop(later);
+    assert_eq!(arena.free_bytes(), free, "a buffer freed now is kept too");
+    let refused = arena.alloc(64, 64).unwrap_err();
+    assert!(matches!(refused, ArenaError::Sealed), "{refused}");
+    assert!(refused.to_string().contains("sealed"), "{refused}");
+
+    // Woken, the device ends the connection and takes a new frontend.
+    device.resume();
+    assert!(device.wait_for(Duration::from_secs(10), |s| s[0].n("connected") == 0));
+    let (context, _kept) = context_with_rings(&device, config());
+    drop(context);
+    drop(kept);
 }

@@ -336,31 +336,7 @@ fn regions_and_windows_end_explicitly_with_errors_reported_or_when_dropped() {
     let window = owner
         .bind_window(&target_region, 0, 4096, Access::REMOTE_READ)
         .unwrap();
-    let pid = device.pid() as libc::pid_t;
-    // SAFETY: signals to the device process this test started and owns.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    // The signal is asynchronous: wait until every thread has stopped.
-    let stopped = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .all(|task| {
-                let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap();
-                // The state follows the parenthesised command name.
-                stat.rsplit(')')
-                    .next()
-                    .unwrap()
-                    .trim_start()
-                    .starts_with('T')
-            })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !stopped() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the device did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(device.stop(T), "the device did not stop");
     let started = std::time::Instant::now();
     let error = bind_read_window(&owner, &target_region).unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(300));
@@ -369,8 +345,7 @@ fn regions_and_windows_end_explicitly_with_errors_reported_or_when_dropped() {
         "{error}"
     );
     assert!(error.to_string().contains("control_timeout"), "{error}");
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    device.resume();
     let mut idle_cq = owner.create_completion_queue();
     let idle_qp = owner.create_queue_pair(&mut idle_cq).unwrap();
 

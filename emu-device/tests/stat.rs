@@ -365,21 +365,7 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
             .map(|r| number(r, "in_flight"))
             .sum::<u64>()
     };
-    signal(&one, libc::SIGSTOP);
-    // The signal is delivered asynchronously: wait until the process is
-    // seen stopped.
-    let stat_path = format!("/proc/{}/stat", one.pid());
-    let stopped = || {
-        std::fs::read_to_string(&stat_path)
-            .ok()
-            .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('T')))
-            .unwrap_or(false)
-    };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !stopped() {
-        assert!(Instant::now() < deadline, "node 1 did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(one.stop(Duration::from_secs(2)), "node 1 did not stop");
     qp.post(&[Write::new(
         near_region.local(0, PIECE as u32).unwrap(),
         window.remote().at(0),
@@ -393,7 +379,7 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
     }
     let during = document(&zero.control_path());
     let in_flight = pair_in_flight(&during);
-    signal(&one, libc::SIGCONT);
+    one.resume();
     assert_eq!(
         in_flight, 1,
         "the write to the stopped node: {}",
@@ -403,12 +389,4 @@ fn rings_and_fabric_peers_add_up_to_the_traffic() {
     assert_eq!(done[0].status, Status::Success, "{:?}", done[0]);
     assert_eq!(pair_in_flight(&document(&zero.control_path())), 0);
     drop(window);
-}
-
-/// Sends `signal` to the device process.
-fn signal(device: &DeviceProcess, signal: libc::c_int) {
-    let pid = libc::pid_t::try_from(device.pid()).unwrap();
-    // SAFETY: kill has no memory preconditions; `pid` is our child,
-    // which has not been reaped (the DeviceProcess owns it).
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
 }

@@ -100,6 +100,34 @@ pub struct Context<T: Transport + 'static = VhostUserTransport> {
     pub(super) spin: Duration,
     pub(super) control_timeout: Duration,
     pub(super) window_revoke_failures: AtomicU64,
+    /// The process that opened the connection: a child of `fork()` that
+    /// drops its copy of the context must not end its parent's connection.
+    opened_by: u32,
+}
+
+impl<T: Transport + 'static> Drop for Context<T> {
+    /// Ends the connection before the rings' memory goes back to the
+    /// arena. Every queue pair, region and window borrowed the context and
+    /// is gone, so no request is under way; but the device may still
+    /// write its records into the rings until it has let go of the port.
+    /// Only when it confirms that within the control timeout are the
+    /// rings freed; otherwise the arena is sealed and keeps them (and
+    /// everything freed later) out of any later allocation.
+    fn drop(&mut self) {
+        if std::process::id() != self.opened_by {
+            // A child of fork(): the connection is its parent's.
+            self.arena.seal();
+            return;
+        }
+        if !self.transport.disconnect(self.control_timeout) {
+            tracing::warn!(
+                timeout = ?self.control_timeout,
+                "the device did not confirm the end of the connection: \
+                 the DMA arena is sealed, its memory is never reused"
+            );
+            self.arena.seal();
+        }
+    }
 }
 
 impl Context<VhostUserTransport> {
@@ -189,6 +217,7 @@ impl<T: Transport + 'static> Context<T> {
             spin: config.spin,
             control_timeout: config.control_timeout,
             window_revoke_failures: AtomicU64::new(0),
+            opened_by: std::process::id(),
         };
         let query = context.run_admin(Operation::Query)?;
         context.info = DeviceInfo::from_query(query.byte_len, query.value);

@@ -11,6 +11,7 @@ use pindown_uapi::core_sharing::{self, CoreSharing};
 
 use super::completion::CompletionRing;
 use super::VerbsError;
+use crate::transport;
 
 /// Something that waits on completion rings: [`try_complete`] looks for
 /// what is awaited (reaping completions as it goes).
@@ -70,7 +71,7 @@ pub(super) fn wait_for(
                 }
                 if now.saturating_duration_since(hangup_looked) >= HANGUP_LOOK {
                     hangup_looked = now;
-                    if hung_up(awaiting.hangup_fd(), 0)? && !awaiting.try_complete()? {
+                    if hung_up(awaiting.hangup_fd())? && !awaiting.try_complete()? {
                         return Err(VerbsError::HungUp);
                     }
                 }
@@ -127,31 +128,13 @@ const ATTEMPTS_PER_CLOCK: u32 = 64;
 /// How often a spinning wait looks for the device's hang-up.
 const HANGUP_LOOK: Duration = Duration::from_millis(1);
 
-/// Whether `fd` polls as hung up within `millis` (none: never).
-fn hung_up(fd: Option<BorrowedFd<'_>>, millis: i32) -> Result<bool, VerbsError> {
+/// Whether `fd` polls as hung up now (none: never).
+fn hung_up(fd: Option<BorrowedFd<'_>>) -> Result<bool, VerbsError> {
     let Some(fd) = fd else {
         return Ok(false);
     };
-    let mut poll = [libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLRDHUP,
-        revents: 0,
-    }];
-    // SAFETY: `poll` is a live array of one pollfd that poll may write
-    // the `revents` of; the descriptor is borrowed for the call.
-    let ready = unsafe { libc::poll(poll.as_mut_ptr(), 1, millis) };
-    if ready < 0 {
-        let err = io::Error::last_os_error();
-        return match err.kind() {
-            io::ErrorKind::Interrupted => Ok(false),
-            _ => Err(VerbsError::Wait(err)),
-        };
-    }
-    Ok(poll[0].revents & HANGUP_EVENTS != 0)
+    transport::poll_hangup(fd.as_raw_fd(), Some(Duration::ZERO)).map_err(VerbsError::Wait)
 }
-
-/// What `poll` reports of a connection the device closed.
-const HANGUP_EVENTS: libc::c_short = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR;
 
 /// Sleeps until one of the rings' completion eventfds is signalled, the
 /// device hangs up (`hangup`: its connection's descriptor; then `true`)
@@ -191,7 +174,7 @@ fn sleep_on(
             return Err(err);
         }
     }
-    let gone = hangup.is_some() && fds[rings.len()].revents & HANGUP_EVENTS != 0;
+    let gone = hangup.is_some() && fds[rings.len()].revents & transport::HANGUP_EVENTS != 0;
     for ring in rings {
         ring.event.take()?;
     }

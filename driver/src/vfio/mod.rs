@@ -434,13 +434,18 @@ impl VfioTransport {
 
     /// Writes 0 to the status and waits until the device reads back 0.
     fn reset(&self) -> Result<(), TransportError> {
+        self.reset_within(self.timeout)
+    }
+
+    /// [`reset`](Self::reset), waiting at most `timeout`.
+    fn reset_within(&self, timeout: Duration) -> Result<(), TransportError> {
         self.set_status(0);
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now().checked_add(timeout);
         while self.status() != 0 {
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|at| Instant::now() >= at) {
                 return Err(TransportError::Timeout {
                     request: "device reset",
-                    timeout: self.timeout,
+                    timeout,
                 });
             }
             std::thread::sleep(Duration::from_micros(100));
@@ -873,6 +878,12 @@ impl Transport for VfioTransport {
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
         let (iova, len, _) = page_round(iova, len, iova)?;
         self.dma.unmap(iova, len)
+    }
+
+    fn disconnect(&self, timeout: Duration) -> bool {
+        // The IOMMU's mappings stay until their removal: only the device's
+        // own use of the rings ends here.
+        self.reset_within(timeout).is_ok()
     }
 }
 
