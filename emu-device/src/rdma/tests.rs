@@ -739,6 +739,84 @@ fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mapping
 }
 
 #[test]
+fn a_loop_that_runs_once_may_have_any_stride() {
+    use pindown_uapi::pattern::{encode_pair, Dim, Pattern, Piece};
+    use pindown_uapi::{Descriptor, VectorTransfer};
+    const MEMORY: usize = 64 * 1024;
+    // Four doubles 8 bytes apart, inside a loop that runs once with the
+    // largest stride either way: it moves nothing, so the pattern is four
+    // contiguous doubles (a column in a matrix of one column, say). Its
+    // carry steps one stride past and back, which leaves i64's range.
+    for (first, stride) in [(8, i64::MAX), (8, i64::MIN), (40, i64::MIN + 1)] {
+        let local = Pattern::new(
+            vec![Piece::Strided {
+                offset: first,
+                block: 8,
+                dims: [
+                    Dim {
+                        count: 4,
+                        stride: 8,
+                    },
+                    Dim { count: 1, stride },
+                    Dim::ONE,
+                ],
+            }],
+            1,
+            0,
+        )
+        .unwrap();
+        let remote_pattern = Pattern::contiguous(local.len);
+        let descriptor = encode_pair(&local, &remote_pattern);
+        for read in [false, true] {
+            let device = Device::new(2);
+            let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
+            let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
+            let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
+            near.write(near.base, &near_bytes);
+            far.write(far.base, &far_bytes);
+            let key = device.bind(
+                1,
+                far.base,
+                MEMORY as u64,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            );
+            let transfer = VectorTransfer {
+                local: near.base + 64,
+                len: local.len as u32,
+                remote: RemoteAddress {
+                    node: 0,
+                    port: 1,
+                    key,
+                    offset: 100,
+                },
+                descriptor: Descriptor::Inline {
+                    len: descriptor.len() as u32,
+                },
+                notify: None,
+            };
+            let op = if read {
+                Operation::VectorRead(transfer)
+            } else {
+                Operation::VectorWrite(transfer)
+            };
+            let (done, _) = device.run_vector(0, op, &descriptor);
+            let case = format!("first {first}, stride {stride}, read {read}");
+            assert!(done.is_success(), "{case}: {done:?}");
+            assert_eq!(done.byte_len, 32, "{case}");
+            let (mut near_expected, mut far_expected) = (near_bytes.clone(), far_bytes.clone());
+            let local_at = 64 + first as usize;
+            if read {
+                near_expected[local_at..local_at + 32].copy_from_slice(&far_bytes[100..132]);
+            } else {
+                far_expected[100..132].copy_from_slice(&near_bytes[local_at..local_at + 32]);
+            }
+            assert!(near.read(near.base, MEMORY) == near_expected, "{case}");
+            assert!(far.read(far.base, MEMORY) == far_expected, "{case}");
+        }
+    }
+}
+
+#[test]
 fn bitwise_atomics_apply_their_logic_and_return_the_old_word() {
     let device = Device::new(2);
     let key = device.bind(1, device.base(1), 4096, Access::REMOTE_ATOMIC);

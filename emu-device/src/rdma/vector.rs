@@ -619,23 +619,28 @@ impl StridedNest {
     /// [`innermost`](Self::innermost), whose inner loops run once), `run`
     /// no more than that loop has left, carrying into the outer loops
     /// when it ends.
+    ///
+    /// A loop that ends is stepped past its end and back. Only the result
+    /// lies in the hull: the step past may leave `i64`'s range (a loop that
+    /// runs once may have any stride), so the arithmetic wraps, and the
+    /// result is exact all the same.
     #[inline(always)]
     fn advance(&self, index: &mut [u64; MAX_DIMS + 1], at: &mut i64, d: usize, run: u64) {
         let dim = self.dims[d];
         index[d] += run;
-        *at += dim.stride * run as i64;
+        *at = at.wrapping_add(dim.stride.wrapping_mul(run as i64));
         if index[d] < dim.count {
             return;
         }
-        *at -= dim.stride * dim.count as i64;
+        *at = at.wrapping_sub(dim.stride.wrapping_mul(dim.count as i64));
         index[d] = 0;
         for (i, dim) in self.dims.iter().enumerate().skip(d + 1) {
             index[i] += 1;
-            *at += dim.stride;
+            *at = at.wrapping_add(dim.stride);
             if index[i] < dim.count {
                 return;
             }
-            *at -= dim.stride * dim.count as i64;
+            *at = at.wrapping_sub(dim.stride.wrapping_mul(dim.count as i64));
             index[i] = 0;
         }
     }
