@@ -319,13 +319,20 @@ pub trait Transport: Send + Sync {
     /// device reads back status 0 after a reset. Returns whether the word
     /// came; if not, memory the device was given (rings above all, which
     /// it writes on its own) must never be handed out again. No request
-    /// works afterwards, except that removing IOTLB entries of a
-    /// connection that ended succeeds where the device forgot them all.
+    /// works afterwards, except that removing IOTLB entries succeeds
+    /// without a word where the word came and the device forgot them all.
     /// Without a way to end the connection (the default), `false`.
     fn disconnect(&self, timeout: Duration) -> bool {
         let _ = timeout;
         false
     }
+
+    /// Lets go of the connection without ending it, in a child of `fork()`
+    /// that inherited it from the process that opened it: from then on
+    /// nothing is sent or changed through it (requests fail, removing
+    /// IOTLB entries succeeds without a word), so the parent's connection
+    /// is left as it was. By default, nothing to do.
+    fn abandon(&self) {}
 
     /// Lets the device reach `[iova, iova + len)` with `access`; the bytes
     /// are at `uaddr` in this process (inside a registered region).
@@ -400,9 +407,11 @@ pub struct VhostUserTransport {
     /// for the device's hang-up ([`Transport::hangup_fd`]), and shut for
     /// writing by [`Transport::disconnect`].
     hangup: UnixStream,
-    /// Set by [`Transport::disconnect`]: the device forgets every IOTLB
-    /// entry when the connection ends.
-    disconnected: AtomicBool,
+    /// Set by [`Transport::disconnect`] once the device confirmed (it
+    /// forgot every IOTLB entry) and by [`Transport::abandon`] (in a child
+    /// of `fork()`, the entries are the parent's): IOTLB removals no
+    /// longer go to the device.
+    let_go: AtomicBool,
 }
 
 impl std::fmt::Debug for VhostUserTransport {
@@ -704,7 +713,7 @@ impl VhostUserTransport {
             backend_channel,
             reply_timeout: config.reply_timeout,
             hangup,
-            disconnected: AtomicBool::new(false),
+            let_go: AtomicBool::new(false),
         })
     }
 
@@ -916,7 +925,7 @@ impl Transport for VhostUserTransport {
 
     fn iotlb_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
         check_iotlb_range(iova, len)?;
-        if !self.iotlb_enabled() || self.disconnected.load(Ordering::Acquire) {
+        if !self.iotlb_enabled() || self.let_go.load(Ordering::Acquire) {
             return Ok(());
         }
         self.iotlb_msg(IotlbMessage::invalidate(iova, len))
@@ -927,7 +936,6 @@ impl Transport for VhostUserTransport {
         control
             .broken
             .get_or_insert_with(|| "the driver ended the connection".into());
-        self.disconnected.store(true, Ordering::Release);
         // The writing half only: the device reads the end of the stream,
         // resets the port and then closes its end, which this end polls as
         // hung up. Shutting the reading half too would make this end poll
@@ -935,7 +943,23 @@ impl Transport for VhostUserTransport {
         // and polls as hung up.)
         let _ = self.hangup.shutdown(std::net::Shutdown::Write);
         drop(control);
-        poll_hangup(self.hangup.as_raw_fd(), Some(timeout)).unwrap_or(false)
+        let confirmed = poll_hangup(self.hangup.as_raw_fd(), Some(timeout)).unwrap_or(false);
+        if confirmed {
+            // The device reset the port: its IOTLB is gone.
+            self.let_go.store(true, Ordering::Release);
+        }
+        confirmed
+    }
+
+    fn abandon(&self) {
+        self.let_go.store(true, Ordering::Release);
+        // A lock the parent held at the fork stays held here: then the
+        // flag alone keeps the removals off the socket.
+        if let Some(mut control) = self.control.try_lock() {
+            control.broken.get_or_insert_with(|| {
+                "inherited across fork(): the connection is the parent's".into()
+            });
+        }
     }
 }
 
@@ -1006,5 +1030,8 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn disconnect(&self, timeout: Duration) -> bool {
         (**self).disconnect(timeout)
+    }
+    fn abandon(&self) {
+        (**self).abandon()
     }
 }

@@ -576,3 +576,49 @@ fn answer_status(dev: &Device, mut s: UnixStream) {
     };
     let _ = s.write_all(answer.as_bytes());
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// Whether `stream`'s other end closed within `timeout`.
+    fn closed_within(stream: &UnixStream, timeout: Duration) -> bool {
+        let mut poll = libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one pollfd of ours; poll only writes its `revents`.
+        let ready = unsafe { libc::poll(&mut poll, 1, millis) };
+        ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
+    #[test]
+    fn a_frontends_connection_closes_only_once_its_port_is_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("port0.sock");
+        let device = Device::new(DeviceConfig::default(), 1).unwrap();
+        let _server = Server::start(device.clone(), std::slice::from_ref(&socket), None).unwrap();
+        let frontend = UnixStream::connect(&socket).unwrap();
+        let port = loop {
+            match device.ports.get(0) {
+                Some(port) if port.stats.connected.load(Ordering::Acquire) => break port,
+                _ => thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        // An access to the port's memory in flight: the reset waits for it.
+        let in_flight = port.shared.access();
+        frontend.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(
+            !closed_within(&frontend, Duration::from_millis(300)),
+            "the connection closed before the port was reset"
+        );
+        assert!(port.stats.connected.load(Ordering::Acquire));
+        drop(in_flight);
+        assert!(closed_within(&frontend, Duration::from_secs(10)));
+        assert!(!port.stats.connected.load(Ordering::Acquire));
+    }
+}

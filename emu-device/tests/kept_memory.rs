@@ -275,3 +275,48 @@ fn rings_of_a_device_that_never_confirms_the_end_stay_out_of_every_later_allocat
     drop(context);
     drop(kept);
 }
+
+#[test]
+fn a_fork_child_dropping_its_copy_of_a_context_leaves_the_parents_connection_alone() {
+    let device = DeviceProcess::start(common::device_bin(), 1, &[]).unwrap();
+    let (context, kept) = context_with_rings(&device, config());
+    // Regions dropped stay cached, their IOTLB entries with them.
+    let cached = context.alloc(LEN, 4096).unwrap();
+    drop(context.register_buffer(&cached).unwrap());
+    drop(context.register_memory(vec![7u8; LEN]).unwrap());
+    let entries = device.status().unwrap()[0].n("iotlb_entries");
+    assert!(entries > 0);
+
+    // SAFETY: the child only drops its copy of the context and leaves
+    // with _exit, running no code of the parent's other threads.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        drop(context);
+        // SAFETY: ends the child at once, without the parent's atexit
+        // handlers or the test harness.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child, writing its status into ours.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+
+    let port = &device.status().unwrap()[0];
+    assert_eq!(
+        (port.n("connected"), port.n("iotlb_entries")),
+        (1, entries),
+        "the child's drop changed the parent's connection"
+    );
+    // The parent's context works on: a request, and a new registration
+    // answered by the device.
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    qp.post(&[Nop::new().build().user_data(2).signaled()])
+        .unwrap();
+    assert!(wait_one(&mut cq, Duration::from_secs(10)).is_success());
+    drop(context.register_memory(vec![1u8; 3 * LEN]).unwrap());
+    drop((qp, cq, cached, kept));
+    drop(context);
+    assert!(device.wait_for(Duration::from_secs(10), |s| s[0].n("connected") == 0));
+}

@@ -115,7 +115,9 @@ impl<T: Transport + 'static> Drop for Context<T> {
     /// everything freed later) out of any later allocation.
     fn drop(&mut self) {
         if std::process::id() != self.opened_by {
-            // A child of fork(): the connection is its parent's.
+            // A child of fork(): the connection is its parent's, and so
+            // are the device's IOTLB entries the pin cache drops next.
+            self.transport.abandon();
             self.arena.seal();
             return;
         }

@@ -22,7 +22,7 @@
 //! with `EINVAL`/`EFAULT`. [`VfioDma::iova_limit`] reports the limit found.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -68,6 +68,9 @@ pub struct VfioDma {
     maps: Mutex<BTreeMap<u64, (u64, u64)>>,
     map_calls: AtomicU64,
     unmap_calls: AtomicU64,
+    /// Set in a child of `fork()` that inherited the container from the
+    /// process that mapped: the mappings are that process's, left alone.
+    abandoned: AtomicBool,
 }
 
 impl std::fmt::Debug for VfioDma {
@@ -88,6 +91,7 @@ impl VfioDma {
             maps: Mutex::new(BTreeMap::new()),
             map_calls: AtomicU64::new(0),
             unmap_calls: AtomicU64::new(0),
+            abandoned: AtomicBool::new(false),
         }
     }
 
@@ -227,7 +231,17 @@ impl VfioDma {
         })
     }
 
+    /// Leaves every mapping to the process that made it (this one is a
+    /// child of `fork()` sharing its container): from now on nothing is
+    /// unmapped, by [`unmap`](Self::unmap) or on drop.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+    }
+
     fn raw_unmap(&self, iova: u64, len: u64) -> Result<(), TransportError> {
+        if self.abandoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
         self.unmap_calls.fetch_add(1, Ordering::Relaxed);
         self.backend
             .unmap(iova, len)
@@ -325,6 +339,7 @@ mod tests {
             maps: Mutex::new(BTreeMap::new()),
             map_calls: AtomicU64::new(0),
             unmap_calls: AtomicU64::new(0),
+            abandoned: AtomicBool::new(false),
         };
         (dma, backend)
     }

@@ -217,6 +217,9 @@ pub struct VfioTransport {
     poll: (Duration, Duration),
     refused: u64,
     sysfs: PathBuf,
+    /// Set by [`Transport::abandon`]: the device and its mappings are
+    /// another process's.
+    abandoned: AtomicBool,
 }
 
 impl std::fmt::Debug for VfioTransport {
@@ -354,6 +357,7 @@ impl VfioTransport {
             poll: (config.poll_min, config.poll_max.max(config.poll_min)),
             refused: config.refused_features & !(F_VERSION_1 | F_ACCESS_PLATFORM),
             sysfs: config.device.clone(),
+            abandoned: AtomicBool::new(false),
         };
         let rings = transport.ring_layout().ring_count();
         *transport.queues.write() = (0..rings).map(|_| None).collect();
@@ -682,6 +686,13 @@ fn poll_isr(shared: &Shared, min: Duration, max: Duration) {
 
 impl Drop for VfioTransport {
     fn drop(&mut self) {
+        if self.abandoned.load(Ordering::Acquire) {
+            // A child of fork(): the poller thread is not in this process
+            // (its handle is forgotten, never joined) and the device is
+            // the parent's; the mappings are left alone too.
+            std::mem::forget(self.poller.lock().take());
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         if let Some(handle) = self.poller.lock().take() {
             let _ = handle.join();
@@ -884,6 +895,11 @@ impl Transport for VfioTransport {
         // The IOMMU's mappings stay until their removal: only the device's
         // own use of the rings ends here.
         self.reset_within(timeout).is_ok()
+    }
+
+    fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+        self.dma.abandon();
     }
 }
 
