@@ -151,7 +151,19 @@ impl Piece {
         Piece::vector(offset, len, 1, 0)
     }
 
-    fn encoded_len(&self) -> usize {
+    /// The blocks it lists in the descriptor, if it lists them.
+    pub fn listed(&self) -> Option<&[Block]> {
+        match self {
+            Piece::Indexed {
+                blocks: BlockList::Listed(list),
+                ..
+            } => Some(list),
+            _ => None,
+        }
+    }
+
+    /// Bytes of its encoding in a descriptor.
+    pub fn encoded_len(&self) -> usize {
         match self {
             Piece::Strided { .. } => STRIDED_BYTES,
             Piece::Indexed {
@@ -439,13 +451,7 @@ impl Pattern {
         let listed: u64 = self
             .pieces
             .iter()
-            .map(|piece| match piece {
-                Piece::Indexed {
-                    blocks: BlockList::Listed(list),
-                    ..
-                } => list.len() as u64,
-                _ => 0,
-            })
+            .map(|piece| piece.listed().map_or(0, |list| list.len() as u64))
             .sum();
         if listed.saturating_add(self.blocks_in_memory()) > max_blocks {
             return Err(PatternError::TooManyBlocks(max_blocks));

@@ -9,14 +9,36 @@ use super::ir::{Flattener, Ir};
 use super::types::Datatype;
 use super::DatatypeError;
 
-/// Blocks a compiled pattern may list one by one, at most: a type more
-/// irregular than this is refused rather than compiled to a descriptor of
-/// many megabytes.
+/// Blocks listed one by one and pieces a compiled pattern may hold, at
+/// most, all pieces together (each listed block and each other piece
+/// counts one): a type more irregular than this is refused rather than
+/// compiled to a descriptor of many megabytes.
 pub const MAX_LISTED_BLOCKS: u64 = 1 << 20;
 
-/// Bytes of an encoded strided piece and of a listed piece's header, from
-/// the ABI's layout.
-const STRIDED_COST: u128 = pindown_uapi::pattern::STRIDED_BYTES as u128;
+/// What a pattern being compiled may still hold (see
+/// [`MAX_LISTED_BLOCKS`]), in listed blocks and pieces.
+#[derive(Clone, Copy)]
+struct Room(u128);
+
+impl Room {
+    fn new() -> Room {
+        Room(u128::from(MAX_LISTED_BLOCKS))
+    }
+
+    /// Takes `units`, or refuses the type when they do not fit.
+    fn take(&mut self, units: u128) -> Result<(), DatatypeError> {
+        if units > self.0 {
+            return Err(DatatypeError::TooIrregular {
+                blocks: (u128::from(MAX_LISTED_BLOCKS) - self.0).saturating_add(units),
+            });
+        }
+        self.0 -= units;
+        Ok(())
+    }
+}
+
+/// Bytes of a listed piece's header and of a listed block, from the ABI's
+/// layout.
 const LISTED_COST: u128 = pindown_uapi::pattern::LISTED_HEADER_BYTES as u128;
 const BLOCK_COST: u128 = BLOCK_BYTES as u128;
 
@@ -105,9 +127,9 @@ pub(crate) fn compile(
             stride,
             body,
         }] if strided(&all[0]).is_none_or(|(_, _, dims)| dims.len() > MAX_DIMS) => {
-            (emit(body)?, *count, *stride)
+            (emit(body, &mut Room::new())?, *count, *stride)
         }
-        _ => (emit(&all)?, 1, 0),
+        _ => (emit(&all, &mut Room::new())?, 1, 0),
     };
     Ok(Pattern::new(pieces, repeat, extent)?)
 }
@@ -137,30 +159,31 @@ fn strided(item: &Ir) -> Option<(i64, u64, Vec<Dim>)> {
 
 /// Encoded bytes of `pieces`.
 fn cost(pieces: &[Piece]) -> u128 {
-    pieces
-        .iter()
-        .map(|piece| match piece {
-            Piece::Indexed {
-                blocks: BlockList::Listed(list),
-                ..
-            } => LISTED_COST + BLOCK_COST * list.len() as u128,
-            _ => STRIDED_COST,
-        })
-        .sum()
+    pieces.iter().map(|piece| piece.encoded_len() as u128).sum()
 }
 
-/// Pieces naming the bytes of `items` in order.
-fn emit(items: &[Ir]) -> Result<Vec<Piece>, DatatypeError> {
+/// Pieces naming the bytes of `items` in order, taken from `room`.
+fn emit(items: &[Ir], room: &mut Room) -> Result<Vec<Piece>, DatatypeError> {
     let mut pieces = Vec::new();
     for item in items {
-        emit_item(item, &mut pieces)?;
+        emit_item(item, &mut pieces, room)?;
     }
     Ok(gather_lists(pieces))
 }
 
-fn emit_item(item: &Ir, pieces: &mut Vec<Piece>) -> Result<(), DatatypeError> {
+/// Listed blocks and other pieces in `pieces` (what they take of a
+/// [`Room`]).
+fn units(pieces: &[Piece]) -> u128 {
+    pieces
+        .iter()
+        .map(|piece| piece.listed().map_or(1, |list| list.len() as u128))
+        .sum()
+}
+
+fn emit_item(item: &Ir, pieces: &mut Vec<Piece>, room: &mut Room) -> Result<(), DatatypeError> {
     if let Some((offset, block, dims)) = strided(item) {
         if dims.len() <= MAX_DIMS {
+            room.take(1)?;
             let mut loops = [Dim::ONE; MAX_DIMS];
             loops[..dims.len()].copy_from_slice(&dims);
             pieces.push(Piece::Strided {
@@ -180,15 +203,15 @@ fn emit_item(item: &Ir, pieces: &mut Vec<Piece>) -> Result<(), DatatypeError> {
         unreachable!("a block is always strided");
     };
     // Too irregular for loops: unroll the outer loop (each iteration its
-    // own pieces) or list every block, whichever encodes smaller.
-    let once = emit(body)?;
+    // own pieces) or list every block, whichever encodes smaller. One
+    // iteration is compiled in room of its own, taken from `room` once the
+    // choice is made.
+    let once = emit(body, &mut room.clone())?;
     let unrolled = cost(&once).saturating_mul(u128::from(*count));
     let blocks = item.blocks();
     let listed = LISTED_COST.saturating_add(BLOCK_COST.saturating_mul(blocks));
     if listed <= unrolled {
-        if blocks > u128::from(MAX_LISTED_BLOCKS) {
-            return Err(DatatypeError::TooIrregular { blocks });
-        }
+        room.take(blocks)?;
         let mut list = Vec::with_capacity(blocks as usize);
         item.each_block(0, &mut |offset, len| push_block(&mut list, offset, len));
         pieces.push(Piece::Indexed {
@@ -196,9 +219,7 @@ fn emit_item(item: &Ir, pieces: &mut Vec<Piece>) -> Result<(), DatatypeError> {
             blocks: BlockList::Listed(list),
         });
     } else {
-        if unrolled / STRIDED_COST > u128::from(MAX_LISTED_BLOCKS) {
-            return Err(DatatypeError::TooIrregular { blocks });
-        }
+        room.take(units(&once).saturating_mul(u128::from(*count)))?;
         for i in 0..*count {
             let by = stride * i as i64;
             for piece in &once {

@@ -16,8 +16,18 @@
 //! * a run of items equal up to a constant shift is a loop (constant
 //!   strides found in index lists).
 
+use super::compile::MAX_LISTED_BLOCKS;
 use super::types::Datatype;
 use super::DatatypeError;
+
+/// Items flattening may produce, at most, counted as they are made (the
+/// same subtree flattened for each of its uses counts each time): a small
+/// tree that shares subtrees can name exponentially many blocks. Past it
+/// the type is refused ([`DatatypeError::TooComplex`]) rather than
+/// flattened for minutes into gigabytes. A regular type folds into a few
+/// items; an index list costs one per entry before its constant strides
+/// fold.
+pub const MAX_FLATTENED_ITEMS: u64 = 4 * MAX_LISTED_BLOCKS;
 
 /// One item of a flattened type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +48,14 @@ impl Ir {
         match self {
             Ir::Block { offset, .. } => *offset += by,
             Ir::Rep { body, .. } => body.iter_mut().for_each(|item| item.shift(by)),
+        }
+    }
+
+    /// Items in it, nested ones included.
+    fn items(&self) -> u64 {
+        match self {
+            Ir::Block { .. } => 1,
+            Ir::Rep { body, .. } => 1 + body.iter().map(Ir::items).sum::<u64>(),
         }
     }
 
@@ -201,6 +219,16 @@ impl Flattener {
 
     /// The flattened list of one element of `datatype` at its origin.
     pub(crate) fn flatten(&self, datatype: &Datatype) -> Result<Vec<Ir>, DatatypeError> {
+        self.flatten_counting(datatype, &mut 0)
+    }
+
+    /// [`flatten`](Self::flatten), adding the items it makes to `made`
+    /// (at most [`MAX_FLATTENED_ITEMS`]).
+    fn flatten_counting(
+        &self,
+        datatype: &Datatype,
+        made: &mut u64,
+    ) -> Result<Vec<Ir>, DatatypeError> {
         if datatype.size() == 0 {
             return Ok(Vec::new());
         }
@@ -214,7 +242,18 @@ impl Flattener {
         }
         let mut items = Vec::new();
         for group in groups {
-            let mut body = self.flatten(group.element)?;
+            // No copies: nothing to flatten (nor to move by a displacement
+            // that bounds never checked, since it names no byte).
+            if group.loops.iter().any(|&(count, _)| count == 0) {
+                continue;
+            }
+            let mut body = self.flatten_counting(group.element, made)?;
+            *made = made.saturating_add(body.iter().map(Ir::items).sum());
+            if *made > MAX_FLATTENED_ITEMS {
+                return Err(DatatypeError::TooComplex {
+                    limit: MAX_FLATTENED_ITEMS,
+                });
+            }
             for item in &mut body {
                 item.shift(group.displacement);
             }

@@ -2,7 +2,8 @@
 //!
 //! A [`Datatype`] is built as MPI builds one (primitive types, contiguous,
 //! vector, hvector, indexed, hindexed, indexed and hindexed blocks,
-//! struct, subarray in C or Fortran order, resized), nested to any depth.
+//! struct, subarray in C or Fortran order, resized), nested up to
+//! [`MAX_DEPTH`] constructors deep.
 //! It has MPI's typemap facts: size, lower bound, extent, true lower bound
 //! and true extent; bounds set by [`Datatype::resized`] or
 //! [`Datatype::subarray`] are markers that outrank the natural bounds of
@@ -61,7 +62,8 @@ use thiserror::Error;
 
 pub use cache::{CacheConfig, CacheStats, Descriptor, DescriptorCache, Lookup, Policy};
 pub use compile::{Committed, MAX_LISTED_BLOCKS};
-pub use types::{Constructor, Datatype, Field, Order};
+pub use ir::MAX_FLATTENED_ITEMS;
+pub use types::{Constructor, Datatype, Field, Order, MAX_DEPTH};
 pub use unit::{dual_contiguous_unit, dual_unit, DualUnit};
 
 /// Why a datatype could not be built or compiled.
@@ -78,6 +80,21 @@ pub enum DatatypeError {
     TooIrregular {
         /// Blocks it would list.
         blocks: u128,
+    },
+    /// Flattening would make more than [`MAX_FLATTENED_ITEMS`] items (a
+    /// type that uses shared subtrees many times over).
+    #[error("datatype too complex: flattening it makes more than {limit} items")]
+    TooComplex {
+        /// The limit.
+        limit: u64,
+    },
+    /// Nested deeper than [`MAX_DEPTH`] constructors.
+    #[error("datatype nested too deep: {depth} constructors, at most {limit}")]
+    TooDeep {
+        /// Its depth.
+        depth: u32,
+        /// The limit.
+        limit: u32,
     },
     /// The two sides of a transfer cover different numbers of bytes.
     #[error("source covers {sent} bytes, target {received}")]

@@ -6,6 +6,11 @@ use std::sync::Arc;
 
 use super::DatatypeError;
 
+/// Constructors a datatype may nest, at most (a basic type is depth 0):
+/// far beyond what programs build, and shallow enough that the recursive
+/// walks of commit and drop fit any thread's stack.
+pub const MAX_DEPTH: u32 = 256;
+
 /// Storage order of a subarray's dimensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Order {
@@ -167,6 +172,8 @@ pub(crate) struct Bounds {
     pub(crate) true_ub: i64,
     /// The largest alignment of a basic type in it.
     pub(crate) align: u64,
+    /// Constructors nested in it, itself included (0 for a basic type).
+    pub(crate) depth: u32,
 }
 
 /// Copies of one type at `displacement + sum(i_k * stride_k)`, `i_k <
@@ -207,6 +214,7 @@ impl Datatype {
                 true_lb: 0,
                 true_ub: top,
                 align: align.max(1),
+                depth: 0,
             },
         }))
     }
@@ -565,7 +573,19 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
             Some((l, h)) => (l.min(low), h.max(high)),
         });
     };
-    for group in groups(constructor)? {
+    let groups = groups(constructor)?;
+    let depth = 1 + groups
+        .iter()
+        .map(|group| group.element.bounds().depth)
+        .max()
+        .unwrap_or(0);
+    if depth > MAX_DEPTH {
+        return Err(DatatypeError::TooDeep {
+            depth,
+            limit: MAX_DEPTH,
+        });
+    }
+    for group in groups {
         let mut copies: u64 = 1;
         let (mut low, mut high) = (
             i128::from(group.displacement),
@@ -649,5 +669,6 @@ fn compute_bounds(constructor: &Constructor) -> Result<Bounds, DatatypeError> {
         true_lb,
         true_ub,
         align,
+        depth,
     })
 }

@@ -8,7 +8,7 @@ use super::reference::{byte_offsets, typemap};
 use crate::datatype::{Datatype, DatatypeError, Field, Order, MAX_LISTED_BLOCKS};
 
 /// Compiles and checks the bytes against the reference.
-fn compiled(t: &Datatype, count: u64) -> Pattern {
+pub(super) fn compiled(t: &Datatype, count: u64) -> Pattern {
     let pattern = t.commit().unwrap().pattern(count).unwrap();
     assert_eq!(
         pattern_offsets(&pattern, 0, pattern.len),

@@ -2,6 +2,7 @@
 
 mod cache;
 mod compact;
+mod hostile;
 mod mpi;
 pub(super) mod props;
 mod reference;
