@@ -201,7 +201,9 @@ impl Datatype {
     }
 
     /// A basic type of `size` bytes aligned to `align` (lower bound 0,
-    /// extent `size`).
+    /// extent `size`). Above `i64::MAX` bytes its bounds stop at
+    /// `i64::MAX`, and a pattern of it fails with
+    /// [`DatatypeError::Overflow`].
     pub fn aligned(size: u64, align: u64) -> Datatype {
         let top = i64::try_from(size).unwrap_or(i64::MAX);
         Datatype(Arc::new(Node {
@@ -446,7 +448,13 @@ impl Datatype {
     }
 }
 
-fn scaled(elements: i64, extent: i64) -> Result<i64, DatatypeError> {
+/// `elements` extents in bytes, for a displacement or stride of `copies`
+/// copies: with none, it names nothing and is 0 whatever its size (as MPI
+/// accepts a vector of no blocks with any stride).
+fn scaled(copies: u64, elements: i64, extent: i64) -> Result<i64, DatatypeError> {
+    if copies == 0 {
+        return Ok(0);
+    }
     to_i64(
         i128::from(elements) * i128::from(extent),
         "displacement in extents",
@@ -474,7 +482,10 @@ fn groups(constructor: &Constructor) -> Result<Vec<Group<'_>>, DatatypeError> {
             inner,
             vec![
                 (*block, inner.extent()),
-                (*count, scaled(*stride, inner.extent())?),
+                (
+                    *count,
+                    scaled(count.saturating_mul(*block), *stride, inner.extent())?,
+                ),
             ],
         )],
         Constructor::Hvector {
@@ -491,7 +502,7 @@ fn groups(constructor: &Constructor) -> Result<Vec<Group<'_>>, DatatypeError> {
             .iter()
             .map(|&(len, at)| {
                 Ok(group(
-                    scaled(at, inner.extent())?,
+                    scaled(len, at, inner.extent())?,
                     inner,
                     vec![(len, inner.extent())],
                 ))
@@ -509,7 +520,7 @@ fn groups(constructor: &Constructor) -> Result<Vec<Group<'_>>, DatatypeError> {
             .iter()
             .map(|&at| {
                 Ok(group(
-                    scaled(at, inner.extent())?,
+                    scaled(*block, at, inner.extent())?,
                     inner,
                     vec![(*block, inner.extent())],
                 ))

@@ -134,3 +134,22 @@ fn nesting_is_bounded_at_max_depth() {
     );
     assert!(refused.to_string().contains("too deep"), "{refused}");
 }
+
+#[test]
+fn strides_and_displacements_of_no_copies_may_be_anything() {
+    let f64 = Datatype::f64();
+    for t in [
+        Datatype::vector(0, 1, i64::MIN, &f64).unwrap(),
+        Datatype::vector(3, 0, i64::MAX, &f64).unwrap(),
+        Datatype::indexed(&[(0, i64::MIN), (2, 1)], &f64).unwrap(),
+        Datatype::indexed_block(0, &[i64::MAX, 5], &f64).unwrap(),
+    ] {
+        let size = t.size();
+        assert_eq!(compiled(&t, 2).len, 2 * size);
+    }
+    // With copies, the same stride is refused, naming the overflow.
+    assert_eq!(
+        Datatype::vector(2, 1, i64::MIN, &f64).unwrap_err(),
+        DatatypeError::Overflow("displacement in extents")
+    );
+}

@@ -97,7 +97,9 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
             runs(
                 &mut map,
                 inner,
-                (0..*count as i64).map(|i| (*block, i * stride * ext)),
+                // Runs of no copies name nothing, whatever their place.
+                (0..*count as i64)
+                    .map(|i| (*block, if *block == 0 { 0 } else { i * stride * ext })),
             )
         }
         Constructor::Hvector {
@@ -115,7 +117,9 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
             runs(
                 &mut map,
                 inner,
-                blocks.iter().map(|&(len, at)| (len, at * ext)),
+                blocks
+                    .iter()
+                    .map(|&(len, at)| (len, if len == 0 { 0 } else { at * ext })),
             )
         }
         Constructor::Hindexed { blocks, inner } => runs(&mut map, inner, blocks.iter().copied()),
@@ -128,7 +132,9 @@ pub fn typemap(datatype: &Datatype) -> Typemap {
             runs(
                 &mut map,
                 inner,
-                displacements.iter().map(|&at| (*block, at * ext)),
+                displacements
+                    .iter()
+                    .map(|&at| (*block, if *block == 0 { 0 } else { at * ext })),
             )
         }
         Constructor::HindexedBlock {
