@@ -108,11 +108,12 @@ pub struct Context<T: Transport + 'static = VhostUserTransport> {
 impl<T: Transport + 'static> Drop for Context<T> {
     /// Ends the connection before the rings' memory goes back to the
     /// arena. Every queue pair, region and window borrowed the context and
-    /// is gone, so no request is under way; but the device may still
-    /// write its records into the rings until it has let go of the port.
-    /// Only when it confirms that within the control timeout are the
-    /// rings freed; otherwise the arena is sealed and keeps them (and
-    /// everything freed later) out of any later allocation.
+    /// is gone, but the device may still be at work on the rings (a
+    /// dropped queue pair's flush, the requests of one leaked with
+    /// `mem::forget`) and writes its records into them until it has let go
+    /// of the port. Only when it confirms that within the control timeout
+    /// are the rings freed; otherwise the arena is sealed and keeps them
+    /// (and everything freed later) out of any later allocation.
     fn drop(&mut self) {
         if std::process::id() != self.opened_by {
             // A child of fork(): the connection is its parent's, and so
