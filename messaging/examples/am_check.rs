@@ -152,6 +152,9 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         config.ring_slots = 8;
         return hostile_gasnet::run(job, &context, config, scenario, counters);
     }
+    if scenario == "config-checks" {
+        return config_checks(job, &context, config);
+    }
     let state = Rc::new(RefCell::new(State::default()));
     let handlers = match scenario {
         "flood" => {
@@ -1772,5 +1775,53 @@ fn forged_credit(
             tally.checked = u64::from(ran);
         }
     }
+    Ok(tally)
+}
+
+/// A zero liveness interval is refused before anything is set up; ranks
+/// whose rings or segments differ are refused even where the rings take
+/// the same bytes, or the segments the same rounded size.
+fn config_checks(
+    job: &mut Job,
+    context: &pindown_driver::verbs::Context,
+    config: Config,
+) -> Outcome {
+    let mut tally = Tally::default();
+    let zero = Config {
+        liveness_interval: Duration::ZERO,
+        ..config.clone()
+    };
+    match Endpoint::new(context, job, zero, Handlers::new()) {
+        Err(pindown_messaging::Error::InvalidConfig(why)) if why.contains("liveness_interval") => {
+            tally.checked += 1
+        }
+        other => return Err(format!("a zero liveness interval: {:?}", other.map(|_| ()))),
+    }
+    let even = job.rank().is_multiple_of(2);
+    let rings = Config {
+        ring_slots: if even { 2 } else { 4 },
+        slot_bytes: if even { 512 } else { 256 },
+        ..config.clone()
+    };
+    let segments = Config {
+        segment_bytes: if even { 100 } else { 120 },
+        ..config.clone()
+    };
+    if job.size() > 1 {
+        for (what, odd) in [
+            ("Config::ring_slots", rings),
+            ("Config::segment_bytes", segments),
+        ] {
+            match Endpoint::new(context, job, odd, Handlers::new()) {
+                Err(pindown_messaging::Error::Mismatch(why)) if why.contains(what) => {
+                    tally.checked += 1
+                }
+                other => return Err(format!("differing {what}: {:?}", other.map(|_| ()))),
+            }
+        }
+    }
+    let mut ep = Endpoint::new(context, job, config, Handlers::new()).map_err(|e| e.to_string())?;
+    ep.barrier().map_err(|e| e.to_string())?;
+    tally.checked += 1;
     Ok(tally)
 }

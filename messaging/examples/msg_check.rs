@@ -126,6 +126,9 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
     if scenario.starts_with("acp") {
         return global_memory::run(job, &context, scenario);
     }
+    if scenario == "config-checks" {
+        return config_checks(job, &context);
+    }
     let mut config = Config::default();
     if let Some(mode) = args
         .iter()
@@ -491,6 +494,77 @@ fn timeout_switch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcom
         let len = world.recv(peer, 21, &mut buffer).map_err(err("recv"))?;
         tally.checked += check(&buffer[..len], peer, me, 21, "switched message")?;
     }
+    Ok(tally)
+}
+
+/// Configurations out of range are refused before anything is set up;
+/// ranks that differ in slots and communicators are refused even where
+/// the control areas they make are the same size; deadlines too far for
+/// the clock mean no deadline. Every rank runs it.
+fn config_checks(job: &mut Job, context: &pindown_driver::verbs::Context) -> Outcome {
+    let mut tally = Tally::default();
+    let refused = |config: Config, job: &mut Job, wanted: &str| -> Result<(), String> {
+        match Messenger::new(context, job, config) {
+            Err(Error::InvalidConfig(why)) if why.contains(wanted) => Ok(()),
+            Err(other) => Err(format!("{wanted}: {other}")),
+            Ok(_) => Err(format!("{wanted}: accepted")),
+        }
+    };
+    let zero = Config {
+        liveness_interval: Duration::ZERO,
+        ..Config::default()
+    };
+    refused(zero, job, "liveness_interval")?;
+    let forever = Config {
+        liveness_interval: Duration::MAX,
+        ..Config::default()
+    };
+    refused(forever, job, "liveness_interval")?;
+    let huge = Config {
+        slots: u32::MAX,
+        communicators: u32::MAX / 2,
+        ..Config::default()
+    };
+    refused(huge, job, "Config::slots")?;
+    tally.checked += 3;
+    // 429 slots on one communicator and 2 slots on two make peer blocks of
+    // the same size: the shapes are compared, not the sizes.
+    let (slots, communicators) = if job.rank().is_multiple_of(2) {
+        (428, 1)
+    } else {
+        (2, 2)
+    };
+    let odd = Config {
+        slots,
+        communicators,
+        ..Config::default()
+    };
+    if job.size() > 1 {
+        match Messenger::new(context, job, odd) {
+            Err(Error::Mismatch(why)) if why.contains("Config::slots") => tally.checked += 1,
+            other => return Err(format!("differing shapes: {:?}", other.map(|_| ()))),
+        }
+    }
+    let messenger = Messenger::new(context, job, Config::default()).map_err(err("messenger"))?;
+    messenger.set_send_timeout(Some(Duration::MAX));
+    let world = messenger.world();
+    if world.size() > 1 && world.rank() < 2 {
+        let peer = 1 - world.rank();
+        meet(&world, peer).map_err(err("meet"))?;
+        if world.rank() == 0 {
+            world.send(peer, 1, b"no deadline").map_err(err("send"))?;
+        } else {
+            let mut buffer = [0u8; 11];
+            world.recv(peer, 1, &mut buffer).map_err(err("recv"))?;
+            if &buffer != b"no deadline" {
+                return Err(format!("received {buffer:?}"));
+            }
+            tally.checked += 1;
+        }
+    }
+    drop(world);
+    messenger.finalize(Duration::MAX).map_err(err("finalize"))?;
+    tally.checked += 1;
     Ok(tally)
 }
 

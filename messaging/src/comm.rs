@@ -302,7 +302,7 @@ impl<'c> Communicator<'c> {
             },
             None,
         )?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(crate::records::deadline_after);
         let posted =
             engine.wait_until(
                 Some(peer),
@@ -596,7 +596,7 @@ impl<'c> Communicator<'c> {
             },
             Some(pattern),
         )?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(crate::records::deadline_after);
         match engine.wait_until(
             Some(peer),
             deadline,

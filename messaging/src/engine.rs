@@ -28,7 +28,10 @@ use crate::layout::{self, Layout, MATCH_STAMP_AT};
 use crate::windows::WindowCache;
 
 /// How a rank's messaging is set up. Every rank of a job must use the same
-/// `slots` and `communicators`.
+/// `slots` and `communicators` (compared at [`Messenger::new`](crate::Messenger::new),
+/// failing with [`Error::Mismatch`]); `slots` is at most [`MAX_SLOTS`],
+/// `communicators` at most [`MAX_COMMUNICATORS`], `liveness_interval`
+/// between 1 us and an hour ([`Error::InvalidConfig`] otherwise).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Matching slots per (peer, communicator): the tag range, and how many
@@ -295,8 +298,31 @@ pub(crate) struct Engine<'c> {
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space:
-/// its node and port, and the length of a peer's block.
+/// its node and port, and its `Config::slots` and `Config::communicators`
+/// (every rank must use the same: compared whole, not by the size of the
+/// control area they make).
 const RECORD_BYTES: usize = 12;
+
+/// The most matching slots per (peer, communicator) a configuration may
+/// name.
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// The most communicators a configuration may name.
+pub const MAX_COMMUNICATORS: u32 = 1 << 16;
+
+impl Config {
+    /// Fails with [`Error::InvalidConfig`] naming the first value out of
+    /// its range.
+    fn check(&self) -> Result<()> {
+        if self.slots > MAX_SLOTS || self.communicators > MAX_COMMUNICATORS {
+            return Err(Error::InvalidConfig(format!(
+                "Config::slots {} and Config::communicators {}: at most {MAX_SLOTS} and \
+                 {MAX_COMMUNICATORS}",
+                self.slots, self.communicators
+            )));
+        }
+        crate::records::check_liveness_interval(self.liveness_interval)
+    }
+}
 /// Its key.
 const RECORD_KEY: &str = "pindown-messaging";
 /// The launcher key under which a rank publishes the key of the window
@@ -318,13 +344,26 @@ impl<'c> Engine<'c> {
             unexpected_per_sender: config.unexpected_per_sender.max(1),
             ..config
         };
+        config.check()?;
         let layout = Layout {
             ranks: job.size(),
             contexts: config.communicators * 2,
             // One hidden slot per (context, peer) for any-tag receives.
             slots: config.slots + 1,
         };
-        let bytes = usize::try_from(layout.bytes()).expect("control area fits memory");
+        // Bounded slots and communicators keep a block's size far inside
+        // 64 bits; the whole area is checked against memory.
+        let bytes = u128::from(layout.block_bytes()) * u128::from(layout.ranks);
+        let bytes = usize::try_from(layout.bytes())
+            .ok()
+            .filter(|_| bytes < 1 << 48)
+            .ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "a control area of {bytes} bytes for {} ranks: lower Config::slots or \
+                     Config::communicators",
+                    layout.ranks
+                ))
+            })?;
         let control_memory = context.alloc(bytes, 4096)?;
         // SAFETY: the buffer was just allocated for this engine and
         // `bytes` long; zeroing it before any peer knows it exists.
@@ -338,7 +377,8 @@ impl<'c> Engine<'c> {
         let own = context.info().address();
         record[..2].copy_from_slice(&own.node.to_le_bytes());
         record[2..4].copy_from_slice(&own.port.to_le_bytes());
-        record[4..12].copy_from_slice(&layout.block_bytes().to_le_bytes());
+        record[4..8].copy_from_slice(&config.slots.to_le_bytes());
+        record[8..12].copy_from_slice(&config.communicators.to_le_bytes());
         let records = job.all_gather(RECORD_KEY, &record)?;
         let mut ports = Vec::with_capacity(records.len());
         for (rank, record) in records.iter().enumerate() {
@@ -346,12 +386,13 @@ impl<'c> Engine<'c> {
                 node: u16::from_le_bytes(field(record, 0, rank)?),
                 port: u16::from_le_bytes(field(record, 2, rank)?),
             };
-            let block_bytes = u64::from_le_bytes(field(record, 4, rank)?);
-            if block_bytes != layout.block_bytes() {
+            let slots = u32::from_le_bytes(field(record, 4, rank)?);
+            let communicators = u32::from_le_bytes(field(record, 8, rank)?);
+            if (slots, communicators) != (config.slots, config.communicators) {
                 return Err(Error::Mismatch(format!(
-                    "rank {rank}'s control area has {block_bytes}-byte peer blocks, this rank's \
-                     {}: every rank must use the same Config::slots and Config::communicators",
-                    layout.block_bytes()
+                    "rank {rank} uses Config::slots {slots} and Config::communicators \
+                     {communicators}, this rank {} and {}: every rank must use the same",
+                    config.slots, config.communicators
                 )));
             }
             ports.push(port);
@@ -1510,8 +1551,8 @@ impl Engine<'_> {
     /// what is left, or with the first failure of a send that had
     /// returned.
     pub(crate) fn flush(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let drained = self.wait_until(None, Some(deadline), |e| {
+        let deadline = crate::records::deadline_after(timeout);
+        let drained = self.wait_until(None, deadline, |e| {
             Ok(e.in_flight.is_empty() && e.waiting_slots.is_empty())
         })?;
         if let Some(err) = self.take_deferred_failure() {

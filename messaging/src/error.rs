@@ -163,6 +163,10 @@ pub enum Error {
         /// The device's answer.
         why: String,
     },
+    /// A configuration this library cannot run with: a value out of its
+    /// range, named with the range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     /// An active-message or one-sided call of [`gasnet`](crate::gasnet)
     /// failed: a bad argument, a malformed packet from a peer, a reply
     /// where none is allowed, a wait that timed out.

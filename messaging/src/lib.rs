@@ -84,7 +84,7 @@ pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,
     WindowCacheCounts,
 };
-pub use engine::{Config, Received};
+pub use engine::{Config, Received, MAX_COMMUNICATORS, MAX_SLOTS};
 
 use pindown_driver::verbs::ContextConfig;
 

@@ -3,7 +3,9 @@
 //! before it publishes its own.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
+use pindown_driver::launch::Job;
 use pindown_uapi::NodeId;
 
 use crate::error::{Error, Result};
@@ -26,6 +28,44 @@ pub(crate) fn distinct_ports(ports: impl IntoIterator<Item = (NodeId, u16)>) -> 
         }
     }
     Ok(())
+}
+
+/// The longest liveness interval a configuration may name (an hour):
+/// deadlines computed from it stay far from the clock's range.
+pub(crate) const MAX_LIVENESS_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Fails unless `interval` (a `Config::liveness_interval`) is at least a
+/// microsecond (a zero interval would declare every peer gone at its
+/// first check) and at most [`MAX_LIVENESS_INTERVAL`].
+pub(crate) fn check_liveness_interval(interval: Duration) -> Result<()> {
+    if interval < Duration::from_micros(1) || interval > MAX_LIVENESS_INTERVAL {
+        return Err(Error::InvalidConfig(format!(
+            "Config::liveness_interval is {interval:?}: it must lie between 1us and \
+             {MAX_LIVENESS_INTERVAL:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The configuration values every rank of a job must share, as text
+/// naming each (`"Config::slots 64, Config::communicators 16"`): gathered
+/// from every rank through the launcher and compared whole, so that two
+/// configurations of the same size in memory cannot pass for each other.
+pub(crate) fn same_shape(job: &mut Job, key: &str, mine: &str) -> Result<()> {
+    let shapes = job.all_gather(key, mine.as_bytes())?;
+    match shapes.iter().position(|shape| shape != mine.as_bytes()) {
+        Some(rank) => Err(Error::Mismatch(format!(
+            "rank {rank} uses {}, this rank {mine}: every rank must use the same",
+            String::from_utf8_lossy(&shapes[rank])
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The deadline `timeout` from now; `None` (no deadline) when it lies
+/// beyond the clock's range.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
 }
 
 #[cfg(test)]

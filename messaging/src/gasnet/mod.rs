@@ -261,8 +261,10 @@ pub enum GetMode {
 }
 
 /// How an endpoint is set up. Every rank of a job must use the same
-/// `segment_bytes`, `ring_slots` and `slot_bytes` (checked at
-/// [`Endpoint::new`]).
+/// `segment_bytes`, `ring_slots` and `slot_bytes` (compared whole at
+/// [`Endpoint::new`], failing with [`Error::Mismatch`]);
+/// `liveness_interval` lies between 1 us and an hour
+/// ([`Error::InvalidConfig`] otherwise).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Bytes of this rank's segment.
@@ -749,6 +751,8 @@ fn exchange_windows(
 }
 /// The key it is published under.
 const RECORD_KEY: &str = "pindown-gasnet";
+/// Launcher key of the configuration every rank must share.
+const SHAPE_KEY: &str = "pindown-gasnet-shape";
 /// Marks a completion of a packet's writes (the rest is the target).
 const PACKET_BIT: u64 = 1 << 63;
 /// Marks the completion of a liveness check (the rest is the peer).
@@ -895,10 +899,19 @@ impl<'c> Endpoint<'c> {
                 "Config::get_bounce_bytes must be at least 1".into(),
             ));
         }
+        crate::records::check_liveness_interval(config.liveness_interval)?;
         let config = Config {
             pio_max: config.pio_max.min(MAX_INLINE),
             ..config
         };
+        crate::records::same_shape(
+            job,
+            SHAPE_KEY,
+            &format!(
+                "Config::segment_bytes {}, Config::ring_slots {}, Config::slot_bytes {}",
+                config.segment_bytes, config.ring_slots, config.slot_bytes
+            ),
+        )?;
         let size = job.size();
         let layout = Layout::new(size, &config)?;
         let bytes = usize::try_from(layout.total)
