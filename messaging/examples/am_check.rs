@@ -1820,8 +1820,25 @@ fn config_checks(
             }
         }
     }
-    let mut ep = Endpoint::new(context, job, config, Handlers::new()).map_err(|e| e.to_string())?;
+    let mut ep =
+        Endpoint::new(context, job, config.clone(), Handlers::new()).map_err(|e| e.to_string())?;
     ep.barrier().map_err(|e| e.to_string())?;
     tally.checked += 1;
+    // A handle of an endpoint made again is not the new endpoint's.
+    let target = (job.rank() + 1) % job.size();
+    let put = ep
+        .put_nb(target, 64 * u64::from(job.rank()), vec![7u8; 64])
+        .map_err(|e| e.to_string())?;
+    ep.wait(put).map_err(|e| e.to_string())?;
+    ep.barrier().map_err(|e| e.to_string())?;
+    drop(ep);
+    let mut ep = Endpoint::new(context, job, config, Handlers::new()).map_err(|e| e.to_string())?;
+    match ep.wait(put) {
+        Err(pindown_messaging::Error::Gasnet(why)) if why.contains("another endpoint") => {
+            tally.checked += 1
+        }
+        other => return Err(format!("a handle of the endpoint before: {other:?}")),
+    }
+    ep.barrier().map_err(|e| e.to_string())?;
     Ok(tally)
 }

@@ -328,8 +328,9 @@ fn a_rank_publishing_another_ranks_windows_as_its_own_is_refused_by_name() {
 #[test]
 fn configurations_out_of_range_or_differing_between_ranks_are_refused() {
     // A zero liveness interval, differing rings, differing segments; then
-    // the same configuration everywhere works.
+    // the same configuration everywhere works, and a handle of an
+    // endpoint made again is refused by the new one.
     for line in passes(2, "config-checks", &[]) {
-        assert_eq!(checked(&line), 4, "{line}");
+        assert_eq!(checked(&line), 5, "{line}");
     }
 }

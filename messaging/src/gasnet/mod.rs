@@ -494,10 +494,18 @@ impl Outgoing {
     }
 }
 
-/// A nonblocking operation to complete with [`Endpoint::wait`].
+/// A nonblocking operation to complete with [`Endpoint::wait`] of the
+/// endpoint that started it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[must_use = "a nonblocking put completes only through wait or wait_all"]
-pub struct Handle(u64);
+pub struct Handle {
+    /// The endpoint's identity ([`Endpoint::id`]).
+    endpoint: u64,
+    tag: u64,
+}
+
+/// Identities of endpoints, unique in the process.
+static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
 /// What an endpoint has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -843,6 +851,8 @@ pub struct Endpoint<'c> {
     /// report in the order they were found.
     failures: VecDeque<Error>,
     next_tag: u64,
+    /// Unique in the process: the handles this endpoint gives out carry it.
+    id: u64,
     /// By-message gets: replies arrived (request id, status).
     get_replies: HashMap<u32, u32>,
     next_get: u32,
@@ -1042,6 +1052,7 @@ impl<'c> Endpoint<'c> {
             stash: Vec::new(),
             failures: VecDeque::new(),
             next_tag: 0,
+            id: NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed),
             get_replies: HashMap::new(),
             next_get: 0,
             get_pending: None,
@@ -1125,6 +1136,14 @@ impl<'c> Endpoint<'c> {
     fn tag(&mut self) -> u64 {
         self.next_tag += 1;
         self.next_tag
+    }
+
+    /// The handle of the operation tagged `tag`.
+    pub(super) fn handle(&self, tag: u64) -> Handle {
+        Handle {
+            endpoint: self.id,
+            tag,
+        }
     }
 
     fn check_target(&self, target: u32) -> Result<()> {
@@ -1955,8 +1974,20 @@ impl<'c> Endpoint<'c> {
 
     /// Waits for a nonblocking operation: once it returns, the target has
     /// the bytes and the source may be reused.
+    ///
+    /// A handle of another endpoint (another rank's object, or one of
+    /// this rank's before it was made again) is refused: its tag would
+    /// name one of this endpoint's operations, or none. A handle waited
+    /// for already is complete.
     pub fn wait(&mut self, handle: Handle) -> Result<()> {
-        let tag = handle.0;
+        if handle.endpoint != self.id {
+            return Err(Error::Gasnet(format!(
+                "wait on a handle of another endpoint (operation {} of endpoint {}, this is \
+                 endpoint {})",
+                handle.tag, handle.endpoint, self.id
+            )));
+        }
+        let tag = handle.tag;
         if !self.ops.contains_key(&tag) {
             return Ok(());
         }
@@ -2053,7 +2084,7 @@ impl<'c> Endpoint<'c> {
         let tags: Vec<u64> = self.ops.keys().copied().collect();
         let mut first = None;
         for tag in tags {
-            if let Err(err) = self.wait(Handle(tag)) {
+            if let Err(err) = self.wait(self.handle(tag)) {
                 first.get_or_insert(err);
             }
         }

@@ -150,7 +150,7 @@ impl<'c> Endpoint<'c> {
         check_range(target_offset, len, self.layout.segment)?;
         let tag = self.tag();
         if len == 0 {
-            return Ok(Handle(tag));
+            return Ok(self.handle(tag));
         }
         let descriptor =
             self.transfer_descriptor(source.as_ptr() as u64, target, target_offset, len);
@@ -171,7 +171,7 @@ impl<'c> Endpoint<'c> {
             post_entries(&mut self.qp, &mut self.cq, &mut self.stash, &[entry])?;
             self.counters.pio_writes += 1;
             self.ops.insert(tag, self.op(target, 1));
-            return Ok(Handle(tag));
+            return Ok(self.handle(tag));
         }
         if !descriptor.bounce && self.descriptors.is_some() {
             return self.put_cached(target, target_offset, source, descriptor, tag);
@@ -214,7 +214,7 @@ impl<'c> Endpoint<'c> {
             op._regions.push(region);
         }
         self.ops.insert(tag, op);
-        Ok(Handle(tag))
+        Ok(self.handle(tag))
     }
 
     /// Registers the part of `source` a DMA put reads (its aligned body,
@@ -310,7 +310,7 @@ impl<'c> Endpoint<'c> {
         let mut op = self.op(target, count);
         op._cached = Some(cached.region);
         self.ops.insert(tag, op);
-        Ok(Handle(tag))
+        Ok(self.handle(tag))
     }
 
     /// Stages a put's head and tail and posts its writes: the head and
@@ -484,7 +484,7 @@ impl<'c> Endpoint<'c> {
         B: StableDeref + Deref<Target = [u8]> + 'static,
     {
         let handle = self.start_put(target, target_offset, &source)?;
-        if let Some(op) = self.ops.get_mut(&handle.0) {
+        if let Some(op) = self.ops.get_mut(&handle.tag) {
             op._source = Some(Box::new(source));
         }
         Ok(handle)
@@ -529,7 +529,7 @@ impl<'c> Endpoint<'c> {
             op.copies
                 .push((scratch + SCRATCH_READ_SMALL, dest, len as usize));
             self.ops.insert(tag, op);
-            return self.wait(Handle(tag));
+            return self.wait(self.handle(tag));
         }
         if destination.as_ptr() as u64 % DMA_ALIGN != offset % DMA_ALIGN {
             // Misaligned differently: into a bounce buffer at the source's
@@ -556,7 +556,7 @@ impl<'c> Endpoint<'c> {
             op._bounce = Some(region);
             self.counters.bounced += 1;
             self.ops.insert(tag, op);
-            return self.wait(Handle(tag));
+            return self.wait(self.handle(tag));
         }
         let (head, body, tail) = split(offset, len);
         // SAFETY: the body lies inside `destination`, borrowed mutably for
@@ -612,7 +612,7 @@ impl<'c> Endpoint<'c> {
         self.counters.fixup_bytes += head + tail;
         op._regions.push(region);
         self.ops.insert(tag, op);
-        self.wait(Handle(tag))
+        self.wait(self.handle(tag))
     }
 
     /// The paper's get over a write-only fabric: a request message per
@@ -788,7 +788,7 @@ impl<'c> Endpoint<'c> {
         op._regions.push(region);
         self.ops.insert(tag, op);
         self.counters.vector_transfers += 1;
-        self.wait(Handle(tag))
+        self.wait(self.handle(tag))
     }
 
     /// GASNet's strided put: `counts[0]` contiguous bytes, repeated

@@ -19,7 +19,10 @@ const MAX_PIECE: u64 = 1 << 30;
 const LOOKUP_PATIENCE: Duration = Duration::from_secs(10);
 
 /// An operation's handle: [`GlobalMemory::complete`] waits for it and
-/// every earlier one.
+/// every earlier one. Handles are numbered in the order operations start,
+/// from 1 at every init, as ACP's are: a number beyond the last one
+/// started stands for all of them (ACP's `ACP_HANDLE_ALL`), and a handle
+/// kept from before a re-init names the operation of that number since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Handle(pub u64);
 
