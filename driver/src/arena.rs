@@ -147,8 +147,10 @@ fn os_error(operation: &'static str) -> ArenaError {
     }
 }
 
-fn round_up(value: usize, to: usize) -> usize {
-    value.div_ceil(to) * to
+/// `value` rounded up to a multiple of `to` (nonzero); `None` past
+/// `usize::MAX`.
+fn round_up(value: usize, to: usize) -> Option<usize> {
+    value.checked_next_multiple_of(to)
 }
 
 /// Creates a memfd of `size` bytes and maps it shared and read/write.
@@ -210,7 +212,11 @@ impl DmaArena {
         let huge_attempt = match options.huge_pages {
             HugePages::Never => None,
             HugePages::Try | HugePages::Require => {
-                let huge_size = round_up(size, HUGE_PAGE_SIZE);
+                let huge_size =
+                    round_up(size, HUGE_PAGE_SIZE).ok_or(ArenaError::InvalidRequest {
+                        len: size,
+                        align: HUGE_PAGE_SIZE,
+                    })?;
                 Some((huge_size, create_mapping(huge_size, true, options.populate)))
             }
         };
@@ -223,7 +229,11 @@ impl DmaArena {
                 });
             }
             _ => {
-                let size = round_up(size, crate::page_size());
+                let page = crate::page_size();
+                let size = round_up(size, page).ok_or(ArenaError::InvalidRequest {
+                    len: size,
+                    align: page,
+                })?;
                 let (file, map) = create_mapping(size, false, options.populate)?;
                 (file, map, size, false)
             }
@@ -325,7 +335,7 @@ impl DmaArena {
         }
         let align = align.max(MIN_ALIGN);
         // Chunks are multiples of MIN_ALIGN so neighbours never share a line.
-        let rounded = round_up(len, MIN_ALIGN);
+        let rounded = round_up(len, MIN_ALIGN).ok_or(ArenaError::InvalidRequest { len, align })?;
         let base = self.addr() as usize;
         let mut free = self.free.lock();
         if free.sealed {
@@ -353,7 +363,9 @@ impl DmaArena {
     /// whose device translation is installed and removed by page).
     pub fn alloc_pages(self: &Arc<Self>, len: usize) -> Result<DmaBuffer, ArenaError> {
         let page = crate::page_size();
-        let mut buffer = self.alloc(round_up(len.max(1), page), page)?;
+        let whole =
+            round_up(len.max(1), page).ok_or(ArenaError::InvalidRequest { len, align: page })?;
+        let mut buffer = self.alloc(whole, page)?;
         buffer.len = len.max(1);
         Ok(buffer)
     }
@@ -506,8 +518,9 @@ impl FreeList {
     /// Takes `len` bytes whose address (`base + offset`) is aligned to `align`.
     fn take(&mut self, len: usize, align: usize, base: usize) -> Option<usize> {
         let (start, chunk_len, aligned) = self.chunks.iter().find_map(|(&start, &chunk_len)| {
-            let aligned = round_up(base + start, align) - base;
-            (aligned + len <= start + chunk_len).then_some((start, chunk_len, aligned))
+            // An alignment past the address space fits no chunk.
+            let aligned = round_up(base + start, align)? - base;
+            (aligned.checked_add(len)? <= start + chunk_len).then_some((start, chunk_len, aligned))
         })?;
         self.chunks.remove(&start);
         if aligned > start {
@@ -581,6 +594,43 @@ mod tests {
         // After coalescing the whole arena is one chunk again.
         let all = arena.alloc(total, 4096).unwrap();
         assert_eq!(all.len(), total);
+    }
+
+    #[test]
+    fn lengths_and_alignments_past_the_address_space_are_refused() {
+        let arena = DmaArena::with_options(
+            1 << 20,
+            ArenaOptions {
+                huge_pages: HugePages::Never,
+                populate: false,
+            },
+        )
+        .unwrap();
+        let total = arena.free_bytes();
+        for len in [usize::MAX, usize::MAX - 10, usize::MAX - MIN_ALIGN + 2] {
+            assert!(
+                matches!(arena.alloc(len, 64), Err(ArenaError::InvalidRequest { .. })),
+                "{len}"
+            );
+            assert!(
+                matches!(arena.alloc_pages(len), Err(ArenaError::InvalidRequest { .. })),
+                "{len}"
+            );
+        }
+        // An alignment no address in the arena meets: no chunk fits.
+        assert!(matches!(
+            arena.alloc(64, 1 << (usize::BITS - 1)),
+            Err(ArenaError::OutOfMemory { .. })
+        ));
+        assert_eq!(arena.free_bytes(), total, "nothing was taken");
+        // The next allocation is whole and its own.
+        let first = arena.alloc(64, 64).unwrap();
+        let second = arena.alloc(64, 64).unwrap();
+        assert_ne!(first.iova(), second.iova());
+        assert!(matches!(
+            DmaArena::new(usize::MAX - 1),
+            Err(ArenaError::InvalidRequest { .. })
+        ));
     }
 
     #[test]
