@@ -613,7 +613,10 @@ mod tests {
                 "{len}"
             );
             assert!(
-                matches!(arena.alloc_pages(len), Err(ArenaError::InvalidRequest { .. })),
+                matches!(
+                    arena.alloc_pages(len),
+                    Err(ArenaError::InvalidRequest { .. })
+                ),
                 "{len}"
             );
         }

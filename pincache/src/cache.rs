@@ -541,11 +541,14 @@ impl<P: Pinner> Shared<P> {
         let near = self.neighbours(first, last, self.limits.merge);
         let merged = self.merged_region(alone, &near);
         let first_try = match merged {
-            Some(merged) => match self.prepare(&mut writer, merged, &near) {
-                Ok(prepared) => Some((merged, near.clone(), prepared)),
-                Err(CacheError::LimitReached { .. }) => None,
-                Err(error) => return Err(error),
-            },
+            // Any failure of the merged range falls back to the request
+            // alone: beyond the limits, or pages of a cached neighbour the
+            // pinner refuses (unmapped or made inaccessible since, while
+            // its idle entry stayed), which this request does not need.
+            Some(merged) => self
+                .prepare(&mut writer, merged, &near)
+                .ok()
+                .map(|prepared| (merged, near.clone(), prepared)),
             None => None,
         };
         let (target, replaced, Prepared { token, idle, busy }) = match first_try {

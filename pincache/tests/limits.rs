@@ -179,6 +179,35 @@ fn a_failing_pinner_leaves_the_cache_as_it_was() {
 }
 
 #[test]
+fn a_cached_neighbour_the_pinner_now_refuses_does_not_fail_the_request() {
+    let cache = PinCache::new(
+        TrackingPinner::default(),
+        CacheConfig {
+            max_pinned_bytes: Some(1 << 30),
+            merge: true,
+            ..CacheConfig::default()
+        },
+    )
+    .unwrap();
+    // The upper neighbour is cached idle, then its pages go (freed or
+    // made inaccessible): pinning it again fails from now on.
+    drop(cache.pin(BASE + 4 * PAGE, 4 * PAGE).unwrap());
+    cache.pinner().log.lock().refuse = Some(PageRange {
+        start: BASE + 4 * PAGE,
+        len: 4 * PAGE,
+    });
+    // The region right below would merge with it; merged, the pinner
+    // refuses: the request alone is pinned, every time.
+    for _ in 0..2 {
+        let below = cache
+            .pin(BASE, 4 * PAGE)
+            .expect("the request alone is pinned");
+        assert_eq!(below.region().start, BASE);
+        assert_eq!(below.region().len, 4 * PAGE);
+    }
+}
+
+#[test]
 fn merges_stay_bounded() {
     let cache = PinCache::new(
         TrackingPinner::default(),
