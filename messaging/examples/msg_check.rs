@@ -562,8 +562,23 @@ fn config_checks(job: &mut Job, context: &pindown_driver::verbs::Context) -> Out
             tally.checked += 1;
         }
     }
-    drop(world);
     messenger.finalize(Duration::MAX).map_err(err("finalize"))?;
+    tally.checked += 1;
+    // The communicator outlives the messenger, but no call starts on it.
+    let mut buffer = [0u8; 8];
+    let finalized = [
+        world.send(0, 1, b"late").err(),
+        world.recv(0, 1, &mut buffer).err(),
+        world.barrier().err(),
+        world.send_any(0, 1, b"late").err(),
+        world.recv_any(None, None, &mut buffer).err(),
+    ];
+    if let Some(call) = finalized
+        .iter()
+        .position(|e| !matches!(e, Some(Error::Finalized)))
+    {
+        return Err(format!("call {call} after finalize: {:?}", finalized[call]));
+    }
     tally.checked += 1;
     Ok(tally)
 }

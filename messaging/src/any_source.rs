@@ -600,6 +600,7 @@ impl<'c> Communicator<'c> {
         let peer = self.world_rank(dest)?;
         let context = self.context;
         let mut engine = self.engine();
+        engine.check_open()?;
         engine.check_peer(peer)?;
         let len = data.len() as u64;
         if len > layout::MAX_MESSAGE {
@@ -763,7 +764,10 @@ impl<'c> Communicator<'c> {
         })
     }
 
+    /// The filter of a receive or probe from `source` with `tag`; fails
+    /// after the messenger was finalized.
     fn any_filter(&self, source: Option<u32>, tag: Option<u32>) -> Result<Filter> {
+        self.engine().check_open()?;
         Ok(Filter {
             context: self.context,
             peer: source.map(|s| self.world_rank(s)).transpose()?,

@@ -994,6 +994,7 @@ impl Communicator<'_> {
     pub fn barrier_with(&self, algorithm: BarrierAlgorithm) -> Result<()> {
         let group = self.group();
         let mut engine = self.engine();
+        engine.check_open()?;
         let context = group.context as usize;
         engine.collective_epochs[context].barrier += 1;
         let epoch = engine.collective_epochs[context].barrier;
@@ -1041,6 +1042,7 @@ impl Communicator<'_> {
         algorithm: BroadcastAlgorithm,
     ) -> Result<()> {
         self.check_root(root)?;
+        self.engine().check_open()?;
         let group = self.group();
         if group.size() == 1 {
             return Ok(());
@@ -1108,6 +1110,7 @@ impl Communicator<'_> {
         algorithm: ReduceAlgorithm,
     ) -> Result<()> {
         self.check_root(root)?;
+        self.engine().check_open()?;
         if self.rank == root && receive.len() != send.len() {
             return Err(Error::Mismatch(format!(
                 "the root's receive buffer holds {} elements, its send buffer {}",
@@ -1185,6 +1188,7 @@ impl Communicator<'_> {
         op: Op<'_, T>,
         algorithm: ReduceAlgorithm,
     ) -> Result<()> {
+        self.engine().check_open()?;
         if receive.len() != send.len() {
             return Err(Error::Mismatch(format!(
                 "the receive buffer holds {} elements, the send buffer {}",

@@ -103,8 +103,14 @@ impl<'c> Messenger<'c> {
     /// every send has gone out, spooled ones included, and the device has
     /// finished every request, reporting any failure of a send that had
     /// returned. Dropping the messenger only lets posted requests finish.
+    ///
+    /// Communicators outlive the messenger, but no call starts on them
+    /// after this ([`Error::Finalized`]), whatever its outcome.
     pub fn finalize(self, timeout: Duration) -> Result<()> {
-        self.engine.borrow_mut().flush(timeout)
+        let mut engine = self.engine.borrow_mut();
+        let flushed = engine.flush(timeout);
+        engine.finalized = true;
+        flushed
     }
 
     /// Progresses every pending operation once, without waiting.

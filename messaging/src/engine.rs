@@ -282,6 +282,8 @@ pub(crate) struct Engine<'c> {
     /// Failures of parts of a group whose last request has not completed.
     part_failures: HashMap<u64, CompletionError>,
     pub(crate) config: Config,
+    /// Set by [`Messenger::finalize`](crate::Messenger::finalize).
+    pub(crate) finalized: bool,
     next_tag: u64,
     /// The any-source domain's own state (rings, unexpected queue).
     pub(crate) any: crate::any_source::AnyState,
@@ -455,6 +457,7 @@ impl<'c> Engine<'c> {
             qp,
             cq,
             windows: WindowCache::new(config.window_cache),
+            finalized: false,
             in_flight: HashMap::new(),
             blocks,
             control,
@@ -553,6 +556,16 @@ impl<'c> Engine<'c> {
     }
 
     /// Fails if `peer` is known to be gone.
+    /// Fails once the messenger was finalized: no call starts after
+    /// [`Messenger::finalize`](crate::Messenger::finalize), whatever
+    /// communicator it names.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.finalized {
+            return Err(Error::Finalized);
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_peer(&self, peer: u32) -> Result<()> {
         match &self.peers[peer as usize].gone {
             Some(why) => Err(Error::PeerGone {
@@ -654,6 +667,7 @@ impl<'c> Engine<'c> {
         capacity: u64,
         typed: Option<crate::typed::TypedRecv>,
     ) -> Result<(u64, u64)> {
+        self.check_open()?;
         self.check_peer(peer)?;
         let slot = self.layout.slot(context, peer, index);
         // A receive keeps its slot until its request has taken the result
@@ -968,6 +982,7 @@ impl<'c> Engine<'c> {
         data: SendBytes,
         pattern: Option<pindown_uapi::pattern::Pattern>,
     ) -> Result<(u64, u64)> {
+        self.check_open()?;
         self.check_peer(peer)?;
         if data.len() > layout::MAX_MESSAGE {
             return Err(Error::TooLong {

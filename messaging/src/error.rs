@@ -163,6 +163,9 @@ pub enum Error {
         /// The device's answer.
         why: String,
     },
+    /// A call after [`Messenger::finalize`](crate::Messenger::finalize).
+    #[error("the messenger was finalized: no call starts after Messenger::finalize")]
+    Finalized,
     /// A configuration this library cannot run with: a value out of its
     /// range, named with the range.
     #[error("invalid configuration: {0}")]

@@ -236,8 +236,8 @@ fn a_failed_blocking_receive_gives_its_buffer_back_out_of_the_senders_reach() {
 #[test]
 fn configurations_out_of_range_or_differing_between_ranks_are_refused() {
     let lines = passes(2, "config-checks", &[]);
-    // Three out of range, one differing, the finalize without deadline;
-    // rank 1 also received the send without deadline.
-    assert_eq!(checked(&lines[0]), 5, "{}", lines[0]);
-    assert_eq!(checked(&lines[1]), 6, "{}", lines[1]);
+    // Three out of range, one differing, the finalize without deadline,
+    // no call after it; rank 1 also received the send without deadline.
+    assert_eq!(checked(&lines[0]), 6, "{}", lines[0]);
+    assert_eq!(checked(&lines[1]), 7, "{}", lines[1]);
 }

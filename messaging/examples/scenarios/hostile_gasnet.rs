@@ -555,6 +555,13 @@ fn spoofed_pairs(
         return Err("hostile-spoofed-pairs runs on 3 ranks".into());
     }
     if job.rank() == 2 {
+        // The shared settings first, as an endpoint publishes them.
+        let shape = format!(
+            "Config::segment_bytes {}, Config::ring_slots {}, Config::slot_bytes {}",
+            config.segment_bytes, config.ring_slots, config.slot_bytes
+        );
+        job.all_gather("pindown-gasnet-shape", shape.as_bytes())
+            .map_err(|e| e.to_string())?;
         let memory = context.alloc(1 << 22, 4096).map_err(|e| e.to_string())?;
         let region = context
             .register_buffer(&memory)
