@@ -557,16 +557,21 @@ impl FreeList {
 mod tests {
     use super::*;
 
-    #[test]
-    fn allocations_are_aligned_disjoint_and_returned() {
-        let arena = DmaArena::with_options(
+    /// A 1 MiB arena on normal pages, not populated.
+    fn small_arena() -> Arc<DmaArena> {
+        DmaArena::with_options(
             1 << 20,
             ArenaOptions {
                 huge_pages: HugePages::Never,
                 populate: false,
             },
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn allocations_are_aligned_disjoint_and_returned() {
+        let arena = small_arena();
         let total = arena.free_bytes();
         assert_eq!(total, arena.size());
         let mut buffers = Vec::new();
@@ -598,14 +603,7 @@ mod tests {
 
     #[test]
     fn lengths_and_alignments_past_the_address_space_are_refused() {
-        let arena = DmaArena::with_options(
-            1 << 20,
-            ArenaOptions {
-                huge_pages: HugePages::Never,
-                populate: false,
-            },
-        )
-        .unwrap();
+        let arena = small_arena();
         let total = arena.free_bytes();
         for len in [usize::MAX, usize::MAX - 10, usize::MAX - MIN_ALIGN + 2] {
             assert!(

@@ -603,10 +603,17 @@ mod tests {
         let device = Device::new(DeviceConfig::default(), 1).unwrap();
         let _server = Server::start(device.clone(), std::slice::from_ref(&socket), None).unwrap();
         let frontend = UnixStream::connect(&socket).unwrap();
+        let connected_by = Instant::now() + Duration::from_secs(10);
         let port = loop {
             match device.ports.get(0) {
                 Some(port) if port.stats.connected.load(Ordering::Acquire) => break port,
-                _ => thread::sleep(Duration::from_millis(1)),
+                _ => {
+                    assert!(
+                        Instant::now() < connected_by,
+                        "the frontend never connected"
+                    );
+                    thread::sleep(Duration::from_millis(1))
+                }
             }
         };
         // An access to the port's memory in flight: the reset waits for it.

@@ -620,10 +620,58 @@ enum Mapping {
     SplitAt(usize),
 }
 
+/// Fills port 0's and port 1's first `memory` bytes with patterns of
+/// their own, opens port 1's to reads and writes, and runs a vector write
+/// (or `read`) of `len` bytes between port 0 at `local` (from its base) and
+/// port 1 at offset 100, `descriptor` inline. Returns the completion, the
+/// turns it took and the two patterns written before.
+fn vector_between(
+    device: &Device,
+    memory: usize,
+    local: u64,
+    len: u64,
+    descriptor: &[u8],
+    read: bool,
+) -> (pindown_uapi::Completion, usize, Vec<u8>, Vec<u8>) {
+    use pindown_uapi::{Descriptor, VectorTransfer};
+    let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
+    let near_bytes: Vec<u8> = (0..memory).map(|i| (i * 7 + 1) as u8).collect();
+    let far_bytes: Vec<u8> = (0..memory).map(|i| (i * 13 + 5) as u8).collect();
+    near.write(near.base, &near_bytes);
+    far.write(far.base, &far_bytes);
+    let key = device.bind(
+        1,
+        far.base,
+        memory as u64,
+        Access::REMOTE_READ | Access::REMOTE_WRITE,
+    );
+    let transfer = VectorTransfer {
+        local: near.base + local,
+        len: len as u32,
+        remote: RemoteAddress {
+            node: 0,
+            port: 1,
+            key,
+            offset: 100,
+        },
+        descriptor: Descriptor::Inline {
+            len: descriptor.len() as u32,
+        },
+        notify: None,
+    };
+    let op = if read {
+        Operation::VectorRead(transfer)
+    } else {
+        Operation::VectorWrite(transfer)
+    };
+    let (done, turns) = device.run_vector(0, op, descriptor);
+    (done, turns, near_bytes, far_bytes)
+}
+
 #[test]
 fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mappings() {
     use pindown_uapi::pattern::{encode_pair, Pattern, Piece};
-    use pindown_uapi::{Descriptor, VectorTransfer};
+
     const MEMORY: usize = 4 << 20;
     const COUNT: u64 = 60_000;
     // Each local pattern with the offsets of its bytes, in stream order.
@@ -685,36 +733,8 @@ fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mapping
                     ];
                 }
                 let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
-                let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
-                let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
-                near.write(near.base, &near_bytes);
-                far.write(far.base, &far_bytes);
-                let key = device.bind(
-                    1,
-                    far.base,
-                    MEMORY as u64,
-                    Access::REMOTE_READ | Access::REMOTE_WRITE,
-                );
-                let transfer = VectorTransfer {
-                    local: near.base,
-                    len: local.len as u32,
-                    remote: RemoteAddress {
-                        node: 0,
-                        port: 1,
-                        key,
-                        offset: 100,
-                    },
-                    descriptor: Descriptor::Inline {
-                        len: descriptor.len() as u32,
-                    },
-                    notify: None,
-                };
-                let op = if read {
-                    Operation::VectorRead(transfer)
-                } else {
-                    Operation::VectorWrite(transfer)
-                };
-                let (done, turns) = device.run_vector(0, op, &descriptor);
+                let (done, turns, near_bytes, far_bytes) =
+                    vector_between(&device, MEMORY, 0, local.len, &descriptor, read);
                 let case = format!("{mapping:?}, read {read}, {} bytes", local.len);
                 assert!(done.is_success(), "{case}: {done:?}");
                 assert_eq!(done.byte_len, local.len as u32, "{case}");
@@ -741,7 +761,7 @@ fn vector_transfers_move_the_same_bytes_through_contiguous_and_scattered_mapping
 #[test]
 fn a_loop_that_runs_once_may_have_any_stride() {
     use pindown_uapi::pattern::{encode_pair, Dim, Pattern, Piece};
-    use pindown_uapi::{Descriptor, VectorTransfer};
+
     const MEMORY: usize = 64 * 1024;
     // Four doubles 8 bytes apart, inside a loop that runs once with the
     // largest stride either way: it moves nothing, so the pattern is four
@@ -770,36 +790,8 @@ fn a_loop_that_runs_once_may_have_any_stride() {
         for read in [false, true] {
             let device = Device::new(2);
             let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
-            let near_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 7 + 1) as u8).collect();
-            let far_bytes: Vec<u8> = (0..MEMORY).map(|i| (i * 13 + 5) as u8).collect();
-            near.write(near.base, &near_bytes);
-            far.write(far.base, &far_bytes);
-            let key = device.bind(
-                1,
-                far.base,
-                MEMORY as u64,
-                Access::REMOTE_READ | Access::REMOTE_WRITE,
-            );
-            let transfer = VectorTransfer {
-                local: near.base + 64,
-                len: local.len as u32,
-                remote: RemoteAddress {
-                    node: 0,
-                    port: 1,
-                    key,
-                    offset: 100,
-                },
-                descriptor: Descriptor::Inline {
-                    len: descriptor.len() as u32,
-                },
-                notify: None,
-            };
-            let op = if read {
-                Operation::VectorRead(transfer)
-            } else {
-                Operation::VectorWrite(transfer)
-            };
-            let (done, _) = device.run_vector(0, op, &descriptor);
+            let (done, _, near_bytes, far_bytes) =
+                vector_between(&device, MEMORY, 64, local.len, &descriptor, read);
             let case = format!("first {first}, stride {stride}, read {read}");
             assert!(done.is_success(), "{case}: {done:?}");
             assert_eq!(done.byte_len, 32, "{case}");
