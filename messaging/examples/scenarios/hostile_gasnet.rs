@@ -207,8 +207,17 @@ fn short_request(handler: u8, args: &[u32]) -> Vec<u8> {
 /// then a ring's worth waits, then rank 0 leaves rank 2's requests in
 /// their ring. Rank 2 sends three rings of requests, so rank 0 runs
 /// exactly two rings of them and queues exactly one ring of replies.
-/// Meanwhile rank 1 asks rank 0 for an echo and gets it, not stuck
-/// behind the replies to rank 2.
+/// Then rank 1 asks rank 0 for an echo and gets it, not stuck behind the
+/// replies to rank 2.
+///
+/// Nothing here hangs on timing. Rank 0 puts how many of rank 2's
+/// requests it has run into rank 2's segment (a put needs no poll
+/// there), and rank 2 writes a request only into a slot rank 0 is done
+/// with. Rank 2 tells rank 1 (a raw write) once all are in rank 0's
+/// ring, and rank 1 asks for its echo only then. (Rank 2 once paced its
+/// writes by a 200 us sleep and rank 1 waited a fixed 500 ms: on a
+/// loaded machine rank 2 overwrote requests rank 0 had not read, or rank
+/// 0 stopped counting before they were all written.)
 fn no_consume(
     job: &mut Job,
     context: &Context,
@@ -232,18 +241,30 @@ fn no_consume(
     let mut ep =
         Endpoint::new(context, job, config.clone(), handlers).map_err(|e| e.to_string())?;
     ep.barrier().map_err(|e| e.to_string())?;
+    // Words of the segments: rank 2's count of its requests rank 0 ran,
+    // rank 1's word that all of rank 2's requests are written, rank 0's
+    // word that rank 1 had its echo, rank 2's word that rank 0 is done.
+    const RAN: usize = 0;
+    const ALL_SENT: [u8; 8] = *b"all sent";
     const FLOODED: [u8; 8] = *b"flooded!";
     match ep.rank() {
         0 => {
             let start = Instant::now();
             let mut most_waiting = 0;
+            let mut told = 0;
             // Until rank 1 has had its echo and said so.
             while ep.segment()[..8] != FLOODED {
-                if start.elapsed() > Duration::from_secs(30) {
+                if start.elapsed() > Duration::from_secs(60) {
                     return Err("rank 1 never said it had its echo".into());
                 }
                 ep.poll().map_err(|e| format!("poll: {e}"))?;
                 most_waiting = most_waiting.max(ep.replies_waiting());
+                let ran = handled.borrow()[2];
+                if ran != told {
+                    ep.put(2, RAN as u64, &ran.to_le_bytes())
+                        .map_err(|e| e.to_string())?;
+                    told = ran;
+                }
             }
             let handled = *handled.borrow();
             let counters = ep.counters();
@@ -251,6 +272,7 @@ fn no_consume(
                 "ran {handled:?}, at most {most_waiting} replies waiting, requests held {} times",
                 counters.requests_held
             ));
+            ep.put(2, 8, &DONE).map_err(|e| e.to_string())?;
             if handled[2] != 2 * ring_slots || most_waiting as u64 != ring_slots {
                 return Err(format!(
                     "ran {} requests of the rank that consumes nothing and queued at most \
@@ -266,8 +288,12 @@ fn no_consume(
             Ok((tally, counters))
         }
         1 => {
-            // Once rank 2's requests are held at rank 0.
-            std::thread::sleep(Duration::from_millis(500));
+            await_word(
+                &mut ep,
+                0,
+                &ALL_SENT,
+                "rank 2's word that its requests are in",
+            )?;
             ep.set_timeout(Duration::from_secs(10));
             let start = Instant::now();
             ep.request_short(0, H_ECHO, &[7])
@@ -287,10 +313,24 @@ fn no_consume(
                 .map_err(|e| e.to_string())?;
             // Rank 0's rings for this rank (both lanes, requests first).
             let rings = windows(&pairs)?[2 * 2];
+            let rank_1 = job.get(1, "pindown-gasnet").map_err(|e| e.to_string())?;
+            let rank_1_segment = windows(&rank_1)?[0];
             let mut raw = RawWriter::new(context)?;
             // The first barrier's notice was request 1.
             let mut seq = 2;
             while seq <= 3 * ring_slots + 1 {
+                // Every earlier request run, or as many as rank 0 runs
+                // before it holds the rest: the slot is free either way.
+                let ran = (seq - 2).min(2 * ring_slots);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while u64::from_le_bytes(ep.segment()[RAN..RAN + 8].try_into().expect("8 bytes"))
+                    < ran
+                {
+                    if Instant::now() > deadline {
+                        return Err(format!("rank 0 never ran {ran} requests"));
+                    }
+                    std::thread::yield_now();
+                }
                 let body = short_request(H_ECHO, &[seq as u32]);
                 let at = 64 * (seq % 512) as usize;
                 raw.packet(
@@ -303,14 +343,15 @@ fn no_consume(
                 )?;
                 raw.drain()?;
                 seq += 1;
-                // Paced: rank 0 consumes as they come, until it holds.
-                std::thread::sleep(Duration::from_micros(200));
             }
             tally
                 .notes
                 .push(format!("sent {} requests, consumed nothing", seq - 2));
+            raw.stage(0, &ALL_SENT);
+            raw.write(rank_1_segment.at(0), ALL_SENT.len())?
+                .map_err(|e| format!("telling rank 1 the requests are in: {e}"))?;
             // Alive (its port open) until rank 0 has looked.
-            std::thread::sleep(Duration::from_secs(3));
+            await_word(&mut ep, 8, &DONE, "rank 0's word that it is done")?;
             tally.checked = 1;
             Ok((tally, ep.counters()))
         }
