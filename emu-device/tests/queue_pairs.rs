@@ -383,3 +383,137 @@ fn bind_read_window<'r>(
 ) -> Result<pindown_driver::verbs::MemoryWindow<'r>, VerbsError> {
     owner.bind_window(region, 0, region.len(), Access::REMOTE_READ)
 }
+
+/// Posts signalled NOPs on `qp` (user data from `first` on), never
+/// reaping, until the send ring refuses one: the device has stopped with
+/// the completion ring full behind it. How many went in.
+fn fill_both_rings(qp: &mut QueuePair<'_>, first: u64) -> u64 {
+    let deadline = std::time::Instant::now() + T;
+    let mut posted = 0;
+    loop {
+        match qp.post(&[Nop::new().build().user_data(first + posted).signaled()]) {
+            Ok(()) => posted += 1,
+            Err(VerbsError::QueueFull { .. }) => {
+                // Full for good only once the device has stopped taking.
+                std::thread::sleep(Duration::from_millis(50));
+                if qp
+                    .post(&[Nop::new().build().user_data(first + posted).signaled()])
+                    .is_ok()
+                {
+                    posted += 1;
+                    continue;
+                }
+                return posted;
+            }
+            Err(other) => panic!("posting NOP {posted}: {other}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rings never filled"
+        );
+    }
+}
+
+#[test]
+fn a_queue_pair_dropped_with_both_rings_full_leaves_its_rings_to_the_next() {
+    // The admin pair and one I/O pair: the next queue pair must reuse it.
+    let device =
+        DeviceProcess::start(common::device_bin(), 1, &["--rdma-queue-pairs", "2"]).unwrap();
+    let context = Context::open(device.socket(0), config()).unwrap();
+    let size = u64::from(context.queue_size());
+    let mut cq = context.create_completion_queue();
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    let posted = fill_both_rings(&mut qp, 1000);
+    assert!(
+        posted >= 2 * size - 1,
+        "{posted} posted: the send ring and the completion ring behind it ({size} each) hold more"
+    );
+    // Dropped full while its completion queue lives: every completion
+    // still arrives there, and then the ring goes back.
+    drop(qp);
+    let all = collect(&mut cq, posted as usize);
+    assert_eq!(
+        all.iter().map(|c| c.user_data).collect::<Vec<_>>(),
+        (1000..1000 + posted).collect::<Vec<_>>()
+    );
+    let deadline = std::time::Instant::now() + T;
+    while cq.rings() > 0 {
+        assert_eq!(cq.poll().unwrap().count(), 0, "nothing past the last");
+        assert!(std::time::Instant::now() < deadline, "the ring stays held");
+        std::thread::yield_now();
+    }
+    // Full again, dropped, and its completion queue dropped unreaped.
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    fill_both_rings(&mut qp, 1000);
+    drop(qp);
+    drop(cq);
+    for round in 0..3 {
+        let mut next_cq = context.create_completion_queue();
+        let mut next = context
+            .create_queue_pair(&mut next_cq)
+            .unwrap_or_else(|e| panic!("round {round}: the freed pair refused: {e}"));
+        next.post(&[Nop::new().build().user_data(7).signaled()])
+            .unwrap();
+        let seen = collect(&mut next_cq, 1);
+        assert_eq!(
+            seen[0].user_data, 7,
+            "round {round}: nothing of the old pair"
+        );
+        assert_eq!(next_cq.poll().unwrap().count(), 0, "round {round}");
+        // Full again for the next round.
+        fill_both_rings(&mut next, 2000);
+    }
+}
+
+#[test]
+fn user_data_of_any_value_never_passes_for_the_drivers_markers() {
+    // One I/O pair: every queue pair reuses its rings.
+    let device =
+        DeviceProcess::start(common::device_bin(), 1, &["--rdma-queue-pairs", "2"]).unwrap();
+    let context = Context::open(device.socket(0), config()).unwrap();
+    // Values a counter-based marker takes first, and sentinels programs
+    // use.
+    let suspicious: Vec<u64> = (0..64)
+        .map(|n| (0xffff << 48) | n)
+        .chain([u64::MAX, u64::MAX - 1, 1 << 63, 0])
+        .collect();
+    let mut cq = context.create_completion_queue();
+    for round in 0..4 {
+        let mut qp = context.create_queue_pair(&mut cq).unwrap();
+        // Whatever the last queue pair left is not this one's.
+        qp.post(&[Nop::new().build().user_data(round).signaled()])
+            .unwrap();
+        let seen = collect(&mut cq, 1);
+        assert_eq!(seen[0].user_data, round, "round {round}: only its own");
+        for &value in &suspicious {
+            qp.post(&[Nop::new().build().user_data(value).signaled()])
+                .unwrap();
+        }
+        // Dropped with those unreaped: they still arrive, all of them,
+        // on the completion queue, and nothing else.
+        drop(qp);
+        let left = collect(&mut cq, suspicious.len());
+        assert_eq!(
+            left.iter().map(|c| c.user_data).collect::<Vec<_>>(),
+            suspicious,
+            "round {round}"
+        );
+        assert_eq!(cq.poll().unwrap().count(), 0, "round {round}");
+    }
+    // A fresh completion queue on rings whose last user left them full of
+    // such values sees none of them.
+    let mut qp = context.create_queue_pair(&mut cq).unwrap();
+    for &value in &suspicious {
+        qp.post(&[Nop::new().build().user_data(value).signaled()])
+            .unwrap();
+    }
+    drop(qp);
+    drop(cq);
+    let mut fresh_cq = context.create_completion_queue();
+    let mut fresh = context.create_queue_pair(&mut fresh_cq).unwrap();
+    fresh
+        .post(&[Nop::new().build().user_data(9).signaled()])
+        .unwrap();
+    assert_eq!(collect(&mut fresh_cq, 1)[0].user_data, 9);
+    assert_eq!(fresh_cq.poll().unwrap().count(), 0);
+}

@@ -136,10 +136,16 @@ impl<'c, T: Transport + 'static> CompletionQueue<'c, T> {
         let transport = &*self.context.transport;
         let mut drained = Vec::new();
         for (at, member) in self.members.iter_mut().enumerate() {
-            let marker = member.shared.retire_marker();
             let ready = &mut self.ready;
+            let shared = &member.shared;
             let mut last = false;
-            member.ring.pump(transport, |completion| {
+            let arrived = member.ring.pump(transport, |completion| {
+                // The marker is read per NOP: the queue pair may be
+                // dropped, and post it, while this ring is pumped.
+                let marker = match completion.opcode {
+                    Some(Opcode::Nop) => shared.retire_marker(),
+                    _ => None,
+                };
                 if marker.is_some_and(|marker| is_marker(&completion, marker)) {
                     last = true;
                 } else {
@@ -148,6 +154,9 @@ impl<'c, T: Transport + 'static> CompletionQueue<'c, T> {
             })?;
             if last {
                 drained.push(at);
+            } else if arrived > 0 && shared.retire_marker().is_some() {
+                // Room made: a marker a full ring kept out may go now.
+                self.context.post_unposted_marker(member.pair);
             }
         }
         for at in drained.into_iter().rev() {

@@ -95,7 +95,8 @@ pub struct Context<T: Transport + 'static = VhostUserTransport> {
     pub(super) queue_size: u16,
     admin: Mutex<AdminPair>,
     pub(super) pairs: Mutex<PairPool>,
-    /// Counter of the marker values of retired queue pairs.
+    /// The next marker value of a retired or flushed queue pair: counts
+    /// on from a random start (see [`super::pairs`]).
     pub(super) markers: AtomicU64,
     pub(super) spin: Duration,
     pub(super) control_timeout: Duration,
@@ -216,7 +217,7 @@ impl<T: Transport + 'static> Context<T> {
                 next_user_data: 1,
             }),
             pairs: Mutex::new(PairPool { slots: Vec::new() }),
-            markers: AtomicU64::new(0),
+            markers: AtomicU64::new(super::pairs::first_marker()),
             spin: config.spin,
             control_timeout: config.control_timeout,
             window_revoke_failures: AtomicU64::new(0),

@@ -12,9 +12,25 @@
 //! itself. Before idle rings serve a new queue pair they are flushed the
 //! same way: a marker NOP, and every completion up to it discarded, so that
 //! nothing of the old queue pair reaches the new one.
+//!
+//! A marker is told apart from the program's own NOPs by its user data
+//! alone, so marker values must be ones a program does not post: they
+//! count on from a random 64-bit start chosen when the context opens,
+//! which no program value meets but by a 2^-64 chance (a fixed range,
+//! say the top 16 bits set, is one a program may well use for its own
+//! sentinels, and then its NOP ended a flush early and let the old queue
+//! pair's later completions through).
+//!
+//! A queue pair dropped with its send ring full cannot post its marker at
+//! once: the device has stopped with the completion ring full behind it.
+//! The marker then waits in the pool, and the completion queue posts it
+//! as soon as reaping has let the device take requests again. Flushing
+//! rings that a full queue pair left discards completions while it waits
+//! for room for its marker, for the same reason.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
 
@@ -29,19 +45,29 @@ use crate::transport::Transport;
 /// What a queue pair and its completion queue share.
 #[derive(Debug, Default)]
 pub(super) struct PairShared {
-    /// The user data of the marker NOP the queue pair posted when it was
-    /// dropped; 0 while it lives.
+    /// The user data of the marker NOP the queue pair posts last, when it
+    /// is dropped (posted then, or later: [`PairSlot::Held`]); 0 while it
+    /// lives. Never 0 otherwise ([`first_marker`]).
     retire_marker: AtomicU64,
 }
 
 impl PairShared {
-    /// The marker the dropped queue pair posted last, if it is dropped.
+    /// The marker the dropped queue pair posts last, if it is dropped.
     pub(super) fn retire_marker(&self) -> Option<u64> {
         match self.retire_marker.load(Ordering::Acquire) {
             0 => None,
             marker => Some(marker),
         }
     }
+}
+
+/// Where a context's marker values start: random, so that no value a
+/// program posts is taken for one (see the module's text).
+pub(super) fn first_marker() -> u64 {
+    use std::hash::BuildHasher;
+    // The standard library seeds its hashers from the operating system's
+    // random source.
+    std::collections::hash_map::RandomState::new().hash_one(0x6d61_726b_u64)
 }
 
 /// One I/O pair of the port, as the context sees it.
@@ -55,10 +81,12 @@ pub(super) enum PairSlot {
         fresh: bool,
     },
     /// Held by a queue pair and a completion queue; each half comes back
-    /// here when they let it go.
+    /// here when they let it go. `unposted_marker`: the retire marker a
+    /// queue pair dropped with its send ring full could not post yet.
     Held {
         send: Option<SendRing>,
         completion: Option<CompletionRing>,
+        unposted_marker: Option<u64>,
     },
 }
 
@@ -66,9 +94,6 @@ pub(super) enum PairSlot {
 pub(super) struct PairPool {
     pub(super) slots: Vec<PairSlot>,
 }
-
-/// User data of marker NOPs: the top 16 bits set, a counter below.
-const MARKER_BASE: u64 = 0xffff << 48;
 
 /// Sets up the two rings of RDMA queue pair `pair` (not enabled yet): the
 /// send and completion queues in `arena` (see [`crate::rdma_queue`]),
@@ -178,6 +203,7 @@ impl<T: Transport + 'static> Context<T> {
             let held = PairSlot::Held {
                 send: None,
                 completion: None,
+                unposted_marker: None,
             };
             (at, std::mem::replace(&mut pool.slots[at], held))
         };
@@ -224,21 +250,37 @@ impl<T: Transport + 'static> Context<T> {
         Ok(QueuePair::new(self, pair, send, shared))
     }
 
-    /// A marker value no earlier marker of this context had.
+    /// A marker value no earlier marker of this context had (never 0).
     fn next_marker(&self) -> u64 {
-        MARKER_BASE | self.markers.fetch_add(1, Ordering::Relaxed)
+        loop {
+            let marker = self.markers.fetch_add(1, Ordering::Relaxed);
+            if marker != 0 {
+                return marker;
+            }
+        }
     }
 
     /// Posts a marker NOP on `send` and discards every completion up to it.
+    /// While the send ring is full (its last queue pair left it so), the
+    /// completions that arrive are discarded until the device, with room
+    /// to complete again, takes requests and frees a slot.
     fn flush(
         &self,
         send: &mut SendRing,
         completion: &mut CompletionRing,
     ) -> Result<(), VerbsError> {
         let marker = self.next_marker();
-        send.post(&*self.transport, &self.arena, 1, |_| {
-            (marker_nop(marker), false, &[][..])
-        })?;
+        let deadline = Instant::now() + self.control_timeout;
+        loop {
+            match post_marker(&*self.transport, &self.arena, send, marker) {
+                Ok(()) => break,
+                Err(VerbsError::QueueFull { .. }) if Instant::now() < deadline => {
+                    completion.pump(&*self.transport, drop)?;
+                    std::thread::yield_now();
+                }
+                Err(err) => return Err(err),
+            }
+        }
         let mut flush = Flush {
             transport: &*self.transport,
             ring: completion,
@@ -254,25 +296,55 @@ impl<T: Transport + 'static> Context<T> {
 
     /// Takes back the send ring of a dropped queue pair, after posting its
     /// marker (which tells the completion queue when the pair's last
-    /// completion has arrived).
+    /// completion has arrived). A full ring keeps the marker for
+    /// [`post_unposted_marker`](Self::post_unposted_marker).
     pub(super) fn return_send_ring(&self, pair: u16, mut send: SendRing, shared: &PairShared) {
         let marker = self.next_marker();
         shared.retire_marker.store(marker, Ordering::Release);
-        // A full ring or a device gone: no marker; the completion ring then
-        // comes back when its completion queue is dropped.
-        let _ = send.post(&*self.transport, &self.arena, 1, |_| {
-            (marker_nop(marker), false, &[][..])
-        });
-        self.put_back(pair, Some(send), None);
+        // A device gone: no marker; the completion ring then comes back
+        // when its completion queue is dropped.
+        let unposted = match post_marker(&*self.transport, &self.arena, &mut send, marker) {
+            Err(VerbsError::QueueFull { .. }) => Some(marker),
+            _ => None,
+        };
+        self.put_back(pair, Some(send), None, unposted);
+    }
+
+    /// Posts the retire marker of pair `pair` if its queue pair was dropped
+    /// with a full send ring and there is room now (its completion queue
+    /// has reaped since).
+    pub(super) fn post_unposted_marker(&self, pair: u16) {
+        let mut pool = self.pairs.lock();
+        let Some(PairSlot::Held {
+            send: Some(send),
+            unposted_marker,
+            ..
+        }) = pool.slots.get_mut(usize::from(pair) - 1)
+        else {
+            return;
+        };
+        let Some(marker) = *unposted_marker else {
+            return;
+        };
+        match post_marker(&*self.transport, &self.arena, send, marker) {
+            Err(VerbsError::QueueFull { .. }) => {}
+            _ => *unposted_marker = None,
+        }
     }
 
     /// Takes back the completion ring of pair `pair` from a completion
     /// queue.
     pub(super) fn return_completion_ring(&self, pair: u16, completion: CompletionRing) {
-        self.put_back(pair, None, Some(completion));
+        self.put_back(pair, None, Some(completion), None);
     }
 
-    fn put_back(&self, pair: u16, send: Option<SendRing>, completion: Option<CompletionRing>) {
+    fn put_back(
+        &self,
+        pair: u16,
+        send: Option<SendRing>,
+        completion: Option<CompletionRing>,
+        marker: Option<u64>,
+    ) {
         let mut pool = self.pairs.lock();
         let Some(slot) = pool.slots.get_mut(usize::from(pair) - 1) else {
             return;
@@ -280,12 +352,14 @@ impl<T: Transport + 'static> Context<T> {
         let PairSlot::Held {
             send: held_send,
             completion: held_completion,
+            unposted_marker,
         } = slot
         else {
             return;
         };
         if send.is_some() {
             *held_send = send;
+            *unposted_marker = marker;
         }
         if completion.is_some() {
             *held_completion = completion;
@@ -303,11 +377,17 @@ impl<T: Transport + 'static> Context<T> {
     }
 }
 
-/// A signalled NOP carrying `marker`.
-fn marker_nop(marker: u64) -> WorkRequest {
-    WorkRequest {
+/// Posts a signalled NOP carrying `marker` on `send`.
+fn post_marker<T: Transport>(
+    transport: &T,
+    arena: &DmaArena,
+    send: &mut SendRing,
+    marker: u64,
+) -> Result<(), VerbsError> {
+    let nop = WorkRequest {
         user_data: marker,
         flags: WrFlags::SIGNALED,
         op: Operation::Nop,
-    }
+    };
+    send.post(transport, arena, 1, |_| (nop, false, &[][..]))
 }
