@@ -517,3 +517,26 @@ fn user_data_of_any_value_never_passes_for_the_drivers_markers() {
     assert_eq!(collect(&mut fresh_cq, 1)[0].user_data, 9);
     assert_eq!(fresh_cq.poll().unwrap().count(), 0);
 }
+
+#[test]
+fn a_window_of_no_bytes_or_no_right_is_refused_naming_both() {
+    let device = DeviceProcess::start(common::device_bin(), 1, &[]).unwrap();
+    let owner = Context::open(device.socket(0), config()).unwrap();
+    let target = owner.alloc(4096, 4096).unwrap();
+    let region = owner.register_buffer(&target).unwrap();
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    for (len, access) in [(0, all), (0, Access::REMOTE_READ), (16, Access::empty())] {
+        let refused = owner.bind_window(&region, 100, len, access).unwrap_err();
+        assert!(
+            matches!(refused, VerbsError::EmptyWindow { len: l, access: a } if l == len && a == access),
+            "{len} bytes, {access:?}: {refused}"
+        );
+        assert!(
+            refused.to_string().contains("at least one byte"),
+            "{refused}"
+        );
+    }
+    // The port goes on binding.
+    let window = owner.bind_window(&region, 100, 1, all).unwrap();
+    window.revoke().unwrap();
+}

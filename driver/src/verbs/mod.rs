@@ -201,6 +201,15 @@ pub enum VerbsError {
     /// file mapped `MAP_SHARED`, memory without access, ...).
     #[error(transparent)]
     Unreachable(#[from] ReachError),
+    /// A window of no bytes, or granting no right: it would grant nothing,
+    /// and the device refuses to bind one.
+    #[error("a window must cover at least one byte and grant at least one right: {len} bytes, rights {access:?} asked")]
+    EmptyWindow {
+        /// Its length.
+        len: u64,
+        /// Its rights.
+        access: pindown_uapi::Access,
+    },
     /// A window granting writes or atomics over memory that is registered
     /// read-only (mapped without `PROT_WRITE`).
     #[error(

@@ -123,6 +123,9 @@ impl<T: Transport + 'static> Context<T> {
             });
         }
         let start = region.iova_at(offset, len)?;
+        if len == 0 || access.is_empty() {
+            return Err(VerbsError::EmptyWindow { len, access });
+        }
         if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             && !self.cache.pinner().writable(start, len)
         {
