@@ -16,7 +16,7 @@ use std::error::Error;
 use std::time::Instant;
 
 use clap::Parser;
-use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache, Policy};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, Monitor, PinCache, Policy};
 use serde::Serialize;
 
 use pindown_benches::output::OutputArgs;
@@ -165,7 +165,7 @@ fn cache_config(policy: Policy, capacity: usize, budget: &LockBudget) -> CacheCo
         max_entries: capacity,
         policy,
         merge: false,
-        monitor: false,
+        monitor: Monitor::Off,
         ..CacheConfig::default()
     }
 }

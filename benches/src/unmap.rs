@@ -9,7 +9,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use pindown_pincache::{page_size, CacheConfig, MlockPinner, PinCache};
+use pindown_pincache::{page_size, CacheConfig, MlockPinner, Monitor, PinCache};
 
 use crate::sys::{self, Mapping};
 
@@ -96,7 +96,11 @@ impl UnmapRun {
         let cache = if case.cached() {
             let config = CacheConfig {
                 max_pinned_bytes: Some(max_pinned_bytes),
-                monitor: case.monitored(),
+                monitor: if case.monitored() {
+                    Monitor::Required
+                } else {
+                    Monitor::Off
+                },
                 ..CacheConfig::default()
             };
             Some(PinCache::new(MlockPinner::new(), config)?)

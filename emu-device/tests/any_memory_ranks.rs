@@ -23,7 +23,7 @@ use common::rank::{fingerprint, pattern, say, Rank};
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
 use pindown_driver::verbs::{Context, ContextConfig, Entry, Local, RemoteWindow};
-use pindown_pincache::CacheConfig;
+use pindown_pincache::{CacheConfig, Monitor};
 use pindown_uapi::{Access, Completion, ErrorDetail, Status};
 
 /// Every buffer under test: room for 16 MiB at odd offsets, and more.
@@ -38,16 +38,24 @@ const ALL: Access = Access::REMOTE_READ
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_ATOMIC);
 
+/// `monitor`: the driver's default (the unmap monitor where it can run,
+/// which is here), else off (the program routes its unmaps through the
+/// hook).
 fn config(monitor: bool) -> ContextConfig {
+    let default = ContextConfig::default();
     ContextConfig {
         arena_bytes: 8 << 20,
         cache: CacheConfig {
             max_pinned_bytes: Some(512 << 20),
             merge: false,
-            monitor,
-            ..CacheConfig::default()
+            monitor: if monitor {
+                default.cache.monitor
+            } else {
+                Monitor::Off
+            },
+            ..default.cache.clone()
         },
-        ..ContextConfig::default()
+        ..default
     }
 }
 
@@ -410,6 +418,11 @@ fn buffer_rank(socket: &str, kind: &str) {
 fn reuse_rank(socket: &str, hook: bool) {
     const LEN: usize = 4 << 20;
     let context = Context::open(socket, config(!hook)).expect("open");
+    assert_eq!(
+        context.unmaps_watched(),
+        !hook,
+        "the default watches unmaps where userfaultfd runs (root here)"
+    );
     if !hook {
         // free() of a block this size unmaps it (no dynamic threshold).
         // SAFETY: mallopt only sets an allocator parameter.

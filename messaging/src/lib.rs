@@ -86,17 +86,18 @@ pub use comm::{
 };
 pub use engine::{Config, Received, MAX_COMMUNICATORS, MAX_SLOTS};
 
-use pindown_driver::verbs::ContextConfig;
+use pindown_driver::verbs::{ContextConfig, Monitor};
 
 /// The driver settings message passing needs: the pin-down cache's unmap
-/// monitor on, so that buffers a program frees and allocates again at the
+/// monitor required (the driver's default runs it only where userfaultfd
+/// allows), so that buffers a program frees and allocates again at the
 /// same address (what `malloc` does with large buffers) are registered
 /// anew instead of reaching the old pages. Open the context with it (or
 /// set `cache.monitor` yourself, or route `munmap` through
 /// `pindown_pincache::unmap`).
 pub fn context_config() -> ContextConfig {
     let mut config = ContextConfig::default();
-    config.cache.monitor = true;
+    config.cache.monitor = Monitor::Required;
     // Collectives on many ranks hold several buffers of each call pinned
     // at once (sends, receive windows, pipeline chunks): 1 GiB of pinned
     // memory rather than the driver's default, which an 8-rank broadcast

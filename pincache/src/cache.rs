@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-use crate::config::{CacheConfig, CacheError, Limit};
+use crate::config::{CacheConfig, CacheError, Limit, Monitor};
 use crate::index::{RadixIndex, PAGE_LIMIT};
 use crate::mlock::memlock_limit;
 use crate::monitor::{self, InvalidationTarget, Subscription};
@@ -228,11 +228,21 @@ impl<P: Pinner + 'static> PinCache<P> {
         shared
             .table
             .reserve(config.max_entries.min(RESERVED_IDS), rcu::current_slot());
-        if config.monitor {
-            monitor::MemoryMonitor::global().map_err(|e| {
-                CacheError::InvalidConfig(format!("the userfaultfd monitor is unavailable: {e}"))
-            })?;
-            shared.monitored.store(true, Ordering::Release);
+        match config.monitor {
+            Monitor::Off => {}
+            Monitor::Required => {
+                monitor::MemoryMonitor::global().map_err(|e| {
+                    CacheError::InvalidConfig(format!(
+                        "the userfaultfd monitor is unavailable: {e}"
+                    ))
+                })?;
+                shared.monitored.store(true, Ordering::Release);
+            }
+            Monitor::WhereAvailable => {
+                if monitor::MemoryMonitor::global().is_ok() {
+                    shared.monitored.store(true, Ordering::Release);
+                }
+            }
         }
         let weak: Weak<dyn InvalidationTarget> = Arc::downgrade(&shared) as _;
         *shared.subscription.lock() = Some(monitor::subscribe(weak));
@@ -265,6 +275,12 @@ impl<P: Pinner + 'static> PinCache<P> {
     /// invalidated. Call it before memory is unmapped or freed.
     pub fn invalidate(&self, addr: usize, len: usize) -> usize {
         self.shared.invalidate(addr, len, false, false)
+    }
+
+    /// Whether the userfaultfd monitor watches this cache's pinned ranges
+    /// ([`CacheConfig::monitor`]).
+    pub fn monitored(&self) -> bool {
+        self.shared.subscribed()
     }
 
     /// Counters of the cache's activity and occupancy.

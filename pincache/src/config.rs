@@ -21,10 +21,28 @@ pub struct CacheConfig {
     /// Largest region a merge may build. `None`: a quarter of the pinned-byte
     /// limit. A request larger than this is pinned as it is, never merged.
     pub max_merged_bytes: Option<usize>,
-    /// Watch pinned ranges with the process-wide userfaultfd monitor, so an
-    /// `munmap`, `mremap` or `madvise(MADV_DONTNEED)` that the program does not
-    /// route through [`crate::unmap`] still invalidates them.
-    pub monitor: bool,
+    /// Whether pinned ranges are watched by the process-wide userfaultfd
+    /// monitor, so that an `munmap`, `mremap` or `madvise(MADV_DONTNEED)`
+    /// the program does not route through [`crate::unmap`] still
+    /// invalidates them.
+    pub monitor: Monitor,
+}
+
+/// Whether a cache watches its pinned ranges for unmaps
+/// ([`CacheConfig::monitor`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Monitor {
+    /// Not watched: the program invalidates (or routes its unmaps through
+    /// [`crate::unmap`]) before memory goes.
+    #[default]
+    Off,
+    /// Watched where userfaultfd allows it; elsewhere the cache is made
+    /// unwatched and says so ([`PinCache::monitored`](crate::PinCache::monitored);
+    /// [`MemoryMonitor::global`](crate::MemoryMonitor::global) tells why).
+    WhereAvailable,
+    /// Watched, or the cache is not made
+    /// ([`CacheError::InvalidConfig`] naming why).
+    Required,
 }
 
 impl Default for CacheConfig {
@@ -35,7 +53,7 @@ impl Default for CacheConfig {
             policy: Policy::Lru,
             merge: true,
             max_merged_bytes: None,
-            monitor: false,
+            monitor: Monitor::Off,
         }
     }
 }

@@ -56,7 +56,7 @@ mod table;
 mod uffd;
 
 pub use cache::{page_size, PinCache, Registration};
-pub use config::{CacheConfig, CacheError, Limit};
+pub use config::{CacheConfig, CacheError, Limit, Monitor};
 pub use fence::WriteFence;
 pub use mlock::{locked_bytes, memlock_limit, raise_memlock_limit, MlockPinner};
 pub use monitor::{madvise_dontneed, unmap, MemoryMonitor};

@@ -188,9 +188,11 @@ fn push(inbox: &Inbox, entry: Option<(usize, usize, bool)>) {
 
 impl MemoryMonitor {
     /// The monitor, started on first use. Fails where userfaultfd or its
-    /// unmap/remove/remap events and write-protect mode are unavailable (no
-    /// CAP_SYS_PTRACE while `vm.unprivileged_userfaultfd` is 0, or a kernel
-    /// before 5.7), with the reason.
+    /// unmap/remove/remap events and write-protect mode are unavailable (a
+    /// kernel before 5.7; before 5.11 also without CAP_SYS_PTRACE while
+    /// `vm.unprivileged_userfaultfd` is 0: later kernels give any process
+    /// a descriptor for user-mode faults, which is all the monitor needs),
+    /// with the reason.
     pub fn global() -> io::Result<&'static MemoryMonitor> {
         let monitor = MONITOR.get_or_init(|| {
             let uffd = Userfaultfd::open().map_err(|e| format!("userfaultfd: {e}"))?;

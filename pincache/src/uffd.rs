@@ -24,6 +24,10 @@ pub(crate) const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const UFFD_FEATURE_EVENT_REMAP: u64 = 1 << 2;
 const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// `userfaultfd` flag: handle faults from user mode only (Linux 5.11);
+/// allowed without CAP_SYS_PTRACE whatever `vm.unprivileged_userfaultfd`
+/// says.
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 /// Write-protection also covers pages not populated yet (Linux 6.4).
 pub(crate) const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 
@@ -111,17 +115,34 @@ pub(crate) struct Userfaultfd {
 
 impl Userfaultfd {
     /// Opens a non-blocking userfaultfd and negotiates the events.
+    ///
+    /// Where the process may not handle kernel-mode faults (no
+    /// CAP_SYS_PTRACE while `vm.unprivileged_userfaultfd` is 0), it asks
+    /// for a descriptor that handles user-mode faults only (Linux 5.11):
+    /// the monitor handles no fault at all, only events, which such a
+    /// descriptor delivers alike.
     pub(crate) fn open() -> io::Result<Self> {
         let wanted = UFFD_FEATURE_EVENT_UNMAP
             | UFFD_FEATURE_EVENT_REMOVE
             | UFFD_FEATURE_EVENT_REMAP
             | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-        Self::open_with(wanted)
+        match Self::open_with(wanted) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                Self::negotiate(Self::descriptor(UFFD_USER_MODE_ONLY)?, wanted)
+            }
+            other => other,
+        }
     }
 
-    /// Opens a non-blocking userfaultfd with the features `required`.
+    /// Opens a non-blocking userfaultfd with the features `required`, able
+    /// to handle faults from the kernel too (a write fence needs that: a
+    /// system call writing into a fenced page must wait, not fail).
     pub(crate) fn open_with(required: u64) -> io::Result<Self> {
-        let fd = Self::descriptor()?;
+        Self::negotiate(Self::descriptor(0)?, required)
+    }
+
+    /// The handshake on a new descriptor: asks for `required` features.
+    fn negotiate(fd: OwnedFd, required: u64) -> io::Result<Self> {
         let mut api = UffdioApi {
             api: UFFD_API,
             features: required,
@@ -149,7 +170,7 @@ impl Userfaultfd {
     pub(crate) fn offered_features() -> io::Result<u64> {
         static OFFERED: std::sync::OnceLock<Result<u64, i32>> = std::sync::OnceLock::new();
         let offered = OFFERED.get_or_init(|| {
-            let fd = Self::descriptor().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+            let fd = Self::descriptor(0).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
             let mut probe = UffdioApi {
                 api: UFFD_API,
                 features: 0,
@@ -166,11 +187,16 @@ impl Userfaultfd {
         offered.map_err(io::Error::from_raw_os_error)
     }
 
-    /// A new non-blocking userfaultfd, before its handshake.
-    fn descriptor() -> io::Result<OwnedFd> {
+    /// A new non-blocking userfaultfd, before its handshake; `mode`: 0 or
+    /// [`UFFD_USER_MODE_ONLY`].
+    fn descriptor(mode: libc::c_int) -> io::Result<OwnedFd> {
         // SAFETY: userfaultfd takes flags only and returns a new descriptor.
-        let raw =
-            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let raw = unsafe {
+            libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK | mode,
+            )
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }

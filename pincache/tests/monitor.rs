@@ -3,7 +3,7 @@
 
 mod common;
 
-use pindown_pincache::{CacheConfig, MemoryMonitor, MlockPinner, PinCache};
+use pindown_pincache::{CacheConfig, MemoryMonitor, MlockPinner, Monitor, PinCache};
 
 const PAGE: usize = 4096;
 
@@ -25,7 +25,7 @@ fn monitored_cache() -> PinCache<MlockPinner> {
         MlockPinner::new(),
         CacheConfig {
             max_pinned_bytes: Some(256 * PAGE),
-            monitor: true,
+            monitor: Monitor::Required,
             ..CacheConfig::default()
         },
     )

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use pindown_pincache::{CacheConfig, CacheStats, PinCache};
+use pindown_pincache::{CacheConfig, CacheStats, MemoryMonitor, Monitor, PinCache};
 use pindown_uapi::{
     Arrival, Completion, DeviceInfo, Operation, RingLayout, WorkRequest, WrFlags, ABI_VERSION,
     ADMIN_QUEUE_PAIR,
@@ -40,7 +40,13 @@ pub struct ContextConfig {
     pub queue_size: u16,
     /// The pin-down cache; `max_pinned_bytes: None` means the arena size.
     /// `max_entries` is lowered to what the transport can map
-    /// ([`Transport::mapping_budget`]).
+    /// ([`Transport::mapping_budget`]). By default its unmap monitor runs
+    /// where userfaultfd allows ([`Monitor::WhereAvailable`]): memory the
+    /// program frees and maps again at the same address is registered
+    /// anew, never reached through the old translation. Where it cannot
+    /// run, the context logs why once and [`Context::unmaps_watched`]
+    /// says `false`: invalidate memory before it goes then, or route
+    /// `munmap` through `pindown_pincache::unmap`.
     pub cache: CacheConfig,
     /// How long waiting ([`CompletionQueue::wait`](super::CompletionQueue::wait),
     /// and the context's own requests) keeps polling after the last
@@ -66,7 +72,10 @@ impl Default for ContextConfig {
         ContextConfig {
             arena_bytes: 64 << 20,
             queue_size: 256,
-            cache: CacheConfig::default(),
+            cache: CacheConfig {
+                monitor: Monitor::WhereAvailable,
+                ..CacheConfig::default()
+            },
             spin: Duration::from_micros(50),
             control_timeout: Duration::from_secs(10),
             huge_pages: HugePages::Try,
@@ -197,6 +206,18 @@ impl<T: Transport + 'static> Context<T> {
             transport::IotlbAccess::ReadWrite,
         );
         let cache = PinCache::new(pinner, cache_config)?;
+        if config.cache.monitor == Monitor::WhereAvailable && !cache.monitored() {
+            if let Err(why) = MemoryMonitor::global() {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "registrations go unwatched: the pin-down cache's unmap monitor cannot \
+                         run ({why}); memory freed and mapped again at the same address may be \
+                         reached through its old translation unless it is invalidated first"
+                    )
+                });
+            }
+        }
         let mut context = Context {
             transport,
             arena,
@@ -308,6 +329,12 @@ impl<T: Transport + 'static> Context<T> {
     /// Where registered memory lives: pool and memory-table counters.
     pub fn reach_stats(&self) -> ReachStats {
         self.cache.pinner().locator().stats()
+    }
+
+    /// Whether the pin-down cache's unmap monitor watches this context's
+    /// registrations ([`ContextConfig::cache`]).
+    pub fn unmaps_watched(&self) -> bool {
+        self.cache.monitored()
     }
 
     /// Pin-down cache statistics: registration hits, misses, evictions.

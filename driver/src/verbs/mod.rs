@@ -150,6 +150,8 @@ pub use context::{Context, ContextConfig};
 pub(crate) use memory::KeepAlive;
 pub use memory::{Local, MemoryRegion};
 pub use opcode::Entry;
+/// The pin-down cache's settings ([`ContextConfig::cache`]).
+pub use pindown_pincache::{CacheConfig, Monitor, Policy};
 pub use pindown_uapi::Completion;
 pub use queue_pair::QueuePair;
 pub use window::{BadWindowText, MemoryWindow, RegionWindow, RemoteWindow};
