@@ -24,7 +24,7 @@ pub enum UnmapCase {
     /// `PinCache<MlockPinner>` holds idle.
     PincacheUnmap,
     /// As [`UnmapCase::PincacheUnmap`], with a cache created with
-    /// `monitor: true` (the userfaultfd monitor running).
+    /// `Monitor::Required` (the userfaultfd monitor running).
     PincacheUnmapMonitored,
     /// A plain `munmap` of a region that a monitored cache holds idle: the
     /// userfaultfd monitor catches it.

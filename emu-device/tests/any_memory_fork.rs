@@ -10,6 +10,9 @@ mod common;
 
 use common::any_memory::{mapping_of, pair, peer_writes, ALL};
 use common::rank::pattern;
+use pindown_driver::verbs::opcode::Read;
+use pindown_driver::verbs::{Context, ContextConfig};
+use pindown_emu_device::testing::DeviceProcess;
 
 #[test]
 fn a_forked_child_gets_a_private_copy_of_rehomed_memory() {
@@ -141,4 +144,100 @@ fn shared_anonymous_memory_and_memfds_stay_shared() {
     );
     assert_eq!(pair.owner.reach_stats().file_regions, 2);
     assert_eq!(pair.owner.reach_stats().rehomed, 0);
+}
+
+/// A fresh private mapping of `len` bytes, at `hint` exactly when given.
+fn map_private(hint: usize, len: usize) -> *mut u8 {
+    let fixed = if hint != 0 {
+        libc::MAP_FIXED_NOREPLACE
+    } else {
+        0
+    };
+    // SAFETY: a new anonymous mapping, placed at `hint` only where nothing
+    // is mapped (MAP_FIXED_NOREPLACE).
+    let at = unsafe {
+        libc::mmap(
+            hint as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(at, libc::MAP_FAILED);
+    at.cast()
+}
+
+/// The first byte the peer reads through a window over `len` bytes at
+/// `at`, registered by `owner` now, and whether that registration hit
+/// the cache.
+fn first_byte_seen(owner: &Context, peer: &Context, at: *mut u8, len: usize) -> (u8, bool) {
+    let hits = owner.registration_stats().hits;
+    // SAFETY: the memory stays mapped while the region and window live
+    // (both dropped before this returns).
+    let region = unsafe { owner.register(at as u64, len as u64) }.unwrap();
+    let hit = owner.registration_stats().hits > hits;
+    let window = owner.bind_window(&region, 0, len as u64, ALL).unwrap();
+    let sink = peer.alloc(4096, 4096).unwrap();
+    let sink_region = peer.register_buffer(&sink).unwrap();
+    let read = Read::new(sink_region.local(0, 64).unwrap(), window.remote().at(0)).build();
+    let done = common::any_memory::run(peer, read);
+    assert!(done.is_success(), "{done:?}");
+    let mut byte = [0u8];
+    sink.read_at(0, &mut byte);
+    (byte[0], hit)
+}
+
+#[test]
+fn a_fork_child_dropping_its_context_leaves_the_parents_memory_watched() {
+    const LEN: usize = 1 << 20;
+    let device = DeviceProcess::start(common::device_bin(), 2, &[]).unwrap();
+    // The driver's default: the unmap monitor runs (root here).
+    let owner = Context::open(
+        device.socket(0),
+        ContextConfig {
+            arena_bytes: 8 << 20,
+            ..ContextConfig::default()
+        },
+    )
+    .unwrap();
+    let peer = Context::open(device.socket(1), common::any_memory::config()).unwrap();
+    assert!(owner.unmaps_watched());
+    let at = map_private(0, LEN);
+    // SAFETY: LEN bytes of our own mapping.
+    unsafe { std::ptr::write_bytes(at, 0x11, LEN) };
+    assert_eq!(first_byte_seen(&owner, &peer, at, LEN).0, 0x11);
+    // The region stays cached (idle) and watched. A child drops its copy
+    // of the context, as a forked worker that never uses it does.
+    // SAFETY: the child drops its copy of the context and ends with
+    // _exit; it touches nothing of the parent's but through the inherited
+    // descriptors the drop must leave alone.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        drop(owner);
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    // The program frees the buffer (a plain munmap, as free does) and
+    // gets new memory at the same address.
+    // SAFETY: our own mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(at.cast(), LEN) }, 0);
+    let again = map_private(at as usize, LEN);
+    assert_eq!(again, at);
+    // SAFETY: LEN bytes of our own mapping.
+    unsafe { std::ptr::write_bytes(again, 0x22, LEN) };
+    assert_eq!(
+        first_byte_seen(&owner, &peer, again, LEN),
+        (0x22, false),
+        "the device must read the new memory, through a new registration"
+    );
+    drop(owner);
+    // SAFETY: our own mapping, no longer registered.
+    assert_eq!(unsafe { libc::munmap(again.cast(), LEN) }, 0);
 }

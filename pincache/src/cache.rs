@@ -109,6 +109,8 @@ struct Writer {
     evictions: u64,
     invalidations: u64,
     merges: u64,
+    /// Regions the monitor could not watch, pinned uncached.
+    unwatched_regions: u64,
 }
 
 /// A new region pinned and ready to enter the index, with the regions it
@@ -581,9 +583,8 @@ impl<P: Pinner> Shared<P> {
                 (alone, overlapping, prepared)
             }
         };
-        if self.subscribed() {
-            monitor::MemoryMonitor::watch_global(target);
-        }
+        // A region the monitor cannot watch is used, never cached.
+        let unwatched = self.subscribed() && !monitor::MemoryMonitor::watch_global(target);
 
         for &id in &replaced {
             let range = self.range_of(id);
@@ -621,19 +622,27 @@ impl<P: Pinner> Shared<P> {
         let tick = writer.tick;
         self.tick.store(tick, Ordering::Relaxed);
         let key = self.initial_usage(policy, tick);
-        entry.state.store(state::LIVE, Ordering::Release);
-        self.index.insert(
-            target.start >> self.page_shift,
-            target.end() >> self.page_shift,
-            entry.index_value(),
-        );
-        writer.age += 1;
-        let age = writer.age;
-        writer.order.insert(Rank {
-            key: if policy == Policy::Fifo { age } else { key },
-            age,
-            id,
-        });
+        if unwatched {
+            // Out of the index from the start: unpinned at its last
+            // release, as an invalidated region is.
+            entry.state.store(state::RETIRED, Ordering::Release);
+            writer.retired.insert(id);
+            writer.unwatched_regions += 1;
+        } else {
+            entry.state.store(state::LIVE, Ordering::Release);
+            self.index.insert(
+                target.start >> self.page_shift,
+                target.end() >> self.page_shift,
+                entry.index_value(),
+            );
+            writer.age += 1;
+            let age = writer.age;
+            writer.order.insert(Rank {
+                key: if policy == Policy::Fifo { age } else { key },
+                age,
+                id,
+            });
+        }
         writer.pinned_bytes += target.len;
         writer.pinned_entries += 1;
         writer.misses += 1;
@@ -842,8 +851,10 @@ impl<P: Pinner> Shared<P> {
         writer.limbo.push(id);
     }
 
+    /// Whether the monitor watches this cache's regions: it was asked to,
+    /// and this is not a child of `fork()` of the process that started it.
     fn subscribed(&self) -> bool {
-        self.monitored.load(Ordering::Acquire)
+        self.monitored.load(Ordering::Acquire) && !monitor::inherited()
     }
 
     /// A region id nobody can still see, and whether it was never used
@@ -993,6 +1004,7 @@ impl<P: Pinner> Shared<P> {
             misses: writer.misses,
             evictions: writer.evictions,
             invalidations: writer.invalidations,
+            unwatched: writer.unwatched_regions,
             merges: writer.merges,
             pinned_bytes: writer.pinned_bytes,
             pinned_entries: writer.pinned_entries,

@@ -12,7 +12,8 @@
 //!   for. The cost is the invalidation plus the system calls, with no
 //!   cross-thread wake-up.
 //! * **The safety net**, [`MemoryMonitor`]: caches configured with
-//!   `monitor: true` register their pinned ranges with one process-wide
+//!   [`Monitor::Required`](crate::Monitor) (or `WhereAvailable`, where it
+//!   runs) register their pinned ranges with one process-wide
 //!   userfaultfd in write-protect mode (no page is ever write-protected, so
 //!   no fault is ever delivered; only the non-cooperative events are). An
 //!   `munmap`, `mremap` or `madvise(MADV_DONTNEED|MADV_REMOVE)` the hook did
@@ -25,10 +26,19 @@
 //!   cache's lock or the allocator's (glibc trims the heap inside `free`):
 //!   a monitor that invalidated before reading the next event would wait
 //!   for that lock while the thread waits for the read.
+//!
+//! A range the kernel will not watch (write protection of shmem and
+//! hugetlbfs needs Linux 5.19, other file mappings never have it; memory
+//! another userfaultfd owns) stays pinned while it is held but is not
+//! cached: its region leaves the index at once and is unpinned at its
+//! last release ([`CacheStats::unwatched`](crate::CacheStats::unwatched)
+//! counts them), so nothing stale can be hit. A child of `fork()` does
+//! not use the parent's monitor at all: its descriptor would change the
+//! parent's registrations, and its threads stayed in the parent.
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{OnceLock, Weak};
 use std::time::Duration;
 
@@ -103,10 +113,29 @@ pub fn invalidate_everywhere(start: usize, len: usize, unmapped: bool) -> usize 
         .sum()
 }
 
+/// Set in a child of `fork()` (by an atfork handler the monitor installs
+/// when it starts): the monitor's descriptor is the parent's, whose
+/// registrations every userfaultfd call would change, and its threads did
+/// not come along. The child's caches go unwatched.
+static INHERITED: AtomicBool = AtomicBool::new(false);
+
 /// Whether the monitor is between reading events and applying them.
 #[inline(always)]
 pub(crate) fn event_pending() -> bool {
     EVENTS_PENDING.load(Ordering::Acquire) > 0
+}
+
+/// Whether this process is a child of `fork()` of the process that
+/// started the monitor (see [`INHERITED`]).
+pub(crate) fn inherited() -> bool {
+    INHERITED.load(Ordering::Acquire)
+}
+
+/// The atfork child handler: the monitor is the parent's from now on.
+extern "C" fn monitor_left_in_parent() {
+    INHERITED.store(true, Ordering::Release);
+    // A batch the parent's reader had in hand will never be applied here.
+    EVENTS_PENDING.store(0, Ordering::Release);
 }
 
 /// Waits until the monitor has applied the events it has read.
@@ -203,6 +232,11 @@ impl MemoryMonitor {
             })
         });
         match monitor {
+            Ok(_) if inherited() => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the userfaultfd monitor belongs to the parent of this fork() child; \
+                 the child's caches go unwatched",
+            )),
             Ok(monitor) => {
                 monitor.start();
                 Ok(monitor)
@@ -218,6 +252,11 @@ impl MemoryMonitor {
     fn start(&'static self) {
         static STARTED: OnceLock<()> = OnceLock::new();
         STARTED.get_or_init(|| {
+            // SAFETY: the handler only stores to two atomics, which is
+            // async-signal-safe as a child handler of fork() must be.
+            let installed =
+                unsafe { libc::pthread_atfork(None, None, Some(monitor_left_in_parent)) };
+            assert_eq!(installed, 0, "pthread_atfork failed: {installed}");
             let inbox: &'static Inbox = Box::leak(Box::new(Inbox {
                 queue: Mutex::new(VecDeque::with_capacity(INBOX_ENTRIES)),
                 filled: Condvar::new(),
@@ -242,6 +281,9 @@ impl MemoryMonitor {
     /// cannot watch (file-backed mappings other than shmem and hugetlbfs) are
     /// left unwatched; returns whether the range is watched.
     pub fn watch(&self, range: PageRange) -> bool {
+        if inherited() {
+            return false;
+        }
         let mut watched = self.watched.lock();
         let fresh = watched.acquire(range.start..range.end());
         let mut all = true;
@@ -256,6 +298,9 @@ impl MemoryMonitor {
     /// Stops watching `range` for a cache that unpinned it. Parts forgotten
     /// since (unmapped) are skipped.
     pub fn unwatch(&self, range: PageRange) {
+        if inherited() {
+            return;
+        }
         let mut watched = self.watched.lock();
         for part in watched.release_lenient(range.start..range.end()) {
             // A range already unmapped is no longer registered.
@@ -263,10 +308,11 @@ impl MemoryMonitor {
         }
     }
 
-    /// Watches `range` if the monitor is running.
-    pub(crate) fn watch_global(range: PageRange) {
-        if let Some(Ok(monitor)) = MONITOR.get() {
-            monitor.watch(range);
+    /// Watches `range` if the monitor is running; whether it is watched.
+    pub(crate) fn watch_global(range: PageRange) -> bool {
+        match MONITOR.get() {
+            Some(Ok(monitor)) => monitor.watch(range),
+            _ => false,
         }
     }
 
@@ -280,6 +326,9 @@ impl MemoryMonitor {
     /// The memory of `[start, start + len)` is going away: unregister it now
     /// and forget every watch on it.
     fn forget(&self, start: usize, len: usize) {
+        if inherited() {
+            return;
+        }
         let mut watched = self.watched.lock();
         if watched.clear(start..start.saturating_add(len)) {
             let _ = self.uffd.unregister(start, len);

@@ -15,6 +15,10 @@ pub struct CacheStats {
     pub invalidations: u64,
     /// Cached regions absorbed into a larger merged region.
     pub merges: u64,
+    /// Regions the unmap monitor could not watch (see
+    /// [`Monitor`](crate::Monitor)): pinned for their request, never
+    /// cached.
+    pub unwatched: u64,
     /// Bytes pinned now, counting every pinned region in full.
     pub pinned_bytes: usize,
     /// Regions pinned now (indexed and retired).

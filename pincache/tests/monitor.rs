@@ -3,7 +3,9 @@
 
 mod common;
 
-use pindown_pincache::{CacheConfig, MemoryMonitor, MlockPinner, Monitor, PinCache};
+use pindown_pincache::{
+    CacheConfig, MemoryMonitor, MlockPinner, Monitor, NoopPinner, PinCache, WriteFence,
+};
 
 const PAGE: usize = 4096;
 
@@ -18,6 +20,7 @@ fn unmapped_memory_is_never_hit_again() {
     a_region_retired_by_a_removal_leaves_the_next_region_watched();
     a_cache_dropped_with_a_leaked_retired_region_releases_only_its_pins();
     mremap_moving_a_mapping_invalidates_the_old_range();
+    memory_the_monitor_cannot_watch_is_pinned_but_never_cached();
 }
 
 fn monitored_cache() -> PinCache<MlockPinner> {
@@ -256,4 +259,53 @@ fn mremap_moving_a_mapping_invalidates_the_old_range() {
     drop(cache);
     common::unmap_plain(again, len);
     common::unmap_plain(target, len);
+}
+
+/// Memory another userfaultfd holds (here a write fence's) cannot be
+/// watched: a registration of it is served, but its region is never hit
+/// afterwards, since an unmap of it would go unseen.
+fn memory_the_monitor_cannot_watch_is_pinned_but_never_cached() {
+    let cache = PinCache::new(
+        NoopPinner,
+        CacheConfig {
+            monitor: Monitor::Required,
+            ..CacheConfig::default()
+        },
+    )
+    .unwrap();
+    let len = 4 * PAGE;
+    let buffer = common::map_anonymous(len);
+    let addr = buffer as usize;
+    let fence = WriteFence::raise(addr, len).expect("a fence over fresh anonymous memory");
+    for _ in 0..2 {
+        drop(cache.pin(addr, len).unwrap());
+    }
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.hits, stats.misses, stats.unwatched),
+        (0, 2, 2),
+        "each registration pinned anew, none cached"
+    );
+    assert_eq!(
+        (
+            stats.pinned_entries,
+            stats.retired_entries,
+            stats.pinned_bytes
+        ),
+        (0, 0, 0),
+        "unpinned at their release"
+    );
+    // Held, it stays pinned until released.
+    let held = cache.pin(addr, len).unwrap();
+    assert_eq!(cache.stats().pinned_entries, 1);
+    drop(held);
+    assert_eq!(cache.stats().pinned_entries, 0);
+    drop(fence);
+    // Watchable again: cached again.
+    drop(cache.pin(addr, len).unwrap());
+    drop(cache.pin(addr, len).unwrap());
+    let stats = cache.stats();
+    assert_eq!((stats.hits, stats.unwatched), (1, 3));
+    drop(cache);
+    common::unmap_plain(buffer, len);
 }

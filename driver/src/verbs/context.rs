@@ -43,10 +43,17 @@ pub struct ContextConfig {
     /// ([`Transport::mapping_budget`]). By default its unmap monitor runs
     /// where userfaultfd allows ([`Monitor::WhereAvailable`]): memory the
     /// program frees and maps again at the same address is registered
-    /// anew, never reached through the old translation. Where it cannot
-    /// run, the context logs why once and [`Context::unmaps_watched`]
-    /// says `false`: invalidate memory before it goes then, or route
-    /// `munmap` through `pindown_pincache::unmap`.
+    /// anew, never reached through the old translation (memory the kernel
+    /// will not watch is registered uncached,
+    /// [`CacheStats::unwatched`](pindown_pincache::CacheStats::unwatched)).
+    /// Where it cannot run (and in a child of `fork()`), the context logs
+    /// why once and [`Context::unmaps_watched`] says `false`: invalidate
+    /// memory before it goes then, or route `munmap` through
+    /// `pindown_pincache::unmap`. A program that puts a userfaultfd of its
+    /// own over memory it registers, or runs under a seccomp policy that
+    /// kills on `userfaultfd(2)`, sets [`Monitor::Off`]; with the monitor
+    /// on, an `munmap` of registered memory waits for the monitor's
+    /// thread to read its event.
     pub cache: CacheConfig,
     /// How long waiting ([`CompletionQueue::wait`](super::CompletionQueue::wait),
     /// and the context's own requests) keeps polling after the last
