@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::DeviceProcess;
 use pindown_driver::verbs::opcode::{FetchAdd, Nop, Read, Write};
 use pindown_driver::verbs::{
-    Completion, CompletionQueue, Context, ContextConfig, QueuePair, VerbsError,
+    Completion, CompletionQueue, Context, ContextConfig, Local, QueuePair, VerbsError,
 };
 use pindown_uapi::{Access, ErrorDetail, Opcode, Status};
 
@@ -541,8 +541,81 @@ fn a_window_of_no_bytes_or_no_right_is_refused_naming_both() {
             refused.to_string().contains("at least one byte"),
             "{refused}"
         );
+        // SAFETY: refused before anything is bound.
+        let raw = unsafe { owner.bind_window_raw(region.iova() + 100, len, access, None) };
+        assert!(
+            matches!(raw, Err(VerbsError::EmptyWindow { .. })),
+            "raw, {len} bytes, {access:?}: {:?}",
+            raw.map(|w| w.remote())
+        );
     }
     // The port goes on binding.
     let window = owner.bind_window(&region, 100, 1, all).unwrap();
     window.revoke().unwrap();
+}
+
+/// A queue pair dropped while the device is still on its requests, with
+/// its send ring full of unsignalled ones: its retire marker cannot be
+/// posted at once, and no completion will come to prompt it. Polling its
+/// completion queue posts it once the device has made room, and the ring
+/// goes back.
+#[test]
+fn a_queue_pair_dropped_full_of_unsignalled_requests_gives_its_ring_back() {
+    const BIG: usize = 32 << 20;
+    let device =
+        DeviceProcess::start(common::device_bin(), 2, &["--rdma-queue-pairs", "2"]).unwrap();
+    let config = || ContextConfig {
+        arena_bytes: 80 << 20,
+        ..config()
+    };
+    let initiator = Context::open(device.socket(0), config()).unwrap();
+    let owner = Context::open(device.socket(1), config()).unwrap();
+    let target = owner.alloc(BIG, 4096).unwrap();
+    let target_region = owner.register_buffer(&target).unwrap();
+    let window = owner
+        .bind_window(&target_region, 0, BIG as u64, Access::REMOTE_WRITE)
+        .unwrap();
+    let source = initiator.alloc(BIG, 4096).unwrap();
+    let region = initiator.register_buffer(&source).unwrap();
+    let size = usize::from(initiator.queue_size());
+    let mut cq = initiator.create_completion_queue();
+    let mut full_drops = 0;
+    for attempt in 0..10 {
+        let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+        // A long unsignalled write, named raw so that the queue pair keeps
+        // no share and its drop does not wait for the device.
+        // SAFETY: `source` outlives every request (the device is done
+        // with them before the test ends: the ring comes back only then).
+        let local = unsafe { Local::from_raw(region.iova(), BIG as u32) };
+        qp.post(&[Write::new(local, window.remote().at(0)).build()])
+            .unwrap();
+        // Unsignalled NOPs, the largest batch that fits, then one at a
+        // time until one is refused while the device is still writing.
+        let batch: Vec<_> = (0..size - 1).map(|_| Nop::new().build()).collect();
+        let mut batch = batch.as_slice();
+        while batch.len() > 1 && matches!(qp.post(batch), Err(VerbsError::QueueFull { .. })) {
+            batch = &batch[..batch.len() / 2];
+        }
+        let full = (0..2 * size).any(|_| {
+            matches!(
+                qp.post(&[Nop::new().build()]),
+                Err(VerbsError::QueueFull { .. })
+            )
+        });
+        drop(qp);
+        let deadline = std::time::Instant::now() + T;
+        while cq.rings() > 0 {
+            assert_eq!(cq.poll().unwrap().count(), 0, "attempt {attempt}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "attempt {attempt} (dropped full: {full}): the ring stays held"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        full_drops += u32::from(full);
+    }
+    assert!(
+        full_drops > 0,
+        "the send ring never filled: the device outran the posts"
+    );
 }

@@ -139,7 +139,7 @@ impl<'c, T: Transport + 'static> CompletionQueue<'c, T> {
             let ready = &mut self.ready;
             let shared = &member.shared;
             let mut last = false;
-            let arrived = member.ring.pump(transport, |completion| {
+            member.ring.pump(transport, |completion| {
                 // The marker is read per NOP: the queue pair may be
                 // dropped, and post it, while this ring is pumped.
                 let marker = match completion.opcode {
@@ -154,9 +154,9 @@ impl<'c, T: Transport + 'static> CompletionQueue<'c, T> {
             })?;
             if last {
                 drained.push(at);
-            } else if arrived > 0 && shared.retire_marker().is_some() {
-                // Room made: a marker a full ring kept out may go now.
-                self.context.post_unposted_marker(member.pair);
+            } else if shared.marker_unposted() {
+                // A marker a full ring kept out goes once there is room.
+                self.context.post_unposted_marker(member.pair, shared);
             }
         }
         for at in drained.into_iter().rev() {

@@ -22,15 +22,17 @@
 //! pair's later completions through).
 //!
 //! A queue pair dropped with its send ring full cannot post its marker at
-//! once: the device has stopped with the completion ring full behind it.
-//! The marker then waits in the pool, and the completion queue posts it
-//! as soon as reaping has let the device take requests again. Flushing
+//! once: the device is still taking its requests, or has stopped with the
+//! completion ring full behind it. The marker then waits, and the
+//! completion queue tries to post it each time it reaps, until the device
+//! has taken requests and made room. Flushing
 //! rings that a full queue pair left discards completions while it waits
 //! for room for its marker, for the same reason.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
 
@@ -49,9 +51,19 @@ pub(super) struct PairShared {
     /// is dropped (posted then, or later: [`PairSlot::Held`]); 0 while it
     /// lives. Never 0 otherwise ([`first_marker`]).
     retire_marker: AtomicU64,
+    /// Set while the retire marker waits to be posted: the queue pair was
+    /// dropped with its send ring full. The completion queue posts it
+    /// ([`Context::post_unposted_marker`]) whenever it reaps, until there
+    /// is room.
+    marker_unposted: AtomicBool,
 }
 
 impl PairShared {
+    /// Whether the retire marker still waits to be posted.
+    pub(super) fn marker_unposted(&self) -> bool {
+        self.marker_unposted.load(Ordering::Acquire)
+    }
+
     /// The marker the dropped queue pair posts last, if it is dropped.
     pub(super) fn retire_marker(&self) -> Option<u64> {
         match self.retire_marker.load(Ordering::Acquire) {
@@ -81,12 +93,10 @@ pub(super) enum PairSlot {
         fresh: bool,
     },
     /// Held by a queue pair and a completion queue; each half comes back
-    /// here when they let it go. `unposted_marker`: the retire marker a
-    /// queue pair dropped with its send ring full could not post yet.
+    /// here when they let it go.
     Held {
         send: Option<SendRing>,
         completion: Option<CompletionRing>,
-        unposted_marker: Option<u64>,
     },
 }
 
@@ -203,7 +213,6 @@ impl<T: Transport + 'static> Context<T> {
             let held = PairSlot::Held {
                 send: None,
                 completion: None,
-                unposted_marker: None,
             };
             (at, std::mem::replace(&mut pool.slots[at], held))
         };
@@ -260,25 +269,47 @@ impl<T: Transport + 'static> Context<T> {
         }
     }
 
-    /// Posts a marker NOP on `send` and discards every completion up to it.
-    /// While the send ring is full (its last queue pair left it so), the
-    /// completions that arrive are discarded until the device, with room
-    /// to complete again, takes requests and frees a slot.
+    /// Posts a marker NOP on `send` and discards every completion up to it,
+    /// all within the control timeout. While the send ring is full (its
+    /// last queue pair left it so), the completions that arrive are
+    /// discarded until the device, with room to complete again, takes
+    /// requests and frees a slot.
     fn flush(
         &self,
         send: &mut SendRing,
         completion: &mut CompletionRing,
     ) -> Result<(), VerbsError> {
         let marker = self.next_marker();
-        let deadline = Instant::now() + self.control_timeout;
+        let start = Instant::now();
+        let mut tries = 0u32;
         loop {
             match post_marker(&*self.transport, &self.arena, send, marker) {
                 Ok(()) => break,
-                Err(VerbsError::QueueFull { .. }) if Instant::now() < deadline => {
-                    completion.pump(&*self.transport, drop)?;
-                    std::thread::yield_now();
-                }
+                Err(VerbsError::QueueFull { .. }) => {}
                 Err(err) => return Err(err),
+            }
+            completion.pump(&*self.transport, drop)?;
+            if start.elapsed() >= self.control_timeout {
+                return Err(VerbsError::ControlTimeout {
+                    operation: pindown_uapi::Opcode::Nop,
+                    timeout: self.control_timeout,
+                });
+            }
+            let gone = match self.transport.hangup_fd() {
+                Some(fd) => crate::transport::poll_hangup(fd.as_raw_fd(), Some(Duration::ZERO))
+                    .map_err(VerbsError::Wait)?,
+                None => false,
+            };
+            if gone {
+                return Err(VerbsError::DeviceGone {
+                    operation: pindown_uapi::Opcode::Nop,
+                });
+            }
+            tries += 1;
+            if tries < 100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
         let mut flush = Flush {
@@ -289,62 +320,60 @@ impl<T: Transport + 'static> Context<T> {
         wait_for_control(
             &mut flush,
             self.spin,
-            self.control_timeout,
+            self.control_timeout.saturating_sub(start.elapsed()),
             pindown_uapi::Opcode::Nop,
         )
     }
 
     /// Takes back the send ring of a dropped queue pair, after posting its
     /// marker (which tells the completion queue when the pair's last
-    /// completion has arrived). A full ring keeps the marker for
+    /// completion has arrived). A full ring leaves the marker to
     /// [`post_unposted_marker`](Self::post_unposted_marker).
     pub(super) fn return_send_ring(&self, pair: u16, mut send: SendRing, shared: &PairShared) {
         let marker = self.next_marker();
         shared.retire_marker.store(marker, Ordering::Release);
         // A device gone: no marker; the completion ring then comes back
         // when its completion queue is dropped.
-        let unposted = match post_marker(&*self.transport, &self.arena, &mut send, marker) {
-            Err(VerbsError::QueueFull { .. }) => Some(marker),
-            _ => None,
-        };
-        self.put_back(pair, Some(send), None, unposted);
+        let full = matches!(
+            post_marker(&*self.transport, &self.arena, &mut send, marker),
+            Err(VerbsError::QueueFull { .. })
+        );
+        shared.marker_unposted.store(full, Ordering::Release);
+        self.put_back(pair, Some(send), None);
+        if full {
+            // The completion queue may have reaped, and made room, before
+            // the ring was back.
+            self.post_unposted_marker(pair, shared);
+        }
     }
 
     /// Posts the retire marker of pair `pair` if its queue pair was dropped
-    /// with a full send ring and there is room now (its completion queue
-    /// has reaped since).
-    pub(super) fn post_unposted_marker(&self, pair: u16) {
+    /// with a full send ring and there is room now.
+    pub(super) fn post_unposted_marker(&self, pair: u16, shared: &PairShared) {
         let mut pool = self.pairs.lock();
         let Some(PairSlot::Held {
-            send: Some(send),
-            unposted_marker,
-            ..
+            send: Some(send), ..
         }) = pool.slots.get_mut(usize::from(pair) - 1)
         else {
             return;
         };
-        let Some(marker) = *unposted_marker else {
+        if !shared.marker_unposted() {
             return;
-        };
+        }
+        let marker = shared.retire_marker.load(Ordering::Acquire);
         match post_marker(&*self.transport, &self.arena, send, marker) {
             Err(VerbsError::QueueFull { .. }) => {}
-            _ => *unposted_marker = None,
+            _ => shared.marker_unposted.store(false, Ordering::Release),
         }
     }
 
     /// Takes back the completion ring of pair `pair` from a completion
     /// queue.
     pub(super) fn return_completion_ring(&self, pair: u16, completion: CompletionRing) {
-        self.put_back(pair, None, Some(completion), None);
+        self.put_back(pair, None, Some(completion));
     }
 
-    fn put_back(
-        &self,
-        pair: u16,
-        send: Option<SendRing>,
-        completion: Option<CompletionRing>,
-        marker: Option<u64>,
-    ) {
+    fn put_back(&self, pair: u16, send: Option<SendRing>, completion: Option<CompletionRing>) {
         let mut pool = self.pairs.lock();
         let Some(slot) = pool.slots.get_mut(usize::from(pair) - 1) else {
             return;
@@ -352,14 +381,12 @@ impl<T: Transport + 'static> Context<T> {
         let PairSlot::Held {
             send: held_send,
             completion: held_completion,
-            unposted_marker,
         } = slot
         else {
             return;
         };
         if send.is_some() {
             *held_send = send;
-            *unposted_marker = marker;
         }
         if completion.is_some() {
             *held_completion = completion;

@@ -123,9 +123,7 @@ impl<T: Transport + 'static> Context<T> {
             });
         }
         let start = region.iova_at(offset, len)?;
-        if len == 0 || access.is_empty() {
-            return Err(VerbsError::EmptyWindow { len, access });
-        }
+        check_not_empty(len, access)?;
         if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             && !self.cache.pinner().writable(start, len)
         {
@@ -142,6 +140,7 @@ impl<T: Transport + 'static> Context<T> {
         peer: Option<PortAddress>,
         keep: Option<KeepAlive>,
     ) -> Result<MemoryWindow<'_, T>, VerbsError> {
+        check_not_empty(len, access)?;
         let done = self.run_admin(Operation::BindWindow {
             start,
             len,
@@ -169,6 +168,14 @@ impl<T: Transport + 'static> Context<T> {
         self.run_admin(Operation::RevokeWindow { key })?;
         Ok(())
     }
+}
+
+/// Refuses a window that would grant nothing: no byte, or no right.
+fn check_not_empty(len: u64, access: Access) -> Result<(), VerbsError> {
+    if len == 0 || access.is_empty() {
+        return Err(VerbsError::EmptyWindow { len, access });
+    }
+    Ok(())
 }
 
 /// A window this port bound over part of a [`MemoryRegion`], which it
