@@ -48,6 +48,9 @@
 //!   8-byte put (notes; a measurement).
 //! * `pio`: times blocking puts of 8..512 bytes inline (PIO) and by DMA
 //!   (notes; a measurement, never a pass/fail criterion).
+//! * `stuck-reply` (2 ranks): rank 0 asks rank 1 for a reply while rank 1
+//!   does nothing but native gets for 8 s (timeout 5 s): the reply must
+//!   reach rank 0 while rank 1 waits for its gets.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -148,6 +151,11 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
     {
         config.descriptor_cache = Some(descriptor_config(args)?);
     }
+    if scenario == "stuck-reply" {
+        // A short timeout, so that a reply left queued fails the
+        // requester within seconds.
+        config.timeout = Duration::from_secs(5);
+    }
     if scenario.starts_with("hostile-") {
         config.ring_slots = 8;
         return hostile_gasnet::run(job, &context, config, scenario, counters);
@@ -164,6 +172,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         }
         "handlers" => message_handlers(&state, job.rank()),
         "misalign" => misalign_handlers(&state, job.rank()),
+        "stuck-reply" => stuck_reply_handlers(&state),
         "bad-packet" | "forged-credit" => bad_packet_handlers(&state),
         "latency" => latency_handlers(&state),
         "leave-while-owed" => {
@@ -185,6 +194,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "handlers" => handlers_scenario(&mut ep, &state),
         "flood" => flood(&mut ep, &state, args),
         "misalign" => misalign(&mut ep, &state, args),
+        "stuck-reply" => stuck_reply(&mut ep, &state),
         "strided" => strided(&mut ep),
         "bad-packet" => bad_packet(&mut ep, &state),
         "pio" => pio(&mut ep),
@@ -1840,5 +1850,52 @@ fn config_checks(
         other => return Err(format!("a handle of the endpoint before: {other:?}")),
     }
     ep.barrier().map_err(|e| e.to_string())?;
+    Ok(tally)
+}
+
+/// Rank 0 asks rank 1 for a reply while rank 1 does nothing but native
+/// gets (as a rank that finished its puts does in `misalign`) for longer
+/// than the timeout: the reply must reach rank 0 meanwhile, sent from the
+/// waits of rank 1's gets. (It once waited in rank 1's queue until rank 1
+/// polled: rank 0 gave up, left, and rank 1's next get found its window
+/// gone.)
+fn stuck_reply_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    handlers.register(H_VERIFY, move |token, _args, _| {
+        let _ = token.reply_short(H_VERIFIED, &[1]);
+    });
+    let s = state.clone();
+    handlers.register(H_VERIFIED, move |_, _, _| {
+        s.borrow_mut().verified += 1;
+    });
+    handlers
+}
+
+fn stuck_reply(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let mut tally = Tally::default();
+    if ep.rank() == 0 {
+        std::thread::sleep(Duration::from_millis(200));
+        ep.request_short(1, H_VERIFY, &[])
+            .map_err(|e| format!("request: {e}"))?;
+        let asked = Instant::now();
+        ep.wait_until(|_| state.borrow().verified > 0)
+            .map_err(|e| format!("reply: {e}"))?;
+        tally
+            .notes
+            .push(format!("reply after {:?}", asked.elapsed()));
+        // Rank 1 gets for 8 s: enter the final barrier within the timeout.
+        std::thread::sleep(Duration::from_secs(4));
+        tally.checked = 1;
+    } else {
+        let mut buffer = vec![0u8; 1024];
+        let start = Instant::now();
+        let mut gets = 0u64;
+        while start.elapsed() < Duration::from_secs(8) {
+            ep.get(0, 4096, &mut buffer)
+                .map_err(|e| format!("get {gets}: {e}"))?;
+            gets += 1;
+        }
+        tally.checked = gets;
+    }
     Ok(tally)
 }

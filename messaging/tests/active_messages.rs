@@ -122,6 +122,16 @@ fn every_misalignment_and_length_lands_exactly_with_native_gets() {
 }
 
 #[test]
+fn a_reply_reaches_its_requester_while_the_target_only_waits_for_gets() {
+    // Rank 1 runs rank 0's handler inside its gets' waits for 8 s; the
+    // reply must go out then, not once rank 1 polls (rank 0 gives up
+    // after 5 s, and its window going made rank 1's next get fail).
+    let lines = passes(2, "stuck-reply", &[]);
+    assert_eq!(checked(&lines[0]), 1, "{}", lines[0]);
+    assert_eq!(counter(&lines[1], "replies"), 1, "{}", lines[1]);
+}
+
+#[test]
 fn gets_by_message_over_a_write_only_path_return_the_same_bytes() {
     for n in [2u32, 4] {
         let lines = misaligned(n, 200, 20_000, &["--get", "message"]);

@@ -876,6 +876,9 @@ pub struct Endpoint<'c> {
     /// Set while the rings are being consumed (reset even if a handler
     /// panics).
     polling: std::rc::Rc<std::cell::Cell<bool>>,
+    /// Set while queued replies are being sent (a long reply waits for
+    /// its put, and that wait must not start sending the next replies).
+    flushing: std::cell::Cell<bool>,
     /// Repeated puts' descriptors ([`Config::descriptor_cache`]).
     descriptors: Option<transfer::PutCache<'c>>,
 }
@@ -1064,6 +1067,7 @@ impl<'c> Endpoint<'c> {
             gone: vec![None; n],
             bad_packets: VecDeque::new(),
             polling: Default::default(),
+            flushing: Default::default(),
             descriptors: config.descriptor_cache.map(DescriptorCache::new),
             config,
         })
@@ -1320,6 +1324,7 @@ impl<'c> Endpoint<'c> {
             let mut spins = 0u32;
             while free == 0 {
                 self.progress_incoming()?;
+                self.send_queued_replies();
                 self.reap()?;
                 if let Some(err) = self.failures.pop_front() {
                     return Err(err);
@@ -1446,6 +1451,17 @@ impl<'c> Endpoint<'c> {
     /// consumes nothing holds up no other's replies. Those to a target
     /// known gone are dropped.
     fn flush_outgoing(&mut self) -> Result<()> {
+        if self.flushing.replace(true) {
+            // Inside a flush already (a long reply waiting for its put):
+            // the outer one sends the rest, in order.
+            return Ok(());
+        }
+        let flushed = self.flush_outgoing_now();
+        self.flushing.set(false);
+        flushed
+    }
+
+    fn flush_outgoing_now(&mut self) -> Result<()> {
         for target in 0..self.size {
             let queued = &mut self.outgoing[target as usize];
             if self.gone[target as usize].is_some() {
@@ -1469,6 +1485,19 @@ impl<'c> Endpoint<'c> {
             }
         }
         Ok(())
+    }
+
+    /// Sends the replies queued so far, as far as free slots allow, from
+    /// the loops that wait for this rank's own operations or for a free
+    /// slot. A failure is kept for the next call that reports failures
+    /// (`poll`, `wait_until`, a stalled send), not returned: the wait that
+    /// sent the reply must still see its own operation settled.
+    fn send_queued_replies(&mut self) {
+        if self.replies_queued() {
+            if let Err(err) = self.flush_outgoing() {
+                self.failures.push_back(err);
+            }
+        }
     }
 
     /// Whether replies wait for slots at any target.
@@ -1998,8 +2027,12 @@ impl<'c> Endpoint<'c> {
             if self.ops.get(&tag).is_none_or(|op| op.remaining == 0) {
                 break;
             }
-            // Keep consuming while waiting: peers may be stalled on us.
+            // Keep consuming while waiting, and send the replies the
+            // handlers queued: peers may be stalled on us (a peer waiting
+            // for a reply would otherwise wait for as long as this rank
+            // only waits for its own one-sided operations).
             self.progress_incoming()?;
+            self.send_queued_replies();
             // Checked on the first turn too, then every 64.
             let check = spins.is_multiple_of(64);
             spins = spins.wrapping_add(1);
