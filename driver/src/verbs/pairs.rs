@@ -25,9 +25,9 @@
 //! once: the device is still taking its requests, or has stopped with the
 //! completion ring full behind it. The marker then waits, and the
 //! completion queue tries to post it each time it reaps, until the device
-//! has taken requests and made room. Flushing
-//! rings that a full queue pair left discards completions while it waits
-//! for room for its marker, for the same reason.
+//! has taken requests and made room. Flushing rings that a full queue pair
+//! left discards completions while it waits for room for its marker, for
+//! the same reason.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,7 +48,7 @@ use crate::transport::Transport;
 #[derive(Debug, Default)]
 pub(super) struct PairShared {
     /// The user data of the marker NOP the queue pair posts last, when it
-    /// is dropped (posted then, or later: [`PairSlot::Held`]); 0 while it
+    /// is dropped (posted then, or later: `marker_unposted`); 0 while it
     /// lives. Never 0 otherwise ([`first_marker`]).
     retire_marker: AtomicU64,
     /// Set while the retire marker waits to be posted: the queue pair was
