@@ -37,6 +37,25 @@ fn collect(cq: &mut CompletionQueue<'_>, count: usize) -> Vec<Completion> {
     seen
 }
 
+/// Polls `cq` until it holds no ring (those of dropped queue pairs go back
+/// once their last completion is reaped), asserting that nothing more
+/// arrives meanwhile; fails after `T` naming `what`.
+fn await_rings_back(cq: &mut CompletionQueue<'_>, what: &str) {
+    let deadline = std::time::Instant::now() + T;
+    while cq.rings() > 0 {
+        assert_eq!(
+            cq.poll().unwrap().count(),
+            0,
+            "{what}: nothing past the last"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the ring stays held"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// The thread's tag in the top byte of its requests' user data.
 fn tag(thread: u64, i: u64) -> u64 {
     (thread << 56) | i
@@ -215,12 +234,7 @@ fn queue_pairs_are_bounded_and_a_dropped_one_s_rings_serve_the_next_cleanly() {
         "the dropped pair's completions, and no marker"
     );
     // Its last completion reaped, the completion queue lets the ring go.
-    let deadline = std::time::Instant::now() + T;
-    while first_cq.rings() > 0 {
-        assert_eq!(first_cq.poll().unwrap().count(), 0);
-        assert!(std::time::Instant::now() < deadline, "the ring stays held");
-        std::thread::yield_now();
-    }
+    await_rings_back(&mut first_cq, "the first queue pair");
 
     // The next queue pair gets those rings (on a new completion queue),
     // and sees nothing of the old one.
@@ -436,12 +450,7 @@ fn a_queue_pair_dropped_with_both_rings_full_leaves_its_rings_to_the_next() {
         all.iter().map(|c| c.user_data).collect::<Vec<_>>(),
         (1000..1000 + posted).collect::<Vec<_>>()
     );
-    let deadline = std::time::Instant::now() + T;
-    while cq.rings() > 0 {
-        assert_eq!(cq.poll().unwrap().count(), 0, "nothing past the last");
-        assert!(std::time::Instant::now() < deadline, "the ring stays held");
-        std::thread::yield_now();
-    }
+    await_rings_back(&mut cq, "dropped full");
     // Full again, dropped, and its completion queue dropped unreaped.
     let mut qp = context.create_queue_pair(&mut cq).unwrap();
     fill_both_rings(&mut qp, 1000);
@@ -499,12 +508,7 @@ fn user_data_of_any_value_never_passes_for_the_drivers_markers() {
             "round {round}"
         );
         // The ring goes back once the marker behind them is reaped.
-        let deadline = std::time::Instant::now() + T;
-        while cq.rings() > 0 {
-            assert_eq!(cq.poll().unwrap().count(), 0, "round {round}");
-            assert!(std::time::Instant::now() < deadline, "the ring stays held");
-            std::thread::yield_now();
-        }
+        await_rings_back(&mut cq, &format!("round {round}"));
     }
     // A fresh completion queue on rings whose last user left them full of
     // such values sees none of them.
@@ -603,15 +607,10 @@ fn a_queue_pair_dropped_full_of_unsignalled_requests_gives_its_ring_back() {
             )
         });
         drop(qp);
-        let deadline = std::time::Instant::now() + T;
-        while cq.rings() > 0 {
-            assert_eq!(cq.poll().unwrap().count(), 0, "attempt {attempt}");
-            assert!(
-                std::time::Instant::now() < deadline,
-                "attempt {attempt} (dropped full: {full}): the ring stays held"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        await_rings_back(
+            &mut cq,
+            &format!("attempt {attempt} (dropped full: {full})"),
+        );
         full_drops += u32::from(full);
     }
     assert!(
