@@ -230,22 +230,19 @@ impl<P: Pinner + 'static> PinCache<P> {
         shared
             .table
             .reserve(config.max_entries.min(RESERVED_IDS), rcu::current_slot());
-        match config.monitor {
-            Monitor::Off => {}
+        let watched = match config.monitor {
+            Monitor::Off => false,
+            Monitor::WhereAvailable => monitor::MemoryMonitor::global().is_ok(),
             Monitor::Required => {
                 monitor::MemoryMonitor::global().map_err(|e| {
                     CacheError::InvalidConfig(format!(
                         "the userfaultfd monitor is unavailable: {e}"
                     ))
                 })?;
-                shared.monitored.store(true, Ordering::Release);
+                true
             }
-            Monitor::WhereAvailable => {
-                if monitor::MemoryMonitor::global().is_ok() {
-                    shared.monitored.store(true, Ordering::Release);
-                }
-            }
-        }
+        };
+        shared.monitored.store(watched, Ordering::Release);
         let weak: Weak<dyn InvalidationTarget> = Arc::downgrade(&shared) as _;
         *shared.subscription.lock() = Some(monitor::subscribe(weak));
         Ok(PinCache { shared })
