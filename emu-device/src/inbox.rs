@@ -47,8 +47,25 @@ pub struct LinkCompletion {
     pub completion: Completion,
     /// Whether the request asked for a completion on success (SIGNALED).
     pub signaled: bool,
-    /// The request's position in its send queue.
+    /// Where the request was posted.
+    pub at: PostedAt,
+}
+
+/// Where a request the fabric link carries out was posted: its queue
+/// pair, its position in the pair's send queue, and the send queue's
+/// epoch then. A send queue that the frontend stops with requests on the
+/// link starts a new epoch (its positions start over, perhaps from the
+/// same numbers), so a completion of an older epoch is told apart and
+/// dropped, never written into the restarted queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostedAt {
+    /// The queue pair, where the completion goes.
+    pub pair: u16,
+    /// The request's position in the pair's send queue, which the
+    /// completion carries back (the pair retires it then).
     pub position: u16,
+    /// The send queue's epoch when the request was taken.
+    pub epoch: u32,
 }
 
 /// Arrival notices a port holds at most, queued or promised (a vector
@@ -128,15 +145,15 @@ impl Inbox {
         let _ = wake.write(1);
     }
 
-    /// Queues the outcome of a request of queue pair `pair` that the
-    /// fabric link carried out, and wakes the port's thread; dropped when
-    /// the port's frontend has gone meanwhile.
-    pub fn deliver_completion(&self, pair: u16, done: LinkCompletion) {
+    /// Queues the outcome of a request that the fabric link carried out
+    /// for its queue pair, and wakes the port's thread; dropped when the
+    /// port's frontend has gone meanwhile.
+    pub fn deliver_completion(&self, done: LinkCompletion) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(wake) = st.wake.clone() else {
             return;
         };
-        let pair = usize::from(pair);
+        let pair = usize::from(done.at.pair);
         if st.completions.len() <= pair {
             st.completions.resize_with(pair + 1, VecDeque::new);
         }

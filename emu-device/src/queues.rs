@@ -246,6 +246,11 @@ pub struct Vring {
     /// The frontend broke the ring ([`Vring::break_off`]); cleared when the
     /// ring is configured again.
     pub broken: bool,
+    /// How many times the ring stopped ([`stop`](Self::stop),
+    /// [`break_off`](Self::break_off), [`set_enabled`](Self::set_enabled)): whoever
+    /// serves the ring tells a restart by it, even when the ring runs
+    /// again by the time it looks.
+    pub stops: u32,
 }
 
 /// Why a ring could not be (re)configured or used.
@@ -289,6 +294,7 @@ impl Vring {
             started: false,
             waiting_iotlb: false,
             broken: false,
+            stops: 0,
         }
     }
 
@@ -391,6 +397,15 @@ impl Vring {
         self.queue.set_ready(false);
         self.waiting_iotlb = false;
         self.broken = true;
+        self.stops = self.stops.wrapping_add(1);
+    }
+
+    /// SET_VRING_ENABLE: a ring that was enabled and is disabled stops.
+    pub fn set_enabled(&mut self, enable: bool) {
+        if self.enabled && !enable {
+            self.stops = self.stops.wrapping_add(1);
+        }
+        self.enabled = enable;
     }
 
     /// Raw fd of the kick eventfd, if any.
@@ -457,6 +472,7 @@ impl Vring {
         self.queue.set_ready(false);
         self.base = base;
         self.waiting_iotlb = false;
+        self.stops = self.stops.wrapping_add(1);
         base
     }
 

@@ -31,7 +31,7 @@ use pindown_uapi::{
 };
 use pindown_uapi::{ABI_VERSION, ADMIN_QUEUE_PAIR, RDMA_FEATURES};
 
-use crate::inbox::NOTICES_MAX;
+use crate::inbox::{PostedAt, NOTICES_MAX};
 
 use crate::fabric::PortFabric;
 use crate::internode::{Link, Submission};
@@ -68,9 +68,15 @@ pub struct SendQueue {
     running: Option<Running>,
     /// The inline bytes of the request taken last (reused).
     inline: Vec<u8>,
-    /// Positions of the requests handed to the fabric link whose
-    /// completions have not come back yet, oldest first.
-    on_link: VecDeque<u16>,
+    /// The requests handed to the fabric link whose completions have not
+    /// come back yet, oldest first, of this epoch and of earlier ones
+    /// (all of them count against [`MAX_IN_FLIGHT`]).
+    on_link: VecDeque<PostedAt>,
+    /// The send queue's epoch: a new one begins when the frontend stops
+    /// the queue while requests are on the link (see [`PostedAt`]).
+    epoch: u32,
+    /// The send queue's stop count ([`Vring::stops`]) last seen.
+    stops_seen: u32,
     /// The retired position last stored in the device record (see
     /// [`pindown_uapi::queue::Record::RETIRED`]); `None` when the rings
     /// (re)start.
@@ -192,6 +198,8 @@ impl SendQueue {
             running: None,
             inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
             on_link: VecDeque::new(),
+            epoch: 0,
+            stops_seen: 0,
             retired: None,
         }
     }
@@ -257,14 +265,13 @@ impl SendQueue {
         };
         let vrings = &mut state.vrings;
         vrings[sq].waiting_iotlb = false;
-        if !vrings[sq].active() {
-            // The frontend stopped or reset the ring: what it had posted
-            // is no longer ours to complete.
-            self.running = None;
-            self.waiting_since = None;
-            self.rings.clear();
-            self.retired = None;
-            return Served::default();
+        let stopped_since = vrings[sq].stops != self.stops_seen;
+        if stopped_since || !vrings[sq].active() {
+            self.stops_seen = vrings[sq].stops;
+            self.forget_posted();
+            if !vrings[sq].active() {
+                return Served::default();
+            }
         }
         if !vrings[cq].active() {
             // Completions would have nowhere to go: requests wait until the
@@ -283,10 +290,19 @@ impl SendQueue {
         let mut served = Served::default();
         if port.inbox.completions_pending() {
             for done in port.inbox.take_completions(self.pair) {
-                if let Some(at) = self.on_link.iter().position(|&p| p == done.position) {
+                if let Some(at) = self.on_link.iter().position(|&at| at == done.at) {
                     self.on_link.remove(at);
                 }
                 served.worked = true;
+                if done.at.epoch != self.epoch {
+                    tracing::debug!(
+                        port = port.index,
+                        pair = self.pair,
+                        user_data = done.completion.user_data,
+                        "completion of a request posted before its send queue stopped, dropped"
+                    );
+                    continue;
+                }
                 if done.signaled || !done.completion.is_success() {
                     self.pending.push_back(done.completion);
                 }
@@ -410,10 +426,33 @@ impl SendQueue {
         }
     }
 
+    /// The frontend stopped or reset the send queue (it may run again
+    /// already): what it had posted is no longer ours to complete.
+    fn forget_posted(&mut self) {
+        self.running = None;
+        self.waiting_since = None;
+        self.rings.clear();
+        self.retired = None;
+        if self.on_link.iter().any(|at| at.epoch == self.epoch) {
+            // Their completions come later, and the restarted queue may
+            // reuse their positions: a new epoch tells them apart.
+            self.epoch = self.epoch.wrapping_add(1);
+        }
+        // Nor are the completions of its requests that wait for room
+        // (arrival notices are the port's, not the queue's).
+        self.pending
+            .retain(|completion| completion.arrival_from.is_some());
+    }
+
     /// Stores the retired position if it moved: the oldest request still
     /// running or on the fabric link, else `head`.
     fn publish_retired(&mut self, view: &RingsView<'_, '_>, head: u16) {
-        let unfinished = self.on_link.iter().copied();
+        let epoch = self.epoch;
+        let unfinished = self
+            .on_link
+            .iter()
+            .filter(|at| at.epoch == epoch)
+            .map(|at| at.position);
         let running = self.running.as_ref().map(|running| running.position);
         let retired = unfinished
             .chain(running)
@@ -473,7 +512,9 @@ impl SendQueue {
         let Some(running) = self.running.as_mut() else {
             return Advanced::Completed;
         };
-        if running.request.flags.contains(WrFlags::FENCE) && !self.on_link.is_empty() {
+        let epoch = self.epoch;
+        let earlier_on_link = self.on_link.iter().any(|at| at.epoch == epoch);
+        if running.request.flags.contains(WrFlags::FENCE) && earlier_on_link {
             return Advanced::Fenced;
         }
         let nodes = remote_nodes(&running.request.op);
@@ -521,14 +562,18 @@ impl SendQueue {
         };
         match link {
             Some(link) if nodes.iter().flatten().all(|&node| link.knows(node)) => {
-                link.submit(Submission {
-                    port: Arc::clone(&self.port),
+                let at = PostedAt {
                     pair: self.pair,
                     position: running.position,
+                    epoch: self.epoch,
+                };
+                link.submit(Submission {
+                    port: Arc::clone(&self.port),
+                    at,
                     request,
                     inline: running.inline,
                 });
-                self.on_link.push_back(running.position);
+                self.on_link.push_back(at);
             }
             _ => self.pending.push_back(refused(ErrorDetail::UnknownNode)),
         }

@@ -1037,6 +1037,47 @@ fn wait_log(h: &Harness, n: usize) {
     }
 }
 
+/// The RDMA send and completion queues of the hostile frontend's first
+/// queue pair (the admin pair of a device with two net queue pairs).
+const RAW_SQ: u32 = 4;
+const RAW_CQ: u32 = 5;
+
+/// A raw frontend on port 0 with its memory and the RDMA queues
+/// [`RAW_SQ`] and [`RAW_CQ`] set up (their kicks are `raw.kicks[0]` and
+/// `[1]`).
+fn rdma_frontend(h: &Harness) -> (Shared, Raw) {
+    let shared = Shared::memfd(false);
+    let mut raw = Raw::connect(&h.dev, 0);
+    raw.handshake(0);
+    raw.set_memory(&shared);
+    raw.ring(&shared, RAW_SQ, false);
+    raw.ring(&shared, RAW_CQ, false);
+    (shared, raw)
+}
+
+/// A request of `op` that asks for a completion.
+fn signaled(user_data: u64, op: pindown_uapi::Operation) -> pindown_uapi::WorkRequest {
+    pindown_uapi::WorkRequest {
+        user_data,
+        flags: pindown_uapi::WrFlags::SIGNALED,
+        op,
+    }
+}
+
+/// A NOP that asks for a completion.
+fn nop(user_data: u64) -> pindown_uapi::WorkRequest {
+    signaled(user_data, pindown_uapi::Operation::Nop)
+}
+
+/// Waits until `done` holds (up to [`T`]; `what` names it in the failure).
+fn wait_until(h: &Harness, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !done() {
+        assert!(Instant::now() < deadline, "never {what}: {}", h.dev.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Waits for completion `position` of completion queue `cq`.
 fn wait_completion(h: &Harness, shared: &Shared, cq: u32, position: u16) -> Completion {
     let deadline = Instant::now() + T;
@@ -1056,18 +1097,8 @@ fn wait_completion(h: &Harness, shared: &Shared, cq: u32, position: u16) -> Comp
 #[test]
 fn rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again() {
     let mut h = Harness::start(&[]);
-    let shared = Shared::memfd(false);
-    let mut raw = Raw::connect(&h.dev, 0);
-    raw.handshake(0);
-    raw.set_memory(&shared);
-    let (sq, cq) = (4u32, 5u32);
-    raw.ring(&shared, sq, false);
-    raw.ring(&shared, cq, false);
-    let nop = |user_data| pindown_uapi::WorkRequest {
-        user_data,
-        flags: pindown_uapi::WrFlags::SIGNALED,
-        op: pindown_uapi::Operation::Nop,
-    };
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
     shared.post_slot(sq, 0, &queue::request_slot(&nop(1), 0));
     raw.kicks[0].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 1);
@@ -1107,14 +1138,8 @@ fn rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again() {
 #[test]
 fn random_work_requests_get_answers_and_break_nothing() {
     let mut h = Harness::start(&[]);
-    let shared = Shared::memfd(false);
-    let mut raw = Raw::connect(&h.dev, 0);
-    raw.handshake(0);
-    raw.set_memory(&shared);
-    // The RDMA send and completion queues (2 queue pairs: rings 4 and 5).
-    let (sq, cq) = (4u32, 5u32);
-    raw.ring(&shared, sq, false);
-    raw.ring(&shared, cq, false);
+    let (shared, raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
     let mut untouched = vec![0u8; RDMA_BYTES];
     h.target.read_at(0, &mut untouched);
     let mut posted = 0u16;
@@ -1215,13 +1240,8 @@ fn a_message_trickled_byte_by_byte_is_dropped_after_the_message_deadline() {
 #[test]
 fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     let mut h = Harness::start(&[]);
-    let shared = Shared::memfd(false);
-    let mut raw = Raw::connect(&h.dev, 0);
-    raw.handshake(0);
-    raw.set_memory(&shared);
-    let (sq, cq) = (4u32, 5u32);
-    raw.ring(&shared, sq, false);
-    raw.ring(&shared, cq, false);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
     // A BIND_WINDOW request.
     const WINDOW: u64 = 0x8000;
     let bind = pindown_uapi::WorkRequest {
@@ -1297,4 +1317,143 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     assert!(raw.closed_by_device(), "the device drops the port");
     assert!(h.dev.log().contains("shrank under the device"));
     h.after("a peer reached memory that shrank", None);
+}
+
+/// A frontend that stops and restarts its RDMA queues (a guest's driver
+/// resetting the device) while a request of the old queue is held on the
+/// fabric link: that request's completion, which comes when the link gives
+/// up on its silent peer, never reaches the restarted queue, and the new
+/// queue's requests complete in their own order.
+#[test]
+fn a_restarted_send_queue_gets_no_completion_of_a_request_held_on_the_link() {
+    let udp = [free_udp_port(), free_udp_port()];
+    // Node 1 is a socket that never answers.
+    let _silent = std::net::UdpSocket::bind(("127.0.0.1", udp[1])).unwrap();
+    let mut args = fabric_args(0, &udp, "5eed");
+    args.extend(["--peer-timeout".to_string(), "1s".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut h = Harness::start(&args);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let held = signaled(
+        0xA1,
+        pindown_uapi::Operation::Write {
+            local: MEM_GPA + 0xF_0000,
+            len: 64,
+            remote: pindown_uapi::RemoteAddress {
+                node: 1,
+                port: 0,
+                key: pindown_uapi::RemoteKey(0x1234),
+                offset: 0,
+            },
+        },
+    );
+    shared.post_slot(sq, 0, &queue::request_slot(&held, 0));
+    raw.kicks[0].write(1).unwrap();
+    wait_until(&h, "the write handed to the link", || {
+        h.dev.fabric_status().n("started") >= 1
+    });
+
+    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB1), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB1);
+    // The held write does not hold the restarted queue's retired position
+    // back: it moves on while the link still holds that write.
+    let retired = MEM_GPA + Shared::ring_base(sq) + 0x2000 + queue::Record::RETIRED as u64;
+    wait_until(&h, "the retired position past the NOP", || {
+        let at = GuestAddress(retired);
+        shared.mem.load::<u16>(at, Ordering::Acquire).unwrap() == 1
+    });
+    assert_eq!(
+        h.dev.fabric_status().n("failed"),
+        0,
+        "the retired position moved only once the held write failed"
+    );
+
+    // The link gives the held write up (its peer is silent).
+    wait_until(&h, "the held write failed", || {
+        h.dev.fabric_status().n("failed") >= 1
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    shared.post_slot(sq, 1, &queue::request_slot(&nop(0xB2), 1));
+    raw.kicks[kick].write(1).unwrap();
+    let second = wait_completion(&h, &shared, cq, 1);
+    assert_eq!(
+        (second.user_data, second.status),
+        (0xB2, Status::Success),
+        "the restarted queue's second completion"
+    );
+    h.after("queues restarted with a request on the link", Some(raw));
+}
+
+/// Resets RDMA send queue `sq` and completion queue `cq` as a driver
+/// resetting the device does: both stopped, their memory cleared, set up
+/// again from position 0. Returns the index of the send queue's new kick
+/// in `raw.kicks`.
+fn reset_rdma_queues(raw: &mut Raw, shared: &Shared, sq: u32, cq: u32) -> usize {
+    for ring in [sq, cq] {
+        assert!(raw.send(
+            code(FrontendReq::GET_VRING_BASE),
+            0x1,
+            &payload::vring_state(ring, 0),
+            &[]
+        ));
+        raw.reply().expect("GET_VRING_BASE answered");
+        shared
+            .mem
+            .write_slice(
+                &[0u8; 0x3000],
+                GuestAddress(MEM_GPA + Shared::ring_base(ring)),
+            )
+            .unwrap();
+    }
+    raw.ring(shared, sq, false);
+    raw.ring(shared, cq, false);
+    raw.kicks.len() - 2
+}
+
+/// Completions waiting for room in a full completion queue belong to the
+/// queues they were posted on: after a reset, the restarted completion
+/// queue gets only the completions of its own requests.
+#[test]
+fn a_reset_drops_the_completions_that_waited_for_room() {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    // A full ring of requests whose completions fill the completion queue
+    // (never consumed), then one more, whose completion waits for room
+    // (the device takes no request beyond).
+    let old = QSZ + 1;
+    for position in 0..old {
+        if position == QSZ {
+            raw.kicks[0].write(1).unwrap();
+            wait_completion(&h, &shared, cq, QSZ - 1);
+            wait_until(&h, "a full ring taken", || shared.head(sq) == QSZ);
+        }
+        let user_data = 0xA000 + u64::from(position);
+        shared.post_slot(
+            sq,
+            position,
+            &queue::request_slot(&nop(user_data), position),
+        );
+    }
+    raw.kicks[0].write(1).unwrap();
+    wait_until(&h, "the request beyond taken", || shared.head(sq) == old);
+
+    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    for position in 0..2u16 {
+        let user_data = 0xB000 + u64::from(position);
+        shared.post_slot(
+            sq,
+            position,
+            &queue::request_slot(&nop(user_data), position),
+        );
+    }
+    raw.kicks[kick].write(1).unwrap();
+    let got: Vec<u64> = (0..2u16)
+        .map(|position| wait_completion(&h, &shared, cq, position).user_data)
+        .collect();
+    assert_eq!(got, [0xB000, 0xB001], "the restarted queue's completions");
+    h.after("queues reset with completions waiting for room", Some(raw));
 }

@@ -24,7 +24,7 @@ use super::message::{
     FrameDatagram, Message, Origin, PartNotice, PART_NOTICE_LEN, READ_DATA_HEADER, WRITE_HEADER,
 };
 use crate::fabric::with_port;
-use crate::inbox::LinkCompletion;
+use crate::inbox::{LinkCompletion, PostedAt};
 use crate::net::wire::{seq_before, Header};
 use crate::net::{self, Endpoint, Event, FaultInjector, Faults, Identity, SendError, Seq, Stream};
 use crate::port::{Port, PortTable};
@@ -89,11 +89,8 @@ pub struct LinkConfig {
 pub struct Submission {
     /// The initiating port.
     pub port: Arc<Port>,
-    /// Its queue pair, where the completion goes.
-    pub pair: u16,
-    /// The request's position in the pair's send queue, which the
-    /// completion carries back (the pair retires it then).
-    pub position: u16,
+    /// Where it was posted, which its completion carries back.
+    pub at: PostedAt,
     /// The request.
     pub request: WorkRequest,
     /// The bytes of a WRITE_INLINE.
@@ -671,9 +668,8 @@ enum Requester {
         /// The port's incarnation when the request was taken: memory of
         /// a later frontend of the port is never touched for it.
         incarnation: u64,
-        pair: u16,
-        /// The request's position in the pair's send queue.
-        position: u16,
+        /// Where the request was posted.
+        at: PostedAt,
         user_data: u64,
         opcode: Opcode,
         /// The request asked for a completion on success.
@@ -1087,13 +1083,9 @@ impl Worker {
                 let checked = self.check_here(origin, destination, len, Access::REMOTE_WRITE);
                 if let Err(failure) = checked {
                     let Submission {
-                        port,
-                        pair,
-                        position,
-                        request,
-                        ..
+                        port, at, request, ..
                     } = submission;
-                    return deliver(&self.link, &port, (pair, position), &request, Err(failure));
+                    return deliver(&self.link, &port, at, &request, Err(failure));
                 }
             } else if destination.node != word.node && !destination_checked {
                 let probe = OpKind::Check {
@@ -1111,8 +1103,7 @@ impl Worker {
         }
         let Submission {
             port,
-            pair,
-            position,
+            at,
             request,
             inline,
         } = submission;
@@ -1182,7 +1173,7 @@ impl Worker {
                         write(Source::Inline(bytes), destination, width.bytes())
                     }
                     Err(failure) => {
-                        deliver(&self.link, &port, (pair, position), &request, Err(failure));
+                        deliver(&self.link, &port, at, &request, Err(failure));
                         return;
                     }
                 }
@@ -1214,7 +1205,7 @@ impl Worker {
             Operation::VectorWrite(vector) | Operation::VectorRead(vector) => {
                 match self.plan_vector(&port, &vector, &inline) {
                     Err(failure) => {
-                        deliver(&self.link, &port, (pair, position), &request, Err(failure));
+                        deliver(&self.link, &port, at, &request, Err(failure));
                         return;
                     }
                     Ok((local, pattern)) if matches!(request.op, Operation::VectorWrite(_)) => {
@@ -1243,15 +1234,14 @@ impl Worker {
             _ => {
                 // The send queue hands over only these operations.
                 let failure = (Status::InvalidRequest, ErrorDetail::Unsupported);
-                deliver(&self.link, &port, (pair, position), &request, Err(failure));
+                deliver(&self.link, &port, at, &request, Err(failure));
                 return;
             }
         };
         let requester = Requester::Port {
             port,
             incarnation,
-            pair,
-            position,
+            at,
             user_data: request.user_data,
             opcode: request.op.opcode(),
             signaled: request.flags.contains(WrFlags::SIGNALED),
@@ -2724,8 +2714,7 @@ impl Worker {
                 Requester::Port {
                     port,
                     incarnation,
-                    pair,
-                    position,
+                    at,
                     user_data,
                     opcode,
                     signaled,
@@ -2744,9 +2733,9 @@ impl Worker {
                         let done = LinkCompletion {
                             completion,
                             signaled,
-                            position,
+                            at,
                         };
-                        port.inbox.deliver_completion(pair, done);
+                        port.inbox.deliver_completion(done);
                     }
                 }
                 Requester::Node { node, tag } => {
@@ -2774,13 +2763,9 @@ impl Worker {
                         }
                         Err(failure) => {
                             let Submission {
-                                port,
-                                pair,
-                                position,
-                                request,
-                                ..
+                                port, at, request, ..
                             } = *held;
-                            deliver(&self.link, &port, (pair, position), &request, Err(failure));
+                            deliver(&self.link, &port, at, &request, Err(failure));
                         }
                     }
                 }
@@ -2960,7 +2945,7 @@ fn atomic(remote: RemoteAddress, width: AtomicWidth, op: AtomicOp) -> OpKind {
 fn deliver(
     link: &Link,
     port: &Port,
-    (pair, position): (u16, u16),
+    at: PostedAt,
     request: &WorkRequest,
     outcome: Result<(), Failure>,
 ) {
@@ -2975,7 +2960,7 @@ fn deliver(
     let done = LinkCompletion {
         completion,
         signaled: true,
-        position,
+        at,
     };
-    port.inbox.deliver_completion(pair, done);
+    port.inbox.deliver_completion(done);
 }

@@ -322,7 +322,7 @@ fn serve(
                 .get_mut(index as usize)
                 .ok_or_else(|| no_ring(index))?;
             PortStats::bump(&stats.set_vring_enable);
-            r.enabled = enable;
+            r.set_enabled(enable);
             let restart = enable && r.broken;
             if !enable && state.is_admin_ring(index as usize) {
                 state.revoke_windows();
