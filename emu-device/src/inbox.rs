@@ -4,11 +4,13 @@
 //! data paths meet, built so that neither waits for the other.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pindown_uapi::Completion;
 use vmm_sys_util::eventfd::EventFd;
+
+use crate::port::PerPair;
 
 /// Frames other ports sent to one port, waiting for that port's own
 /// connection thread to put them into its rx ring.
@@ -66,6 +68,29 @@ pub struct PostedAt {
     pub position: u16,
     /// The send queue's epoch when the request was taken.
     pub epoch: u32,
+}
+
+/// The current epoch of each RDMA queue pair's send queue of a port, as
+/// the pair's service last published it: the fabric link moves no more
+/// data for a request of an older epoch (the frontend reset the queue).
+#[derive(Debug, Default)]
+pub struct PostedEpochs(PerPair<AtomicU32>);
+
+impl PostedEpochs {
+    /// Pair `pair`'s send queue is at `epoch` now.
+    pub fn publish(&self, pair: u16, epoch: u32) {
+        if let Some(current) = self.0.of(pair) {
+            current.store(epoch, Ordering::Release);
+        }
+    }
+
+    /// Whether a request posted at `at` is of its send queue's current
+    /// epoch.
+    pub fn current(&self, at: &PostedAt) -> bool {
+        self.0
+            .of(at.pair)
+            .is_some_and(|epoch| epoch.load(Ordering::Acquire) == at.epoch)
+    }
 }
 
 /// Arrival notices a port holds at most, queued or promised (a vector

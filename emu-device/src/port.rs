@@ -13,7 +13,7 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use pindown_uapi::{Completion, Opcode, Status};
 
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, PostedEpochs};
 use crate::memory::{IotlbError, IotlbTable, MemoryTable, Miss, PortMemory, TranslateError};
 use crate::queues::Vring;
 use crate::rdma::VectorLimits;
@@ -131,24 +131,27 @@ pub struct PortStats {
     pub in_flight: InFlight,
 }
 
-/// Requests each RDMA queue pair of a port took from its send queue and
-/// has not finished (running, on the fabric, or with a completion waiting
-/// for room), as its service last published them.
+/// One value for each RDMA queue pair a port may have.
 #[derive(Debug)]
-pub struct InFlight([AtomicU64; pindown_uapi::MAX_RDMA_QUEUE_PAIRS as usize]);
+pub struct PerPair<A>([A; pindown_uapi::MAX_RDMA_QUEUE_PAIRS as usize]);
 
-impl Default for InFlight {
+impl<A: Default> Default for PerPair<A> {
     fn default() -> Self {
-        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+        Self(std::array::from_fn(|_| A::default()))
     }
 }
 
-impl InFlight {
-    /// Pair `pair`'s count (`None` beyond the most pairs a port has).
-    pub fn of(&self, pair: u16) -> Option<&AtomicU64> {
+impl<A> PerPair<A> {
+    /// Pair `pair`'s value (`None` beyond the most pairs a port has).
+    pub fn of(&self, pair: u16) -> Option<&A> {
         self.0.get(usize::from(pair))
     }
 }
+
+/// Requests each RDMA queue pair of a port took from its send queue and
+/// has not finished (running, on the fabric, or with a completion waiting
+/// for room), as its service last published them.
+pub type InFlight = PerPair<AtomicU64>;
 
 /// Kinds of RDMA requests counted apart ([`WorkCounters::requests`]).
 pub const WORK_KINDS: [&str; 7] = [
@@ -248,6 +251,8 @@ pub struct Port {
     pub shared: Arc<PortShared>,
     /// Frames switched to this port by other ports, for its own thread.
     pub inbox: Inbox,
+    /// The current epoch of each of its RDMA send queues.
+    pub posted_epochs: PostedEpochs,
     /// What the device accepts of one vector transfer this port starts.
     pub vector_limits: VectorLimits,
     /// The node of the fabric this device is.
@@ -569,6 +574,7 @@ impl Port {
             state: Mutex::new(PortState::new(index, mac, cfg, shared.clone())),
             shared,
             inbox: Inbox::default(),
+            posted_epochs: PostedEpochs::default(),
             vector_limits: cfg.vector_limits,
             node: cfg.node,
             send_queues: Mutex::new(Vec::new()),

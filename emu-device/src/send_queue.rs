@@ -77,6 +77,13 @@ pub struct SendQueue {
     epoch: u32,
     /// The send queue's stop count ([`Vring::stops`]) last seen.
     stops_seen: u32,
+    /// The send queue stopped since it was last served: when it runs
+    /// again, a position other than [`left_at`](Self::left_at) is a reset.
+    restarting: bool,
+    /// The send queue's position when it was last served running.
+    left_at: u16,
+    /// The port's incarnation last seen (RESET_OWNER makes a new one).
+    incarnation_seen: u64,
     /// The retired position last stored in the device record (see
     /// [`pindown_uapi::queue::Record::RETIRED`]); `None` when the rings
     /// (re)start.
@@ -187,6 +194,7 @@ enum Next {
 impl SendQueue {
     /// RDMA queue pair `pair` of `port`, nothing pending.
     pub fn new(port: Arc<Port>, pair: u16) -> Self {
+        port.posted_epochs.publish(pair, 0);
         SendQueue {
             pair,
             pending: VecDeque::new(),
@@ -200,6 +208,9 @@ impl SendQueue {
             on_link: VecDeque::new(),
             epoch: 0,
             stops_seen: 0,
+            restarting: false,
+            left_at: 0,
+            incarnation_seen: 0,
             retired: None,
         }
     }
@@ -228,6 +239,10 @@ impl SendQueue {
         link: Option<&Link>,
     ) -> Served {
         let served = self.serve_turn(state, ports, link);
+        let (sq, _) = self.rings_of(state);
+        if state.vrings[sq].active() {
+            self.left_at = state.vrings[sq].position();
+        }
         self.publish_in_flight();
         served
     }
@@ -263,15 +278,32 @@ impl SendQueue {
             rdma_queue_pairs: state.rdma_queue_pairs,
             node: port.node,
         };
+        let incarnation = port.shared.incarnation();
         let vrings = &mut state.vrings;
         vrings[sq].waiting_iotlb = false;
-        let stopped_since = vrings[sq].stops != self.stops_seen;
-        if stopped_since || !vrings[sq].active() {
-            self.stops_seen = vrings[sq].stops;
+        if incarnation != self.incarnation_seen {
+            // RESET_OWNER: the rings are the next owner's. The link drops
+            // the completions of the last owner's requests.
+            self.incarnation_seen = incarnation;
             self.forget_posted();
-            if !vrings[sq].active() {
-                return Served::default();
-            }
+            self.on_link.clear();
+            self.restarting = false;
+            self.stops_seen = vrings[sq].stops;
+        }
+        if vrings[sq].stops != self.stops_seen {
+            // Stopped (and perhaps running again already): a pause until
+            // the queue runs again where it stood, a reset if it does not.
+            self.stops_seen = vrings[sq].stops;
+            self.restarting = true;
+            self.rings.clear();
+            self.waiting_since = None;
+            self.retired = None;
+        }
+        if !vrings[sq].active() {
+            return Served::default();
+        }
+        if std::mem::take(&mut self.restarting) && vrings[sq].position() != self.left_at {
+            self.forget_posted();
         }
         if !vrings[cq].active() {
             // Completions would have nowhere to go: requests wait until the
@@ -426,8 +458,9 @@ impl SendQueue {
         }
     }
 
-    /// The frontend stopped or reset the send queue (it may run again
-    /// already): what it had posted is no longer ours to complete.
+    /// The frontend reset the send queue (it runs again from another
+    /// position than where it stopped, or the port has a new owner): what
+    /// it had posted is no longer ours to complete.
     fn forget_posted(&mut self) {
         self.running = None;
         self.waiting_since = None;
@@ -435,8 +468,12 @@ impl SendQueue {
         self.retired = None;
         if self.on_link.iter().any(|at| at.epoch == self.epoch) {
             // Their completions come later, and the restarted queue may
-            // reuse their positions: a new epoch tells them apart.
+            // reuse their positions: a new epoch tells them apart. Once no
+            // step on the port is in flight (the barrier), the link moves
+            // no more of their data.
             self.epoch = self.epoch.wrapping_add(1);
+            let _no_step_in_flight = self.port.shared.barrier();
+            self.port.posted_epochs.publish(self.pair, self.epoch);
         }
         // Nor are the completions of its requests that wait for room
         // (arrival notices are the port's, not the queue's).

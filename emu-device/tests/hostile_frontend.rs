@@ -1319,24 +1319,23 @@ fn a_peer_reaching_memory_that_shrank_gets_errors_and_the_port_resets() {
     h.after("a peer reached memory that shrank", None);
 }
 
-/// A frontend that stops and restarts its RDMA queues (a guest's driver
-/// resetting the device) while a request of the old queue is held on the
-/// fabric link: that request's completion, which comes when the link gives
-/// up on its silent peer, never reaches the restarted queue, and the new
-/// queue's requests complete in their own order.
-#[test]
-fn a_restarted_send_queue_gets_no_completion_of_a_request_held_on_the_link() {
+/// The Harness's device as node 0 of a fabric whose node 1 is a socket
+/// that never answers (returned: it must stay bound), with a peer timeout
+/// of 1 s.
+fn harness_with_a_silent_node() -> (Harness, std::net::UdpSocket) {
     let udp = [free_udp_port(), free_udp_port()];
-    // Node 1 is a socket that never answers.
-    let _silent = std::net::UdpSocket::bind(("127.0.0.1", udp[1])).unwrap();
+    let silent = std::net::UdpSocket::bind(("127.0.0.1", udp[1])).unwrap();
     let mut args = fabric_args(0, &udp, "5eed");
     args.extend(["--peer-timeout".to_string(), "1s".to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut h = Harness::start(&args);
-    let (shared, mut raw) = rdma_frontend(&h);
-    let (sq, cq) = (RAW_SQ, RAW_CQ);
-    let held = signaled(
-        0xA1,
+    (Harness::start(&args), silent)
+}
+
+/// A signaled WRITE of 64 bytes of the hostile frontend's memory to the
+/// silent node 1: the link holds it until the peer timeout.
+fn write_to_the_silent_node(user_data: u64) -> pindown_uapi::WorkRequest {
+    signaled(
+        user_data,
         pindown_uapi::Operation::Write {
             local: MEM_GPA + 0xF_0000,
             len: 64,
@@ -1347,23 +1346,37 @@ fn a_restarted_send_queue_gets_no_completion_of_a_request_held_on_the_link() {
                 offset: 0,
             },
         },
-    );
+    )
+}
+
+/// A frontend that resets its RDMA queues (a guest's driver resetting
+/// the device, or RESET_OWNER) while a request of the old queue is held on
+/// the fabric link: that request's completion, which comes when the link
+/// gives up on its silent peer, never reaches the restarted queue; it does
+/// not hold the restarted queue's retired position back; it counts
+/// against no limit once it ended; and the new queue's requests complete
+/// in their own order.
+fn a_request_held_on_the_link_is_forgotten_by(reset: Reset) {
+    let (mut h, _silent) = harness_with_a_silent_node();
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let held = write_to_the_silent_node(0xA1);
     shared.post_slot(sq, 0, &queue::request_slot(&held, 0));
     raw.kicks[0].write(1).unwrap();
     wait_until(&h, "the write handed to the link", || {
         h.dev.fabric_status().n("started") >= 1
     });
 
-    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    let kick = reset.apply(&mut raw, &shared);
     shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB1), 0));
     raw.kicks[kick].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB1);
-    // The held write does not hold the restarted queue's retired position
-    // back: it moves on while the link still holds that write.
-    let retired = MEM_GPA + Shared::ring_base(sq) + 0x2000 + queue::Record::RETIRED as u64;
+    // The retired position moves on while the link still holds the write.
+    let retired =
+        GuestAddress(MEM_GPA + Shared::ring_base(sq) + 0x2000 + queue::Record::RETIRED as u64);
+    let retired_at = || shared.mem.load::<u16>(retired, Ordering::Acquire).unwrap();
     wait_until(&h, "the retired position past the NOP", || {
-        let at = GuestAddress(retired);
-        shared.mem.load::<u16>(at, Ordering::Acquire).unwrap() == 1
+        retired_at() == 1
     });
     assert_eq!(
         h.dev.fabric_status().n("failed"),
@@ -1384,7 +1397,22 @@ fn a_restarted_send_queue_gets_no_completion_of_a_request_held_on_the_link() {
         (0xB2, Status::Success),
         "the restarted queue's second completion"
     );
-    h.after("queues restarted with a request on the link", Some(raw));
+    wait_until(&h, "nothing in flight", || in_flight_of(&h, sq) == 0);
+    assert_eq!(retired_at(), 2, "retired position once every request ended");
+    h.after(
+        &format!("{reset:?} reset with a request on the link"),
+        Some(raw),
+    );
+}
+
+#[test]
+fn a_restarted_send_queue_gets_no_completion_of_a_request_held_on_the_link() {
+    a_request_held_on_the_link_is_forgotten_by(Reset::Rings);
+}
+
+#[test]
+fn reset_owner_forgets_a_request_held_on_the_link() {
+    a_request_held_on_the_link_is_forgotten_by(Reset::Owner);
 }
 
 /// Resets RDMA send queue `sq` and completion queue `cq` as a driver
@@ -1413,23 +1441,38 @@ fn reset_rdma_queues(raw: &mut Raw, shared: &Shared, sq: u32, cq: u32) -> usize 
     raw.kicks.len() - 2
 }
 
-/// Completions waiting for room in a full completion queue belong to the
-/// queues they were posted on: after a reset, the restarted completion
-/// queue gets only the completions of its own requests.
-#[test]
-fn a_reset_drops_the_completions_that_waited_for_room() {
-    let mut h = Harness::start(&[]);
-    let (shared, mut raw) = rdma_frontend(&h);
+/// RESET_OWNER, then the frontend sets the port up again: its RDMA queues
+/// start over from position 0 on cleared memory.
+fn reset_owner_and_set_up_again(raw: &mut Raw, shared: &Shared, sq: u32, cq: u32) -> usize {
+    raw.ok(code(FrontendReq::RESET_OWNER), &[], &[]);
+    for ring in [sq, cq] {
+        shared
+            .mem
+            .write_slice(
+                &[0u8; 0x3000],
+                GuestAddress(MEM_GPA + Shared::ring_base(ring)),
+            )
+            .unwrap();
+    }
+    raw.handshake(0);
+    raw.set_memory(shared);
+    raw.ring(shared, sq, false);
+    raw.ring(shared, cq, false);
+    raw.kicks.len() - 2
+}
+
+/// A full ring of NOPs (user_data 0xA000 + position) whose completions
+/// fill the completion queue (never consumed), then one more, whose
+/// completion waits for room (the device takes no request beyond).
+/// Returns the send queue's head.
+fn fill_the_completion_queue(h: &Harness, shared: &Shared, raw: &Raw) -> u16 {
     let (sq, cq) = (RAW_SQ, RAW_CQ);
-    // A full ring of requests whose completions fill the completion queue
-    // (never consumed), then one more, whose completion waits for room
-    // (the device takes no request beyond).
     let old = QSZ + 1;
     for position in 0..old {
         if position == QSZ {
             raw.kicks[0].write(1).unwrap();
-            wait_completion(&h, &shared, cq, QSZ - 1);
-            wait_until(&h, "a full ring taken", || shared.head(sq) == QSZ);
+            wait_completion(h, shared, cq, QSZ - 1);
+            wait_until(h, "a full ring taken", || shared.head(sq) == QSZ);
         }
         let user_data = 0xA000 + u64::from(position);
         shared.post_slot(
@@ -1439,9 +1482,39 @@ fn a_reset_drops_the_completions_that_waited_for_room() {
         );
     }
     raw.kicks[0].write(1).unwrap();
-    wait_until(&h, "the request beyond taken", || shared.head(sq) == old);
+    wait_until(h, "the request beyond taken", || shared.head(sq) == old);
+    old
+}
 
-    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+/// How a frontend resets the RDMA queues of port 0.
+#[derive(Clone, Copy, Debug)]
+enum Reset {
+    /// GET_VRING_BASE, then the queues set up again from position 0.
+    Rings,
+    /// RESET_OWNER, then the port set up again.
+    Owner,
+}
+
+impl Reset {
+    /// Resets the queues; returns the index of the send queue's new kick
+    /// in `raw.kicks`.
+    fn apply(self, raw: &mut Raw, shared: &Shared) -> usize {
+        match self {
+            Reset::Rings => reset_rdma_queues(raw, shared, RAW_SQ, RAW_CQ),
+            Reset::Owner => reset_owner_and_set_up_again(raw, shared, RAW_SQ, RAW_CQ),
+        }
+    }
+}
+
+/// Completions waiting for room in a full completion queue belong to the
+/// queues they were posted on: after a reset, the restarted completion
+/// queue gets only the completions of its own requests.
+fn completions_that_waited_for_room_are_dropped_by(reset: Reset) {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    fill_the_completion_queue(&h, &shared, &raw);
+    let kick = reset.apply(&mut raw, &shared);
     for position in 0..2u16 {
         let user_data = 0xB000 + u64::from(position);
         shared.post_slot(
@@ -1455,5 +1528,509 @@ fn a_reset_drops_the_completions_that_waited_for_room() {
         .map(|position| wait_completion(&h, &shared, cq, position).user_data)
         .collect();
     assert_eq!(got, [0xB000, 0xB001], "the restarted queue's completions");
-    h.after("queues reset with completions waiting for room", Some(raw));
+    h.after(
+        &format!("{reset:?} reset with completions waiting for room"),
+        Some(raw),
+    );
+}
+
+#[test]
+fn a_reset_drops_the_completions_that_waited_for_room() {
+    completions_that_waited_for_room_are_dropped_by(Reset::Rings);
+}
+
+#[test]
+fn reset_owner_drops_the_completions_that_waited_for_room() {
+    completions_that_waited_for_room_are_dropped_by(Reset::Owner);
+}
+
+/// The `in_flight` figure of port 0's send queue `sq` (the status
+/// socket's `rings` answer).
+fn in_flight_of(h: &Harness, sq: u32) -> u64 {
+    let rings =
+        pindown_emu_device::status::query(&h.dev.control_path(), "rings").unwrap_or_default();
+    let line = rings
+        .lines()
+        .find(|l| l.starts_with(&format!("ring port=0 ring={sq} ")))
+        .unwrap_or_else(|| panic!("no ring {sq}: {rings}"));
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("in_flight="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Where the tests keep a vector descriptor and the source bytes in the
+/// hostile frontend's memory (past every ring).
+const DESCRIPTOR_AT: u64 = MEM_GPA + 0xE_0000;
+const SOURCE_AT: u64 = MEM_GPA + 0xF_0000;
+
+/// A VECTOR_WRITE of `repeat` times the 64 KiB at SOURCE_AT into the
+/// first 64 KiB of port 3's window (the same bytes over and over: a
+/// transfer of many turns), its descriptor written at DESCRIPTOR_AT.
+fn long_write(
+    h: &Harness,
+    shared: &Shared,
+    user_data: u64,
+    repeat: u64,
+    fill: u8,
+) -> pindown_uapi::WorkRequest {
+    use pindown_uapi::pattern::{encode_pair, Pattern, Piece};
+    // One byte in two of the window, byte by byte: a slow transfer.
+    let block = RDMA_BYTES as u64 / 2;
+    let local = Pattern {
+        repeat,
+        extent: 0,
+        skip: 0,
+        len: block * repeat,
+        pieces: vec![Piece::contiguous(0, block)],
+    };
+    let remote = Pattern {
+        pieces: vec![Piece::vector(0, 1, block, 2)],
+        ..local.clone()
+    };
+    let desc = encode_pair(&local, &remote);
+    shared
+        .mem
+        .write_slice(&desc, GuestAddress(DESCRIPTOR_AT))
+        .unwrap();
+    shared
+        .mem
+        .write_slice(&vec![fill; RDMA_BYTES], GuestAddress(SOURCE_AT))
+        .unwrap();
+    signaled(
+        user_data,
+        pindown_uapi::Operation::VectorWrite(pindown_uapi::VectorTransfer {
+            local: SOURCE_AT,
+            len: u32::try_from(block * repeat).unwrap(),
+            remote: h.window.remote().at(0),
+            descriptor: pindown_uapi::Descriptor::InMemory {
+                iova: DESCRIPTOR_AT,
+                len: desc.len() as u32,
+            },
+            notify: None,
+        }),
+    )
+}
+
+/// Whether port 3's window holds `fill` in its first bytes.
+fn target_filled_with(h: &Harness, fill: u8) -> bool {
+    let mut b = [0u8; 64];
+    h.target.read_at(0, &mut b);
+    b.iter().step_by(2).all(|&x| x == fill)
+}
+
+/// A long VECTOR_WRITE into port 3 is running when the frontend resets
+/// its queues: it stops moving bytes, its completion never comes, and the
+/// restarted queue's own request completes at position 0.
+fn a_transfer_stops_at(reset: Reset) {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    h.target.write_at(0, &[0u8; RDMA_BYTES]);
+    let long = long_write(&h, &shared, 0xA1, 0x3000, 0x5A);
+    shared.post_slot(sq, 0, &queue::request_slot(&long, 0));
+    raw.kicks[0].write(1).unwrap();
+    wait_until(&h, "the transfer moving bytes", || {
+        target_filled_with(&h, 0x5A)
+    });
+    let kick = reset.apply(&mut raw, &shared);
+    assert!(
+        shared.completion(cq, 0).is_none(),
+        "the transfer had ended already"
+    );
+    h.target.write_at(0, &[0u8; RDMA_BYTES]);
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        shared.completion(cq, 1).is_none(),
+        "a completion after the NOP"
+    );
+    assert!(
+        target_filled_with(&h, 0),
+        "the old transfer went on writing port 3"
+    );
+    h.after(&format!("{reset:?} reset mid-transfer"), Some(raw));
+}
+
+#[test]
+fn a_reset_mid_transfer_stops_the_transfer() {
+    a_transfer_stops_at(Reset::Rings);
+}
+
+#[test]
+fn reset_owner_mid_transfer_stops_the_transfer() {
+    a_transfer_stops_at(Reset::Owner);
+}
+
+/// A VM paused and resumed: QEMU stops the rings (GET_VRING_BASE) and
+/// starts them again at the positions they stopped at (SET_VRING_BASE
+/// with those), the guest's driver knowing nothing of it. The completion
+/// that waited for room in the full completion queue still comes once
+/// the driver consumes.
+#[test]
+fn a_paused_and_resumed_queue_keeps_its_completions() {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let old = fill_the_completion_queue(&h, &shared, &raw);
+
+    // Pause: both rings stopped; resume: set up again at their bases.
+    let mut bases = Vec::new();
+    for ring in [sq, cq] {
+        assert!(raw.send(
+            code(FrontendReq::GET_VRING_BASE),
+            0x1,
+            &payload::vring_state(ring, 0),
+            &[]
+        ));
+        let (_, body) = raw.reply().expect("GET_VRING_BASE answered");
+        bases.push(u32::from_le_bytes(body[4..8].try_into().unwrap()));
+    }
+    assert_eq!(bases, [u32::from(old), u32::from(QSZ)]);
+    for (ring, base) in [sq, cq].into_iter().zip(bases) {
+        let at = |off: u64| shared.host + Shared::ring_base(ring) + off;
+        raw.ok(
+            code(FrontendReq::SET_VRING_NUM),
+            &payload::vring_state(ring, u32::from(QSZ)),
+            &[],
+        );
+        raw.ok(
+            code(FrontendReq::SET_VRING_BASE),
+            &payload::vring_state(ring, base),
+            &[],
+        );
+        raw.ok(
+            code(FrontendReq::SET_VRING_ADDR),
+            &payload::vring_addr(ring, 0, at(0), at(0x2000), at(0x1000)),
+            &[],
+        );
+        raw.kick_fd(ring);
+        raw.ok(
+            code(FrontendReq::SET_VRING_ENABLE),
+            &payload::vring_state(ring, 1),
+            &[],
+        );
+    }
+    // The driver consumes what it has and kicks the completion queue.
+    shared.consumed(cq, QSZ);
+    raw.kicks.last().unwrap().write(1).unwrap();
+    let got = wait_completion(&h, &shared, cq, QSZ);
+    assert_eq!(got.user_data, 0xA000 + u64::from(QSZ));
+    h.after("queues paused and resumed", Some(raw));
+}
+
+/// RESET_OWNER with a request held on the link, 64 times: the link drops
+/// each held request's completion (an older incarnation of the port), so
+/// the pair must not count it against its 64 requests on the link; it
+/// keeps taking requests.
+#[test]
+fn reset_owner_64_times_with_requests_on_the_link() {
+    let (mut h, _silent) = harness_with_a_silent_node();
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let held = write_to_the_silent_node(0xA1);
+    let mut kick = 0;
+    for round in 1..=64 {
+        shared.post_slot(sq, 0, &queue::request_slot(&held, 0));
+        raw.kicks[kick].write(1).unwrap();
+        wait_until(&h, "the write handed to the link", || {
+            h.dev.fabric_status().n("started") >= round
+        });
+        kick = reset_owner_and_set_up_again(&mut raw, &shared, sq, cq);
+    }
+    // Every held write has failed by now (peer timeout 1 s).
+    wait_until(&h, "the held writes failed", || {
+        h.dev.fabric_status().n("failed") >= 64
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    println!("in flight: {}", in_flight_of(&h, sq));
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    h.after("RESET_OWNER 64 times with requests on the link", Some(raw));
+}
+
+/// A READ from another node's window is on the link (datagrams delayed)
+/// when the frontend resets its queues: once the restarted queue has run a
+/// request (the device has seen the reset), no more of the old READ's data
+/// lands in the port's memory, and its completion never comes.
+#[test]
+fn a_read_on_the_link_lands_no_data_after_a_reset() {
+    let udp = [free_udp_port(), free_udp_port()];
+    let one = fabric_device(1, &udp, "5eed", 1, &[]);
+    let far = Context::open(one.socket(0), rdma_config()).unwrap();
+    const LEN: usize = 512 << 10;
+    let far_buf = far.alloc(LEN, 64).unwrap();
+    far_buf.write_at(0, &vec![0x77u8; LEN]);
+    let far_region = far.register_buffer(&far_buf).unwrap();
+    let window = far
+        .bind_window(&far_region, 0, LEN as u64, Access::REMOTE_READ)
+        .unwrap();
+    let mut args = fabric_args(0, &udp, "5eed");
+    args.extend(["--fault-in".to_string(), "delay=30ms".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut h = Harness::start(&args);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let read = signaled(
+        0xA1,
+        pindown_uapi::Operation::Read {
+            local: MEM_GPA,
+            len: LEN as u32,
+            remote: window.remote().at(0),
+        },
+    );
+    shared.post_slot(sq, 0, &queue::request_slot(&read, 0));
+    let t = Instant::now();
+    raw.kicks[0].write(1).unwrap();
+    let landed = |shared: &Shared| {
+        let mut b = vec![0u8; LEN];
+        shared
+            .mem
+            .read_slice(&mut b, GuestAddress(MEM_GPA))
+            .unwrap();
+        b.iter().filter(|&&x| x == 0x77).count()
+    };
+    wait_until(&h, "the read landing", || landed(&shared) > 0);
+    let before = landed(&shared);
+    println!("landed {before} of {LEN} after {:?}", t.elapsed());
+    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    shared
+        .mem
+        .write_slice(&vec![0u8; LEN], GuestAddress(MEM_GPA))
+        .unwrap();
+    wait_until(&h, "the old READ ended", || {
+        h.dev.fabric_status().n("failed") + h.dev.fabric_status().n("completed") >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let after = landed(&shared);
+    println!(
+        "after the restart: {after} bytes of the old READ landed; fabric {:?}",
+        h.dev.fabric_status()
+    );
+    assert!(shared.completion(cq, 1).is_none(), "a second completion");
+    assert_eq!(
+        after, 0,
+        "the old driver's READ went on writing the port's memory after the reset"
+    );
+    h.after("reset with a read on the link", Some(raw));
+}
+
+/// Restarts and reconfigurations of running RDMA queues, fast and at
+/// awkward moments (a long transfer into port 3 running, the completion
+/// queue full): the device stays healthy, and after a last reset the
+/// restarted queue gets only its own completions and the old transfers
+/// write port 3 no more.
+#[test]
+fn a_storm_of_restarts_and_reconfigurations() {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let mut rng = Rng(0x1234_5678);
+    let long = long_write(&h, &shared, 0xA1, 0x100, 0x5A);
+    let mut kick = 0usize;
+    let mut pos = 0u16;
+    for round in 0..300u32 {
+        // Post a few requests (long writes and NOPs), kick, act at once.
+        for _ in 0..(rng.next() % 4) {
+            let wr = if rng.next().is_multiple_of(2) {
+                long
+            } else {
+                nop(0xC000 + u64::from(round))
+            };
+            shared.post_slot(sq, pos, &queue::request_slot(&wr, pos));
+            pos = pos.wrapping_add(1);
+        }
+        raw.kicks[kick].write(1).unwrap();
+        if rng.next().is_multiple_of(3) {
+            std::thread::sleep(Duration::from_micros(rng.next() % 3000));
+        }
+        let ring = if rng.next().is_multiple_of(4) { cq } else { sq };
+        let at = |off: u64| shared.host + Shared::ring_base(ring) + off;
+        match rng.next() % 8 {
+            0 => {
+                kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+                pos = 0;
+            }
+            1 => {
+                raw.ok(
+                    code(FrontendReq::SET_VRING_ENABLE),
+                    &payload::vring_state(ring, 0),
+                    &[],
+                );
+                raw.ok(
+                    code(FrontendReq::SET_VRING_ENABLE),
+                    &payload::vring_state(ring, 1),
+                    &[],
+                );
+            }
+            2 => {
+                let base = (rng.next() % 64) as u32;
+                raw.ok(
+                    code(FrontendReq::SET_VRING_BASE),
+                    &payload::vring_state(ring, base),
+                    &[],
+                );
+            }
+            3 => {
+                let num = [1u32, 2, 4, 8, 16][(rng.next() % 5) as usize];
+                raw.ok(
+                    code(FrontendReq::SET_VRING_NUM),
+                    &payload::vring_state(ring, num),
+                    &[],
+                );
+            }
+            4 => {
+                raw.ok(
+                    code(FrontendReq::SET_VRING_ADDR),
+                    &payload::vring_addr(ring, 0, at(0), at(0x2000), at(0x1000)),
+                    &[],
+                );
+            }
+            5 => {
+                // The kick fd replaced while running.
+                raw.kick_fd(ring);
+                if ring == sq {
+                    kick = raw.kicks.len() - 1;
+                }
+            }
+            6 => {
+                // Consume everything there is.
+                shared.consumed(cq, (rng.next() % 0x10000) as u16);
+            }
+            _ => {
+                assert!(raw.send(
+                    code(FrontendReq::GET_VRING_BASE),
+                    0x1,
+                    &payload::vring_state(ring, 0),
+                    &[]
+                ));
+                raw.reply().expect("GET_VRING_BASE answered");
+                raw.ok(
+                    code(FrontendReq::SET_VRING_NUM),
+                    &payload::vring_state(ring, u32::from(QSZ)),
+                    &[],
+                );
+                raw.kick_fd(ring);
+                raw.ok(
+                    code(FrontendReq::SET_VRING_ENABLE),
+                    &payload::vring_state(ring, 1),
+                    &[],
+                );
+                if ring == sq {
+                    kick = raw.kicks.len() - 1;
+                }
+            }
+        }
+        assert!(h.dev.alive(), "round {round}: {}", h.dev.log());
+    }
+    // Sizes back to QSZ, then a last reset.
+    for ring in [sq, cq] {
+        raw.ok(
+            code(FrontendReq::SET_VRING_NUM),
+            &payload::vring_state(ring, u32::from(QSZ)),
+            &[],
+        );
+    }
+    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    std::thread::sleep(Duration::from_millis(50));
+    h.target.write_at(0, &[0u8; RDMA_BYTES]);
+    shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        shared.completion(cq, 1).is_none(),
+        "a completion after the NOP"
+    );
+    assert!(
+        target_filled_with(&h, 0),
+        "an old transfer went on writing port 3"
+    );
+    assert_eq!(in_flight_of(&h, sq), 0, "requests in flight");
+    h.after("a storm of restarts", Some(raw));
+}
+
+/// A send queue stopped as unusable (slots misaligned) and set right
+/// again "goes on where it stood" (README, and
+/// `rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again`):
+/// the completion that waited for room in the full completion queue
+/// meanwhile still comes, before the next request's.
+#[test]
+fn a_queue_set_right_again_keeps_the_completion_that_waited_for_room() {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let old = fill_the_completion_queue(&h, &shared, &raw);
+
+    let base = shared.host + Shared::ring_base(sq);
+    let set_addr = |raw: &mut Raw, slots: u64| {
+        raw.ok(
+            code(FrontendReq::SET_VRING_ADDR),
+            &payload::vring_addr(sq, 0, slots, base + 0x2000, base + 0x1000),
+            &[],
+        );
+    };
+    set_addr(&mut raw, base + 16);
+    raw.kicks[0].write(1).unwrap();
+    wait_log(&h, 1);
+    set_addr(&mut raw, base);
+    shared.post_slot(sq, old, &queue::request_slot(&nop(0xB000), old));
+    raw.kicks[0].write(1).unwrap();
+    // The driver consumes the full ring and kicks the completion queue.
+    shared.consumed(cq, QSZ);
+    raw.kicks[1].write(1).unwrap();
+    let first = wait_completion(&h, &shared, cq, QSZ).user_data;
+    assert_eq!(
+        first,
+        0xA000 + u64::from(QSZ),
+        "the completion at {QSZ}, after the queue was set right"
+    );
+    assert_eq!(wait_completion(&h, &shared, cq, QSZ + 1).user_data, 0xB000);
+    h.after(
+        "queue set right with a completion waiting for room",
+        Some(raw),
+    );
+}
+
+/// A fenced request waits behind a write held on the link when the
+/// queues are reset: it never completes, and the restarted queue's own
+/// fenced request does not wait for the old write.
+#[test]
+fn a_reset_while_fenced() {
+    let (mut h, _silent) = harness_with_a_silent_node();
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    let held = write_to_the_silent_node(0xA1);
+    let fenced = |user_data| pindown_uapi::WorkRequest {
+        user_data,
+        flags: pindown_uapi::WrFlags::SIGNALED | pindown_uapi::WrFlags::FENCE,
+        op: pindown_uapi::Operation::Nop,
+    };
+    shared.post_slot(sq, 0, &queue::request_slot(&held, 0));
+    shared.post_slot(sq, 1, &queue::request_slot(&fenced(0xA2), 1));
+    raw.kicks[0].write(1).unwrap();
+    wait_until(&h, "both taken", || shared.head(sq) == 2);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(shared.completion(cq, 0).is_none(), "the fenced NOP waits");
+    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    shared.post_slot(sq, 0, &queue::request_slot(&fenced(0xB0), 0));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    wait_until(&h, "the held write failed", || {
+        h.dev.fabric_status().n("failed") >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(shared.completion(cq, 1).is_none(), "an old completion");
+    shared.post_slot(sq, 1, &queue::request_slot(&fenced(0xB1), 1));
+    raw.kicks[kick].write(1).unwrap();
+    assert_eq!(wait_completion(&h, &shared, cq, 1).user_data, 0xB1);
+    assert_eq!(in_flight_of(&h, sq), 0);
+    h.after("reset while fenced", Some(raw));
 }

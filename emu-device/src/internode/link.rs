@@ -660,6 +660,17 @@ struct Op {
     value: u64,
 }
 
+/// Whether the request `posted` names (a local port's, where it was
+/// posted) is still of its send queue's epoch: the frontend did not reset
+/// the queue since. Checked under the port's access gate before the link
+/// moves the request's data, so that once a reset's barrier has passed no
+/// more of it moves.
+fn still_posted(posted: &Option<(Arc<Port>, PostedAt)>) -> bool {
+    posted
+        .as_ref()
+        .is_none_or(|(port, at)| port.posted_epochs.current(at))
+}
+
 /// Who gets an operation's outcome.
 enum Requester {
     /// A queue pair of a local port: a completion.
@@ -939,6 +950,16 @@ fn on_port<T>(
     .map_err(unreachable_port)?;
     outcome?;
     Ok(out.expect("set on success"))
+}
+
+impl Requester {
+    /// The port and place a local port's request was posted at.
+    fn posted(&self) -> Option<(Arc<Port>, PostedAt)> {
+        match self {
+            Requester::Port { port, at, .. } => Some((Arc::clone(port), *at)),
+            _ => None,
+        }
+    }
 }
 
 impl Worker {
@@ -2012,7 +2033,10 @@ impl Worker {
             return;
         }
         let Requester::Port {
-            port, incarnation, ..
+            port,
+            incarnation,
+            at: posted,
+            ..
         } = &op.requester
         else {
             return;
@@ -2020,7 +2044,7 @@ impl Worker {
         let incarnation = *incarnation;
         let mut scratch = Vec::new();
         let landed = on_port(&self.ports, port.index as u16, |own| {
-            if own.incarnation != incarnation {
+            if own.incarnation != incarnation || !port.posted_epochs.current(posted) {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
             match &local {
@@ -2298,6 +2322,7 @@ impl Worker {
         let earlier_landed = op.unacked == 0 && self.answered(op.node, op.horizon);
         let op = self.ops.get_mut(&tag)?;
         let origin = op.origin;
+        let posted = op.requester.posted();
         let OpKind::VectorWrite {
             local,
             base,
@@ -2345,7 +2370,7 @@ impl Worker {
         let bytes = &mut self.bytes[..part as usize];
         let blocks = local.segments(from, part);
         let gathered = on_port(&self.ports, origin.index, |own| {
-            if own.incarnation != origin.incarnation {
+            if own.incarnation != origin.incarnation || !still_posted(&posted) {
                 return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
             }
             remote::local_pattern(own, base, blocks.clone(), bytes, false)
@@ -2436,6 +2461,7 @@ impl Worker {
         let own = self.link.node;
         let op = self.ops.get_mut(&tag)?;
         let origin = op.origin;
+        let posted = op.requester.posted();
         let OpKind::Write {
             source,
             remote,
@@ -2477,7 +2503,7 @@ impl Worker {
             Source::Local(iova) => {
                 let iova = *iova + u64::from(at);
                 on_port(&self.ports, origin.index, |own| {
-                    if own.incarnation != origin.incarnation {
+                    if own.incarnation != origin.incarnation || !still_posted(&posted) {
                         return Err((Status::LocalProtectionError, ErrorDetail::Unregistered));
                     }
                     remote::read_local(own, iova, bytes)
