@@ -77,6 +77,15 @@ pub struct PostedAt {
 pub struct PostedEpochs(PerPair<AtomicU32>);
 
 impl PostedEpochs {
+    /// A new service of pair `pair`'s send queue (a new connection) starts
+    /// a new epoch: requests of an earlier one, on the link, are not its
+    /// own. Returns the epoch.
+    pub fn begin(&self, pair: u16) -> u32 {
+        self.0.of(pair).map_or(0, |epoch| {
+            epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
+        })
+    }
+
     /// Pair `pair`'s send queue is at `epoch` now.
     pub fn publish(&self, pair: u16, epoch: u32) {
         if let Some(current) = self.0.of(pair) {

@@ -194,7 +194,7 @@ enum Next {
 impl SendQueue {
     /// RDMA queue pair `pair` of `port`, nothing pending.
     pub fn new(port: Arc<Port>, pair: u16) -> Self {
-        port.posted_epochs.publish(pair, 0);
+        let epoch = port.posted_epochs.begin(pair);
         SendQueue {
             pair,
             pending: VecDeque::new(),
@@ -206,7 +206,7 @@ impl SendQueue {
             running: None,
             inline: Vec::with_capacity(pindown_uapi::queue::MAX_INLINE as usize),
             on_link: VecDeque::new(),
-            epoch: 0,
+            epoch,
             stops_seen: 0,
             restarting: false,
             left_at: 0,
@@ -282,11 +282,9 @@ impl SendQueue {
         let vrings = &mut state.vrings;
         vrings[sq].waiting_iotlb = false;
         if incarnation != self.incarnation_seen {
-            // RESET_OWNER: the rings are the next owner's. The link drops
-            // the completions of the last owner's requests.
+            // RESET_OWNER: the rings are the next owner's.
             self.incarnation_seen = incarnation;
             self.forget_posted();
-            self.on_link.clear();
             self.restarting = false;
             self.stops_seen = vrings[sq].stops;
         }
@@ -389,8 +387,9 @@ impl SendQueue {
             }
             Err(RingFault::Broken { send_queue, reason }) => {
                 let ring = if send_queue { sq } else { cq };
+                // The running request pauses with the ring: set right
+                // again where it stood, the queue goes on with it.
                 vrings[ring].break_off(port.index, &reason);
-                self.running = None;
                 Next::Stop
             }
         };

@@ -1128,7 +1128,7 @@ fn rdma_queues_the_device_cannot_use_are_stopped_and_can_be_set_again() {
     );
 
     // Set right again, the queue goes on where it stood.
-    set_addr(&mut raw, base);
+    set_the_send_queue_right(&shared, &mut raw);
     raw.kicks[0].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 1).user_data, 2);
     assert_eq!(shared.head(sq), 2);
@@ -1378,11 +1378,14 @@ fn a_request_held_on_the_link_is_forgotten_by(reset: Reset) {
     wait_until(&h, "the retired position past the NOP", || {
         retired_at() == 1
     });
+    // The held write still counts against the pair's requests on the link.
+    let in_flight = in_flight_of(&h, sq);
     assert_eq!(
         h.dev.fabric_status().n("failed"),
         0,
         "the retired position moved only once the held write failed"
     );
+    assert_eq!(in_flight, 1, "the held write counted in flight");
 
     // The link gives the held write up (its peer is silent).
     wait_until(&h, "the held write failed", || {
@@ -1722,10 +1725,9 @@ fn a_paused_and_resumed_queue_keeps_its_completions() {
     h.after("queues paused and resumed", Some(raw));
 }
 
-/// RESET_OWNER with a request held on the link, 64 times: the link drops
-/// each held request's completion (an older incarnation of the port), so
-/// the pair must not count it against its 64 requests on the link; it
-/// keeps taking requests.
+/// RESET_OWNER with a request held on the link, 64 times: each held
+/// request counts against the pair's requests on the link until the link
+/// gives it up, then no more, and the pair keeps taking requests.
 #[test]
 fn reset_owner_64_times_with_requests_on_the_link() {
     let (mut h, _silent) = harness_with_a_silent_node();
@@ -1745,11 +1747,10 @@ fn reset_owner_64_times_with_requests_on_the_link() {
     wait_until(&h, "the held writes failed", || {
         h.dev.fabric_status().n("failed") >= 64
     });
-    std::thread::sleep(Duration::from_millis(100));
-    println!("in flight: {}", in_flight_of(&h, sq));
     shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
     raw.kicks[kick].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
+    wait_until(&h, "nothing in flight", || in_flight_of(&h, sq) == 0);
     h.after("RESET_OWNER 64 times with requests on the link", Some(raw));
 }
 
@@ -1969,18 +1970,8 @@ fn a_queue_set_right_again_keeps_the_completion_that_waited_for_room() {
     let (sq, cq) = (RAW_SQ, RAW_CQ);
     let old = fill_the_completion_queue(&h, &shared, &raw);
 
-    let base = shared.host + Shared::ring_base(sq);
-    let set_addr = |raw: &mut Raw, slots: u64| {
-        raw.ok(
-            code(FrontendReq::SET_VRING_ADDR),
-            &payload::vring_addr(sq, 0, slots, base + 0x2000, base + 0x1000),
-            &[],
-        );
-    };
-    set_addr(&mut raw, base + 16);
-    raw.kicks[0].write(1).unwrap();
-    wait_log(&h, 1);
-    set_addr(&mut raw, base);
+    break_the_send_queue(&h, &shared, &mut raw);
+    set_the_send_queue_right(&shared, &mut raw);
     shared.post_slot(sq, old, &queue::request_slot(&nop(0xB000), old));
     raw.kicks[0].write(1).unwrap();
     // The driver consumes the full ring and kicks the completion queue.
@@ -2033,4 +2024,59 @@ fn a_reset_while_fenced() {
     assert_eq!(wait_completion(&h, &shared, cq, 1).user_data, 0xB1);
     assert_eq!(in_flight_of(&h, sq), 0);
     h.after("reset while fenced", Some(raw));
+}
+
+/// A send queue broken by its frontend (slots misaligned) while a long
+/// transfer runs, then set right again where it stood: the transfer goes
+/// on and completes, every byte in port 3.
+#[test]
+fn a_queue_broken_mid_transfer_and_set_right_again_finishes_the_transfer() {
+    let mut h = Harness::start(&[]);
+    let (shared, mut raw) = rdma_frontend(&h);
+    let (sq, cq) = (RAW_SQ, RAW_CQ);
+    h.target.write_at(0, &[0u8; RDMA_BYTES]);
+    let long = long_write(&h, &shared, 0xA1, 0x800, 0x5A);
+    shared.post_slot(sq, 0, &queue::request_slot(&long, 0));
+    raw.kicks[0].write(1).unwrap();
+    wait_until(&h, "the transfer moving bytes", || {
+        target_filled_with(&h, 0x5A)
+    });
+    break_the_send_queue(&h, &shared, &mut raw);
+    assert!(
+        shared.completion(cq, 0).is_none(),
+        "the transfer had ended already"
+    );
+    set_the_send_queue_right(&shared, &mut raw);
+    raw.kicks[0].write(1).unwrap();
+    let done = wait_completion(&h, &shared, cq, 0);
+    assert_eq!(
+        (done.user_data, done.status),
+        (0xA1, Status::Success),
+        "the transfer's completion: {done:?}"
+    );
+    h.after("queue broken mid-transfer and set right", Some(raw));
+}
+
+/// SET_VRING_ADDR of the send queue [`RAW_SQ`] with its slots `skew`
+/// bytes past where they are.
+fn set_send_queue_slots(shared: &Shared, raw: &mut Raw, skew: u64) {
+    let base = shared.host + Shared::ring_base(RAW_SQ);
+    raw.ok(
+        code(FrontendReq::SET_VRING_ADDR),
+        &payload::vring_addr(RAW_SQ, 0, base + skew, base + 0x2000, base + 0x1000),
+        &[],
+    );
+}
+
+/// Breaks the send queue [`RAW_SQ`]: its slots moved off their 64-byte
+/// alignment, and a kick; waits for the device to report it broken.
+fn break_the_send_queue(h: &Harness, shared: &Shared, raw: &mut Raw) {
+    set_send_queue_slots(shared, raw, 16);
+    raw.kicks[0].write(1).unwrap();
+    wait_log(h, 1);
+}
+
+/// Sets the broken send queue [`RAW_SQ`] right again where it stood.
+fn set_the_send_queue_right(shared: &Shared, raw: &mut Raw) {
+    set_send_queue_slots(shared, raw, 0);
 }

@@ -1080,6 +1080,16 @@ impl Worker {
     /// `destination_checked`: an ATOMIC_TO held for its destination's
     /// check, which that destination passed.
     fn start(&mut self, submission: Submission, destination_checked: bool) {
+        if !submission.port.posted_epochs.current(&submission.at) {
+            // Its send queue was reset since it was posted (or an
+            // ATOMIC_TO held for its destination's check): it does not
+            // start.
+            let Submission {
+                port, at, request, ..
+            } = submission;
+            let reset = (Status::LocalProtectionError, ErrorDetail::Unregistered);
+            return deliver(&self.link, &port, at, &request, Err(reset));
+        }
         let incarnation = submission.port.shared.incarnation();
         let origin = PortId {
             node: self.link.node,
@@ -2739,7 +2749,7 @@ impl Worker {
             match op.requester {
                 Requester::Port {
                     port,
-                    incarnation,
+                    incarnation: _,
                     at,
                     user_data,
                     opcode,
@@ -2755,14 +2765,16 @@ impl Worker {
                             Completion::error(user_data, Some(opcode), status, detail)
                         }
                     };
-                    if port.shared.incarnation() == incarnation {
-                        let done = LinkCompletion {
-                            completion,
-                            signaled,
-                            at,
-                        };
-                        port.inbox.deliver_completion(done);
-                    }
+                    // Also when the port has a new owner or frontend since
+                    // (RESET_OWNER, a reconnection): its send queue drops a
+                    // completion of an older epoch, and stops counting the
+                    // request against its requests on the link.
+                    let done = LinkCompletion {
+                        completion,
+                        signaled,
+                        at,
+                    };
+                    port.inbox.deliver_completion(done);
                 }
                 Requester::Node { node, tag } => {
                     self.delegated -= 1;
@@ -2775,9 +2787,13 @@ impl Worker {
                 Requester::Check { held, incarnation } => {
                     if held.port.shared.incarnation() != incarnation {
                         // The frontend that asked is gone: so is its
-                        // request (counted as failed, as the link's
-                        // counters add up).
-                        self.link.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        // request (failed; its send queue drops the
+                        // completion of an older epoch).
+                        let Submission {
+                            port, at, request, ..
+                        } = *held;
+                        let gone = (Status::LocalProtectionError, ErrorDetail::Unregistered);
+                        deliver(&self.link, &port, at, &request, Err(gone));
                         continue;
                     }
                     match outcome {
