@@ -55,10 +55,11 @@ pub struct LinkCompletion {
 
 /// Where a request the fabric link carries out was posted: its queue
 /// pair, its position in the pair's send queue, and the send queue's
-/// epoch then. A send queue that the frontend stops with requests on the
-/// link starts a new epoch (its positions start over, perhaps from the
-/// same numbers), so a completion of an older epoch is told apart and
-/// dropped, never written into the restarted queues.
+/// epoch then. A send queue that the frontend resets with requests on
+/// the link starts a new epoch (its positions start over, perhaps from the
+/// same numbers), and so does each new connection, so a completion of an
+/// older epoch is told apart and dropped, never written into the
+/// restarted queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PostedAt {
     /// The queue pair, where the completion goes.

@@ -72,8 +72,9 @@ pub struct SendQueue {
     /// come back yet, oldest first, of this epoch and of earlier ones
     /// (all of them count against [`MAX_IN_FLIGHT`]).
     on_link: VecDeque<PostedAt>,
-    /// The send queue's epoch: a new one begins when the frontend stops
-    /// the queue while requests are on the link (see [`PostedAt`]).
+    /// The send queue's epoch: a new one begins with each connection, and
+    /// when the frontend resets the queue while requests are on the link
+    /// (see [`PostedAt`]).
     epoch: u32,
     /// The send queue's stop count ([`Vring::stops`]) last seen.
     stops_seen: u32,
@@ -329,7 +330,7 @@ impl SendQueue {
                         port = port.index,
                         pair = self.pair,
                         user_data = done.completion.user_data,
-                        "completion of a request posted before its send queue stopped, dropped"
+                        "completion of a request posted before its send queue was reset, dropped"
                     );
                     continue;
                 }
