@@ -307,6 +307,23 @@ impl Raw {
     /// addresses, or by IOVAs equal to guest physical addresses with
     /// `iova`; kicked through an eventfd and enabled.
     fn ring(&mut self, shared: &Shared, i: u32, iova: bool) {
+        self.ring_from(shared, i, iova, 0);
+    }
+
+    /// Stops ring `i` (GET_VRING_BASE); returns the position it reports.
+    fn stop_ring(&mut self, i: u32) -> u32 {
+        assert!(self.send(
+            code(FrontendReq::GET_VRING_BASE),
+            0x1,
+            &payload::vring_state(i, 0),
+            &[]
+        ));
+        let (_, body) = self.reply().expect("GET_VRING_BASE answered");
+        u32::from_le_bytes(body[4..8].try_into().unwrap())
+    }
+
+    /// As [`ring`](Self::ring), the ring starting at `position`.
+    fn ring_from(&mut self, shared: &Shared, i: u32, iova: bool, position: u32) {
         let base = Shared::ring_base(i);
         let at = |off: u64| {
             if iova {
@@ -322,7 +339,7 @@ impl Raw {
         );
         self.ok(
             code(FrontendReq::SET_VRING_BASE),
-            &payload::vring_state(i, 0),
+            &payload::vring_state(i, position),
             &[],
         );
         self.ok(
@@ -1418,52 +1435,6 @@ fn reset_owner_forgets_a_request_held_on_the_link() {
     a_request_held_on_the_link_is_forgotten_by(Reset::Owner);
 }
 
-/// Resets RDMA send queue `sq` and completion queue `cq` as a driver
-/// resetting the device does: both stopped, their memory cleared, set up
-/// again from position 0. Returns the index of the send queue's new kick
-/// in `raw.kicks`.
-fn reset_rdma_queues(raw: &mut Raw, shared: &Shared, sq: u32, cq: u32) -> usize {
-    for ring in [sq, cq] {
-        assert!(raw.send(
-            code(FrontendReq::GET_VRING_BASE),
-            0x1,
-            &payload::vring_state(ring, 0),
-            &[]
-        ));
-        raw.reply().expect("GET_VRING_BASE answered");
-        shared
-            .mem
-            .write_slice(
-                &[0u8; 0x3000],
-                GuestAddress(MEM_GPA + Shared::ring_base(ring)),
-            )
-            .unwrap();
-    }
-    raw.ring(shared, sq, false);
-    raw.ring(shared, cq, false);
-    raw.kicks.len() - 2
-}
-
-/// RESET_OWNER, then the frontend sets the port up again: its RDMA queues
-/// start over from position 0 on cleared memory.
-fn reset_owner_and_set_up_again(raw: &mut Raw, shared: &Shared, sq: u32, cq: u32) -> usize {
-    raw.ok(code(FrontendReq::RESET_OWNER), &[], &[]);
-    for ring in [sq, cq] {
-        shared
-            .mem
-            .write_slice(
-                &[0u8; 0x3000],
-                GuestAddress(MEM_GPA + Shared::ring_base(ring)),
-            )
-            .unwrap();
-    }
-    raw.handshake(0);
-    raw.set_memory(shared);
-    raw.ring(shared, sq, false);
-    raw.ring(shared, cq, false);
-    raw.kicks.len() - 2
-}
-
 /// A full ring of NOPs (user_data 0xA000 + position) whose completions
 /// fill the completion queue (never consumed), then one more, whose
 /// completion waits for room (the device takes no request beyond).
@@ -1499,13 +1470,29 @@ enum Reset {
 }
 
 impl Reset {
-    /// Resets the queues; returns the index of the send queue's new kick
-    /// in `raw.kicks`.
+    /// Resets the queues [`RAW_SQ`] and [`RAW_CQ`] as a driver resetting
+    /// the device does: stopped (or the port's owner reset and the port
+    /// set up again), their memory cleared, set up again from position 0.
+    /// Returns the index of the send queue's new kick in `raw.kicks`.
     fn apply(self, raw: &mut Raw, shared: &Shared) -> usize {
         match self {
-            Reset::Rings => reset_rdma_queues(raw, shared, RAW_SQ, RAW_CQ),
-            Reset::Owner => reset_owner_and_set_up_again(raw, shared, RAW_SQ, RAW_CQ),
+            Reset::Rings => {
+                raw.stop_ring(RAW_SQ);
+                raw.stop_ring(RAW_CQ);
+            }
+            Reset::Owner => raw.ok(code(FrontendReq::RESET_OWNER), &[], &[]),
         }
+        for ring in [RAW_SQ, RAW_CQ] {
+            let at = GuestAddress(MEM_GPA + Shared::ring_base(ring));
+            shared.mem.write_slice(&[0u8; 0x3000], at).unwrap();
+        }
+        if let Reset::Owner = self {
+            raw.handshake(0);
+            raw.set_memory(shared);
+        }
+        raw.ring(shared, RAW_SQ, false);
+        raw.ring(shared, RAW_CQ, false);
+        raw.kicks.len() - 2
     }
 }
 
@@ -1681,41 +1668,10 @@ fn a_paused_and_resumed_queue_keeps_its_completions() {
     let old = fill_the_completion_queue(&h, &shared, &raw);
 
     // Pause: both rings stopped; resume: set up again at their bases.
-    let mut bases = Vec::new();
-    for ring in [sq, cq] {
-        assert!(raw.send(
-            code(FrontendReq::GET_VRING_BASE),
-            0x1,
-            &payload::vring_state(ring, 0),
-            &[]
-        ));
-        let (_, body) = raw.reply().expect("GET_VRING_BASE answered");
-        bases.push(u32::from_le_bytes(body[4..8].try_into().unwrap()));
-    }
+    let bases = [raw.stop_ring(sq), raw.stop_ring(cq)];
     assert_eq!(bases, [u32::from(old), u32::from(QSZ)]);
     for (ring, base) in [sq, cq].into_iter().zip(bases) {
-        let at = |off: u64| shared.host + Shared::ring_base(ring) + off;
-        raw.ok(
-            code(FrontendReq::SET_VRING_NUM),
-            &payload::vring_state(ring, u32::from(QSZ)),
-            &[],
-        );
-        raw.ok(
-            code(FrontendReq::SET_VRING_BASE),
-            &payload::vring_state(ring, base),
-            &[],
-        );
-        raw.ok(
-            code(FrontendReq::SET_VRING_ADDR),
-            &payload::vring_addr(ring, 0, at(0), at(0x2000), at(0x1000)),
-            &[],
-        );
-        raw.kick_fd(ring);
-        raw.ok(
-            code(FrontendReq::SET_VRING_ENABLE),
-            &payload::vring_state(ring, 1),
-            &[],
-        );
+        raw.ring_from(&shared, ring, false, base);
     }
     // The driver consumes what it has and kicks the completion queue.
     shared.consumed(cq, QSZ);
@@ -1741,7 +1697,7 @@ fn reset_owner_64_times_with_requests_on_the_link() {
         wait_until(&h, "the write handed to the link", || {
             h.dev.fabric_status().n("started") >= round
         });
-        kick = reset_owner_and_set_up_again(&mut raw, &shared, sq, cq);
+        kick = Reset::Owner.apply(&mut raw, &shared);
     }
     // Every held write has failed by now (peer timeout 1 s).
     wait_until(&h, "the held writes failed", || {
@@ -1798,7 +1754,7 @@ fn a_read_on_the_link_lands_no_data_after_a_reset() {
     wait_until(&h, "the read landing", || landed(&shared) > 0);
     let before = landed(&shared);
     println!("landed {before} of {LEN} after {:?}", t.elapsed());
-    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    let kick = Reset::Rings.apply(&mut raw, &shared);
     shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
     raw.kicks[kick].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
@@ -1856,7 +1812,7 @@ fn a_storm_of_restarts_and_reconfigurations() {
         let at = |off: u64| shared.host + Shared::ring_base(ring) + off;
         match rng.next() % 8 {
             0 => {
-                kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+                kick = Reset::Rings.apply(&mut raw, &shared);
                 pos = 0;
             }
             1 => {
@@ -1906,13 +1862,7 @@ fn a_storm_of_restarts_and_reconfigurations() {
                 shared.consumed(cq, (rng.next() % 0x10000) as u16);
             }
             _ => {
-                assert!(raw.send(
-                    code(FrontendReq::GET_VRING_BASE),
-                    0x1,
-                    &payload::vring_state(ring, 0),
-                    &[]
-                ));
-                raw.reply().expect("GET_VRING_BASE answered");
+                raw.stop_ring(ring);
                 raw.ok(
                     code(FrontendReq::SET_VRING_NUM),
                     &payload::vring_state(ring, u32::from(QSZ)),
@@ -1939,7 +1889,7 @@ fn a_storm_of_restarts_and_reconfigurations() {
             &[],
         );
     }
-    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    let kick = Reset::Rings.apply(&mut raw, &shared);
     std::thread::sleep(Duration::from_millis(50));
     h.target.write_at(0, &[0u8; RDMA_BYTES]);
     shared.post_slot(sq, 0, &queue::request_slot(&nop(0xB0), 0));
@@ -2010,7 +1960,7 @@ fn a_reset_while_fenced() {
     wait_until(&h, "both taken", || shared.head(sq) == 2);
     std::thread::sleep(Duration::from_millis(50));
     assert!(shared.completion(cq, 0).is_none(), "the fenced NOP waits");
-    let kick = reset_rdma_queues(&mut raw, &shared, sq, cq);
+    let kick = Reset::Rings.apply(&mut raw, &shared);
     shared.post_slot(sq, 0, &queue::request_slot(&fenced(0xB0), 0));
     raw.kicks[kick].write(1).unwrap();
     assert_eq!(wait_completion(&h, &shared, cq, 0).user_data, 0xB0);
