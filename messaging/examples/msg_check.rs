@@ -53,12 +53,14 @@
 //! `forged-context` (the rank gathering a split's table forges this
 //! rank's entry: refused), `forged-credit` and `forged-entry` (any-source
 //! credit words and ring entries no honest peer writes: refused, naming
-//! the peer), and `collectives`
+//! the peer), `collectives`
 //! (barriers, broadcasts,
 //! reduces and allreduces with every algorithm, random roots, sizes 0 B to
 //! 4 MiB, element types and operations, on the world, a split and a dup;
 //! `--seed S`, `--cases N`; results compared with a reference each rank
-//! computes from every rank's seeded contribution).
+//! computes from every rank's seeded contribution) and
+//! `collective-mismatch` (members that disagree about a collective call:
+//! every rank fails instead of waiting, one names both calls).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -176,6 +178,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "device-death" => device_death(&world),
         "peer-death" => peer_death(&world),
         "collectives" => collectives::run(&world, args),
+        "collective-mismatch" => collectives::mismatch(&world),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
         "outsider-collective" => outsider_collective(&messenger, &world),
@@ -1860,13 +1863,15 @@ fn forged_epoch(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
     let why = refused("a barrier", world.barrier())?;
     tally.notes.push(format!("barrier refused: {why}"));
     tally.checked += 1;
+    // The refusal stopped the world's collectives: the allreduce is
+    // refused at once, for the barrier's reason.
     let mut sum = [0u64];
-    let why = refused(
-        "an allreduce",
-        world
-            .allreduce(&[1u64], &mut sum, pindown_messaging::Op::Sum)
-            .map(drop),
-    )?;
+    let why = match world.allreduce(&[1u64], &mut sum, pindown_messaging::Op::Sum) {
+        Err(Error::CommunicatorBroken(why)) if why.contains("rank 1") && why.contains("epoch") => {
+            why
+        }
+        other => return Err(format!("an allreduce after forged epochs: {other:?}")),
+    };
     tally.notes.push(format!("allreduce refused: {why}"));
     tally.checked += 1;
     Ok(tally)
@@ -2321,30 +2326,163 @@ mod collectives {
     }
 
     /// Ranks 0 and 1 disagree about a broadcast's length: the receiver
-    /// says so, and both go on.
+    /// says so. Its call failed once begun, so the pair's next collective
+    /// fails on both (at once on rank 1; on rank 0 from rank 1's record of
+    /// the call), point-to-point on the pair still works, and so do the
+    /// collectives of another communicator of the two.
     fn length_mismatch(world: &Communicator<'_>) -> Result<u64, String> {
         let me = world.rank();
+        // Every rank takes part in both splits of the world; ranks 0 and 1
+        // get communicators of the two.
         let pair = world
             .split((me < 2).then_some(0), me)
             .map_err(err("split"))?;
-        let Some(pair) = pair else { return Ok(0) };
+        let again = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("second split"))?;
+        let (Some(pair), Some(again)) = (pair, again) else {
+            return Ok(0);
+        };
         if pair.size() < 2 {
             return Ok(0);
         }
         let mut buffer = vec![1u8; if me == 0 { 16 } else { 8 }];
         let outcome = pair.broadcast_with(0, &mut buffer, BroadcastAlgorithm::BinomialTree);
         match (me, outcome) {
-            (0, Ok(())) | (_, Err(Error::Mismatch(_))) => {}
+            (0, Ok(())) | (1, Err(Error::Mismatch(_))) => {}
             (_, other) => return Err(format!("broadcast of 16 bytes into 8: {other:?}")),
         }
-        // The pair still works.
         let mut sum = [0u32];
-        pair.allreduce(&[me + 1], &mut sum, Op::Sum)
-            .map_err(err("allreduce after a mismatch"))?;
-        if sum[0] != 3 {
-            return Err(format!("sum of 1 and 2 after a mismatch: {}", sum[0]));
+        match (me, pair.allreduce(&[me + 1], &mut sum, Op::Sum)) {
+            (0, Err(Error::MemberFailed { rank: 1, call: 2 }))
+            | (1, Err(Error::CommunicatorBroken(_))) => {}
+            (_, other) => return Err(format!("allreduce after a mismatch: {other:?}")),
         }
-        Ok(2)
+        // Point-to-point on the pair still works.
+        let mut got = [0u8; 4];
+        if me == 0 {
+            pair.send(1, 3, &[9; 4])
+                .map_err(err("send after a mismatch"))?;
+        } else {
+            pair.recv(0, 3, &mut got)
+                .map_err(err("recv after a mismatch"))?;
+            if got != [9; 4] {
+                return Err(format!("message after a mismatch: {got:?}"));
+            }
+        }
+        // Another communicator of the two still runs collectives.
+        pair.allreduce(&[me + 1], &mut sum, Op::Sum)
+            .map_or(Ok(()), |()| Err("the broken pair's allreduce passed"))?;
+        again
+            .allreduce(&[me + 1], &mut sum, Op::Sum)
+            .map_err(err("allreduce on another communicator"))?;
+        if sum[0] != 3 {
+            return Err(format!(
+                "sum of 1 and 2 on another communicator: {}",
+                sum[0]
+            ));
+        }
+        Ok(4)
+    }
+
+    /// `collective-mismatch` (2 ranks or more): members that disagree
+    /// about a collective call (lengths on both sides of the flag-word
+    /// limit, roots, algorithms, kinds), each case on a new dup of the
+    /// world. No rank waits for ever: each either fails the call with
+    /// `Mismatch` (naming both calls) or `MemberFailed`, or (its part
+    /// done) fails the dup's next barrier; at least one rank names the
+    /// mismatch; the dup's collectives stay stopped; the world and the
+    /// next dup work.
+    pub(super) fn mismatch(world: &Communicator<'_>) -> Outcome {
+        type Call = fn(&Communicator<'_>) -> pindown_messaging::Result<()>;
+        let cases: [(&str, Call); 5] = [
+            ("allreduce of 33 doubles against 32", |c| {
+                let n = if c.rank() == 0 { 33 } else { 32 };
+                c.allreduce(&vec![1.0f64; n], &mut vec![0.0; n], Op::Sum)
+            }),
+            ("broadcasts from different roots", |c| {
+                c.broadcast(c.rank() % 2, &mut [7u8; 64])
+            }),
+            ("a barrier against broadcasts", |c| match c.rank() {
+                0 => c.barrier(),
+                _ => c.broadcast(0, &mut [0u8; 8]),
+            }),
+            ("a reduce by flag words against the tree", |c| {
+                let algorithm = match c.rank() {
+                    0 => ReduceAlgorithm::FlagWords,
+                    _ => ReduceAlgorithm::BinaryTree,
+                };
+                c.reduce_with(0, &[1u64; 4], &mut [0u64; 4], Op::Sum, algorithm)
+            }),
+            ("a dup against a barrier", |c| match c.rank() {
+                0 => c.dup().map(drop),
+                _ => c.barrier(),
+            }),
+        ];
+        if world.size() < 2 {
+            return Err("collective-mismatch runs on 2 ranks or more".into());
+        }
+        // A rank still waiting after a minute fails the run rather than
+        // hanging it (the whole scenario takes a few seconds).
+        let rank = world.rank();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            println!(
+                "{{\"rank\":{rank},\"scenario\":\"collective-mismatch\",\"ok\":false,\"error\":\"still waiting after 60 s\"}}"
+            );
+            std::process::exit(1);
+        });
+        let mut tally = Tally::default();
+        let mut broken = Vec::new();
+        for (name, call) in cases {
+            let dup = world.dup().map_err(err("dup"))?;
+            let started = std::time::Instant::now();
+            let (named, failed) = match call(&dup) {
+                Ok(()) => (0u32, false),
+                Err(Error::Mismatch(why))
+                    if why.contains("world rank") && why.contains(" but ") =>
+                {
+                    tally.notes.push(format!("{name}: {why}"));
+                    (1, true)
+                }
+                Err(Error::MemberFailed { .. }) => (0, true),
+                Err(other) => return Err(format!("{name}: {other}")),
+            };
+            // The dup's next collective fails on every rank: at once where
+            // the call failed, else from the records of those where it did.
+            match (failed, dup.barrier()) {
+                (true, Err(Error::CommunicatorBroken(_))) => {}
+                (false, Err(Error::MemberFailed { call: 2, .. })) => {}
+                (_, other) => return Err(format!("{name}, the barrier after: {other:?}")),
+            }
+            let waited = started.elapsed();
+            let mut namers = [0u32];
+            world
+                .allreduce(&[named], &mut namers, Op::Sum)
+                .map_err(err("allreduce of the ranks that named the mismatch"))?;
+            if namers[0] == 0 {
+                return Err(format!("{name}: no rank named the mismatch"));
+            }
+            tally
+                .notes
+                .push(format!("{name}: {waited:?}, {} named it", namers[0]));
+            tally.checked += 2;
+            // Kept to the end: its contexts are not used again anyway.
+            broken.push(dup);
+        }
+        // The world and a new dup still run collectives.
+        let fresh = world.dup().map_err(err("dup after the mismatches"))?;
+        let mut sum = [0u64];
+        fresh
+            .allreduce(&[u64::from(world.rank()) + 1], &mut sum, Op::Sum)
+            .map_err(err("allreduce on a new dup"))?;
+        let size = u64::from(world.size());
+        if sum[0] != size * (size + 1) / 2 {
+            return Err(format!("sum of 1..={size} on a new dup: {}", sum[0]));
+        }
+        tally.checked += 1;
+        drop(broken);
+        Ok(tally)
     }
 
     fn cases(

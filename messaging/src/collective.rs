@@ -31,10 +31,29 @@
 //! development machine, as FMPL chose between its two broadcasts).
 //!
 //! Every member must call a collective with the same root, the same
-//! length and the same algorithm. Lengths that differ within one
-//! algorithm fail with [`Error::Mismatch`]; lengths on either side of an
-//! `Auto` threshold make the ranks run different algorithms, which
-//! cannot complete.
+//! length and the same algorithm, in the same order. **Call records**
+//! make a disagreement an error instead of a wait without end: each
+//! collective call on a communicator (splits and dups included) gets a
+//! number, and its record (number, kind, algorithm as chosen, element
+//! type, root, bytes; [`layout::CallRecord`]) goes into this rank's
+//! control memory, where every member may read it. A member that waits
+//! on a peer reads the peer's record of the same call with each liveness
+//! check ([`crate::Config::liveness_interval`]); a record that differs
+//! fails the call with [`Error::Mismatch`] naming both calls, one the
+//! peer gave up fails it with [`Error::MemberFailed`]. So a mismatch
+//! that leaves ranks waiting on each other (lengths on both sides of an
+//! `Auto` threshold, different roots, algorithms or kinds) fails on each
+//! of them within a few liveness intervals, and a rank that gave up its
+//! call releases the members that wait on it. Mismatched calls that
+//! happen to complete (a reduce's send taken by a broadcast's receive of
+//! the same length) are not seen: records are only read while a rank
+//! waits. A call that fails once it has begun leaves the members'
+//! epochs and slots in unknown states, so later collective calls on the
+//! communicator fail at once with [`Error::CommunicatorBroken`] (their
+//! records marked given up, so that members waiting in them learn it);
+//! arguments refused before a call begins (a buffer of the wrong
+//! length, a root out of range, data too long for the algorithm named)
+//! make no call and break nothing.
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
@@ -43,7 +62,7 @@ use std::time::{Duration, Instant};
 use crate::comm::Communicator;
 use crate::engine::{Engine, SendBytes};
 use crate::error::{Error, Result};
-use crate::layout::{self, COLLECTIVE_DATA_BYTES};
+use crate::layout::{self, CallRecord, CALL_RECORD_BYTES, COLLECTIVE_DATA_BYTES};
 
 // ---- the default choice ----
 //
@@ -141,7 +160,18 @@ pub enum ReduceAlgorithm {
 // ---- element types and operations ----
 
 mod sealed {
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// The type's code in call records ([`super::element_name`]).
+        const CODE: u8;
+    }
+}
+
+/// The element type of a call record's code (0: bytes).
+fn element_name(code: u8) -> &'static str {
+    ["bytes", "f64", "f32", "i64", "i32", "u64", "u32"]
+        .get(usize::from(code))
+        .copied()
+        .unwrap_or("an unknown type")
 }
 
 /// A type reductions work on: f64, f32, i64, i32, u64, u32 (sealed).
@@ -160,8 +190,10 @@ pub trait Element:
 }
 
 macro_rules! float_element {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
+    ($($t:ty = $code:literal),*) => {$(
+        impl sealed::Sealed for $t {
+            const CODE: u8 = $code;
+        }
         impl Element for $t {
             fn sum(self, other: Self) -> Self {
                 self + other
@@ -176,8 +208,10 @@ macro_rules! float_element {
     )*};
 }
 macro_rules! signed_element {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
+    ($($t:ty = $code:literal),*) => {$(
+        impl sealed::Sealed for $t {
+            const CODE: u8 = $code;
+        }
         impl Element for $t {
             fn sum(self, other: Self) -> Self {
                 self.wrapping_add(other)
@@ -192,8 +226,10 @@ macro_rules! signed_element {
     )*};
 }
 macro_rules! unsigned_element {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
+    ($($t:ty = $code:literal),*) => {$(
+        impl sealed::Sealed for $t {
+            const CODE: u8 = $code;
+        }
         impl Element for $t {
             fn sum(self, other: Self) -> Self {
                 self.wrapping_add(other)
@@ -207,9 +243,9 @@ macro_rules! unsigned_element {
         }
     )*};
 }
-float_element!(f64, f32);
-signed_element!(i64, i32);
-unsigned_element!(u64, u32);
+float_element!(f64 = 1, f32 = 2);
+signed_element!(i64 = 3, i32 = 4);
+unsigned_element!(u64 = 5, u32 = 6);
 
 /// What a reduction computes, element by element.
 ///
@@ -310,6 +346,201 @@ pub(crate) struct Epochs {
     flag_reduce: u64,
     /// Flag writes posted and not yet seen complete: (world peer, tag).
     writes: Vec<(u32, u64)>,
+    /// Collective calls begun (the number of the latest).
+    calls: u64,
+    /// Why the context's collectives stopped: a call that failed once
+    /// begun.
+    broken: Option<String>,
+}
+
+// ---- call records ----
+
+/// Which collective a call record names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Barrier = 1,
+    Broadcast = 2,
+    Reduce = 3,
+    Allreduce = 4,
+    /// The gather and scatter of a split or dup ([`Communicator::exchange`]).
+    Exchange = 5,
+}
+
+impl Kind {
+    /// The kind of a record's code.
+    fn of(code: u8) -> Option<Self> {
+        [
+            Self::Barrier,
+            Self::Broadcast,
+            Self::Reduce,
+            Self::Allreduce,
+            Self::Exchange,
+        ]
+        .into_iter()
+        .find(|kind| *kind as u8 == code)
+    }
+}
+
+/// The algorithm a call record names, as chosen (never `Auto`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Algorithm {
+    Dissemination = 1,
+    BarrierTree = 2,
+    BinomialTree = 3,
+    Pipelined = 4,
+    FlagWords = 5,
+    BinaryTree = 6,
+    RecursiveDoubling = 7,
+    /// Through rank 0 (an exchange).
+    ThroughRankZero = 8,
+}
+
+impl Algorithm {
+    /// The name of a record's algorithm code, for errors.
+    fn name_of(code: u8) -> &'static str {
+        [
+            (Self::Dissemination, "dissemination"),
+            (Self::BarrierTree, "a binary tree of flag words"),
+            (Self::BinomialTree, "a binomial tree"),
+            (Self::Pipelined, "the pipelined tree"),
+            (Self::FlagWords, "flag words"),
+            (Self::BinaryTree, "a binary tree"),
+            (Self::RecursiveDoubling, "recursive doubling"),
+            (Self::ThroughRankZero, "rank 0"),
+        ]
+        .into_iter()
+        .find(|(algorithm, _)| *algorithm as u8 == code)
+        .map_or("an unknown algorithm", |(_, name)| name)
+    }
+}
+
+/// What a call did, in words, for errors.
+fn describe(record: &CallRecord) -> String {
+    let by = Algorithm::name_of(record.algorithm);
+    let (bytes, element, root) = (record.bytes, element_name(record.element), record.root);
+    match Kind::of(record.kind) {
+        Some(Kind::Barrier) => format!("a barrier by {by}"),
+        Some(Kind::Broadcast) => format!("a broadcast of {bytes} bytes from root {root} by {by}"),
+        Some(Kind::Reduce) => {
+            format!("a reduce of {bytes} bytes of {element} to root {root} by {by}")
+        }
+        Some(Kind::Allreduce) => format!("an allreduce of {bytes} bytes of {element} by {by}"),
+        Some(Kind::Exchange) => format!("a split or dup of {bytes} bytes per member through {by}"),
+        None => format!("an unknown collective (code {})", record.kind),
+    }
+}
+
+/// A record for a call of `kind` by `algorithm` (numbered when it begins).
+fn record(kind: Kind, algorithm: Algorithm, element: u8, root: u32, bytes: usize) -> CallRecord {
+    CallRecord {
+        call: 0,
+        failed: false,
+        kind: kind as u8,
+        algorithm: algorithm as u8,
+        element,
+        root,
+        bytes: bytes as u64,
+    }
+}
+
+/// The record of a split's or dup's exchange of `bytes` per member.
+pub(crate) fn exchange_record(bytes: usize) -> CallRecord {
+    record(Kind::Exchange, Algorithm::ThroughRankZero, 0, 0, bytes)
+}
+
+/// What the call records `records`, read from world rank `peer`, say of
+/// this rank's call `mine`: nothing (the peer is not at this call, or it
+/// agrees), or the error that ends the call.
+pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: [[u64; 3]; 2]) -> Option<Error> {
+    let theirs = records
+        .into_iter()
+        .filter_map(layout::call_record_of)
+        .find(|r| r.call == mine.call)?;
+    if theirs.failed {
+        return Some(Error::MemberFailed {
+            rank: peer,
+            call: mine.call,
+        });
+    }
+    (CallRecord {
+        failed: false,
+        ..theirs
+    } != *mine)
+        .then(|| {
+            Error::Mismatch(format!(
+                "collective call {} on this communicator is {} on world rank {peer} but {} here",
+                mine.call,
+                describe(&theirs),
+                describe(mine)
+            ))
+        })
+}
+
+/// Writes this rank's record of a call where each other member reads
+/// it (its section of the context in this rank's memory), the first
+/// word last.
+fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord) {
+    let words = layout::call_record_words(record);
+    for &member in group.ranks.iter().filter(|&&m| m != engine.rank) {
+        let at =
+            engine.layout.call_records(group.context, member) + record.call % 2 * CALL_RECORD_BYTES;
+        engine.store(at + 8, words[1]);
+        engine.store(at + 16, words[2]);
+        engine.store(at, words[0]);
+    }
+}
+
+/// Begins this rank's next collective call on the group's context:
+/// numbers and publishes its record, and makes it the call that liveness
+/// checks compare. A context whose collectives stopped publishes the
+/// call as given up and refuses it.
+fn begin_call(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    mut record: CallRecord,
+) -> Result<CallRecord> {
+    let state = &mut engine.collective_epochs[group.context as usize];
+    state.calls += 1;
+    record.call = state.calls;
+    record.failed = state.broken.is_some();
+    let broken = state.broken.clone();
+    publish(engine, group, &record);
+    if let Some(why) = broken {
+        return Err(Error::CommunicatorBroken(why));
+    }
+    engine.collective_call = Some((group.context, record));
+    engine.collective_fault = None;
+    Ok(record)
+}
+
+/// Ends the call `record`; one that failed is published as given up and
+/// stops the context's collectives.
+fn end_call(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    mut record: CallRecord,
+    failure: Option<&Error>,
+) {
+    engine.collective_call = None;
+    engine.collective_fault = None;
+    if let Some(err) = failure {
+        record.failed = true;
+        publish(engine, group, &record);
+        engine.forget_waiting_sends(group.context);
+        engine.collective_epochs[group.context as usize]
+            .broken
+            .get_or_insert_with(|| {
+                format!("call {} ({}) failed: {err}", record.call, describe(&record))
+            });
+    }
+}
+
+/// Whether the collectives of `context` stopped at a failure: its
+/// communicator's contexts are then not used again.
+pub(crate) fn broken(engine: &Engine<'_>, context: u32) -> bool {
+    engine.collective_epochs[context as usize].broken.is_some()
 }
 
 /// Forgets a context's collective state when its communicator goes (on
@@ -527,6 +758,17 @@ fn recv_step<T: Element>(
     Ok(())
 }
 
+/// Refuses a reduction of `bytes` on the flag words when they cannot
+/// carry it.
+fn check_flag_fit(bytes: usize) -> Result<()> {
+    if bytes > REDUCE_FLAG_MAX {
+        return Err(Error::Unsuitable(format!(
+            "flag-word reductions carry at most {REDUCE_FLAG_MAX} bytes: {bytes} bytes asked"
+        )));
+    }
+    Ok(())
+}
+
 /// Allreduce over flag words: recursive doubling among the largest
 /// power of two, the ranks beyond it folded in first and answered last.
 fn allreduce_flags<T: Element>(
@@ -535,14 +777,9 @@ fn allreduce_flags<T: Element>(
     accumulated: &mut [T],
     op: Op<'_, T>,
 ) -> Result<()> {
-    let bytes = std::mem::size_of_val(accumulated);
+    check_flag_fit(std::mem::size_of_val(accumulated))?;
     let n = group.size();
     let (power, rounds) = power_of_two_below(n);
-    if bytes > REDUCE_FLAG_MAX {
-        return Err(Error::Unsuitable(format!(
-            "flag-word reductions carry at most {REDUCE_FLAG_MAX} bytes: {bytes} bytes asked"
-        )));
-    }
     let epochs = &mut engine.collective_epochs[group.context as usize];
     epochs.flag_reduce += 1;
     let epoch = epochs.flag_reduce;
@@ -952,6 +1189,17 @@ fn allreduce_recursive_doubling<T: Element>(
 // ---- the public calls ----
 
 /// Collectives (every member calls them, in the same order).
+///
+/// Members that disagree about a call (kind, root, length, element type,
+/// algorithm) fail instead of waiting on each other: a rank that waits
+/// on a peer reads the peer's record of the same call with each liveness
+/// check ([`Config::liveness_interval`](crate::Config::liveness_interval))
+/// and fails with [`Error::Mismatch`] naming both calls, or with
+/// [`Error::MemberFailed`] when the peer gave the call up. A call that
+/// fails once begun stops the communicator's collectives: later ones
+/// fail at once with [`Error::CommunicatorBroken`], while point-to-point
+/// on it still works. Arguments refused before a call begins (buffers of
+/// different lengths, a root out of range) make no call.
 impl Communicator<'_> {
     fn group(&self) -> Group<'_> {
         Group {
@@ -969,6 +1217,21 @@ impl Communicator<'_> {
             });
         }
         Ok(())
+    }
+
+    /// Runs `body` as this rank's next collective call, described by
+    /// `record` (see the module's call records): `body` borrows the
+    /// engine as it needs.
+    pub(crate) fn collective_call<R>(
+        &self,
+        record: CallRecord,
+        body: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let group = self.group();
+        let record = begin_call(&mut self.engine(), &group, record)?;
+        let result = body();
+        end_call(&mut self.engine(), &group, record, result.as_ref().err());
+        result
     }
 
     /// Blocks until every member has called it (the default algorithm,
@@ -992,21 +1255,26 @@ impl Communicator<'_> {
     /// # Ok(()) }
     /// ```
     pub fn barrier_with(&self, algorithm: BarrierAlgorithm) -> Result<()> {
+        self.engine().check_open()?;
         let group = self.group();
-        let mut engine = self.engine();
-        engine.check_open()?;
-        let context = group.context as usize;
-        engine.collective_epochs[context].barrier += 1;
-        let epoch = engine.collective_epochs[context].barrier;
-        if group.size() > 1 {
-            match algorithm {
-                BarrierAlgorithm::BinaryTree => barrier_tree(&mut engine, &group, epoch)?,
-                BarrierAlgorithm::Auto | BarrierAlgorithm::Dissemination => {
-                    barrier_dissemination(&mut engine, &group, epoch)?
-                }
-            }
+        if group.size() == 1 {
+            return Ok(());
         }
-        check_flag_writes(&mut engine, group.context)
+        let chosen = match algorithm {
+            BarrierAlgorithm::BinaryTree => Algorithm::BarrierTree,
+            BarrierAlgorithm::Auto | BarrierAlgorithm::Dissemination => Algorithm::Dissemination,
+        };
+        self.collective_call(record(Kind::Barrier, chosen, 0, 0, 0), || {
+            let mut engine = self.engine();
+            let context = group.context as usize;
+            engine.collective_epochs[context].barrier += 1;
+            let epoch = engine.collective_epochs[context].barrier;
+            match chosen {
+                Algorithm::BarrierTree => barrier_tree(&mut engine, &group, epoch)?,
+                _ => barrier_dissemination(&mut engine, &group, epoch)?,
+            }
+            check_flag_writes(&mut engine, group.context)
+        })
     }
 
     /// Copies `root`'s `buffer` into every member's `buffer` (all of the
@@ -1047,23 +1315,26 @@ impl Communicator<'_> {
         if group.size() == 1 {
             return Ok(());
         }
-        let mut engine = self.engine();
-        let algorithm = match algorithm {
+        let chosen = match algorithm {
             BroadcastAlgorithm::Auto
                 if BROADCAST_PIPELINE_MIN.is_some_and(|min| buffer.len() >= min)
                     && group.size() >= 3 =>
             {
-                BroadcastAlgorithm::Pipelined
+                Algorithm::Pipelined
             }
-            BroadcastAlgorithm::Auto => BroadcastAlgorithm::BinomialTree,
-            chosen => chosen,
+            BroadcastAlgorithm::Pipelined => Algorithm::Pipelined,
+            BroadcastAlgorithm::Auto | BroadcastAlgorithm::BinomialTree => Algorithm::BinomialTree,
         };
-        match algorithm {
-            BroadcastAlgorithm::Pipelined => {
-                broadcast_pipelined(&mut engine, &group, root, buffer, PIPELINE_CHUNK_BYTES)
+        let call = record(Kind::Broadcast, chosen, 0, root, buffer.len());
+        self.collective_call(call, || {
+            let mut engine = self.engine();
+            match chosen {
+                Algorithm::Pipelined => {
+                    broadcast_pipelined(&mut engine, &group, root, buffer, PIPELINE_CHUNK_BYTES)
+                }
+                _ => broadcast_binomial(&mut engine, &group, root, buffer),
             }
-            _ => broadcast_binomial(&mut engine, &group, root, buffer),
-        }
+        })
     }
 
     /// Combines every member's `send` element by element with `op` into
@@ -1120,26 +1391,31 @@ impl Communicator<'_> {
         }
         let group = self.group();
         let mut accumulated = send.to_vec();
-        {
-            let mut engine = self.engine();
+        if group.size() > 1 {
             let bytes = std::mem::size_of_val(send);
-            let algorithm = match algorithm {
-                ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => ReduceAlgorithm::FlagWords,
-                ReduceAlgorithm::Auto => ReduceAlgorithm::BinaryTree,
-                chosen => chosen,
+            let chosen = match algorithm {
+                ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
+                ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
+                ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
+                ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
             };
-            if group.size() > 1 {
-                match algorithm {
-                    ReduceAlgorithm::FlagWords => {
-                        allreduce_flags(&mut engine, &group, &mut accumulated, op)?;
-                        check_flag_writes(&mut engine, group.context)?;
-                    }
-                    ReduceAlgorithm::RecursiveDoubling => {
-                        allreduce_recursive_doubling(&mut engine, &group, &mut accumulated, op)?
-                    }
-                    _ => reduce_tree(&mut engine, &group, root, &mut accumulated, op)?,
-                }
+            if chosen == Algorithm::FlagWords {
+                check_flag_fit(bytes)?;
             }
+            let call = record(Kind::Reduce, chosen, T::CODE, root, bytes);
+            self.collective_call(call, || {
+                let mut engine = self.engine();
+                match chosen {
+                    Algorithm::FlagWords => {
+                        allreduce_flags(&mut engine, &group, &mut accumulated, op)?;
+                        check_flag_writes(&mut engine, group.context)
+                    }
+                    Algorithm::RecursiveDoubling => {
+                        allreduce_recursive_doubling(&mut engine, &group, &mut accumulated, op)
+                    }
+                    _ => reduce_tree(&mut engine, &group, root, &mut accumulated, op),
+                }
+            })?;
         }
         if self.rank == root {
             receive.copy_from_slice(&accumulated);
@@ -1202,28 +1478,35 @@ impl Communicator<'_> {
             return Ok(());
         }
         let bytes = std::mem::size_of_val(send);
-        let algorithm = match algorithm {
-            ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => ReduceAlgorithm::FlagWords,
+        let chosen = match algorithm {
+            ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
             ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN || group.size() > 2 => {
-                ReduceAlgorithm::RecursiveDoubling
+                Algorithm::RecursiveDoubling
             }
-            ReduceAlgorithm::Auto => ReduceAlgorithm::BinaryTree,
-            chosen => chosen,
+            ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
+            ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
+            ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
         };
-        match algorithm {
-            ReduceAlgorithm::FlagWords => {
-                let mut engine = self.engine();
-                allreduce_flags(&mut engine, &group, receive, op)?;
-                check_flag_writes(&mut engine, group.context)
-            }
-            ReduceAlgorithm::RecursiveDoubling => {
-                allreduce_recursive_doubling(&mut self.engine(), &group, receive, op)
-            }
-            _ => {
-                reduce_tree(&mut self.engine(), &group, 0, receive, op)?;
-                self.broadcast(0, bytes_of_mut(receive))
-            }
+        if chosen == Algorithm::FlagWords {
+            check_flag_fit(bytes)?;
         }
+        let call = record(Kind::Allreduce, chosen, T::CODE, 0, bytes);
+        self.collective_call(call, || {
+            let mut engine = self.engine();
+            match chosen {
+                Algorithm::FlagWords => {
+                    allreduce_flags(&mut engine, &group, receive, op)?;
+                    check_flag_writes(&mut engine, group.context)
+                }
+                Algorithm::RecursiveDoubling => {
+                    allreduce_recursive_doubling(&mut engine, &group, receive, op)
+                }
+                _ => {
+                    reduce_tree(&mut engine, &group, 0, receive, op)?;
+                    broadcast_binomial(&mut engine, &group, 0, bytes_of_mut(receive))
+                }
+            }
+        })
     }
 }
 
@@ -1283,5 +1566,72 @@ mod tests {
             assert_eq!(power, 1 << log);
             assert!(power <= n && n < 2 * power);
         }
+    }
+
+    #[test]
+    fn a_peers_record_of_the_same_call_decides_what_a_wait_learns() {
+        let numbered = |mut record: CallRecord, call| {
+            record.call = call;
+            record
+        };
+        let mine = numbered(record(Kind::Allreduce, Algorithm::FlagWords, 1, 0, 256), 7);
+        let words = |r: &CallRecord| layout::call_record_words(r);
+        let previous = words(&numbered(
+            record(Kind::Barrier, Algorithm::Dissemination, 0, 0, 0),
+            6,
+        ));
+        // The same call: nothing to say, in either parity's place.
+        assert!(check_member(2, &mine, [previous, words(&mine)]).is_none());
+        assert!(check_member(2, &mine, [words(&mine), previous]).is_none());
+        // Not at this call yet (or never written): nothing to say.
+        assert!(check_member(2, &mine, [previous, [0; 3]]).is_none());
+        // The same number, another call: both named.
+        let other = numbered(
+            record(Kind::Allreduce, Algorithm::RecursiveDoubling, 1, 0, 264),
+            7,
+        );
+        match check_member(2, &mine, [previous, words(&other)]) {
+            Some(Error::Mismatch(why)) => {
+                assert!(why.contains("collective call 7"), "{why}");
+                assert!(
+                    why.contains("264 bytes of f64 by recursive doubling on world rank 2"),
+                    "{why}"
+                );
+                assert!(why.contains("256 bytes of f64 by flag words here"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        for (field, theirs) in [
+            ("root", CallRecord { root: 1, ..mine }),
+            ("element", CallRecord { element: 3, ..mine }),
+            (
+                "kind",
+                CallRecord {
+                    kind: Kind::Reduce as u8,
+                    ..mine
+                },
+            ),
+        ] {
+            assert!(
+                matches!(
+                    check_member(2, &mine, [previous, words(&theirs)]),
+                    Some(Error::Mismatch(_))
+                ),
+                "{field}"
+            );
+        }
+        // Given up there.
+        let given_up = CallRecord {
+            failed: true,
+            ..mine
+        };
+        assert!(matches!(
+            check_member(2, &mine, [previous, words(&given_up)]),
+            Some(Error::MemberFailed { rank: 2, call: 7 })
+        ));
+        // A record torn by its owner's rewrite is no record.
+        let next = words(&numbered(mine, 9));
+        let torn = [next[0], words(&other)[1], words(&other)[2]];
+        assert!(check_member(2, &mine, [previous, torn]).is_none());
     }
 }

@@ -233,6 +233,12 @@ impl Drop for Communicator<'_> {
     fn drop(&mut self) {
         if self.owns_context {
             if let Ok(mut engine) = self.engine.try_borrow_mut() {
+                // After a failed collective call, requests of its members
+                // may still be posted on the contexts: they stay taken, so
+                // that no later communicator meets them.
+                if crate::collective::broken(&engine, self.context + 1) {
+                    return;
+                }
                 engine.contexts_taken[self.context as usize] = false;
                 engine.contexts_taken[self.context as usize + 1] = false;
                 crate::collective::release_context(&mut engine, self.context + 1);
@@ -661,6 +667,12 @@ impl<'c> Communicator<'c> {
     /// table rank 0 sends back must hold this rank's value unchanged
     /// ([`Error::BadPeerRecord`] naming rank 0 otherwise).
     pub(crate) fn exchange(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let record = crate::collective::exchange_record(value.len());
+        self.collective_call(record, || self.exchange_through_rank_zero(value))
+    }
+
+    /// [`exchange`](Self::exchange)'s gather and scatter.
+    fn exchange_through_rank_zero(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
         let collective = self.context + 1;
         let size = self.size();
         let len = value.len();

@@ -24,7 +24,7 @@ use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{Access, CompletionError, ErrorDetail, RemoteAddress, Status};
 
 use crate::error::{Error, Result};
-use crate::layout::{self, Layout, MATCH_STAMP_AT};
+use crate::layout::{self, CallRecord, Layout, CALL_RECORD_BYTES, MATCH_STAMP_AT};
 use crate::windows::WindowCache;
 
 /// How a rank's messaging is set up. Every rank of a job must use the same
@@ -52,7 +52,10 @@ pub struct Config {
     /// a few tens of microseconds save the system call.
     pub spin: Duration,
     /// How long a wait goes without news from its peer before it checks
-    /// that the peer is still there (a read of its control memory).
+    /// that the peer is still there (a read of its control memory). In a
+    /// collective call the check reads the peer's record of the call,
+    /// so a member that disagrees about the call is found after this
+    /// long (see the collectives of [`Communicator`](crate::Communicator)).
     pub liveness_interval: Duration,
     /// Windows over receive buffers (and typed sends' offers) kept bound
     /// for reuse, each for the one peer the receive named; 0 (the
@@ -185,8 +188,12 @@ pub(crate) enum InFlight<'c> {
     },
     /// A receive's match record and stamp.
     Post { slot: u64, generation: u64 },
-    /// A liveness check of a peer.
-    Probe { peer: u32 },
+    /// A liveness check of a peer; with the collective call it was made
+    /// in, when it read the peer's records of that call.
+    Probe {
+        peer: u32,
+        call: Option<(u32, CallRecord)>,
+    },
     /// A typed send's offer and done word; the send completes on the
     /// receiver's notice.
     Offer(crate::typed::Notice<'c>),
@@ -208,6 +215,9 @@ const SCRATCH_INDEX: u64 = 512;
 const SCRATCH_DONE: u64 = 520;
 const SCRATCH_RECORD: u64 = 528;
 const SCRATCH_PROBE: u64 = 576;
+/// Where a liveness check made in a collective call lands the peer's two
+/// call records.
+const SCRATCH_CALL_RECORDS: u64 = 640;
 /// Free scratch for the any-source domain and collectives.
 pub(crate) const SCRATCH_FREE: u64 = 1024;
 
@@ -297,6 +307,16 @@ pub(crate) struct Engine<'c> {
     /// Collective calls made so far on each context (barriers and
     /// flag-word reductions): their epochs.
     pub(crate) collective_epochs: Vec<crate::collective::Epochs>,
+    /// The collective call this rank is in: its (collective) context and
+    /// record. Liveness checks made meanwhile read the peer's record of
+    /// the same call ([`crate::collective::check_member`]).
+    pub(crate) collective_call: Option<(u32, CallRecord)>,
+    /// What a check of the current collective call found: the next wait
+    /// returns it.
+    pub(crate) collective_fault: Option<Error>,
+    /// A liveness check that reads a peer's call records is in flight
+    /// (they share one scratch area).
+    call_check_in_flight: bool,
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space:
@@ -486,6 +506,9 @@ impl<'c> Engine<'c> {
             spool_sent: 0,
             orphans: Vec::new(),
             collective_epochs: vec![Default::default(); layout.contexts as usize],
+            collective_call: None,
+            collective_fault: None,
+            call_check_in_flight: false,
         })
     }
 
@@ -1043,6 +1066,26 @@ impl<'c> Engine<'c> {
         }
     }
 
+    /// Forgets the sends on `context`'s slots that still wait for their
+    /// receives: a failed collective call's, on a context its
+    /// communicator does not use again. They count as completed, and
+    /// nothing waits for them (not finalize either).
+    pub(crate) fn forget_waiting_sends(&mut self, context: u32) {
+        let layout = self.layout;
+        let slots = &mut self.slots;
+        self.waiting_slots.retain(|&slot| {
+            if layout.slot_parts(slot).0 != context {
+                return true;
+            }
+            let state = &mut slots[slot as usize];
+            if let Some(last) = state.waiting.back() {
+                state.sends_completed = state.sends_completed.max(last.generation);
+            }
+            state.waiting.clear();
+            false
+        });
+    }
+
     /// Sends spooled and still waiting for their receives.
     pub(crate) fn spooled(&self) -> u64 {
         self.waiting_slots
@@ -1377,11 +1420,16 @@ impl<'c> Engine<'c> {
             Some(InFlight::TypedRead { slot, generation }) => {
                 self.reads_done.push((slot, generation, failure));
             }
-            Some(InFlight::Probe { peer }) => {
+            Some(InFlight::Probe { peer, call }) => {
                 self.peers[peer as usize].probe_in_flight = false;
+                if call.is_some() {
+                    self.call_check_in_flight = false;
+                }
                 if let Some(err) = failure {
                     let why = format!("its control memory no longer answers: {err}");
                     self.peers[peer as usize].gone.get_or_insert(why);
+                } else if call.is_some() && call == self.collective_call {
+                    self.check_call_records(peer);
                 }
             }
             Some(InFlight::Plain { peer }) => {
@@ -1448,9 +1496,23 @@ impl<'c> Engine<'c> {
             return Ok(());
         }
         let tag = self.tag();
-        let at = self.layout.scratch() + SCRATCH_PROBE;
-        // The first word of this rank's block there: what it may read.
-        let remote = self.peers[peer as usize].block.at(0);
+        // In a collective call (and no other such check in flight): the
+        // peer's records of the call's context, which it keeps for this
+        // rank in this rank's block there. Else the first word of that
+        // block. Either is memory this rank may read.
+        let call = self.collective_call.filter(|_| !self.call_check_in_flight);
+        let (at, remote, len) = match call {
+            Some((context, _)) => (
+                self.layout.scratch() + SCRATCH_CALL_RECORDS,
+                self.peer_at(peer, self.layout.call_records(context, self.rank)),
+                2 * CALL_RECORD_BYTES as u32,
+            ),
+            None => (
+                self.layout.scratch() + SCRATCH_PROBE,
+                self.peers[peer as usize].block.at(0),
+                8,
+            ),
+        };
         let Engine {
             qp,
             cq,
@@ -1458,15 +1520,31 @@ impl<'c> Engine<'c> {
             control: window,
             ..
         } = &mut *self;
-        let entry = Read::new((*window).local(at, 8)?, remote)
+        let entry = Read::new((*window).local(at, len)?, remote)
             .build()
             .user_data(tag)
             .signaled();
         post_entries(qp, cq, completions, &[entry])?;
         self.peers[peer as usize].probe_in_flight = true;
         self.peers[peer as usize].probe_sent = Some(Instant::now());
-        self.in_flight.insert(tag, InFlight::Probe { peer });
+        self.call_check_in_flight |= call.is_some();
+        self.in_flight.insert(tag, InFlight::Probe { peer, call });
         Ok(())
+    }
+
+    /// Compares the call records a liveness check just read from `peer`
+    /// with this rank's current collective call; a disagreement becomes
+    /// the fault the next wait returns.
+    fn check_call_records(&mut self, peer: u32) {
+        let Some((_, mine)) = self.collective_call else {
+            return;
+        };
+        let at = self.layout.scratch() + SCRATCH_CALL_RECORDS;
+        let word = |i: u64| self.load(at + 8 * i);
+        let records = [[word(0), word(1), word(2)], [word(3), word(4), word(5)]];
+        if let Some(fault) = crate::collective::check_member(peer, &mine, records) {
+            self.collective_fault.get_or_insert(fault);
+        }
     }
 
     /// Waits until `ready` says so, progressing meanwhile: polls for
@@ -1489,6 +1567,9 @@ impl<'c> Engine<'c> {
             self.progress()?;
             if ready(self)? {
                 return Ok(true);
+            }
+            if let Some(fault) = self.collective_fault.take() {
+                return Err(fault);
             }
             if let Some(peer) = peer {
                 self.check_peer(peer)?;

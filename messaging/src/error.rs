@@ -108,6 +108,21 @@ pub enum Error {
     /// Ranks disagree about a collective call's arguments.
     #[error("collective mismatch: {0}")]
     Mismatch(String),
+    /// A member gave up the collective call this rank waits in (the call
+    /// failed there): it cannot complete.
+    #[error("rank {rank} (world) gave up collective call {call} on this communicator")]
+    MemberFailed {
+        /// The member's world rank.
+        rank: u32,
+        /// The call's number among the communicator's collective calls.
+        call: u64,
+    },
+    /// An earlier collective call on this communicator failed on this
+    /// rank, so the members' collective state no longer agrees: no
+    /// collective call on it runs any more (point-to-point still does;
+    /// collectives go on over another communicator).
+    #[error("the communicator's collectives stopped at an earlier failure: {0}")]
+    CommunicatorBroken(String),
     /// A collective algorithm chosen explicitly cannot do what was asked
     /// (data too long for the flag words, too many ranks).
     #[error("collective algorithm unsuitable: {0}")]

@@ -32,7 +32,11 @@
 //! of a tree node and of the reduction steps are all distinct), so a
 //! section per peer holds every word it writes, and no rank can set a
 //! word another rank should: not another member's, and not as a rank
-//! outside the communicator.
+//! outside the communicator. The section also holds the one part of a
+//! block that this rank writes and the peer reads: this rank's **call
+//! records** ([`CALL_RECORD_BYTES`], two parities), what its latest
+//! collective calls on the context were, which a member that waits on
+//! this rank reads to tell a call that disagrees with its own.
 //!
 //! After the blocks comes scratch memory no window exposes (inline
 //! payloads are staged there before posting).
@@ -117,9 +121,13 @@ pub const COLLECTIVE_WORDS: u64 = 4;
 /// Bytes of each small-reduction data area (one parity): the largest
 /// reduction the flag words carry. Fits one inline write.
 pub const COLLECTIVE_DATA_BYTES: u64 = 256;
+/// Bytes of a call record ([`call_record_words`]).
+pub const CALL_RECORD_BYTES: u64 = 24;
 /// Bytes of each context's collective section in a peer's block: the
-/// flag words, then the data areas of the two parities.
-pub const COLLECTIVE_SECTION_BYTES: u64 = COLLECTIVE_WORDS * 8 + 2 * COLLECTIVE_DATA_BYTES;
+/// flag words, the call records of the two parities, then the data areas
+/// of the two parities.
+pub const COLLECTIVE_SECTION_BYTES: u64 =
+    COLLECTIVE_WORDS * 8 + 2 * CALL_RECORD_BYTES + 2 * COLLECTIVE_DATA_BYTES;
 /// The flag words of a collective section, in order.
 const BARRIER_WORD: u64 = 0;
 const TREE_ARRIVE_WORD: u64 = 1;
@@ -302,13 +310,85 @@ impl Layout {
         ]
     }
 
+    /// Offset of the call records (both parities, the even one first)
+    /// that this rank keeps in `reader`'s section of `context`: the only
+    /// words of a block its owner writes, for that peer to read.
+    pub fn call_records(&self, context: u32, reader: u32) -> u64 {
+        self.collective_section(context, reader).0 + COLLECTIVE_WORDS * 8
+    }
+
     /// Offset of the data area of `writer`'s step of a small reduction,
     /// for the reductions of parity `parity` (epoch modulo 2).
     pub fn step_data(&self, context: u32, writer: u32, parity: u64) -> u64 {
-        self.collective_section(context, writer).0
-            + COLLECTIVE_WORDS * 8
+        self.call_records(context, writer)
+            + 2 * CALL_RECORD_BYTES
             + parity % 2 * COLLECTIVE_DATA_BYTES
     }
+}
+
+/// One collective call of a rank as its call record tells it: the call's
+/// number on its communicator (1 first) and what every member must agree
+/// on. The codes are [`crate::collective`]'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallRecord {
+    /// The call's number among the rank's collective calls on the
+    /// communicator (1 first; below 2^40).
+    pub call: u64,
+    /// The rank gave the call up (it failed there).
+    pub failed: bool,
+    /// Which collective.
+    pub kind: u8,
+    /// The algorithm it runs.
+    pub algorithm: u8,
+    /// The element type of a reduction (0 for bytes).
+    pub element: u8,
+    /// Its root (0 where it has none).
+    pub root: u32,
+    /// The bytes it moves per member (below 2^48).
+    pub bytes: u64,
+}
+
+/// Bits of a call number that each of a call record's three words
+/// carries, so that a record read while its owner rewrote it (for a call
+/// two later) shows as torn.
+const CALL_TAG_BITS: u32 = 16;
+/// Bits of the call number in a record's first word.
+const CALL_BITS: u32 = 40;
+
+/// The three words of a call record: the call number, kind, algorithm,
+/// element type and failure flag; the bytes; the root. The second and
+/// third carry the call number's low bits too.
+pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
+    let call = record.call & ((1 << CALL_BITS) - 1);
+    let tag = (call & ((1 << CALL_TAG_BITS) - 1)) << 48;
+    [
+        call << 24
+            | u64::from(record.element) << 16
+            | u64::from(record.algorithm) << 8
+            | u64::from(record.kind) << 1
+            | u64::from(record.failed),
+        tag | (record.bytes & ((1 << 48) - 1)),
+        tag | u64::from(record.root),
+    ]
+}
+
+/// The call record of three words, or `None` for words that do not make
+/// one: never written (call 0), or torn (the words' call numbers differ).
+pub fn call_record_of(words: [u64; 3]) -> Option<CallRecord> {
+    let call = words[0] >> 24;
+    let tag = call & ((1 << CALL_TAG_BITS) - 1);
+    if call == 0 || words[1] >> 48 != tag || words[2] >> 48 != tag || words[2] >> 32 & 0xffff != 0 {
+        return None;
+    }
+    Some(CallRecord {
+        call,
+        failed: words[0] & 1 != 0,
+        kind: (words[0] >> 1 & 0x7f) as u8,
+        algorithm: (words[0] >> 8) as u8,
+        element: (words[0] >> 16) as u8,
+        root: words[2] as u32,
+        bytes: words[1] & ((1 << 48) - 1),
+    })
 }
 
 /// The word encoding a small-reduction step's `epoch` and data length.
@@ -357,6 +437,9 @@ mod tests {
                     assert!(word >= section && word + 8 <= section + COLLECTIVE_WORDS * 8);
                     ranges.push((word, 8, peer));
                 }
+                let records = layout.call_records(context, peer);
+                assert!(records >= section + COLLECTIVE_WORDS * 8);
+                ranges.push((records, 2 * CALL_RECORD_BYTES, peer));
                 for parity in 0..2 {
                     let at = layout.step_data(context, peer, parity);
                     assert!(at + COLLECTIVE_DATA_BYTES <= section + section_bytes);
@@ -376,6 +459,36 @@ mod tests {
         assert_eq!(layout.block_bytes() % 64, 0);
         assert_eq!(layout.scratch(), layout.block_start(5));
         assert_eq!(layout.scratch() + SCRATCH_BYTES, layout.bytes());
+    }
+
+    #[test]
+    fn call_records_carry_every_field_and_show_torn_reads() {
+        let record = CallRecord {
+            call: (1 << 40) - 1,
+            failed: true,
+            kind: 0x7f,
+            algorithm: 0xff,
+            element: 0xff,
+            root: u32::MAX,
+            bytes: (1 << 48) - 1,
+        };
+        assert_eq!(call_record_of(call_record_words(&record)), Some(record));
+        let small = CallRecord {
+            call: 1,
+            failed: false,
+            kind: 3,
+            algorithm: 2,
+            element: 1,
+            root: 0,
+            bytes: 264,
+        };
+        let words = call_record_words(&small);
+        assert_eq!(call_record_of(words), Some(small));
+        assert_eq!(call_record_of([0; 3]), None, "never written");
+        // The first word of call 3 over the rest of call 1 (same parity).
+        let later = call_record_words(&CallRecord { call: 3, ..small });
+        assert_eq!(call_record_of([later[0], words[1], words[2]]), None);
+        assert_eq!(call_record_of([words[0], words[1], later[2]]), None);
     }
 
     #[test]

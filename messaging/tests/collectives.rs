@@ -8,7 +8,7 @@ use std::process::Command;
 
 mod common;
 
-use common::msg_check;
+use common::{checked, msg_check, passes};
 
 /// Runs the scenario on `ranks` ranks and checks that every rank reports
 /// success with something checked.
@@ -68,5 +68,19 @@ fn collectives_on_one_to_eight_ranks_match_the_reference() {
         // Fewer cases as the ranks crowd the cores.
         let cases = if ranks <= 4 { 80 } else { 50 };
         run_collectives(&exe, ranks, seed, cases);
+    }
+}
+
+#[test]
+fn mismatched_collective_calls_fail_on_every_rank_instead_of_waiting() {
+    // Five disagreements (lengths across the flag-word limit, roots,
+    // kinds, algorithms, a dup against a barrier), each on its own dup:
+    // per case the call and the dup's next barrier fail (or the call
+    // passes and the barrier fails) on every rank, at least one rank
+    // names both calls; then a new dup computes an exact sum.
+    for ranks in [2, 3, 4, 8] {
+        for line in passes(ranks, "collective-mismatch", &[]) {
+            assert_eq!(checked(&line), 11, "{ranks} ranks: {line}");
+        }
     }
 }

@@ -167,7 +167,8 @@ fn a_forged_any_index_completion_is_refused_and_the_pair_still_talks() {
 #[test]
 fn forged_collective_epochs_fail_the_collectives_instead_of_passing_them() {
     let lines = passes(2, "forged-epoch", &[]);
-    // A barrier and a small allreduce, each refused naming rank 1.
+    // A barrier refused naming rank 1, and a small allreduce refused
+    // for that reason (the refusal stopped the world's collectives).
     assert_eq!(checked(&lines[0]), 2, "{}", lines[0]);
 }
 
