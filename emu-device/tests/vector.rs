@@ -944,3 +944,85 @@ fn a_datatype_send_moves_a_subarray_into_a_column_and_back_with_no_pack() {
     let stats = cache.stats();
     assert_eq!((stats.lookups, stats.misses, stats.hits), (4, 3, 1));
 }
+
+#[test]
+fn descriptors_in_memory_reuse_registered_buffers_and_move_the_right_bytes() {
+    let ports = ports(&[]);
+    let Ports {
+        initiator, target, ..
+    } = &ports;
+    const LEN: usize = 1 << 16;
+    let near = initiator.alloc(LEN, 64).unwrap();
+    let far = target.alloc(LEN, 64).unwrap();
+    let near_region = initiator.register_buffer(&near).unwrap();
+    let far_region = target.register_buffer(&far).unwrap();
+    let window = target
+        .bind_window(&far_region, 0, LEN as u64, Access::REMOTE_WRITE)
+        .unwrap();
+    // Two listed patterns of 48 blocks each, at different places: their
+    // descriptors (over MAX_INLINE) go in registered memory.
+    let listed = |first: i64, step: i64| {
+        let blocks = (0..48)
+            .map(|i| Block {
+                offset: first + i * step,
+                len: 24,
+            })
+            .collect();
+        Pattern::new(
+            vec![Piece::Indexed {
+                offset: 0,
+                blocks: BlockList::Listed(blocks),
+            }],
+            1,
+            0,
+        )
+        .unwrap()
+    };
+    let patterns = [listed(0, 64), listed(8192, 200)];
+    assert!(
+        pindown_uapi::pattern::encode_pair(&patterns[0], &patterns[1]).len()
+            > pindown_uapi::queue::MAX_INLINE as usize
+    );
+    let mut cq: CompletionQueue<'_> = initiator.create_completion_queue();
+    let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
+    let mut registrations = None;
+    for round in 0..200u64 {
+        let (local, remote) = (
+            &patterns[(round % 2) as usize],
+            &patterns[1 - (round % 2) as usize],
+        );
+        let data = bytes(LEN, round as u8);
+        near.write_at(0, &data);
+        let vector = Vector::write(
+            near_region.local(0, LEN as u32).unwrap(),
+            local.clone(),
+            window.remote().at(0),
+            remote.clone(),
+        )
+        .unwrap();
+        qp.post(&[vector.build().user_data(round).signaled()])
+            .unwrap();
+        let done: Vec<Completion> = cq.wait(Duration::from_secs(20)).unwrap().collect();
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(
+            (done[0].user_data, done[0].status),
+            (round, Status::Success),
+            "{done:?}"
+        );
+        // Every block landed where the remote pattern says, from where
+        // the local one says: a descriptor buffer reused before the
+        // device finished with it, or holding the other pattern, fails.
+        let after = contents(&far);
+        let (from, to) = (model(local, &no_lists), model(remote, &no_lists));
+        for (f, t) in from.iter().zip(&to) {
+            assert_eq!(after[*t as usize], data[*f as usize], "round {round}");
+        }
+        if round == 4 {
+            let stats = initiator.registration_stats();
+            registrations = Some(stats.hits + stats.misses);
+        }
+    }
+    // Once warm, posting registered nothing more.
+    let stats = initiator.registration_stats();
+    assert_eq!(Some(stats.hits + stats.misses), registrations);
+}

@@ -384,6 +384,11 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
         self.addr
     }
 
+    /// The buffer a [`Context::register_owned`] region owns.
+    pub(super) fn owned_buffer(&self) -> Option<&DmaBuffer> {
+        self.owned.as_ref()
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         self.len

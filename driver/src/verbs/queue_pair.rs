@@ -108,6 +108,9 @@ pub struct QueuePair<'c, T: Transport + 'static = VhostUserTransport> {
     shared: Arc<PairShared>,
     /// Vector descriptors in registered memory, oldest first.
     descriptors: VecDeque<HeldDescriptors<'c, T>>,
+    /// Registered buffers of descriptors the device has finished with,
+    /// for the next ones (at most [`SPARE_DESCRIPTORS`]).
+    spare_descriptors: Vec<MemoryRegion<'c, T>>,
     /// Shares of the memory posted requests name, each with the position
     /// after the last request naming it, oldest first.
     kept: VecDeque<(u16, KeepAlive)>,
@@ -117,6 +120,16 @@ pub struct QueuePair<'c, T: Transport + 'static = VhostUserTransport> {
 /// requests have finished (posting reads the device's record only then,
 /// or when the send ring's room is in question).
 const KEPT_BEFORE_ASKING: usize = 32;
+
+/// Registered descriptor buffers a queue pair keeps for reuse, so that
+/// posting a vector transfer whose descriptor does not fit the send queue
+/// neither allocates nor registers memory once warm.
+const SPARE_DESCRIPTORS: usize = 8;
+/// Descriptor buffers are allocated in powers of two from this size (so
+/// that one serves descriptors of similar lengths)...
+const DESCRIPTOR_BUFFER_MIN: usize = 1 << 10;
+/// ...and kept for reuse only up to this size.
+const DESCRIPTOR_BUFFER_KEPT_MAX: usize = 64 << 10;
 
 impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     pub(super) fn new(
@@ -131,6 +144,7 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             send: Some(send),
             shared,
             descriptors: VecDeque::new(),
+            spare_descriptors: Vec::new(),
             kept: VecDeque::new(),
         }
     }
@@ -154,7 +168,10 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     /// context's arena, registered, which the queue pair keeps until the
     /// device has finished the request (the send queue's retired position
     /// tells; a dropped queue pair waits for that up to
-    /// [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)).
+    /// [`ContextConfig::control_timeout`](super::ContextConfig::control_timeout)),
+    /// and then keeps registered for later descriptors (a few buffers of
+    /// up to 64 KiB), so that a warm queue pair posts them with a copy
+    /// and no allocation or registration.
     ///
     /// A request naming a region that holds a share of its memory (see
     /// [`MemoryRegion`]) keeps a share too, until the device has finished
@@ -167,10 +184,19 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
         for entry in entries {
             let placed = match entry.descriptor() {
                 Some(bytes) if bytes.len() > MAX_INLINE as usize => {
-                    let buffer = self.context.alloc(bytes.len(), 64)?;
+                    let region = match self.descriptor_buffer(bytes.len()) {
+                        Ok(region) => region,
+                        Err(err) => {
+                            keep_spare(&mut self.spare_descriptors, held);
+                            return Err(err);
+                        }
+                    };
+                    let buffer = region
+                        .owned_buffer()
+                        .expect("descriptor regions own their buffers");
                     buffer.write_at(0, bytes);
                     let iova = buffer.iova();
-                    held.push(self.context.register_owned(buffer)?);
+                    held.push(region);
                     Some(iova)
                 }
                 _ => None,
@@ -203,13 +229,13 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
         let after = send.queue.tail();
         if after == before {
             // Nothing reached the ring: nothing to keep.
+            keep_spare(&mut self.spare_descriptors, held);
             return posted;
         }
         // The requests are in the ring (even if ringing the doorbell
         // failed, a polling device runs them): keep what they name.
         if !held.is_empty() {
-            self.descriptors
-                .push_back(HeldDescriptors { after, _held: held });
+            self.descriptors.push_back(HeldDescriptors { after, held });
         }
         for keep in entries.iter().filter_map(Entry::keep_alive) {
             match self.kept.back_mut() {
@@ -248,7 +274,9 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             if !send.queue.finished_before(first.after)? {
                 break;
             }
-            self.descriptors.pop_front();
+            if let Some(done) = self.descriptors.pop_front() {
+                keep_spare(&mut self.spare_descriptors, done.held);
+            }
         }
         if now || self.kept.len() >= KEPT_BEFORE_ASKING {
             while let Some(&(after, _)) = self.kept.front() {
@@ -259,6 +287,26 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
             }
         }
         Ok(())
+    }
+
+    /// A registered buffer of at least `len` bytes for a descriptor: a
+    /// spare one (the smallest that fits), else a new one of the next
+    /// power of two.
+    fn descriptor_buffer(&mut self, len: usize) -> Result<MemoryRegion<'c, T>, VerbsError> {
+        let fitting = self
+            .spare_descriptors
+            .iter()
+            .enumerate()
+            .filter(|(_, region)| region.len() >= len as u64)
+            .min_by_key(|(_, region)| region.len())
+            .map(|(at, _)| at);
+        if let Some(at) = fitting {
+            return Ok(self.spare_descriptors.swap_remove(at));
+        }
+        let buffer = self
+            .context
+            .alloc(len.next_power_of_two().max(DESCRIPTOR_BUFFER_MIN), 64)?;
+        self.context.register_owned(buffer)
     }
 
     /// Waits (up to the context's control timeout) until the device has
@@ -295,6 +343,20 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
     }
 }
 
+/// Keeps descriptor buffers the device has finished with (or never saw)
+/// in `spare` for reuse, up to [`SPARE_DESCRIPTORS`] of at most
+/// [`DESCRIPTOR_BUFFER_KEPT_MAX`] bytes; the rest go.
+fn keep_spare<'c, T: Transport + 'static>(
+    spare: &mut Vec<MemoryRegion<'c, T>>,
+    regions: Vec<MemoryRegion<'c, T>>,
+) {
+    for region in regions {
+        if spare.len() < SPARE_DESCRIPTORS && region.len() <= DESCRIPTOR_BUFFER_KEPT_MAX as u64 {
+            spare.push(region);
+        }
+    }
+}
+
 /// Sets the descriptor field of a vector request: `len` bytes at `iova`
 /// in memory, or inline.
 fn place_descriptor(request: &mut WorkRequest, len: u32, iova: Option<u64>) {
@@ -310,8 +372,8 @@ fn place_descriptor(request: &mut WorkRequest, len: u32, iova: Option<u64>) {
 /// every request before `after` (the retired position has reached it).
 struct HeldDescriptors<'c, T: Transport + 'static> {
     after: u16,
-    /// Kept alive only: regions that own their buffers.
-    _held: Vec<MemoryRegion<'c, T>>,
+    /// Regions that own their buffers.
+    held: Vec<MemoryRegion<'c, T>>,
 }
 
 impl<T: Transport + 'static> Drop for QueuePair<'_, T> {
