@@ -60,7 +60,9 @@
 //! `--seed S`, `--cases N`; results compared with a reference each rank
 //! computes from every rank's seeded contribution) and
 //! `collective-mismatch` (members that disagree about a collective call:
-//! every rank fails instead of waiting, one names both calls).
+//! every rank fails instead of waiting, one names both calls) and
+//! `collective-give-up` (members that give a call up or refuse it release
+//! the others; no late write into a failed call's buffer).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -179,6 +181,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "peer-death" => peer_death(&world),
         "collectives" => collectives::run(&world, args),
         "collective-mismatch" => collectives::mismatch(&world),
+        "collective-give-up" => collectives::give_up(&world),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
         "outsider-collective" => outsider_collective(&messenger, &world),
@@ -2385,6 +2388,99 @@ mod collectives {
         Ok(4)
     }
 
+    /// Fails the run if this rank still waits after `seconds` (a hang
+    /// becomes a failure line instead of a run that never ends).
+    fn watchdog(rank: u32, scenario: &'static str, seconds: u64) {
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(seconds));
+            println!(
+                "{{\"rank\":{rank},\"scenario\":\"{scenario}\",\"ok\":false,\"error\":\"still waiting after {seconds} s\"}}"
+            );
+            std::process::exit(1);
+        });
+    }
+
+    /// `collective-give-up` (4 ranks): members that give a call up or
+    /// refuse it release those that wait in it, and nothing lands in a
+    /// buffer after its call returned. (1) Ranks 0-2 broadcast 32 bytes
+    /// from rank 0, which comes late; rank 3 (child of rank 2) gives 64:
+    /// it fails from rank 2's record before rank 0 comes, and its buffer
+    /// stays as it was after rank 2 forwards. (2) Ranks 0 and 1 disagree
+    /// about a broadcast's length: rank 1 fails, makes no next call on
+    /// the pair, and rank 0's next call there fails instead of waiting.
+    /// (3) Rank 0 names flag words for 33 doubles (refused before the
+    /// call), rank 1 for 32: rank 1 fails instead of waiting.
+    pub(super) fn give_up(world: &Communicator<'_>) -> Outcome {
+        if world.size() != 4 {
+            return Err("collective-give-up runs on 4 ranks".into());
+        }
+        let me = world.rank();
+        watchdog(me, "collective-give-up", 60);
+        let mut tally = Tally::default();
+        // (1)
+        let dup = world.dup().map_err(err("dup"))?;
+        if me == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(700));
+        }
+        let len = if me == 3 { 64 } else { 32 };
+        let mut buffer = vec![if me == 0 { 0x42u8 } else { 0xee }; len];
+        let outcome = dup.broadcast(0, &mut buffer);
+        match (me, &outcome) {
+            (3, Err(Error::Mismatch(_))) => {
+                // Rank 2 forwards once rank 0 comes; the world barrier
+                // progresses this rank meanwhile.
+                std::thread::sleep(std::time::Duration::from_millis(1500));
+                world.barrier().map_err(err("world barrier"))?;
+                let changed = buffer.iter().filter(|&&b| b != 0xee).count();
+                if changed > 0 {
+                    return Err(format!(
+                        "{changed} bytes landed in the buffer after the failed broadcast returned"
+                    ));
+                }
+                tally.checked += 1;
+            }
+            (3, other) => return Err(format!("rank 3's broadcast of 64 bytes: {other:?}")),
+            (_, _) => world.barrier().map_err(err("world barrier"))?,
+        }
+        drop(dup);
+        // (2)
+        let pair = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("split"))?;
+        if let Some(pair) = &pair {
+            let mut buffer = vec![1u8; if me == 0 { 16 } else { 8 }];
+            match (me, pair.broadcast(0, &mut buffer)) {
+                (0, Ok(())) => match pair.barrier() {
+                    Err(Error::MemberFailed { rank: 1, call: 1 }) => tally.checked += 1,
+                    other => return Err(format!("a barrier after rank 1 gave up: {other:?}")),
+                },
+                (1, Err(Error::Mismatch(_))) => tally.checked += 1,
+                (_, other) => return Err(format!("broadcast of 16 bytes into 8: {other:?}")),
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
+        // (3), on a new pair (the first one's collectives stopped).
+        let pair = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("second split"))?;
+        if let Some(pair) = &pair {
+            let n = if me == 0 { 33 } else { 32 };
+            let outcome = pair.allreduce_with(
+                &vec![1.0f64; n],
+                &mut vec![0.0; n],
+                Op::Sum,
+                ReduceAlgorithm::FlagWords,
+            );
+            match (me, outcome) {
+                (0, Err(Error::Unsuitable(_))) | (1, Err(Error::MemberFailed { rank: 0, .. })) => {
+                    tally.checked += 1
+                }
+                (_, other) => return Err(format!("flag words for 33 and 32 doubles: {other:?}")),
+            }
+        }
+        Ok(tally)
+    }
+
     /// `collective-mismatch` (2 ranks or more): members that disagree
     /// about a collective call (lengths on both sides of the flag-word
     /// limit, roots, algorithms, kinds), each case on a new dup of the
@@ -2424,14 +2520,7 @@ mod collectives {
         }
         // A rank still waiting after a minute fails the run rather than
         // hanging it (the whole scenario takes a few seconds).
-        let rank = world.rank();
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_secs(60));
-            println!(
-                "{{\"rank\":{rank},\"scenario\":\"collective-mismatch\",\"ok\":false,\"error\":\"still waiting after 60 s\"}}"
-            );
-            std::process::exit(1);
-        });
+        watchdog(world.rank(), "collective-mismatch", 60);
         let mut tally = Tally::default();
         let mut broken = Vec::new();
         for (name, call) in cases {

@@ -44,16 +44,22 @@
 //! that leaves ranks waiting on each other (lengths on both sides of an
 //! `Auto` threshold, different roots, algorithms or kinds) fails on each
 //! of them within a few liveness intervals, and a rank that gave up its
-//! call releases the members that wait on it. Mismatched calls that
-//! happen to complete (a reduce's send taken by a broadcast's receive of
-//! the same length) are not seen: records are only read while a rank
-//! waits. A call that fails once it has begun leaves the members'
-//! epochs and slots in unknown states, so later collective calls on the
-//! communicator fail at once with [`Error::CommunicatorBroken`] (their
-//! records marked given up, so that members waiting in them learn it);
-//! arguments refused before a call begins (a buffer of the wrong
-//! length, a root out of range, data too long for the algorithm named)
-//! make no call and break nothing.
+//! call (or an earlier one), or refused its arguments, releases the
+//! members that wait on it. A failed call withdraws its receives still
+//! posted, so nothing lands in the caller's buffers after it returns.
+//! Mismatched calls that happen to complete (a reduce's send taken by a
+//! broadcast's receive of the same length, or a leftover send of a
+//! mismatched call taken by the next call of a rank whose part
+//! completed) are not seen: records are only read while a rank waits;
+//! nor are calls on two communicators made in different orders. A call
+//! that fails once it has begun leaves the members' epochs and slots in
+//! unknown states, so later collective calls on the communicator fail
+//! at once with [`Error::CommunicatorBroken`] (their records marked
+//! given up, so that members waiting in them learn it), and its contexts
+//! are not used again; arguments refused before a call begins (a buffer
+//! of the wrong length, a root out of range, data too long for the
+//! algorithm named) number the call and record it as refused, and break
+//! nothing.
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
@@ -351,6 +357,8 @@ pub(crate) struct Epochs {
     /// Why the context's collectives stopped: a call that failed once
     /// begun.
     broken: Option<String>,
+    /// The latest call was refused here (members may still wait in it).
+    last_refused: bool,
 }
 
 // ---- call records ----
@@ -437,6 +445,7 @@ fn record(kind: Kind, algorithm: Algorithm, element: u8, root: u32, bytes: usize
     CallRecord {
         call: 0,
         failed: false,
+        refused: false,
         kind: kind as u8,
         algorithm: algorithm as u8,
         element,
@@ -451,31 +460,33 @@ pub(crate) fn exchange_record(bytes: usize) -> CallRecord {
 }
 
 /// What the call records `records`, read from world rank `peer`, say of
-/// this rank's call `mine`: nothing (the peer is not at this call, or it
-/// agrees), or the error that ends the call.
+/// this rank's call `mine`: nothing (the peer is not at this call yet, or
+/// it agrees), or the error that ends the call: the peer refused this
+/// call, gave it up, or gave up an earlier one (its collectives stopped
+/// there, so it takes part in no later call).
 pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: [[u64; 3]; 2]) -> Option<Error> {
-    let theirs = records
+    let records: Vec<CallRecord> = records
         .into_iter()
         .filter_map(layout::call_record_of)
-        .find(|r| r.call == mine.call)?;
-    if theirs.failed {
+        .collect();
+    if let Some(gave_up) = records
+        .iter()
+        .find(|r| (r.failed && r.call <= mine.call) || (r.refused && r.call == mine.call))
+    {
         return Some(Error::MemberFailed {
             rank: peer,
-            call: mine.call,
+            call: gave_up.call,
         });
     }
-    (CallRecord {
-        failed: false,
-        ..theirs
-    } != *mine)
-        .then(|| {
-            Error::Mismatch(format!(
-                "collective call {} on this communicator is {} on world rank {peer} but {} here",
-                mine.call,
-                describe(&theirs),
-                describe(mine)
-            ))
-        })
+    let theirs = records.into_iter().find(|r| r.call == mine.call)?;
+    (theirs != *mine).then(|| {
+        Error::Mismatch(format!(
+            "collective call {} on this communicator is {} on world rank {peer} but {} here",
+            mine.call,
+            describe(&theirs),
+            describe(mine)
+        ))
+    })
 }
 
 /// Writes this rank's record of a call where each other member reads
@@ -495,21 +506,27 @@ fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord) {
 /// Begins this rank's next collective call on the group's context:
 /// numbers and publishes its record, and makes it the call that liveness
 /// checks compare. A context whose collectives stopped publishes the
-/// call as given up and refuses it.
+/// call as given up and fails it; `arguments` refused publish it as
+/// refused (the members waiting in it fail; this rank's collectives go
+/// on) and fail it.
 fn begin_call(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     mut record: CallRecord,
+    arguments: Result<()>,
 ) -> Result<CallRecord> {
     let state = &mut engine.collective_epochs[group.context as usize];
     state.calls += 1;
     record.call = state.calls;
     record.failed = state.broken.is_some();
+    record.refused = !record.failed && arguments.is_err();
+    state.last_refused = record.refused;
     let broken = state.broken.clone();
     publish(engine, group, &record);
     if let Some(why) = broken {
         return Err(Error::CommunicatorBroken(why));
     }
+    arguments?;
     engine.collective_call = Some((group.context, record));
     engine.collective_fault = None;
     Ok(record)
@@ -537,10 +554,15 @@ fn end_call(
     }
 }
 
-/// Whether the collectives of `context` stopped at a failure: its
-/// communicator's contexts are then not used again.
-pub(crate) fn broken(engine: &Engine<'_>, context: u32) -> bool {
-    engine.collective_epochs[context as usize].broken.is_some()
+/// Whether the communicator of collective context `context` keeps its
+/// contexts when it goes: its collectives stopped at a failure (requests
+/// of its members may still be posted there), or its latest call was
+/// refused here (members may still wait in it, and learn it only from
+/// this rank's record of the call, which freeing the context would
+/// clear).
+pub(crate) fn keeps_contexts(engine: &Engine<'_>, context: u32) -> bool {
+    let state = &engine.collective_epochs[context as usize];
+    state.broken.is_some() || state.last_refused
 }
 
 /// Forgets a context's collective state when its communicator goes (on
@@ -889,12 +911,22 @@ fn post_recv(
     Ok((peer, slot, generation))
 }
 
+/// Takes back a receive the call gives up: its buffer goes back to the
+/// caller (or is freed) with the error, so no write may land in it later.
+fn withdraw(engine: &mut Engine<'_>, posted: (u32, u64, u64)) {
+    let (_, slot, generation) = posted;
+    engine.withdraw_recv(slot, generation);
+}
+
 /// Waits for a posted receive; it must bring exactly `expected` bytes.
 fn finish_recv(engine: &mut Engine<'_>, posted: (u32, u64, u64), expected: usize) -> Result<()> {
     let (peer, slot, generation) = posted;
-    engine.wait_until(Some(peer), None, |e| {
+    if let Err(err) = engine.wait_until(Some(peer), None, |e| {
         Ok(!e.recv_outstanding(slot, generation))
-    })?;
+    }) {
+        withdraw(engine, posted);
+        return Err(err);
+    }
     match engine.take_recv(slot, generation) {
         Some(Ok(received)) if received.len == expected as u64 => Ok(()),
         Some(Ok(received)) => Err(Error::Mismatch(format!(
@@ -913,8 +945,8 @@ fn finish_recv(engine: &mut Engine<'_>, posted: (u32, u64, u64), expected: usize
     }
 }
 
-/// Receives into a temporary of this call; if the call fails before the
-/// receive completes, the engine keeps the temporary until it does.
+/// Receives into a temporary of this call (withdrawn if the call fails
+/// first).
 fn recv_temporary<T: Element>(
     engine: &mut Engine<'_>,
     context: u32,
@@ -924,16 +956,8 @@ fn recv_temporary<T: Element>(
     let mut into = into;
     let len = std::mem::size_of_val(&into[..]);
     let posted = post_recv(engine, context, peer, 0, into.as_mut_ptr().cast(), len)?;
-    match finish_recv(engine, posted, len) {
-        Ok(()) => Ok(into),
-        Err(err) => {
-            let (_, slot, generation) = posted;
-            if engine.recv_outstanding(slot, generation) {
-                engine.adopt(slot, generation, false, Box::new(into));
-            }
-            Err(err)
-        }
-    }
+    finish_recv(engine, posted, len)?;
+    Ok(into)
 }
 
 fn broadcast_binomial(
@@ -1016,8 +1040,8 @@ fn broadcast_pipelined(
         }
         _ => None,
     };
+    let mut posted = VecDeque::with_capacity(depth);
     let result = with_sends(engine, |engine, sends| {
-        let mut posted = VecDeque::with_capacity(depth);
         if let Some(parent) = parent {
             for j in 0..depth.min(chunks) {
                 let (start, bytes) = range(j);
@@ -1062,8 +1086,17 @@ fn broadcast_pipelined(
         }
         Ok(())
     });
+    if result.is_err() {
+        // The chunks not received go back with the buffer.
+        for receive in posted.drain(..) {
+            withdraw(engine, receive);
+        }
+    }
     if let Some(id) = held_window {
-        engine.windows.release(id);
+        match result {
+            Ok(()) => engine.windows.release(id),
+            Err(_) => engine.windows.withdraw(id),
+        }
     }
     result
 }
@@ -1134,10 +1167,8 @@ fn exchange<T: Element>(
     match result {
         Ok(()) => Ok(incoming),
         Err(err) => {
-            let (_, slot, generation) = posted;
-            if engine.recv_outstanding(slot, generation) {
-                engine.adopt(slot, generation, false, Box::new(incoming));
-            }
+            // The send failed before the receive was waited for.
+            withdraw(engine, posted);
             Err(err)
         }
     }
@@ -1199,7 +1230,8 @@ fn allreduce_recursive_doubling<T: Element>(
 /// fails once begun stops the communicator's collectives: later ones
 /// fail at once with [`Error::CommunicatorBroken`], while point-to-point
 /// on it still works. Arguments refused before a call begins (buffers of
-/// different lengths, a root out of range) make no call.
+/// different lengths, a root out of range) break nothing here; members
+/// that wait in the call fail with [`Error::MemberFailed`].
 impl Communicator<'_> {
     fn group(&self) -> Group<'_> {
         Group {
@@ -1220,15 +1252,16 @@ impl Communicator<'_> {
     }
 
     /// Runs `body` as this rank's next collective call, described by
-    /// `record` (see the module's call records): `body` borrows the
-    /// engine as it needs.
+    /// `record` (see the module's call records), unless its `arguments`
+    /// were refused: `body` borrows the engine as it needs.
     pub(crate) fn collective_call<R>(
         &self,
         record: CallRecord,
+        arguments: Result<()>,
         body: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let group = self.group();
-        let record = begin_call(&mut self.engine(), &group, record)?;
+        let record = begin_call(&mut self.engine(), &group, record, arguments)?;
         let result = body();
         end_call(&mut self.engine(), &group, record, result.as_ref().err());
         result
@@ -1264,7 +1297,7 @@ impl Communicator<'_> {
             BarrierAlgorithm::BinaryTree => Algorithm::BarrierTree,
             BarrierAlgorithm::Auto | BarrierAlgorithm::Dissemination => Algorithm::Dissemination,
         };
-        self.collective_call(record(Kind::Barrier, chosen, 0, 0, 0), || {
+        self.collective_call(record(Kind::Barrier, chosen, 0, 0, 0), Ok(()), || {
             let mut engine = self.engine();
             let context = group.context as usize;
             engine.collective_epochs[context].barrier += 1;
@@ -1309,11 +1342,10 @@ impl Communicator<'_> {
         buffer: &mut [u8],
         algorithm: BroadcastAlgorithm,
     ) -> Result<()> {
-        self.check_root(root)?;
         self.engine().check_open()?;
         let group = self.group();
         if group.size() == 1 {
-            return Ok(());
+            return self.check_root(root);
         }
         let chosen = match algorithm {
             BroadcastAlgorithm::Auto
@@ -1326,7 +1358,7 @@ impl Communicator<'_> {
             BroadcastAlgorithm::Auto | BroadcastAlgorithm::BinomialTree => Algorithm::BinomialTree,
         };
         let call = record(Kind::Broadcast, chosen, 0, root, buffer.len());
-        self.collective_call(call, || {
+        self.collective_call(call, self.check_root(root), || {
             let mut engine = self.engine();
             match chosen {
                 Algorithm::Pipelined => {
@@ -1380,18 +1412,22 @@ impl Communicator<'_> {
         op: Op<'_, T>,
         algorithm: ReduceAlgorithm,
     ) -> Result<()> {
-        self.check_root(root)?;
         self.engine().check_open()?;
-        if self.rank == root && receive.len() != send.len() {
-            return Err(Error::Mismatch(format!(
-                "the root's receive buffer holds {} elements, its send buffer {}",
-                receive.len(),
-                send.len()
-            )));
-        }
+        let arguments = self.check_root(root).and_then(|()| {
+            if self.rank == root && receive.len() != send.len() {
+                return Err(Error::Mismatch(format!(
+                    "the root's receive buffer holds {} elements, its send buffer {}",
+                    receive.len(),
+                    send.len()
+                )));
+            }
+            Ok(())
+        });
         let group = self.group();
         let mut accumulated = send.to_vec();
-        if group.size() > 1 {
+        if group.size() == 1 {
+            arguments?;
+        } else {
             let bytes = std::mem::size_of_val(send);
             let chosen = match algorithm {
                 ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
@@ -1399,11 +1435,12 @@ impl Communicator<'_> {
                 ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
                 ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
             };
-            if chosen == Algorithm::FlagWords {
-                check_flag_fit(bytes)?;
-            }
+            let arguments = arguments.and_then(|()| match chosen {
+                Algorithm::FlagWords => check_flag_fit(bytes),
+                _ => Ok(()),
+            });
             let call = record(Kind::Reduce, chosen, T::CODE, root, bytes);
-            self.collective_call(call, || {
+            self.collective_call(call, arguments, || {
                 let mut engine = self.engine();
                 match chosen {
                     Algorithm::FlagWords => {
@@ -1465,16 +1502,19 @@ impl Communicator<'_> {
         algorithm: ReduceAlgorithm,
     ) -> Result<()> {
         self.engine().check_open()?;
-        if receive.len() != send.len() {
-            return Err(Error::Mismatch(format!(
+        let arguments = if receive.len() != send.len() {
+            Err(Error::Mismatch(format!(
                 "the receive buffer holds {} elements, the send buffer {}",
                 receive.len(),
                 send.len()
-            )));
-        }
-        receive.copy_from_slice(send);
+            )))
+        } else {
+            Ok(())
+        };
         let group = self.group();
         if group.size() == 1 {
+            arguments?;
+            receive.copy_from_slice(send);
             return Ok(());
         }
         let bytes = std::mem::size_of_val(send);
@@ -1487,11 +1527,13 @@ impl Communicator<'_> {
             ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
             ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
         };
-        if chosen == Algorithm::FlagWords {
-            check_flag_fit(bytes)?;
-        }
+        let arguments = arguments.and_then(|()| match chosen {
+            Algorithm::FlagWords => check_flag_fit(bytes),
+            _ => Ok(()),
+        });
         let call = record(Kind::Allreduce, chosen, T::CODE, 0, bytes);
-        self.collective_call(call, || {
+        self.collective_call(call, arguments, || {
+            receive.copy_from_slice(send);
             let mut engine = self.engine();
             match chosen {
                 Algorithm::FlagWords => {
@@ -1620,15 +1662,40 @@ mod tests {
                 "{field}"
             );
         }
-        // Given up there.
-        let given_up = CallRecord {
+        // Given up or refused there.
+        for gave_up in [
+            CallRecord {
+                failed: true,
+                ..mine
+            },
+            CallRecord {
+                refused: true,
+                ..mine
+            },
+        ] {
+            assert!(matches!(
+                check_member(2, &mine, [previous, words(&gave_up)]),
+                Some(Error::MemberFailed { rank: 2, call: 7 })
+            ));
+        }
+        // An earlier call given up: the peer's collectives stopped there,
+        // whether or not it has come to this one. One refused earlier is
+        // no matter (every rank refused it, or some member failed in it).
+        let earlier = numbered(record(Kind::Barrier, Algorithm::Dissemination, 0, 0, 0), 6);
+        let failed_earlier = words(&CallRecord {
             failed: true,
-            ..mine
-        };
+            ..earlier
+        });
+        let refused_earlier = words(&CallRecord {
+            refused: true,
+            ..earlier
+        });
         assert!(matches!(
-            check_member(2, &mine, [previous, words(&given_up)]),
-            Some(Error::MemberFailed { rank: 2, call: 7 })
+            check_member(2, &mine, [failed_earlier, [0; 3]]),
+            Some(Error::MemberFailed { rank: 2, call: 6 })
         ));
+        assert!(check_member(2, &mine, [refused_earlier, [0; 3]]).is_none());
+        assert!(check_member(2, &mine, [refused_earlier, words(&mine)]).is_none());
         // A record torn by its owner's rewrite is no record.
         let next = words(&numbered(mine, 9));
         let torn = [next[0], words(&other)[1], words(&other)[2]];

@@ -234,9 +234,10 @@ impl Drop for Communicator<'_> {
         if self.owns_context {
             if let Ok(mut engine) = self.engine.try_borrow_mut() {
                 // After a failed collective call, requests of its members
-                // may still be posted on the contexts: they stay taken, so
+                // may still be posted on the contexts; after a refused one,
+                // members may still wait for its record: they stay taken, so
                 // that no later communicator meets them.
-                if crate::collective::broken(&engine, self.context + 1) {
+                if crate::collective::keeps_contexts(&engine, self.context + 1) {
                     return;
                 }
                 engine.contexts_taken[self.context as usize] = false;
@@ -668,7 +669,7 @@ impl<'c> Communicator<'c> {
     /// ([`Error::BadPeerRecord`] naming rank 0 otherwise).
     pub(crate) fn exchange(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
         let record = crate::collective::exchange_record(value.len());
-        self.collective_call(record, || self.exchange_through_rank_zero(value))
+        self.collective_call(record, Ok(()), || self.exchange_through_rank_zero(value))
     }
 
     /// [`exchange`](Self::exchange)'s gather and scatter.

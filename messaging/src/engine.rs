@@ -1568,8 +1568,12 @@ impl<'c> Engine<'c> {
             if ready(self)? {
                 return Ok(true);
             }
-            if let Some(fault) = self.collective_fault.take() {
-                return Err(fault);
+            // Only a wait on a peer ends at what a check found: one on no
+            // peer (a failed call making its memory safe) waits it out.
+            if peer.is_some() {
+                if let Some(fault) = self.collective_fault.take() {
+                    return Err(fault);
+                }
             }
             if let Some(peer) = peer {
                 self.check_peer(peer)?;

@@ -334,8 +334,12 @@ pub struct CallRecord {
     /// The call's number among the rank's collective calls on the
     /// communicator (1 first; below 2^40).
     pub call: u64,
-    /// The rank gave the call up (it failed there).
+    /// The rank gave the call up (it failed there, once begun): its
+    /// collectives on the communicator stopped.
     pub failed: bool,
+    /// The rank refused the call's arguments before it began (its
+    /// collectives go on).
+    pub refused: bool,
     /// Which collective.
     pub kind: u8,
     /// The algorithm it runs.
@@ -355,9 +359,9 @@ const CALL_TAG_BITS: u32 = 16;
 /// Bits of the call number in a record's first word.
 const CALL_BITS: u32 = 40;
 
-/// The three words of a call record: the call number, kind, algorithm,
-/// element type and failure flag; the bytes; the root. The second and
-/// third carry the call number's low bits too.
+/// The three words of a call record: the call number, element type,
+/// algorithm, kind and the refused and failed flags; the bytes; the
+/// root. The second and third carry the call number's low bits too.
 pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
     let call = record.call & ((1 << CALL_BITS) - 1);
     let tag = (call & ((1 << CALL_TAG_BITS) - 1)) << 48;
@@ -365,7 +369,8 @@ pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
         call << 24
             | u64::from(record.element) << 16
             | u64::from(record.algorithm) << 8
-            | u64::from(record.kind) << 1
+            | u64::from(record.kind & 0x3f) << 2
+            | u64::from(record.refused) << 1
             | u64::from(record.failed),
         tag | (record.bytes & ((1 << 48) - 1)),
         tag | u64::from(record.root),
@@ -383,7 +388,8 @@ pub fn call_record_of(words: [u64; 3]) -> Option<CallRecord> {
     Some(CallRecord {
         call,
         failed: words[0] & 1 != 0,
-        kind: (words[0] >> 1 & 0x7f) as u8,
+        refused: words[0] & 2 != 0,
+        kind: (words[0] >> 2 & 0x3f) as u8,
         algorithm: (words[0] >> 8) as u8,
         element: (words[0] >> 16) as u8,
         root: words[2] as u32,
@@ -466,7 +472,8 @@ mod tests {
         let record = CallRecord {
             call: (1 << 40) - 1,
             failed: true,
-            kind: 0x7f,
+            refused: true,
+            kind: 0x3f,
             algorithm: 0xff,
             element: 0xff,
             root: u32::MAX,
@@ -476,6 +483,7 @@ mod tests {
         let small = CallRecord {
             call: 1,
             failed: false,
+            refused: false,
             kind: 3,
             algorithm: 2,
             element: 1,
