@@ -352,13 +352,21 @@ impl GlobalMemory<'_> {
     /// window bound for the one rank that signals in that round, so no
     /// other rank can release it; that rank's word more than one barrier
     /// ahead of this rank's (no member can be) fails it with
-    /// [`Error::BadPeerRecord`] naming the writer.
+    /// [`Error::BadPeerRecord`] naming the writer. The signals of one
+    /// barrier land before the next barrier's go (plain writes may land
+    /// out of order across the fabric).
     pub fn sync(&mut self) -> Result<()> {
         self.complete_all()?;
         let size = self.size();
         if size == 1 {
             return Ok(());
         }
+        // Signals are plain writes, which the fabric may land out of
+        // order: the last synchronization's must have landed before this
+        // one's go, or a late one (a datagram sent again) could set a word
+        // back below the epoch its owner already saw, and the owner would
+        // wait for ever.
+        self.land_signals()?;
         self.sync_epoch += 1;
         let epoch = self.sync_epoch;
         let flags_at = self.sync_words_at();
@@ -422,6 +430,33 @@ impl GlobalMemory<'_> {
         }
         debug_assert!(round <= SYNC_WORDS);
         Ok(())
+    }
+
+    /// Waits until every barrier signal this rank sent has landed (or
+    /// failed: then that failure).
+    fn land_signals(&mut self) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            self.progress()?;
+            if let Some(err) = self.ops.signal_failure.take() {
+                return Err(err);
+            }
+            let in_flight = self
+                .ops
+                .requests
+                .values()
+                .any(|r| matches!(r, Request::Signal));
+            if !in_flight {
+                return Ok(());
+            }
+            if started.elapsed() > self.config.sync_timeout {
+                return Err(Error::Operation {
+                    what: "a barrier signal".into(),
+                    why: format!("not finished within {:?}", self.config.sync_timeout),
+                });
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Handles what the device finished.
