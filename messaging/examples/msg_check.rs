@@ -2409,7 +2409,11 @@ mod collectives {
     /// about a broadcast's length: rank 1 fails, makes no next call on
     /// the pair, and rank 0's next call there fails instead of waiting.
     /// (3) Rank 0 names flag words for 33 doubles (refused before the
-    /// call), rank 1 for 32: rank 1 fails instead of waiting.
+    /// call), rank 1 for 32: rank 1 fails instead of waiting. (4) On ranks
+    /// 0-2, rank 1 broadcasts as the root of a call where ranks 0 and 2
+    /// take rank 0 for it; rank 2's part passes, and its next broadcast
+    /// (from rank 1) must not take rank 1's send left over from the first:
+    /// it fails.
     pub(super) fn give_up(world: &Communicator<'_>) -> Outcome {
         if world.size() != 4 {
             return Err("collective-give-up runs on 4 ranks".into());
@@ -2476,6 +2480,31 @@ mod collectives {
                     tally.checked += 1
                 }
                 (_, other) => return Err(format!("flag words for 33 and 32 doubles: {other:?}")),
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
+        // (4)
+        let three = world
+            .split((me < 3).then_some(0), me)
+            .map_err(err("third split"))?;
+        if let Some(three) = &three {
+            let root = me % 2;
+            let mut first = [if me == root { 0x10 + me as u8 } else { 0 }; 64];
+            let first_outcome = three.broadcast(root, &mut first);
+            let mut second = [if me == 1 { 0xbb } else { 0 }; 64];
+            let second_outcome = three.broadcast(1, &mut second);
+            match (me, &first_outcome, &second_outcome) {
+                (2, Ok(()), Err(Error::MemberFailed { rank: 1, .. } | Error::Mismatch(_))) => {
+                    tally.checked += 1
+                }
+                (0 | 1, Err(_), Err(Error::CommunicatorBroken(_))) => tally.checked += 1,
+                _ => {
+                    return Err(format!(
+                        "broadcasts from roots 0 and 1, then from 1: {first_outcome:?}, \
+                         {second_outcome:?} (second buffer {:#x})",
+                        second[0]
+                    ))
+                }
             }
         }
         Ok(tally)

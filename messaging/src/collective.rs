@@ -47,11 +47,14 @@
 //! call (or an earlier one), or refused its arguments, releases the
 //! members that wait on it. A failed call withdraws its receives still
 //! posted, so nothing lands in the caller's buffers after it returns.
-//! Mismatched calls that happen to complete (a reduce's send taken by a
-//! broadcast's receive of the same length, or a leftover send of a
-//! mismatched call taken by the next call of a rank whose part
-//! completed) are not seen: records are only read while a rank waits;
-//! nor are calls on two communicators made in different orders. A call
+//! Sends and receives of a call carry a tag of its number in the match
+//! record ([`layout::call_tag`]): a send that meets a receive of another
+//! call moves nothing and fails, so a send left over from a mismatched
+//! call never lands in a later one. Mismatched calls that happen to
+//! complete (a reduce's send taken by a broadcast's receive of the same
+//! length, in the same call) are not seen: records are only read while
+//! a rank waits; nor are calls on two communicators made in different
+//! orders. A call
 //! that fails once it has begun leaves the members' epochs and slots in
 //! unknown states, so later collective calls on the communicator fail
 //! at once with [`Error::CommunicatorBroken`] (their records marked

@@ -121,6 +121,9 @@ impl SendData {
 /// A send waiting for its receive.
 struct PendingSend {
     generation: u64,
+    /// The collective call it belongs to ([`layout::call_tag`]; 0 for
+    /// point-to-point).
+    call_tag: u64,
     data: SendData,
     /// The layout of a typed send's bytes in its buffer (contiguous if none).
     pattern: Option<pindown_uapi::pattern::Pattern>,
@@ -760,7 +763,8 @@ impl<'c> Engine<'c> {
         let mut record = [0u8; 24];
         record[..8].copy_from_slice(&key.0.to_le_bytes());
         record[8..16].copy_from_slice(&offset.to_le_bytes());
-        record[16..24].copy_from_slice(&capacity.to_le_bytes());
+        let capacity_word = layout::tagged_capacity(capacity, self.call_tag_on(context));
+        record[16..24].copy_from_slice(&capacity_word.to_le_bytes());
         let target = self
             .layout
             .match_record(self.layout.slot(context, self.rank, index));
@@ -1023,8 +1027,10 @@ impl<'c> Engine<'c> {
         if state.waiting.is_empty() {
             self.waiting_slots.push(slot);
         }
+        let call_tag = self.call_tag_on(context);
         self.slots[slot as usize].waiting.push_back(PendingSend {
             generation,
+            call_tag,
             data,
             pattern,
         });
@@ -1086,6 +1092,17 @@ impl<'c> Engine<'c> {
         });
     }
 
+    /// The tag of the collective call this rank is in, for a send or
+    /// receive on `context` ([`layout::call_tag`]); 0 outside one.
+    fn call_tag_on(&self, context: u32) -> u64 {
+        match self.collective_call {
+            Some((call_context, record)) if call_context == context => {
+                layout::call_tag(record.call)
+            }
+            _ => 0,
+        }
+    }
+
     /// Sends spooled and still waiting for their receives.
     pub(crate) fn spooled(&self) -> u64 {
         self.waiting_slots
@@ -1127,12 +1144,28 @@ impl<'c> Engine<'c> {
                 .waiting
                 .pop_front()
                 .expect("front");
+            let record_at = self.layout.match_record(target_slot);
+            let (capacity, receive_tag) = layout::capacity_and_tag(self.load(record_at + 16));
+            if pending.call_tag != 0 && receive_tag != 0 && pending.call_tag != receive_tag {
+                // A send of one collective call meets a receive of another
+                // (members that disagree, or one call's leftover): nothing
+                // moves, the receive waits for its own call's send.
+                self.slots[slot as usize].sends_posted = generation;
+                self.fail_send(
+                    slot,
+                    generation,
+                    Error::Mismatch(format!(
+                        "world rank {peer}'s receive belongs to another collective call \
+                         (tag {receive_tag}) than this send (tag {})",
+                        pending.call_tag
+                    )),
+                );
+                continue;
+            }
             self.slots[target_slot as usize].matched += 1;
             let receive_generation = self.slots[target_slot as usize].matched;
-            let record_at = self.layout.match_record(target_slot);
             let key = self.load(record_at);
             let offset = self.load(record_at + 8);
-            let capacity = self.load(record_at + 16);
             // The same slot at the receiver, named from its side.
             let remote_slot =
                 self.layout

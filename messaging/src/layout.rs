@@ -10,9 +10,11 @@
 //!
 //! * a **match record** (32 bytes) that peer `p` writes when it posts a
 //!   receive from this rank on slot `i`: the receive buffer's window key,
-//!   its offset in that window, its capacity, and last a stamp (the
-//!   receive's generation on the slot), written after the rest by a fenced
-//!   write. This rank's send on the slot reads it: sender-side matching.
+//!   its offset in that window, its capacity (with, above it, the tag of
+//!   the collective call the receive belongs to, if any), and last a stamp
+//!   (the receive's generation on the slot), written after the rest by a
+//!   fenced write. This rank's send on the slot reads it: sender-side
+//!   matching.
 //! * a **done word** (8 bytes) that peer `p` writes when it completes a
 //!   send to this rank on slot `i`: the generation of the receive it
 //!   completes (top 24 bits) and the message's length (low 40 bits). It
@@ -59,6 +61,32 @@ pub const MAX_MESSAGE: u64 = OFFER_FLAG - 1;
 /// Set in a match record's capacity when the receive is typed: its key
 /// and offset name the receiver's offer buffer, not the receive buffer.
 pub const TYPED_RECEIVE: u64 = 1 << 63;
+/// Where a match record's capacity carries the collective call a receive
+/// belongs to ([`call_tag`]; 0 outside collectives), above any length a
+/// receive can have.
+const CALL_TAG_SHIFT: u32 = 40;
+const CALL_TAG_MASK: u64 = 0xffff << CALL_TAG_SHIFT;
+const _: () = assert!(MAX_MESSAGE < 1 << CALL_TAG_SHIFT);
+
+/// The tag of collective call `call` in match records and sends: never 0
+/// (0 marks a receive or send outside any collective call).
+pub fn call_tag(call: u64) -> u64 {
+    call % 0xffff + 1
+}
+
+/// A match record's capacity word carrying `tag` ([`call_tag`], or 0).
+pub fn tagged_capacity(capacity: u64, tag: u64) -> u64 {
+    capacity | (tag << CALL_TAG_SHIFT & CALL_TAG_MASK)
+}
+
+/// A match record's capacity word split into the capacity (with
+/// [`TYPED_RECEIVE`]) and the call tag.
+pub fn capacity_and_tag(word: u64) -> (u64, u64) {
+    (
+        word & !CALL_TAG_MASK,
+        (word & CALL_TAG_MASK) >> CALL_TAG_SHIFT,
+    )
+}
 /// Set in the first word of a match record by a typed receive once it has
 /// read the sender's bytes: the sender's notice (the low bits carry the
 /// receive's generation).
@@ -497,6 +525,25 @@ mod tests {
         let later = call_record_words(&CallRecord { call: 3, ..small });
         assert_eq!(call_record_of([later[0], words[1], words[2]]), None);
         assert_eq!(call_record_of([words[0], words[1], later[2]]), None);
+    }
+
+    #[test]
+    fn capacities_carry_call_tags_beside_every_length() {
+        for capacity in [0, 1, MAX_MESSAGE, MAX_MESSAGE | TYPED_RECEIVE] {
+            for call in [1, 2, 0xfffe, 0xffff, 1 << 39] {
+                let tag = call_tag(call);
+                assert_ne!(tag, 0);
+                assert_eq!(
+                    capacity_and_tag(tagged_capacity(capacity, tag)),
+                    (capacity, tag)
+                );
+            }
+            assert_eq!(
+                capacity_and_tag(tagged_capacity(capacity, 0)),
+                (capacity, 0)
+            );
+        }
+        assert_ne!(call_tag(1), call_tag(2));
     }
 
     #[test]

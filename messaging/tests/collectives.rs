@@ -90,8 +90,9 @@ fn members_that_give_a_call_up_release_the_others_and_leave_no_late_write() {
     // On 4 ranks: a failed broadcast's buffer stays as it was after its
     // parent forwards late (rank 3); a rank whose peer gave the previous
     // call up fails its next one instead of waiting (rank 0); a refusal
-    // on one rank releases the other (rank 1).
+    // on one rank releases the other (rank 1); a send left over from a
+    // mismatched call is not taken by the next call (ranks 0-2).
     let lines = passes(4, "collective-give-up", &[]);
     let counts: Vec<u64> = lines.iter().map(checked).collect();
-    assert_eq!(counts, [2, 2, 0, 1], "{lines:?}");
+    assert_eq!(counts, [3, 3, 1, 1], "{lines:?}");
 }
