@@ -369,7 +369,7 @@ pub(crate) struct Epochs {
 /// Which collective a call record names.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Kind {
+enum Kind {
     Barrier = 1,
     Broadcast = 2,
     Reduce = 3,
@@ -396,7 +396,7 @@ impl Kind {
 /// The algorithm a call record names, as chosen (never `Auto`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Algorithm {
+enum Algorithm {
     Dissemination = 1,
     BarrierTree = 2,
     BinomialTree = 3,
@@ -802,7 +802,8 @@ fn allreduce_flags<T: Element>(
     accumulated: &mut [T],
     op: Op<'_, T>,
 ) -> Result<()> {
-    check_flag_fit(std::mem::size_of_val(accumulated))?;
+    // The public calls refused longer data before the call began.
+    debug_assert!(std::mem::size_of_val(accumulated) <= REDUCE_FLAG_MAX);
     let n = group.size();
     let (power, rounds) = power_of_two_below(n);
     let epochs = &mut engine.collective_epochs[group.context as usize];
