@@ -9,17 +9,19 @@ use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memmap2::MmapOptions;
 use pindown_driver::transport::{
     DEFAULT_FEATURES, F_ACCESS_PLATFORM, F_EVENT_IDX, F_NET_MAC, F_NET_MQ, F_PROTOCOL_FEATURES,
     F_VERSION_1,
 };
+use pindown_driver::verbs::{Context, ContextConfig, VerbsError};
 use pindown_driver::{
     DmaArena, IotlbAccess, SplitQueue, Transport, TransportError, VhostUserConfig,
     VhostUserTransport,
 };
+use pindown_uapi::Opcode;
 use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::VhostUserProtocolFeatures;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -405,6 +407,55 @@ fn a_vanished_backend_gives_errors_not_hangs() {
     let err = VhostUserTransport::from_stream(ours, VhostUserConfig::default()).unwrap_err();
     assert!(matches!(err, TransportError::Disconnected { .. }), "{err}");
     closer.join().unwrap();
+}
+
+#[test]
+fn an_open_whose_query_gets_no_answer_ends_after_one_control_timeout() {
+    // A device whose port is stuck: it answers every vhost-user request
+    // but never serves its rings, and keeps the connection open after the
+    // driver ends it (the emulated NIC closes only once the port is reset).
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let (log, _records) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let device = thread::spawn(move || {
+        let kept_open = theirs.try_clone().unwrap();
+        backend(theirs, IotlbBehaviour::Ack(0), log);
+        let _ = released.recv();
+        drop(kept_open);
+    });
+    let transport = VhostUserTransport::from_stream(ours, VhostUserConfig::default()).unwrap();
+    let timeout = Duration::from_secs(3);
+    let start = Instant::now();
+    let err = Context::with_transport(
+        transport,
+        ContextConfig {
+            arena_bytes: 4 << 20,
+            control_timeout: timeout,
+            ..ContextConfig::default()
+        },
+    )
+    .err()
+    .expect("no device answered, yet the open succeeded");
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            VerbsError::ControlTimeout {
+                operation: Opcode::Query,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The failed open does not wait for the device a second time (no
+    // buffer of its arena went out, and the arena goes with it): once
+    // the QUERY's timeout, not twice.
+    assert!(
+        took < timeout * 3 / 2,
+        "the failed open took {took:?} with a control timeout of {timeout:?}"
+    );
+    release.send(()).unwrap();
+    device.join().unwrap();
 }
 
 #[test]

@@ -120,6 +120,10 @@ pub struct Context<T: Transport + 'static = VhostUserTransport> {
     /// The process that opened the connection: a child of `fork()` that
     /// drops its copy of the context must not end its parent's connection.
     opened_by: u32,
+    /// Whether the device answered the open's QUERY. Until it has, no
+    /// buffer of the arena went out and the arena goes with the context,
+    /// so a drop has no memory to keep from reuse and waits for nothing.
+    device_answered: bool,
 }
 
 impl<T: Transport + 'static> Drop for Context<T> {
@@ -137,6 +141,11 @@ impl<T: Transport + 'static> Drop for Context<T> {
             // are the device's IOTLB entries the pin cache drops next.
             self.transport.abandon();
             self.arena.seal();
+            return;
+        }
+        if !self.device_answered {
+            // A failed open: the device that did not answer within the
+            // control timeout is not given that time again here.
             return;
         }
         if !self.transport.disconnect(self.control_timeout) {
@@ -250,8 +259,10 @@ impl<T: Transport + 'static> Context<T> {
             control_timeout: config.control_timeout,
             window_revoke_failures: AtomicU64::new(0),
             opened_by: std::process::id(),
+            device_answered: false,
         };
         let query = context.run_admin(Operation::Query)?;
+        context.device_answered = true;
         context.info = DeviceInfo::from_query(query.byte_len, query.value);
         if context.info.abi_version != ABI_VERSION {
             return Err(VerbsError::AbiMismatch {
