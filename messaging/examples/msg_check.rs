@@ -2357,7 +2357,7 @@ mod collectives {
         }
         let mut sum = [0u32];
         match (me, pair.allreduce(&[me + 1], &mut sum, Op::Sum)) {
-            (0, Err(Error::MemberFailed { rank: 1, call: 2 }))
+            (0, Err(Error::MemberFailed { rank: 1, call: 1 }))
             | (1, Err(Error::CommunicatorBroken(_))) => {}
             (_, other) => return Err(format!("allreduce after a mismatch: {other:?}")),
         }
@@ -2413,7 +2413,9 @@ mod collectives {
     /// 0-2, rank 1 broadcasts as the root of a call where ranks 0 and 2
     /// take rank 0 for it; rank 2's part passes, and its next broadcast
     /// (from rank 1) must not take rank 1's send left over from the first:
-    /// it fails.
+    /// it fails. (5) A member that gave a call up and made more calls
+    /// since still releases the member waiting on it in that call. (6)
+    /// So does a rank that refused a call and refused two more since.
     pub(super) fn give_up(world: &Communicator<'_>) -> Outcome {
         if world.size() != 4 {
             return Err("collective-give-up runs on 4 ranks".into());
@@ -2444,7 +2446,15 @@ mod collectives {
                 tally.checked += 1;
             }
             (3, other) => return Err(format!("rank 3's broadcast of 64 bytes: {other:?}")),
-            (_, _) => world.barrier().map_err(err("world barrier"))?,
+            // Rank 2 forwards into a receive rank 3 withdrew: the error
+            // names rank 3 and its call, not the refused write.
+            (0 | 1, Ok(())) | (2, Ok(()) | Err(Error::MemberFailed { rank: 3, call: 1 })) => {
+                if me == 2 {
+                    tally.notes.push(format!("rank 2's broadcast: {outcome:?}"));
+                }
+                world.barrier().map_err(err("world barrier"))?
+            }
+            (_, other) => return Err(format!("broadcast of 32 bytes from rank 0: {other:?}")),
         }
         drop(dup);
         // (2)
@@ -2507,6 +2517,58 @@ mod collectives {
                 }
             }
         }
+        world.barrier().map_err(err("world barrier"))?;
+        // (5) A binomial broadcast of 16 bytes from rank 0, where rank 2
+        // gives 8: rank 2 fails, then calls twice more on the dup (both
+        // refused at once). Rank 3, its child, still waits in the first
+        // call and learns that rank 2 gave it up.
+        let dup = world.dup().map_err(err("dup"))?;
+        let mut buffer = vec![if me == 0 { 0x5a } else { 0 }; if me == 2 { 8 } else { 16 }];
+        let outcome = dup.broadcast_with(0, &mut buffer, BroadcastAlgorithm::BinomialTree);
+        match (me, outcome) {
+            (0 | 1, Ok(())) if buffer == [0x5a; 16] => tally.checked += 1,
+            (2, Err(Error::Mismatch(_) | Error::Truncated { .. })) => {
+                for _ in 0..2 {
+                    match dup.barrier() {
+                        Err(Error::CommunicatorBroken(_)) => {}
+                        other => return Err(format!("a barrier after giving up: {other:?}")),
+                    }
+                }
+                tally.checked += 1
+            }
+            (3, Err(Error::MemberFailed { rank: 2, call: 1 })) => tally.checked += 1,
+            (_, other) => {
+                return Err(format!(
+                    "broadcast of 16 bytes where rank 2 gives 8: {other:?}"
+                ))
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
+        // (6) On a new pair, rank 0 names a root out of range three times
+        // (each call refused); rank 1, waiting in the first, learns it.
+        let pair = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("fourth split"))?;
+        if let Some(pair) = &pair {
+            let mut buffer = [0u8; 8];
+            if me == 0 {
+                for _ in 0..3 {
+                    match pair.broadcast(7, &mut buffer) {
+                        Err(Error::NoSuchRank { .. }) => {}
+                        other => return Err(format!("a broadcast from root 7 of 2: {other:?}")),
+                    }
+                }
+                tally.checked += 1;
+            } else {
+                match pair.broadcast(0, &mut buffer) {
+                    Err(Error::MemberFailed { rank: 0, call: 1 }) => tally.checked += 1,
+                    other => {
+                        return Err(format!("a broadcast rank 0 refused three times: {other:?}"))
+                    }
+                }
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
         Ok(tally)
     }
 
@@ -2567,10 +2629,12 @@ mod collectives {
                 Err(other) => return Err(format!("{name}: {other}")),
             };
             // The dup's next collective fails on every rank: at once where
-            // the call failed, else from the records of those where it did.
+            // the call failed, else from the records of those where it did
+            // (naming the mismatched call, or this barrier where the member
+            // waited on failed in it).
             match (failed, dup.barrier()) {
                 (true, Err(Error::CommunicatorBroken(_))) => {}
-                (false, Err(Error::MemberFailed { call: 2, .. })) => {}
+                (false, Err(Error::MemberFailed { call: 1 | 2, .. })) => {}
                 (_, other) => return Err(format!("{name}, the barrier after: {other:?}")),
             }
             let waited = started.elapsed();

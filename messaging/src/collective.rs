@@ -46,7 +46,10 @@
 //! of them within a few liveness intervals, and a rank that gave up its
 //! call (or an earlier one), or refused its arguments, releases the
 //! members that wait on it. A failed call withdraws its receives still
-//! posted, so nothing lands in the caller's buffers after it returns.
+//! posted, so nothing lands in the caller's buffers after it returns;
+//! a member whose write into such a receive is refused reads the
+//! members' records and fails with [`Error::MemberFailed`] naming the
+//! one that gave up, rather than with the device's refusal.
 //! Sends and receives of a call carry a tag of its number in the match
 //! record ([`layout::call_tag`]): a send that meets a receive of another
 //! call moves nothing and fails, so a send left over from a mismatched
@@ -57,8 +60,10 @@
 //! orders. A call
 //! that fails once it has begun leaves the members' epochs and slots in
 //! unknown states, so later collective calls on the communicator fail
-//! at once with [`Error::CommunicatorBroken`] (their records marked
-//! given up, so that members waiting in them learn it), and its contexts
+//! at once with [`Error::CommunicatorBroken`] (publishing nothing: the
+//! record of the call given up stays, kept apart from the two latest,
+//! so that members waiting in it or a later call learn it however often
+//! this rank calls again), and its contexts
 //! are not used again; arguments refused before a call begins (a buffer
 //! of the wrong length, a root out of range, data too long for the
 //! algorithm named) number the call and record it as refused, and break
@@ -71,7 +76,8 @@ use std::time::{Duration, Instant};
 use crate::comm::Communicator;
 use crate::engine::{Engine, SendBytes};
 use crate::error::{Error, Result};
-use crate::layout::{self, CallRecord, CALL_RECORD_BYTES, COLLECTIVE_DATA_BYTES};
+use crate::layout::{self, CallRecord, CALL_RECORD_BYTES, COLLECTIVE_DATA_BYTES, KEPT_CALL_RECORD};
+use pindown_uapi::Status;
 
 // ---- the default choice ----
 //
@@ -374,8 +380,11 @@ enum Kind {
     Broadcast = 2,
     Reduce = 3,
     Allreduce = 4,
-    /// The gather and scatter of a split or dup ([`Communicator::exchange`]).
-    Exchange = 5,
+    /// A split's gather and scatter of colours and keys
+    /// ([`Communicator::exchange`]).
+    SplitColors = 5,
+    /// A split's or dup's gather and scatter of free contexts.
+    FreeContexts = 6,
 }
 
 impl Kind {
@@ -386,7 +395,8 @@ impl Kind {
             Self::Broadcast,
             Self::Reduce,
             Self::Allreduce,
-            Self::Exchange,
+            Self::SplitColors,
+            Self::FreeContexts,
         ]
         .into_iter()
         .find(|kind| *kind as u8 == code)
@@ -438,7 +448,12 @@ fn describe(record: &CallRecord) -> String {
             format!("a reduce of {bytes} bytes of {element} to root {root} by {by}")
         }
         Some(Kind::Allreduce) => format!("an allreduce of {bytes} bytes of {element} by {by}"),
-        Some(Kind::Exchange) => format!("a split or dup of {bytes} bytes per member through {by}"),
+        Some(Kind::SplitColors) => {
+            format!("a split's exchange of colours, {bytes} bytes per member through {by}")
+        }
+        Some(Kind::FreeContexts) => format!(
+            "a split's or dup's exchange of free contexts, {bytes} bytes per member through {by}"
+        ),
         None => format!("an unknown collective (code {})", record.kind),
     }
 }
@@ -457,9 +472,23 @@ fn record(kind: Kind, algorithm: Algorithm, element: u8, root: u32, bytes: usize
     }
 }
 
+/// What a split's or dup's exchange carries: a record tells them apart
+/// (both may carry as many bytes per member).
+#[derive(Clone, Copy)]
+pub(crate) enum Exchange {
+    /// Each member's colour and key (a split).
+    SplitColors,
+    /// Each member's table of free contexts (a split or a dup).
+    FreeContexts,
+}
+
 /// The record of a split's or dup's exchange of `bytes` per member.
-pub(crate) fn exchange_record(bytes: usize) -> CallRecord {
-    record(Kind::Exchange, Algorithm::ThroughRankZero, 0, 0, bytes)
+pub(crate) fn exchange_record(purpose: Exchange, bytes: usize) -> CallRecord {
+    let kind = match purpose {
+        Exchange::SplitColors => Kind::SplitColors,
+        Exchange::FreeContexts => Kind::FreeContexts,
+    };
+    record(kind, Algorithm::ThroughRankZero, 0, 0, bytes)
 }
 
 /// What the call records `records`, read from world rank `peer`, say of
@@ -467,9 +496,10 @@ pub(crate) fn exchange_record(bytes: usize) -> CallRecord {
 /// it agrees), or the error that ends the call: the peer refused this
 /// call, gave it up, or gave up an earlier one (its collectives stopped
 /// there, so it takes part in no later call).
-pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: [[u64; 3]; 2]) -> Option<Error> {
+pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -> Option<Error> {
     let records: Vec<CallRecord> = records
-        .into_iter()
+        .iter()
+        .copied()
         .filter_map(layout::call_record_of)
         .collect();
     if let Some(gave_up) = records
@@ -494,24 +524,33 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: [[u64; 3]; 2])
 
 /// Writes this rank's record of a call where each other member reads
 /// it (its section of the context in this rank's memory), the first
-/// word last.
-fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord) {
+/// word last: in the slot of the call's parity and, with `keep`, in the
+/// kept slot too, which later calls leave alone (a member still waiting
+/// in that call learns it however many calls this rank makes
+/// meanwhile).
+fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord, keep: bool) {
     let words = layout::call_record_words(record);
+    let kept = keep.then_some(KEPT_CALL_RECORD);
     for &member in group.ranks.iter().filter(|&&m| m != engine.rank) {
-        let at =
-            engine.layout.call_records(group.context, member) + record.call % 2 * CALL_RECORD_BYTES;
-        engine.store(at + 8, words[1]);
-        engine.store(at + 16, words[2]);
-        engine.store(at, words[0]);
+        let records = engine.layout.call_records(group.context, member);
+        for slot in std::iter::once(record.call % 2).chain(kept) {
+            let at = records + slot * CALL_RECORD_BYTES;
+            engine.store(at + 8, words[1]);
+            engine.store(at + 16, words[2]);
+            engine.store(at, words[0]);
+        }
     }
 }
 
 /// Begins this rank's next collective call on the group's context:
 /// numbers and publishes its record, and makes it the call that liveness
-/// checks compare. A context whose collectives stopped publishes the
-/// call as given up and fails it; `arguments` refused publish it as
-/// refused (the members waiting in it fail; this rank's collectives go
-/// on) and fail it.
+/// checks compare. A context whose collectives stopped fails the call
+/// and publishes nothing: the record of the call given up stays where
+/// members read it, and tells those waiting in this call or any later
+/// one. `arguments` refused publish the call as refused (the members
+/// waiting in it fail; this rank's collectives go on) and fail it; the
+/// first of a run of refused calls is kept (a program that retries a
+/// refused call makes more of them while members wait in the first).
 fn begin_call(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
@@ -521,14 +560,13 @@ fn begin_call(
     let state = &mut engine.collective_epochs[group.context as usize];
     state.calls += 1;
     record.call = state.calls;
-    record.failed = state.broken.is_some();
-    record.refused = !record.failed && arguments.is_err();
-    state.last_refused = record.refused;
-    let broken = state.broken.clone();
-    publish(engine, group, &record);
-    if let Some(why) = broken {
-        return Err(Error::CommunicatorBroken(why));
+    if let Some(why) = &state.broken {
+        return Err(Error::CommunicatorBroken(why.clone()));
     }
+    record.refused = arguments.is_err();
+    let keep = record.refused && !state.last_refused;
+    state.last_refused = record.refused;
+    publish(engine, group, &record, keep);
     arguments?;
     engine.collective_call = Some((group.context, record));
     engine.collective_fault = None;
@@ -547,7 +585,7 @@ fn end_call(
     engine.collective_fault = None;
     if let Some(err) = failure {
         record.failed = true;
-        publish(engine, group, &record);
+        publish(engine, group, &record, true);
         engine.forget_waiting_sends(group.context);
         engine.collective_epochs[group.context as usize]
             .broken
@@ -1266,7 +1304,15 @@ impl Communicator<'_> {
     ) -> Result<R> {
         let group = self.group();
         let record = begin_call(&mut self.engine(), &group, record, arguments)?;
-        let result = body();
+        let result = match body() {
+            Err(Error::Completion(refused)) if refused.status == Status::RemoteAccessError => {
+                // A member that gave its part up withdrew a receive this
+                // rank wrote to: its record says so.
+                let explained = self.engine().member_that_gave_up(group.ranks);
+                Err(explained.unwrap_or(Error::Completion(refused)))
+            }
+            other => other,
+        };
         end_call(&mut self.engine(), &group, record, result.as_ref().err());
         result
     }
@@ -1627,16 +1673,16 @@ mod tests {
             6,
         ));
         // The same call: nothing to say, in either parity's place.
-        assert!(check_member(2, &mine, [previous, words(&mine)]).is_none());
-        assert!(check_member(2, &mine, [words(&mine), previous]).is_none());
+        assert!(check_member(2, &mine, &[previous, words(&mine)]).is_none());
+        assert!(check_member(2, &mine, &[words(&mine), previous]).is_none());
         // Not at this call yet (or never written): nothing to say.
-        assert!(check_member(2, &mine, [previous, [0; 3]]).is_none());
+        assert!(check_member(2, &mine, &[previous, [0; 3]]).is_none());
         // The same number, another call: both named.
         let other = numbered(
             record(Kind::Allreduce, Algorithm::RecursiveDoubling, 1, 0, 264),
             7,
         );
-        match check_member(2, &mine, [previous, words(&other)]) {
+        match check_member(2, &mine, &[previous, words(&other)]) {
             Some(Error::Mismatch(why)) => {
                 assert!(why.contains("collective call 7"), "{why}");
                 assert!(
@@ -1660,7 +1706,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    check_member(2, &mine, [previous, words(&theirs)]),
+                    check_member(2, &mine, &[previous, words(&theirs)]),
                     Some(Error::Mismatch(_))
                 ),
                 "{field}"
@@ -1678,7 +1724,7 @@ mod tests {
             },
         ] {
             assert!(matches!(
-                check_member(2, &mine, [previous, words(&gave_up)]),
+                check_member(2, &mine, &[previous, words(&gave_up)]),
                 Some(Error::MemberFailed { rank: 2, call: 7 })
             ));
         }
@@ -1695,14 +1741,42 @@ mod tests {
             ..earlier
         });
         assert!(matches!(
-            check_member(2, &mine, [failed_earlier, [0; 3]]),
+            check_member(2, &mine, &[failed_earlier, [0; 3]]),
             Some(Error::MemberFailed { rank: 2, call: 6 })
         ));
-        assert!(check_member(2, &mine, [refused_earlier, [0; 3]]).is_none());
-        assert!(check_member(2, &mine, [refused_earlier, words(&mine)]).is_none());
+        assert!(check_member(2, &mine, &[refused_earlier, [0; 3]]).is_none());
+        assert!(check_member(2, &mine, &[refused_earlier, words(&mine)]).is_none());
+        // The parities moved on past this call (the peer made two calls
+        // that needed no part of this rank's), the kept record still
+        // tells it.
+        let later = |call| words(&numbered(mine, call));
+        for kept in [
+            CallRecord {
+                refused: true,
+                ..mine
+            },
+            CallRecord {
+                failed: true,
+                ..mine
+            },
+        ] {
+            assert!(matches!(
+                check_member(2, &mine, &[later(9), later(8), words(&kept)]),
+                Some(Error::MemberFailed { rank: 2, call: 7 })
+            ));
+        }
+        assert!(check_member(2, &mine, &[later(9), later(8), [0; 3]]).is_none());
+        // A split's exchange of colours and a dup's of free contexts of
+        // as many bytes are told apart.
+        let colours = numbered(exchange_record(Exchange::SplitColors, 9), 7);
+        let contexts = numbered(exchange_record(Exchange::FreeContexts, 9), 7);
+        assert!(matches!(
+            check_member(2, &colours, &[previous, words(&contexts)]),
+            Some(Error::Mismatch(_))
+        ));
         // A record torn by its owner's rewrite is no record.
         let next = words(&numbered(mine, 9));
         let torn = [next[0], words(&other)[1], words(&other)[2]];
-        assert!(check_member(2, &mine, [previous, torn]).is_none());
+        assert!(check_member(2, &mine, &[previous, torn]).is_none());
     }
 }

@@ -667,8 +667,12 @@ impl<'c> Communicator<'c> {
     /// gathered at rank 0 and sent back, on the collective context. The
     /// table rank 0 sends back must hold this rank's value unchanged
     /// ([`Error::BadPeerRecord`] naming rank 0 otherwise).
-    pub(crate) fn exchange(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let record = crate::collective::exchange_record(value.len());
+    pub(crate) fn exchange(
+        &self,
+        purpose: crate::collective::Exchange,
+        value: &[u8],
+    ) -> Result<Vec<Vec<u8>>> {
+        let record = crate::collective::exchange_record(purpose, value.len());
         self.collective_call(record, Ok(()), || self.exchange_through_rank_zero(value))
     }
 
@@ -728,7 +732,7 @@ impl<'c> Communicator<'c> {
             .chunks(2)
             .map(|pair| u8::from(!pair[0] && !pair[1]))
             .collect();
-        let all = self.exchange(&free)?;
+        let all = self.exchange(crate::collective::Exchange::FreeContexts, &free)?;
         let contexts = self.engine.borrow().contexts_taken.len() as u32;
         let pair = (0..free.len())
             .find(|&i| free[i] == 1 && all.iter().all(|f| f[i] == 1))
@@ -760,7 +764,7 @@ impl<'c> Communicator<'c> {
         mine[0] = u8::from(color.is_some());
         mine[1..5].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
         mine[5..9].copy_from_slice(&key.to_le_bytes());
-        let all = self.exchange(&mine)?;
+        let all = self.exchange(crate::collective::Exchange::SplitColors, &mine)?;
         let context = self.agree_context()?;
         let Some(color) = color else {
             let mut engine = self.engine();

@@ -24,7 +24,9 @@ use pindown_uapi::queue::MAX_INLINE;
 use pindown_uapi::{Access, CompletionError, ErrorDetail, RemoteAddress, Status};
 
 use crate::error::{Error, Result};
-use crate::layout::{self, CallRecord, Layout, CALL_RECORD_BYTES, MATCH_STAMP_AT};
+use crate::layout::{
+    self, CallRecord, Layout, CALL_RECORDS_BYTES, CALL_RECORD_SLOTS, MATCH_STAMP_AT,
+};
 use crate::windows::WindowCache;
 
 /// How a rank's messaging is set up. Every rank of a job must use the same
@@ -218,9 +220,10 @@ const SCRATCH_INDEX: u64 = 512;
 const SCRATCH_DONE: u64 = 520;
 const SCRATCH_RECORD: u64 = 528;
 const SCRATCH_PROBE: u64 = 576;
-/// Where a liveness check made in a collective call lands the peer's two
+/// Where a liveness check made in a collective call lands the peer's
 /// call records.
 const SCRATCH_CALL_RECORDS: u64 = 640;
+const _: () = assert!(SCRATCH_CALL_RECORDS + CALL_RECORDS_BYTES <= SCRATCH_FREE);
 /// Free scratch for the any-source domain and collectives.
 pub(crate) const SCRATCH_FREE: u64 = 1024;
 
@@ -1538,7 +1541,7 @@ impl<'c> Engine<'c> {
             Some((context, _)) => (
                 self.layout.scratch() + SCRATCH_CALL_RECORDS,
                 self.peer_at(peer, self.layout.call_records(context, self.rank)),
-                2 * CALL_RECORD_BYTES as u32,
+                CALL_RECORDS_BYTES as u32,
             ),
             None => (
                 self.layout.scratch() + SCRATCH_PROBE,
@@ -1565,6 +1568,41 @@ impl<'c> Engine<'c> {
         Ok(())
     }
 
+    /// What the call records of `members` say of this rank's current
+    /// collective call, read now, one member after another: the first
+    /// that gave this call (or an earlier one) up or refused it. For a
+    /// call that failed with a remote access refused: a member that gave
+    /// its part up withdrew the receive a send of this rank found, and
+    /// its record names the cause. Waits at most
+    /// [`Config::liveness_interval`] per member.
+    pub(crate) fn member_that_gave_up(&mut self, members: &[u32]) -> Option<Error> {
+        self.collective_call?;
+        for &peer in members {
+            if peer == self.rank || self.peers[peer as usize].gone.is_some() {
+                continue;
+            }
+            let deadline = Some(Instant::now() + self.config.liveness_interval);
+            let idle = |e: &mut Self| {
+                Ok(!e.peers[peer as usize].probe_in_flight && !e.call_check_in_flight)
+            };
+            if !matches!(self.wait_until(None, deadline, idle), Ok(true)) {
+                continue;
+            }
+            self.collective_fault = None;
+            if self.probe(peer).is_err() {
+                continue;
+            }
+            let answered = |e: &mut Self| Ok(!e.peers[peer as usize].probe_in_flight);
+            if !matches!(self.wait_until(None, deadline, answered), Ok(true)) {
+                continue;
+            }
+            if let Some(fault @ Error::MemberFailed { .. }) = self.collective_fault.take() {
+                return Some(fault);
+            }
+        }
+        None
+    }
+
     /// Compares the call records a liveness check just read from `peer`
     /// with this rank's current collective call; a disagreement becomes
     /// the fault the next wait returns.
@@ -1573,9 +1611,13 @@ impl<'c> Engine<'c> {
             return;
         };
         let at = self.layout.scratch() + SCRATCH_CALL_RECORDS;
-        let word = |i: u64| self.load(at + 8 * i);
-        let records = [[word(0), word(1), word(2)], [word(3), word(4), word(5)]];
-        if let Some(fault) = crate::collective::check_member(peer, &mine, records) {
+        let records: Vec<[u64; 3]> = (0..CALL_RECORD_SLOTS)
+            .map(|slot| {
+                let word = |i: u64| self.load(at + 8 * (3 * slot + i));
+                [word(0), word(1), word(2)]
+            })
+            .collect();
+        if let Some(fault) = crate::collective::check_member(peer, &mine, &records) {
             self.collective_fault.get_or_insert(fault);
         }
     }

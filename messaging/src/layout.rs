@@ -36,9 +36,10 @@
 //! word another rank should: not another member's, and not as a rank
 //! outside the communicator. The section also holds the one part of a
 //! block that this rank writes and the peer reads: this rank's **call
-//! records** ([`CALL_RECORD_BYTES`], two parities), what its latest
-//! collective calls on the context were, which a member that waits on
-//! this rank reads to tell a call that disagrees with its own.
+//! records** ([`CALL_RECORDS_BYTES`]: two parities and the latest call
+//! it refused or gave up), what its latest collective calls on the
+//! context were, which a member that waits on this rank reads to tell a
+//! call that disagrees with its own or one this rank will not finish.
 //!
 //! After the blocks comes scratch memory no window exposes (inline
 //! payloads are staged there before posting).
@@ -151,11 +152,19 @@ pub const COLLECTIVE_WORDS: u64 = 4;
 pub const COLLECTIVE_DATA_BYTES: u64 = 256;
 /// Bytes of a call record ([`call_record_words`]).
 pub const CALL_RECORD_BYTES: u64 = 24;
+/// Call records a rank keeps for each peer in each context: one per
+/// parity of the call number, then a kept one, the latest call it
+/// refused or gave up, which later calls never overwrite.
+pub const CALL_RECORD_SLOTS: u64 = 3;
+/// The kept record's slot ([`CALL_RECORD_SLOTS`]).
+pub const KEPT_CALL_RECORD: u64 = 2;
+/// Bytes of a rank's call records for one peer in one context.
+pub const CALL_RECORDS_BYTES: u64 = CALL_RECORD_SLOTS * CALL_RECORD_BYTES;
 /// Bytes of each context's collective section in a peer's block: the
-/// flag words, the call records of the two parities, then the data areas
-/// of the two parities.
+/// flag words, the call records, then the data areas of the two
+/// parities.
 pub const COLLECTIVE_SECTION_BYTES: u64 =
-    COLLECTIVE_WORDS * 8 + 2 * CALL_RECORD_BYTES + 2 * COLLECTIVE_DATA_BYTES;
+    COLLECTIVE_WORDS * 8 + CALL_RECORDS_BYTES + 2 * COLLECTIVE_DATA_BYTES;
 /// The flag words of a collective section, in order.
 const BARRIER_WORD: u64 = 0;
 const TREE_ARRIVE_WORD: u64 = 1;
@@ -338,9 +347,10 @@ impl Layout {
         ]
     }
 
-    /// Offset of the call records (both parities, the even one first)
-    /// that this rank keeps in `reader`'s section of `context`: the only
-    /// words of a block its owner writes, for that peer to read.
+    /// Offset of the call records (the even parity, the odd one, the
+    /// kept one; [`CALL_RECORD_SLOTS`]) that this rank keeps in
+    /// `reader`'s section of `context`: the only words of a block its
+    /// owner writes, for that peer to read.
     pub fn call_records(&self, context: u32, reader: u32) -> u64 {
         self.collective_section(context, reader).0 + COLLECTIVE_WORDS * 8
     }
@@ -348,9 +358,7 @@ impl Layout {
     /// Offset of the data area of `writer`'s step of a small reduction,
     /// for the reductions of parity `parity` (epoch modulo 2).
     pub fn step_data(&self, context: u32, writer: u32, parity: u64) -> u64 {
-        self.call_records(context, writer)
-            + 2 * CALL_RECORD_BYTES
-            + parity % 2 * COLLECTIVE_DATA_BYTES
+        self.call_records(context, writer) + CALL_RECORDS_BYTES + parity % 2 * COLLECTIVE_DATA_BYTES
     }
 }
 
@@ -473,7 +481,7 @@ mod tests {
                 }
                 let records = layout.call_records(context, peer);
                 assert!(records >= section + COLLECTIVE_WORDS * 8);
-                ranges.push((records, 2 * CALL_RECORD_BYTES, peer));
+                ranges.push((records, CALL_RECORDS_BYTES, peer));
                 for parity in 0..2 {
                     let at = layout.step_data(context, peer, parity);
                     assert!(at + COLLECTIVE_DATA_BYTES <= section + section_bytes);
