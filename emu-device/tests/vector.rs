@@ -978,44 +978,73 @@ fn descriptors_in_memory_reuse_registered_buffers_and_move_the_right_bytes() {
         )
         .unwrap()
     };
-    let patterns = [listed(0, 64), listed(8192, 200)];
+    // Four transfers in flight at once, each with its own pair of
+    // patterns (disjoint sources, disjoint destinations).
+    const IN_FLIGHT: usize = 4;
+    let pairs: Vec<(Pattern, Pattern)> = (0..IN_FLIGHT as i64)
+        .map(|k| (listed(k * 4096, 64), listed(16384 + k * 10000, 200)))
+        .collect();
     assert!(
-        pindown_uapi::pattern::encode_pair(&patterns[0], &patterns[1]).len()
+        pindown_uapi::pattern::encode_pair(&pairs[0].0, &pairs[0].1).len()
             > pindown_uapi::queue::MAX_INLINE as usize
     );
     let mut cq: CompletionQueue<'_> = initiator.create_completion_queue();
     let mut qp = initiator.create_queue_pair(&mut cq).unwrap();
     let mut registrations = None;
-    for round in 0..200u64 {
-        let (local, remote) = (
-            &patterns[(round % 2) as usize],
-            &patterns[1 - (round % 2) as usize],
-        );
+    for round in 0..100u64 {
         let data = bytes(LEN, round as u8);
         near.write_at(0, &data);
-        let vector = Vector::write(
-            near_region.local(0, LEN as u32).unwrap(),
-            local.clone(),
-            window.remote().at(0),
-            remote.clone(),
-        )
-        .unwrap();
-        qp.post(&[vector.build().user_data(round).signaled()])
-            .unwrap();
-        let done: Vec<Completion> = cq.wait(Duration::from_secs(20)).unwrap().collect();
-        assert_eq!(done.len(), 1, "{done:?}");
-        assert_eq!(
-            (done[0].user_data, done[0].status),
-            (round, Status::Success),
-            "{done:?}"
-        );
-        // Every block landed where the remote pattern says, from where
-        // the local one says: a descriptor buffer reused before the
-        // device finished with it, or holding the other pattern, fails.
+        // The pairs go in a different order each round, so a descriptor
+        // buffer holds another pair's patterns from one round to the next.
+        let order: Vec<usize> = (0..IN_FLIGHT)
+            .map(|i| (i + round as usize) % IN_FLIGHT)
+            .collect();
+        let vectors: Vec<Vector<'_>> = order
+            .iter()
+            .map(|&k| {
+                let (local, remote) = &pairs[k];
+                Vector::write(
+                    near_region.local(0, LEN as u32).unwrap(),
+                    local.clone(),
+                    window.remote().at(0),
+                    remote.clone(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let entries: Vec<Entry<'_>> = vectors
+            .iter()
+            .zip(&order)
+            .map(|(vector, &k)| vector.build().user_data(k as u64).signaled())
+            .collect();
+        // One post each: a buffer given back at the post, not at the
+        // completion, would carry the next post's descriptor.
+        for entry in &entries {
+            qp.post(std::slice::from_ref(entry)).unwrap();
+        }
+        let mut done: Vec<Completion> = Vec::new();
+        while done.len() < IN_FLIGHT {
+            done.extend(cq.wait(Duration::from_secs(20)).unwrap());
+        }
+        let mut finished: Vec<(u64, Status)> =
+            done.iter().map(|c| (c.user_data, c.status)).collect();
+        finished.sort_unstable_by_key(|&(k, _)| k);
+        let expected: Vec<(u64, Status)> = (0..IN_FLIGHT as u64)
+            .map(|k| (k, Status::Success))
+            .collect();
+        assert_eq!(finished, expected, "round {round}");
+        // Every block landed where its remote pattern says, from where
+        // its local one says: a descriptor buffer reused while the device
+        // still read it, or holding another pair's patterns, fails.
         let after = contents(&far);
-        let (from, to) = (model(local, &no_lists), model(remote, &no_lists));
-        for (f, t) in from.iter().zip(&to) {
-            assert_eq!(after[*t as usize], data[*f as usize], "round {round}");
+        for (k, (local, remote)) in pairs.iter().enumerate() {
+            let (from, to) = (model(local, &no_lists), model(remote, &no_lists));
+            for (f, t) in from.iter().zip(&to) {
+                assert_eq!(
+                    after[*t as usize], data[*f as usize],
+                    "round {round}, pair {k}"
+                );
+            }
         }
         if round == 4 {
             let stats = initiator.registration_stats();
