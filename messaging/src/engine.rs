@@ -1577,6 +1577,10 @@ impl<'c> Engine<'c> {
     /// [`Config::liveness_interval`] per member.
     pub(crate) fn member_that_gave_up(&mut self, members: &[u32]) -> Option<Error> {
         self.collective_call?;
+        // A check made meanwhile may have found it already.
+        if let Some(fault @ Error::MemberFailed { .. }) = self.collective_fault.take() {
+            return Some(fault);
+        }
         for &peer in members {
             if peer == self.rank || self.peers[peer as usize].gone.is_some() {
                 continue;
