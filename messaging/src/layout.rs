@@ -36,8 +36,9 @@
 //! word another rank should: not another member's, and not as a rank
 //! outside the communicator. The section also holds the one part of a
 //! block that this rank writes and the peer reads: this rank's **call
-//! records** ([`CALL_RECORDS_BYTES`]: two parities and the latest call
-//! it refused or gave up), what its latest collective calls on the
+//! records** ([`CALL_RECORDS_BYTES`]: two parities and a kept one, the
+//! call it gave up or the first of its latest run of refused calls),
+//! what its latest collective calls on the
 //! context were, which a member that waits on this rank reads to tell a
 //! call that disagrees with its own or one this rank will not finish.
 //!
@@ -153,8 +154,9 @@ pub const COLLECTIVE_DATA_BYTES: u64 = 256;
 /// Bytes of a call record ([`call_record_words`]).
 pub const CALL_RECORD_BYTES: u64 = 24;
 /// Call records a rank keeps for each peer in each context: one per
-/// parity of the call number, then a kept one, the latest call it
-/// refused or gave up, which later calls never overwrite.
+/// parity of the call number, then a kept one, the call it gave up or
+/// the first of its latest run of refused calls, which calls between
+/// leave alone.
 pub const CALL_RECORD_SLOTS: u64 = 3;
 /// The kept record's slot ([`CALL_RECORD_SLOTS`]).
 pub const KEPT_CALL_RECORD: u64 = 2;
