@@ -2403,9 +2403,10 @@ mod collectives {
     /// `collective-give-up` (4 ranks): members that give a call up or
     /// refuse it release those that wait in it, and nothing lands in a
     /// buffer after its call returned. (1) Ranks 0-2 broadcast 32 bytes
-    /// from rank 0, which comes late; rank 3 (child of rank 2) gives 64:
-    /// it fails from rank 2's record before rank 0 comes, and its buffer
-    /// stays as it was after rank 2 forwards. (2) Ranks 0 and 1 disagree
+    /// from rank 0, which comes once rank 3 (child of rank 2, giving 64)
+    /// has failed from rank 2's record; rank 3's buffer stays as it was
+    /// after rank 2 forwards, and rank 2's write, refused, is reported
+    /// as rank 3's giving up. (2) Ranks 0 and 1 disagree
     /// about a broadcast's length: rank 1 fails, makes no next call on
     /// the pair, and rank 0's next call there fails instead of waiting.
     /// (3) Rank 0 names flag words for 33 doubles (refused before the
@@ -2416,6 +2417,9 @@ mod collectives {
     /// it fails. (5) A member that gave a call up and made more calls
     /// since still releases the member waiting on it in that call. (6)
     /// So does a rank that refused a call and refused two more since.
+    /// (3) and (7) also check the refusing rank's next call: it waits
+    /// until the member that took part is done with the refused call,
+    /// and fails, instead of meeting that member's words or sends.
     pub(super) fn give_up(world: &Communicator<'_>) -> Outcome {
         if world.size() != 4 {
             return Err("collective-give-up runs on 4 ranks".into());
@@ -2425,12 +2429,21 @@ mod collectives {
         let mut tally = Tally::default();
         // (1)
         let dup = world.dup().map_err(err("dup"))?;
+        // Rank 0 comes once rank 3 has failed (told point to point).
+        const FAILED_NOTICE: u32 = 5;
         if me == 0 {
-            std::thread::sleep(std::time::Duration::from_millis(700));
+            world
+                .recv(3, FAILED_NOTICE, &mut [0u8; 1])
+                .map_err(err("rank 3's notice"))?;
         }
         let len = if me == 3 { 64 } else { 32 };
         let mut buffer = vec![if me == 0 { 0x42u8 } else { 0xee }; len];
         let outcome = dup.broadcast(0, &mut buffer);
+        if me == 3 {
+            world
+                .send(0, FAILED_NOTICE, &[1])
+                .map_err(err("the notice to rank 0"))?;
+        }
         match (me, &outcome) {
             (3, Err(Error::Mismatch(_))) => {
                 // Rank 2 forwards once rank 0 comes; the world barrier
@@ -2448,7 +2461,7 @@ mod collectives {
             (3, other) => return Err(format!("rank 3's broadcast of 64 bytes: {other:?}")),
             // Rank 2 forwards into a receive rank 3 withdrew: the error
             // names rank 3 and its call, not the refused write.
-            (0 | 1, Ok(())) | (2, Ok(()) | Err(Error::MemberFailed { rank: 3, call: 1 })) => {
+            (0 | 1, Ok(())) | (2, Err(Error::MemberFailed { rank: 3, call: 1 })) => {
                 if me == 2 {
                     tally.notes.push(format!("rank 2's broadcast: {outcome:?}"));
                 }
@@ -2486,9 +2499,29 @@ mod collectives {
                 ReduceAlgorithm::FlagWords,
             );
             match (me, outcome) {
-                (0, Err(Error::Unsuitable(_))) | (1, Err(Error::MemberFailed { rank: 0, .. })) => {
-                    tally.checked += 1
+                (0, Err(Error::Unsuitable(_))) => {
+                    // Rank 1 still waits in the call this rank refused:
+                    // the next flag-word call must not meet its words as
+                    // its own. It fails once rank 1 gives the call up.
+                    let mut sum = vec![0.0f64; 32];
+                    let next = pair.allreduce_with(
+                        &vec![2.0f64; 32],
+                        &mut sum,
+                        Op::Sum,
+                        ReduceAlgorithm::FlagWords,
+                    );
+                    match next {
+                        Err(Error::MemberFailed { rank: 1, call: 1 }) => tally.checked += 1,
+                        other => {
+                            return Err(format!(
+                                "a flag-word allreduce after one refused while rank 1 \
+                                 waits in it: {other:?} (sum {})",
+                                sum[0]
+                            ))
+                        }
+                    }
                 }
+                (1, Err(Error::MemberFailed { rank: 0, call: 1 })) => tally.checked += 1,
                 (_, other) => return Err(format!("flag words for 33 and 32 doubles: {other:?}")),
             }
         }
@@ -2565,6 +2598,42 @@ mod collectives {
                     other => {
                         return Err(format!("a broadcast rank 0 refused three times: {other:?}"))
                     }
+                }
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
+        // (7) On a new pair, both refuse call 1 (which breaks nothing);
+        // rank 1 then takes part in call 2, a barrier, while rank 0
+        // refuses calls 2 to 4 and comes to the barrier as call 5. Rank 1
+        // learns that rank 0 refused its call, from the run of refusals
+        // rank 0's records show (its record of call 2 is overwritten);
+        // rank 0's barrier waits until rank 1 is done with call 2, and
+        // fails, naming it, instead of taking rank 1's word of call 2.
+        let pair = world
+            .split((me < 2).then_some(0), me)
+            .map_err(err("fifth split"))?;
+        if let Some(pair) = &pair {
+            let refused = |what: &str| match pair.broadcast(7, &mut [0u8; 8]) {
+                Err(Error::NoSuchRank { .. }) => Ok(()),
+                other => Err(format!("{what}, a broadcast from root 7 of 2: {other:?}")),
+            };
+            refused("call 1")?;
+            if me == 0 {
+                for call in 2..=4 {
+                    refused(&format!("call {call}"))?;
+                }
+                match pair.barrier() {
+                    Err(Error::MemberFailed { rank: 1, call: 2 }) => tally.checked += 1,
+                    other => {
+                        return Err(format!(
+                            "a barrier after refusing the call rank 1 took part in: {other:?}"
+                        ))
+                    }
+                }
+            } else {
+                match pair.barrier() {
+                    Err(Error::MemberFailed { rank: 0, call: 2 }) => tally.checked += 1,
+                    other => return Err(format!("a barrier rank 0 refused in a run: {other:?}")),
                 }
             }
         }

@@ -67,7 +67,10 @@
 //! are not used again; arguments refused before a call begins (a buffer
 //! of the wrong length, a root out of range, data too long for the
 //! algorithm named) number the call and record it as refused, and break
-//! nothing.
+//! nothing when every member refuses them. The refusing rank's next call
+//! waits until each member refused that call too or has begun a later
+//! one ([`confirm_refusals`]): a member that took part in it would meet
+//! that call's flag words and sends as its own.
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
@@ -491,27 +494,30 @@ pub(crate) fn exchange_record(purpose: Exchange, bytes: usize) -> CallRecord {
     record(kind, Algorithm::ThroughRankZero, 0, 0, bytes)
 }
 
-/// What the call records `records`, read from world rank `peer`, say of
-/// this rank's call `mine`: nothing (the peer is not at this call yet, or
-/// it agrees), or the error that ends the call: the peer refused this
-/// call, gave it up, or gave up an earlier one (its collectives stopped
-/// there, so it takes part in no later call).
+/// What the call records `records` (slot by slot, the kept one last),
+/// read from world rank `peer`, say of this rank's call `mine`: nothing
+/// (the peer is not at this call yet, or it agrees), or the error that
+/// ends the call: the peer refused this call (its record of it says so,
+/// or the run of refused calls it is in began at or before it), gave it
+/// up, or gave up an earlier one (its collectives stopped there, so it
+/// takes part in no later call).
 pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -> Option<Error> {
-    let records: Vec<CallRecord> = records
+    let member_failed = |call| Error::MemberFailed { rank: peer, call };
+    let decoded: Vec<CallRecord> = records
         .iter()
         .copied()
         .filter_map(layout::call_record_of)
         .collect();
-    if let Some(gave_up) = records
+    if let Some(gave_up) = decoded
         .iter()
         .find(|r| (r.failed && r.call <= mine.call) || (r.refused && r.call == mine.call))
     {
-        return Some(Error::MemberFailed {
-            rank: peer,
-            call: gave_up.call,
-        });
+        return Some(member_failed(gave_up.call));
     }
-    let theirs = records.into_iter().find(|r| r.call == mine.call)?;
+    if refusing_through(records).is_some_and(|run| run.contains(&mine.call)) {
+        return Some(member_failed(mine.call));
+    }
+    let theirs = decoded.into_iter().find(|r| r.call == mine.call)?;
     (theirs != *mine).then(|| {
         Error::Mismatch(format!(
             "collective call {} on this communicator is {} on world rank {peer} but {} here",
@@ -522,6 +528,72 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
     })
 }
 
+/// The calls a member's records (slot by slot, the kept one last) show
+/// it refused in a row up to its latest call: from its kept record (the
+/// first of its latest run) to its latest record, when both are
+/// refusals. Its records of the calls between are overwritten, but a
+/// run has no gaps: a call that was not refused ends it, and the next
+/// refusal starts a new one in the kept slot.
+fn refusing_through(records: &[[u64; 3]]) -> Option<std::ops::RangeInclusive<u64>> {
+    let kept = layout::call_record_of(*records.get(KEPT_CALL_RECORD as usize)?)?;
+    let latest = records
+        .iter()
+        .copied()
+        .filter_map(layout::call_record_of)
+        .max_by_key(|r| r.call)?;
+    (kept.refused && latest.refused && kept.call <= latest.call).then_some(kept.call..=latest.call)
+}
+
+/// Whether world rank `peer`, by its records, is done with the call
+/// `refused` that this rank refused (the latest of a run): it refused
+/// that call too, or has begun a later one (so it waits in none of this
+/// rank's refused calls: a flag-word call, which needs every member,
+/// cannot have passed without this rank). `Ok(false)`: it has not come
+/// to that call yet, or is in one of them; it learns of the refusal
+/// from this rank's records. A member that gave up one of those calls,
+/// or an earlier one, fails it: the members disagreed about a call.
+fn refusal_passed(peer: u32, refused: u64, records: &[[u64; 3]]) -> Result<bool> {
+    let decoded: Vec<CallRecord> = records
+        .iter()
+        .copied()
+        .filter_map(layout::call_record_of)
+        .collect();
+    if let Some(gave_up) = decoded.iter().find(|r| r.failed && r.call <= refused) {
+        return Err(Error::MemberFailed {
+            rank: peer,
+            call: gave_up.call,
+        });
+    }
+    Ok(decoded
+        .iter()
+        .max_by_key(|r| r.call)
+        .is_some_and(|latest| latest.call > refused || (latest.call == refused && latest.refused)))
+}
+
+/// Before this rank's first call after a run of refused ones (the
+/// latest, `refused`): waits until every member is done with them
+/// ([`refusal_passed`]). A member still in one of them would otherwise
+/// meet this rank's next call: its flag words and sends would be taken
+/// for that call's. Arguments refused on every member so cost one read
+/// of each member's records; refused on some, they fail here once the
+/// members that took part give the call up.
+fn confirm_refusals(engine: &mut Engine<'_>, group: &Group<'_>, refused: u64) -> Result<()> {
+    let me = engine.rank;
+    for &member in group.ranks.iter().filter(|&&m| m != me) {
+        let mut pause = Duration::from_micros(20);
+        loop {
+            let records = engine.read_call_records(member, group.context)?;
+            if refusal_passed(member, refused, &records)? {
+                break;
+            }
+            let until = Instant::now() + pause;
+            engine.wait_until(Some(member), Some(until), |_| Ok(false))?;
+            pause = (pause * 2).min(engine.config.liveness_interval);
+        }
+    }
+    Ok(())
+}
+
 /// Writes this rank's record of a call where each other member reads
 /// it (its section of the context in this rank's memory), the first
 /// word last: in the slot of the call's parity and, with `keep`, in the
@@ -529,10 +601,15 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
 /// in that call learns it however many calls this rank makes
 /// meanwhile).
 fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord, keep: bool) {
+    publish_to(engine, group.context, group.ranks, record, keep);
+}
+
+/// [`publish`] on collective context `context` to the members `ranks`.
+fn publish_to(engine: &Engine<'_>, context: u32, ranks: &[u32], record: &CallRecord, keep: bool) {
     let words = layout::call_record_words(record);
     let kept = keep.then_some(KEPT_CALL_RECORD);
-    for &member in group.ranks.iter().filter(|&&m| m != engine.rank) {
-        let records = engine.layout.call_records(group.context, member);
+    for &member in ranks.iter().filter(|&&m| m != engine.rank) {
+        let records = engine.layout.call_records(context, member);
         for slot in std::iter::once(record.call % 2).chain(kept) {
             let at = records + slot * CALL_RECORD_BYTES;
             engine.store(at + 8, words[1]);
@@ -542,15 +619,32 @@ fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord, keep: bo
     }
 }
 
+/// Publishes the current collective call as given up (its end does
+/// again): before a receive of the call is withdrawn, so that a member
+/// whose write into it is refused finds the reason in this rank's
+/// record.
+pub(crate) fn publish_given_up(engine: &Engine<'_>) {
+    if let Some((context, record)) = engine.collective_call {
+        let failed = CallRecord {
+            failed: true,
+            ..record
+        };
+        publish_to(engine, context, &engine.collective_members, &failed, true);
+    }
+}
+
 /// Begins this rank's next collective call on the group's context:
 /// numbers and publishes its record, and makes it the call that liveness
 /// checks compare. A context whose collectives stopped fails the call
 /// and publishes nothing: the record of the call given up stays where
 /// members read it, and tells those waiting in this call or any later
 /// one. `arguments` refused publish the call as refused (the members
-/// waiting in it fail; this rank's collectives go on) and fail it; the
-/// first of a run of refused calls is kept (a program that retries a
-/// refused call makes more of them while members wait in the first).
+/// waiting in it fail) and fail it; the first of a run of refused calls
+/// is kept (a program that retries a refused call makes more of them
+/// while members wait in the first). The first call after such a run
+/// waits until every member is done with its calls
+/// ([`confirm_refusals`]); one that is not (it took part and gave up)
+/// fails the call and stops the context's collectives.
 fn begin_call(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
@@ -565,11 +659,23 @@ fn begin_call(
     }
     record.refused = arguments.is_err();
     let keep = record.refused && !state.last_refused;
+    let after_refusals = (state.last_refused && !record.refused).then_some(record.call - 1);
     state.last_refused = record.refused;
+    if let Some(refused) = after_refusals {
+        // This call's record goes out once the members are done with
+        // the refused ones: until then, the latest record tells a member
+        // still in one of them that this rank refused it.
+        if let Err(err) = confirm_refusals(engine, group, refused) {
+            end_call(engine, group, record, Some(&err));
+            return Err(err);
+        }
+    }
     publish(engine, group, &record, keep);
     arguments?;
     engine.collective_call = Some((group.context, record));
     engine.collective_fault = None;
+    engine.collective_members.clear();
+    engine.collective_members.extend_from_slice(group.ranks);
     Ok(record)
 }
 
@@ -1137,7 +1243,10 @@ fn broadcast_pipelined(
     if let Some(id) = held_window {
         match result {
             Ok(()) => engine.windows.release(id),
-            Err(_) => engine.windows.withdraw(id),
+            Err(_) => {
+                publish_given_up(engine);
+                engine.windows.withdraw(id)
+            }
         }
     }
     result
@@ -1272,8 +1381,10 @@ fn allreduce_recursive_doubling<T: Element>(
 /// fails once begun stops the communicator's collectives: later ones
 /// fail at once with [`Error::CommunicatorBroken`], while point-to-point
 /// on it still works. Arguments refused before a call begins (buffers of
-/// different lengths, a root out of range) break nothing here; members
-/// that wait in the call fail with [`Error::MemberFailed`].
+/// different lengths, a root out of range) break nothing when every
+/// member refuses them; members that wait in the call fail with
+/// [`Error::MemberFailed`], and so does the refusing rank's next call,
+/// naming the member that took part.
 impl Communicator<'_> {
     fn group(&self) -> Group<'_> {
         Group {
@@ -1778,5 +1889,70 @@ mod tests {
         let next = words(&numbered(mine, 9));
         let torn = [next[0], words(&other)[1], words(&other)[2]];
         assert!(check_member(2, &mine, &[previous, torn]).is_none());
+    }
+
+    /// Records of a barrier numbered `call`, refused or failed as asked.
+    fn barrier_record(call: u64, refused: bool, failed: bool) -> [u64; 3] {
+        layout::call_record_words(&CallRecord {
+            call,
+            refused,
+            failed,
+            ..record(Kind::Barrier, Algorithm::Dissemination, 0, 0, 0)
+        })
+    }
+
+    #[test]
+    fn a_run_of_refused_calls_tells_a_member_in_any_of_them() {
+        let refused = |call| barrier_record(call, true, false);
+        let mine = |call| CallRecord {
+            call,
+            ..record(Kind::Barrier, Algorithm::Dissemination, 0, 0, 0)
+        };
+        // The peer refused calls 5 to 9 in a row (parities 8 and 9, the
+        // first kept): a member in call 7 learns it, though the peer's
+        // record of call 7 is gone.
+        let run = [refused(8), refused(9), refused(5)];
+        for call in 5..=9 {
+            assert!(matches!(
+                check_member(2, &mine(call), &run),
+                Some(Error::MemberFailed { rank: 2, call: c }) if c == call
+            ));
+        }
+        // Not yet at call 10; at call 4, before the run, it took part.
+        assert!(check_member(2, &mine(10), &run).is_none());
+        assert!(check_member(2, &mine(4), &run).is_none());
+        // A call after the run that was not refused ended it: its kept
+        // record no longer speaks for the calls since.
+        let ended = [refused(8), barrier_record(9, false, false), refused(5)];
+        assert!(check_member(2, &mine(7), &ended).is_none());
+        assert!(matches!(
+            check_member(2, &mine(8), &ended),
+            Some(Error::MemberFailed { rank: 2, call: 8 })
+        ));
+    }
+
+    #[test]
+    fn a_member_is_done_with_refused_calls_once_it_refused_them_or_went_past() {
+        let plain = |call| barrier_record(call, false, false);
+        // Refused call 6 too, or began call 7: done.
+        let refused_too = [barrier_record(6, true, false), plain(5), [0; 3]];
+        assert!(refusal_passed(3, 6, &refused_too).unwrap());
+        assert!(refusal_passed(3, 6, &[plain(6), plain(7), [0; 3]]).unwrap());
+        // Took part in call 6 (it may wait in it), or not there yet.
+        assert!(!refusal_passed(3, 6, &[plain(6), plain(5), [0; 3]]).unwrap());
+        assert!(!refusal_passed(3, 6, &[plain(4), plain(5), [0; 3]]).unwrap());
+        assert!(!refusal_passed(3, 6, &[[0; 3]; 3]).unwrap());
+        // Gave up call 6, or an earlier one: the call after the refusal
+        // fails, naming it.
+        for failed_at in [4, 6] {
+            let records = [plain(5), barrier_record(failed_at, false, true), [0; 3]];
+            assert!(matches!(
+                refusal_passed(3, 6, &records),
+                Err(Error::MemberFailed { rank: 3, call }) if call == failed_at
+            ));
+        }
+        // One that gave up a later call got past these.
+        let later = [barrier_record(8, false, true), plain(7), [0; 3]];
+        assert!(refusal_passed(3, 6, &later).unwrap());
     }
 }

@@ -223,7 +223,9 @@ const SCRATCH_PROBE: u64 = 576;
 /// Where a liveness check made in a collective call lands the peer's
 /// call records.
 const SCRATCH_CALL_RECORDS: u64 = 640;
-const _: () = assert!(SCRATCH_CALL_RECORDS + CALL_RECORDS_BYTES <= SCRATCH_FREE);
+/// Where [`Engine::read_call_records`] lands a member's call records.
+const SCRATCH_CONFIRM_RECORDS: u64 = SCRATCH_CALL_RECORDS + CALL_RECORDS_BYTES;
+const _: () = assert!(SCRATCH_CONFIRM_RECORDS + CALL_RECORDS_BYTES <= SCRATCH_FREE);
 /// Free scratch for the any-source domain and collectives.
 pub(crate) const SCRATCH_FREE: u64 = 1024;
 
@@ -320,6 +322,9 @@ pub(crate) struct Engine<'c> {
     /// What a check of the current collective call found: the next wait
     /// returns it.
     pub(crate) collective_fault: Option<Error>,
+    /// World ranks of the members of the current collective call's
+    /// communicator (where its record goes).
+    pub(crate) collective_members: Vec<u32>,
     /// A liveness check that reads a peer's call records is in flight
     /// (they share one scratch area).
     call_check_in_flight: bool,
@@ -514,6 +519,7 @@ impl<'c> Engine<'c> {
             collective_epochs: vec![Default::default(); layout.contexts as usize],
             collective_call: None,
             collective_fault: None,
+            collective_members: Vec::new(),
             call_check_in_flight: false,
         })
     }
@@ -956,6 +962,7 @@ impl<'c> Engine<'c> {
     /// that no write is in flight or can land later), and a typed
     /// receive's own read into the buffer is waited for (every request of
     /// the queue pair finished). Nothing to do if it completed meanwhile.
+    /// In a collective call, the call is published as given up first.
     pub(crate) fn withdraw_recv(&mut self, slot: u64, generation: u64) {
         let state = &mut self.slots[slot as usize];
         if state
@@ -969,6 +976,9 @@ impl<'c> Engine<'c> {
             return;
         };
         state.finished_recv = None;
+        // A member whose write the withdrawal refuses reads why in the
+        // call's record: it goes out first.
+        crate::collective::publish_given_up(self);
         if let Some(id) = recv.window_start {
             self.windows.withdraw(id);
         }
@@ -1549,18 +1559,7 @@ impl<'c> Engine<'c> {
                 8,
             ),
         };
-        let Engine {
-            qp,
-            cq,
-            completions,
-            control: window,
-            ..
-        } = &mut *self;
-        let entry = Read::new((*window).local(at, len)?, remote)
-            .build()
-            .user_data(tag)
-            .signaled();
-        post_entries(qp, cq, completions, &[entry])?;
+        self.read_into_scratch(at, len, remote, tag)?;
         self.peers[peer as usize].probe_in_flight = true;
         self.peers[peer as usize].probe_sent = Some(Instant::now());
         self.call_check_in_flight |= call.is_some();
@@ -1614,16 +1613,60 @@ impl<'c> Engine<'c> {
         let Some((_, mine)) = self.collective_call else {
             return;
         };
-        let at = self.layout.scratch() + SCRATCH_CALL_RECORDS;
-        let records: Vec<[u64; 3]> = (0..CALL_RECORD_SLOTS)
-            .map(|slot| {
-                let word = |i: u64| self.load(at + 8 * (3 * slot + i));
-                [word(0), word(1), word(2)]
-            })
-            .collect();
+        let records = self.call_records_at(self.layout.scratch() + SCRATCH_CALL_RECORDS);
         if let Some(fault) = crate::collective::check_member(peer, &mine, &records) {
             self.collective_fault.get_or_insert(fault);
         }
+    }
+
+    /// The call records a read landed at `at` in this rank's memory, slot
+    /// by slot ([`layout::CALL_RECORD_SLOTS`]).
+    fn call_records_at(&self, at: u64) -> [[u64; 3]; CALL_RECORD_SLOTS as usize] {
+        std::array::from_fn(|slot| {
+            let word = |i: u64| self.load(at + 8 * (3 * slot as u64 + i));
+            [word(0), word(1), word(2)]
+        })
+    }
+
+    /// Posts a signaled read of `len` bytes at `remote` into this rank's
+    /// control memory at `at`, completed under `tag`.
+    fn read_into_scratch(
+        &mut self,
+        at: u64,
+        len: u32,
+        remote: RemoteAddress,
+        tag: u64,
+    ) -> Result<()> {
+        let Engine {
+            qp,
+            cq,
+            completions,
+            control: window,
+            ..
+        } = &mut *self;
+        let entry = Read::new((*window).local(at, len)?, remote)
+            .build()
+            .user_data(tag)
+            .signaled();
+        post_entries(qp, cq, completions, &[entry])?;
+        Ok(())
+    }
+
+    /// Reads the call records `peer` keeps for this rank on collective
+    /// context `context`, now, waiting for them as on the peer (a peer
+    /// that is gone fails it with [`Error::PeerGone`]).
+    pub(crate) fn read_call_records(
+        &mut self,
+        peer: u32,
+        context: u32,
+    ) -> Result<[[u64; 3]; CALL_RECORD_SLOTS as usize]> {
+        let at = self.layout.scratch() + SCRATCH_CONFIRM_RECORDS;
+        let remote = self.peer_at(peer, self.layout.call_records(context, self.rank));
+        let tag = self.tag();
+        self.read_into_scratch(at, CALL_RECORDS_BYTES as u32, remote, tag)?;
+        self.in_flight.insert(tag, InFlight::Plain { peer });
+        self.wait_until(Some(peer), None, |e| e.plain_done(tag))?;
+        Ok(self.call_records_at(at))
     }
 
     /// Waits until `ready` says so, progressing meanwhile: polls for
