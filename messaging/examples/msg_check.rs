@@ -62,7 +62,9 @@
 //! `collective-mismatch` (members that disagree about a collective call:
 //! every rank fails instead of waiting, one names both calls) and
 //! `collective-give-up` (members that give a call up or refuse it release
-//! the others; no late write into a failed call's buffer).
+//! the others; no late write into a failed call's buffer) and
+//! `collective-lost-member` (a member that gives up the dup that made a
+//! communicator: the others' first call on it fails).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -182,6 +184,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "collectives" => collectives::run(&world, args),
         "collective-mismatch" => collectives::mismatch(&world),
         "collective-give-up" => collectives::give_up(&world),
+        "collective-lost-member" => collectives::lost_member(&messenger, &world),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
         "outsider-collective" => outsider_collective(&messenger, &world),
@@ -212,6 +215,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "any-source-death",
         "device-death",
         "withdrawn-receive",
+        "collective-lost-member",
     ]
     .contains(&scenario)
         && !forged.contains(&scenario)
@@ -2638,6 +2642,68 @@ mod collectives {
             }
         }
         world.barrier().map_err(err("world barrier"))?;
+        Ok(tally)
+    }
+
+    /// `collective-lost-member` (4 ranks): rank 3 gives up a dup of the
+    /// world after its contribution reached rank 0 (rank 0 counts as gone
+    /// for it 300 ms into the call, while rank 1 comes 600 ms late), so
+    /// ranks 1 and 2 get the table and the new communicator, and rank 0's
+    /// table to rank 3 is refused: rank 0's dup fails naming rank 3. The
+    /// first barrier of ranks 1 and 2 on the new communicator fails with
+    /// `NotAMember`, naming rank 0 or 3, instead of waiting for ever.
+    pub(super) fn lost_member(
+        messenger: &pindown_messaging::Messenger<'_>,
+        world: &Communicator<'_>,
+    ) -> Outcome {
+        if world.size() != 4 {
+            return Err("collective-lost-member runs on 4 ranks".into());
+        }
+        let me = world.rank();
+        watchdog(me, "collective-lost-member", 60);
+        let mut tally = Tally::default();
+        world.barrier().map_err(err("world barrier"))?;
+        match me {
+            1 => std::thread::sleep(std::time::Duration::from_millis(600)),
+            3 => messenger
+                .declare_gone_at(
+                    0,
+                    std::time::Instant::now() + std::time::Duration::from_millis(300),
+                )
+                .map_err(err("declare_gone_at"))?,
+            _ => {}
+        }
+        match (me, world.dup()) {
+            (0, Err(Error::MemberFailed { rank: 3, call })) if call > 0 => tally.checked += 1,
+            (3, Err(Error::PeerGone { peer: 0, .. })) => tally.checked += 1,
+            (1 | 2, Ok(dup)) => match dup.barrier() {
+                Err(Error::NotAMember { rank: 0 | 3, call }) if call > 0 => {
+                    tally.checked += 1;
+                    match dup.barrier() {
+                        Err(Error::CommunicatorBroken(_)) => tally.checked += 1,
+                        other => return Err(format!("a second barrier: {other:?}")),
+                    }
+                }
+                other => {
+                    return Err(format!(
+                        "a barrier on a dup ranks 0 and 3 gave up: {other:?}"
+                    ))
+                }
+            },
+            (_, other) => return Err(format!("a dup rank 3 gives up: {other:?}")),
+        }
+        // Ranks 0 and 3 stay until ranks 1 and 2 are done (a rank that
+        // leaves counts as gone).
+        const DONE: u32 = 6;
+        for (waiter, notifier) in [(0, 1), (0, 2), (3, 1), (3, 2)] {
+            if me == notifier {
+                world.send(waiter, DONE, &[1]).map_err(err("done notice"))?;
+            } else if me == waiter {
+                world
+                    .recv(notifier, DONE, &mut [0u8; 1])
+                    .map_err(err("done notice"))?;
+            }
+        }
         Ok(tally)
     }
 

@@ -371,6 +371,48 @@ pub(crate) struct Epochs {
     broken: Option<String>,
     /// The latest call was refused here (members may still wait in it).
     last_refused: bool,
+    /// The communicator was made by a split or dup: the collective
+    /// context it was made on and that exchange's call number there. A
+    /// member that gave that call up has no part in this communicator.
+    origin: Option<(u32, u64)>,
+}
+
+/// Records that the communicator on collective context `context` was made
+/// by the split or dup whose latest call on collective context `parent`
+/// just ended.
+pub(crate) fn made_from(engine: &mut Engine<'_>, context: u32, parent: u32) {
+    let call = engine.collective_epochs[parent as usize].calls;
+    engine.collective_epochs[context as usize].origin = Some((parent, call));
+}
+
+/// The call a communicator was made by, on the context it was made on
+/// (see [`made_from`]).
+pub(crate) fn origin(engine: &Engine<'_>, context: u32) -> Option<(u32, u64)> {
+    engine.collective_epochs[context as usize].origin
+}
+
+/// What a member's records on a communicator's context and on the
+/// context it was made on say when the first show no call at all: the
+/// member gave up the split or dup that made it (`made_by`, its call
+/// number there), so it has no part in this communicator and waits in
+/// none of its calls.
+pub(crate) fn check_origin(
+    peer: u32,
+    made_by: u64,
+    records: &[[u64; 3]],
+    parent_records: &[[u64; 3]],
+) -> Option<Error> {
+    if records.iter().any(|r| layout::call_record_of(*r).is_some()) {
+        return None;
+    }
+    parent_records
+        .iter()
+        .filter_map(|r| layout::call_record_of(*r))
+        .any(|r| r.call == made_by && (r.failed || r.refused))
+        .then_some(Error::NotAMember {
+            rank: peer,
+            call: made_by,
+        })
 }
 
 // ---- call records ----
@@ -583,6 +625,12 @@ fn confirm_refusals(engine: &mut Engine<'_>, group: &Group<'_>, refused: u64) ->
         let mut pause = Duration::from_micros(20);
         loop {
             let records = engine.read_call_records(member, group.context)?;
+            if let Some((parent, made_by)) = origin(engine, group.context) {
+                let parent_records = engine.read_call_records(member, parent)?;
+                if let Some(err) = check_origin(member, made_by, &records, &parent_records) {
+                    return Err(err);
+                }
+            }
             if refusal_passed(member, refused, &records)? {
                 break;
             }
@@ -718,6 +766,13 @@ pub(crate) fn keeps_contexts(engine: &Engine<'_>, context: u32) -> bool {
 /// starts from zero on every member.
 pub(crate) fn release_context(engine: &mut Engine<'_>, context: u32) {
     engine.collective_epochs[context as usize] = Epochs::default();
+    // Communicators made on it no longer read its records (another
+    // communicator may take it).
+    for state in &mut engine.collective_epochs {
+        if state.origin.is_some_and(|(parent, _)| parent == context) {
+            state.origin = None;
+        }
+    }
     for writer in 0..engine.layout.ranks {
         let (start, bytes) = engine.layout.collective_section(context, writer);
         for at in (start..start + bytes).step_by(8) {
@@ -976,6 +1031,82 @@ fn allreduce_flags<T: Element>(
     Ok(())
 }
 
+// ---- a split's or dup's exchange ----
+
+/// [`Communicator::exchange`]'s gather at member 0 and return of the
+/// whole table to every member.
+fn gather_and_return(engine: &mut Engine<'_>, group: &Group<'_>, value: &[u8]) -> Result<Vec<u8>> {
+    let (context, len) = (group.context, value.len());
+    let mut table = vec![0u8; len * group.size() as usize];
+    if group.me == 0 {
+        table[..len].copy_from_slice(value);
+        let mut posted = Vec::new();
+        let mut gathered = Ok(());
+        for member in 1..group.size() {
+            let part = table[member as usize * len..].as_mut_ptr();
+            match post_recv(engine, context, group.world(member), 0, part, len) {
+                Ok(receive) => posted.push(receive),
+                Err(err) => {
+                    gathered = Err(err);
+                    break;
+                }
+            }
+        }
+        let mut receives = posted.into_iter();
+        while let (Ok(()), Some(receive)) = (&gathered, receives.next()) {
+            gathered = finish_recv(engine, receive, len);
+        }
+        // Those not waited for go back with the table.
+        for receive in receives {
+            withdraw(engine, receive);
+        }
+        gathered?;
+        with_sends(engine, |engine, sends| {
+            for member in 1..group.size() {
+                let to = group.world(member);
+                sends.start(engine, context, to, 0, table.as_ptr(), table.len())?;
+            }
+            Ok(())
+        })?;
+    } else {
+        let mut sends = Sends::default();
+        if let Err(err) = receive_table(engine, &mut sends, group, value, &mut table) {
+            sends.abandon(engine);
+            return Err(err);
+        }
+        // Rank 0 sent the table once it held this rank's contribution:
+        // that send has landed or soon will. One that never found its
+        // receive (a table sent without it) stays spooled; the table
+        // itself was checked.
+        sends.settle(engine)?;
+    }
+    Ok(table)
+}
+
+/// A member's part of [`gather_and_return`]: its contribution sent to
+/// member 0 (in `sends`), the whole table received into `table` and
+/// checked to hold the contribution unchanged.
+fn receive_table(
+    engine: &mut Engine<'_>,
+    sends: &mut Sends,
+    group: &Group<'_>,
+    value: &[u8],
+    table: &mut [u8],
+) -> Result<()> {
+    let (context, from, len) = (group.context, group.world(0), value.len());
+    sends.start(engine, context, from, 0, value.as_ptr(), len)?;
+    let whole = table.len();
+    let receive = post_recv(engine, context, from, 0, table.as_mut_ptr(), whole)?;
+    finish_recv(engine, receive, whole)?;
+    if table[group.me as usize * len..][..len] != *value {
+        return Err(Error::BadPeerRecord {
+            rank: from,
+            why: format!("its table of contributions changed rank {}'s own", group.me),
+        });
+    }
+    Ok(())
+}
+
 // ---- zero-copy messages ----
 
 /// Sends a collective started from the caller's memory (or its own
@@ -1013,6 +1144,27 @@ impl Sends {
             if let Some(err) = engine.take_send_failure(slot, generation) {
                 return Err(err);
             }
+        }
+        Ok(())
+    }
+
+    /// Waits for every send that found its receive; one still waiting
+    /// for its receive is spooled instead (it goes if the receive ever
+    /// appears, and a failure shows later, as for a send past the timeout
+    /// switch).
+    fn settle(&mut self, engine: &mut Engine<'_>) -> Result<()> {
+        while let Some(&(peer, slot, generation)) = self.0.first() {
+            if engine.send_posted(slot, generation) {
+                engine.wait_until(Some(peer), None, |e| Ok(e.send_completed(slot, generation)))?;
+                if let Some(err) = engine.take_send_failure(slot, generation) {
+                    self.0.remove(0);
+                    return Err(err);
+                }
+            } else {
+                engine.spool(slot, generation);
+                engine.defer_failure(slot, generation);
+            }
+            self.0.remove(0);
         }
         Ok(())
     }
@@ -1402,6 +1554,25 @@ impl Communicator<'_> {
             });
         }
         Ok(())
+    }
+
+    /// Every member's `value` (all of the same length), in rank order:
+    /// gathered at rank 0 and sent back whole, on the collective context,
+    /// as one collective call (`purpose` tells its record apart). The
+    /// table rank 0 sends back must hold this rank's value unchanged
+    /// ([`Error::BadPeerRecord`] naming rank 0 otherwise). Every send is
+    /// waited for, so that a member that gave its part up (and withdrew
+    /// its receive) fails the call on rank 0 too.
+    pub(crate) fn exchange(&self, purpose: Exchange, value: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let group = self.group();
+        let table = self.collective_call(exchange_record(purpose, value.len()), Ok(()), || {
+            gather_and_return(&mut self.engine(), &group, value)
+        })?;
+        Ok(table
+            .chunks(value.len().max(1))
+            .take(self.size() as usize)
+            .map(<[u8]>::to_vec)
+            .collect())
     }
 
     /// Runs `body` as this rank's next collective call, described by
@@ -1929,6 +2100,27 @@ mod tests {
             check_member(2, &mine(8), &ended),
             Some(Error::MemberFailed { rank: 2, call: 8 })
         ));
+    }
+
+    #[test]
+    fn a_member_that_gave_up_the_call_making_a_communicator_is_not_in_it() {
+        let none = [[0u64; 3]; 3];
+        let plain = |call| barrier_record(call, false, false);
+        let failed = |call| barrier_record(call, false, true);
+        // Made by call 4 on the parent, which the peer gave up (its record
+        // of it in either place): not a member.
+        for parent in [[failed(4), plain(3), [0; 3]], [plain(3), [0; 3], failed(4)]] {
+            assert!(matches!(
+                check_origin(1, 4, &none, &parent),
+                Some(Error::NotAMember { rank: 1, call: 4 })
+            ));
+        }
+        // It made a call on the communicator, or gave up another call on
+        // the parent, or finished call 4: nothing to say.
+        let made_a_call = [plain(1), [0; 3], [0; 3]];
+        assert!(check_origin(1, 4, &made_a_call, &[failed(4), plain(3), [0; 3]]).is_none());
+        assert!(check_origin(1, 4, &none, &[failed(5), plain(4), [0; 3]]).is_none());
+        assert!(check_origin(1, 4, &none, &[plain(4), plain(3), [0; 3]]).is_none());
     }
 
     #[test]

@@ -663,66 +663,6 @@ impl<'c> Communicator<'c> {
         wait_recv(&mut engine, peer, slot, generation).map(|r| r.len as usize)
     }
 
-    /// Every member's `value` (all of the same length), in rank order:
-    /// gathered at rank 0 and sent back, on the collective context. The
-    /// table rank 0 sends back must hold this rank's value unchanged
-    /// ([`Error::BadPeerRecord`] naming rank 0 otherwise).
-    pub(crate) fn exchange(
-        &self,
-        purpose: crate::collective::Exchange,
-        value: &[u8],
-    ) -> Result<Vec<Vec<u8>>> {
-        let record = crate::collective::exchange_record(purpose, value.len());
-        self.collective_call(record, Ok(()), || self.exchange_through_rank_zero(value))
-    }
-
-    /// [`exchange`](Self::exchange)'s gather and scatter.
-    fn exchange_through_rank_zero(&self, value: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let collective = self.context + 1;
-        let size = self.size();
-        let len = value.len();
-        let mut all = vec![0u8; len * size as usize];
-        if self.rank == 0 {
-            all[..len].copy_from_slice(value);
-            for r in 1..size {
-                let got = self.recv_on(collective, r, 0, &mut all[r as usize * len..][..len])?;
-                if got.len != len as u64 {
-                    return Err(Error::Mismatch(format!(
-                        "rank {r} contributed {} bytes, rank 0 {len}",
-                        got.len
-                    )));
-                }
-            }
-            for r in 1..size {
-                self.send_on(collective, r, 0, &all)?;
-            }
-        } else {
-            self.send_on(collective, 0, 0, value)?;
-            let got = self.recv_on(collective, 0, 0, &mut all)?;
-            if got.len != all.len() as u64 {
-                return Err(Error::Mismatch(format!(
-                    "rank 0 sent {} bytes of contributions, {} expected",
-                    got.len,
-                    all.len()
-                )));
-            }
-            if all[self.rank as usize * len..][..len] != *value {
-                return Err(Error::BadPeerRecord {
-                    rank: self.ranks[0],
-                    why: format!(
-                        "its table of contributions changed rank {}'s own",
-                        self.rank
-                    ),
-                });
-            }
-        }
-        Ok(all
-            .chunks(len.max(1))
-            .take(size as usize)
-            .map(<[u8]>::to_vec)
-            .collect())
-    }
-
     /// A context free on every member, taken on this one.
     fn agree_context(&self) -> Result<u32> {
         let free: Vec<u8> = self
@@ -747,6 +687,7 @@ impl<'c> Communicator<'c> {
     /// A communicator of the same ranks with its own slots (collective).
     pub fn dup(&self) -> Result<Communicator<'c>> {
         let context = self.agree_context()?;
+        crate::collective::made_from(&mut self.engine(), context + 1, self.context + 1);
         Ok(Communicator {
             engine: self.engine.clone(),
             context,
@@ -791,6 +732,7 @@ impl<'c> Communicator<'c> {
                 rank: self.ranks[0],
                 why: "its table of colors left this rank out of its own".into(),
             })? as u32;
+        crate::collective::made_from(&mut self.engine(), context + 1, self.context + 1);
         Ok(Some(Communicator {
             engine: self.engine.clone(),
             context,

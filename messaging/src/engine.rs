@@ -225,7 +225,10 @@ const SCRATCH_PROBE: u64 = 576;
 const SCRATCH_CALL_RECORDS: u64 = 640;
 /// Where [`Engine::read_call_records`] lands a member's call records.
 const SCRATCH_CONFIRM_RECORDS: u64 = SCRATCH_CALL_RECORDS + CALL_RECORDS_BYTES;
-const _: () = assert!(SCRATCH_CONFIRM_RECORDS + CALL_RECORDS_BYTES <= SCRATCH_FREE);
+/// Where a liveness check made in a collective call lands the peer's
+/// call records on the context the communicator was made on.
+const SCRATCH_ORIGIN_RECORDS: u64 = SCRATCH_CONFIRM_RECORDS + CALL_RECORDS_BYTES;
+const _: () = assert!(SCRATCH_ORIGIN_RECORDS + CALL_RECORDS_BYTES <= SCRATCH_FREE);
 /// Free scratch for the any-source domain and collectives.
 pub(crate) const SCRATCH_FREE: u64 = 1024;
 
@@ -1546,20 +1549,32 @@ impl<'c> Engine<'c> {
         // peer's records of the call's context, which it keeps for this
         // rank in this rank's block there. Else the first word of that
         // block. Either is memory this rank may read.
+        // A communicator made by a split or dup: also the peer's records
+        // of the context it was made on (did the peer give that up?).
         let call = self.collective_call.filter(|_| !self.call_check_in_flight);
-        let (at, remote, len) = match call {
-            Some((context, _)) => (
-                self.layout.scratch() + SCRATCH_CALL_RECORDS,
-                self.peer_at(peer, self.layout.call_records(context, self.rank)),
-                CALL_RECORDS_BYTES as u32,
-            ),
-            None => (
+        let mut reads = Vec::with_capacity(2);
+        match call {
+            Some((context, _)) => {
+                if let Some((parent, _)) = crate::collective::origin(self, context) {
+                    reads.push((
+                        self.layout.scratch() + SCRATCH_ORIGIN_RECORDS,
+                        CALL_RECORDS_BYTES as u32,
+                        self.peer_at(peer, self.layout.call_records(parent, self.rank)),
+                    ));
+                }
+                reads.push((
+                    self.layout.scratch() + SCRATCH_CALL_RECORDS,
+                    CALL_RECORDS_BYTES as u32,
+                    self.peer_at(peer, self.layout.call_records(context, self.rank)),
+                ));
+            }
+            None => reads.push((
                 self.layout.scratch() + SCRATCH_PROBE,
-                self.peers[peer as usize].block.at(0),
                 8,
-            ),
-        };
-        self.read_into_scratch(at, len, remote, tag)?;
+                self.peers[peer as usize].block.at(0),
+            )),
+        }
+        self.read_into_scratch(&reads, tag)?;
         self.peers[peer as usize].probe_in_flight = true;
         self.peers[peer as usize].probe_sent = Some(Instant::now());
         self.call_check_in_flight |= call.is_some();
@@ -1577,7 +1592,9 @@ impl<'c> Engine<'c> {
     pub(crate) fn member_that_gave_up(&mut self, members: &[u32]) -> Option<Error> {
         self.collective_call?;
         // A check made meanwhile may have found it already.
-        if let Some(fault @ Error::MemberFailed { .. }) = self.collective_fault.take() {
+        if let Some(fault @ (Error::MemberFailed { .. } | Error::NotAMember { .. })) =
+            self.collective_fault.take()
+        {
             return Some(fault);
         }
         for &peer in members {
@@ -1599,7 +1616,9 @@ impl<'c> Engine<'c> {
             if !matches!(self.wait_until(None, deadline, answered), Ok(true)) {
                 continue;
             }
-            if let Some(fault @ Error::MemberFailed { .. }) = self.collective_fault.take() {
+            if let Some(fault @ (Error::MemberFailed { .. } | Error::NotAMember { .. })) =
+                self.collective_fault.take()
+            {
                 return Some(fault);
             }
         }
@@ -1610,10 +1629,16 @@ impl<'c> Engine<'c> {
     /// with this rank's current collective call; a disagreement becomes
     /// the fault the next wait returns.
     fn check_call_records(&mut self, peer: u32) {
-        let Some((_, mine)) = self.collective_call else {
+        let Some((context, mine)) = self.collective_call else {
             return;
         };
         let records = self.call_records_at(self.layout.scratch() + SCRATCH_CALL_RECORDS);
+        if let Some((_, made_by)) = crate::collective::origin(self, context) {
+            let parent = self.call_records_at(self.layout.scratch() + SCRATCH_ORIGIN_RECORDS);
+            if let Some(fault) = crate::collective::check_origin(peer, made_by, &records, &parent) {
+                self.collective_fault.get_or_insert(fault);
+            }
+        }
         if let Some(fault) = crate::collective::check_member(peer, &mine, &records) {
             self.collective_fault.get_or_insert(fault);
         }
@@ -1628,15 +1653,10 @@ impl<'c> Engine<'c> {
         })
     }
 
-    /// Posts a signaled read of `len` bytes at `remote` into this rank's
-    /// control memory at `at`, completed under `tag`.
-    fn read_into_scratch(
-        &mut self,
-        at: u64,
-        len: u32,
-        remote: RemoteAddress,
-        tag: u64,
-    ) -> Result<()> {
+    /// Posts reads into this rank's control memory, each of `len` bytes
+    /// at `remote` landing at `at`, completed together under `tag` (the
+    /// last is fenced after the others and signaled).
+    fn read_into_scratch(&mut self, reads: &[(u64, u32, RemoteAddress)], tag: u64) -> Result<()> {
         let Engine {
             qp,
             cq,
@@ -1644,11 +1664,16 @@ impl<'c> Engine<'c> {
             control: window,
             ..
         } = &mut *self;
-        let entry = Read::new((*window).local(at, len)?, remote)
-            .build()
-            .user_data(tag)
-            .signaled();
-        post_entries(qp, cq, completions, &[entry])?;
+        let mut entries = Vec::with_capacity(reads.len());
+        for (i, &(at, len, remote)) in reads.iter().enumerate() {
+            let entry = Read::new((*window).local(at, len)?, remote).build();
+            entries.push(match (i + 1 == reads.len(), i) {
+                (true, 0) => entry.user_data(tag).signaled(),
+                (true, _) => entry.fence().user_data(tag).signaled(),
+                (false, _) => entry.user_data(tag | PART_BIT),
+            });
+        }
+        post_entries(qp, cq, completions, &entries)?;
         Ok(())
     }
 
@@ -1663,7 +1688,7 @@ impl<'c> Engine<'c> {
         let at = self.layout.scratch() + SCRATCH_CONFIRM_RECORDS;
         let remote = self.peer_at(peer, self.layout.call_records(context, self.rank));
         let tag = self.tag();
-        self.read_into_scratch(at, CALL_RECORDS_BYTES as u32, remote, tag)?;
+        self.read_into_scratch(&[(at, CALL_RECORDS_BYTES as u32, remote)], tag)?;
         self.in_flight.insert(tag, InFlight::Plain { peer });
         self.wait_until(Some(peer), None, |e| e.plain_done(tag))?;
         Ok(self.call_records_at(at))

@@ -117,6 +117,20 @@ pub enum Error {
         /// The call's number among the communicator's collective calls.
         call: u64,
     },
+    /// A member gave up the split or dup that made this communicator
+    /// (collective call `call` on the communicator it was made from), so
+    /// it has no part in this one: a collective call here cannot complete.
+    #[error(
+        "rank {rank} (world) gave up the split or dup that made this communicator \
+         (collective call {call} on the communicator it was made from)"
+    )]
+    NotAMember {
+        /// The member's world rank.
+        rank: u32,
+        /// The split's or dup's call number on the communicator it was
+        /// made from.
+        call: u64,
+    },
     /// An earlier collective call on this communicator failed on this
     /// rank, so the members' collective state no longer agrees: no
     /// collective call on it runs any more (point-to-point still does;

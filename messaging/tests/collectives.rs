@@ -103,3 +103,15 @@ fn members_that_give_a_call_up_release_the_others_and_leave_no_late_write() {
     let counts: Vec<u64> = lines.iter().map(checked).collect();
     assert_eq!(counts, [6, 6, 2, 2], "{lines:?}");
 }
+
+#[test]
+fn a_member_that_gave_up_the_dup_making_a_communicator_fails_the_others_first_call() {
+    // Rank 3 gives up a dup after its contribution reached rank 0; ranks
+    // 1 and 2 get the new communicator, whose first barrier fails naming
+    // rank 0 or 3 (both gave the dup up) and whose second fails at once;
+    // rank 0's dup fails naming rank 3, whose receive of the table it
+    // found withdrawn.
+    let lines = passes(4, "collective-lost-member", &[]);
+    let counts: Vec<u64> = lines.iter().map(checked).collect();
+    assert_eq!(counts, [1, 2, 2, 1], "{lines:?}");
+}
