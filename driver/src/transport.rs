@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use pindown_uapi::{IotlbMessage, RingLayout, VhostAccess, MAX_RDMA_QUEUE_PAIRS};
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
@@ -354,9 +354,11 @@ pub struct VhostUserConfig {
     /// Protocol features to use if offered. `REPLY_ACK` is required (every
     /// IOTLB update is confirmed before the driver relies on it).
     pub protocol_features: VhostUserProtocolFeatures,
-    /// How long to wait for the answer to requests this crate sends itself
-    /// (`GET_QUEUE_NUM`, `IOTLB_MSG`). A peer that closes the socket is
-    /// detected at once in any case.
+    /// How long to wait for the answer to any control request (the
+    /// handshake, memory tables, rings, IOTLB updates): one not answered
+    /// in time fails with [`TransportError::Timeout`] and the connection
+    /// counts as broken. A peer that closes the socket is detected at
+    /// once in any case.
     pub reply_timeout: Duration,
 }
 
@@ -382,6 +384,99 @@ struct Control {
     /// cannot send; used only under the same lock.
     raw: UnixStream,
     broken: Option<String>,
+    /// Ends a `Frontend` request whose answer does not come.
+    watchdog: Watchdog,
+    /// How long a request waits for its answer.
+    reply_timeout: Duration,
+}
+
+/// A thread that shuts the vhost-user socket down when a `Frontend`
+/// request has waited longer than its deadline: the `vhost` crate waits
+/// for a reply with no deadline of its own (and retries a read that
+/// times out), so a device that never answers would hold the caller for
+/// ever. The shutdown fails the blocked read at once.
+struct Watchdog {
+    shared: Arc<(Mutex<WatchState>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The process that started the thread (a child of `fork()` has no
+    /// such thread, and leaves the state alone).
+    owner: u32,
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// The deadline of the request in progress.
+    armed: Option<Instant>,
+    /// The socket was shut down for the request in progress.
+    fired: bool,
+    stop: bool,
+}
+
+impl Watchdog {
+    /// Starts the thread over its own handle on the socket.
+    fn new(socket: UnixStream) -> io::Result<Self> {
+        let shared = Arc::new((Mutex::new(WatchState::default()), Condvar::new()));
+        let watched = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("vhost-user-watchdog".into())
+            .spawn(move || Self::watch(&watched, &socket))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+            owner: std::process::id(),
+        })
+    }
+
+    fn watch(shared: &(Mutex<WatchState>, Condvar), socket: &UnixStream) {
+        let (lock, wake) = shared;
+        let mut state = lock.lock();
+        while !state.stop {
+            match state.armed {
+                None => wake.wait(&mut state),
+                Some(deadline) if Instant::now() >= deadline => {
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                    state.fired = true;
+                    state.armed = None;
+                }
+                Some(deadline) => {
+                    wake.wait_until(&mut state, deadline);
+                }
+            }
+        }
+    }
+
+    /// Watches a request that must be answered within `timeout`.
+    fn arm(&self, timeout: Duration) {
+        let (lock, wake) = &*self.shared;
+        let mut state = lock.lock();
+        state.armed = Instant::now().checked_add(timeout);
+        state.fired = false;
+        wake.notify_one();
+    }
+
+    /// The request ended; whether the socket was shut down meanwhile.
+    fn disarm(&self) -> bool {
+        let (lock, _) = &*self.shared;
+        let mut state = lock.lock();
+        state.armed = None;
+        state.fired
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if std::process::id() != self.owner {
+            // A child of fork(): the thread stayed with the parent (and
+            // its lock may have been held there at the fork).
+            return;
+        }
+        let (lock, wake) = &*self.shared;
+        lock.lock().stop = true;
+        wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -493,13 +588,25 @@ impl Control {
 
     /// Runs one `Frontend` request; a failure other than a clean rejection
     /// leaves the stream out of step, so the connection is marked broken.
+    /// A request not answered within `reply_timeout` fails with
+    /// [`TransportError::Timeout`] (its watchdog shut the socket down).
     fn run<R>(
         &mut self,
         request: FrontendReq,
         op: impl FnOnce(&mut Frontend) -> vhost::Result<R>,
     ) -> Result<R, TransportError> {
         self.check()?;
-        op(&mut self.frontend).map_err(|err| self.note(vhost_error(request_name(request), err)))
+        let name = request_name(request);
+        self.watchdog.arm(self.reply_timeout);
+        let result = op(&mut self.frontend);
+        if self.watchdog.disarm() {
+            let timeout = self.reply_timeout;
+            return Err(self.note(TransportError::Timeout {
+                request: name,
+                timeout,
+            }));
+        }
+        result.map_err(|err| self.note(vhost_error(name, err)))
     }
 
     fn note(&mut self, err: TransportError) -> TransportError {
@@ -637,12 +744,22 @@ impl VhostUserTransport {
             operation: "dup of the vhost-user socket",
             source,
         })?;
+        let watched = stream.try_clone().map_err(|source| TransportError::Io {
+            operation: "dup of the vhost-user socket",
+            source,
+        })?;
+        let watchdog = Watchdog::new(watched).map_err(|source| TransportError::Io {
+            operation: "start of the vhost-user watchdog thread",
+            source,
+        })?;
         let frontend =
             Frontend::from_stream(stream, vhost::vhost_user::message::VHOST_USER_MAX_VRINGS);
         let mut control = Control {
             frontend,
             raw,
             broken: None,
+            watchdog,
+            reply_timeout: config.reply_timeout,
         };
         control.run(FrontendReq::SET_OWNER, |f| f.set_owner())?;
         let device_features = control.run(FrontendReq::GET_FEATURES, |f| f.get_features())?;

@@ -98,11 +98,21 @@ fn reply_u64(mut sock: &UnixStream, request: u32, value: u64) -> std::io::Result
 }
 
 /// Serves one connection until it closes; sends every request to `log`.
-fn backend(sock: UnixStream, iotlb: IotlbBehaviour, log: mpsc::Sender<Record>) {
+/// From request `silent_from` on (if any), it answers nothing more but
+/// keeps reading, as a wedged device would.
+fn backend(
+    sock: UnixStream,
+    iotlb: IotlbBehaviour,
+    silent_from: Option<FrontendReq>,
+    log: mpsc::Sender<Record>,
+) {
+    let mut silent = false;
     while let Some(record) = recv_request(&sock) {
         let req = record.request;
         let need_reply = record.flags & 0x8 != 0;
+        silent |= silent_from.is_some_and(|from| from as u32 == req);
         let answer = match req {
+            _ if silent => None,
             r if r == FrontendReq::GET_FEATURES as u32 => Some(DEVICE_FEATURES),
             r if r == FrontendReq::GET_PROTOCOL_FEATURES as u32 => Some(
                 (VhostUserProtocolFeatures::MQ
@@ -138,7 +148,7 @@ fn start(
 ) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let (tx, rx) = mpsc::channel();
-    let handle = thread::spawn(move || backend(theirs, iotlb, tx));
+    let handle = thread::spawn(move || backend(theirs, iotlb, None, tx));
     let config = VhostUserConfig {
         reply_timeout: Duration::from_millis(300),
         ..VhostUserConfig::default()
@@ -419,7 +429,7 @@ fn an_open_whose_query_gets_no_answer_ends_after_one_control_timeout() {
     let (release, released) = mpsc::channel::<()>();
     let device = thread::spawn(move || {
         let kept_open = theirs.try_clone().unwrap();
-        backend(theirs, IotlbBehaviour::Ack(0), log);
+        backend(theirs, IotlbBehaviour::Ack(0), None, log);
         let _ = released.recv();
         drop(kept_open);
     });
@@ -456,6 +466,51 @@ fn an_open_whose_query_gets_no_answer_ends_after_one_control_timeout() {
     );
     release.send(()).unwrap();
     device.join().unwrap();
+}
+
+#[test]
+fn a_device_that_stops_answering_fails_the_request_instead_of_holding_it() {
+    // Silent from GET_FEATURES (in the handshake) or from SET_MEM_TABLE
+    // (after it): the request fails as timed out, the connection counts
+    // as broken, and nothing waits for ever (a wait past a minute fails
+    // the test instead of hanging it).
+    let timeout = Duration::from_millis(300);
+    let config = VhostUserConfig {
+        reply_timeout: timeout,
+        ..VhostUserConfig::default()
+    };
+    for silent_from in [FrontendReq::GET_FEATURES, FrontendReq::SET_MEM_TABLE] {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (log, _records) = mpsc::channel();
+        let device =
+            thread::spawn(move || backend(theirs, IotlbBehaviour::Ack(0), Some(silent_from), log));
+        let (done, outcome) = mpsc::channel();
+        let config = config.clone();
+        let driver = thread::spawn(move || {
+            let result = VhostUserTransport::from_stream(ours, config).and_then(|transport| {
+                transport.negotiate_features(DEFAULT_FEATURES)?;
+                let arena = DmaArena::new(1 << 20).unwrap();
+                let first = transport.register_memory(&[arena.memory_table_region()]);
+                let after = transport.negotiate_features(DEFAULT_FEATURES);
+                first.map(|()| after)
+            });
+            done.send(result).unwrap();
+        });
+        let result = outcome
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("still waiting for a device silent from {silent_from:?}"));
+        match (silent_from, result) {
+            (FrontendReq::GET_FEATURES, Err(TransportError::Timeout { request, .. })) => {
+                assert_eq!(request, "GET_FEATURES")
+            }
+            (FrontendReq::SET_MEM_TABLE, Err(TransportError::Timeout { request, .. })) => {
+                assert_eq!(request, "SET_MEM_TABLE")
+            }
+            (_, other) => panic!("silent from {silent_from:?}: {other:?}"),
+        }
+        driver.join().unwrap();
+        device.join().unwrap();
+    }
 }
 
 #[test]
