@@ -64,7 +64,10 @@
 //! `collective-give-up` (members that give a call up or refuse it release
 //! the others; no late write into a failed call's buffer) and
 //! `collective-lost-member` (a member that gives up the dup that made a
-//! communicator: the others' first call on it fails).
+//! communicator: the others' first call on it fails) and
+//! `collective-verify` (calls that disagree but complete: with
+//! `--verify`, every rank fails them; without, they return).
+//! `--verify` turns on `Config::verify_collectives` for any scenario.
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -156,6 +159,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
             .parse()
             .map_err(|e| format!("--window-cache {windows}: {e}"))?;
     }
+    config.verify_collectives = args.iter().any(|a| a == "--verify");
     if let Some(limit) = args
         .iter()
         .position(|a| a == "--unexpected")
@@ -185,6 +189,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         "collective-mismatch" => collectives::mismatch(&world),
         "collective-give-up" => collectives::give_up(&world),
         "collective-lost-member" => collectives::lost_member(&messenger, &world),
+        "collective-verify" => collectives::verify(&world, &config),
         "forged-index" => forged_index(&messenger, &world),
         "forged-epoch" => forged_epoch(&messenger, &world),
         "outsider-collective" => outsider_collective(&messenger, &world),
@@ -1964,7 +1969,8 @@ mod collectives {
     use std::cmp::Ordering;
 
     use pindown_messaging::{
-        BarrierAlgorithm, BroadcastAlgorithm, Communicator, Element, Error, Op, ReduceAlgorithm,
+        BarrierAlgorithm, BroadcastAlgorithm, Communicator, Config, Element, Error, Op,
+        ReduceAlgorithm,
     };
 
     use super::{err, Outcome, Tally};
@@ -2336,8 +2342,10 @@ mod collectives {
     /// says so. Its call failed once begun, so the pair's next collective
     /// fails on both (at once on rank 1; on rank 0 from rank 1's record of
     /// the call), point-to-point on the pair still works, and so do the
-    /// collectives of another communicator of the two.
-    fn length_mismatch(world: &Communicator<'_>) -> Result<u64, String> {
+    /// collectives of another communicator of the two. With `verify`
+    /// (`Config::verify_collectives`), rank 0's part, though it
+    /// completed, fails too, and so its next call at once.
+    fn length_mismatch(world: &Communicator<'_>, verify: bool) -> Result<u64, String> {
         let me = world.rank();
         // Every rank takes part in both splits of the world; ranks 0 and 1
         // get communicators of the two.
@@ -2355,15 +2363,17 @@ mod collectives {
         }
         let mut buffer = vec![1u8; if me == 0 { 16 } else { 8 }];
         let outcome = pair.broadcast_with(0, &mut buffer, BroadcastAlgorithm::BinomialTree);
-        match (me, outcome) {
-            (0, Ok(())) | (1, Err(Error::Mismatch(_))) => {}
-            (_, other) => return Err(format!("broadcast of 16 bytes into 8: {other:?}")),
+        match (me, verify, outcome) {
+            (0, false, Ok(())) | (1, _, Err(Error::Mismatch(_))) => {}
+            (0, true, Err(Error::Mismatch(_) | Error::MemberFailed { rank: 1, call: 1 })) => {}
+            (_, _, other) => return Err(format!("broadcast of 16 bytes into 8: {other:?}")),
         }
         let mut sum = [0u32];
-        match (me, pair.allreduce(&[me + 1], &mut sum, Op::Sum)) {
-            (0, Err(Error::MemberFailed { rank: 1, call: 1 }))
-            | (1, Err(Error::CommunicatorBroken(_))) => {}
-            (_, other) => return Err(format!("allreduce after a mismatch: {other:?}")),
+        match (me, verify, pair.allreduce(&[me + 1], &mut sum, Op::Sum)) {
+            (0, false, Err(Error::MemberFailed { rank: 1, call: 1 }))
+            | (0, true, Err(Error::CommunicatorBroken(_)))
+            | (1, _, Err(Error::CommunicatorBroken(_))) => {}
+            (_, _, other) => return Err(format!("allreduce after a mismatch: {other:?}")),
         }
         // Point-to-point on the pair still works.
         let mut got = [0u8; 4];
@@ -2421,9 +2431,14 @@ mod collectives {
     /// it fails. (5) A member that gave a call up and made more calls
     /// since still releases the member waiting on it in that call. (6)
     /// So does a rank that refused a call and refused two more since.
-    /// (3) and (7) also check the refusing rank's next call: it waits
-    /// until the member that took part is done with the refused call,
-    /// and fails, instead of meeting that member's words or sends.
+    /// (7) On a pair, a member takes part in a call in the middle of a
+    /// peer's run of refusals: it learns it from the run. (3) and (7)
+    /// also check the refusing rank's next call: it waits until the
+    /// member that took part is done with the refused call, and fails,
+    /// instead of meeting that member's words or sends. (8) A member
+    /// that comes late to a call the others already failed over a
+    /// refusal still learns it. (9) Communicators whose last call every
+    /// member refused give their contexts back when dropped.
     pub(super) fn give_up(world: &Communicator<'_>) -> Outcome {
         if world.size() != 4 {
             return Err("collective-give-up runs on 4 ranks".into());
@@ -2642,12 +2657,69 @@ mod collectives {
             }
         }
         world.barrier().map_err(err("world barrier"))?;
+        // (8) On ranks 0-2, rank 0 refuses calls 1 and 2 and comes to the
+        // barrier as call 3; rank 1 comes to it as call 1 at once, rank 2
+        // a second later. Rank 1 fails from the refusal, rank 0's barrier
+        // fails naming rank 1, and rank 2, late, still learns that its
+        // call 1 cannot complete (rank 0's records no longer show the
+        // refusals alone: its call 3 failed).
+        let three = world
+            .split((me < 3).then_some(0), me)
+            .map_err(err("sixth split"))?;
+        if let Some(three) = &three {
+            match me {
+                0 => {
+                    for _ in 0..2 {
+                        match three.broadcast(7, &mut [0u8; 8]) {
+                            Err(Error::NoSuchRank { .. }) => {}
+                            other => return Err(format!("a broadcast from root 7: {other:?}")),
+                        }
+                    }
+                    match three.barrier() {
+                        Err(Error::MemberFailed { rank: 1, call: 1 }) => tally.checked += 1,
+                        other => return Err(format!("rank 0's barrier as call 3: {other:?}")),
+                    }
+                }
+                1 => match three.barrier() {
+                    Err(Error::MemberFailed { rank: 0, call: 1 }) => tally.checked += 1,
+                    other => return Err(format!("rank 1's barrier: {other:?}")),
+                },
+                _ => {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    match three.barrier() {
+                        Err(Error::MemberFailed {
+                            rank: 0 | 1,
+                            call: 1,
+                        }) => tally.checked += 1,
+                        other => return Err(format!("rank 2's late barrier: {other:?}")),
+                    }
+                }
+            }
+        }
+        world.barrier().map_err(err("world barrier"))?;
+        // (9) Dups whose only call every member refuses, dropped: their
+        // contexts are free again (twice as many dups as there are
+        // communicators), and the next dup works.
+        let communicators = Config::default().communicators;
+        for round in 0..2 * communicators {
+            let dup = world
+                .dup()
+                .map_err(|e| format!("dup {round} after dups whose call all refused: {e}"))?;
+            match dup.broadcast(99, &mut [0u8; 8]) {
+                Err(Error::NoSuchRank { .. }) => {}
+                other => return Err(format!("a broadcast from root 99: {other:?}")),
+            }
+        }
+        let dup = world.dup().map_err(err("the last dup"))?;
+        dup.barrier().map_err(err("its barrier"))?;
+        tally.checked += 1;
+        world.barrier().map_err(err("world barrier"))?;
         Ok(tally)
     }
 
     /// `collective-lost-member` (4 ranks): rank 3 gives up a dup of the
     /// world after its contribution reached rank 0 (rank 0 counts as gone
-    /// for it 300 ms into the call, while rank 1 comes 600 ms late), so
+    /// for it 2 s into the call, while rank 1 comes 4 s late), so
     /// ranks 1 and 2 get the table and the new communicator, and rank 0's
     /// table to rank 3 is refused: rank 0's dup fails naming rank 3. The
     /// first barrier of ranks 1 and 2 on the new communicator fails with
@@ -2664,11 +2736,11 @@ mod collectives {
         let mut tally = Tally::default();
         world.barrier().map_err(err("world barrier"))?;
         match me {
-            1 => std::thread::sleep(std::time::Duration::from_millis(600)),
+            1 => std::thread::sleep(std::time::Duration::from_secs(4)),
             3 => messenger
                 .declare_gone_at(
                     0,
-                    std::time::Instant::now() + std::time::Duration::from_millis(300),
+                    std::time::Instant::now() + std::time::Duration::from_secs(2),
                 )
                 .map_err(err("declare_gone_at"))?,
             _ => {}
@@ -2693,8 +2765,10 @@ mod collectives {
             (_, other) => return Err(format!("a dup rank 3 gives up: {other:?}")),
         }
         // Ranks 0 and 3 stay until ranks 1 and 2 are done (a rank that
-        // leaves counts as gone).
+        // leaves counts as gone), and those stay until their notices have
+        // landed (synchronous sends).
         const DONE: u32 = 6;
+        messenger.set_send_timeout(None);
         for (waiter, notifier) in [(0, 1), (0, 2), (3, 1), (3, 2)] {
             if me == notifier {
                 world.send(waiter, DONE, &[1]).map_err(err("done notice"))?;
@@ -2703,6 +2777,77 @@ mod collectives {
                     .recv(notifier, DONE, &mut [0u8; 1])
                     .map_err(err("done notice"))?;
             }
+        }
+        Ok(tally)
+    }
+
+    /// How many ranks of the world named the mismatch of case `name`
+    /// (`named`: 1 here if this rank did); none is an error.
+    fn namers_of_mismatch(world: &Communicator<'_>, name: &str, named: u32) -> Result<u32, String> {
+        let mut namers = [0u32];
+        world
+            .allreduce(&[named], &mut namers, Op::Sum)
+            .map_err(err("allreduce of the ranks that named the mismatch"))?;
+        if namers[0] == 0 {
+            return Err(format!("{name}: no rank named the mismatch"));
+        }
+        Ok(namers[0])
+    }
+
+    /// `collective-verify` (2 ranks): calls that disagree but complete
+    /// anyway, each on a new dup of the world: an allreduce by sum on
+    /// rank 0 and by max on rank 1, and a reduce to rank 1 (binary tree)
+    /// on rank 0 against a broadcast from rank 0 (binomial tree) on rank
+    /// 1, whose receive takes the reduce's send. With `--verify` each
+    /// fails on both ranks (`Mismatch`, or `MemberFailed` where the other
+    /// failed first; at least one names both calls) and the dup's next
+    /// barrier fails at once; without, both return, the program none the
+    /// wiser, as the module's documentation says.
+    pub(super) fn verify(world: &Communicator<'_>, config: &Config) -> Outcome {
+        type Call = fn(&Communicator<'_>) -> pindown_messaging::Result<()>;
+        let cases: [(&str, Call); 2] = [
+            ("an allreduce by sum against one by max", |c| {
+                let op = if c.rank() == 0 { Op::Sum } else { Op::Max };
+                c.allreduce(&[u64::from(c.rank()) + 1], &mut [0u64], op)
+            }),
+            ("a reduce against a broadcast", |c| match c.rank() {
+                0 => c.reduce_with(
+                    1,
+                    &[7u64],
+                    &mut [0u64],
+                    Op::Sum,
+                    ReduceAlgorithm::BinaryTree,
+                ),
+                _ => c.broadcast_with(0, &mut [0u8; 8], BroadcastAlgorithm::BinomialTree),
+            }),
+        ];
+        if world.size() != 2 {
+            return Err("collective-verify runs on 2 ranks".into());
+        }
+        watchdog(world.rank(), "collective-verify", 60);
+        let mut tally = Tally::default();
+        for (name, call) in cases {
+            let dup = world.dup().map_err(err("dup"))?;
+            let outcome = call(&dup);
+            let named = match (config.verify_collectives, outcome) {
+                (false, Ok(())) => 0u32,
+                (true, Err(Error::Mismatch(why))) if why.contains(" but ") => {
+                    tally.notes.push(format!("{name}: {why}"));
+                    1
+                }
+                (true, Err(Error::MemberFailed { call: 1, .. })) => 0,
+                (verify, other) => {
+                    return Err(format!("{name}, verify {verify}: {other:?}"));
+                }
+            };
+            if config.verify_collectives {
+                match dup.barrier() {
+                    Err(Error::CommunicatorBroken(_)) => {}
+                    other => return Err(format!("{name}, the barrier after: {other:?}")),
+                }
+                namers_of_mismatch(world, name, named)?;
+            }
+            tally.checked += 1;
         }
         Ok(tally)
     }
@@ -2773,16 +2918,10 @@ mod collectives {
                 (_, other) => return Err(format!("{name}, the barrier after: {other:?}")),
             }
             let waited = started.elapsed();
-            let mut namers = [0u32];
-            world
-                .allreduce(&[named], &mut namers, Op::Sum)
-                .map_err(err("allreduce of the ranks that named the mismatch"))?;
-            if namers[0] == 0 {
-                return Err(format!("{name}: no rank named the mismatch"));
-            }
+            let namers = namers_of_mismatch(world, name, named)?;
             tally
                 .notes
-                .push(format!("{name}: {waited:?}, {} named it", namers[0]));
+                .push(format!("{name}: {waited:?}, {namers} named it"));
             tally.checked += 2;
             // Kept to the end: its contexts are not used again anyway.
             broken.push(dup);
@@ -2958,7 +3097,8 @@ mod collectives {
         // The contexts freed are taken again with fresh epochs.
         let again = world.dup().map_err(err("dup"))?;
         cases(&again, seed ^ 0x3, 10, &mut tally)?;
-        tally.checked += length_mismatch(world)?;
+        let verify = args.iter().any(|a| a == "--verify");
+        tally.checked += length_mismatch(world, verify)?;
         Ok(tally)
     }
 }

@@ -55,9 +55,11 @@
 //! call moves nothing and fails, so a send left over from a mismatched
 //! call never lands in a later one. Mismatched calls that happen to
 //! complete (a reduce's send taken by a broadcast's receive of the same
-//! length, in the same call) are not seen: records are only read while
-//! a rank waits; nor are calls on two communicators made in different
-//! orders. A call
+//! length, in the same call; reductions by different operations) are
+//! not seen by default: records are only read while a rank waits.
+//! [`crate::Config::verify_collectives`] reads every member's record of
+//! each call once it completes ([`verify_call`]) and fails those. Calls
+//! on two communicators made in different orders are not seen. A call
 //! that fails once it has begun leaves the members' epochs and slots in
 //! unknown states, so later collective calls on the communicator fail
 //! at once with [`Error::CommunicatorBroken`] (publishing nothing: the
@@ -371,6 +373,9 @@ pub(crate) struct Epochs {
     broken: Option<String>,
     /// The latest call was refused here (members may still wait in it).
     last_refused: bool,
+    /// The record of the first call of the latest run of refused calls,
+    /// until the call after the run has found every member done with it.
+    run_start: Option<CallRecord>,
     /// The communicator was made by a split or dup: the collective
     /// context it was made on and that exchange's call number there. A
     /// member that gave that call up has no part in this communicator.
@@ -486,13 +491,16 @@ impl Algorithm {
 fn describe(record: &CallRecord) -> String {
     let by = Algorithm::name_of(record.algorithm);
     let (bytes, element, root) = (record.bytes, element_name(record.element), record.root);
+    let op = op_name(record.op);
     match Kind::of(record.kind) {
         Some(Kind::Barrier) => format!("a barrier by {by}"),
         Some(Kind::Broadcast) => format!("a broadcast of {bytes} bytes from root {root} by {by}"),
         Some(Kind::Reduce) => {
-            format!("a reduce of {bytes} bytes of {element} to root {root} by {by}")
+            format!("a reduce ({op}) of {bytes} bytes of {element} to root {root} by {by}")
         }
-        Some(Kind::Allreduce) => format!("an allreduce of {bytes} bytes of {element} by {by}"),
+        Some(Kind::Allreduce) => {
+            format!("an allreduce ({op}) of {bytes} bytes of {element} by {by}")
+        }
         Some(Kind::SplitColors) => {
             format!("a split's exchange of colours, {bytes} bytes per member through {by}")
         }
@@ -512,9 +520,35 @@ fn record(kind: Kind, algorithm: Algorithm, element: u8, root: u32, bytes: usize
         kind: kind as u8,
         algorithm: algorithm as u8,
         element,
+        op: 0,
         root,
         bytes: bytes as u64,
     }
+}
+
+/// The operations as call records name them (a user function by its
+/// kind only: two of them are not told apart).
+const OPS: [&str; 6] = ["sum", "min", "max", "max-abs", "min-abs", "a user function"];
+
+/// The code of `op` in a call record (0 is no operation).
+fn op_code<T>(op: &Op<'_, T>) -> u8 {
+    1 + match op {
+        Op::Sum => 0,
+        Op::Min => 1,
+        Op::Max => 2,
+        Op::MaxAbs => 3,
+        Op::MinAbs => 4,
+        Op::User(_) => 5,
+    }
+}
+
+/// The name of a record's operation code, for errors.
+fn op_name(code: u8) -> &'static str {
+    usize::from(code)
+        .checked_sub(1)
+        .and_then(|i| OPS.get(i))
+        .copied()
+        .unwrap_or("an unknown operation")
 }
 
 /// What a split's or dup's exchange carries: a record tells them apart
@@ -573,17 +607,27 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
 /// The calls a member's records (slot by slot, the kept one last) show
 /// it refused in a row up to its latest call: from its kept record (the
 /// first of its latest run) to its latest record, when both are
-/// refusals. Its records of the calls between are overwritten, but a
-/// run has no gaps: a call that was not refused ends it, and the next
-/// refusal starts a new one in the kept slot.
+/// refusals and the run shows whole: it is one call long, or the other
+/// parity slot holds the call before the latest, refused too. Its
+/// records of the calls between are overwritten, but a run has no gaps:
+/// a call that was not refused ends it, and the next refusal starts a
+/// new one in the kept slot (written before the parity slot, so a
+/// record read while a new run starts does not join it to the old one).
 fn refusing_through(records: &[[u64; 3]]) -> Option<std::ops::RangeInclusive<u64>> {
     let kept = layout::call_record_of(*records.get(KEPT_CALL_RECORD as usize)?)?;
-    let latest = records
+    let parities: Vec<CallRecord> = records
         .iter()
+        .take(2)
         .copied()
         .filter_map(layout::call_record_of)
-        .max_by_key(|r| r.call)?;
-    (kept.refused && latest.refused && kept.call <= latest.call).then_some(kept.call..=latest.call)
+        .collect();
+    let latest = parities.iter().chain([&kept]).max_by_key(|r| r.call)?;
+    let whole = latest.call == kept.call
+        || parities
+            .iter()
+            .any(|r| r.call + 1 == latest.call && r.refused);
+    (kept.refused && latest.refused && kept.call <= latest.call && whole)
+        .then_some(kept.call..=latest.call)
 }
 
 /// Whether world rank `peer`, by its records, is done with the call
@@ -620,23 +664,74 @@ fn refusal_passed(peer: u32, refused: u64, records: &[[u64; 3]]) -> Result<bool>
 /// of each member's records; refused on some, they fail here once the
 /// members that took part give the call up.
 fn confirm_refusals(engine: &mut Engine<'_>, group: &Group<'_>, refused: u64) -> Result<()> {
+    read_members_until(engine, group, |member, records, _| {
+        refusal_passed(member, refused, records)
+    })
+}
+
+/// After call `mine` completed here ([`crate::Config::verify_collectives`]):
+/// waits until each member's records show that call or a later one, and
+/// compares the member's record of it with this rank's, so that members
+/// that disagreed about a call that completed anyway (different
+/// operations, a reduce's send taken by a broadcast's receive) fail it
+/// with [`Error::Mismatch`]. A member that has gone two calls further
+/// (its record of this one overwritten) is not compared, nor one that
+/// shows no record at all for a liveness interval: it has dropped the
+/// communicator (which clears its records, after its part of every
+/// call), or has yet to make its first call there.
+fn verify_call(engine: &mut Engine<'_>, group: &Group<'_>, mine: &CallRecord) -> Result<()> {
+    let patience = engine.config.liveness_interval;
+    read_members_until(engine, group, |member, records, waited| {
+        if let Some(err) = check_member(member, mine, records) {
+            return Err(err);
+        }
+        let mut calls = records
+            .iter()
+            .filter_map(|r| layout::call_record_of(*r))
+            .map(|r| r.call)
+            .peekable();
+        Ok(match calls.peek() {
+            None => waited >= patience,
+            Some(_) => calls.any(|call| call >= mine.call),
+        })
+    })
+}
+
+/// The longest pause between two reads of a member's records that
+/// [`read_members_until`] waits for: a member usually comes within
+/// microseconds, and a read costs about as much as a message.
+const MEMBER_READ_PAUSE_MAX: Duration = Duration::from_millis(1);
+
+/// Reads each other member's call records, again and again (backing off
+/// up to [`MEMBER_READ_PAUSE_MAX`], the member checked meanwhile), until
+/// `done` (given the member, its records and how long this rank has
+/// waited for it) says so for that member or fails. A member that gave up the
+/// split or dup that made the communicator fails it with
+/// [`Error::NotAMember`] ([`check_origin`]).
+fn read_members_until(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    mut done: impl FnMut(u32, &[[u64; 3]], Duration) -> Result<bool>,
+) -> Result<()> {
     let me = engine.rank;
     for &member in group.ranks.iter().filter(|&&m| m != me) {
         let mut pause = Duration::from_micros(20);
+        let started = Instant::now();
         loop {
             let records = engine.read_call_records(member, group.context)?;
-            if let Some((parent, made_by)) = origin(engine, group.context) {
+            let joined = records.iter().any(|r| layout::call_record_of(*r).is_some());
+            if let Some((parent, made_by)) = origin(engine, group.context).filter(|_| !joined) {
                 let parent_records = engine.read_call_records(member, parent)?;
                 if let Some(err) = check_origin(member, made_by, &records, &parent_records) {
                     return Err(err);
                 }
             }
-            if refusal_passed(member, refused, &records)? {
+            if done(member, &records, started.elapsed())? {
                 break;
             }
             let until = Instant::now() + pause;
             engine.wait_until(Some(member), Some(until), |_| Ok(false))?;
-            pause = (pause * 2).min(engine.config.liveness_interval);
+            pause = (pause * 2).min(MEMBER_READ_PAUSE_MAX);
         }
     }
     Ok(())
@@ -654,11 +749,26 @@ fn publish(engine: &Engine<'_>, group: &Group<'_>, record: &CallRecord, keep: bo
 
 /// [`publish`] on collective context `context` to the members `ranks`.
 fn publish_to(engine: &Engine<'_>, context: u32, ranks: &[u32], record: &CallRecord, keep: bool) {
+    // The kept slot first: a member that reads this call's parity slot
+    // (the kept one lies after both) reads the kept slot as new at least.
+    let slots = keep.then_some(KEPT_CALL_RECORD);
+    let slots: Vec<u64> = slots.into_iter().chain([record.call % 2]).collect();
+    publish_in(engine, context, ranks, record, &slots);
+}
+
+/// Writes `record` into call record `slots` (in that order) of each
+/// member of `ranks` but this rank, on collective context `context`.
+fn publish_in(
+    engine: &Engine<'_>,
+    context: u32,
+    ranks: &[u32],
+    record: &CallRecord,
+    slots: &[u64],
+) {
     let words = layout::call_record_words(record);
-    let kept = keep.then_some(KEPT_CALL_RECORD);
     for &member in ranks.iter().filter(|&&m| m != engine.rank) {
         let records = engine.layout.call_records(context, member);
-        for slot in std::iter::once(record.call % 2).chain(kept) {
+        for &slot in slots {
             let at = records + slot * CALL_RECORD_BYTES;
             engine.store(at + 8, words[1]);
             engine.store(at + 16, words[2]);
@@ -707,14 +817,36 @@ fn begin_call(
     }
     record.refused = arguments.is_err();
     let keep = record.refused && !state.last_refused;
+    if keep {
+        state.run_start = Some(record);
+    }
     let after_refusals = (state.last_refused && !record.refused).then_some(record.call - 1);
     state.last_refused = record.refused;
     if let Some(refused) = after_refusals {
         // This call's record goes out once the members are done with
         // the refused ones: until then, the latest record tells a member
         // still in one of them that this rank refused it.
-        if let Err(err) = confirm_refusals(engine, group, refused) {
+        let confirmed = confirm_refusals(engine, group, refused);
+        let state = &mut engine.collective_epochs[group.context as usize];
+        let run_start = state.run_start.take();
+        if let Err(err) = confirmed {
             end_call(engine, group, record, Some(&err));
+            // The kept slot said which calls of the run were refused:
+            // it says now that the run's first was given up, which tells
+            // a member still waiting in any call of the run, or later.
+            if let Some(first) = run_start {
+                let failed = CallRecord {
+                    failed: true,
+                    ..first
+                };
+                publish_in(
+                    engine,
+                    group.context,
+                    group.ranks,
+                    &failed,
+                    &[KEPT_CALL_RECORD],
+                );
+            }
             return Err(err);
         }
     }
@@ -749,15 +881,40 @@ fn end_call(
     }
 }
 
-/// Whether the communicator of collective context `context` keeps its
-/// contexts when it goes: its collectives stopped at a failure (requests
-/// of its members may still be posted there), or its latest call was
-/// refused here (members may still wait in it, and learn it only from
-/// this rank's record of the call, which freeing the context would
-/// clear).
-pub(crate) fn keeps_contexts(engine: &Engine<'_>, context: u32) -> bool {
+/// Whether the communicator of collective context `context` (members
+/// `ranks`, this rank member `me`) keeps its contexts when it goes: its
+/// collectives stopped at a failure (requests of its members may still
+/// be posted there), or its latest call was refused here and a member
+/// took part in it (it may still wait, and learns it only from this
+/// rank's record of the call, which freeing the context would clear).
+/// After a refused call, each member's records are read first, as the
+/// call after a refusal does: a member that refused it too or has begun
+/// a later call is done with it, and so is one that shows no record for
+/// a liveness interval (it has dropped the communicator already, which
+/// cleared them).
+pub(crate) fn keeps_contexts(
+    engine: &mut Engine<'_>,
+    context: u32,
+    ranks: &[u32],
+    me: u32,
+) -> bool {
     let state = &engine.collective_epochs[context as usize];
-    state.broken.is_some() || state.last_refused
+    if state.broken.is_some() {
+        return true;
+    }
+    if !state.last_refused {
+        return false;
+    }
+    let refused = state.calls;
+    let patience = engine.config.liveness_interval;
+    let group = Group { ranks, me, context };
+    let settled = read_members_until(engine, &group, |member, records, waited| {
+        if records.iter().all(|r| layout::call_record_of(*r).is_none()) {
+            return Ok(waited >= patience);
+        }
+        refusal_passed(member, refused, records)
+    });
+    settled.is_err()
 }
 
 /// Forgets a context's collective state when its communicator goes (on
@@ -1042,8 +1199,13 @@ fn gather_and_return(engine: &mut Engine<'_>, group: &Group<'_>, value: &[u8]) -
         table[..len].copy_from_slice(value);
         let mut posted = Vec::new();
         let mut gathered = Ok(());
+        let base = table.as_mut_ptr();
         for member in 1..group.size() {
-            let part = table[member as usize * len..].as_mut_ptr();
+            // SAFETY: member * len + len <= table.len() (the table holds
+            // `size` parts of `len` bytes); every part is a separate
+            // range of the table, which stays allocated and untouched
+            // until each receive is finished or withdrawn below.
+            let part = unsafe { base.add(member as usize * len) };
             match post_recv(engine, context, group.world(member), 0, part, len) {
                 Ok(receive) => posted.push(receive),
                 Err(err) => {
@@ -1078,7 +1240,10 @@ fn gather_and_return(engine: &mut Engine<'_>, group: &Group<'_>, value: &[u8]) -
         // that send has landed or soon will. One that never found its
         // receive (a table sent without it) stays spooled; the table
         // itself was checked.
-        sends.settle(engine)?;
+        if let Err(err) = sends.settle(engine) {
+            sends.abandon(engine);
+            return Err(err);
+        }
     }
     Ok(table)
 }
@@ -1593,6 +1758,9 @@ impl Communicator<'_> {
                 let explained = self.engine().member_that_gave_up(group.ranks);
                 Err(explained.unwrap_or(Error::Completion(refused)))
             }
+            Ok(value) if self.engine().config.verify_collectives => {
+                verify_call(&mut self.engine(), &group, &record).map(|()| value)
+            }
             other => other,
         };
         end_call(&mut self.engine(), &group, record, result.as_ref().err());
@@ -1771,7 +1939,10 @@ impl Communicator<'_> {
                 Algorithm::FlagWords => check_flag_fit(bytes),
                 _ => Ok(()),
             });
-            let call = record(Kind::Reduce, chosen, T::CODE, root, bytes);
+            let call = CallRecord {
+                op: op_code(&op),
+                ..record(Kind::Reduce, chosen, T::CODE, root, bytes)
+            };
             self.collective_call(call, arguments, || {
                 let mut engine = self.engine();
                 match chosen {
@@ -1863,7 +2034,10 @@ impl Communicator<'_> {
             Algorithm::FlagWords => check_flag_fit(bytes),
             _ => Ok(()),
         });
-        let call = record(Kind::Allreduce, chosen, T::CODE, 0, bytes);
+        let call = CallRecord {
+            op: op_code(&op),
+            ..record(Kind::Allreduce, chosen, T::CODE, 0, bytes)
+        };
         self.collective_call(call, arguments, || {
             receive.copy_from_slice(send);
             let mut engine = self.engine();
@@ -2092,6 +2266,29 @@ mod tests {
         // Not yet at call 10; at call 4, before the run, it took part.
         assert!(check_member(2, &mine(10), &run).is_none());
         assert!(check_member(2, &mine(4), &run).is_none());
+        // A new run starting at call 10 after calls 6 to 9 went well, read
+        // before its kept record was: the old run's kept call 5 does not
+        // join it, so a member in call 9 is not failed.
+        let starting = [refused(10), barrier_record(9, false, false), refused(5)];
+        assert!(check_member(2, &mine(9), &starting).is_none());
+        assert!(matches!(
+            check_member(2, &mine(10), &starting),
+            Some(Error::MemberFailed { rank: 2, call: 10 })
+        ));
+        // A run 3 to 6 whose next call failed (a member had taken part):
+        // the kept record names the run's first call as given up, which
+        // tells a member waiting in any call of the run.
+        let failed_after = [
+            refused(6),
+            barrier_record(7, false, true),
+            barrier_record(3, true, true),
+        ];
+        for call in 3..=7 {
+            assert!(matches!(
+                check_member(2, &mine(call), &failed_after),
+                Some(Error::MemberFailed { rank: 2, .. })
+            ));
+        }
         // A call after the run that was not refused ended it: its kept
         // record no longer speaks for the calls since.
         let ended = [refused(8), barrier_record(9, false, false), refused(5)];

@@ -234,10 +234,12 @@ impl Drop for Communicator<'_> {
         if self.owns_context {
             if let Ok(mut engine) = self.engine.try_borrow_mut() {
                 // After a failed collective call, requests of its members
-                // may still be posted on the contexts; after a refused one,
-                // members may still wait for its record: they stay taken, so
-                // that no later communicator meets them.
-                if crate::collective::keeps_contexts(&engine, self.context + 1) {
+                // may still be posted on the contexts; after a refused one
+                // that a member took part in, it may still wait for its
+                // record: they stay taken, so that no later communicator
+                // meets them.
+                let (ranks, me) = (&self.ranks, self.rank);
+                if crate::collective::keeps_contexts(&mut engine, self.context + 1, ranks, me) {
                     return;
                 }
                 engine.contexts_taken[self.context as usize] = false;

@@ -25,7 +25,8 @@ use pindown_uapi::{Access, CompletionError, ErrorDetail, RemoteAddress, Status};
 
 use crate::error::{Error, Result};
 use crate::layout::{
-    self, CallRecord, Layout, CALL_RECORDS_BYTES, CALL_RECORD_SLOTS, MATCH_STAMP_AT,
+    self, CallRecord, Layout, CALL_RECORDS_BYTES, CALL_RECORD_BYTES, CALL_RECORD_SLOTS,
+    MATCH_STAMP_AT,
 };
 use crate::windows::WindowCache;
 
@@ -81,6 +82,17 @@ pub struct Config {
     /// communicator must find its message whatever the same sender left
     /// unreceived on another.) 0 counts as 1.
     pub unexpected_per_sender: usize,
+    /// Compare every collective call with every member's once it has
+    /// completed here (a read of each member's call record, waiting for
+    /// members that have not come to it yet): calls that disagree but
+    /// complete anyway (members reducing with different operations, a
+    /// reduce's send taken by a broadcast's receive of the same length)
+    /// fail with [`Error::Mismatch`] instead of returning wrong data. Off
+    /// by default: without it, records are read only while a rank waits,
+    /// and a correct program pays nothing for them; on, each call costs a
+    /// read per member and ends no earlier than every member has begun it
+    /// (a checking mode, as MPI correctness tools offer).
+    pub verify_collectives: bool,
 }
 
 impl Default for Config {
@@ -93,6 +105,7 @@ impl Default for Config {
             liveness_interval: Duration::from_millis(200),
             window_cache: 0,
             unexpected_per_sender: 4096,
+            verify_collectives: false,
         }
     }
 }
@@ -1592,9 +1605,7 @@ impl<'c> Engine<'c> {
     pub(crate) fn member_that_gave_up(&mut self, members: &[u32]) -> Option<Error> {
         self.collective_call?;
         // A check made meanwhile may have found it already.
-        if let Some(fault @ (Error::MemberFailed { .. } | Error::NotAMember { .. })) =
-            self.collective_fault.take()
-        {
+        if let Some(fault) = self.collective_fault.take().filter(Error::is_member_fault) {
             return Some(fault);
         }
         for &peer in members {
@@ -1616,9 +1627,7 @@ impl<'c> Engine<'c> {
             if !matches!(self.wait_until(None, deadline, answered), Ok(true)) {
                 continue;
             }
-            if let Some(fault @ (Error::MemberFailed { .. } | Error::NotAMember { .. })) =
-                self.collective_fault.take()
-            {
+            if let Some(fault) = self.collective_fault.take().filter(Error::is_member_fault) {
                 return Some(fault);
             }
         }
@@ -1648,7 +1657,7 @@ impl<'c> Engine<'c> {
     /// by slot ([`layout::CALL_RECORD_SLOTS`]).
     fn call_records_at(&self, at: u64) -> [[u64; 3]; CALL_RECORD_SLOTS as usize] {
         std::array::from_fn(|slot| {
-            let word = |i: u64| self.load(at + 8 * (3 * slot as u64 + i));
+            let word = |i: u64| self.load(at + slot as u64 * CALL_RECORD_BYTES + 8 * i);
             [word(0), word(1), word(2)]
         })
     }

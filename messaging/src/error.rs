@@ -206,5 +206,13 @@ pub enum Error {
     Gasnet(String),
 }
 
+impl Error {
+    /// Whether the error says a member gave up a collective call (or the
+    /// split or dup that made the communicator).
+    pub(crate) fn is_member_fault(&self) -> bool {
+        matches!(self, Error::MemberFailed { .. } | Error::NotAMember { .. })
+    }
+}
+
 /// The result of a messaging call.
 pub type Result<T> = std::result::Result<T, Error>;

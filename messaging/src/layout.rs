@@ -384,6 +384,8 @@ pub struct CallRecord {
     pub algorithm: u8,
     /// The element type of a reduction (0 for bytes).
     pub element: u8,
+    /// The operation of a reduction (0 where there is none).
+    pub op: u8,
     /// Its root (0 where it has none).
     pub root: u32,
     /// The bytes it moves per member (below 2^48).
@@ -399,7 +401,8 @@ const CALL_BITS: u32 = 40;
 
 /// The three words of a call record: the call number, element type,
 /// algorithm, kind and the refused and failed flags; the bytes; the
-/// root. The second and third carry the call number's low bits too.
+/// root and the operation. The second and third carry the call number's
+/// low bits too.
 pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
     let call = record.call & ((1 << CALL_BITS) - 1);
     let tag = (call & ((1 << CALL_TAG_BITS) - 1)) << 48;
@@ -411,7 +414,7 @@ pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
             | u64::from(record.refused) << 1
             | u64::from(record.failed),
         tag | (record.bytes & ((1 << 48) - 1)),
-        tag | u64::from(record.root),
+        tag | u64::from(record.op) << 32 | u64::from(record.root),
     ]
 }
 
@@ -420,7 +423,7 @@ pub fn call_record_words(record: &CallRecord) -> [u64; 3] {
 pub fn call_record_of(words: [u64; 3]) -> Option<CallRecord> {
     let call = words[0] >> 24;
     let tag = call & ((1 << CALL_TAG_BITS) - 1);
-    if call == 0 || words[1] >> 48 != tag || words[2] >> 48 != tag || words[2] >> 32 & 0xffff != 0 {
+    if call == 0 || words[1] >> 48 != tag || words[2] >> 48 != tag || words[2] >> 40 & 0xff != 0 {
         return None;
     }
     Some(CallRecord {
@@ -431,6 +434,7 @@ pub fn call_record_of(words: [u64; 3]) -> Option<CallRecord> {
         algorithm: (words[0] >> 8) as u8,
         element: (words[0] >> 16) as u8,
         root: words[2] as u32,
+        op: (words[2] >> 32) as u8,
         bytes: words[1] & ((1 << 48) - 1),
     })
 }
@@ -514,6 +518,7 @@ mod tests {
             kind: 0x3f,
             algorithm: 0xff,
             element: 0xff,
+            op: 0xff,
             root: u32::MAX,
             bytes: (1 << 48) - 1,
         };
@@ -525,6 +530,7 @@ mod tests {
             kind: 3,
             algorithm: 2,
             element: 1,
+            op: 1,
             root: 0,
             bytes: 264,
         };

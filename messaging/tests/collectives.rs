@@ -97,11 +97,13 @@ fn members_that_give_a_call_up_release_the_others_and_leave_no_late_write() {
     // so does one that refused a call three times in a row (rank 1); a
     // rank whose call after a refused one would meet the words or sends
     // of a member still in the refused call waits for it and fails
-    // (rank 0, twice), and a member in any call of a run of refusals
-    // learns it (rank 1).
+    // (rank 0, twice), a member in any call of a run of refusals learns
+    // it (rank 1), and so does one that comes late to a call the others
+    // already failed over a refusal (rank 2); communicators whose last
+    // call every member refused give their contexts back (every rank).
     let lines = passes(4, "collective-give-up", &[]);
     let counts: Vec<u64> = lines.iter().map(checked).collect();
-    assert_eq!(counts, [6, 6, 2, 2], "{lines:?}");
+    assert_eq!(counts, [8, 8, 4, 3], "{lines:?}");
 }
 
 #[test]
@@ -114,4 +116,20 @@ fn a_member_that_gave_up_the_dup_making_a_communicator_fails_the_others_first_ca
     let lines = passes(4, "collective-lost-member", &[]);
     let counts: Vec<u64> = lines.iter().map(checked).collect();
     assert_eq!(counts, [1, 2, 2, 1], "{lines:?}");
+}
+
+#[test]
+fn verified_collectives_fail_calls_that_disagree_but_complete() {
+    // Without Config::verify_collectives, an allreduce by sum against one
+    // by max and a reduce against a broadcast both return; with it, they
+    // fail on both ranks and one names both calls.
+    for verify in [&[][..], &["--verify"][..]] {
+        let lines = passes(2, "collective-verify", verify);
+        let counts: Vec<u64> = lines.iter().map(checked).collect();
+        assert_eq!(counts, [2, 2], "{verify:?}: {lines:?}");
+    }
+    // Correct programs pass verified: every collective, sizes and roots
+    // at random, on 3 ranks.
+    let lines = passes(3, "collectives", &["--verify", "--cases", "20"]);
+    assert!(lines.iter().all(|l| checked(l) > 0), "{lines:?}");
 }
