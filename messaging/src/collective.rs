@@ -396,6 +396,12 @@ pub(crate) fn origin(engine: &Engine<'_>, context: u32) -> Option<(u32, u64)> {
     engine.collective_epochs[context as usize].origin
 }
 
+/// The call records among `records` (raw slots) that decode: neither
+/// unwritten nor torn.
+fn decoded(records: &[[u64; 3]]) -> impl Iterator<Item = CallRecord> + '_ {
+    records.iter().copied().filter_map(layout::call_record_of)
+}
+
 /// What a member's records on a communicator's context and on the
 /// context it was made on say when the first show no call at all: the
 /// member gave up the split or dup that made it (`made_by`, its call
@@ -407,12 +413,10 @@ pub(crate) fn check_origin(
     records: &[[u64; 3]],
     parent_records: &[[u64; 3]],
 ) -> Option<Error> {
-    if records.iter().any(|r| layout::call_record_of(*r).is_some()) {
+    if decoded(records).next().is_some() {
         return None;
     }
-    parent_records
-        .iter()
-        .filter_map(|r| layout::call_record_of(*r))
+    decoded(parent_records)
         .any(|r| r.call == made_by && (r.failed || r.refused))
         .then_some(Error::NotAMember {
             rank: peer,
@@ -579,13 +583,7 @@ pub(crate) fn exchange_record(purpose: Exchange, bytes: usize) -> CallRecord {
 /// takes part in no later call).
 pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -> Option<Error> {
     let member_failed = |call| Error::MemberFailed { rank: peer, call };
-    let decoded: Vec<CallRecord> = records
-        .iter()
-        .copied()
-        .filter_map(layout::call_record_of)
-        .collect();
-    if let Some(gave_up) = decoded
-        .iter()
+    if let Some(gave_up) = decoded(records)
         .find(|r| (r.failed && r.call <= mine.call) || (r.refused && r.call == mine.call))
     {
         return Some(member_failed(gave_up.call));
@@ -593,7 +591,7 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
     if refusing_through(records).is_some_and(|run| run.contains(&mine.call)) {
         return Some(member_failed(mine.call));
     }
-    let theirs = decoded.into_iter().find(|r| r.call == mine.call)?;
+    let theirs = decoded(records).find(|r| r.call == mine.call)?;
     (theirs != *mine).then(|| {
         Error::Mismatch(format!(
             "collective call {} on this communicator is {} on world rank {peer} but {} here",
@@ -615,12 +613,7 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
 /// record read while a new run starts does not join it to the old one).
 fn refusing_through(records: &[[u64; 3]]) -> Option<std::ops::RangeInclusive<u64>> {
     let kept = layout::call_record_of(*records.get(KEPT_CALL_RECORD as usize)?)?;
-    let parities: Vec<CallRecord> = records
-        .iter()
-        .take(2)
-        .copied()
-        .filter_map(layout::call_record_of)
-        .collect();
+    let parities: Vec<CallRecord> = decoded(records.get(..2)?).collect();
     let latest = parities.iter().chain([&kept]).max_by_key(|r| r.call)?;
     let whole = latest.call == kept.call
         || parities
@@ -639,19 +632,13 @@ fn refusing_through(records: &[[u64; 3]]) -> Option<std::ops::RangeInclusive<u64
 /// from this rank's records. A member that gave up one of those calls,
 /// or an earlier one, fails it: the members disagreed about a call.
 fn refusal_passed(peer: u32, refused: u64, records: &[[u64; 3]]) -> Result<bool> {
-    let decoded: Vec<CallRecord> = records
-        .iter()
-        .copied()
-        .filter_map(layout::call_record_of)
-        .collect();
-    if let Some(gave_up) = decoded.iter().find(|r| r.failed && r.call <= refused) {
+    if let Some(gave_up) = decoded(records).find(|r| r.failed && r.call <= refused) {
         return Err(Error::MemberFailed {
             rank: peer,
             call: gave_up.call,
         });
     }
-    Ok(decoded
-        .iter()
+    Ok(decoded(records)
         .max_by_key(|r| r.call)
         .is_some_and(|latest| latest.call > refused || (latest.call == refused && latest.refused)))
 }
@@ -685,11 +672,7 @@ fn verify_call(engine: &mut Engine<'_>, group: &Group<'_>, mine: &CallRecord) ->
         if let Some(err) = check_member(member, mine, records) {
             return Err(err);
         }
-        let mut calls = records
-            .iter()
-            .filter_map(|r| layout::call_record_of(*r))
-            .map(|r| r.call)
-            .peekable();
+        let mut calls = decoded(records).map(|r| r.call).peekable();
         Ok(match calls.peek() {
             None => waited >= patience,
             Some(_) => calls.any(|call| call >= mine.call),
@@ -719,7 +702,7 @@ fn read_members_until(
         let started = Instant::now();
         loop {
             let records = engine.read_call_records(member, group.context)?;
-            let joined = records.iter().any(|r| layout::call_record_of(*r).is_some());
+            let joined = decoded(&records).next().is_some();
             if let Some((parent, made_by)) = origin(engine, group.context).filter(|_| !joined) {
                 let parent_records = engine.read_call_records(member, parent)?;
                 if let Some(err) = check_origin(member, made_by, &records, &parent_records) {
@@ -909,7 +892,7 @@ pub(crate) fn keeps_contexts(
     let patience = engine.config.liveness_interval;
     let group = Group { ranks, me, context };
     let settled = read_members_until(engine, &group, |member, records, waited| {
-        if records.iter().all(|r| layout::call_record_of(*r).is_none()) {
+        if decoded(records).next().is_none() {
             return Ok(waited >= patience);
         }
         refusal_passed(member, refused, records)
