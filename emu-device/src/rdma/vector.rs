@@ -683,11 +683,28 @@ fn copy_nests(source: &StridedNest, target: &StridedNest, first: u64, count: u64
     }
 }
 
+/// A strided copy whose stride on either side is at least this many bytes
+/// prefetches its units ahead ([`PREFETCH_AHEAD`]): the hardware's stride
+/// prefetchers stop at page boundaries and follow short strides only, so
+/// a column of a matrix (one element per row, rows kilobytes apart) is
+/// otherwise one cache miss after another, each target line also taken
+/// from the core that last wrote it. Measured with `vector-transfer`
+/// (`4096 x 4097` doubles, 2 MiB pages): a 4096 x 16 submatrix moved in
+/// 217 us without, 75 us with (the one-pass copy by one core: 52 us).
+const PREFETCH_STRIDE_MIN: usize = 1024;
+/// Units ahead of the one being copied whose lines are prefetched (16:
+/// 85 us in the measurement above, 32 and 64: 75 us).
+const PREFETCH_AHEAD: isize = 32;
+/// Units longer than this are left to the hardware's sequential
+/// prefetchers, which follow a unit's own lines.
+const PREFETCH_UNIT_MAX: usize = 256;
+
 /// Copies `run` units of `unit` bytes from `from + k * from_stride` to
 /// `to + k * to_stride`, k in `0..run`: one loop per common unit size, so
 /// that an element of a column is one load and one store, and a row of a
 /// few doubles a few of each with no call. A unit is read whole before it
-/// is written, so units that overlap copy as `memmove` would.
+/// is written, so units that overlap copy as `memmove` would. Far strides
+/// prefetch ([`PREFETCH_STRIDE_MIN`]).
 ///
 /// # Safety
 /// Every unit on both sides lies inside memory the caller may read
@@ -700,14 +717,50 @@ unsafe fn copy_strided(
     unit: usize,
     run: usize,
 ) {
+    let far = from_stride.unsigned_abs().max(to_stride.unsigned_abs()) >= PREFETCH_STRIDE_MIN;
+    if far && unit <= PREFETCH_UNIT_MAX {
+        // SAFETY: the caller's contract.
+        unsafe { copy_units::<true>(from, from_stride, to, to_stride, unit, run) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { copy_units::<false>(from, from_stride, to, to_stride, unit, run) }
+    }
+}
+
+/// [`copy_strided`], prefetching [`PREFETCH_AHEAD`] units ahead on both
+/// sides when `PREFETCH`.
+///
+/// # Safety
+/// As for [`copy_strided`].
+#[inline(always)]
+unsafe fn copy_units<const PREFETCH: bool>(
+    from: *const u8,
+    from_stride: isize,
+    to: *mut u8,
+    to_stride: isize,
+    unit: usize,
+    run: usize,
+) {
+    let ahead = |at: *const u8, stride: isize| at.wrapping_offset(PREFETCH_AHEAD * stride);
     /// The loop for units that are one value of `T`.
     ///
     /// # Safety
     /// As for `copy_strided`, with `unit` the size of `T`.
     #[inline(always)]
-    unsafe fn values<T: Copy>(from: *const u8, fs: isize, to: *mut u8, ts: isize, run: usize) {
+    unsafe fn values<T: Copy, const PREFETCH: bool>(
+        from: *const u8,
+        fs: isize,
+        to: *mut u8,
+        ts: isize,
+        run: usize,
+    ) {
         let (mut from, mut to) = (from, to);
         for _ in 0..run {
+            if PREFETCH {
+                let size = std::mem::size_of::<T>();
+                prefetch_lines(from.wrapping_offset(PREFETCH_AHEAD * fs), size);
+                prefetch_lines(to.wrapping_offset(PREFETCH_AHEAD * ts), size);
+            }
             // SAFETY: the caller's units hold a `T` each; unaligned
             // accesses make no claim on alignment.
             unsafe {
@@ -721,15 +774,19 @@ unsafe fn copy_strided(
     // SAFETY (all arms): the caller's contract, unit by unit.
     unsafe {
         match unit {
-            4 => values::<u32>(from, from_stride, to, to_stride, run),
-            8 => values::<u64>(from, from_stride, to, to_stride, run),
-            16 => values::<u128>(from, from_stride, to, to_stride, run),
-            32 => values::<[u128; 2]>(from, from_stride, to, to_stride, run),
-            64 => values::<[u128; 4]>(from, from_stride, to, to_stride, run),
-            128 => values::<[u128; 8]>(from, from_stride, to, to_stride, run),
+            4 => values::<u32, PREFETCH>(from, from_stride, to, to_stride, run),
+            8 => values::<u64, PREFETCH>(from, from_stride, to, to_stride, run),
+            16 => values::<u128, PREFETCH>(from, from_stride, to, to_stride, run),
+            32 => values::<[u128; 2], PREFETCH>(from, from_stride, to, to_stride, run),
+            64 => values::<[u128; 4], PREFETCH>(from, from_stride, to, to_stride, run),
+            128 => values::<[u128; 8], PREFETCH>(from, from_stride, to, to_stride, run),
             _ => {
                 let (mut from, mut to) = (from, to);
                 for _ in 0..run {
+                    if PREFETCH {
+                        prefetch_lines(ahead(from, from_stride), unit);
+                        prefetch_lines(ahead(to, to_stride), unit);
+                    }
                     copy_run(from, to, unit);
                     from = from.wrapping_offset(from_stride);
                     to = to.wrapping_offset(to_stride);
@@ -737,6 +794,29 @@ unsafe fn copy_strided(
             }
         }
     }
+}
+
+/// Asks for every cache line of the `bytes` bytes at `at` (into every
+/// cache level). A hint: it reads nothing, and an address outside mapped
+/// memory is ignored (x86_64; elsewhere nothing).
+#[inline(always)]
+fn prefetch_lines(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        const LINE: usize = 64;
+        let offset = at as usize & (LINE - 1);
+        let first_line = at.wrapping_sub(offset);
+        // Lines after the first the bytes reach into.
+        let more = (offset + bytes.max(1) - 1) / LINE;
+        for line in 0..=more {
+            // SAFETY: a prefetch neither faults nor reads into the
+            // program: any address is allowed (SSE is baseline on x86_64).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(first_line.wrapping_add(line * LINE).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
 }
 
 #[cfg(test)]
@@ -781,10 +861,14 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
         /// Copying in runs along both sides' innermost loops moves the
-        /// same bytes, in the same order, as copying unit by unit.
+        /// same bytes, in the same order, as copying unit by unit; with
+        /// strides spread out, runs also take the prefetching loops
+        /// (`PREFETCH_STRIDE_MIN`), for every unit size with a loop of
+        /// its own and for others.
         #[test]
         fn runs_copy_what_units_copy(
-            unit in prop::sample::select(vec![1u64, 3, 4, 8, 16, 24]),
+            unit in prop::sample::select(vec![1u64, 3, 4, 8, 16, 24, 32, 64, 128, 200]),
+            spread in prop::sample::select(vec![1i64, 48]),
             source_loops in loops(),
             target_loops in loops(),
             first_share in 0.0f64..1.0,
@@ -794,7 +878,7 @@ mod tests {
             let first = ((total as f64 * first_share) as u64).min(total - 1);
             let count = total - first;
             let scale = |l: &[(u64, i64)]| -> Vec<(u64, i64)> {
-                l.iter().map(|&(c, s)| (c, s * unit as i64)).collect()
+                l.iter().map(|&(c, s)| (c, s * unit as i64 * spread)).collect()
             };
             let (source_loops, target_loops) = (scale(&source_loops), scale(&target_loops));
             let mut source: Vec<u8> = (0..span(unit, &source_loops)).map(|i| (i * 7 + 1) as u8).collect();
