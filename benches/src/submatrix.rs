@@ -134,6 +134,12 @@ impl Matrix {
         unsafe { self.base.add((row * (self.z + 1) + col) * ELEMENT) as *mut u64 }
     }
 
+    /// The submatrix of `shape` as (start, bytes) blocks, one per row: the
+    /// memory a transfer of it reads or writes here.
+    pub fn blocks(&self, shape: Shape) -> impl Iterator<Item = (*const u8, usize)> + '_ {
+        (0..shape.m).map(move |row| (self.element(row, 0) as *const u8, shape.block_bytes()))
+    }
+
     /// Fills every element with [`value_at`].
     pub fn fill_source(&self) {
         for row in 0..ROWS {
@@ -271,22 +277,32 @@ fn parse_cache_size(text: &str) -> Option<usize> {
     number.checked_mul(scale)
 }
 
-/// A buffer streamed through to push everything else out of the caches
-/// (the paper's "dummy access" before each pack and unpack).
+/// Makes the next step start cold (the paper's "dummy access" before each
+/// pack and unpack): the lines of the step's own memory are flushed from
+/// every cache level (`clflush`), and a buffer is streamed through, one
+/// word of every line, which empties the TLBs and the private caches.
+///
+/// Flushing the footprint makes the data cold whatever the last-level
+/// cache's size: a streamed buffer alone must be larger than that cache,
+/// and a virtual machine may report one of hundreds of megabytes (shared by
+/// the host's cores), which made every cold sample stream a gigabyte.
 pub struct Evictor {
     words: Vec<u64>,
     round: u64,
+    /// Ranges flushed line by line (start, bytes).
+    footprint: Vec<(*const u8, usize)>,
 }
 
 /// Bytes of a cache line.
 const LINE: usize = 64;
 
 impl Evictor {
-    /// An evictor of `bytes` (use more than the last-level cache).
+    /// An evictor streaming `bytes`, with no footprint yet.
     pub fn new(bytes: usize) -> Evictor {
         Evictor {
             words: vec![1; bytes.div_ceil(8)],
             round: 0,
+            footprint: Vec::new(),
         }
     }
 
@@ -295,8 +311,18 @@ impl Evictor {
         self.words.len() * 8
     }
 
+    /// Sets the ranges each [`evict`](Self::evict) flushes from then on.
+    ///
+    /// # Safety
+    /// Every range stays mapped until the footprint is set again or the
+    /// evictor is dropped.
+    pub unsafe fn set_footprint(&mut self, ranges: Vec<(*const u8, usize)>) {
+        self.footprint = ranges;
+    }
+
     /// Writes one word of every cache line of the buffer, so that each
-    /// line is fetched and left dirty, displacing what the caches held.
+    /// line is fetched and left dirty, displacing what the caches held;
+    /// then flushes every line of the footprint.
     pub fn evict(&mut self) {
         self.round += 1;
         let round = self.round;
@@ -305,7 +331,39 @@ impl Evictor {
             // SAFETY: a pointer to the first element of a non-empty chunk.
             unsafe { std::ptr::write_volatile(line.as_mut_ptr(), round) };
         }
+        for &(start, bytes) in &self.footprint {
+            // SAFETY: `set_footprint`'s contract keeps the range mapped.
+            unsafe { flush_lines(start, bytes) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a fence has no memory operands (SSE2 is baseline on
+        // x86_64).
+        unsafe {
+            std::arch::x86_64::_mm_mfence()
+        };
     }
+}
+
+/// Flushes every cache line of `bytes` bytes from `start` out of every
+/// level of the cache hierarchy (x86_64; elsewhere nothing: the streamed
+/// buffer alone evicts).
+///
+/// # Safety
+/// The range is mapped.
+unsafe fn flush_lines(start: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let first = start as usize & !(LINE - 1);
+        let end = start as usize + bytes;
+        for line in (first..end).step_by(LINE) {
+            // SAFETY: `line` lies in the range's first line or inside the
+            // range, mapped by the caller's contract (a line never spans
+            // two pages, so the line below `start` is on `start`'s page).
+            unsafe { std::arch::x86_64::_mm_clflush(line as *const u8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, bytes);
 }
 
 #[cfg(test)]
@@ -406,8 +464,13 @@ mod tests {
         assert_eq!(parse_cache_size("512"), Some(512));
         assert_eq!(parse_cache_size("x"), None);
         let mut evictor = Evictor::new(1 << 16);
+        let footprint = vec![7u64; 100];
+        // SAFETY: `footprint` outlives the evictor's uses below.
+        unsafe { evictor.set_footprint(vec![(footprint.as_ptr().cast(), 800)]) };
         evictor.evict();
         evictor.evict();
+        // Flushing leaves the bytes as they were.
+        assert!(footprint.iter().all(|&w| w == 7));
         assert_eq!(evictor.bytes(), 1 << 16);
         // One word of every line written each round, the others untouched.
         assert_eq!(evictor.words[0], 2);

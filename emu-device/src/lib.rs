@@ -19,7 +19,12 @@
 //!   a request to a port's state.
 //! - [`switch`]: the Ethernet data path of queue pair 0: tx rings, the MAC
 //!   learning switch, rx rings.
+//! - [`internode`]: the link to the devices of other nodes: one thread
+//!   with the UDP socket and the reliable endpoint, carrying this node's
+//!   requests out and other nodes' requests in.
 //! - [`send_queue`]: serving a port's RDMA send and completion queues.
+//! - [`shared_poll`]: which port thread polls the send queues of the
+//!   other busy ports, and when it hands them back.
 //! - [`fabric`]: the RDMA engine's seams over the device's ports.
 //! - [`port`]: per-port state, the access gate every data path goes
 //!   through, counters, and the table of all ports.
@@ -35,6 +40,7 @@
 //! - [`memory`]: memory tables, the IOTLB, address translation.
 //! - [`sigbus`]: surviving frontend memory that shrinks under the device.
 //!
+//! [`status`] reads the status socket's answers (`pindown-stat`, tests);
 //! [`testing`] runs the binary for tests.
 
 pub mod cli;

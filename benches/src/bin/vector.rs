@@ -16,8 +16,10 @@
 //!   it; with `contig_write` (the WRITE alone: the paper's "Contig") and
 //!   `pack`, `unpack` and `contig_copy` on their own (figures 3 to 6: the
 //!   paper's pack/unpack bandwidth against a copy of the same bytes
-//!   contiguous). "cold": a buffer larger than the last-level cache is
-//!   streamed through before each timed sample (the paper's dummy access);
+//!   contiguous). "cold": before each timed sample every cache line the
+//!   step touches (both submatrices, the packed and landing bytes) is
+//!   flushed and a 64 MiB buffer is streamed through, emptying the TLBs
+//!   and private caches (the paper's dummy access; see [`Evictor`]);
 //!   "warm": the same again right after an untimed one.
 //! * (d) `one_pass_copy`: the same strided-to-strided move by one core in
 //!   one pass, the physical limit.
@@ -134,9 +136,10 @@ enum Pages {
 const HUGE_PAGE: usize = 2 << 20;
 /// Arena bytes beyond the buffers (rings, alignment).
 const ARENA_SLACK: usize = 16 << 20;
-/// The eviction buffer is at least this large, and at least twice the
-/// last-level cache.
-const MIN_EVICTION_BYTES: usize = 64 << 20;
+/// Bytes the evictor streams through before a cold sample (besides
+/// flushing the sample's own lines): 16384 pages, past every TLB, and many
+/// times the private caches.
+const EVICTION_BYTES: usize = 64 << 20;
 /// How long every port is left idle before a figure, so that the
 /// device's polling threads (which sleep after a millisecond without work)
 /// are asleep.
@@ -201,7 +204,7 @@ impl Plan {
             mpi_iterations: if quick { 20 } else { 200 },
             mpi_warmup: if quick { 3 } else { 20 },
             last_level_cache_bytes: llc,
-            eviction_bytes: llc.map_or(MIN_EVICTION_BYTES, |b| (2 * b).max(MIN_EVICTION_BYTES)),
+            eviction_bytes: EVICTION_BYTES,
             huge_pages_wanted: 0,
         };
         for &z in &plan.z {
@@ -742,6 +745,17 @@ fn measure_driver(
         for &n in &plan.n {
             for &m in &plan.m {
                 let shape = Shape::new(z, m, n).expect("checked by Plan::new");
+                let footprint = from
+                    .blocks(shape)
+                    .chain(to.blocks(shape))
+                    .chain([
+                        (packed.as_ptr().cast_const(), shape.bytes()),
+                        (landing.as_ptr().cast_const(), shape.bytes()),
+                    ])
+                    .collect();
+                // SAFETY: the matrices, `packed` and `landing` are mapped
+                // until after `bench` is dropped (below).
+                unsafe { bench.evictor.set_footprint(footprint) };
                 for cache in ["cold", "warm"] {
                     let cold = cache == "cold";
                     let point = bench.vector_write(&source_region, &to, shape, cold)?;

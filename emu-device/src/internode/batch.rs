@@ -3,7 +3,8 @@
 //! sender's datagrams in one buffer of at most 64 KiB, cut apart again
 //! here), several buffers in one `recvmmsg`; a pass's datagrams to one peer of one size go out as
 //! one segmentation-offloaded send (UDP GSO: the kernel cuts one buffer
-//! into up to 64 datagrams). Over a veth pair this moves about ten times
+//! of at most `GSO_BYTES_MAX` bytes into datagrams, `FLUSH_AT` of full
+//! size). Over a veth pair this moves about ten times
 //! the datagrams per second of one `sendmmsg` entry per datagram. Where
 //! the kernel offers neither (before Linux 5.0) every datagram is a buffer
 //! and a send of its own.
