@@ -3032,7 +3032,7 @@ mod collectives {
                 .notes
                 .push(format!("barrier {algorithm:?}: {us:.2} us"));
         }
-        for bytes in [8usize, 256, 4096, 65536, 1 << 20] {
+        for bytes in [8usize, 256, 4096, 65536, 256 << 10, 1 << 20] {
             let send = vec![1.0f64; bytes / 8];
             let mut receive = vec![0.0f64; bytes / 8];
             for algorithm in [

@@ -25,10 +25,10 @@
 //! a binomial-tree broadcast, FMPL's pipelined broadcast (the message
 //! cut into chunks that flow down a binary tree through two alternating
 //! receive slots, so that receiving chunk `j + 1` overlaps forwarding
-//! chunk `j`), and recursive doubling. `Auto` chooses by size and rank
-//! count as the table of [`BroadcastAlgorithm::Auto`] and
-//! [`ReduceAlgorithm::Auto`] says (thresholds measured on the
-//! development machine, as FMPL chose between its two broadcasts).
+//! chunk `j`), and recursive doubling. `Auto` chooses by size (and, for
+//! broadcasts, rank count) as [`BroadcastAlgorithm::Auto`] and
+//! [`ReduceAlgorithm::Auto`] say (thresholds measured on a 2-core
+//! machine, as FMPL chose between its two broadcasts).
 //!
 //! Every member must call a collective with the same root, the same
 //! length and the same algorithm, in the same order. **Call records**
@@ -86,24 +86,28 @@ use pindown_uapi::Status;
 
 // ---- the default choice ----
 //
-// Measured with `msg_check launch N collectives --time` on the 2-core
-// development machine (event-driven device; microseconds per call, the
-// slowest rank; 8-byte ping-pong one way: 258 us on 2 ranks there):
+// Measured with `msg_check launch N collectives --time --iterations 300`
+// on a 2-core machine (Intel Xeon, event-driven device; microseconds per
+// call, the slowest rank; 4 and 8 ranks oversubscribe the cores):
 //
-// | call                    | 2 ranks                        | 4 ranks                        |
-// |-------------------------|--------------------------------|--------------------------------|
-// | barrier                 | dissemination 195, tree 231    | dissemination 631, tree 853    |
-// | allreduce 8 B           | flags 200, rec. doubling 438, tree 514 | flags 569, r.d. 1686, tree 1909 |
-// | allreduce 256 B         | flags 203, r.d. 439, tree 490  | flags 884, r.d. 1770, tree 1729 |
-// | allreduce 4 KiB, 64 KiB | r.d. 440/435, tree 477/485     | r.d. 1843/1897, tree 1689/1855 |
-// | allreduce 1 MiB         | r.d. 5718, tree 3716           | r.d. 10137, tree 13833         |
-// | broadcast 1 MiB         | binomial 329, pipelined 1797   | binomial 893, pipelined 4530   |
-// | broadcast 4 MiB         | binomial 503, pipelined 7118   | binomial 1231, pipelined 17701 |
+// | call                 | 2 ranks                     | 4 ranks                     | 8 ranks                     |
+// |----------------------|-----------------------------|-----------------------------|-----------------------------|
+// | barrier              | dissemination 2.1, tree 3.3 | dissemination 9.9, tree 16  | dissemination 37, tree 69   |
+// | allreduce 8 B        | flags 2.7, r.d. 15, tree 19 | flags 11, r.d. 60, tree 60  | flags 46, r.d. 235, tree 242|
+// | allreduce 4 KiB      | r.d. 16, tree 20            | r.d. 65, tree 65            | r.d. 179, tree 176          |
+// | allreduce 64 KiB     | r.d. 34, tree 29            | r.d. 100, tree 94           | r.d. 366, tree 298          |
+// | allreduce 256 KiB    | r.d. 148, tree 54           | r.d. 452, tree 205          | r.d. 1814, tree 623         |
+// | allreduce 1 MiB      | r.d. 509, tree 282          | r.d. 2374, tree 909         | r.d. 4721, tree 2429        |
+// | broadcast 1 MiB      | binomial 51, pipelined 64   | binomial 217, pipelined 239 | binomial 727, pipelined 731 |
+// | broadcast 4 MiB      | binomial 373, pipelined 395 | binomial 1002, pipelined 986| binomial 2424, pipelined 2828 |
 //
-// Hence: flag words for every barrier and every reduction that fits
-// them; recursive doubling above, but the tree from 1 MiB on 2 ranks;
-// the binomial broadcast at every size (each chunk of the pipeline
-// costs a device wake-up here, more than the overlap gains).
+// Hence: dissemination barriers; flag words for every reduction that fits
+// them; recursive doubling above, and the tree from 64 KiB at every rank
+// count (recursive doubling sends the whole vector at every step, the
+// tree halves nothing either but sends it once per edge, and on shared
+// cores the fewer bytes win); the binomial broadcast at every size (each
+// chunk of the pipeline costs a hand-off between threads, more than the
+// overlap gains here).
 
 /// Broadcasts of at least this many bytes use the pipelined binary tree
 /// by default (on 3 ranks or more): `None`, never, on the machine
@@ -114,10 +118,10 @@ pub const BROADCAST_PIPELINE_MIN: Option<usize> = None;
 pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
 /// Reductions of at most this many bytes ride the flag words by default.
 pub const REDUCE_FLAG_MAX: usize = COLLECTIVE_DATA_BYTES as usize;
-/// Allreduces of at least this many bytes on 2 ranks reduce and
-/// broadcast (binary tree) by default; shorter ones beyond the flag
-/// words, and all on more ranks, use recursive doubling.
-pub const ALLREDUCE_TREE_MIN: usize = 1 << 20;
+/// Allreduces of at least this many bytes reduce and broadcast (binary
+/// tree) by default; shorter ones beyond the flag words use recursive
+/// doubling (see the table in the source).
+pub const ALLREDUCE_TREE_MIN: usize = 64 << 10;
 
 /// How a barrier synchronises.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,8 +163,8 @@ pub enum ReduceAlgorithm {
     /// The default: [`FlagWords`](Self::FlagWords) up to
     /// [`REDUCE_FLAG_MAX`] bytes; above, a reduce uses
     /// [`BinaryTree`](Self::BinaryTree), an allreduce
-    /// [`RecursiveDoubling`](Self::RecursiveDoubling), but on 2 ranks
-    /// from [`ALLREDUCE_TREE_MIN`] bytes the binary tree (reduce, then
+    /// [`RecursiveDoubling`](Self::RecursiveDoubling), but from
+    /// [`ALLREDUCE_TREE_MIN`] bytes the binary tree (reduce, then
     /// broadcast).
     #[default]
     Auto,
@@ -2006,9 +2010,7 @@ impl Communicator<'_> {
         let bytes = std::mem::size_of_val(send);
         let chosen = match algorithm {
             ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
-            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN || group.size() > 2 => {
-                Algorithm::RecursiveDoubling
-            }
+            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN => Algorithm::RecursiveDoubling,
             ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
             ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
             ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
