@@ -7,8 +7,9 @@
 //! The host-side ways of moving it (pack into a contiguous buffer, unpack
 //! out of one, the one-pass strided-to-strided copy), the values a source
 //! matrix holds and the check of a target, and the cache eviction the
-//! paper did before each pack and unpack ("cold": a buffer larger than the
-//! last-level cache is streamed through first).
+//! paper did before each pack and unpack ("cold": the lines a sample
+//! touches are flushed and a buffer is streamed through first; see
+//! [`Evictor`]).
 //!
 //! The copies work on raw pointers into memory the emulated NIC also
 //! reaches: callers run them only while no request touching that memory is
@@ -279,8 +280,11 @@ fn parse_cache_size(text: &str) -> Option<usize> {
 
 /// Makes the next step start cold (the paper's "dummy access" before each
 /// pack and unpack): the lines of the step's own memory are flushed from
-/// every cache level (`clflush`), and a buffer is streamed through, one
-/// word of every line, which empties the TLBs and the private caches.
+/// every cache level of every core (`clflush`), and a buffer is streamed
+/// through, one word of every line, which empties this thread's TLB and
+/// private caches. Not flushed: the TLB of another thread doing the step
+/// (the device's, for a vector transfer), and page-table lines held in a
+/// shared cache larger than the buffer.
 ///
 /// Flushing the footprint makes the data cold whatever the last-level
 /// cache's size: a streamed buffer alone must be larger than that cache,

@@ -103,16 +103,17 @@ use pindown_uapi::Status;
 //
 // Hence: dissemination barriers; flag words for every reduction that fits
 // them; recursive doubling above, and the tree from 64 KiB at every rank
-// count (recursive doubling sends the whole vector at every step, the
-// tree halves nothing either but sends it once per edge, and on shared
-// cores the fewer bytes win); the binomial broadcast at every size (each
-// chunk of the pipeline costs a hand-off between threads, more than the
-// overlap gains here).
+// count (recursive doubling moves p log2 p vectors in all, the tree's
+// reduce and broadcast 2 (p - 1): with the cores shared, fewer bytes
+// win once the vectors are long); the binomial broadcast at every size
+// (each chunk of the pipeline costs a hand-off between threads, more
+// than the overlap gains here).
 
 /// Broadcasts of at least this many bytes use the pipelined binary tree
 /// by default (on 3 ranks or more): `None`, never, on the machine
 /// measured (see the table in the source), where the binomial tree won
-/// at every size up to 4 MiB.
+/// or tied at every size up to 4 MiB (the pipeline's best, 4 MiB on 4
+/// ranks, was 2 % ahead, within the run's noise).
 pub const BROADCAST_PIPELINE_MIN: Option<usize> = None;
 /// Chunk of the pipelined broadcast.
 pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
@@ -127,8 +128,8 @@ pub const ALLREDUCE_TREE_MIN: usize = 64 << 10;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BarrierAlgorithm {
     /// The default: [`Dissemination`](Self::Dissemination) (faster than
-    /// the tree on every rank count measured: 195 against 231 us on 2
-    /// ranks, 631 against 853 on 4).
+    /// the tree on every rank count measured: 2.1 against 3.3 us on 2
+    /// ranks, 9.9 against 16 on 4, 37 against 69 on 8).
     #[default]
     Auto,
     /// FMPL's software barrier: arrivals go up a binary tree of flag

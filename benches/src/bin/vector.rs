@@ -18,8 +18,9 @@
 //!   paper's pack/unpack bandwidth against a copy of the same bytes
 //!   contiguous). "cold": before each timed sample every cache line the
 //!   step touches (both submatrices, the packed and landing bytes) is
-//!   flushed and a 64 MiB buffer is streamed through, emptying the TLBs
-//!   and private caches (the paper's dummy access; see [`Evictor`]);
+//!   flushed and a 64 MiB buffer is streamed through, emptying this
+//!   thread's TLB and private caches (the paper's dummy access; see
+//!   [`Evictor`] for what stays warm);
 //!   "warm": the same again right after an untimed one.
 //! * (d) `one_pass_copy`: the same strided-to-strided move by one core in
 //!   one pass, the physical limit.
@@ -137,8 +138,8 @@ const HUGE_PAGE: usize = 2 << 20;
 /// Arena bytes beyond the buffers (rings, alignment).
 const ARENA_SLACK: usize = 16 << 20;
 /// Bytes the evictor streams through before a cold sample (besides
-/// flushing the sample's own lines): 16384 pages, past every TLB, and many
-/// times the private caches.
+/// flushing the sample's own lines): 16384 pages of 4 KiB, past this
+/// thread's TLB, and many times its private caches.
 const EVICTION_BYTES: usize = 64 << 20;
 /// How long every port is left idle before a figure, so that the
 /// device's polling threads (which sleep after a millisecond without work)

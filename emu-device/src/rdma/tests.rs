@@ -958,3 +958,40 @@ fn an_atomic_to_another_window_changes_the_word_only_when_the_old_value_can_land
         vec![0; 8]
     );
 }
+
+/// A one-unit vector transfer whose pattern names a loop of one unit
+/// with a stride near the limits of `i64` (a loop that runs once may
+/// have any stride): the copy takes that stride as its innermost, which
+/// counts as far, and moves its one unit without overflowing a product
+/// of the stride (the prefetch distance stays inside the run).
+#[test]
+fn a_one_unit_vector_transfer_with_an_extreme_stride_moves_its_bytes() {
+    use pindown_uapi::pattern::{encode_pair, Dim, Pattern, Piece};
+    const MEMORY: usize = 1 << 16;
+    for stride in [i64::MAX, i64::MIN, 1 << 60, -(1 << 59)] {
+        for read in [false, true] {
+            let device = Device::with_pieces(2, MEMORY, MEMORY);
+            let local = Pattern::new(
+                vec![Piece::Strided {
+                    offset: 64,
+                    block: 8,
+                    dims: [Dim::ONE, Dim::ONE, Dim { count: 1, stride }],
+                }],
+                1,
+                0,
+            )
+            .unwrap();
+            let remote = Pattern::contiguous(8);
+            let descriptor = encode_pair(&local, &remote);
+            let (done, _, near_bytes, far_bytes) =
+                vector_between(&device, MEMORY, 0, 8, &descriptor, read);
+            assert!(done.is_success(), "{stride} {read}: {done:?}");
+            let (near, far) = (&device.ports[0].memory, &device.ports[1].memory);
+            if read {
+                assert_eq!(near.read(near.base + 64, 8), far_bytes[100..108].to_vec());
+            } else {
+                assert_eq!(far.read(far.base + 100, 8), near_bytes[64..72].to_vec());
+            }
+        }
+    }
+}

@@ -728,7 +728,7 @@ unsafe fn copy_strided(
 }
 
 /// [`copy_strided`], prefetching [`PREFETCH_AHEAD`] units ahead on both
-/// sides when `PREFETCH`.
+/// sides when `PREFETCH`, inside the run ([`ahead`]).
 ///
 /// # Safety
 /// As for [`copy_strided`].
@@ -741,7 +741,6 @@ unsafe fn copy_units<const PREFETCH: bool>(
     unit: usize,
     run: usize,
 ) {
-    let ahead = |at: *const u8, stride: isize| at.wrapping_offset(PREFETCH_AHEAD * stride);
     /// The loop for units that are one value of `T`.
     ///
     /// # Safety
@@ -755,11 +754,12 @@ unsafe fn copy_units<const PREFETCH: bool>(
         run: usize,
     ) {
         let (mut from, mut to) = (from, to);
-        for _ in 0..run {
-            if PREFETCH {
+        let (prefetched, from_ahead, to_ahead) = ahead::<PREFETCH>(fs, ts, run);
+        for k in 0..run {
+            if PREFETCH && k < prefetched {
                 let size = std::mem::size_of::<T>();
-                prefetch_lines(from.wrapping_offset(PREFETCH_AHEAD * fs), size);
-                prefetch_lines(to.wrapping_offset(PREFETCH_AHEAD * ts), size);
+                prefetch_lines(from.wrapping_offset(from_ahead), size);
+                prefetch_lines(to.wrapping_offset(to_ahead), size);
             }
             // SAFETY: the caller's units hold a `T` each; unaligned
             // accesses make no claim on alignment.
@@ -782,10 +782,12 @@ unsafe fn copy_units<const PREFETCH: bool>(
             128 => values::<[u128; 8], PREFETCH>(from, from_stride, to, to_stride, run),
             _ => {
                 let (mut from, mut to) = (from, to);
-                for _ in 0..run {
-                    if PREFETCH {
-                        prefetch_lines(ahead(from, from_stride), unit);
-                        prefetch_lines(ahead(to, to_stride), unit);
+                let (prefetched, from_ahead, to_ahead) =
+                    ahead::<PREFETCH>(from_stride, to_stride, run);
+                for k in 0..run {
+                    if PREFETCH && k < prefetched {
+                        prefetch_lines(from.wrapping_offset(from_ahead), unit);
+                        prefetch_lines(to.wrapping_offset(to_ahead), unit);
                     }
                     copy_run(from, to, unit);
                     from = from.wrapping_offset(from_stride);
@@ -794,6 +796,33 @@ unsafe fn copy_units<const PREFETCH: bool>(
             }
         }
     }
+}
+
+/// How a run of `run` units prefetches: the first units whose unit
+/// [`PREFETCH_AHEAD`] further on is still in the run (none if the run is
+/// that short, or without `PREFETCH`), and the byte distances to it on
+/// each side. Prefetching stays inside the run, so the distances are at
+/// most the run's own extent (no overflow) and no line outside the
+/// pattern is asked for.
+#[inline(always)]
+fn ahead<const PREFETCH: bool>(
+    from_stride: isize,
+    to_stride: isize,
+    run: usize,
+) -> (usize, isize, isize) {
+    let prefetched = if PREFETCH {
+        run.saturating_sub(PREFETCH_AHEAD as usize)
+    } else {
+        0
+    };
+    if prefetched == 0 {
+        return (0, 0, 0);
+    }
+    (
+        prefetched,
+        from_stride.wrapping_mul(PREFETCH_AHEAD),
+        to_stride.wrapping_mul(PREFETCH_AHEAD),
+    )
 }
 
 /// Asks for every cache line of the `bytes` bytes at `at` (into every
@@ -853,8 +882,14 @@ mod tests {
         reach as usize + unit as usize
     }
 
+    /// Loops, innermost first: the innermost long enough for runs that
+    /// prefetch (more than `PREFETCH_AHEAD` units), the others short.
     fn loops() -> impl Strategy<Value = Vec<(u64, i64)>> {
-        prop::collection::vec((1u64..6, -40i64..40), 1..=MAX_DIMS + 1)
+        (
+            (1u64..2 * PREFETCH_AHEAD as u64, -40i64..40),
+            prop::collection::vec((1u64..6, -40i64..40), 0..=MAX_DIMS),
+        )
+            .prop_map(|(innermost, outer)| [vec![innermost], outer].concat())
     }
 
     proptest! {
@@ -868,7 +903,7 @@ mod tests {
         #[test]
         fn runs_copy_what_units_copy(
             unit in prop::sample::select(vec![1u64, 3, 4, 8, 16, 24, 32, 64, 128, 200]),
-            spread in prop::sample::select(vec![1i64, 48]),
+            far in any::<bool>(),
             source_loops in loops(),
             target_loops in loops(),
             first_share in 0.0f64..1.0,
@@ -878,7 +913,12 @@ mod tests {
             let first = ((total as f64 * first_share) as u64).min(total - 1);
             let count = total - first;
             let scale = |l: &[(u64, i64)]| -> Vec<(u64, i64)> {
-                l.iter().map(|&(c, s)| (c, s * unit as i64 * spread)).collect()
+                // Far: every nonzero stride at least `PREFETCH_STRIDE_MIN`.
+                let push = |s: i64| match far {
+                    true => s.signum() * PREFETCH_STRIDE_MIN as i64,
+                    false => 0,
+                };
+                l.iter().map(|&(c, s)| (c, s * unit as i64 + push(s))).collect()
             };
             let (source_loops, target_loops) = (scale(&source_loops), scale(&target_loops));
             let mut source: Vec<u8> = (0..span(unit, &source_loops)).map(|i| (i * 7 + 1) as u8).collect();
