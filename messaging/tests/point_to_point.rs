@@ -141,7 +141,19 @@ fn waits_end_with_peer_gone_when_the_device_goes_away() {
                 .unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Each rank leaves a signal once set up, right before its wait; the
+    // device goes 100 ms after both have (a fixed sleep from the spawn
+    // lost ranks still setting up on a loaded machine).
+    let ready = |r: u32| kv.path().join(format!("signal.device-death-ready-{r}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(ready(0).exists() && ready(1).exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "the ranks did not set up within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     let killed = Instant::now();
     assert!(device.terminate(Duration::from_secs(5)));
     for rank in ranks {
