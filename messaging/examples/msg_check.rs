@@ -2486,7 +2486,7 @@ mod collectives {
             return Err("collective-give-up runs on 4 ranks".into());
         }
         let me = world.rank();
-        watchdog(me, "collective-give-up", 60);
+        watchdog(me, "collective-give-up", 180);
         let mut tally = Tally::default();
         // (1)
         let dup = world.dup().map_err(err("dup"))?;
@@ -2781,7 +2781,7 @@ mod collectives {
             return Err("collective-lost-member runs on 4 ranks".into());
         }
         let me = world.rank();
-        watchdog(me, "collective-lost-member", 60);
+        watchdog(me, "collective-lost-member", 180);
         let mut tally = Tally::default();
         world.barrier().map_err(err("world barrier"))?;
         match me {
