@@ -28,7 +28,11 @@
 //!   target's handler checks the bytes and 16 guard bytes each side; then
 //!   gets at every misalignment, checked with their guards.
 //! * `strided`: strided (1 to 5 levels), vector and indexed put and get,
+//!   blocking and (strided) nonblocking from and into the segment,
 //!   checked against a model of the target's area each rank keeps.
+//! * `notified-put`: each rank puts a strided pattern into the next with
+//!   `put_strided_nb` and a short request behind it, unwaited; the next
+//!   rank checks the whole area as soon as the request's handler ran.
 //! * `bad-packet`: rank 1 writes malformed packets into rank 0's ring;
 //!   rank 0 reports each as an error, runs none, and still runs the good
 //!   ones between them.
@@ -175,6 +179,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "stuck-reply" => stuck_reply_handlers(&state),
         "bad-packet" | "forged-credit" => bad_packet_handlers(&state),
         "latency" => latency_handlers(&state),
+        "notified-put" => notice_handlers(&state),
         "leave-while-owed" => {
             // Every packet consumed is owed back at once.
             config.ring_slots = 2;
@@ -196,6 +201,7 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         "misalign" => misalign(&mut ep, &state, args),
         "stuck-reply" => stuck_reply(&mut ep, &state),
         "strided" => strided(&mut ep),
+        "notified-put" => notified_put(&mut ep, &state),
         "bad-packet" => bad_packet(&mut ep, &state),
         "pio" => pio(&mut ep),
         "peer-death" => peer_death(&mut ep),
@@ -713,6 +719,11 @@ fn strided_blocks(strides: &[u64], counts: &[u64]) -> Vec<u64> {
 }
 
 const AREA: usize = 64 << 10;
+/// Where a rank keeps, in its own 4 MiB segment (peers write theirs below
+/// 2 MiB), the source of its nonblocking strided puts and the
+/// destination of its nonblocking strided gets.
+const OWN_SOURCE: usize = 3 << 20;
+const OWN_BACK: usize = OWN_SOURCE + AREA;
 
 /// Counts, source strides, target strides, target offset.
 type StridedCase = (Vec<u64>, Vec<u64>, Vec<u64>, u64);
@@ -801,6 +812,54 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
             return Err(format!("get_strided case {case}: differs"));
         }
         tally.checked += (block * blocks_src.len()) as u64;
+        // The nonblocking forms, from and into this rank's own segment.
+        let source: Vec<u8> = (0..src_len).map(|_| rng.next() as u8).collect();
+        ep.segment()[OWN_SOURCE..OWN_SOURCE + src_len].copy_from_slice(&source);
+        let put = ep
+            .put_strided_nb(
+                target,
+                base + offset,
+                dst_strides,
+                OWN_SOURCE as u64,
+                src_strides,
+                counts,
+            )
+            .map_err(|e| format!("put_strided_nb case {case}: {e}"))?;
+        ep.wait(put)
+            .map_err(|e| format!("put_strided_nb case {case}: {e}"))?;
+        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
+            let d = (*offset + d) as usize;
+            model[d..d + block].copy_from_slice(&source[*s as usize..*s as usize + block]);
+        }
+        ep.get(target, base, &mut whole)
+            .map_err(|e| format!("get: {e}"))?;
+        if whole != model {
+            let at = whole.iter().zip(&model).position(|(a, b)| a != b);
+            return Err(format!(
+                "put_strided_nb case {case}: the area differs at {at:?}"
+            ));
+        }
+        ep.segment()[OWN_BACK..OWN_BACK + src_len].fill(0x33);
+        let get = ep
+            .get_strided_nb(
+                target,
+                base + offset,
+                dst_strides,
+                OWN_BACK as u64,
+                src_strides,
+                counts,
+            )
+            .map_err(|e| format!("get_strided_nb case {case}: {e}"))?;
+        ep.wait(get)
+            .map_err(|e| format!("get_strided_nb case {case}: {e}"))?;
+        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
+            let d = (*offset + d) as usize;
+            expected[*s as usize..*s as usize + block].copy_from_slice(&model[d..d + block]);
+        }
+        if ep.segment()[OWN_BACK..OWN_BACK + src_len] != expected[..] {
+            return Err(format!("get_strided_nb case {case}: differs"));
+        }
+        tally.checked += 2 * (block * blocks_src.len()) as u64;
     }
     // Vector (memvec lists, boundaries differing) and indexed.
     let source: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
@@ -878,8 +937,133 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
     {
         return Err("a strided put past the segment was accepted".into());
     }
+    // A source or destination in this rank's segment must stay inside it,
+    // though the endpoint's memory (its rings) goes on after it.
+    if ep
+        .put_strided_nb(target, 0, &[16], (4 << 20) - 8, &[8], &[8, 2])
+        .is_ok()
+    {
+        return Err("a strided put from past this segment's end was accepted".into());
+    }
+    if ep
+        .get_strided_nb(target, 0, &[16], (4 << 20) - 8, &[8], &[8, 2])
+        .is_ok()
+    {
+        return Err("a strided get into past this segment's end was accepted".into());
+    }
+    if ep
+        .put_strided_nb(target, 0, &[], 5 << 20, &[], &[8])
+        .is_ok()
+    {
+        return Err("a strided put from an offset past the segment was accepted".into());
+    }
     Ok(tally)
 }
+
+const H_NOTICE: u8 = 11;
+
+fn notice_handlers(state: &Rc<RefCell<State>>) -> Handlers {
+    let mut handlers = Handlers::new();
+    let s = state.clone();
+    handlers.register(H_NOTICE, move |token, args, _| {
+        let mut s = s.borrow_mut();
+        *s.seen.entry((token.source(), 0, args[0])).or_default() += 1;
+    });
+    handlers
+}
+
+/// Counts, source strides, target strides, target offset.
+type NotifiedShape = (&'static [u64], &'static [u64], &'static [u64], u64);
+
+/// Rounds of `notified-put`, each with one of the shapes below.
+const NOTIFIED_ROUNDS: u32 = 60;
+
+/// `notified-put`: each round, every rank puts a strided pattern of its
+/// own segment into the next rank's area with `put_strided_nb` and sends
+/// a short request right behind it, without waiting for the put; the
+/// next rank checks its area the moment the request's handler has run:
+/// every byte the put names must be there already, and every other byte
+/// of the area unchanged.
+fn notified_put(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
+    let me = ep.rank();
+    let n = ep.size();
+    let target = (me + 1) % n;
+    let from = (me + n - 1) % n;
+    // Counts, source strides, target strides, target offset: faces of a
+    // 32^3 array of doubles (x, y and z = const), an odd nest, and a
+    // contiguous run.
+    let shapes: [NotifiedShape; 5] = [
+        (&[8, 32, 32], &[256, 8192], &[256, 8192], 8),
+        (&[256, 32], &[8192], &[8192], 256 * 5),
+        (&[8192], &[], &[], 8192 * 3),
+        (&[3, 7, 5, 3], &[5, 40, 300], &[11, 90, 700], 13),
+        (&[1000], &[], &[], 1),
+    ];
+    let area = |rank: u32| u64::from(rank) * (256 << 10);
+    // What this rank's area (written by `from`) holds.
+    let mut model = ep.segment()[area(from) as usize..][..NOTIFIED_AREA].to_vec();
+    let mut tally = Tally::default();
+    for round in 1..=NOTIFIED_ROUNDS {
+        let (counts, src_strides, dst_strides, offset) = shapes[round as usize % shapes.len()];
+        let block = counts[0] as usize;
+        let len = |strides: &[u64]| {
+            strided_blocks(strides, counts)
+                .iter()
+                .max()
+                .map_or(0, |&o| o as usize + block)
+        };
+        let source = payload(me, target, u64::from(round), len(src_strides));
+        ep.segment()[OWN_SOURCE..OWN_SOURCE + source.len()].copy_from_slice(&source);
+        let put = ep
+            .put_strided_nb(
+                target,
+                area(me) + offset,
+                dst_strides,
+                OWN_SOURCE as u64,
+                src_strides,
+                counts,
+            )
+            .map_err(|e| format!("round {round}: put_strided_nb: {e}"))?;
+        ep.request_short(target, H_NOTICE, &[round])
+            .map_err(|e| format!("round {round}: request: {e}"))?;
+        let noticed =
+            |state: &Rc<RefCell<State>>| state.borrow().seen.contains_key(&(from, 0, round));
+        ep.wait_until(|_| noticed(state))
+            .map_err(|e| format!("round {round}: waiting for rank {from}'s notice: {e}"))?;
+        // The notice has run: rank `from`'s bytes must be in place now.
+        let got = ep.segment()[area(from) as usize..][..NOTIFIED_AREA].to_vec();
+        let sent = payload(from, me, u64::from(round), len(src_strides));
+        for (s, d) in strided_blocks(src_strides, counts)
+            .iter()
+            .zip(strided_blocks(dst_strides, counts))
+        {
+            let d = (offset + d) as usize;
+            model[d..d + block].copy_from_slice(&sent[*s as usize..*s as usize + block]);
+        }
+        if got != model {
+            let at = got.iter().zip(&model).position(|(a, b)| a != b);
+            return Err(format!(
+                "round {round}: rank {from}'s notice ran before its put's bytes were all in \
+                 place, or other bytes changed (first difference at {at:?})"
+            ));
+        }
+        tally.checked += (block * strided_blocks(src_strides, counts).len()) as u64;
+        ep.wait(put)
+            .map_err(|e| format!("round {round}: put: {e}"))?;
+        // Nobody writes round r + 1 before everyone checked round r.
+        ep.barrier()
+            .map_err(|e| format!("round {round}: barrier: {e}"))?;
+    }
+    let notices = state.borrow().seen.values().sum::<u32>();
+    if notices != NOTIFIED_ROUNDS {
+        return Err(format!("{notices} notices ran, {NOTIFIED_ROUNDS} sent"));
+    }
+    Ok(tally)
+}
+
+/// The bytes of a rank's area `notified-put` checks (the largest shape's
+/// reach).
+const NOTIFIED_AREA: usize = 32 * 8192;
 
 fn shift(list: &[(u64, u64)], by: u64) -> Vec<(u64, u64)> {
     list.iter().map(|&(o, l)| (o + by, l)).collect()

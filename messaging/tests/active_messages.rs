@@ -147,10 +147,25 @@ fn strided_vector_and_indexed_transfers_match_the_reference() {
     for n in [2u32, 4] {
         let lines = passes(n, "strided", &[]);
         for line in &lines {
-            // 8 strided cases put and got, then vector and indexed.
-            assert_eq!(counter(line, "vector_transfers"), 8 * 2 + 4, "{line}");
+            // 8 strided cases put and got, blocking and not, then vector
+            // and indexed.
+            assert_eq!(counter(line, "vector_transfers"), 8 * 4 + 4, "{line}");
             assert!(checked(line) > 0, "{line}");
         }
+    }
+}
+
+#[test]
+fn a_message_behind_an_unwaited_strided_put_finds_its_bytes_in_place() {
+    for n in [2u32, 3] {
+        let lines = passes(n, "notified-put", &[]);
+        for line in &lines {
+            assert!(checked(line) > 0, "{line}");
+            assert_eq!(counter(line, "vector_transfers"), 60, "{line}");
+            assert_eq!(counter(line, "requests"), 60, "{line}");
+        }
+        // Every rank checked the same rounds of its neighbour's shapes.
+        assert!(lines.iter().all(|l| checked(l) == checked(&lines[0])));
     }
 }
 

@@ -1,5 +1,5 @@
-//! The point-to-point, any-source, typed, collective and global-memory scenarios on ranks spread over two
-//! hosts (network namespaces joined by a bridge, one device process each,
+//! The point-to-point, any-source, typed, collective, global-memory and
+//! GASNet scenarios on ranks spread over two hosts (network namespaces joined by a bridge, one device process each,
 //! joined into one fabric over UDP), started by MPICH's `mpiexec.hydra`.
 //! Rank r talks to port r / 2 of node r % 2, so neighbours in rank order
 //! sit on different hosts and every pair of ranks 0-3 has a pair across.
@@ -18,12 +18,13 @@ const FABRIC_PORT: u16 = 7460;
 const NODES: usize = 2;
 const RANKS: usize = 4;
 
-fn start_node(hosts: &NetworkNamespaces, node: usize) -> DeviceProcess {
+/// Starts node `node`'s device, with `extra` arguments (faults).
+fn start_node(hosts: &NetworkNamespaces, node: usize, extra: &[&str]) -> DeviceProcess {
     let listen = format!("{}:{FABRIC_PORT}", hosts.host(node).address());
     let peer = 1 - node;
     let peer = format!("{peer}={}:{FABRIC_PORT}", hosts.host(peer).address());
     let node_text = node.to_string();
-    let args = [
+    let mut args = vec![
         "--node",
         &node_text,
         "--fabric-listen",
@@ -33,13 +34,28 @@ fn start_node(hosts: &NetworkNamespaces, node: usize) -> DeviceProcess {
         "--fabric-peer",
         &peer,
     ];
+    args.extend_from_slice(extra);
     DeviceProcess::start_in_netns(&common::msg_check(), RANKS / NODES, &args, hosts.host(node))
         .unwrap_or_else(|e| panic!("node {node}: {e}"))
 }
 
-/// Runs `scenario` on the ranks under `mpiexec.hydra -n 4`; every rank
-/// must report success.
-fn hydra(device_dir: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
+/// A folder where rank r's socket, `port{r}.sock`, links to port r / 2 of
+/// node r % 2.
+fn rank_sockets(devices: &[DeviceProcess]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for rank in 0..RANKS {
+        std::os::unix::fs::symlink(
+            devices[rank % NODES].socket(rank / NODES),
+            dir.path().join(format!("port{rank}.sock")),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// Runs `program rank scenario args` (an example of this crate) on the
+/// ranks under `mpiexec.hydra -n 4`; every rank must report success.
+fn hydra(device_dir: &Path, program: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
     let mut command = Command::new("mpiexec.hydra");
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy().into_owned();
@@ -52,7 +68,7 @@ fn hydra(device_dir: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
     }
     let output = command
         .args(["-n", &RANKS.to_string()])
-        .arg(common::msg_check())
+        .arg(program)
         .arg("rank")
         .arg(scenario)
         .args(args)
@@ -90,18 +106,14 @@ fn hydra(device_dir: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
 )]
 fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
     let hosts = NetworkNamespaces::create(NODES).expect("network namespaces");
-    let devices: Vec<DeviceProcess> = (0..NODES).map(|node| start_node(&hosts, node)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    for rank in 0..RANKS {
-        std::os::unix::fs::symlink(
-            devices[rank % NODES].socket(rank / NODES),
-            dir.path().join(format!("port{rank}.sock")),
-        )
-        .unwrap();
-    }
+    let devices: Vec<DeviceProcess> = (0..NODES)
+        .map(|node| start_node(&hosts, node, &[]))
+        .collect();
+    let dir = rank_sockets(&devices);
     // Rank 0 and rank 1 are on different hosts: the two-rank scenarios
     // cross the fabric.
-    let lines = hydra(dir.path(), "pingpong", &[]);
+    let msg_check = common::msg_check();
+    let lines = hydra(dir.path(), &msg_check, "pingpong", &[]);
     assert!(common::checked(&lines[0]) > 25_000_000, "{}", lines[0]);
     for (scenario, args) in [
         ("timeout-switch", &[][..]),
@@ -116,7 +128,7 @@ fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
         ("acp", &[][..]),
         ("acp-reinit", &[][..]),
     ] {
-        let lines = hydra(dir.path(), scenario, args);
+        let lines = hydra(dir.path(), &msg_check, scenario, args);
         let checked: u64 = lines.iter().map(common::checked).sum();
         assert!(checked > 0, "{scenario}: nothing checked");
     }
@@ -129,5 +141,26 @@ fn the_suite_runs_on_ranks_spread_over_two_hosts_under_hydra() {
         let fabric = device.fabric_status();
         assert!(fabric.n("served") > 0, "{fabric:?}");
         assert_eq!(fabric.n("failed"), provoked, "{fabric:?}");
+    }
+    // GASNet: handlers and replies, strided transfers, and a message
+    // behind an unwaited strided put that must find the put's bytes in
+    // place, on devices whose links lose and reorder datagrams (so a
+    // message not held back until the put's datagrams are acknowledged
+    // would overtake them).
+    drop(devices);
+    let faults = ["--fault-in", "loss=0.02,reorder=0.1,seed=11"];
+    let devices: Vec<DeviceProcess> = (0..NODES)
+        .map(|node| start_node(&hosts, node, &faults))
+        .collect();
+    let dir = rank_sockets(&devices);
+    let am_check = common::example("am_check");
+    for scenario in ["handlers", "strided", "notified-put"] {
+        let lines = hydra(dir.path(), &am_check, scenario, &[]);
+        for line in &lines {
+            assert!(
+                common::checked(line) > 0,
+                "{scenario}: nothing checked: {line}"
+            );
+        }
     }
 }

@@ -1092,7 +1092,8 @@ fn doubles<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f64] {
 }
 
 /// Puts plane `from` of `face` of this rank's array into plane `to` of
-/// `target`'s, then a notice numbered `n`.
+/// `target`'s, and a notice numbered `n` behind it (the notice arrives
+/// after the plane's bytes: one trip), then waits for the put.
 fn put_face(
     ep: &mut Endpoint<'_>,
     target: u32,
@@ -1102,28 +1103,22 @@ fn put_face(
     to: usize,
     n: u64,
 ) -> Result<(), Box<dyn Error>> {
-    let stride = face.plane_stride(n_size) * 8;
+    let stride = (face.plane_stride(n_size) * 8) as u64;
     let (counts, strides) = face.shape(n_size as u64);
-    let (base, len) = {
-        let segment = ep.segment();
-        (segment.as_ptr(), segment.len())
-    };
-    let offset = from * stride;
-    // SAFETY: `offset < len` (a plane of the array, which fits in the
-    // segment); the segment is the endpoint's memory and outlives the call;
-    // during the put nothing of this process writes it (handlers only
-    // record notices) and the peer writes only this rank's ghost planes,
-    // which the face's planes `from` (interior) never overlap.
-    let source = unsafe { std::slice::from_raw_parts(base.add(offset), len - offset) };
-    ep.put_strided(
+    // The source plane lies in this rank's segment; nothing of this
+    // process writes it during the put (handlers only record notices) and
+    // the peer writes only this rank's ghost planes, which the interior
+    // plane `from` never overlaps.
+    let put = ep.put_strided_nb(
         target,
-        (to * stride) as u64,
+        to as u64 * stride,
         &strides,
-        source,
+        from as u64 * stride,
         &strides,
         &counts,
     )?;
     ep.request_short(target, H_NOTIFY, &[n as u32])?;
+    ep.wait(put)?;
     Ok(())
 }
 

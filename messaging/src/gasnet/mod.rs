@@ -53,7 +53,9 @@
 //!   and revoked before the get returns.
 //! * **Strided, indexed and vector** put/get (GASNet's VIS) as one remote
 //!   vector access each (VECTOR_WRITE / VECTOR_READ naming the pattern of
-//!   both sides), no pack or unpack.
+//!   both sides), no pack or unpack; strided ones also nonblocking from or
+//!   into the segment ([`Endpoint::put_strided_nb`],
+//!   [`Endpoint::get_strided_nb`]).
 //! * **Barrier** ([`Endpoint::barrier`]): dissemination over library
 //!   messages, after every put of this rank has completed. A rank that
 //!   passed it may finalize while others still wait on their last round:
@@ -65,6 +67,19 @@
 //!   descriptor is promoted to prebuilt work requests posted as they are
 //!   (the paper's promotion of hot descriptors into the chip's memory).
 //!   [`Endpoint::descriptor_counters`] says how it did.
+//!
+//! ## Order
+//!
+//! Every packet's stamp is fenced behind every earlier request of the
+//! endpoint's queue pair (the device starts a fenced request only once
+//! those have finished, on one host and across the fabric). So a message
+//! arrives after the bytes of every put or long payload this endpoint
+//! started before it, blocking or not: [`Endpoint::put_strided_nb`] and
+//! then [`Endpoint::request_short`] to the same target is a notified put,
+//! whose handler finds the data in place, in one trip instead of a put's
+//! round trip and then a message (GASNet itself promises no order between
+//! a nonblocking put and a later message; this library does). Puts and
+//! gets among themselves may complete in any order.
 //!
 //! ## Handlers, replies and the deadlock rule
 //!
@@ -2212,8 +2227,11 @@ impl<'c> Endpoint<'c> {
 }
 
 impl Drop for Endpoint<'_> {
-    /// Lets the operations and queued replies already started finish (at
-    /// most a few seconds), so no write is dropped with the port.
+    /// Lets the operations and queued replies already started finish, and
+    /// then every request posted (packets go unsignaled: a barrier's last
+    /// round, a credit return), at most a few seconds in all, so that no
+    /// write is dropped with the port: across the fabric a packet may
+    /// still wait for its retransmission when the rank leaves.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
         self.config.timeout = self.config.timeout.min(Duration::from_secs(5));
@@ -2228,6 +2246,9 @@ impl Drop for Endpoint<'_> {
                 break;
             }
             self.ops.retain(|_, op| op.remaining > 0);
+            std::thread::yield_now();
+        }
+        while matches!(self.qp.all_finished(), Ok(false)) && Instant::now() < deadline {
             std::thread::yield_now();
         }
     }

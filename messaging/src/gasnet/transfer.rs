@@ -710,8 +710,9 @@ impl<'c> Endpoint<'c> {
         source: &[u8],
         local: Pattern,
     ) -> Result<()> {
-        let memory = (source.as_ptr(), source.len());
-        self.vector(target, target_offset, remote, memory, local, false)
+        let side = LocalSide::Caller(source.as_ptr(), source.len());
+        let handle = self.start_vector(target, target_offset, remote, side, local, false)?;
+        self.wait(handle)
     }
 
     /// Reads `target`'s segment at `target_offset`, laid out as `remote`,
@@ -724,21 +725,23 @@ impl<'c> Endpoint<'c> {
         destination: &mut [u8],
         local: Pattern,
     ) -> Result<()> {
-        let memory = (destination.as_mut_ptr().cast_const(), destination.len());
-        self.vector(target, target_offset, remote, memory, local, true)
+        let side = LocalSide::Caller(destination.as_mut_ptr().cast_const(), destination.len());
+        let handle = self.start_vector(target, target_offset, remote, side, local, true)?;
+        self.wait(handle)
     }
 
-    /// One vector transfer between `local` (laid out by `local_pattern`)
-    /// and `target`'s segment from `target_offset` (by `remote_pattern`).
-    fn vector(
+    /// Starts one vector transfer between the local side (laid out by
+    /// `local_pattern`) and `target`'s segment from `target_offset` (by
+    /// `remote_pattern`).
+    fn start_vector(
         &mut self,
         target: u32,
         target_offset: u64,
         remote_pattern: Pattern,
-        local: (*const u8, usize),
+        local: LocalSide,
         local_pattern: Pattern,
         read: bool,
-    ) -> Result<()> {
+    ) -> Result<Handle> {
         self.check_target(target)?;
         if local_pattern.len != remote_pattern.len {
             return Err(Error::Gasnet(format!(
@@ -746,8 +749,9 @@ impl<'c> Endpoint<'c> {
                 local_pattern.len, remote_pattern.len
             )));
         }
+        let tag = self.tag();
         if local_pattern.len == 0 {
-            return Ok(());
+            return Ok(self.handle(tag));
         }
         let (low, high) = remote_pattern
             .plan()
@@ -760,23 +764,38 @@ impl<'c> Endpoint<'c> {
             ));
         }
         check_range(target_offset, high as u64, self.layout.segment)?;
-        let local_len = u32::try_from(local.1)
-            .map_err(|_| Error::Gasnet("a local buffer of 4 GiB or more".into()))?;
-        // SAFETY: `local` is the caller's buffer (its pointer and length),
-        // borrowed for this blocking call, which returns only once the
-        // transfer has completed or is settled.
-        let region = unsafe {
-            self.context
-                .register(local.0 as u64, u64::from(local_len))?
+        // The caller's memory is registered for the transfer (a pin-down
+        // cache hit when it was used before); the segment is registered
+        // already, as the endpoint's window.
+        let (caller_region, offset, len) = match local {
+            LocalSide::Caller(at, len) => {
+                let len = u32::try_from(len)
+                    .map_err(|_| Error::Gasnet("a local buffer of 4 GiB or more".into()))?;
+                // SAFETY: `at` and `len` are the caller's buffer, borrowed
+                // by the blocking call that waits for this transfer before
+                // returning (or settles it), so the memory stays mapped
+                // while the registration and the device use it.
+                let region = unsafe { self.context.register(at as u64, u64::from(len))? };
+                (Some(region), 0, len)
+            }
+            LocalSide::Segment(offset) => {
+                check_range(offset, 0, self.layout.segment)?;
+                // The segment's bytes from `offset`, as far as a local
+                // range reaches (lengths are 32 bits).
+                let len = (self.layout.segment - offset).min(u64::from(u32::MAX)) as u32;
+                (None, offset, len)
+            }
+        };
+        let whole = match &caller_region {
+            Some(region) => region.local(0, len)?,
+            None => self.window.region().local(offset, len)?,
         };
         let at = self.peers[target as usize].at(target_offset);
-        let whole = region.local(0, local_len)?;
         let vector = if read {
             Vector::read(whole, local_pattern, at, remote_pattern)?
         } else {
             Vector::write(whole, local_pattern, at, remote_pattern)?
         };
-        let tag = self.tag();
         post_entries(
             &mut self.qp,
             &mut self.cq,
@@ -785,10 +804,10 @@ impl<'c> Endpoint<'c> {
         )?;
         drop(vector);
         let mut op = self.op(target, 1);
-        op._regions.push(region);
+        op._regions.extend(caller_region);
         self.ops.insert(tag, op);
         self.counters.vector_transfers += 1;
-        self.wait(self.handle(tag))
+        Ok(self.handle(tag))
     }
 
     /// GASNet's strided put: `counts[0]` contiguous bytes, repeated
@@ -824,6 +843,49 @@ impl<'c> Endpoint<'c> {
         let remote = strided_pattern(target_strides, counts)?;
         let local = strided_pattern(destination_strides, counts)?;
         self.get_patterns(target, target_offset, remote, destination, local)
+    }
+
+    /// GASNet-EX's nonblocking strided put (`gex_VIS_StridedPutNB`) from
+    /// this rank's own [`segment`](Self::segment), where a stencil keeps
+    /// the planes it sends: the transfer of [`put_strided`](Self::put_strided)
+    /// with the source pattern counted from `source_offset` of the
+    /// segment. Returns once the request is posted; [`wait`](Self::wait)
+    /// completes it, and the source bytes must not change until then. A
+    /// message this endpoint sends to `target` afterwards arrives after
+    /// the put's bytes (module documentation, *Order*), so this put and a
+    /// short request make a notified put in one trip.
+    pub fn put_strided_nb(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        target_strides: &[u64],
+        source_offset: u64,
+        source_strides: &[u64],
+        counts: &[u64],
+    ) -> Result<Handle> {
+        let remote = strided_pattern(target_strides, counts)?;
+        let local = strided_pattern(source_strides, counts)?;
+        let side = LocalSide::Segment(source_offset);
+        self.start_vector(target, target_offset, remote, side, local, false)
+    }
+
+    /// The mirror of [`put_strided_nb`](Self::put_strided_nb): reads
+    /// `target`'s segment into this rank's segment from
+    /// `destination_offset`; the bytes are there once [`wait`](Self::wait)
+    /// returns for the handle.
+    pub fn get_strided_nb(
+        &mut self,
+        target: u32,
+        target_offset: u64,
+        target_strides: &[u64],
+        destination_offset: u64,
+        destination_strides: &[u64],
+        counts: &[u64],
+    ) -> Result<Handle> {
+        let remote = strided_pattern(target_strides, counts)?;
+        let local = strided_pattern(destination_strides, counts)?;
+        let side = LocalSide::Segment(destination_offset);
+        self.start_vector(target, target_offset, remote, side, local, true)
     }
 
     /// GASNet's vector put (memvec lists): the bytes of `source`'s
@@ -887,6 +949,15 @@ impl<'c> Endpoint<'c> {
         let local = indexed_pattern(destination_offsets, destination_len)?;
         self.get_patterns(target, 0, remote, destination, local)
     }
+}
+
+/// Where the local side of a vector transfer lies.
+#[derive(Clone, Copy)]
+enum LocalSide {
+    /// The caller's memory (start, bytes), registered for the transfer.
+    Caller(*const u8, usize),
+    /// This rank's segment from an offset.
+    Segment(u64),
 }
 
 fn pattern_error(e: impl std::fmt::Display) -> Error {
