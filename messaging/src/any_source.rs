@@ -23,7 +23,9 @@
 //! * **Flow control**: the receiver writes back, in one credit word per
 //!   sender ([`Layout::any_credit`], [`layout::any_credit_word`]), how
 //!   many entries of that sender it has drained and how many of its
-//!   rendezvous messages it has read; a sender never writes
+//!   rendezvous messages it has read, each write fenced after the last
+//!   (across the fabric unfenced writes land in any order, and an older
+//!   count landing last would take back credits); a sender never writes
 //!   entry `n` before the receiver drained entry `n - ANY_ENTRIES` (it
 //!   waits, progressing, and drains its own rings meanwhile into its
 //!   unexpected queue, up to a bound, so that two ranks sending to each
@@ -364,7 +366,10 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
         }
         let at = engine.layout.any_credit(context, engine.rank);
         let remote = engine.peer_at(peer, at);
-        let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, false)?;
+        // Fenced: across the fabric two writes of the word may land in
+        // either order, and an older count landing last would take back
+        // credits the sender already used, leaving it waiting forever.
+        let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, true)?;
         engine.any.unreaped.push(tag);
         engine.any.credited[ring] = word;
     }
