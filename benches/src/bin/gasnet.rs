@@ -18,14 +18,16 @@
 //! * **Halo exchange** (figures 9-10): an N x N x N array of doubles per
 //!   rank in its segment; the three faces (block: x = const, block-stride:
 //!   y = const, stride: z = const) by ping-pong, each way one
-//!   `put_strided` of the face into the peer's ghost plane and a short AM
-//!   that says it is there (the paper's form); beside each MPI sending the
+//!   `put_strided_nb` of the face into the peer's ghost plane and a short
+//!   AM right behind it that says it is there (the paper's form; the AM
+//!   arrives after the face's bytes, so neither waits for the other);
+//!   beside each MPI sending the
 //!   same faces with `MPI_Type_vector` and `MPI_Type_create_subarray`
 //!   (`benches/mpi/halo.c`). Both check every ghost element before and
 //!   after the timed loop.
 //! * **Himeno** (table 2): the Himeno kernel decomposed over i on 2 ranks,
-//!   the halo of p sent by `put_strided` into the neighbour's ghost plane
-//!   plus a short AM, the residual summed by short AMs; beside
+//!   the halo of p sent by `put_strided_nb` into the neighbour's ghost
+//!   plane plus a short AM, the residual summed by short AMs; beside
 //!   `benches/mpi/himeno.c`. Iterations per second, and the residual gosa
 //!   and the sum of p of both, which must agree (`agree`).
 //!
@@ -1462,17 +1464,11 @@ fn put_plane(
     bytes: usize,
     n: u64,
 ) -> Result<(), Box<dyn Error>> {
-    let (base, len) = {
-        let segment = ep.segment();
-        (segment.as_ptr(), segment.len())
-    };
-    assert!(from + bytes <= len);
-    // SAFETY: `from + bytes <= len` (asserted): inside the segment, which
-    // the endpoint owns for the call; this process does not write it
-    // during the put, and peers write only this rank's ghost planes, which
-    // the interior plane `from` is not.
-    let source = unsafe { std::slice::from_raw_parts(base.add(from), bytes) };
-    ep.put_strided(target, to as u64, &[], source, &[], &[bytes as u64])?;
+    // The plane `from` lies in this rank's segment; nothing of this
+    // process writes it during the put, and peers write only this rank's
+    // ghost planes, which the interior plane `from` is not.
+    let put = ep.put_strided_nb(target, to as u64, &[], from as u64, &[], &[bytes as u64])?;
     ep.request_short(target, H_NOTIFY, &[n as u32])?;
+    ep.wait(put)?;
     Ok(())
 }
