@@ -23,9 +23,10 @@
 //! * **Flow control**: the receiver writes back, in one credit word per
 //!   sender ([`Layout::any_credit`], [`layout::any_credit_word`]), how
 //!   many entries of that sender it has drained and how many of its
-//!   rendezvous messages it has read, each write fenced after the last
-//!   (across the fabric unfenced writes land in any order, and an older
-//!   count landing last would take back credits); a sender never writes
+//!   rendezvous messages it has read, each write fenced when the last is
+//!   still under way (across the fabric unfenced writes land in any
+//!   order, and an older count landing last would take back credits); a
+//!   sender never writes
 //!   entry `n` before the receiver drained entry `n - ANY_ENTRIES` (it
 //!   waits, progressing, and drains its own rings meanwhile into its
 //!   unexpected queue, up to a bound, so that two ranks sending to each
@@ -134,6 +135,9 @@ pub(crate) struct AnyState {
     reads: Vec<u64>,
     /// Per ring: the credit word last written back to the peer.
     credited: Vec<u64>,
+    /// Per ring: the tag of that write (under way while the engine
+    /// holds it in flight).
+    credit_writes: Vec<Option<u64>>,
     /// Messages drained from the rings and not yet received, oldest first.
     unexpected: VecDeque<Drained>,
     /// Per ring (sender and communicator): its messages in `unexpected`
@@ -197,6 +201,7 @@ impl AnyState {
             rendezvous_sent: vec![0; rings],
             reads: vec![0; rings],
             credited: vec![0; rings],
+            credit_writes: vec![None; rings],
             unexpected: VecDeque::new(),
             queued: vec![0; rings],
             queued_bytes: 0,
@@ -366,11 +371,17 @@ fn write_credits(engine: &mut Engine<'_>, context: u32) -> Result<()> {
         }
         let at = engine.layout.any_credit(context, engine.rank);
         let remote = engine.peer_at(peer, at);
-        // Fenced: across the fabric two writes of the word may land in
-        // either order, and an older count landing last would take back
-        // credits the sender already used, leaving it waiting forever.
-        let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, true)?;
+        // Fenced while the word's last write is still under way: across
+        // the fabric two writes of the word may land in either order, and
+        // an older count landing last would take back credits the sender
+        // already used, leaving it waiting forever. A write that completed
+        // has landed; the next needs no fence, which would hold it (and
+        // every later request) behind everything earlier on the queue.
+        let earlier_under_way =
+            engine.any.credit_writes[ring].is_some_and(|tag| engine.in_flight.contains_key(&tag));
+        let tag = engine.write_small(peer, 64, &word.to_le_bytes(), remote, earlier_under_way)?;
         engine.any.unreaped.push(tag);
+        engine.any.credit_writes[ring] = Some(tag);
         engine.any.credited[ring] = word;
     }
     Ok(())

@@ -74,12 +74,18 @@
 //! endpoint's queue pair (the device starts a fenced request only once
 //! those have finished, on one host and across the fabric). So a message
 //! arrives after the bytes of every put or long payload this endpoint
-//! started before it, blocking or not: [`Endpoint::put_strided_nb`] and
-//! then [`Endpoint::request_short`] to the same target is a notified put,
-//! whose handler finds the data in place, in one trip instead of a put's
-//! round trip and then a message (GASNet itself promises no order between
-//! a nonblocking put and a later message; this library does). Puts and
-//! gets among themselves may complete in any order.
+//! started before it and that succeeds, blocking or not:
+//! [`Endpoint::put_strided_nb`] and then [`Endpoint::request_short`] to
+//! the same target is a notified put, whose handler finds the data in
+//! place, in one trip instead of a put's round trip and then a message
+//! (GASNet itself promises no order between a nonblocking put and a
+//! later message; this library does). A put that fails (its target
+//! gone, the device's operation timeout) also counts as finished: the
+//! message may then go out without its bytes, and the sender learns of
+//! the failure from the put's [`Endpoint::wait`]. The fence holds a
+//! packet behind every earlier request of the endpoint, gets and
+//! requests to other ranks included. Puts and gets among themselves may
+//! complete in any order.
 //!
 //! ## Handlers, replies and the deadlock rule
 //!
@@ -2035,6 +2041,17 @@ impl<'c> Endpoint<'c> {
         if !self.ops.contains_key(&tag) {
             return Ok(());
         }
+        let waited = self.wait_for(tag);
+        if waited.is_err() {
+            // However the wait failed (a reap, consuming, the timeout):
+            // nothing of the operation lands after this returns.
+            self.settle(tag);
+        }
+        waited
+    }
+
+    /// [`wait`](Self::wait)'s loop for operation `tag`, then its copies.
+    fn wait_for(&mut self, tag: u64) -> Result<()> {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -2248,8 +2265,14 @@ impl Drop for Endpoint<'_> {
             self.ops.retain(|_, op| op.remaining > 0);
             std::thread::yield_now();
         }
+        // Completions are taken meanwhile: the device stops taking
+        // requests while its completion queue is full (failed packets
+        // complete even unsignaled).
         while matches!(self.qp.all_finished(), Ok(false)) && Instant::now() < deadline {
-            std::thread::yield_now();
+            if self.reap().is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }

@@ -772,9 +772,11 @@ impl<'c> Endpoint<'c> {
                 let len = u32::try_from(len)
                     .map_err(|_| Error::Gasnet("a local buffer of 4 GiB or more".into()))?;
                 // SAFETY: `at` and `len` are the caller's buffer, borrowed
-                // by the blocking call that waits for this transfer before
-                // returning (or settles it), so the memory stays mapped
-                // while the registration and the device use it.
+                // by the blocking call, whose `wait` returns only once the
+                // transfer completed or, on any error, was settled (the
+                // device finished it, or it or the peer is gone), so the
+                // memory stays mapped while the registration and the
+                // device use it.
                 let region = unsafe { self.context.register(at as u64, u64::from(len))? };
                 (Some(region), 0, len)
             }
