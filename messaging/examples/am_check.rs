@@ -768,6 +768,23 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
         let blocks_dst = strided_blocks(dst_strides, counts);
         let block = counts[0] as usize;
         let src_len = blocks_src.iter().max().map_or(0, |&o| o as usize + block);
+        // (source offset, area offset) of each block.
+        let pairs: Vec<(usize, usize)> = blocks_src
+            .iter()
+            .zip(&blocks_dst)
+            .map(|(&s, &d)| (s as usize, (offset + d) as usize))
+            .collect();
+        let put_into = |model: &mut [u8], source: &[u8]| {
+            for &(s, d) in &pairs {
+                model[d..d + block].copy_from_slice(&source[s..s + block]);
+            }
+        };
+        let got_from = |expected: &mut [u8], model: &[u8]| {
+            for &(s, d) in &pairs {
+                expected[s..s + block].copy_from_slice(&model[d..d + block]);
+            }
+        };
+        let moved = (block * pairs.len()) as u64;
         let source: Vec<u8> = (0..src_len).map(|_| rng.next() as u8).collect();
         ep.put_strided(
             target,
@@ -778,20 +795,9 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
             counts,
         )
         .map_err(|e| format!("put_strided case {case}: {e}"))?;
-        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
-            let d = (*offset + d) as usize;
-            model[d..d + block].copy_from_slice(&source[*s as usize..*s as usize + block]);
-        }
-        let mut whole = vec![0u8; AREA];
-        ep.get(target, base, &mut whole)
-            .map_err(|e| format!("get: {e}"))?;
-        if whole != model {
-            let at = whole.iter().zip(&model).position(|(a, b)| a != b);
-            return Err(format!(
-                "put_strided case {case}: the area differs at {at:?}"
-            ));
-        }
-        tally.checked += (block * blocks_src.len()) as u64;
+        put_into(&mut model, &source);
+        let what = format!("put_strided case {case}");
+        area_matches(ep, target, base, &model, &what)?;
         // The mirror: read the same pattern back into a fresh buffer.
         let mut back = vec![0x33u8; src_len];
         ep.get_strided(
@@ -804,14 +810,10 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
         )
         .map_err(|e| format!("get_strided case {case}: {e}"))?;
         let mut expected = vec![0x33u8; src_len];
-        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
-            let d = (*offset + d) as usize;
-            expected[*s as usize..*s as usize + block].copy_from_slice(&model[d..d + block]);
-        }
+        got_from(&mut expected, &model);
         if back != expected {
             return Err(format!("get_strided case {case}: differs"));
         }
-        tally.checked += (block * blocks_src.len()) as u64;
         // The nonblocking forms, from and into this rank's own segment.
         let source: Vec<u8> = (0..src_len).map(|_| rng.next() as u8).collect();
         ep.segment()[OWN_SOURCE..OWN_SOURCE + src_len].copy_from_slice(&source);
@@ -824,21 +826,12 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
                 src_strides,
                 counts,
             )
-            .map_err(|e| format!("put_strided_nb case {case}: {e}"))?;
-        ep.wait(put)
-            .map_err(|e| format!("put_strided_nb case {case}: {e}"))?;
-        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
-            let d = (*offset + d) as usize;
-            model[d..d + block].copy_from_slice(&source[*s as usize..*s as usize + block]);
-        }
-        ep.get(target, base, &mut whole)
-            .map_err(|e| format!("get: {e}"))?;
-        if whole != model {
-            let at = whole.iter().zip(&model).position(|(a, b)| a != b);
-            return Err(format!(
-                "put_strided_nb case {case}: the area differs at {at:?}"
-            ));
-        }
+            .and_then(|put| ep.wait(put))
+            .map_err(|e| format!("put_strided_nb case {case}: {e}"));
+        put?;
+        put_into(&mut model, &source);
+        let what = format!("put_strided_nb case {case}");
+        area_matches(ep, target, base, &model, &what)?;
         ep.segment()[OWN_BACK..OWN_BACK + src_len].fill(0x33);
         let get = ep
             .get_strided_nb(
@@ -849,17 +842,14 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
                 src_strides,
                 counts,
             )
-            .map_err(|e| format!("get_strided_nb case {case}: {e}"))?;
-        ep.wait(get)
-            .map_err(|e| format!("get_strided_nb case {case}: {e}"))?;
-        for (s, d) in blocks_src.iter().zip(&blocks_dst) {
-            let d = (*offset + d) as usize;
-            expected[*s as usize..*s as usize + block].copy_from_slice(&model[d..d + block]);
-        }
+            .and_then(|get| ep.wait(get))
+            .map_err(|e| format!("get_strided_nb case {case}: {e}"));
+        get?;
+        got_from(&mut expected, &model);
         if ep.segment()[OWN_BACK..OWN_BACK + src_len] != expected[..] {
             return Err(format!("get_strided_nb case {case}: differs"));
         }
-        tally.checked += 2 * (block * blocks_src.len()) as u64;
+        tally.checked += 4 * moved;
     }
     // Vector (memvec lists, boundaries differing) and indexed.
     let source: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
@@ -917,12 +907,7 @@ fn strided(ep: &mut Endpoint<'_>) -> Outcome {
     if back != expected {
         return Err("get_indexed differs".into());
     }
-    let mut whole = vec![0u8; AREA];
-    ep.get(target, base, &mut whole)
-        .map_err(|e| format!("get: {e}"))?;
-    if whole != model {
-        return Err("after vector and indexed puts the area differs".into());
-    }
+    area_matches(ep, target, base, &model, "after vector and indexed puts")?;
     tally.checked += 3 * 400 + 64 * 2 + 64;
     // A mismatch of lengths and a pattern past the segment are refused.
     if ep
@@ -1064,6 +1049,25 @@ fn notified_put(ep: &mut Endpoint<'_>, state: &Rc<RefCell<State>>) -> Outcome {
 /// The bytes of a rank's area `notified-put` checks (the largest shape's
 /// reach).
 const NOTIFIED_AREA: usize = 32 * 8192;
+
+/// Reads this rank's area of `target`'s segment (at `base`) back whole
+/// and compares it with `model`.
+fn area_matches(
+    ep: &mut Endpoint<'_>,
+    target: u32,
+    base: u64,
+    model: &[u8],
+    what: &str,
+) -> Result<(), String> {
+    let mut whole = vec![0u8; model.len()];
+    ep.get(target, base, &mut whole)
+        .map_err(|e| format!("{what}: get: {e}"))?;
+    if whole != model {
+        let at = whole.iter().zip(model).position(|(a, b)| a != b);
+        return Err(format!("{what}: the area differs at {at:?}"));
+    }
+    Ok(())
+}
 
 fn shift(list: &[(u64, u64)], by: u64) -> Vec<(u64, u64)> {
     list.iter().map(|&(o, l)| (o + by, l)).collect()

@@ -1,6 +1,7 @@
 //! The point-to-point, any-source, typed, collective, global-memory and
-//! GASNet scenarios on ranks spread over two hosts (network namespaces joined by a bridge, one device process each,
-//! joined into one fabric over UDP), started by MPICH's `mpiexec.hydra`.
+//! GASNet scenarios on ranks spread over two hosts (network namespaces
+//! joined by a bridge, one device process each, joined into one fabric
+//! over UDP), started by MPICH's `mpiexec.hydra`.
 //! Rank r talks to port r / 2 of node r % 2, so neighbours in rank order
 //! sit on different hosts and every pair of ranks 0-3 has a pair across.
 
