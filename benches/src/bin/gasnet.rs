@@ -21,10 +21,9 @@
 //!   `put_strided_nb` of the face into the peer's ghost plane and a short
 //!   AM right behind it that says it is there (the paper's form; the AM
 //!   arrives after the face's bytes, so neither waits for the other);
-//!   beside each MPI sending the
-//!   same faces with `MPI_Type_vector` and `MPI_Type_create_subarray`
-//!   (`benches/mpi/halo.c`). Both check every ghost element before and
-//!   after the timed loop.
+//!   beside each MPI sending the same faces with `MPI_Type_vector` and
+//!   `MPI_Type_create_subarray` (`benches/mpi/halo.c`). Both check every
+//!   ghost element before and after the timed loop.
 //! * **Himeno** (table 2): the Himeno kernel decomposed over i on 2 ranks,
 //!   the halo of p sent by `put_strided_nb` into the neighbour's ghost
 //!   plane plus a short AM, the residual summed by short AMs; beside
@@ -1094,8 +1093,7 @@ fn doubles<'a>(ep: &'a mut Endpoint<'_>, count: usize) -> &'a mut [f64] {
 }
 
 /// Puts plane `from` of `face` of this rank's array into plane `to` of
-/// `target`'s, and a notice numbered `n` behind it (the notice arrives
-/// after the plane's bytes: one trip), then waits for the put.
+/// `target`'s, with notice `n` behind it ([`put_notified`]).
 fn put_face(
     ep: &mut Endpoint<'_>,
     target: u32,
@@ -1107,18 +1105,26 @@ fn put_face(
 ) -> Result<(), Box<dyn Error>> {
     let stride = (face.plane_stride(n_size) * 8) as u64;
     let (counts, strides) = face.shape(n_size as u64);
-    // The source plane lies in this rank's segment; nothing of this
-    // process writes it during the put (handlers only record notices) and
-    // the peer writes only this rank's ghost planes, which the interior
-    // plane `from` never overlaps.
-    let put = ep.put_strided_nb(
-        target,
-        to as u64 * stride,
-        &strides,
-        from as u64 * stride,
-        &strides,
-        &counts,
-    )?;
+    let (from, to) = (from as u64 * stride, to as u64 * stride);
+    put_notified(ep, target, to, from, &strides, &counts, n)
+}
+
+/// Puts the pattern (`strides`, `counts`) of this rank's segment at
+/// `from` into `target`'s at `to`, and a notice numbered `n` right behind
+/// it (it arrives after the bytes), then waits for the put. The source
+/// is an interior plane: nothing of this process writes it during the
+/// put (handlers only record notices), and peers write only this rank's
+/// ghost planes.
+fn put_notified(
+    ep: &mut Endpoint<'_>,
+    target: u32,
+    to: u64,
+    from: u64,
+    strides: &[u64],
+    counts: &[u64],
+    n: u64,
+) -> Result<(), Box<dyn Error>> {
+    let put = ep.put_strided_nb(target, to, strides, from, strides, counts)?;
     ep.request_short(target, H_NOTIFY, &[n as u32])?;
     ep.wait(put)?;
     Ok(())
@@ -1454,8 +1460,8 @@ fn himeno(
 }
 
 /// Puts `bytes` (one i-plane, `nk * 4`-byte rows) from segment offset
-/// `from` into `target`'s segment at `to` as a strided put (rows of the
-/// plane, both sides alike), then a notice numbered `n`.
+/// `from` into `target`'s segment at `to`, with notice `n` behind it
+/// ([`put_notified`]).
 fn put_plane(
     ep: &mut Endpoint<'_>,
     target: u32,
@@ -1464,11 +1470,5 @@ fn put_plane(
     bytes: usize,
     n: u64,
 ) -> Result<(), Box<dyn Error>> {
-    // The plane `from` lies in this rank's segment; nothing of this
-    // process writes it during the put, and peers write only this rank's
-    // ghost planes, which the interior plane `from` is not.
-    let put = ep.put_strided_nb(target, to as u64, &[], from as u64, &[], &[bytes as u64])?;
-    ep.request_short(target, H_NOTIFY, &[n as u32])?;
-    ep.wait(put)?;
-    Ok(())
+    put_notified(ep, target, to as u64, from as u64, &[], &[bytes as u64], n)
 }
