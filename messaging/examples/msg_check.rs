@@ -2911,7 +2911,7 @@ mod collectives {
     /// next dup work.
     pub(super) fn mismatch(world: &Communicator<'_>) -> Outcome {
         type Call = fn(&Communicator<'_>) -> pindown_messaging::Result<()>;
-        let cases: [(&str, Call); 5] = [
+        let cases: [(&str, Call); 6] = [
             ("allreduce of 33 doubles against 32", |c| {
                 let n = if c.rank() == 0 { 33 } else { 32 };
                 c.allreduce(&vec![1.0f64; n], &mut vec![0.0; n], Op::Sum)
@@ -2930,6 +2930,17 @@ mod collectives {
                 };
                 c.reduce_with(0, &[1u64; 4], &mut [0u64; 4], Op::Sum, algorithm)
             }),
+            (
+                "an allreduce by reduce-scatter against recursive doubling",
+                |c| {
+                    let algorithm = match c.rank() {
+                        0 => ReduceAlgorithm::ReduceScatterAllgather,
+                        _ => ReduceAlgorithm::RecursiveDoubling,
+                    };
+                    let mine = vec![1i64; 4096];
+                    c.allreduce_with(&mine, &mut vec![0; 4096], Op::Sum, algorithm)
+                },
+            ),
             ("a dup against a barrier", |c| match c.rank() {
                 0 => c.dup().map(drop),
                 _ => c.barrier(),
@@ -3012,7 +3023,7 @@ mod collectives {
                     case.case
                 );
             }
-            let checked = match case.case % 10 {
+            let checked = match case.case % 11 {
                 0 => barrier(&case, &mut random, BarrierAlgorithm::Dissemination)?,
                 1 => barrier(&case, &mut random, BarrierAlgorithm::BinaryTree)?,
                 2 => broadcast(&case, &mut random, BroadcastAlgorithm::BinomialTree)?,
@@ -3022,6 +3033,12 @@ mod collectives {
                 6 => reduction_any(&case, &mut random, ReduceAlgorithm::BinaryTree, all)?,
                 7 => reduction_any(&case, &mut random, ReduceAlgorithm::RecursiveDoubling, all)?,
                 8 => reduction_any(&case, &mut random, ReduceAlgorithm::Auto, true)?,
+                9 => reduction_any(
+                    &case,
+                    &mut random,
+                    ReduceAlgorithm::ReduceScatterAllgather,
+                    all,
+                )?,
                 _ => reduction_any(&case, &mut random, ReduceAlgorithm::Auto, false)?,
             };
             tally.checked += checked;
@@ -3056,7 +3073,9 @@ mod collectives {
     fn timing(world: &Communicator<'_>, args: &[String]) -> Outcome {
         let mut tally = Tally::default();
         let scale = flag(args, "--iterations", 1000) as u32;
-        if world.size() == 2 {
+        // `--bytes N`: the allreduces of N bytes, nothing else.
+        let only = flag(args, "--bytes", 0) as usize;
+        if world.size() == 2 && only == 0 {
             let mut buffer = [0u8; 8];
             let peer = 1 - world.rank();
             let us = time(world, scale * 5, || {
@@ -3075,19 +3094,26 @@ mod collectives {
         for algorithm in [
             BarrierAlgorithm::Dissemination,
             BarrierAlgorithm::BinaryTree,
-        ] {
+        ]
+        .into_iter()
+        .filter(|_| only == 0)
+        {
             let us = time(world, scale * 5, || world.barrier_with(algorithm))?;
             tally
                 .notes
                 .push(format!("barrier {algorithm:?}: {us:.2} us"));
         }
         for bytes in [8usize, 256, 4096, 65536, 256 << 10, 1 << 20] {
+            if only != 0 && bytes != only {
+                continue;
+            }
             let send = vec![1.0f64; bytes / 8];
             let mut receive = vec![0.0f64; bytes / 8];
             for algorithm in [
                 ReduceAlgorithm::FlagWords,
                 ReduceAlgorithm::RecursiveDoubling,
                 ReduceAlgorithm::BinaryTree,
+                ReduceAlgorithm::ReduceScatterAllgather,
             ] {
                 if algorithm == ReduceAlgorithm::FlagWords && bytes > 256 {
                     continue;
@@ -3101,7 +3127,10 @@ mod collectives {
                     .push(format!("allreduce {bytes} B {algorithm:?}: {us:.2} us"));
             }
         }
-        for bytes in [8usize, 65536, 256 << 10, 1 << 20, 4 << 20] {
+        for bytes in [8usize, 65536, 256 << 10, 1 << 20, 4 << 20]
+            .into_iter()
+            .filter(|_| only == 0)
+        {
             let mut buffer = vec![7u8; bytes];
             for algorithm in [
                 BroadcastAlgorithm::BinomialTree,

@@ -25,8 +25,9 @@
 //! a binomial-tree broadcast, FMPL's pipelined broadcast (the message
 //! cut into chunks that flow down a binary tree through two alternating
 //! receive slots, so that receiving chunk `j + 1` overlaps forwarding
-//! chunk `j`), and recursive doubling. `Auto` chooses by size (and, for
-//! broadcasts, rank count) as [`BroadcastAlgorithm::Auto`] and
+//! chunk `j`), recursive doubling, and reduce-scatter then allgather
+//! (Rabenseifner's). `Auto` chooses by size and rank count as
+//! [`BroadcastAlgorithm::Auto`] and
 //! [`ReduceAlgorithm::Auto`] say (thresholds measured on a 2-core
 //! machine, as FMPL chose between its two broadcasts).
 //!
@@ -76,6 +77,7 @@
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::comm::Communicator;
@@ -95,19 +97,26 @@ use pindown_uapi::Status;
 // | barrier              | dissemination 2.1, tree 3.3 | dissemination 9.9, tree 16  | dissemination 37, tree 69   |
 // | allreduce 8 B        | flags 2.7, r.d. 15, tree 19 | flags 11, r.d. 60, tree 60  | flags 46, r.d. 235, tree 242|
 // | allreduce 4 KiB      | r.d. 16, tree 20            | r.d. 65, tree 65            | r.d. 179, tree 176          |
-// | allreduce 64 KiB     | r.d. 34, tree 29            | r.d. 100, tree 94           | r.d. 366, tree 298          |
-// | allreduce 256 KiB    | r.d. 148, tree 54           | r.d. 452, tree 205          | r.d. 1814, tree 623         |
-// | allreduce 1 MiB      | r.d. 509, tree 282          | r.d. 2374, tree 909         | r.d. 4721, tree 2429        |
+// | allreduce 64 KiB     | r.d. 33, tree 41, r.s. 50   | r.d. 131, tree 139, r.s. 206| r.d. 471, tree 384, r.s. 674|
+// | allreduce 256 KiB    | r.d. 63, tree 71, r.s. 76   | r.d. 345, tree 215, r.s. 320| r.d. 1255, tree 723, r.s. 961|
+// | allreduce 1 MiB      | r.d. 362, tree 339, r.s. 291| r.d. 1453, tree 1079, r.s. 942| r.d. 4049, tree 2618, r.s. 2709|
 // | broadcast 1 MiB      | binomial 51, pipelined 64   | binomial 217, pipelined 239 | binomial 727, pipelined 731 |
 // | broadcast 4 MiB      | binomial 373, pipelined 395 | binomial 1002, pipelined 986| binomial 2424, pipelined 2828 |
 //
+// (r.s.: reduce-scatter and allgather; the allreduce rows from 64 KiB are
+// medians of three runs with `--bytes N`, each algorithm reading its
+// contribution in place and receiving into memory kept between calls.)
+//
 // Hence: dissemination barriers; flag words for every reduction that fits
-// them; recursive doubling above, and the tree from 64 KiB at every rank
-// count (recursive doubling moves p log2 p vectors in all, the tree's
+// them; recursive doubling above, and the tree from 64 KiB on 3 ranks or
+// more (recursive doubling moves p log2 p vectors in all, the tree's
 // reduce and broadcast 2 (p - 1): with the cores shared, fewer bytes
-// win once the vectors are long); the binomial broadcast at every size
-// (each chunk of the pipeline costs a hand-off between threads, more
-// than the overlap gains here).
+// win once the vectors are long), but recursive doubling on 2 ranks (one
+// exchange, both combining at once); reduce-scatter and allgather from
+// 1 MiB at every rank count (ahead on 2 and 4 ranks, tied with the tree
+// on 8); the binomial broadcast at every size (each chunk of the
+// pipeline costs a hand-off between threads, more than the overlap gains
+// here).
 
 /// Broadcasts of at least this many bytes use the pipelined binary tree
 /// by default (on 3 ranks or more): `None`, never, on the machine
@@ -119,10 +128,14 @@ pub const BROADCAST_PIPELINE_MIN: Option<usize> = None;
 pub const PIPELINE_CHUNK_BYTES: usize = 128 << 10;
 /// Reductions of at most this many bytes ride the flag words by default.
 pub const REDUCE_FLAG_MAX: usize = COLLECTIVE_DATA_BYTES as usize;
-/// Allreduces of at least this many bytes reduce and broadcast (binary
-/// tree) by default; shorter ones beyond the flag words use recursive
-/// doubling (see the table in the source).
+/// Allreduces of at least this many bytes on 3 ranks or more reduce and
+/// broadcast (binary tree) by default; shorter ones beyond the flag words,
+/// and those on 2 ranks, use recursive doubling (see the table in the
+/// source).
 pub const ALLREDUCE_TREE_MIN: usize = 64 << 10;
+/// Allreduces of at least this many bytes reduce-scatter and allgather
+/// by default, on any number of ranks.
+pub const ALLREDUCE_HALVING_MIN: usize = 1 << 20;
 
 /// How a barrier synchronises.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,8 +178,9 @@ pub enum ReduceAlgorithm {
     /// [`REDUCE_FLAG_MAX`] bytes; above, a reduce uses
     /// [`BinaryTree`](Self::BinaryTree), an allreduce
     /// [`RecursiveDoubling`](Self::RecursiveDoubling), but from
-    /// [`ALLREDUCE_TREE_MIN`] bytes the binary tree (reduce, then
-    /// broadcast).
+    /// [`ALLREDUCE_TREE_MIN`] bytes on 3 ranks or more the binary tree
+    /// (reduce, then broadcast), and from [`ALLREDUCE_HALVING_MIN`] bytes
+    /// [`ReduceScatterAllgather`](Self::ReduceScatterAllgather).
     #[default]
     Auto,
     /// Recursive doubling over flag words (data, then a fenced epoch
@@ -180,6 +194,13 @@ pub enum ReduceAlgorithm {
     /// Recursive doubling with zero-copy messages (folding as
     /// [`FlagWords`](Self::FlagWords)).
     RecursiveDoubling,
+    /// Reduce-scatter by recursive halving, then allgather by recursive
+    /// doubling (Rabenseifner's; folding as
+    /// [`FlagWords`](Self::FlagWords)): each member sends and receives
+    /// 2 (p - 1) / p of the vector and combines only its own share, all
+    /// members at once. A reduce runs the allreduce and the root keeps
+    /// the result.
+    ReduceScatterAllgather,
 }
 
 // ---- element types and operations ----
@@ -319,31 +340,47 @@ impl<T> std::fmt::Debug for Op<'_, T> {
 
 /// Combines `incoming` into `accumulated` with `op`.
 fn combine<T: Element>(op: Op<'_, T>, accumulated: &mut [T], incoming: &[T]) {
-    debug_assert_eq!(accumulated.len(), incoming.len());
-    let pairs = accumulated.iter_mut().zip(incoming.iter().copied());
+    combine_into(op, accumulated, None, incoming);
+}
+
+/// `out[i] = op(first[i], incoming[i])` for every `i`, where `first` is
+/// `out` itself when `None`: one pass over the vectors either way.
+fn combine_into<T: Element>(op: Op<'_, T>, out: &mut [T], first: Option<&[T]>, incoming: &[T]) {
+    debug_assert_eq!(out.len(), incoming.len());
+    debug_assert!(first.is_none_or(|first| first.len() == out.len()));
+    fn each<T: Element>(out: &mut [T], first: Option<&[T]>, incoming: &[T], f: impl Fn(T, T) -> T) {
+        match first {
+            None => out
+                .iter_mut()
+                .zip(incoming)
+                .for_each(|(a, &b)| *a = f(*a, b)),
+            Some(first) => out
+                .iter_mut()
+                .zip(first.iter().zip(incoming))
+                .for_each(|(o, (&a, &b))| *o = f(a, b)),
+        }
+    }
+    let by_magnitude = |wanted: Ordering| {
+        move |a: T, b: T| match b.magnitude_cmp(a) {
+            order if order == wanted => b,
+            Ordering::Equal if b.total_cmp(a) == Ordering::Greater => b,
+            _ => a,
+        }
+    };
+    let by_value =
+        |wanted: Ordering| move |a: T, b: T| if b.total_cmp(a) == wanted { b } else { a };
     match op {
-        Op::Sum => pairs.for_each(|(a, b)| *a = a.sum(b)),
-        Op::Min => pairs.for_each(|(a, b)| {
-            if b.total_cmp(*a) == Ordering::Less {
-                *a = b
+        Op::Sum => each(out, first, incoming, |a, b| a.sum(b)),
+        Op::Min => each(out, first, incoming, by_value(Ordering::Less)),
+        Op::Max => each(out, first, incoming, by_value(Ordering::Greater)),
+        Op::MaxAbs => each(out, first, incoming, by_magnitude(Ordering::Greater)),
+        Op::MinAbs => each(out, first, incoming, by_magnitude(Ordering::Less)),
+        Op::User(f) => {
+            if let Some(first) = first {
+                out.copy_from_slice(first);
             }
-        }),
-        Op::Max => pairs.for_each(|(a, b)| {
-            if b.total_cmp(*a) == Ordering::Greater {
-                *a = b
-            }
-        }),
-        Op::MaxAbs => pairs.for_each(|(a, b)| match b.magnitude_cmp(*a) {
-            Ordering::Greater => *a = b,
-            Ordering::Equal if b.total_cmp(*a) == Ordering::Greater => *a = b,
-            _ => {}
-        }),
-        Op::MinAbs => pairs.for_each(|(a, b)| match b.magnitude_cmp(*a) {
-            Ordering::Less => *a = b,
-            Ordering::Equal if b.total_cmp(*a) == Ordering::Greater => *a = b,
-            _ => {}
-        }),
-        Op::User(f) => f(accumulated, incoming),
+            f(out, incoming)
+        }
     }
 }
 
@@ -475,9 +512,20 @@ enum Algorithm {
     RecursiveDoubling = 7,
     /// Through rank 0 (an exchange).
     ThroughRankZero = 8,
+    ReduceScatterAllgather = 9,
 }
 
 impl Algorithm {
+    /// The algorithm of a reduction named by the caller (not `Auto`).
+    fn of_reduction(named: ReduceAlgorithm) -> Self {
+        match named {
+            ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Self::BinaryTree,
+            ReduceAlgorithm::FlagWords => Self::FlagWords,
+            ReduceAlgorithm::RecursiveDoubling => Self::RecursiveDoubling,
+            ReduceAlgorithm::ReduceScatterAllgather => Self::ReduceScatterAllgather,
+        }
+    }
+
     /// The name of a record's algorithm code, for errors.
     fn name_of(code: u8) -> &'static str {
         [
@@ -489,6 +537,7 @@ impl Algorithm {
             (Self::BinaryTree, "a binary tree"),
             (Self::RecursiveDoubling, "recursive doubling"),
             (Self::ThroughRankZero, "rank 0"),
+            (Self::ReduceScatterAllgather, "reduce-scatter and allgather"),
         ]
         .into_iter()
         .find(|(algorithm, _)| *algorithm as u8 == code)
@@ -597,12 +646,24 @@ pub(crate) fn check_member(peer: u32, mine: &CallRecord, records: &[[u64; 3]]) -
         return Some(member_failed(mine.call));
     }
     let theirs = decoded(records).find(|r| r.call == mine.call)?;
-    (theirs != *mine).then(|| {
+    disagreement(peer, mine, &theirs)
+}
+
+/// The error naming both calls when world rank `peer`'s record `theirs`
+/// of this rank's call `mine` describes another call (whatever became
+/// of either since: given up or not).
+fn disagreement(peer: u32, mine: &CallRecord, theirs: &CallRecord) -> Option<Error> {
+    let as_begun = |record: &CallRecord| CallRecord {
+        failed: false,
+        refused: false,
+        ..*record
+    };
+    (as_begun(theirs) != as_begun(mine)).then(|| {
         Error::Mismatch(format!(
             "collective call {} on this communicator is {} on world rank {peer} but {} here",
             mine.call,
-            describe(&theirs),
-            describe(mine)
+            describe(&as_begun(theirs)),
+            describe(&as_begun(mine))
         ))
     })
 }
@@ -683,6 +744,27 @@ fn verify_call(engine: &mut Engine<'_>, group: &Group<'_>, mine: &CallRecord) ->
             Some(_) => calls.any(|call| call >= mine.call),
         })
     })
+}
+
+/// After a call failed with a mismatch its messages showed (a message
+/// longer or shorter than this rank's receive), the members' records
+/// of the call, read once each, say what differed: the error naming both
+/// calls, if a member's record describes another call.
+fn mismatch_in_records(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    mine: &CallRecord,
+) -> Option<Error> {
+    let me = engine.rank;
+    group
+        .ranks
+        .iter()
+        .filter(|&&member| member != me)
+        .find_map(|&member| {
+            let records = engine.read_call_records(member, group.context).ok()?;
+            let theirs = decoded(&records).find(|r| r.call == mine.call)?;
+            disagreement(member, mine, &theirs)
+        })
 }
 
 /// The longest pause between two reads of a member's records that
@@ -1398,21 +1480,6 @@ fn finish_recv(engine: &mut Engine<'_>, posted: (u32, u64, u64), expected: usize
     }
 }
 
-/// Receives into a temporary of this call (withdrawn if the call fails
-/// first).
-fn recv_temporary<T: Element>(
-    engine: &mut Engine<'_>,
-    context: u32,
-    peer: u32,
-    into: Vec<T>,
-) -> Result<Vec<T>> {
-    let mut into = into;
-    let len = std::mem::size_of_val(&into[..]);
-    let posted = post_recv(engine, context, peer, 0, into.as_mut_ptr().cast(), len)?;
-    finish_recv(engine, posted, len)?;
-    Ok(into)
-}
-
 fn broadcast_binomial(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
@@ -1557,13 +1624,63 @@ fn broadcast_pipelined(
     result
 }
 
-/// Combines everyone's `accumulated` up a binary tree rooted at `root`;
-/// the root's holds the result.
+/// A member's values during a reduction: its contribution (`mine`) until
+/// a first combine writes `result`, `result` from then on. Nothing is
+/// copied up front: the first combine reads `mine` and writes `result`
+/// in one pass, and what a member sends before it goes out of `mine`.
+struct Partial<'a, T> {
+    mine: &'a [T],
+    result: &'a mut [T],
+    written: bool,
+}
+
+impl<'a, T: Element> Partial<'a, T> {
+    /// `mine` and `result` are equally long.
+    fn new(mine: &'a [T], result: &'a mut [T]) -> Self {
+        debug_assert_eq!(mine.len(), result.len());
+        Self {
+            mine,
+            result,
+            written: false,
+        }
+    }
+
+    /// The values so far.
+    fn values(&self) -> &[T] {
+        if self.written {
+            self.result
+        } else {
+            self.mine
+        }
+    }
+
+    /// Combines `incoming` into the values so far of `range`, into
+    /// `result`. A first combine must cover every element read later.
+    fn combine(&mut self, op: Op<'_, T>, range: Range<usize>, incoming: &[T]) {
+        let first = (!self.written).then(|| &self.mine[range.clone()]);
+        combine_into(op, &mut self.result[range], first, incoming);
+        self.written = true;
+    }
+
+    /// Makes `result` hold the values so far (a member that combined
+    /// nothing copies `mine`).
+    fn settle(&mut self) {
+        if !self.written {
+            self.result.copy_from_slice(self.mine);
+            self.written = true;
+        }
+    }
+}
+
+/// Combines everyone's contribution up a binary tree rooted at `root`;
+/// the root's `partial` holds the result. `incoming` (as long) receives
+/// the children's vectors.
 fn reduce_tree<T: Element>(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     root: u32,
-    accumulated: &mut [T],
+    partial: &mut Partial<'_, T>,
+    incoming: &mut [T],
     op: Op<'_, T>,
 ) -> Result<()> {
     let n = group.size();
@@ -1571,106 +1688,276 @@ fn reduce_tree<T: Element>(
     for child in [2 * relative + 1, 2 * relative + 2] {
         if child < n {
             let peer = group.world_of_relative(root, child);
-            let incoming = recv_temporary(
-                engine,
-                group.context,
-                peer,
-                vec![T::default(); accumulated.len()],
-            )?;
-            combine(op, accumulated, &incoming);
+            receive_whole(engine, group.context, peer, incoming)?;
+            partial.combine(op, 0..incoming.len(), incoming);
         }
     }
     if relative > 0 {
         let parent = group.world_of_relative(root, (relative - 1) / 2);
-        let bytes = bytes_of(accumulated);
-        with_sends(engine, |engine, sends| {
-            sends.start(
-                engine,
-                group.context,
-                parent,
-                0,
-                bytes.as_ptr(),
-                bytes.len(),
-            )
-        })?;
+        send_whole(engine, group.context, parent, partial.values())?;
     }
     Ok(())
 }
 
-/// One step of recursive doubling: receives `incoming` from member
-/// `peer` while (if `send`) sending it `accumulated`; both complete before
-/// this returns, so `accumulated` may change afterwards.
+/// Receives exactly `into`'s length from world rank `peer`.
+fn receive_whole<T: Element>(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    into: &mut [T],
+) -> Result<()> {
+    let len = std::mem::size_of_val(into);
+    let posted = post_recv(engine, context, peer, 0, into.as_mut_ptr().cast(), len)?;
+    finish_recv(engine, posted, len)
+}
+
+/// Sends `values` to world rank `peer` and waits for it.
+fn send_whole<T: Element>(
+    engine: &mut Engine<'_>,
+    context: u32,
+    peer: u32,
+    values: &[T],
+) -> Result<()> {
+    let bytes = bytes_of(values);
+    with_sends(engine, |engine, sends| {
+        sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())
+    })
+}
+
+/// One exchange with member `peer`: sends `outgoing` while receiving
+/// `incoming` (exactly as long as the peer sends); both complete before
+/// this returns. The two may not overlap.
 fn exchange<T: Element>(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     peer: u32,
-    send: bool,
-    incoming: Vec<T>,
-    accumulated: &[T],
-) -> Result<Vec<T>> {
+    outgoing: &[T],
+    incoming: &mut [T],
+) -> Result<()> {
     let peer = group.world(peer);
     let context = group.context;
-    let mut incoming = incoming;
-    let len = std::mem::size_of_val(&incoming[..]);
+    let len = std::mem::size_of_val(incoming);
     let posted = post_recv(engine, context, peer, 0, incoming.as_mut_ptr().cast(), len)?;
-    let bytes = bytes_of(accumulated);
+    let bytes = bytes_of(outgoing);
     let result = with_sends(engine, |engine, sends| {
-        if send {
-            sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())?;
-        }
+        sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())?;
         finish_recv(engine, posted, len)
     });
-    match result {
-        Ok(()) => Ok(incoming),
-        Err(err) => {
-            // The send failed before the receive was waited for.
-            withdraw(engine, posted);
-            Err(err)
-        }
+    if result.is_err() {
+        // The send failed before the receive was waited for (a receive
+        // already finished or withdrawn is not withdrawn again).
+        withdraw(engine, posted);
     }
+    result
 }
 
-/// Allreduce by recursive doubling with messages.
+/// Runs `among_power` among the largest power of two of the members;
+/// each member beyond it first sends its contribution to its partner
+/// (its rank minus the power), which combines it in, and gets the result
+/// back last. `incoming` (as long as the vectors) takes a vector
+/// received.
+fn with_folding<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    partial: &mut Partial<'_, T>,
+    incoming: &mut [T],
+    op: Op<'_, T>,
+    among_power: impl FnOnce(&mut Engine<'_>, &mut Partial<'_, T>, &mut [T]) -> Result<()>,
+) -> Result<()> {
+    let (n, me) = (group.size(), group.me);
+    let (power, _) = power_of_two_below(n);
+    if me >= power {
+        // Straight into the result: what goes out is `mine`.
+        debug_assert!(!partial.written);
+        exchange(engine, group, me - power, partial.mine, partial.result)?;
+        partial.written = true;
+        return Ok(());
+    }
+    let partner = (me + power < n).then_some(me + power);
+    if let Some(partner) = partner {
+        receive_whole(engine, group.context, group.world(partner), incoming)?;
+        partial.combine(op, 0..incoming.len(), incoming);
+    }
+    among_power(engine, partial, incoming)?;
+    if let Some(partner) = partner {
+        send_whole(
+            engine,
+            group.context,
+            group.world(partner),
+            partial.values(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Allreduce by recursive doubling with messages: in each round the
+/// whole vector goes to the partner and comes back from it.
 fn allreduce_recursive_doubling<T: Element>(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
-    accumulated: &mut [T],
+    partial: &mut Partial<'_, T>,
+    incoming: &mut [T],
     op: Op<'_, T>,
 ) -> Result<()> {
-    let n = group.size();
-    let (power, rounds) = power_of_two_below(n);
-    let me = group.me;
-    let context = group.context;
-    let mut incoming = vec![T::default(); accumulated.len()];
-    if me >= power {
-        let result = exchange(engine, group, me - power, true, incoming, accumulated)?;
-        accumulated.copy_from_slice(&result);
-        return Ok(());
+    with_folding(
+        engine,
+        group,
+        partial,
+        incoming,
+        op,
+        |engine, partial, incoming| {
+            let (power, rounds) = power_of_two_below(group.size());
+            debug_assert!(group.me < power);
+            for round in 0..rounds {
+                let partner = group.me ^ (1 << round);
+                exchange(engine, group, partner, partial.values(), incoming)?;
+                partial.combine(op, 0..incoming.len(), incoming);
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Allreduce by reduce-scatter, then allgather (Rabenseifner's, as
+/// MPICH runs long vectors): recursive halving leaves each member of the
+/// power of two with the combined values of its own share (in round `k`
+/// a member keeps half of its current range, sends the other half to
+/// the partner `me ^ 2^k` and combines the partner's copy of its half);
+/// recursive doubling then trades the combined shares back until every
+/// member holds all of them, each received straight into the result.
+/// Every member sends and receives 2 (p - 1) / p of the vector instead
+/// of log2 p whole vectors, and all of them combine at once, each its
+/// own share.
+fn allreduce_halving<T: Element>(
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    partial: &mut Partial<'_, T>,
+    incoming: &mut [T],
+    op: Op<'_, T>,
+) -> Result<()> {
+    with_folding(
+        engine,
+        group,
+        partial,
+        incoming,
+        op,
+        |engine, partial, incoming| {
+            let (power, rounds) = power_of_two_below(group.size());
+            let me = group.me;
+            debug_assert!(me < power);
+            // The range held before each halving round, for the way back.
+            let mut held = Vec::with_capacity(rounds as usize);
+            let mut range = 0..incoming.len();
+            for round in (0..rounds).rev() {
+                let bit = 1 << round;
+                let middle = range.start + range.len() / 2;
+                let (low, high) = (range.start..middle, middle..range.end);
+                let (keep, give) = if me & bit == 0 {
+                    (low, high)
+                } else {
+                    (high, low)
+                };
+                held.push(range.clone());
+                let into = &mut incoming[..keep.len()];
+                if partial.written {
+                    // Disjoint views of the result: the half sent, the half
+                    // combined into.
+                    let (kept, given) = split_pair(
+                        &mut partial.result[range.clone()],
+                        keep.start < give.start,
+                        keep.len(),
+                    );
+                    exchange(engine, group, me ^ bit, given, into)?;
+                    combine(op, kept, into);
+                } else {
+                    // The first round sends out of `mine`; its combine writes
+                    // the kept half of the result, which holds every element
+                    // read or sent from here on.
+                    exchange(engine, group, me ^ bit, &partial.mine[give], into)?;
+                    partial.combine(op, keep.clone(), into);
+                }
+                range = keep;
+            }
+            partial.settle();
+            for round in 0..rounds {
+                let bit = 1 << round;
+                let whole = held.pop().expect("a range per halving round");
+                let mine_first = range.start == whole.start;
+                let (into, mine) = split_pair(
+                    &mut partial.result[whole.clone()],
+                    !mine_first,
+                    whole.len() - range.len(),
+                );
+                exchange(engine, group, me ^ bit, mine, into)?;
+                range = whole;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Splits `values` into a written part and a read part: the written one
+/// is the first `written_len` elements if `written_first`, else the last
+/// `written_len`.
+fn split_pair<T>(values: &mut [T], written_first: bool, written_len: usize) -> (&mut [T], &[T]) {
+    if written_first {
+        let (head, tail) = values.split_at_mut(written_len);
+        (head, tail)
+    } else {
+        let at = values.len() - written_len;
+        let (head, tail) = values.split_at_mut(at);
+        (tail, head)
     }
-    let folded = me + power < n;
-    if folded {
-        incoming = exchange(engine, group, me + power, false, incoming, accumulated)?;
-        combine(op, accumulated, &incoming);
+}
+
+/// Runs the allreduce `algorithm` (flag words, recursive doubling or
+/// reduce-scatter and allgather) on `partial`, which holds the result
+/// once it returns.
+fn allreduce_by<T: Element>(
+    algorithm: Algorithm,
+    engine: &mut Engine<'_>,
+    group: &Group<'_>,
+    partial: &mut Partial<'_, T>,
+    incoming: &mut [T],
+    op: Op<'_, T>,
+) -> Result<()> {
+    match algorithm {
+        Algorithm::FlagWords => {
+            partial.settle();
+            allreduce_flags(engine, group, partial.result, op)?;
+            check_flag_writes(engine, group.context)
+        }
+        Algorithm::RecursiveDoubling => {
+            allreduce_recursive_doubling(engine, group, partial, incoming, op)
+        }
+        _ => allreduce_halving(engine, group, partial, incoming, op),
     }
-    for round in 0..rounds {
-        incoming = exchange(
-            engine,
-            group,
-            me ^ (1 << round),
-            true,
-            incoming,
-            accumulated,
-        )?;
-        combine(op, accumulated, &incoming);
+}
+
+/// Runs `body` with the engine's scratch memory viewed as `len` elements
+/// of `T` (grown if shorter, its contents unspecified), and puts the
+/// memory back for the next call, whatever `body` returns. Receives
+/// posted into it are finished or withdrawn by `body`.
+fn with_scratch<T: Element, R>(
+    engine: &mut Engine<'_>,
+    len: usize,
+    body: impl FnOnce(&mut Engine<'_>, &mut [T]) -> Result<R>,
+) -> Result<R> {
+    const { assert!(std::mem::align_of::<T>() <= std::mem::align_of::<u64>()) };
+    let mut scratch = std::mem::take(&mut engine.collective_scratch);
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if scratch.len() < words {
+        scratch.resize(words, 0);
     }
-    if folded {
-        let peer = group.world(me + power);
-        let bytes = bytes_of(accumulated);
-        with_sends(engine, |engine, sends| {
-            sends.start(engine, context, peer, 0, bytes.as_ptr(), bytes.len())
-        })?;
-    }
-    Ok(())
+    // SAFETY: the words cover at least `len` elements of `T`, whose
+    // alignment is at most a word's (asserted above); every bit pattern
+    // is a valid `T` (`Element` is sealed to primitive integers and
+    // floats); `scratch` is owned here and outlives the view, which
+    // `body` cannot keep (it is borrowed for the call only).
+    let view = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), len) };
+    let result = body(engine, view);
+    engine.collective_scratch = scratch;
+    result
 }
 
 // ---- the public calls ----
@@ -1745,6 +2032,13 @@ impl Communicator<'_> {
                 // rank wrote to: its record says so.
                 let explained = self.engine().member_that_gave_up(group.ranks);
                 Err(explained.unwrap_or(Error::Completion(refused)))
+            }
+            Err(Error::Mismatch(seen)) => {
+                // Members that run different algorithms on the same
+                // length exchange messages of lengths the other does not
+                // expect: their records say why.
+                let explained = mismatch_in_records(&mut self.engine(), &group, &record);
+                Err(explained.unwrap_or(Error::Mismatch(seen)))
             }
             Ok(value) if self.engine().config.verify_collectives => {
                 verify_call(&mut self.engine(), &group, &record).map(|()| value)
@@ -1912,43 +2206,45 @@ impl Communicator<'_> {
             Ok(())
         });
         let group = self.group();
-        let mut accumulated = send.to_vec();
         if group.size() == 1 {
             arguments?;
-        } else {
-            let bytes = std::mem::size_of_val(send);
-            let chosen = match algorithm {
-                ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
-                ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
-                ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
-                ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
-            };
-            let arguments = arguments.and_then(|()| match chosen {
-                Algorithm::FlagWords => check_flag_fit(bytes),
-                _ => Ok(()),
-            });
-            let call = CallRecord {
-                op: op_code(&op),
-                ..record(Kind::Reduce, chosen, T::CODE, root, bytes)
-            };
-            self.collective_call(call, arguments, || {
-                let mut engine = self.engine();
+            receive.copy_from_slice(send);
+            return Ok(());
+        }
+        let bytes = std::mem::size_of_val(send);
+        let chosen = match algorithm {
+            ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
+            ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
+            named => Algorithm::of_reduction(named),
+        };
+        let arguments = arguments.and_then(|()| match chosen {
+            Algorithm::FlagWords => check_flag_fit(bytes),
+            _ => Ok(()),
+        });
+        let call = CallRecord {
+            op: op_code(&op),
+            ..record(Kind::Reduce, chosen, T::CODE, root, bytes)
+        };
+        let len = send.len();
+        self.collective_call(call, arguments, || {
+            with_scratch(&mut self.engine(), 2 * len, |engine, scratch| {
+                // The root builds the result in `receive`, the others in
+                // scratch memory (their `receive` is not touched).
+                let (spare, incoming) = scratch.split_at_mut(len);
+                let result = if self.rank == root { receive } else { spare };
+                let mut partial = Partial::new(send, result);
                 match chosen {
-                    Algorithm::FlagWords => {
-                        allreduce_flags(&mut engine, &group, &mut accumulated, op)?;
-                        check_flag_writes(&mut engine, group.context)
+                    Algorithm::BinaryTree => {
+                        reduce_tree(engine, &group, root, &mut partial, incoming, op)?
                     }
-                    Algorithm::RecursiveDoubling => {
-                        allreduce_recursive_doubling(&mut engine, &group, &mut accumulated, op)
-                    }
-                    _ => reduce_tree(&mut engine, &group, root, &mut accumulated, op),
+                    _ => allreduce_by(chosen, engine, &group, &mut partial, incoming, op)?,
                 }
-            })?;
-        }
-        if self.rank == root {
-            receive.copy_from_slice(&accumulated);
-        }
-        Ok(())
+                if self.rank == root {
+                    partial.settle();
+                }
+                Ok(())
+            })
+        })
     }
 
     /// Combines every member's `send` element by element with `op` into
@@ -2011,10 +2307,14 @@ impl Communicator<'_> {
         let bytes = std::mem::size_of_val(send);
         let chosen = match algorithm {
             ReduceAlgorithm::Auto if bytes <= REDUCE_FLAG_MAX => Algorithm::FlagWords,
-            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN => Algorithm::RecursiveDoubling,
-            ReduceAlgorithm::Auto | ReduceAlgorithm::BinaryTree => Algorithm::BinaryTree,
-            ReduceAlgorithm::FlagWords => Algorithm::FlagWords,
-            ReduceAlgorithm::RecursiveDoubling => Algorithm::RecursiveDoubling,
+            ReduceAlgorithm::Auto if bytes >= ALLREDUCE_HALVING_MIN => {
+                Algorithm::ReduceScatterAllgather
+            }
+            ReduceAlgorithm::Auto if bytes < ALLREDUCE_TREE_MIN || group.size() == 2 => {
+                Algorithm::RecursiveDoubling
+            }
+            ReduceAlgorithm::Auto => Algorithm::BinaryTree,
+            named => Algorithm::of_reduction(named),
         };
         let arguments = arguments.and_then(|()| match chosen {
             Algorithm::FlagWords => check_flag_fit(bytes),
@@ -2025,21 +2325,18 @@ impl Communicator<'_> {
             ..record(Kind::Allreduce, chosen, T::CODE, 0, bytes)
         };
         self.collective_call(call, arguments, || {
-            receive.copy_from_slice(send);
-            let mut engine = self.engine();
-            match chosen {
-                Algorithm::FlagWords => {
-                    allreduce_flags(&mut engine, &group, receive, op)?;
-                    check_flag_writes(&mut engine, group.context)
+            with_scratch(&mut self.engine(), send.len(), |engine, incoming| {
+                let mut partial = Partial::new(send, receive);
+                match chosen {
+                    Algorithm::BinaryTree => {
+                        reduce_tree(engine, &group, 0, &mut partial, incoming, op)?;
+                        // Rank 0 combined (it has a child); the broadcast
+                        // fills every other member's result.
+                        broadcast_binomial(engine, &group, 0, bytes_of_mut(partial.result))
+                    }
+                    _ => allreduce_by(chosen, engine, &group, &mut partial, incoming, op),
                 }
-                Algorithm::RecursiveDoubling => {
-                    allreduce_recursive_doubling(&mut engine, &group, receive, op)
-                }
-                _ => {
-                    reduce_tree(&mut engine, &group, 0, receive, op)?;
-                    broadcast_binomial(&mut engine, &group, 0, bytes_of_mut(receive))
-                }
-            }
+            })
         })
     }
 }

@@ -305,6 +305,10 @@ pub(crate) struct Engine<'c> {
     /// Offer buffers of typed receives, kept for reuse (their windows stay
     /// bound in the cache).
     pub(crate) offer_pool: Vec<Box<[u8]>>,
+    /// The reductions' working memory (incoming vectors, a reduce's
+    /// partial result), kept between calls so that its window stays
+    /// bound in the cache and its pages stay resident.
+    pub(crate) collective_scratch: Vec<u64>,
     /// Typed sends whose offer went out, waiting for the receiver's notice.
     pub(crate) notices: Vec<crate::typed::Notice<'c>>,
     /// Typed reads that completed, to finish at the next progress.
@@ -521,6 +525,7 @@ impl<'c> Engine<'c> {
             part_failures: HashMap::new(),
             datatypes: pindown_driver::datatype::DescriptorCache::new(Default::default()),
             offer_pool: Vec::new(),
+            collective_scratch: Vec::new(),
             notices: Vec::new(),
             reads_done: Vec::new(),
             deferred_sends: Vec::new(),
@@ -1976,6 +1981,31 @@ fn field<const N: usize>(record: &[u8], at: usize, rank: usize) -> Result<[u8; N
             rank: rank as u32,
             why: format!("{} bytes, {} expected at least", record.len(), at + N),
         })
+}
+
+/// How long a library's drop waits for the device to finish the
+/// requests it posted ([`settle_posted`]).
+pub(crate) const SETTLE_ON_DROP: Duration = Duration::from_secs(5);
+
+/// Waits until `finished` says the device has finished every request
+/// posted on a queue pair, taking completions with `take` meanwhile (the
+/// device stops taking requests while the completion queue is full),
+/// until `deadline` or until `take` fails. Requests dropped with their
+/// queue pair never land, and across the fabric one may still wait for
+/// its retransmission when its rank leaves: a barrier's last signal, a
+/// credit return.
+pub(crate) fn settle_posted<S>(
+    state: &mut S,
+    deadline: Instant,
+    mut finished: impl FnMut(&mut S) -> bool,
+    mut take: impl FnMut(&mut S) -> Result<()>,
+) {
+    while !finished(state) && Instant::now() < deadline {
+        if take(state).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
 }
 
 /// Posts `entries` on `qp`; while the send queue is full, reaps

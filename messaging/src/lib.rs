@@ -77,8 +77,8 @@ mod typed;
 mod windows;
 
 pub use collective::{
-    BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm, ALLREDUCE_TREE_MIN,
-    BROADCAST_PIPELINE_MIN, PIPELINE_CHUNK_BYTES, REDUCE_FLAG_MAX,
+    BarrierAlgorithm, BroadcastAlgorithm, Element, Op, ReduceAlgorithm, ALLREDUCE_HALVING_MIN,
+    ALLREDUCE_TREE_MIN, BROADCAST_PIPELINE_MIN, PIPELINE_CHUNK_BYTES, REDUCE_FLAG_MAX,
 };
 pub use comm::{
     Communicator, Messenger, PersistentRecv, PersistentSend, RecvRequest, SendRequest, SpoolStatus,

@@ -73,14 +73,16 @@ fn collectives_on_one_to_eight_ranks_match_the_reference() {
 
 #[test]
 fn mismatched_collective_calls_fail_on_every_rank_instead_of_waiting() {
-    // Five disagreements (lengths across the flag-word limit, roots,
-    // kinds, algorithms, a dup against a barrier), each on its own dup:
-    // per case the call and the dup's next barrier fail (or the call
-    // passes and the barrier fails) on every rank, at least one rank
-    // names both calls; then a new dup computes an exact sum.
+    // Six disagreements (lengths across the flag-word limit, roots,
+    // kinds, algorithms: flag words against the tree, and reduce-scatter
+    // against recursive doubling on one length, whose messages differ in
+    // length; a dup against a barrier), each on its own dup: per case the
+    // call and the dup's next barrier fail (or the call passes and the
+    // barrier fails) on every rank, at least one rank names both calls;
+    // then a new dup computes an exact sum.
     for ranks in [2, 3, 4, 8] {
         for line in passes(ranks, "collective-mismatch", &[]) {
-            assert_eq!(checked(&line), 11, "{ranks} ranks: {line}");
+            assert_eq!(checked(&line), 13, "{ranks} ranks: {line}");
         }
     }
 }

@@ -58,15 +58,7 @@ fn rank_sockets(devices: &[DeviceProcess]) -> tempfile::TempDir {
 /// ranks under `mpiexec.hydra -n 4`; every rank must report success.
 fn hydra(device_dir: &Path, program: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
     let mut command = Command::new("mpiexec.hydra");
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        if ["PMI_", "PMIX_", "OMPI_", "PINDOWN_", "MPI_LOCAL"]
-            .iter()
-            .any(|prefix| name.starts_with(prefix))
-        {
-            command.env_remove(&name);
-        }
-    }
+    common::without_launcher_variables(&mut command);
     let output = command
         .args(["-n", &RANKS.to_string()])
         .arg(program)

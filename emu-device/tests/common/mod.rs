@@ -37,57 +37,9 @@ pub const MEM_SIZE: usize = 1 << 20;
 
 use pindown_uapi::features::{ACCESS_PLATFORM, PROTOCOL_FEATURES, VERSION_1};
 
-/// A free UDP port of the loopback address (for a fabric's nodes).
-///
-/// The port is taken below the kernel's ephemeral range
-/// (`net.ipv4.ip_local_port_range`), so that no socket bound to port 0
-/// between the pick and the device's bind (any concurrent test's) can take
-/// it; test processes running at once start at different places (their
-/// process ids) and each pick moves on.
-pub fn free_udp_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    const LOWEST: u32 = 10_000;
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    if ephemeral_low < LOWEST + 1_000 {
-        // A machine whose ephemeral range starts low: any free port.
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        return socket.local_addr().unwrap().port();
-    }
-    let span = ephemeral_low - LOWEST;
-    for _ in 0..span {
-        let pick =
-            (std::process::id().wrapping_mul(97) + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        let port = u16::try_from(LOWEST + pick).expect("below the ephemeral range");
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free UDP port between {LOWEST} and {ephemeral_low}")
-}
-
-/// The device options that make it node `node` of a fabric on loopback
-/// whose node `i` listens on UDP port `ports[i]`, with job token `token`.
-pub fn fabric_args(node: u16, ports: &[u16], token: &str) -> Vec<String> {
-    let mut args = vec![
-        "--node".to_string(),
-        node.to_string(),
-        "--fabric-listen".to_string(),
-        format!("127.0.0.1:{}", ports[usize::from(node)]),
-        "--fabric-token".to_string(),
-        token.to_string(),
-    ];
-    for (other, port) in ports.iter().enumerate() {
-        if other != usize::from(node) {
-            args.push("--fabric-peer".to_string());
-            args.push(format!("{other}=127.0.0.1:{port}"));
-        }
-    }
-    args
-}
+// Not every test binary uses both.
+#[allow(unused_imports)]
+pub use pindown_emu_device::testing::{fabric_args, free_udp_port};
 
 /// A device process that is node `node` of a loopback fabric (see
 /// [`fabric_args`]) with `ports` ports and the options `extra`.

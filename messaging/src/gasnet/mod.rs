@@ -2250,8 +2250,8 @@ impl Drop for Endpoint<'_> {
     /// write is dropped with the port: across the fabric a packet may
     /// still wait for its retransmission when the rank leaves.
     fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        self.config.timeout = self.config.timeout.min(Duration::from_secs(5));
+        let deadline = Instant::now() + crate::engine::SETTLE_ON_DROP;
+        self.config.timeout = self.config.timeout.min(crate::engine::SETTLE_ON_DROP);
         while self.replies_queued() && Instant::now() < deadline {
             if self.progress().is_err() {
                 break;
@@ -2265,15 +2265,13 @@ impl Drop for Endpoint<'_> {
             self.ops.retain(|_, op| op.remaining > 0);
             std::thread::yield_now();
         }
-        // Completions are taken meanwhile: the device stops taking
-        // requests while its completion queue is full (failed packets
-        // complete even unsignaled).
-        while matches!(self.qp.all_finished(), Ok(false)) && Instant::now() < deadline {
-            if self.reap().is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        // (Failed packets complete even unsignaled.)
+        crate::engine::settle_posted(
+            self,
+            deadline,
+            |endpoint| !matches!(endpoint.qp.all_finished(), Ok(false)),
+            Self::reap,
+        );
     }
 }
 

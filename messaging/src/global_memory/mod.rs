@@ -877,10 +877,20 @@ impl<'c> GlobalMemory<'c> {
 }
 
 impl Drop for GlobalMemory<'_> {
+    /// Lets the operations started finish, and then every request posted
+    /// (the last barrier's signals among them), at most a few seconds,
+    /// so that none is dropped with the queue pair: a peer waiting in
+    /// that barrier would never be released.
     fn drop(&mut self) {
         if self.ops.pending() > 0 {
             let _ = self.complete_all();
         }
+        crate::engine::settle_posted(
+            self,
+            std::time::Instant::now() + crate::engine::SETTLE_ON_DROP,
+            |memory| memory.ops.all_finished(),
+            Self::progress,
+        );
         self.release();
         // The pages go back to the allocator: the pin-down cache must not
         // hand their registration to whatever comes to live there.

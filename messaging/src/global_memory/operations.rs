@@ -197,6 +197,12 @@ impl<'c> Operations<'c> {
             + self.requests.capacity() * std::mem::size_of::<(u64, Request)>()) as u64
     }
 
+    /// Whether the device has finished every request posted (a failed
+    /// look counts as finished: nothing more will).
+    pub(crate) fn all_finished(&mut self) -> bool {
+        !matches!(self.qp.all_finished(), Ok(false))
+    }
+
     fn tag(&mut self) -> u64 {
         let tag = self.next_tag;
         self.next_tag += 1;
@@ -460,7 +466,7 @@ impl GlobalMemory<'_> {
     }
 
     /// Handles what the device finished.
-    fn progress(&mut self) -> Result<()> {
+    pub(crate) fn progress(&mut self) -> Result<()> {
         self.ops.cq.poll_into(&mut self.ops.stash)?;
         while !self.ops.stash.is_empty() {
             let batch = std::mem::take(&mut self.ops.stash);

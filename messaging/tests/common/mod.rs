@@ -135,6 +135,21 @@ pub fn passes_example(example_name: &str, n: u32, scenario: &str, args: &[&str])
     launch.ranks
 }
 
+/// Removes the variables of any launcher this test runs under (MPI's,
+/// PMI's, the project's own) from `command`, so that a rank started by
+/// the test sees only what the test sets.
+pub fn without_launcher_variables(command: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if ["PMI_", "PMIX_", "OMPI_", "PINDOWN_", "MPI_LOCAL"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+        {
+            command.env_remove(&name);
+        }
+    }
+}
+
 /// Bytes rank `rank` checked.
 pub fn checked(line: &Value) -> u64 {
     line["checked"].as_u64().expect("a checked count")

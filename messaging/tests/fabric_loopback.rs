@@ -1,0 +1,134 @@
+//! The messaging libraries across two device processes joined into one
+//! fabric over loopback UDP, whose links lose and reorder datagrams: no
+//! root and no launcher needed (the ranks are started here with the
+//! environment launcher's variables), so every `cargo test` sends
+//! messages across a fabric. `hosts.rs` runs the whole suite across
+//! network namespaces under Hydra (as root).
+//!
+//! Rank r talks to port r / 2 of node r % 2: neighbours in rank order
+//! sit on different nodes.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pindown_emu_device::testing::{fabric_args, free_udp_port, DeviceProcess};
+use serde_json::Value;
+
+const TOKEN: &str = "100b0ac";
+const NODES: usize = 2;
+const RANKS: usize = 4;
+/// A job still running after this long has hung: it fails the test.
+const JOB_LIMIT: Duration = Duration::from_secs(180);
+
+/// Two device processes on loopback UDP, each with `extra` arguments.
+fn start_nodes(extra: &[&str]) -> Vec<DeviceProcess> {
+    let udp = [free_udp_port(), free_udp_port()];
+    (0..NODES)
+        .map(|node| {
+            let mut args = fabric_args(node as u16, &udp, TOKEN);
+            args.extend(extra.iter().map(|a| a.to_string()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            DeviceProcess::start(&common::msg_check(), RANKS / NODES, &args)
+                .unwrap_or_else(|e| panic!("node {node}: {e}"))
+        })
+        .collect()
+}
+
+/// Runs `program rank scenario args` on the ranks, started with the
+/// environment launcher's variables (a fresh key-value folder per job);
+/// every rank must report success within [`JOB_LIMIT`].
+fn run_job(devices: &[DeviceProcess], program: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
+    let kv = tempfile::tempdir().unwrap();
+    let mut children: Vec<Child> = (0..RANKS)
+        .map(|rank| {
+            let mut command = Command::new(program);
+            common::without_launcher_variables(&mut command);
+            command
+                .arg("rank")
+                .arg(scenario)
+                .args(args)
+                .env("PINDOWN_RANK", rank.to_string())
+                .env("PINDOWN_SIZE", RANKS.to_string())
+                .env("PINDOWN_KV_DIR", kv.path())
+                .env("PINDOWN_DEVICE", devices[rank % NODES].socket(rank / NODES))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start rank {rank}: {e}"))
+        })
+        .collect();
+    let started = Instant::now();
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if started.elapsed() > JOB_LIMIT {
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut lines = Vec::new();
+    let mut text = String::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        text += &format!(
+            "rank {rank} ({}):\n{stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        lines.extend(
+            stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok()),
+        );
+    }
+    assert!(
+        started.elapsed() <= JOB_LIMIT,
+        "{scenario}: still running after {JOB_LIMIT:?}, killed:\n{text}"
+    );
+    lines.sort_by_key(|v| v["rank"].as_u64());
+    assert_eq!(lines.len(), RANKS, "{scenario}: {text}");
+    for (rank, line) in lines.iter().enumerate() {
+        assert_eq!(line["rank"], rank as u64, "{text}");
+        assert_eq!(line["ok"], true, "{scenario}: {text}");
+        assert!(
+            common::checked(line) > 0,
+            "{scenario}: nothing checked: {text}"
+        );
+    }
+    lines
+}
+
+#[test]
+fn messages_cross_a_loopback_fabric_that_loses_and_reorders() {
+    // Each node's link drops 10 % and reorders 30 % of what it receives.
+    let devices = start_nodes(&["--fault-in", "loss=0.1,reorder=0.3,seed=5"]);
+    let msg_check = common::msg_check();
+    let am_check = common::example("am_check");
+    // A message behind an unwaited strided put must find the put's bytes
+    // in place (unfenced, the message's datagrams overtake the put's),
+    // credit words written again before the last write landed must not
+    // land older than it (any-source), the collectives' messages and
+    // flag words cross in every direction, and global memory's barriers
+    // release every rank across two incarnations.
+    for (program, scenario, args) in [
+        (&am_check, "notified-put", &[][..]),
+        (&am_check, "handlers", &[][..]),
+        (&msg_check, "any-source", &[][..]),
+        (&msg_check, "any-source", &[][..]),
+        (&msg_check, "collectives", &["--cases", "12"][..]),
+        (&msg_check, "acp-reinit", &[][..]),
+    ] {
+        run_job(&devices, program, scenario, args);
+    }
+    for device in &devices {
+        let fabric = device.fabric_status();
+        assert!(fabric.n("served") > 0, "{fabric:?}");
+        assert!(
+            fabric.n("retransmissions") > 0,
+            "no datagram lost: {fabric:?}"
+        );
+    }
+}
