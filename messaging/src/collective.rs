@@ -311,9 +311,12 @@ pub enum Op<'f, T> {
     /// The value of smallest absolute value (FMPL's `vmin`), sign kept;
     /// of `x` and `-x`, the greater in [`Element::total_cmp`].
     MinAbs,
-    /// A user function: combines `incoming` into `accumulated`
-    /// (`accumulated[i] = f(accumulated[i], incoming[i])`), both of the
-    /// reduction's length.
+    /// A user function: combines `incoming` into `accumulated` element by
+    /// element (`accumulated[i] = f(accumulated[i], incoming[i])`). The
+    /// two slices are equally long: the whole vector or any part of it
+    /// (reduce-scatter and allgather combine a share at a time, cut at any
+    /// element), as MPI calls its user functions; the function must be
+    /// associative and commutative, as the built-in ones are.
     User(&'f dyn Fn(&mut [T], &[T])),
 }
 
@@ -748,23 +751,44 @@ fn verify_call(engine: &mut Engine<'_>, group: &Group<'_>, mine: &CallRecord) ->
 
 /// After a call failed with a mismatch its messages showed (a message
 /// longer or shorter than this rank's receive), the members' records
-/// of the call, read once each, say what differed: the error naming both
-/// calls, if a member's record describes another call.
+/// of the call, read once each (members known gone skipped), say what
+/// differed: the error naming both calls, if a member's record describes
+/// another call (or the fault a liveness check found meanwhile).
 fn mismatch_in_records(
     engine: &mut Engine<'_>,
     group: &Group<'_>,
     mine: &CallRecord,
 ) -> Option<Error> {
+    // A liveness check made meanwhile may have read the records already.
+    if let Some(fault) = engine
+        .collective_fault
+        .take()
+        .filter(Error::is_member_fault)
+    {
+        return Some(fault);
+    }
     let me = engine.rank;
-    group
-        .ranks
-        .iter()
-        .filter(|&&member| member != me)
-        .find_map(|&member| {
-            let records = engine.read_call_records(member, group.context).ok()?;
-            let theirs = decoded(&records).find(|r| r.call == mine.call)?;
-            disagreement(member, mine, &theirs)
-        })
+    for &member in group.ranks {
+        if member == me || engine.peer_gone(member) {
+            continue;
+        }
+        let records = engine.read_call_records(member, group.context);
+        if let Some(fault) = engine
+            .collective_fault
+            .take()
+            .filter(Error::is_member_fault)
+        {
+            return Some(fault);
+        }
+        let Ok(records) = records else {
+            continue;
+        };
+        let theirs = decoded(&records).find(|r| r.call == mine.call);
+        if let Some(named) = theirs.and_then(|theirs| disagreement(member, mine, &theirs)) {
+            return Some(named);
+        }
+    }
+    None
 }
 
 /// The longest pause between two reads of a member's records that
@@ -1934,10 +1958,15 @@ fn allreduce_by<T: Element>(
     }
 }
 
+/// The most scratch memory a communicator keeps between reductions
+/// (bytes); a longer reduction's goes back when it ends.
+const SCRATCH_KEPT_MAX: usize = 32 << 20;
+
 /// Runs `body` with the engine's scratch memory viewed as `len` elements
 /// of `T` (grown if shorter, its contents unspecified), and puts the
-/// memory back for the next call, whatever `body` returns. Receives
-/// posted into it are finished or withdrawn by `body`.
+/// memory back for the next call (up to [`SCRATCH_KEPT_MAX`] bytes),
+/// whatever `body` returns. Receives posted into it are finished or
+/// withdrawn by `body`.
 fn with_scratch<T: Element, R>(
     engine: &mut Engine<'_>,
     len: usize,
@@ -1956,7 +1985,9 @@ fn with_scratch<T: Element, R>(
     // `body` cannot keep (it is borrowed for the call only).
     let view = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), len) };
     let result = body(engine, view);
-    engine.collective_scratch = scratch;
+    if scratch.len() * 8 <= SCRATCH_KEPT_MAX {
+        engine.collective_scratch = scratch;
+    }
     result
 }
 

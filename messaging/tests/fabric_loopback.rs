@@ -10,8 +10,9 @@
 
 mod common;
 
+use std::fs::File;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use pindown_emu_device::testing::{fabric_args, free_udp_port, DeviceProcess};
@@ -39,45 +40,49 @@ fn start_nodes(extra: &[&str]) -> Vec<DeviceProcess> {
 
 /// Runs `program rank scenario args` on the ranks, started with the
 /// environment launcher's variables (a fresh key-value folder per job);
-/// every rank must report success within [`JOB_LIMIT`].
+/// every rank must report success and exit with it within
+/// [`JOB_LIMIT`]. Their output goes to files (a rank never blocks on a
+/// full pipe), and a rank left running is killed.
 fn run_job(devices: &[DeviceProcess], program: &Path, scenario: &str, args: &[&str]) -> Vec<Value> {
-    let kv = tempfile::tempdir().unwrap();
-    let mut children: Vec<Child> = (0..RANKS)
-        .map(|rank| {
-            let mut command = Command::new(program);
-            common::without_launcher_variables(&mut command);
-            command
-                .arg("rank")
-                .arg(scenario)
-                .args(args)
-                .env("PINDOWN_RANK", rank.to_string())
-                .env("PINDOWN_SIZE", RANKS.to_string())
-                .env("PINDOWN_KV_DIR", kv.path())
-                .env("PINDOWN_DEVICE", devices[rank % NODES].socket(rank / NODES))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("start rank {rank}: {e}"))
-        })
-        .collect();
+    let job = tempfile::tempdir().unwrap();
+    let kv = job.path().join("kv");
+    std::fs::create_dir(&kv).unwrap();
+    let output = |rank: usize, stream: &str| job.path().join(format!("{rank}.{stream}"));
+    let mut ranks = Ranks(Vec::new());
+    for rank in 0..RANKS {
+        let mut command = Command::new(program);
+        common::without_launcher_variables(&mut command);
+        let child = command
+            .arg("rank")
+            .arg(scenario)
+            .args(args)
+            .env("PINDOWN_RANK", rank.to_string())
+            .env("PINDOWN_SIZE", RANKS.to_string())
+            .env("PINDOWN_KV_DIR", &kv)
+            .env("PINDOWN_DEVICE", devices[rank % NODES].socket(rank / NODES))
+            .stdout(File::create(output(rank, "out")).unwrap())
+            .stderr(File::create(output(rank, "err")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start rank {rank}: {e}"));
+        ranks.0.push(child);
+    }
     let started = Instant::now();
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if started.elapsed() > JOB_LIMIT {
-            children.iter_mut().for_each(|c| drop(c.kill()));
-            break;
+    let mut statuses = vec![None; RANKS];
+    while statuses.iter().any(Option::is_none) && started.elapsed() <= JOB_LIMIT {
+        for (status, child) in statuses.iter_mut().zip(&mut ranks.0) {
+            if status.is_none() {
+                *status = child.try_wait().unwrap();
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    drop(ranks);
     let mut lines = Vec::new();
     let mut text = String::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let output = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        text += &format!(
-            "rank {rank} ({}):\n{stdout}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
+    for (rank, status) in statuses.iter().enumerate() {
+        let stdout = std::fs::read_to_string(output(rank, "out")).unwrap_or_default();
+        let stderr = std::fs::read_to_string(output(rank, "err")).unwrap_or_default();
+        text += &format!("rank {rank} ({status:?}):\n{stdout}{stderr}");
         lines.extend(
             stdout
                 .lines()
@@ -85,8 +90,8 @@ fn run_job(devices: &[DeviceProcess], program: &Path, scenario: &str, args: &[&s
         );
     }
     assert!(
-        started.elapsed() <= JOB_LIMIT,
-        "{scenario}: still running after {JOB_LIMIT:?}, killed:\n{text}"
+        statuses.iter().all(|s| s.is_some_and(|s| s.success())),
+        "{scenario}: a rank failed, or still ran after {JOB_LIMIT:?} and was killed:\n{text}"
     );
     lines.sort_by_key(|v| v["rank"].as_u64());
     assert_eq!(lines.len(), RANKS, "{scenario}: {text}");
@@ -99,6 +104,19 @@ fn run_job(devices: &[DeviceProcess], program: &Path, scenario: &str, args: &[&s
         );
     }
     lines
+}
+
+/// Rank processes, killed (and reaped) when dropped: a test that fails
+/// leaves none behind.
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 #[test]
