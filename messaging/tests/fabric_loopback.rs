@@ -67,7 +67,7 @@ fn run_job(devices: &[DeviceProcess], program: &Path, scenario: &str, args: &[&s
         ranks.0.push(child);
     }
     let started = Instant::now();
-    let mut statuses = vec![None; RANKS];
+    let mut statuses = [None; RANKS];
     while statuses.iter().any(Option::is_none) && started.elapsed() <= JOB_LIMIT {
         for (status, child) in statuses.iter_mut().zip(&mut ranks.0) {
             if status.is_none() {
