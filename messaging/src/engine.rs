@@ -1787,22 +1787,28 @@ impl<'c> Engine<'c> {
 
 impl Drop for Engine<'_> {
     /// Lets the requests already posted finish (a short send returns
-    /// before its writes ran; leaving at once would drop them with the
-    /// port), for at most a few seconds.
+    /// before its writes ran, a collective's last flag words go
+    /// unwaited; leaving at once would drop them with the port), for at
+    /// most a few seconds.
     fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let unfinished = |engine: &Self| {
-            engine
-                .in_flight
-                .values()
-                .any(|request| !matches!(request, InFlight::Probe { .. }))
-        };
-        while unfinished(self) && Instant::now() < deadline {
-            if self.reap().is_err() {
-                break;
-            }
-            std::thread::yield_now();
-        }
+        let deadline = Instant::now() + SETTLE_ON_DROP;
+        settle_posted(
+            self,
+            deadline,
+            |engine| {
+                !engine
+                    .in_flight
+                    .values()
+                    .any(|request| !matches!(request, InFlight::Probe { .. }))
+            },
+            Self::reap,
+        );
+        settle_posted(
+            self,
+            deadline,
+            |engine| !matches!(engine.qp.all_finished(), Ok(false)),
+            Self::reap,
+        );
     }
 }
 
