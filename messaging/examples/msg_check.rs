@@ -3073,12 +3073,15 @@ mod collectives {
     fn timing(world: &Communicator<'_>, args: &[String]) -> Outcome {
         let mut tally = Tally::default();
         let scale = flag(args, "--iterations", 1000) as u32;
-        // `--bytes N`: the allreduces of N bytes, nothing else.
+        // `--bytes N`: a ping-pong and the allreduces of N bytes, nothing
+        // else.
         let only = flag(args, "--bytes", 0) as usize;
-        if world.size() == 2 && only == 0 {
-            let mut buffer = [0u8; 8];
+        if world.size() == 2 {
+            let bytes = if only == 0 { 8 } else { only };
+            let mut buffer = vec![0u8; bytes];
             let peer = 1 - world.rank();
-            let us = time(world, scale * 5, || {
+            let iterations = (scale * 5 * 64 / (bytes as u32 / 64 + 64)).max(10);
+            let us = time(world, iterations, || {
                 if world.rank() == 0 {
                     world.send(peer, 0, &buffer)?;
                     world.recv(peer, 0, &mut buffer).map(drop)
@@ -3089,7 +3092,7 @@ mod collectives {
             })?;
             tally
                 .notes
-                .push(format!("ping-pong 8 B one way: {:.2} us", us / 2.0));
+                .push(format!("ping-pong {bytes} B one way: {:.2} us", us / 2.0));
         }
         for algorithm in [
             BarrierAlgorithm::Dissemination,
