@@ -65,6 +65,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use pindown_driver::arena::DmaBuffer;
 use pindown_driver::launch::Job;
 use pindown_driver::verbs::{Context, RegionWindow};
 use pindown_uapi::queue::{COMPLETION_SLOT, REQUEST_SLOT};
@@ -140,7 +141,7 @@ pub struct Properties {
 pub struct MemoryUse {
     /// Bytes whatever the peer count: the device's send and completion
     /// rings (the command queue), the key table peers read, the
-    /// synchronization words and the staging area.
+    /// synchronization words, the staging area and the signal word.
     pub fixed: u64,
     /// Bytes per peer: its port and two window keys. No buffers.
     pub per_peer: u64,
@@ -329,6 +330,12 @@ pub struct GlobalMemory<'c> {
     // Field order is drop order: the queue pair before its completion
     // queue, windows before the memory under them.
     ops: Operations<'c>,
+    /// The word a barrier signal carries, in the DMA arena so that the
+    /// signal travels inline: its value is copied into the send queue
+    /// when posted, and the device never reads this rank's memory for it
+    /// later (a signal still queued when the rank finalizes would find
+    /// `system` invalidated or reused, and never land).
+    signal_word: DmaBuffer,
     registrations: Registrations<RegionWindow<'c>>,
     directory_window: RegionWindow<'c>,
     /// For each round of [`sync`](Self::sync), the window over its word,
@@ -424,8 +431,10 @@ impl<'c> GlobalMemory<'c> {
             u64::from(entries) * ENTRY_BYTES,
         )?;
         let ops = Operations::new(context)?;
+        let signal_word = context.alloc(8, 8)?;
         let mut memory = GlobalMemory {
             ops,
+            signal_word,
             registrations: Registrations::new(entries),
             directory_window,
             sync_windows,
@@ -766,6 +775,7 @@ impl<'c> GlobalMemory<'c> {
             + self.sync_keys.len() * std::mem::size_of::<RemoteKey>()) as u64;
         let fixed = queue * (REQUEST_SLOT + COMPLETION_SLOT) as u64
             + self.system.len() as u64
+            + self.signal_word.len() as u64
             + std::mem::size_of::<Self>() as u64
             + table
             + self.ops.bytes();

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pindown_driver::verbs::opcode::{AtomicTo, Entry, Read, RemoteCopy, Write};
-use pindown_driver::verbs::{Completion, CompletionQueue, Context, QueuePair};
+use pindown_driver::verbs::{Completion, CompletionQueue, Context, Local, QueuePair};
 use pindown_uapi::{AtomicOp, Bitwise, RemoteAddress, RemoteKey};
 
 use super::directory::{PublishedEntry, ENTRY_BYTES, NULL_ENTRY, STARTER_ENTRY};
@@ -376,24 +376,26 @@ impl GlobalMemory<'_> {
         self.sync_epoch += 1;
         let epoch = self.sync_epoch;
         let flags_at = self.sync_words_at();
-        let staging = self.staging_offset();
-        // SAFETY: the staging area lies inside `system` (see
-        // `staging_offset`), this rank's own memory no peer can write.
-        unsafe { ((self.system.addr() + staging) as *mut u64).write_volatile(epoch) };
+        // Staged in the DMA arena, so that each signal carries the epoch
+        // inline: the device must not read `system` for it after `sync`
+        // returns (the rank may finalize at once, and the memory go).
+        self.signal_word.write_at(0, &epoch.to_le_bytes());
         let mut round = 0u64;
         let mut distance = 1u32;
         while distance < size {
             let partner = (self.rank + distance) % size;
             let peer = self.peers[partner as usize];
             let tag = self.ops.tag();
-            let entry = Write::new(
-                self.directory_window.region().local(staging, 8)?,
-                peer.address(self.sync_keys[round as usize], 0),
-            )
-            .build()
-            .inline()
-            .user_data(tag)
-            .signaled();
+            // SAFETY: the word lies in the DMA arena and is at most
+            // MAX_INLINE bytes, so posting copies it into the send queue
+            // (an inline write): the device never reads the buffer, which
+            // lives as long as `self` anyway.
+            let word = unsafe { Local::from_raw(self.signal_word.iova(), 8) };
+            let entry = Write::new(word, peer.address(self.sync_keys[round as usize], 0))
+                .build()
+                .inline()
+                .user_data(tag)
+                .signaled();
             self.ops.requests.insert(tag, Request::Signal);
             self.ops.post(&[entry])?;
             let from = (self.rank + size - distance) % size;
