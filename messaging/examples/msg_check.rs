@@ -67,7 +67,9 @@
 //! communicator: the others' first call on it fails) and
 //! `collective-verify` (calls that disagree but complete: with
 //! `--verify`, every rank fails them; without, they return).
-//! `--verify` turns on `Config::verify_collectives` for any scenario.
+//! `--verify` turns on `Config::verify_collectives` for any scenario;
+//! `--liveness-ms N` sets `Config::liveness_interval` (a peer whose
+//! device answers no check for ten intervals counts as gone).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -158,6 +160,14 @@ fn run(job: &mut Job, scenario: &str, args: &[String]) -> Outcome {
         config.window_cache = windows
             .parse()
             .map_err(|e| format!("--window-cache {windows}: {e}"))?;
+    }
+    if let Some(ms) = args
+        .iter()
+        .position(|a| a == "--liveness-ms")
+        .and_then(|i| args.get(i + 1))
+    {
+        let ms: u64 = ms.parse().map_err(|e| format!("--liveness-ms {ms}: {e}"))?;
+        config.liveness_interval = Duration::from_millis(ms);
     }
     config.verify_collectives = args.iter().any(|a| a == "--verify");
     if scenario == "collective-verify" && !config.verify_collectives {

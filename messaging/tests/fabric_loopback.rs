@@ -21,6 +21,11 @@ use serde_json::Value;
 const TOKEN: &str = "100b0ac";
 const NODES: usize = 2;
 const RANKS: usize = 4;
+/// The message-passing ranks' liveness interval: a peer whose device
+/// answers no check for ten of them counts as gone. The default (200 ms)
+/// declared live peers gone when the machine was loaded besides (the
+/// checks wait behind megabytes of collectives on a lossy link).
+const LIVENESS: &[&str] = &["--liveness-ms", "1000"];
 /// A job still running after this long has hung: it fails the test.
 const JOB_LIMIT: Duration = Duration::from_secs(180);
 
@@ -134,9 +139,13 @@ fn messages_cross_a_loopback_fabric_that_loses_and_reorders() {
     for (program, scenario, args) in [
         (&am_check, "notified-put", &[][..]),
         (&am_check, "handlers", &[][..]),
-        (&msg_check, "any-source", &[][..]),
-        (&msg_check, "any-source", &[][..]),
-        (&msg_check, "collectives", &["--cases", "12"][..]),
+        (&msg_check, "any-source", LIVENESS),
+        (&msg_check, "any-source", LIVENESS),
+        (
+            &msg_check,
+            "collectives",
+            &["--cases", "12", LIVENESS[0], LIVENESS[1]][..],
+        ),
         (&msg_check, "acp-reinit", &[][..]),
     ] {
         run_job(&devices, program, scenario, args);
