@@ -1791,21 +1791,11 @@ impl Drop for Engine<'_> {
     /// unwaited; leaving at once would drop them with the port), for at
     /// most a few seconds.
     fn drop(&mut self) {
-        let deadline = Instant::now() + SETTLE_ON_DROP;
+        // The device having finished every request posted covers the
+        // sends still in flight too.
         settle_posted(
             self,
-            deadline,
-            |engine| {
-                !engine
-                    .in_flight
-                    .values()
-                    .any(|request| !matches!(request, InFlight::Probe { .. }))
-            },
-            Self::reap,
-        );
-        settle_posted(
-            self,
-            deadline,
+            Instant::now() + SETTLE_ON_DROP,
             |engine| !matches!(engine.qp.all_finished(), Ok(false)),
             Self::reap,
         );
