@@ -1507,13 +1507,34 @@ impl Endpoint {
             self.peers[peer_index].bits.set(PeerBits::BACKOFF, 0);
         }
         if progress {
-            // With nothing outstanding any more there are no timers.
+            // With nothing outstanding any more there are no timers. The
+            // timeout runs from the oldest transmission still unanswered,
+            // not from this acknowledgement: acknowledgements of other
+            // messages (the other stream's, later ones') arriving more
+            // often than the timeout must not keep a lost message from
+            // being sent again.
             let rto = u64::from(self.rto_of(&self.peers[peer_index]));
+            let oldest = self.oldest_transmission(peer_index);
             if let Some(timers) = self.timers_mut(peer_index) {
                 timers.progress_at = now;
-                timers.rto_deadline = now.saturating_add(rto);
+                timers.rto_deadline = oldest.saturating_add(rto);
             }
         }
+    }
+
+    /// The latest transmission of the peer's unacknowledged message sent
+    /// longest ago (us); `NEVER` when every one is queued to go (again),
+    /// and `poll_transmit` arms the timer.
+    fn oldest_transmission(&self, peer_index: usize) -> u64 {
+        let mut slots = [0u16; 128];
+        let count = self.unacked_slots(peer_index, &mut slots);
+        slots[..count]
+            .iter()
+            .map(|&slot_index| &self.slots[usize::from(slot_index)])
+            .filter(|slot| slot.flags & SLOT_QUEUED == 0)
+            .map(|slot| slot.last_sent)
+            .min()
+            .unwrap_or(NEVER)
     }
 
     /// The peer echoed a timeout probe: it received the probe, so every

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::reliable::{peer_state_size, ACK_CLOCK_PERIOD};
-use super::sim::{Delivery, Sim, FABRIC};
+use super::sim::{Delivery, Sim, Transmission, FABRIC};
 use super::wire::{seq_before, Header, StreamHeader, HEADER_LEN};
 use super::{
     Config, DropReason, Endpoint, Event, Faults, Identity, NodeId, SendError, Seq, Stream,
@@ -2059,4 +2059,53 @@ fn a_restart_whose_answers_were_lost_for_a_peer_timeout_still_goes_through() {
     a.send(now, 1, b"welcome").unwrap();
     let (_, _, got_b) = pump(&mut a, &mut b, now, Duration::from_secs(1));
     assert_eq!(got_b, [b"welcome".to_vec()]);
+}
+
+/// A lost message is sent again within a few timeouts even while the
+/// peer keeps acknowledging other messages: node 1 sends a request every
+/// millisecond and node 0 answers each, so acknowledgements of node 0's
+/// replies arrive far more often than its retransmission timeout (the
+/// links delay datagrams by up to 20 ms), while node 0's one request is
+/// lost on its first transmission and no later request of node 0's can
+/// reveal the gap.
+#[test]
+fn a_lost_message_is_sent_again_while_other_acknowledgements_flow() {
+    let faults = Faults {
+        delay: Duration::from_millis(20),
+        seed: 3,
+        ..Faults::NONE
+    };
+    let mut sim = Sim::new(2, Config::default(), faults);
+    sim.responders.insert(
+        0,
+        Box::new(|_, request: &Delivery| vec![(request.from, request.payload.clone())]),
+    );
+    let mut dropped = None;
+    sim.drop_filter = Some(Box::new(move |t: &Transmission| {
+        let lone_request = t.from == 0 && !t.header.reply && t.header.seq.is_some();
+        lone_request && dropped.replace(t.header.seq).is_none()
+    }));
+    // Traffic first, so that the round trip is measured.
+    for index in 0..200 {
+        sim.queue(1, 0, payload(1, 0, index));
+        sim.run_for(Duration::from_millis(1));
+    }
+    let lost = b"the lone request".to_vec();
+    sim.queue(0, 1, lost.clone());
+    let sent_at = sim.now;
+    for index in 200..1200 {
+        sim.queue(1, 0, payload(1, 0, index));
+        sim.run_for(Duration::from_millis(1));
+    }
+    let arrived = sim.nodes[1]
+        .delivered
+        .iter()
+        .find(|d| d.from == 0 && d.payload == lost)
+        .map(|d| d.at - sent_at);
+    // The timeout is at most 100 ms; a round trip at most 40 ms.
+    assert!(
+        arrived.is_some_and(|after| after < Duration::from_millis(300)),
+        "the lost request arrived after {arrived:?} (node 0 retransmitted {} times)",
+        sim.nodes[0].endpoint.stats().retransmissions
+    );
 }
