@@ -16,7 +16,7 @@ use common::rank::pattern;
 use pindown_driver::reach::ReachError;
 use pindown_driver::verbs::opcode::{FetchAdd, Read, Write};
 use pindown_driver::verbs::VerbsError;
-use pindown_uapi::{Access, Status};
+use pindown_uapi::{Access, Opcode, Status};
 
 #[inline(never)]
 fn stack_array_round_trip(pair: &Pair) {
@@ -86,6 +86,65 @@ fn stack_arrays_and_c_heap_buffers_are_reached_in_place() {
     pair.owner.invalidate(buffer as u64, len as u64);
     // SAFETY: the buffer was allocated above and is no longer used.
     unsafe { libc::free(buffer.cast()) };
+}
+
+/// An inline write from the program's own memory (a C heap buffer)
+/// carries its bytes in the send queue: the source may change as soon as
+/// `post` returns, and what lands is what it held then.
+#[test]
+fn inline_writes_from_program_memory_carry_their_bytes_in_the_queue() {
+    let pair = pair();
+    let target = pair.owner.alloc(4096, 4096).unwrap();
+    target.write_at(0, &[0u8; 4096]);
+    let target_region = pair.owner.register_buffer(&target).unwrap();
+    let window = pair
+        .owner
+        .bind_window(&target_region, 0, 4096, ALL)
+        .unwrap();
+    let len = 200;
+    // SAFETY: a C allocation freed below, once the region is gone.
+    let source = unsafe { libc::malloc(len) }.cast::<u8>();
+    assert!(!source.is_null());
+    let mut cq = pair.peer.create_completion_queue();
+    let mut qp = pair.peer.create_queue_pair(&mut cq).unwrap();
+    for (round, len) in [1usize, 8, 64, 200].into_iter().enumerate() {
+        let sent = pattern(round as u64 + 10, len);
+        // SAFETY: `len` bytes of the allocation, which nothing else uses.
+        unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), source, len) };
+        // SAFETY: the allocation outlives the region and every request
+        // naming it (each is waited for below).
+        let region = unsafe { pair.peer.register(source as u64, len as u64) }.unwrap();
+        let at = 512 * round;
+        let entry = Write::new(
+            region.local(0, len as u32).unwrap(),
+            window.remote().at(at as u64),
+        )
+        .build()
+        .inline()
+        .signaled();
+        qp.post(&[entry]).unwrap();
+        // The bytes went with the request: overwriting them now changes
+        // nothing of what lands.
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(source, 0xEE, len) };
+        let done = cq
+            .wait(std::time::Duration::from_secs(20))
+            .unwrap()
+            .next()
+            .unwrap();
+        assert!(done.is_success(), "{done:?}");
+        assert_eq!(done.opcode, Some(Opcode::WriteInline), "{len} bytes");
+        let mut landed = vec![0u8; len + 1];
+        target.read_at(at, &mut landed);
+        assert_eq!(&landed[..len], &sent[..], "{len} bytes");
+        assert_eq!(landed[len], 0, "a byte past the write");
+        drop(region);
+    }
+    drop(qp);
+    window.revoke().unwrap();
+    pair.peer.invalidate(source as u64, len as u64);
+    // SAFETY: allocated above; no region or request names it any more.
+    unsafe { libc::free(source.cast()) };
 }
 
 /// Slots a writer thread fills round after round; a slot that does not

@@ -17,7 +17,7 @@ use pindown_uapi::{
 
 use super::completion::CompletionRing;
 use super::pairs::{set_up_pair, start_pair, PairPool, PairSlot};
-use super::queue_pair::SendRing;
+use super::queue_pair::{InlineSource, SendRing};
 use super::wait::{wait_for, wait_for_control, Awaiting};
 use super::VerbsError;
 use crate::arena::{ArenaOptions, DmaArena, DmaBuffer, HugePages};
@@ -382,7 +382,7 @@ impl<T: Transport + 'static> Context<T> {
             op,
         };
         admin.send.post(&*self.transport, &self.arena, 1, |_| {
-            (request, false, &[][..])
+            (request, InlineSource::None, &[][..])
         })?;
         let mut awaiting = AdminAnswer {
             transport: &*self.transport,

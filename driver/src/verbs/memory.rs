@@ -68,6 +68,10 @@ pub struct Local<'r> {
     iova: u64,
     len: u32,
     keep: KeepRef<'r>,
+    /// Taken from a region: this process maps the range at its address
+    /// (registered memory is identity-mapped) for as long as the borrow
+    /// lasts, so the driver may read it when it posts an inline write.
+    mapped: bool,
 }
 
 /// A share of memory the device may use: while one lives, the memory
@@ -126,6 +130,7 @@ impl<'r> Local<'r> {
             iova,
             len,
             keep: KeepRef(None),
+            mapped: false,
         }
     }
 
@@ -142,6 +147,12 @@ impl<'r> Local<'r> {
     /// Whether the range is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether this process maps the range at its address (it was taken
+    /// from a [`MemoryRegion`], not made by [`Local::from_raw`]).
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped
     }
 
     /// The share of the memory a request naming the range takes.
@@ -426,6 +437,7 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
             iova: self.iova_at(offset, u64::from(len))?,
             len,
             keep: KeepRef(self.keep.as_ref()),
+            mapped: true,
         })
     }
 

@@ -33,6 +33,9 @@ use crate::datatype::{Committed, DescriptorCache};
 pub struct Entry<'r> {
     request: WorkRequest,
     inline: bool,
+    /// The local range was taken from a region: this process maps it, so
+    /// an inline write's bytes can be read from it when it is posted.
+    local_mapped: bool,
     /// A vector transfer's descriptor (borrowed from its [`Vector`]).
     descriptor: Option<&'r [u8]>,
     /// The share of the local memory the request names, which the queue
@@ -49,6 +52,7 @@ impl<'r> Entry<'r> {
                 op,
             },
             inline: false,
+            local_mapped: false,
             descriptor: None,
             keep: KeepRef::default(),
         }
@@ -57,7 +61,14 @@ impl<'r> Entry<'r> {
     /// This entry, naming the memory `local` was taken from.
     fn naming(mut self, local: &Local<'r>) -> Self {
         self.keep = local.keep();
+        self.local_mapped = local.is_mapped();
         self
+    }
+
+    /// Whether this process maps the local range at its address (see
+    /// [`inline`](Self::inline)).
+    pub(crate) fn local_mapped(&self) -> bool {
+        self.local_mapped
     }
 
     /// The share of local memory the request names, if its region holds
@@ -80,6 +91,7 @@ impl<'r> Entry<'r> {
         Entry {
             request,
             inline: false,
+            local_mapped: false,
             descriptor,
             keep: KeepRef::default(),
         }
@@ -93,12 +105,15 @@ impl<'r> Entry<'r> {
     /// Sends a write's bytes inside the send queue, as a NIC's inline send
     /// does (the programmed-I/O path of small transfers): the driver copies
     /// them into the queue when the request is posted, so the source may
-    /// change as soon as [`post`](super::QueuePair::post) returns, and the
-    /// device neither reads the source memory nor checks that it is
-    /// registered. Only writes of at most
-    /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes from the
-    /// context's DMA arena travel inline; other requests are posted as
-    /// usual.
+    /// change (or be freed) as soon as [`post`](super::QueuePair::post)
+    /// returns, and the device neither reads the source memory nor checks
+    /// that it is registered. Writes of at most
+    /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes travel inline
+    /// from any registered memory (the context's DMA arena or memory of the
+    /// program's, taken with [`MemoryRegion::local`](super::MemoryRegion::local)),
+    /// and from a [`Local::from_raw`](super::Local::from_raw) range inside
+    /// the arena; other requests are posted as usual (the device reads
+    /// their source when it executes them, after `post` returns).
     pub fn inline(mut self) -> Self {
         self.inline = true;
         self

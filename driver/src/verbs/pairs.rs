@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use pindown_uapi::{Operation, RingLayout, WorkRequest, WrFlags};
 
 use super::completion::{is_marker, CompletionRing};
-use super::queue_pair::SendRing;
+use super::queue_pair::{InlineSource, SendRing};
 use super::wait::{wait_for_control, Awaiting};
 use super::{CompletionQueue, Context, QueuePair, VerbsError};
 use crate::arena::DmaArena;
@@ -416,5 +416,5 @@ fn post_marker<T: Transport>(
         flags: WrFlags::SIGNALED,
         op: Operation::Nop,
     };
-    send.post(transport, arena, 1, |_| (nop, false, &[][..]))
+    send.post(transport, arena, 1, |_| (nop, InlineSource::None, &[][..]))
 }

@@ -12,6 +12,7 @@ use super::{Context, Entry, KeepAlive, MemoryRegion, VerbsError};
 use crate::arena::DmaArena;
 use crate::rdma_queue::SendQueue;
 use crate::transport::{QueueIndex, Transport, VhostUserTransport};
+use vm_memory::VolatileSlice;
 
 /// The send queue of one RDMA queue pair, and room to gather the bytes of
 /// an inline write in.
@@ -34,21 +35,22 @@ impl SendRing {
     }
 
     /// Puts `count` requests on the ring, request `i` being `request(i)`
-    /// with whether it asked to go inline (a write of at most
-    /// [`MAX_INLINE`] bytes inside `arena` then carries its bytes in the
-    /// send queue), with one doorbell (none if the device polls and needs
-    /// no kick). All or nothing: fails with [`VerbsError::QueueFull`] when
-    /// the batch does not fit.
+    /// with how it may go inline, with one doorbell (none if the device
+    /// polls and needs no kick). All or nothing: fails with
+    /// [`VerbsError::QueueFull`] when the batch does not fit.
     pub(super) fn post<'d, T: Transport>(
         &mut self,
         transport: &T,
         arena: &DmaArena,
         count: usize,
-        request: impl Fn(usize) -> (WorkRequest, bool, &'d [u8]),
+        request: impl Fn(usize) -> (WorkRequest, InlineSource, &'d [u8]),
     ) -> Result<(), VerbsError> {
-        let inline_len = |request: &WorkRequest, inline: bool| match request.op {
+        let inline_len = |request: &WorkRequest, source: InlineSource| match request.op {
             Operation::Write { local, len, .. }
-                if inline && len <= MAX_INLINE && arena.contains(local, len as usize) =>
+                if len <= MAX_INLINE
+                    && (source == InlineSource::Mapped
+                        || source == InlineSource::Arena
+                            && arena.contains(local, len as usize)) =>
             {
                 Some(len)
             }
@@ -56,8 +58,8 @@ impl SendRing {
         };
         let slots: usize = (0..count)
             .map(|i| {
-                let (request, inline, _) = request(i);
-                inline_len(&request, inline)
+                let (request, source, _) = request(i);
+                inline_len(&request, source)
                     .map_or(1 + request.op.slots_after(), |len| 1 + inline_slots(len))
             })
             .sum();
@@ -68,14 +70,24 @@ impl SendRing {
             });
         }
         for i in 0..count {
-            let (mut request, wants_inline, carried) = request(i);
+            let (mut request, source, carried) = request(i);
             self.inline.clear();
             self.inline.extend_from_slice(carried);
             if let (Some(len), Operation::Write { local, remote, .. }) =
-                (inline_len(&request, wants_inline), request.op)
+                (inline_len(&request, source), request.op)
             {
                 self.inline.resize(len as usize, 0);
-                arena.read(local, &mut self.inline);
+                if !arena.read(local, &mut self.inline) {
+                    // SAFETY: `source` is `Mapped`: the write's local range
+                    // was taken from a memory region the entry borrows, so
+                    // this process maps its `len` bytes at `local` (the
+                    // region's address, registered memory being identity-
+                    // mapped) while the entry lives. The device may write
+                    // the same bytes meanwhile (they may be a window's or a
+                    // read's destination), so they are read with volatile
+                    // loads, through no reference.
+                    unsafe { read_mapped(local, &mut self.inline) };
+                }
                 let mut head = [0u8; INLINE_IN_REQUEST];
                 let carried = self.inline.len().min(INLINE_IN_REQUEST);
                 head[..carried].copy_from_slice(&self.inline[..carried]);
@@ -88,6 +100,32 @@ impl SendRing {
         }
         Ok(())
     }
+}
+
+/// Where an inline write may take its bytes from when it is posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum InlineSource {
+    /// The request does not go inline.
+    None,
+    /// From the context's DMA arena, if the range lies inside it.
+    Arena,
+    /// From this process's memory at the range's address.
+    Mapped,
+}
+
+/// Copies `out.len()` bytes at address `addr` of this process into `out`
+/// with volatile loads.
+///
+/// # Safety
+///
+/// This process maps `[addr, addr + out.len())` readable for the whole
+/// call.
+unsafe fn read_mapped(addr: u64, out: &mut [u8]) {
+    // SAFETY: the caller's contract: the range is mapped and readable;
+    // VolatileSlice only performs volatile accesses, which tolerate
+    // another process writing the bytes meanwhile.
+    let source = unsafe { VolatileSlice::new(addr as *mut u8, out.len()) };
+    source.copy_to(out);
 }
 
 /// An RDMA queue pair of the port: posts work requests, whose completions
@@ -223,7 +261,12 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                     }
                     (None, _) => &[][..],
                 };
-                (request, entry.wants_inline(), carried)
+                let source = match (entry.wants_inline(), entry.local_mapped()) {
+                    (false, _) => InlineSource::None,
+                    (true, false) => InlineSource::Arena,
+                    (true, true) => InlineSource::Mapped,
+                };
+                (request, source, carried)
             },
         );
         let after = send.queue.tail();
