@@ -55,6 +55,8 @@
 //! * `stuck-reply` (2 ranks): rank 0 asks rank 1 for a reply while rank 1
 //!   does nothing but native gets for 8 s (timeout 5 s): the reply must
 //!   reach rank 0 while rank 1 waits for its gets.
+//!
+//! `--liveness-ms N` sets `Config::liveness_interval` for any scenario.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -147,6 +149,10 @@ fn run(job: &mut Job, scenario: &str, args: &[String], counters: &mut Counters) 
         segment_bytes: 4 << 20,
         ..Config::default()
     };
+    if let Some(ms) = arg(args, "--liveness-ms") {
+        let ms: u64 = ms.parse().map_err(|e| format!("--liveness-ms {ms}: {e}"))?;
+        config.liveness_interval = Duration::from_millis(ms);
+    }
     if arg(args, "--get") == Some("message") {
         config.get = GetMode::ByMessage;
         config.get_bounce_bytes = 4096;

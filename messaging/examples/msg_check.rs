@@ -68,8 +68,8 @@
 //! `collective-verify` (calls that disagree but complete: with
 //! `--verify`, every rank fails them; without, they return).
 //! `--verify` turns on `Config::verify_collectives` for any scenario;
-//! `--liveness-ms N` sets `Config::liveness_interval` (a peer whose
-//! device answers no check for ten intervals counts as gone).
+//! `--liveness-ms N` sets `Config::liveness_interval` (how often a wait
+//! checks its peer).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -1630,13 +1630,13 @@ fn device_death(world: &Communicator<'_>) -> Outcome {
     // Set up: the test stops the device once every rank says so.
     signal(&format!("device-death-ready-{}", world.rank()))?;
     let start = Instant::now();
-    match world.recv(peer, 0, &mut [0u8; 8]) {
-        Err(Error::PeerGone { .. }) => {}
+    let why = match world.recv(peer, 0, &mut [0u8; 8]) {
+        Err(Error::PeerGone { why, .. }) => why,
         other => return Err(format!("a wait with the device gone: {other:?}")),
-    }
+    };
     tally.checked += 1;
     tally.notes.push(format!(
-        "the device's end noticed after {:?}",
+        "the device's end noticed after {:?}: {why}",
         start.elapsed()
     ));
     Ok(tally)

@@ -28,6 +28,7 @@ use crate::layout::{
     self, CallRecord, Layout, CALL_RECORDS_BYTES, CALL_RECORD_BYTES, CALL_RECORD_SLOTS,
     MATCH_STAMP_AT,
 };
+use crate::liveness::DeviceWatch;
 use crate::windows::WindowCache;
 
 /// How a rank's messaging is set up. Every rank of a job must use the same
@@ -55,7 +56,12 @@ pub struct Config {
     /// a few tens of microseconds save the system call.
     pub spin: Duration,
     /// How long a wait goes without news from its peer before it checks
-    /// that the peer is still there (a read of its control memory). In a
+    /// that the peer is still there (a read of its control memory, which
+    /// the device fails once the peer's port has closed or its node no
+    /// longer answers). A check unanswered for ten intervals counts the
+    /// peer gone only if this rank's device then answers nothing for ten
+    /// more, not even a no-op asked on a queue pair of its own: a check
+    /// waiting behind megabytes on a slow link is no death. In a
     /// collective call the check reads the peer's record of the call,
     /// so a member that disagrees about the call is found after this
     /// long (see the collectives of [`Communicator`](crate::Communicator)).
@@ -226,6 +232,10 @@ pub(crate) enum InFlight<'c> {
 /// its group (only its failure matters).
 pub(crate) const PART_BIT: u64 = 1 << 63;
 
+/// User data of the no-op that asks the device whether it still answers
+/// (see [`crate::liveness`]): no request's tag.
+const DEVICE_CHECK: u64 = PART_BIT - 1;
+
 /// Bytes a done word's batch stages in scratch: the body (inline up to
 /// [`MAX_INLINE`]), the index word, the done word.
 pub(crate) const SCRATCH_BODY: u64 = 0;
@@ -248,10 +258,6 @@ pub(crate) const SCRATCH_FREE: u64 = 1024;
 /// The longest write the engine posts as one request.
 const MAX_WRITE: u64 = 1 << 30;
 
-/// How many liveness intervals a check may go unanswered before its peer
-/// counts as gone.
-const PROBE_PATIENCE: u32 = 10;
-
 /// Peer state.
 pub(crate) struct Peer {
     /// This rank's block of the peer's control memory: the window the
@@ -268,10 +274,14 @@ pub(crate) struct Peer {
 
 /// One rank's engine.
 pub(crate) struct Engine<'c> {
-    // Field order is drop order: the queue pair before its completion
+    // Field order is drop order: the queue pairs before their completion
     // queue, windows over user memory before the control windows, the
     // control windows before their memory.
     pub(crate) qp: QueuePair<'c>,
+    /// Whether the device still answers, asked on a queue pair of its
+    /// own: whether a check left unanswered means a peer gone or only a
+    /// slow link.
+    device: DeviceWatch<'c>,
     pub(crate) cq: CompletionQueue<'c>,
     pub(crate) windows: WindowCache<'c>,
     pub(crate) in_flight: HashMap<u64, InFlight<'c>>,
@@ -373,7 +383,7 @@ impl Config {
                 self.slots, self.communicators
             )));
         }
-        crate::records::check_liveness_interval(self.liveness_interval)
+        crate::liveness::check_liveness_interval(self.liveness_interval)
     }
 }
 /// Its key.
@@ -499,6 +509,7 @@ impl<'c> Engine<'c> {
         }
         let mut cq = context.create_completion_queue();
         let qp = context.create_queue_pair(&mut cq)?;
+        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         let mut slots = Vec::new();
         slots.resize_with(layout.slot_count() as usize, SlotState::default);
         let mut contexts_taken = vec![false; layout.contexts as usize];
@@ -542,6 +553,7 @@ impl<'c> Engine<'c> {
             collective_fault: None,
             collective_members: Vec::new(),
             call_check_in_flight: false,
+            device,
         })
     }
 
@@ -1413,6 +1425,9 @@ impl<'c> Engine<'c> {
     fn reap(&mut self) -> Result<()> {
         // Completions stashed while posting came first.
         self.cq.poll_into(&mut self.completions)?;
+        if !self.completions.is_empty() {
+            self.device.heard(Instant::now());
+        }
         while !self.completions.is_empty() {
             for completion in std::mem::take(&mut self.completions) {
                 self.complete(completion);
@@ -1754,19 +1769,20 @@ impl<'c> Engine<'c> {
             }
             if let Some(peer) = peer {
                 if now >= next_probe {
+                    if let Some(why) = self.device.closed()? {
+                        self.peers[peer as usize].gone.get_or_insert(why.into());
+                    }
                     self.probe(peer)?;
                     next_probe = now + self.config.liveness_interval;
                 }
-                // A check the device never answers: the device (ours or
-                // the peer's) is gone or stuck.
-                let patience = self.config.liveness_interval * PROBE_PATIENCE;
+                // A check left unanswered: the peer gone only if the
+                // device answers nothing either (see `crate::liveness`).
                 let state = &mut self.peers[peer as usize];
-                if state.probe_in_flight
-                    && state.probe_sent.is_some_and(|sent| now - sent > patience)
-                {
-                    state.gone.get_or_insert(format!(
-                        "the device did not answer a check of it within {patience:?}"
-                    ));
+                if let Some(sent) = state.probe_sent.filter(|_| state.probe_in_flight) {
+                    let interval = self.config.liveness_interval;
+                    if let Some(why) = self.device.silent(sent, now, interval)? {
+                        state.gone.get_or_insert(why);
+                    }
                 }
                 if state.declared_gone_at.is_some_and(|at| now >= at) {
                     state

@@ -72,6 +72,7 @@ mod error;
 pub mod gasnet;
 pub mod global_memory;
 pub mod layout;
+mod liveness;
 mod records;
 mod typed;
 mod windows;

@@ -30,23 +30,6 @@ pub(crate) fn distinct_ports(ports: impl IntoIterator<Item = (NodeId, u16)>) -> 
     Ok(())
 }
 
-/// The longest liveness interval a configuration may name (an hour):
-/// deadlines computed from it stay far from the clock's range.
-pub(crate) const MAX_LIVENESS_INTERVAL: Duration = Duration::from_secs(3600);
-
-/// Fails unless `interval` (a `Config::liveness_interval`) is at least a
-/// microsecond (a zero interval would declare every peer gone at its
-/// first check) and at most [`MAX_LIVENESS_INTERVAL`].
-pub(crate) fn check_liveness_interval(interval: Duration) -> Result<()> {
-    if interval < Duration::from_micros(1) || interval > MAX_LIVENESS_INTERVAL {
-        return Err(Error::InvalidConfig(format!(
-            "Config::liveness_interval is {interval:?}: it must lie between 1us and \
-             {MAX_LIVENESS_INTERVAL:?}"
-        )));
-    }
-    Ok(())
-}
-
 /// The configuration values every rank of a job must share, as text
 /// naming each (`"Config::slots 64, Config::communicators 16"`): gathered
 /// from every rank through the launcher and compared whole, so that two

@@ -120,8 +120,22 @@ fn typed_messages_move_between_any_layouts_with_no_pack() {
     );
 }
 
-#[test]
-fn waits_end_with_peer_gone_when_the_device_goes_away() {
+/// How a device leaves the ranks waiting on it.
+#[derive(Clone, Copy, Debug)]
+enum DeviceEnd {
+    /// It exits: its connections close.
+    Terminated,
+    /// It stops (SIGSTOP) for 10 s: its connections stay open,
+    /// unanswered. A receive's wait finds it gone after about 4 s, but
+    /// returns only once the device has answered the revocation of the
+    /// window over its buffer (until then the device could still write
+    /// into the caller's memory), when the device goes on.
+    Stopped,
+}
+
+/// Two ranks of one device wait on each other; the device then ends as
+/// `end` says, and both waits must end with `PeerGone` naming why.
+fn waits_end_when_the_device(end: DeviceEnd) {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     let mut device =
@@ -154,17 +168,43 @@ fn waits_end_with_peer_gone_when_the_device_goes_away() {
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let killed = Instant::now();
-    assert!(device.terminate(Duration::from_secs(5)));
+    let ended = Instant::now();
+    match end {
+        DeviceEnd::Terminated => assert!(device.terminate(Duration::from_secs(5))),
+        DeviceEnd::Stopped => {
+            assert!(device.stop(Duration::from_secs(5)));
+            std::thread::sleep(Duration::from_secs(10));
+            device.resume();
+        }
+    }
+    let why = match end {
+        // Found at the next check (every 200 ms): the connection closed.
+        DeviceEnd::Terminated => "closed its connection",
+        // Checks unanswered for 10 intervals, then the no-op asking the
+        // device for 10 more.
+        DeviceEnd::Stopped => "answered neither a check of it nor a no-op",
+    };
     for rank in ranks {
         let output = rank.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&output.stdout);
         let line: serde_json::Value = serde_json::from_str(text.trim()).expect(&text);
         assert_eq!(line["ok"], true, "{line}");
+        let noted = line["notes"].to_string();
+        assert!(noted.contains(why), "{end:?}: {line}");
         eprintln!("{line}");
     }
-    // Liveness checks every 200 ms, unanswered after 10 of them: gone.
-    assert!(killed.elapsed() < Duration::from_secs(30));
+    // A bound against a hang, far above either path.
+    assert!(ended.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn waits_end_with_peer_gone_when_the_device_goes_away() {
+    waits_end_when_the_device(DeviceEnd::Terminated);
+}
+
+#[test]
+fn waits_end_with_peer_gone_when_the_device_stops_answering() {
+    waits_end_when_the_device(DeviceEnd::Stopped);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! requests (query, bind, revoke).
 
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -294,6 +295,19 @@ impl<T: Transport + 'static> Context<T> {
     /// [`DeviceInfo::port`].
     pub fn info(&self) -> DeviceInfo {
         self.info
+    }
+
+    /// Whether the device has closed this context's connection (its
+    /// process ended, or it dropped this frontend): no request completes
+    /// after that, and waits for one fail with [`VerbsError::DeviceGone`].
+    /// One `poll` with no wait; `false` over a transport that cannot tell
+    /// (VFIO).
+    pub fn device_hung_up(&self) -> Result<bool, VerbsError> {
+        match self.transport.hangup_fd() {
+            Some(fd) => transport::poll_hangup(fd.as_raw_fd(), Some(Duration::ZERO))
+                .map_err(VerbsError::Wait),
+            None => Ok(false),
+        }
     }
 
     /// How many I/O queue pairs this context can hold at once.

@@ -29,7 +29,6 @@
 //! left discards completions while it waits for room for its marker, for
 //! the same reason.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -295,12 +294,7 @@ impl<T: Transport + 'static> Context<T> {
                     timeout: self.control_timeout,
                 });
             }
-            let gone = match self.transport.hangup_fd() {
-                Some(fd) => crate::transport::poll_hangup(fd.as_raw_fd(), Some(Duration::ZERO))
-                    .map_err(VerbsError::Wait)?,
-                None => false,
-            };
-            if gone {
+            if self.device_hung_up()? {
                 return Err(VerbsError::DeviceGone {
                     operation: pindown_uapi::Opcode::Nop,
                 });

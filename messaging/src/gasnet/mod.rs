@@ -256,6 +256,7 @@ use pindown_uapi::{
 
 use crate::engine::post_entries;
 use crate::error::{Error, Result};
+use crate::liveness::DeviceWatch;
 use packet::{Header, FLAG_CREDIT, FLAG_INTERNAL, FLAG_REPLY, HEADER_BYTES};
 
 pub use packet::{Kind, MAX_ARGS, MIN_SLOT_BYTES};
@@ -311,8 +312,12 @@ pub struct Config {
     pub timeout: Duration,
     /// How often a wait longer than this checks that every peer is still
     /// there (an 8-byte read of its window); a peer whose device reports it
-    /// gone, whose window refuses the check (it finalized), or that leaves
-    /// ten checks unanswered, fails the wait with [`Error::PeerGone`].
+    /// gone or whose window refuses the check (it finalized) fails the
+    /// wait with [`Error::PeerGone`]. A check unanswered for ten intervals
+    /// does so only if this rank's device then answers nothing for ten
+    /// more, not even a no-op asked on a queue pair of its own: a slow
+    /// link is no death, and the device fails checks of peers it can no
+    /// longer reach itself.
     pub liveness_interval: Duration,
 }
 
@@ -792,8 +797,9 @@ const CREDIT_BIT: u64 = 1 << 61;
 /// bits): refused when the requester gave the get up and revoked its
 /// window, which is no failure of this rank's.
 const GET_DATA_BIT: u64 = 1 << 60;
-/// Intervals a liveness check may go unanswered.
-const PROBE_PATIENCE: u32 = 10;
+/// User data of the no-op that asks the device whether it is alive (see
+/// `crate::liveness`).
+const DEVICE_CHECK: u64 = 1 << 59;
 /// Reports of bad packets kept until polls take them.
 const BAD_PACKETS_KEPT: usize = 64;
 /// By-message gets given up whose late replies are still expected.
@@ -834,9 +840,13 @@ struct SendFailure {
 /// handlers. See the [module documentation](self).
 pub struct Endpoint<'c> {
     // Field order is drop order: operations (their regions) and the queue
-    // pair before the completion queue, the window before its memory.
+    // pairs before the completion queue, the window before its memory.
     ops: HashMap<u64, Op<'c>>,
     qp: QueuePair<'c>,
+    /// Whether the device still answers, asked on a queue pair of its
+    /// own: whether a check left unanswered means a peer gone or only a
+    /// slow link.
+    device: DeviceWatch<'c>,
     cq: CompletionQueue<'c>,
     window: RegionWindow<'c>,
     /// The windows over each sender's ring and each target's credit word,
@@ -933,7 +943,7 @@ impl<'c> Endpoint<'c> {
                 "Config::get_bounce_bytes must be at least 1".into(),
             ));
         }
-        crate::records::check_liveness_interval(config.liveness_interval)?;
+        crate::liveness::check_liveness_interval(config.liveness_interval)?;
         let config = Config {
             pio_max: config.pio_max.min(MAX_INLINE),
             ..config
@@ -1051,6 +1061,7 @@ impl<'c> Endpoint<'c> {
             .collect();
         let mut cq = context.create_completion_queue();
         let qp = context.create_queue_pair(&mut cq)?;
+        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         let n = size as usize;
         Ok(Endpoint {
             ops: HashMap::new(),
@@ -1085,6 +1096,7 @@ impl<'c> Endpoint<'c> {
             barrier_epoch: 0,
             counters: Counters::default(),
             probes: vec![None; n],
+            device,
             gone: vec![None; n],
             bad_packets: VecDeque::new(),
             polling: Default::default(),
@@ -1640,22 +1652,26 @@ impl<'c> Endpoint<'c> {
     }
 
     /// Reads 8 bytes of every peer's window that has no check in flight;
-    /// fails for a peer whose check has gone unanswered for ten intervals.
+    /// a check left unanswered fails the wait only if the device answers
+    /// nothing either (see `crate::liveness`).
     fn check_peers(&mut self, now: Instant) -> Result<()> {
-        let patience = self.config.liveness_interval * PROBE_PATIENCE;
+        let closed = self.device.closed()?;
         for peer in 0..self.size {
             if peer == self.rank || self.gone[peer as usize].is_some() {
                 continue;
             }
-            match self.probes[peer as usize] {
-                Some(sent) if now - sent > patience => {
-                    return Err(Error::PeerGone {
-                        peer,
-                        why: format!("its device did not answer a check within {patience:?}"),
-                    })
+            if let Some(why) = closed {
+                return Err(Error::PeerGone {
+                    peer,
+                    why: why.into(),
+                });
+            }
+            if let Some(sent) = self.probes[peer as usize] {
+                let interval = self.config.liveness_interval;
+                if let Some(why) = self.device.silent(sent, now, interval)? {
+                    return Err(Error::PeerGone { peer, why });
                 }
-                Some(_) => continue,
-                None => {}
+                continue;
             }
             let at = self.layout.scratch_at + SCRATCH_PROBE;
             let remote = self.peers[peer as usize].at(0);
@@ -1980,8 +1996,15 @@ impl<'c> Endpoint<'c> {
     /// to report.
     fn reap(&mut self) -> Result<()> {
         self.cq.poll_into(&mut self.stash)?;
+        if !self.stash.is_empty() {
+            self.device.heard(Instant::now());
+        }
         for completion in std::mem::take(&mut self.stash) {
             let failure = completion.result().err();
+            if completion.user_data == DEVICE_CHECK {
+                // An answer, as every completion is: noted above.
+                continue;
+            }
             if completion.user_data & PROBE_BIT != 0 {
                 let peer = (completion.user_data & !PROBE_BIT) as u32;
                 if let Some(slot) = self.probes.get_mut(peer as usize) {
