@@ -1512,12 +1512,20 @@ impl Endpoint {
             // not from this acknowledgement: acknowledgements of other
             // messages (the other stream's, later ones') arriving more
             // often than the timeout must not keep a lost message from
-            // being sent again.
+            // being sent again. While a timeout's probe awaits its echo,
+            // the messages it left waiting are older than that deadline
+            // and must not set off a timeout each: the probe's deadline
+            // stands.
             let rto = u64::from(self.rto_of(&self.peers[peer_index]));
             let oldest = self.oldest_transmission(peer_index);
             if let Some(timers) = self.timers_mut(peer_index) {
                 timers.progress_at = now;
-                timers.rto_deadline = oldest.saturating_add(rto);
+                let due = oldest.saturating_add(rto);
+                timers.rto_deadline = if timers.probe_at != NEVER && timers.rto_deadline != NEVER {
+                    due.max(timers.rto_deadline)
+                } else {
+                    due
+                };
             }
         }
     }

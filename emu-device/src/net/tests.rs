@@ -2109,3 +2109,57 @@ fn a_lost_message_is_sent_again_while_other_acknowledgements_flow() {
         sim.nodes[0].endpoint.stats().retransmissions
     );
 }
+
+/// Requests lost together while acknowledgements of replies flow: one
+/// timeout sends the oldest as a probe, its echo sends the rest, and the
+/// acknowledgements arriving meanwhile set off no timeout per lost
+/// message (each would double the backoff).
+#[test]
+fn requests_lost_together_take_one_timeout() {
+    let faults = Faults {
+        reorder: 1.0,
+        reorder_hold: Duration::from_millis(10),
+        seed: 3,
+        ..Faults::NONE
+    };
+    let config = Config {
+        rto_min: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(2, config, faults);
+    sim.responders.insert(
+        0,
+        Box::new(|_, request: &Delivery| vec![(request.from, request.payload.clone())]),
+    );
+    let dropping = std::rc::Rc::new(std::cell::Cell::new(false));
+    let mut dropped = HashSet::new();
+    let drop_now = dropping.clone();
+    sim.drop_filter = Some(Box::new(move |t: &Transmission| {
+        let request = t.from == 0 && !t.header.reply && t.header.seq.is_some();
+        request && drop_now.get() && dropped.insert(t.header.seq)
+    }));
+    for index in 0..200 {
+        sim.queue(1, 0, payload(1, 0, index));
+        sim.run_for(Duration::from_millis(1));
+    }
+    let before = *sim.nodes[0].endpoint.stats();
+    dropping.set(true);
+    for k in 0..20u8 {
+        sim.queue(0, 1, vec![k; 16]);
+    }
+    sim.run_for(Duration::from_micros(10));
+    dropping.set(false);
+    for index in 200..600 {
+        sim.queue(1, 0, payload(1, 0, index));
+        sim.run_for(Duration::from_millis(1));
+    }
+    let after = sim.nodes[0].endpoint.stats();
+    let delivered = sim.nodes[1]
+        .delivered
+        .iter()
+        .filter(|d| d.from == 0 && d.stream == Stream::Request)
+        .count();
+    assert_eq!(delivered, 20, "every lost request arrived");
+    assert_eq!(after.timeouts - before.timeouts, 1, "{after:?}");
+    assert_eq!(after.lost_before_probe - before.lost_before_probe, 19);
+}
