@@ -90,7 +90,8 @@ fn stack_arrays_and_c_heap_buffers_are_reached_in_place() {
 
 /// An inline write from the program's own memory (a C heap buffer)
 /// carries its bytes in the send queue: the source may change as soon as
-/// `post` returns, and what lands is what it held then.
+/// `post` returns, and what lands is what it held then. Memory another
+/// context registered is refused, inline or not.
 #[test]
 fn inline_writes_from_program_memory_carry_their_bytes_in_the_queue() {
     let pair = pair();
@@ -140,9 +141,30 @@ fn inline_writes_from_program_memory_carry_their_bytes_in_the_queue() {
         assert_eq!(landed[len], 0, "a byte past the write");
         drop(region);
     }
+    // Memory another context registered does not go inline: the device
+    // refuses it, as it would the same write not inline, and nothing
+    // lands. (This context's pin-down cache lets go of it first.)
+    pair.peer.invalidate(source as u64, len as u64);
+    // SAFETY: as above.
+    let foreign = unsafe { pair.owner.register(source as u64, 8) }.unwrap();
+    let entry = Write::new(foreign.local(0, 8).unwrap(), window.remote().at(3000))
+        .build()
+        .inline()
+        .signaled();
+    qp.post(&[entry]).unwrap();
+    let refused = cq
+        .wait(std::time::Duration::from_secs(20))
+        .unwrap()
+        .next()
+        .unwrap();
+    assert_eq!(refused.status, Status::LocalProtectionError, "{refused:?}");
+    let mut untouched = [0xffu8; 8];
+    target.read_at(3000, &mut untouched);
+    assert_eq!(untouched, [0; 8]);
+    drop(foreign);
     drop(qp);
     window.revoke().unwrap();
-    pair.peer.invalidate(source as u64, len as u64);
+    pair.owner.invalidate(source as u64, len as u64);
     // SAFETY: allocated above; no region or request names it any more.
     unsafe { libc::free(source.cast()) };
 }

@@ -68,10 +68,11 @@ pub struct Local<'r> {
     iova: u64,
     len: u32,
     keep: KeepRef<'r>,
-    /// Taken from a region: this process maps the range at its address
-    /// (registered memory is identity-mapped) for as long as the borrow
-    /// lasts, so the driver may read it when it posts an inline write.
-    mapped: bool,
+    /// Taken from a region, the address of the region's context: this
+    /// process maps the range at its address (registered memory is
+    /// identity-mapped) for as long as the borrow lasts, so that context's
+    /// queue pairs may read it when they post an inline write.
+    mapped_in: Option<usize>,
 }
 
 /// A share of memory the device may use: while one lives, the memory
@@ -130,7 +131,7 @@ impl<'r> Local<'r> {
             iova,
             len,
             keep: KeepRef(None),
-            mapped: false,
+            mapped_in: None,
         }
     }
 
@@ -149,10 +150,11 @@ impl<'r> Local<'r> {
         self.len == 0
     }
 
-    /// Whether this process maps the range at its address (it was taken
-    /// from a [`MemoryRegion`], not made by [`Local::from_raw`]).
-    pub(crate) fn is_mapped(&self) -> bool {
-        self.mapped
+    /// The address of the context whose region the range was taken from
+    /// (this process maps it at its address); `None` for a range made by
+    /// [`Local::from_raw`].
+    pub(crate) fn mapped_in(&self) -> Option<usize> {
+        self.mapped_in
     }
 
     /// The share of the memory a request naming the range takes.
@@ -185,7 +187,9 @@ impl<T: Transport + 'static> Context<T> {
     /// and writes whatever the range holds when it executes them. Memory
     /// the device writes (a read's destination, a window open to remote
     /// writes) must not be read through a Rust reference that assumes it
-    /// does not change.
+    /// does not change. An inline write ([`Entry::inline`](super::opcode::Entry::inline))
+    /// from the range reads its bytes on the posting thread when it is
+    /// posted: no other thread may be writing them then.
     ///
     /// Writable memory that maps a disk file privately (a program's
     /// initialized statics, for one) cannot be fenced while its pages first
@@ -373,6 +377,12 @@ impl<T: Transport + 'static> Context<T> {
     }
 }
 
+/// A context's address, which names it among the live ones (a region's
+/// range may go inline only on a queue pair of the same context).
+pub(crate) fn context_address<T: Transport + 'static>(context: &Context<T>) -> usize {
+    context as *const Context<T> as usize
+}
+
 /// Registered memory: the device may reach it while this lives (and, through
 /// the pin-down cache, possibly longer: deregistering releases the
 /// registration, and the cache unpins the pages when it needs the room or
@@ -425,7 +435,9 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
     /// false once the memory was invalidated (unmapped, or
     /// [`Context::invalidate`](super::Context::invalidate)) while held. A
     /// library that keeps regions across uses registers again when it
-    /// finds one that is not.
+    /// finds one that is not. A region whose memory was unmapped must not
+    /// name a request's local range any more: an inline write from it
+    /// reads the unmapped address when it is posted.
     pub fn is_current(&self) -> bool {
         self.registration.is_current()
     }
@@ -437,7 +449,7 @@ impl<'c, T: Transport + 'static> MemoryRegion<'c, T> {
             iova: self.iova_at(offset, u64::from(len))?,
             len,
             keep: KeepRef(self.keep.as_ref()),
-            mapped: true,
+            mapped_in: Some(context_address(self.context)),
         })
     }
 

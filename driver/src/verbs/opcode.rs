@@ -33,9 +33,10 @@ use crate::datatype::{Committed, DescriptorCache};
 pub struct Entry<'r> {
     request: WorkRequest,
     inline: bool,
-    /// The local range was taken from a region: this process maps it, so
-    /// an inline write's bytes can be read from it when it is posted.
-    local_mapped: bool,
+    /// The local range was taken from a region, of the context at this
+    /// address: this process maps it, so that context's queue pairs can
+    /// read an inline write's bytes from it when they post it.
+    local_mapped_in: Option<usize>,
     /// A vector transfer's descriptor (borrowed from its [`Vector`]).
     descriptor: Option<&'r [u8]>,
     /// The share of the local memory the request names, which the queue
@@ -52,7 +53,7 @@ impl<'r> Entry<'r> {
                 op,
             },
             inline: false,
-            local_mapped: false,
+            local_mapped_in: None,
             descriptor: None,
             keep: KeepRef::default(),
         }
@@ -61,14 +62,14 @@ impl<'r> Entry<'r> {
     /// This entry, naming the memory `local` was taken from.
     fn naming(mut self, local: &Local<'r>) -> Self {
         self.keep = local.keep();
-        self.local_mapped = local.is_mapped();
+        self.local_mapped_in = local.mapped_in();
         self
     }
 
-    /// Whether this process maps the local range at its address (see
-    /// [`inline`](Self::inline)).
-    pub(crate) fn local_mapped(&self) -> bool {
-        self.local_mapped
+    /// The address of the context whose region the local range was taken
+    /// from, if it was (see [`inline`](Self::inline)).
+    pub(crate) fn local_mapped_in(&self) -> Option<usize> {
+        self.local_mapped_in
     }
 
     /// The share of local memory the request names, if its region holds
@@ -91,7 +92,7 @@ impl<'r> Entry<'r> {
         Entry {
             request,
             inline: false,
-            local_mapped: false,
+            local_mapped_in: None,
             descriptor,
             keep: KeepRef::default(),
         }
@@ -109,11 +110,13 @@ impl<'r> Entry<'r> {
     /// returns, and the device neither reads the source memory nor checks
     /// that it is registered. Writes of at most
     /// [`MAX_INLINE`](pindown_uapi::queue::MAX_INLINE) bytes travel inline
-    /// from any registered memory (the context's DMA arena or memory of the
-    /// program's, taken with [`MemoryRegion::local`](super::MemoryRegion::local)),
-    /// and from a [`Local::from_raw`](super::Local::from_raw) range inside
-    /// the arena; other requests are posted as usual (the device reads
-    /// their source when it executes them, after `post` returns).
+    /// from any memory registered with the queue pair's context (its DMA
+    /// arena or memory of the program's, taken with
+    /// [`MemoryRegion::local`](super::MemoryRegion::local)), and from a
+    /// [`Local::from_raw`](super::Local::from_raw) range inside the arena;
+    /// other requests are posted as usual (the device reads their source
+    /// when it executes them, after `post` returns, and refuses memory the
+    /// context did not register).
     pub fn inline(mut self) -> Self {
         self.inline = true;
         self

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pindown_uapi::queue::{inline_slots, INLINE_IN_REQUEST, MAX_INLINE};
 use pindown_uapi::{Descriptor, Operation, WorkRequest};
 
+use super::memory::context_address;
 use super::pairs::PairShared;
 use super::{Context, Entry, KeepAlive, MemoryRegion, VerbsError};
 use crate::arena::DmaArena;
@@ -79,7 +80,8 @@ impl SendRing {
                 self.inline.resize(len as usize, 0);
                 if !arena.read(local, &mut self.inline) {
                     // SAFETY: `source` is `Mapped`: the write's local range
-                    // was taken from a memory region the entry borrows, so
+                    // was taken from a memory region (of this context) the
+                    // entry borrows, so
                     // this process maps its `len` bytes at `local` (the
                     // region's address, registered memory being identity-
                     // mapped) while the entry lives. The device may write
@@ -261,10 +263,15 @@ impl<'c, T: Transport + 'static> QueuePair<'c, T> {
                     }
                     (None, _) => &[][..],
                 };
-                let source = match (entry.wants_inline(), entry.local_mapped()) {
+                let source = match (entry.wants_inline(), entry.local_mapped_in()) {
                     (false, _) => InlineSource::None,
-                    (true, false) => InlineSource::Arena,
-                    (true, true) => InlineSource::Mapped,
+                    // A region of this context: mapped here.
+                    (true, Some(context)) if context == context_address(self.context) => {
+                        InlineSource::Mapped
+                    }
+                    // A raw range, or another context's region (which the
+                    // device refuses unless the arena holds it).
+                    (true, _) => InlineSource::Arena,
                 };
                 (request, source, carried)
             },
