@@ -46,7 +46,10 @@ pub struct Messenger<'c> {
 
 impl<'c> Messenger<'c> {
     /// Joins the job's message passing through `context` (this rank's
-    /// port): allocates the control memory (matching slots, done words,
+    /// port): takes two of the context's queue pairs (one for messages,
+    /// one that asks the device whether it still answers: see
+    /// [`Config::liveness_interval`](crate::Config::liveness_interval)),
+    /// allocates the control memory (matching slots, done words,
     /// any-source rings, collective words), binds its windows (one per
     /// peer, for that peer's port alone, and one over the collective
     /// words) and exchanges every rank's through the launcher's key-value

@@ -442,6 +442,11 @@ impl<'c> Engine<'c> {
         record[2..4].copy_from_slice(&own.port.to_le_bytes());
         record[4..8].copy_from_slice(&config.slots.to_le_bytes());
         record[8..12].copy_from_slice(&config.communicators.to_le_bytes());
+        // Both queue pairs first: a rank that cannot have them fails
+        // before the others go on with the exchange.
+        let mut cq = context.create_completion_queue();
+        let qp = context.create_queue_pair(&mut cq)?;
+        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         let records = job.all_gather(RECORD_KEY, &record)?;
         let mut ports = Vec::with_capacity(records.len());
         for (rank, record) in records.iter().enumerate() {
@@ -507,9 +512,6 @@ impl<'c> Engine<'c> {
                 declared_gone_at: None,
             });
         }
-        let mut cq = context.create_completion_queue();
-        let qp = context.create_queue_pair(&mut cq)?;
-        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         let mut slots = Vec::new();
         slots.resize_with(layout.slot_count() as usize, SlotState::default);
         let mut contexts_taken = vec![false; layout.contexts as usize];
@@ -1769,10 +1771,12 @@ impl<'c> Engine<'c> {
             }
             if let Some(peer) = peer {
                 if now >= next_probe {
-                    if let Some(why) = self.device.closed()? {
-                        self.peers[peer as usize].gone.get_or_insert(why.into());
+                    match self.device.closed()? {
+                        Some(why) => {
+                            self.peers[peer as usize].gone.get_or_insert(why.into());
+                        }
+                        None => self.probe(peer)?,
                     }
-                    self.probe(peer)?;
                     next_probe = now + self.config.liveness_interval;
                 }
                 // A check left unanswered: the peer gone only if the

@@ -20,7 +20,10 @@
 //! if the peer is gone; a device that answers nothing, not even the
 //! no-op, for as long is gone or stuck, and so is every peer the rank
 //! reaches through it. A device that closed its connection (its process
-//! ended) is known gone at the next check, without waiting.
+//! ended) is known gone at the next check, without waiting. And a check
+//! unanswered for [`CHECK_BACKSTOP`] counts its peer gone whatever the
+//! device answers: the device itself gives up fabric operations that make
+//! no progress well before that.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +40,13 @@ pub(crate) const MAX_LIVENESS_INTERVAL: Duration = Duration::from_secs(3600);
 /// asks its device whether it is alive, and how many more that question
 /// may go unanswered before the device counts as gone.
 pub(crate) const PROBE_PATIENCE: u32 = 10;
+
+/// How long a check may go unanswered however the device answers (at
+/// least twice the patience): the device gives up a fabric operation
+/// that makes no progress after twice its `--peer-timeout` (6 s by
+/// default), so a check older than this waits on something stuck (a
+/// queue pair the device stopped, say), not on a slow link.
+pub(crate) const CHECK_BACKSTOP: Duration = Duration::from_secs(60);
 
 /// Fails unless `interval` (a `Config::liveness_interval`) is at least a
 /// microsecond (a zero interval would declare every peer gone at its
@@ -115,6 +125,10 @@ impl<'c> DeviceWatch<'c> {
                 "this rank's device answered neither a check of it nor a no-op for \
                  {silence:?}: the device is gone or stuck"
             ))),
+            Verdict::Unanswered(waited) => Ok(Some(format!(
+                "a check of it went unanswered for {waited:?} while this rank's device \
+                 answered other requests: its queue pair or the path to it is stuck"
+            ))),
         }
     }
 }
@@ -129,6 +143,9 @@ enum Verdict {
     AskDevice,
     /// The device answered nothing, not even the no-op, for this long.
     DeviceSilent(Duration),
+    /// The check went unanswered for this long, past the backstop,
+    /// whatever else the device answered.
+    Unanswered(Duration),
 }
 
 /// When the rank's device last answered, and whether a question to it is
@@ -159,6 +176,9 @@ impl Patience {
     fn judge(&mut self, check_sent: Instant, now: Instant, interval: Duration) -> Verdict {
         let patience = interval * PROBE_PATIENCE;
         let since = |then: Instant| now.saturating_duration_since(then);
+        if since(check_sent) > CHECK_BACKSTOP.max(2 * patience) {
+            return Verdict::Unanswered(since(check_sent));
+        }
         if since(check_sent) <= patience || since(self.heard) <= patience {
             return Verdict::Patient;
         }
@@ -228,11 +248,17 @@ mod tests {
     }
 
     #[test]
-    fn a_device_heard_recently_excuses_an_old_check() {
+    fn a_device_heard_recently_excuses_an_old_check_up_to_the_backstop() {
         let start = Instant::now();
         let mut watch = Patience::new(start);
         let now = start + 5 * PATIENCE;
         watch.heard(now - INTERVAL);
         assert_eq!(watch.judge(start, now, INTERVAL), Verdict::Patient);
+        let late = start + CHECK_BACKSTOP + INTERVAL;
+        watch.heard(late - INTERVAL);
+        assert_eq!(
+            watch.judge(start, late, INTERVAL),
+            Verdict::Unanswered(late - start)
+        );
     }
 }

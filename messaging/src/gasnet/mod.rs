@@ -836,7 +836,7 @@ struct SendFailure {
     packet_sent: bool,
 }
 
-/// One rank's GASNet endpoint: its segment, rings, queue pair and
+/// One rank's GASNet endpoint: its segment, rings, queue pairs and
 /// handlers. See the [module documentation](self).
 pub struct Endpoint<'c> {
     // Field order is drop order: operations (their regions) and the queue
@@ -916,7 +916,10 @@ pub struct Endpoint<'c> {
 
 impl<'c> Endpoint<'c> {
     /// Sets up this rank: segment, rings, credit words and their window,
-    /// the queue pair, and every rank's window through the launcher (a
+    /// two queue pairs of the context (one for transfers and messages, one
+    /// that asks the device whether it still answers: see
+    /// [`Config::liveness_interval`]), and every rank's window through the
+    /// launcher (a
     /// collective call: every rank of `job` makes it). Open `context` with
     /// [`crate::context_config`], so that user buffers freed and allocated
     /// again at the same address are registered anew.
@@ -948,6 +951,11 @@ impl<'c> Endpoint<'c> {
             pio_max: config.pio_max.min(MAX_INLINE),
             ..config
         };
+        // Both queue pairs first: a rank that cannot have them fails
+        // before the others go on with the exchanges.
+        let mut cq = context.create_completion_queue();
+        let qp = context.create_queue_pair(&mut cq)?;
+        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         crate::records::same_shape(
             job,
             SHAPE_KEY,
@@ -1059,9 +1067,6 @@ impl<'c> Endpoint<'c> {
                 credit: pairs[2 * me + 1],
             })
             .collect();
-        let mut cq = context.create_completion_queue();
-        let qp = context.create_queue_pair(&mut cq)?;
-        let device = DeviceWatch::new(context, &mut cq, DEVICE_CHECK)?;
         let n = size as usize;
         Ok(Endpoint {
             ops: HashMap::new(),
@@ -2135,15 +2140,18 @@ impl<'c> Endpoint<'c> {
     /// into the caller's memory are dropped (the call returns, its
     /// destination borrow ends), and the device, which may still write
     /// into the caller's memory through the operation's registration, is
-    /// waited for until it completes or fails the operation, or the peer
-    /// or the device counts as gone (unanswered checks), so that nothing
-    /// lands in the caller's memory after the call returned.
+    /// waited for until it completes or fails the operation (it does, for
+    /// a peer gone too: a port that closed at once, a node that stopped
+    /// answering within the fabric's operation timeout), or closes its
+    /// connection, so that nothing lands in the caller's memory after the
+    /// call returned. A device that stops answering but keeps its
+    /// connection is waited for however long: until it answers, it may
+    /// still write there.
     fn settle(&mut self, tag: u64) {
         let Some(op) = self.ops.get_mut(&tag) else {
             return;
         };
         op.copies.clear();
-        let peer = op.peer;
         let mut next_check = Instant::now();
         loop {
             if self.reap().is_err() {
@@ -2155,16 +2163,15 @@ impl<'c> Endpoint<'c> {
             }
             let now = Instant::now();
             if now >= next_check {
-                if self.check_peers(now).is_err() || self.gone[peer as usize].is_some() {
+                if !matches!(self.device.closed(), Ok(None)) {
                     break;
                 }
                 next_check = now + self.config.liveness_interval;
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        // The device or the peer is gone: nothing more will land. The
-        // operation keeps its registration until a completion, if any,
-        // arrives.
+        // The device is gone: nothing more will land. The operation keeps
+        // its registration.
     }
 
     /// Waits for every nonblocking operation of this endpoint.
