@@ -46,7 +46,8 @@
 //! communicator's collectives pass, exact), `leaked-key` (a third rank writes through the
 //! keys of the windows a rank bound for another peer: refused),
 //! `late-write` (the sender writes into a receive buffer after the
-//! receive returned: refused, as no window is cached by default),
+//! receive returned: refused, as no window is cached by default, or into
+//! a small receive's landing buffer, which leaves the buffer unchanged),
 //! `withdrawn-receive` (a blocking receive fails because its peer counts
 //! as gone, though it is not; the peer sends afterwards, and nothing lands
 //! in the buffer the failed receive gave back), `forged-split` and
@@ -1826,67 +1827,88 @@ fn leaked_key(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
     Ok(tally)
 }
 
-/// `late-write` (2 ranks): rank 1 keeps the key and offset of the window
-/// over rank 0's receive buffer and, once the receive has returned,
-/// writes through them again: refused, the buffer unchanged. With windows
-/// cached (`--window-cache N`, for trusted peers) the write lands (the
-/// limit the README states); the notes say which.
+/// `late-write` (2 ranks): rank 1 keeps the key and offset its match
+/// record names for rank 0's receive and, once the receive has returned,
+/// writes through them again. A 1 KiB receive's window over the buffer
+/// refuses the write, the buffer unchanged; with windows cached
+/// (`--window-cache N`, for trusted peers) the write lands there (the
+/// limit the README states). A 64-byte receive named a landing buffer of
+/// rank 1's block, which rank 1 may write whenever it likes: the buffer
+/// stays unchanged whatever lands there. Checked: the buffers found
+/// unchanged.
 fn late_write(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
     let mut tally = Tally::default();
     if world.size() != 2 {
         return Err("late-write runs on 2 ranks".into());
     }
-    let sent = message(1, 0, 0, 64);
-    if world.rank() == 1 {
-        let (key, offset) = first_receive_window(messenger, 2)?;
+    // (message bytes, first slot index of the round)
+    for (len, first) in [(1024usize, 2u32), (64, 6)] {
+        let sent = message(1, 0, u64::from(first), len);
+        if world.rank() == 1 {
+            let (key, offset) = first_receive_window(messenger, first)?;
+            world
+                .send(0, first, &sent)
+                .map_err(|e| format!("the send: {e}"))?;
+            world
+                .recv(0, first + 1, &mut [])
+                .map_err(|e| format!("the signal: {e}"))?;
+            let outcome = messenger.write_peer_window(0, key, offset, &[0xee; 8]);
+            let landed = match outcome {
+                Ok(()) => true,
+                Err(Error::Completion(err)) if err.detail == ErrorDetail::NotGranted => false,
+                Err(other) => return Err(format!("the late write: {other}")),
+            };
+            tally
+                .notes
+                .push(format!("{len} B: late write landed: {landed}"));
+            // Told by the index alone: a receive with a buffer would take
+            // a window, and that could evict the one written through.
+            world
+                .send(0, first + 2 + u32::from(landed), &[])
+                .map_err(|e| format!("the report: {e}"))?;
+            continue;
+        }
+        let mut buffer = vec![0u8; len];
         world
-            .send(0, 2, &sent)
-            .map_err(|e| format!("the send: {e}"))?;
+            .recv(1, first, &mut buffer)
+            .map_err(|e| format!("the receive: {e}"))?;
+        if buffer != sent {
+            return Err(format!("the {len}-byte message arrived changed"));
+        }
         world
-            .recv(0, 3, &mut [])
+            .send(1, first + 1, &[])
             .map_err(|e| format!("the signal: {e}"))?;
-        let outcome = messenger.write_peer_window(0, key, offset, &[0xee; 8]);
-        let landed = match outcome {
-            Ok(()) => true,
-            Err(Error::Completion(err)) if err.detail == ErrorDetail::NotGranted => false,
-            Err(other) => return Err(format!("the late write: {other}")),
-        };
-        tally.notes.push(format!("late write landed: {landed}"));
-        // Told by the index alone: a receive with a buffer would take a
-        // window, and that could evict the one written through.
-        world
-            .send(0, 4 + u32::from(landed), &[])
+        let report = world
+            .recv_any_index(1, &mut [])
             .map_err(|e| format!("the report: {e}"))?;
-        return Ok(tally);
-    }
-    let mut buffer = vec![0u8; 64];
-    world
-        .recv(1, 2, &mut buffer)
-        .map_err(|e| format!("the receive: {e}"))?;
-    if buffer != sent {
-        return Err("the message arrived changed".into());
-    }
-    world
-        .send(1, 3, &[])
-        .map_err(|e| format!("the signal: {e}"))?;
-    let report = world
-        .recv_any_index(1, &mut [])
-        .map_err(|e| format!("the report: {e}"))?;
-    let landed = report.index == 5;
-    // The device, not this program, may have written the buffer since.
-    let now: Vec<u8> = (0..buffer.len())
-        // SAFETY: `i` is inside `buffer`, which this function owns.
-        .map(|i| unsafe { std::ptr::read_volatile(buffer.as_ptr().add(i)) })
-        .collect();
-    let changed = now != sent;
-    if changed != landed {
-        return Err(format!(
-            "the late write landed: {landed}, the buffer changed: {changed}"
+        let landed = report.index == first + 3;
+        // The device, not this program, may have written the buffer since.
+        let now: Vec<u8> = (0..buffer.len())
+            // SAFETY: `i` is inside `buffer`, which this function owns.
+            .map(|i| unsafe { std::ptr::read_volatile(buffer.as_ptr().add(i)) })
+            .collect();
+        let changed = now != sent;
+        // Only a window over the buffer lets a late write change it; a
+        // small receive names a landing buffer of the sender's own block,
+        // which takes the write.
+        let through_window = len as u64 > pindown_messaging::layout::LANDING_BYTES;
+        if !through_window && !landed {
+            return Err(format!(
+                "{len} B: the late write was refused: the receive took a window, not a \
+                 landing buffer"
+            ));
+        }
+        if changed != (landed && through_window) {
+            return Err(format!(
+                "{len} B: the late write landed: {landed}, the buffer changed: {changed}"
+            ));
+        }
+        tally.notes.push(format!(
+            "{len} B: late write landed: {landed}, buffer changed: {changed}"
         ));
-    }
-    tally.notes.push(format!("late write landed: {changed}"));
-    if !changed {
-        tally.checked += 1;
+        if !changed {
+            tally.checked += 1;
+        }
     }
     Ok(tally)
 }

@@ -70,7 +70,9 @@ pub struct Config {
     /// for reuse, each for the one peer the receive named; 0 (the
     /// default) keeps none, revoking each window before its receive's
     /// wait returns, at the cost of a bind and a revoke (about 1.5 us) per
-    /// receive. For trusted peers only: until a cached window goes (least
+    /// receive longer than [`layout::LANDING_BYTES`](crate::layout::LANDING_BYTES)
+    /// (shorter ones land in the control memory and are copied out: no
+    /// window). For trusted peers only: until a cached window goes (least
     /// recently used first, or when its memory is unmapped), that peer can
     /// still write into the buffer of a receive that completed, which the
     /// program may have freed and reused since (as with the keys an MPI's
@@ -167,6 +169,17 @@ pub(crate) struct ActiveRecv<'c> {
     pub(crate) typed: Option<crate::typed::TypedRecv>,
     /// A typed receive reading the sender's bytes: the tag of its read.
     pub(crate) reading: Option<u64>,
+    /// A small receive: the landing buffer the sender writes the body
+    /// into, copied into the receive buffer once the done word came.
+    landing: Option<Landing>,
+}
+
+/// Where a small receive lands and where its bytes go then.
+pub(crate) struct Landing {
+    /// The landing buffer's number in the sender's block.
+    number: u64,
+    /// The receive buffer ([`Engine::post_recv`]'s `ptr`).
+    buffer: *mut u8,
 }
 
 /// What a completed receive got.
@@ -358,6 +371,10 @@ pub(crate) struct Engine<'c> {
     /// A liveness check that reads a peer's call records is in flight
     /// (they share one scratch area).
     call_check_in_flight: bool,
+    /// Per peer, its landing buffers free for small receives (bit `n`:
+    /// buffer `n`). A receive that ended without its done word (withdrawn,
+    /// failed) leaves its buffer taken: the peer may still write it.
+    landings_free: Vec<u8>,
 }
 
 /// Bytes of a rank's address record in the launcher's key-value space:
@@ -556,6 +573,7 @@ impl<'c> Engine<'c> {
             collective_members: Vec::new(),
             call_check_in_flight: false,
             device,
+            landings_free: vec![u8::MAX; layout.ranks as usize],
         })
     }
 
@@ -748,6 +766,7 @@ impl<'c> Engine<'c> {
             return Err(Error::SlotBusy { peer, index });
         }
         let is_typed = typed.is_some();
+        let mut landing = None;
         self.windows.refresh(self.context);
         let (key, offset, region, window_start, capacity) = if let Some(typed) = &typed {
             let region = if capacity == 0 {
@@ -774,6 +793,14 @@ impl<'c> Engine<'c> {
         } else if capacity == 0 {
             // Nothing lands: a window only the sender may use, at 0.
             (self.block_window_for(peer).key, 0, None, None, 0)
+        } else if let Some(number) = self.free_landing(context, peer, capacity) {
+            // Small: into a landing buffer of the sender's block.
+            let at = self.layout.landing(peer, number) - self.layout.block_start(peer);
+            landing = Some(Landing {
+                number,
+                buffer: ptr,
+            });
+            (self.block_window_for(peer).key, at, None, None, capacity)
         } else {
             // The window first: finding none may make the cache renew the
             // registration of this memory, which the receive then holds.
@@ -852,6 +879,10 @@ impl<'c> Engine<'c> {
             if let Some(id) = window_start {
                 self.windows.release(id);
             }
+            if let Some(landing) = &landing {
+                // Nothing was posted: the peer knows nothing of it.
+                self.landings_free[peer as usize] |= 1 << landing.number;
+            }
             return Err(err);
         }
         self.in_flight
@@ -868,6 +899,7 @@ impl<'c> Engine<'c> {
             result: None,
             typed,
             reading: None,
+            landing,
         });
         if is_typed {
             self.typed_slots.push(slot);
@@ -984,11 +1016,59 @@ impl<'c> Engine<'c> {
         };
         match result {
             Some(result) => {
+                if matches!(result, Ok(_) | Err(Error::Truncated { .. })) {
+                    self.land(slot, word);
+                }
                 self.finish_recv(slot, result);
                 true
             }
             None => false,
         }
+    }
+
+    /// A landing buffer of `peer`'s block for a receive of `capacity`
+    /// bytes on `context`, taken, if the receive is small, not part of a
+    /// collective call, and one is free. (A member that gives a
+    /// collective call up withdraws its receives, and the refusal of a
+    /// write into a withdrawn receive's window is how the others learn it;
+    /// a landing buffer would take the write.)
+    fn free_landing(&mut self, context: u32, peer: u32, capacity: u64) -> Option<u64> {
+        if capacity > layout::LANDING_BYTES || self.call_tag_on(context) != 0 {
+            return None;
+        }
+        let free = &mut self.landings_free[peer as usize];
+        if *free == 0 {
+            return None;
+        }
+        let number = free.trailing_zeros();
+        *free &= !(1 << number);
+        Some(u64::from(number))
+    }
+
+    /// Copies what landed for the small receive on `slot` into its
+    /// buffer (as much of the message as the buffer holds) and frees its
+    /// landing buffer, once `word` (the slot's done word) says its sender
+    /// is done writing there. A receive refused for what its sender wrote
+    /// gets nothing copied, and its landing buffer stays taken.
+    fn land(&mut self, slot: u64, word: u64) {
+        let peer = self.slot_peer(slot);
+        let Some(recv) = self.slots[slot as usize].recv.as_mut() else {
+            return;
+        };
+        let Some((len, false)) = layout::done_len(word, recv.generation) else {
+            return;
+        };
+        let Some(landing) = recv.landing.take() else {
+            return;
+        };
+        let len = len.min(recv.capacity) as usize;
+        // SAFETY: the receive is still outstanding, so the caller of
+        // `post_recv` keeps its `capacity` bytes at `buffer` valid and
+        // untouched (its contract); `len` is at most the capacity.
+        let buffer = unsafe { std::slice::from_raw_parts_mut(landing.buffer, len) };
+        let at = self.layout.landing(peer, landing.number);
+        self.control_memory.read_at(at as usize, buffer);
+        self.landings_free[peer as usize] |= 1 << landing.number;
     }
 
     /// Takes receive `generation` on `slot` back after its wait failed,

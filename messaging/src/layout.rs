@@ -42,6 +42,13 @@
 //! context were, which a member that waits on this rank reads to tell a
 //! call that disagrees with its own or one this rank will not finish.
 //!
+//! Last in each block lie [`LANDINGS`] **landing buffers** of
+//! [`LANDING_BYTES`]: a receive of at most that many bytes from the peer
+//! names one of them in its match record instead of a window over its own
+//! buffer, the peer's send writes the body there, and the receive copies
+//! it out once the done word has come (no window bound or revoked per
+//! small receive, and the receive buffer is never exposed to the peer).
+//!
 //! After the blocks comes scratch memory no window exposes (inline
 //! payloads are staged there before posting).
 
@@ -89,6 +96,12 @@ pub fn capacity_and_tag(word: u64) -> (u64, u64) {
         (word & CALL_TAG_MASK) >> CALL_TAG_SHIFT,
     )
 }
+/// Landing buffers in each peer's block: small receives from that peer
+/// outstanding at once without a window of their own.
+pub const LANDINGS: u64 = 8;
+/// Bytes of a landing buffer: the longest receive that lands in one (a
+/// send this short goes inline in the sender's send queue).
+pub const LANDING_BYTES: u64 = 512;
 /// Set in the first word of a match record by a typed receive once it has
 /// read the sender's bytes: the sender's notice (the low bits carry the
 /// receive's generation).
@@ -239,8 +252,21 @@ impl Layout {
 
     /// Bytes of one peer's block, a multiple of 64.
     pub fn block_bytes(&self) -> u64 {
+        (self.landings_at() + LANDINGS * LANDING_BYTES).next_multiple_of(64)
+    }
+
+    /// Where the landing buffers start in a block (after the collective
+    /// sections), a multiple of 8.
+    fn landings_at(&self) -> u64 {
         let per_context = ANY_ENTRIES * ANY_ENTRY_BYTES + 8 + COLLECTIVE_SECTION_BYTES;
-        (self.slot_bytes() + u64::from(self.contexts) * per_context).next_multiple_of(64)
+        self.slot_bytes() + u64::from(self.contexts) * per_context
+    }
+
+    /// Offset of landing buffer `landing` (below [`LANDINGS`]) in peer
+    /// `peer`'s block.
+    pub fn landing(&self, peer: u32, landing: u64) -> u64 {
+        debug_assert!(landing < LANDINGS);
+        self.block_start(peer) + self.landings_at() + landing * LANDING_BYTES
     }
 
     /// Where peer `peer`'s block starts.
