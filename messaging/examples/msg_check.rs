@@ -1620,6 +1620,33 @@ fn typed(world: &Communicator<'_>) -> Outcome {
         Err(Error::Mismatch(_)) => {}
         other => return Err(format!("a type past its buffer: {other:?}")),
     }
+    // 7. A typed send too long for a plain receive (a small one, 40 bytes
+    // of the column's 2400): the first 40 bytes fill the buffer, as a
+    // contiguous send's would, nothing past it, and a truncation error.
+    let matrix = message(0, 1, 11, matrix_bytes);
+    if me == 0 {
+        world
+            .send_typed(peer, 9, &matrix, 1, &column)
+            .map_err(err("typed send to a short plain receive"))?;
+    } else {
+        let capacity = 40;
+        let mut memory = vec![guard; capacity + 64];
+        match world.recv(peer, 9, &mut memory[..capacity]) {
+            Err(Error::Truncated {
+                message,
+                capacity: c,
+            }) if message == (rows * 8) as u64 && c == capacity as u64 => {}
+            other => return Err(format!("a typed send into a short receive: {other:?}")),
+        }
+        let want = gather(&matrix, &column_offsets(rows, row_len, 0));
+        if memory[..capacity] != want[..capacity] {
+            return Err("a typed send into a short receive filled it wrong".into());
+        }
+        if memory[capacity..].iter().any(|&b| b != guard) {
+            return Err("a typed send into a short receive wrote past it".into());
+        }
+        tally.checked += memory.len() as u64;
+    }
     Ok(tally)
 }
 
@@ -1726,8 +1753,9 @@ fn forged_index(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome 
 }
 
 /// Waits until rank 0 posted its first receive from this rank on world
-/// slot index `index`; the key and offset of its buffer's window, from
-/// the match record rank 0 wrote here.
+/// slot index `index`; the key and offset its match record here names
+/// (its buffer's window, or for a small receive a landing buffer of this
+/// rank's block there).
 fn first_receive_window(messenger: &Messenger<'_>, index: u32) -> Result<(u64, u64), String> {
     let layout = messenger.control_layout();
     let record = layout.match_record(layout.slot(0, 0, index));
@@ -1756,7 +1784,9 @@ fn leaked_key(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
     if world.size() != 3 {
         return Err("leaked-key runs on 3 ranks".into());
     }
-    let (first, second) = (message(1, 0, 0, 100), message(1, 0, 1, 64));
+    // The second receive longer than a landing buffer, so that its match
+    // record names a window over its own buffer.
+    let (first, second) = (message(1, 0, 0, 100), message(1, 0, 1, 1024));
     let layout = messenger.control_layout();
     match world.rank() {
         1 => {
@@ -1800,7 +1830,7 @@ fn leaked_key(messenger: &Messenger<'_>, world: &Communicator<'_>) -> Outcome {
         }
         _ => {
             let pending = world
-                .irecv(1, 6, vec![0u8; 64])
+                .irecv(1, 6, vec![0u8; 1024])
                 .map_err(|e| format!("posting: {e}"))?;
             world
                 .recv(2, 4, &mut [])

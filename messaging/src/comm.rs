@@ -298,7 +298,8 @@ impl<'c> Communicator<'c> {
     }
 
     /// Sends `data` to `dest` on slot `index`: zero copy into the receive
-    /// buffer once the receive is posted. Waits for the receive at most the
+    /// buffer once the receive is posted (into its landing buffer, for a
+    /// receive of at most 512 bytes). Waits for the receive at most the
     /// timeout switch's time ([`Messenger::set_send_timeout`]), then copies
     /// the message into the spool and returns; the spooled copy goes out
     /// when the receive appears (from any later call).

@@ -7,7 +7,11 @@
 //! peer's send on the slot waits for the stamp of the next generation it
 //! has not consumed, writes the body straight into the receive buffer,
 //! then (fenced) the done word into this rank's control memory. One round
-//! trip, no queue, no search, no allocation on either side.
+//! trip, no queue, no search, no allocation on either side. A small
+//! receive (at most [`layout::LANDING_BYTES`], outside collective calls,
+//! while a landing buffer is free) names a landing buffer of the peer's
+//! block instead of a window, and copies the body out once the done word
+//! came.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,8 +75,9 @@ pub struct Config {
     /// default) keeps none, revoking each window before its receive's
     /// wait returns, at the cost of a bind and a revoke (about 1.5 us) per
     /// receive longer than [`layout::LANDING_BYTES`](crate::layout::LANDING_BYTES)
-    /// (shorter ones land in the control memory and are copied out: no
-    /// window). For trusted peers only: until a cached window goes (least
+    /// (shorter ones outside collective calls land in the control memory
+    /// and are copied out, with no window, while one of the
+    /// [`layout::LANDINGS`](crate::layout::LANDINGS) per peer is free). For trusted peers only: until a cached window goes (least
     /// recently used first, or when its memory is unmapped), that peer can
     /// still write into the buffer of a receive that completed, which the
     /// program may have freed and reused since (as with the keys an MPI's
@@ -244,6 +249,10 @@ pub(crate) enum InFlight<'c> {
 /// User data bit marking a request whose completion is not the last of
 /// its group (only its failure matters).
 pub(crate) const PART_BIT: u64 = 1 << 63;
+
+/// Every landing buffer of a peer's block free: one bit each.
+const ALL_LANDINGS_FREE: u8 = u8::MAX;
+const _: () = assert!(layout::LANDINGS == ALL_LANDINGS_FREE.count_ones() as u64);
 
 /// User data of the no-op that asks the device whether it still answers
 /// (see [`crate::liveness`]): no request's tag.
@@ -573,7 +582,7 @@ impl<'c> Engine<'c> {
             collective_members: Vec::new(),
             call_check_in_flight: false,
             device,
-            landings_free: vec![u8::MAX; layout.ranks as usize],
+            landings_free: vec![ALL_LANDINGS_FREE; layout.ranks as usize],
         })
     }
 
@@ -879,10 +888,9 @@ impl<'c> Engine<'c> {
             if let Some(id) = window_start {
                 self.windows.release(id);
             }
-            if let Some(landing) = &landing {
-                // Nothing was posted: the peer knows nothing of it.
-                self.landings_free[peer as usize] |= 1 << landing.number;
-            }
+            // A landing buffer stays taken: the record may have reached
+            // the peer even so (a polling device runs requests whose
+            // doorbell failed), and its send would write there.
             return Err(err);
         }
         self.in_flight

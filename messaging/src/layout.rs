@@ -24,7 +24,7 @@
 //! then, for each context, the any-source ring of [`ANY_ENTRIES`] entries
 //! of [`ANY_ENTRY_BYTES`] that the peer fills and this rank drains, the
 //! credit words the peer's receiver side writes back, one per context,
-//! and last each context's **collective section** of
+//! and then each context's **collective section** of
 //! [`COLLECTIVE_SECTION_BYTES`]: the flag words the peer sets in this
 //! rank's collectives (its dissemination-barrier round, its arrival as a
 //! tree child, its release as the tree parent, its step of a small
@@ -318,7 +318,8 @@ impl Layout {
     }
 }
 
-/// The collective sections, at the end of each peer's block.
+/// The collective sections, before the landing buffers at the end of each
+/// peer's block.
 impl Layout {
     /// The range of the section world rank `writer` writes in `context`'s
     /// collectives: offset and bytes.

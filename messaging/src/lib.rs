@@ -10,7 +10,10 @@
 //!   remote write; the send finds it there and writes the body straight
 //!   into the receive buffer, then the completion word into the receiver's
 //!   memory. No queue, no search, no allocation; posting receives early
-//!   hides the round trip.
+//!   hides the round trip. Receives of at most 512 bytes take a landing
+//!   buffer of the receiver's control memory instead of a window over
+//!   their own buffer, and copy the body out (no window bound per small
+//!   message).
 //! * **The timeout switch.** A blocking send waits for its receive at most
 //!   [`Config::send_timeout`], then copies the message into a spool on the
 //!   sender and returns; it goes out when the receive appears (progressed

@@ -195,9 +195,11 @@ impl<'c> Engine<'c> {
             return Ok(());
         }
         // A typed send into a plain receive: one vector write, the remote
-        // side contiguous; too long for the buffer, nothing moves and the
-        // receiver is told the length (a truncation error there).
-        let region = if len > 0 && len <= capacity {
+        // side contiguous; too long for the buffer, its first `capacity`
+        // bytes fill it (as a contiguous send's do) and the receiver is
+        // told the whole length (a truncation error there).
+        let moved = len.min(capacity);
+        let region = if moved > 0 {
             // SAFETY: `bytes` are the send's, which its owner keeps valid
             // until the send completes (`SendData`'s contract).
             Some(unsafe {
@@ -208,12 +210,22 @@ impl<'c> Engine<'c> {
             None
         };
         let vector = match &region {
-            Some(region) => Some(Vector::write(
-                region.local(0, bytes.len() as u32)?,
-                pattern,
-                target.at(matched.offset),
-                Pattern::contiguous(len),
-            )?),
+            Some(region) => {
+                let source = if moved < len {
+                    let plan = pattern
+                        .plan()
+                        .map_err(|e| Error::Mismatch(format!("the send's pattern: {e}")))?;
+                    plan.slice(0, moved)
+                } else {
+                    pattern
+                };
+                Some(Vector::write(
+                    region.local(0, bytes.len() as u32)?,
+                    source,
+                    target.at(matched.offset),
+                    Pattern::contiguous(moved),
+                )?)
+            }
             None => None,
         };
         let Engine {

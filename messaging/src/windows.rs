@@ -1,7 +1,8 @@
 //! Windows over receive buffers, kept bound for reuse.
 //!
-//! A receive hands its sender a window over the receive buffer, bound
-//! for the sender's port alone. Binding one is a request to the device;
+//! A receive longer than [`crate::layout::LANDING_BYTES`] (or inside a
+//! collective call) hands its sender a window over the receive buffer,
+//! bound for the sender's port alone. Binding one is a request to the device;
 //! receiving into the same buffer from the same peer again (the common
 //! case: a loop over the same arrays) finds the window bound already.
 //! Entries in use by a posted receive are never evicted; idle ones go

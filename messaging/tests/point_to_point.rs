@@ -109,12 +109,14 @@ fn a_rank_that_dies_fails_the_receives_from_it_without_hanging() {
 fn typed_messages_move_between_any_layouts_with_no_pack() {
     let lines = passes(2, "typed", &[]);
     // Per round: a 300 x 301 matrix checked whole, a 300-double column
-    // twice, and a 60-double sub-block; then a refused 60-row column.
+    // twice, and a 60-double sub-block; then a refused 60-row column, and
+    // a column's first 40 bytes in a 40-byte plain receive with 64 guard
+    // bytes after it.
     let matrix = 300 * 301 * 8;
     let per_round = matrix + 2 * 300 * 8 + 60 * 8;
     assert_eq!(
         checked(&lines[1]),
-        3 * per_round + 60 * 301 * 8,
+        3 * per_round + 60 * 301 * 8 + 40 + 64,
         "{}",
         lines[1]
     );
