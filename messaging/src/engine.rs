@@ -1516,7 +1516,7 @@ impl<'c> Engine<'c> {
         // Completions stashed while posting came first.
         self.cq.poll_into(&mut self.completions)?;
         if !self.completions.is_empty() {
-            self.device.heard(Instant::now());
+            self.device.heard();
         }
         while !self.completions.is_empty() {
             for completion in std::mem::take(&mut self.completions) {

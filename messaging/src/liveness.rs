@@ -71,6 +71,12 @@ pub(crate) struct DeviceWatch<'c> {
     pair: QueuePair<'c>,
     user_data: u64,
     patience: Patience,
+    /// Reaps that found completions, counted on the hot path (no clock
+    /// read there) ...
+    answers: u64,
+    /// ... and the count the last judgement saw: when it changed, the
+    /// device answered since then.
+    answers_seen: u64,
 }
 
 impl<'c> DeviceWatch<'c> {
@@ -86,12 +92,17 @@ impl<'c> DeviceWatch<'c> {
             pair: context.create_queue_pair(cq)?,
             user_data,
             patience: Patience::new(Instant::now()),
+            answers: 0,
+            answers_seen: 0,
         })
     }
 
     /// The device completed a request (any: a completion is an answer).
-    pub(crate) fn heard(&mut self, now: Instant) {
-        self.patience.heard(now);
+    /// Counted only: the time is taken when a check is judged (every few
+    /// polls of a wait), which is soon enough for a patience of ten
+    /// liveness intervals.
+    pub(crate) fn heard(&mut self) {
+        self.answers = self.answers.wrapping_add(1);
     }
 
     /// Why no request will complete any more, when the device has closed
@@ -114,6 +125,10 @@ impl<'c> DeviceWatch<'c> {
         now: Instant,
         interval: Duration,
     ) -> Result<Option<String>> {
+        if self.answers != self.answers_seen {
+            self.answers_seen = self.answers;
+            self.patience.heard(now);
+        }
         match self.patience.judge(check_sent, now, interval) {
             Verdict::Patient => Ok(None),
             Verdict::AskDevice => {

@@ -80,14 +80,13 @@ impl SendRing {
                 self.inline.resize(len as usize, 0);
                 if !arena.read(local, &mut self.inline) {
                     // SAFETY: `source` is `Mapped`: the write's local range
-                    // was taken from a memory region (of this context) the
-                    // entry borrows, so
-                    // this process maps its `len` bytes at `local` (the
-                    // region's address, registered memory being identity-
-                    // mapped) while the entry lives. The device may write
-                    // the same bytes meanwhile (they may be a window's or a
-                    // read's destination), so they are read with volatile
-                    // loads, through no reference.
+                    // was taken from a memory region of this context that
+                    // the entry borrows, so this process maps its `len`
+                    // bytes at `local` (the region's address, registered
+                    // memory being identity-mapped) while the entry lives.
+                    // The device may write the same bytes meanwhile (they
+                    // may be a window's or a read's destination), so they
+                    // are read with volatile loads, through no reference.
                     unsafe { read_mapped(local, &mut self.inline) };
                 }
                 let mut head = [0u8; INLINE_IN_REQUEST];

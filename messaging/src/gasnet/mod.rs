@@ -2002,7 +2002,7 @@ impl<'c> Endpoint<'c> {
     fn reap(&mut self) -> Result<()> {
         self.cq.poll_into(&mut self.stash)?;
         if !self.stash.is_empty() {
-            self.device.heard(Instant::now());
+            self.device.heard();
         }
         for completion in std::mem::take(&mut self.stash) {
             let failure = completion.result().err();
